@@ -1,0 +1,277 @@
+"""The Fabric error tree. The wire error code and the Python exception are one table.
+
+Hierarchy::
+
+    FabricError                      base of everything Fabric raises on purpose
+    ├── ProtocolError                a peer sent bytes that do not parse (codes 2-6)
+    │   ├── MalformedRequestError    truncated/extra frames, bad lengths, bad strings
+    │   ├── InvalidMagicError        header magic is not FBR1
+    │   ├── UnsupportedVersionError  protocol or API version the peer does not speak
+    │   ├── UnknownApiError          API key the peer does not know
+    │   └── CorruptMessageError      record-batch CRC mismatch or inconsistent batch
+    ├── MessageTooLargeError         a batch above the topic's limit
+    ├── DecompressionLimitError      a compressed frame that claims too much
+    ├── UnsupportedCompressionError
+    ├── UnknownTopicOrPartitionError
+    ├── OffsetOutOfRangeError        fetch offset below log start or above log end
+    ├── TopicAlreadyExistsError, InvalidTopicError, InvalidPartitionsError,
+    │   InvalidReplicationFactorError, InvalidConfigError, InvalidRequestError
+    ├── RetriableError               the same request may succeed later (retriable=True)
+    │   ├── NotLeaderError           the node does not lead that partition (refresh routing)
+    │   ├── LeaderNotAvailableError  no leader elected yet
+    │   ├── RequestTimedOutError
+    │   ├── NotEnoughReplicasError
+    │   ├── NotEnoughReplicasAfterAppendError
+    │   ├── FencedLeaderEpochError   the request carried an older leader epoch
+    │   ├── UnknownLeaderEpochError  the request carried a newer leader epoch
+    │   ├── NodeNotReadyError        the node is starting or stopping
+    │   ├── StorageError             the storage engine failed a read or write
+    │   └── NotControllerError
+    ├── OutOfOrderSequenceError      idempotent producer saw a sequence gap
+    ├── InvalidProducerEpochError    a newer producer with the same id fenced this one
+    ├── UnknownServerError           anything else the node could not classify
+    └── client-side only (no wire code, code = -1):
+        ├── BufferFullError          the producer buffer stayed full for max_block_ms
+        ├── DeliveryTimeoutError     a batch was not acknowledged within delivery_timeout_ms
+        ├── NoBrokersAvailableError  no bootstrap address answered
+        └── ClientClosedError        the client was used after close()
+
+Every class has ``code`` (the wire number), ``retriable`` and ``name`` (the wire name);
+``error_for_code`` maps a number back to its class. ``docs/PROTOCOL.md`` prints the same
+table, and ``tests/unit/test_errors.py`` checks the two agree.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class FabricError(Exception):
+    """Base of every error Fabric raises on purpose."""
+
+    code: ClassVar[int] = -1
+    name: ClassVar[str] = "CLIENT_ERROR"
+    retriable: ClassVar[bool] = False
+    description: ClassVar[str] = "client-side error"
+
+    def __init__(self, message: str = "", **fields: object) -> None:
+        super().__init__(message or self.description)
+        self.message = message or self.description
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __str__(self) -> str:
+        return f"[{self.name}] {self.message}"
+
+
+class RetriableError(FabricError):
+    retriable = True
+
+
+class ProtocolError(FabricError):
+    pass
+
+
+_REGISTRY: dict[int, type[FabricError]] = {}
+
+
+def _wire(code: int, name: str, description: str) -> object:
+    """Class decorator: give a class its wire code and register it in the table."""
+
+    def register(cls: type[FabricError]) -> type[FabricError]:
+        if code in _REGISTRY:
+            raise RuntimeError(f"wire error code {code} registered twice")
+        cls.code = code
+        cls.name = name
+        cls.description = description
+        _REGISTRY[code] = cls
+        return cls
+
+    return register
+
+
+@_wire(1, "UNKNOWN_SERVER_ERROR", "the node failed in a way it could not classify")
+class UnknownServerError(FabricError):
+    pass
+
+
+@_wire(2, "CORRUPT_MESSAGE", "record-batch CRC mismatch or inconsistent batch header")
+class CorruptMessageError(ProtocolError):
+    pass
+
+
+@_wire(3, "MALFORMED_REQUEST", "truncated or extra frames, bad lengths or bad strings")
+class MalformedRequestError(ProtocolError):
+    pass
+
+
+@_wire(4, "UNSUPPORTED_VERSION", "protocol or API version not supported by the receiver")
+class UnsupportedVersionError(ProtocolError):
+    pass
+
+
+@_wire(5, "UNKNOWN_API", "API key not known to the receiver")
+class UnknownApiError(ProtocolError):
+    pass
+
+
+@_wire(6, "INVALID_MAGIC", "the header frame does not start with the magic FBR1")
+class InvalidMagicError(ProtocolError):
+    pass
+
+
+@_wire(7, "UNKNOWN_TOPIC_OR_PARTITION", "no such topic or partition")
+class UnknownTopicOrPartitionError(FabricError):
+    pass
+
+
+@_wire(8, "NOT_LEADER", "this node does not lead the partition; refresh the routing map")
+class NotLeaderError(RetriableError):
+    pass
+
+
+@_wire(9, "LEADER_NOT_AVAILABLE", "the partition has no leader right now")
+class LeaderNotAvailableError(RetriableError):
+    pass
+
+
+@_wire(10, "OFFSET_OUT_OF_RANGE", "offset below the log start or above the log end")
+class OffsetOutOfRangeError(FabricError):
+    pass
+
+
+@_wire(11, "MESSAGE_TOO_LARGE", "batch larger than the topic's message_bytes_max")
+class MessageTooLargeError(FabricError):
+    pass
+
+
+@_wire(12, "DECOMPRESSION_LIMIT", "compressed frame claims a size above the limit or header")
+class DecompressionLimitError(FabricError):
+    pass
+
+
+@_wire(13, "REQUEST_TIMED_OUT", "the request did not complete within its timeout")
+class RequestTimedOutError(RetriableError):
+    pass
+
+
+@_wire(14, "NOT_ENOUGH_REPLICAS", "fewer in-sync replicas than min_insync; nothing written")
+class NotEnoughReplicasError(RetriableError):
+    pass
+
+
+@_wire(15, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "written by the leader but ISR shrank below min_insync")
+class NotEnoughReplicasAfterAppendError(RetriableError):
+    pass
+
+
+@_wire(16, "FENCED_LEADER_EPOCH", "the request's leader epoch is older than the node's")
+class FencedLeaderEpochError(RetriableError):
+    pass
+
+
+@_wire(17, "UNKNOWN_LEADER_EPOCH", "the request's leader epoch is newer than the node's")
+class UnknownLeaderEpochError(RetriableError):
+    pass
+
+
+@_wire(18, "TOPIC_ALREADY_EXISTS", "a topic with that name exists")
+class TopicAlreadyExistsError(FabricError):
+    pass
+
+
+@_wire(19, "INVALID_TOPIC", "topic name empty, too long or with characters outside [A-Za-z0-9._-]")
+class InvalidTopicError(FabricError):
+    pass
+
+
+@_wire(20, "INVALID_PARTITIONS", "partition count out of range")
+class InvalidPartitionsError(FabricError):
+    pass
+
+
+@_wire(21, "INVALID_REPLICATION_FACTOR", "replication factor above the live node count or out of range")
+class InvalidReplicationFactorError(FabricError):
+    pass
+
+
+@_wire(22, "INVALID_CONFIG", "unknown topic config key or bad value")
+class InvalidConfigError(FabricError):
+    pass
+
+
+@_wire(23, "INVALID_REQUEST", "well-formed request with values that make no sense (acks=7)")
+class InvalidRequestError(FabricError):
+    pass
+
+
+@_wire(24, "UNSUPPORTED_COMPRESSION", "compression codec not supported")
+class UnsupportedCompressionError(FabricError):
+    pass
+
+
+@_wire(25, "NODE_NOT_READY", "the node is starting or stopping")
+class NodeNotReadyError(RetriableError):
+    pass
+
+
+@_wire(26, "STORAGE_ERROR", "the storage engine failed a read or write")
+class StorageError(RetriableError):
+    pass
+
+
+@_wire(27, "NOT_CONTROLLER", "this node is not the controller")
+class NotControllerError(RetriableError):
+    pass
+
+
+@_wire(28, "OUT_OF_ORDER_SEQUENCE", "idempotent producer sequence gap")
+class OutOfOrderSequenceError(FabricError):
+    pass
+
+
+@_wire(29, "INVALID_PRODUCER_EPOCH", "a newer producer with the same id fenced this one")
+class InvalidProducerEpochError(FabricError):
+    pass
+
+
+# Client-side only: these never cross the wire, so they keep code -1.
+class BufferFullError(FabricError):
+    name = "BUFFER_FULL"
+    description = "the producer buffer stayed full for max_block_ms"
+
+
+class DeliveryTimeoutError(FabricError):
+    name = "DELIVERY_TIMEOUT"
+    description = "a batch was not acknowledged within delivery_timeout_ms"
+
+
+class NoBrokersAvailableError(FabricError):
+    name = "NO_NODES_AVAILABLE"
+    description = "no bootstrap address answered"
+
+
+class ClientClosedError(FabricError):
+    name = "CLIENT_CLOSED"
+    description = "the client was used after close()"
+
+
+def error_for_code(code: int) -> type[FabricError]:
+    """The exception class for a wire error code; unknown codes map to UnknownServerError."""
+    return _REGISTRY.get(code, UnknownServerError)
+
+
+def raise_for_code(code: int, message: str = "", **fields: object) -> None:
+    """Raise the exception for ``code`` unless it is 0 (no error)."""
+    if code != 0:
+        raise error_for_code(code)(message, **fields)
+
+
+def error_table() -> list[tuple[int, str, bool, str, str]]:
+    """(code, name, retriable, python class, description) for every wire error, by code."""
+    rows = [(0, "NONE", False, "-", "no error")]
+    for code in sorted(_REGISTRY):
+        cls = _REGISTRY[code]
+        rows.append((code, cls.name, cls.retriable, cls.__name__, cls.description))
+    return rows

@@ -1,0 +1,38 @@
+"""Named limits with units. Every queue, buffer, batch and wait in Fabric has one.
+
+Errors quote these names, so a user who hits a limit knows which knob it is.
+"""
+
+from typing import Final
+
+# Wire level.
+PROTOCOL_MAGIC: Final[int] = 0x31524246  # b"FBR1" read as a little-endian u32
+PROTOCOL_VERSION: Final[int] = 1
+HEADER_BYTES: Final[int] = 16
+REQUEST_FRAMES_MAX: Final[int] = 4097  # header + body + up to 4,095 batches
+REQUEST_BYTES_MAX: Final[int] = 128 * 1024 * 1024
+STRING_BYTES_MAX: Final[int] = 65_535
+ARRAY_ITEMS_MAX: Final[int] = 1_000_000
+
+# Record batches.
+BATCH_HEADER_BYTES: Final[int] = 72
+BATCH_RECORDS_MAX: Final[int] = 1_000_000
+# The largest records section a batch may decompress to, whatever its lz4 frame claims.
+BATCH_UNCOMPRESSED_BYTES_MAX: Final[int] = 64 * 1024 * 1024
+# Default per-topic limit on one batch as sent on the wire (compressed size).
+MESSAGE_BYTES_MAX_DEFAULT: Final[int] = 8 * 1024 * 1024
+
+# Topics.
+TOPIC_NAME_BYTES_MAX: Final[int] = 200
+PARTITIONS_MAX: Final[int] = 10_000
+REPLICATION_FACTOR_MAX: Final[int] = 16
+
+# Fetch.
+FETCH_WAIT_MS_MAX: Final[int] = 60_000
+FETCH_BYTES_MAX: Final[int] = 64 * 1024 * 1024
+PARKED_FETCHES_MAX: Final[int] = 10_000
+
+# Node.
+PRODUCE_TIMEOUT_MS_MAX: Final[int] = 300_000
+RETENTION_CHECK_INTERVAL_MS_DEFAULT: Final[int] = 5_000
+FSYNC_INTERVAL_MS_DEFAULT: Final[int] = 1_000

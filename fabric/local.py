@@ -1,0 +1,354 @@
+"""A local cluster of real processes: ZooKeeper from Debian's package and storage nodes.
+
+It backs ``fabric up``, the quickstart demo, the benchmarks and the test fixtures, so a
+user gets the same harness the tests use (like ``trio.testing``). Every child process is
+started with PR_SET_PDEATHSIG, so it dies with its parent even when the parent is killed
+with SIGKILL and cannot clean up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
+ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
+ZOOKEEPER_READY_TIMEOUT_S = 60.0
+NODE_READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # Linux only: ask the kernel to SIGTERM this child when the parent thread exits.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    os.setpgrp()  # own process group: a terminal's Ctrl-C reaches only the parent
+
+
+def zookeeper_available() -> bool:
+    return all(os.path.exists(p) for p in ZOOKEEPER_JARS) and shutil.which("java") is not None
+
+
+class ManagedProcess:
+    """A child process with kill/pause/resume helpers and a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            preexec_fn=_die_with_parent,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        if self.running and self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as in a crash."""
+        if self.proc is None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(STOP_TIMEOUT_S)
+        self._close_log()
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LocalZooKeeper:
+    """One ZooKeeper server on a free port with a temporary data dir (never 2181 by default)."""
+
+    def __init__(self, base_dir: Path, port: int | None = None, tick_ms: int = 200) -> None:
+        self.base_dir = base_dir
+        self.port = port or free_port()
+        self.tick_ms = tick_ms
+        self.data_dir = base_dir / "zookeeper"
+        self.process: ManagedProcess | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        if not zookeeper_available():
+            raise RuntimeError(
+                "ZooKeeper is not installed: apt-get install -y zookeeper default-jre-headless "
+                "(the README's first command does this)"
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg = self.base_dir / "zoo.cfg"
+        cfg.write_text(
+            "\n".join(
+                [
+                    f"tickTime={self.tick_ms}",
+                    f"dataDir={self.data_dir}",
+                    f"clientPort={self.port}",
+                    "clientPortAddress=127.0.0.1",
+                    "admin.enableServer=false",
+                    # Sessions from 2 ticks to 60 s, so tests can use short sessions.
+                    f"minSessionTimeout={2 * self.tick_ms}",
+                    "maxSessionTimeout=60000",
+                    "4lw.commands.whitelist=ruok,srvr",
+                    "",
+                ]
+            )
+        )
+        classpath = ":".join([ZOOKEEPER_CONF_DIR, *ZOOKEEPER_JARS])
+        argv = [
+            "java",
+            "-Xmx256m",
+            "-XX:+UseSerialGC",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-cp",
+            classpath,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(cfg),
+        ]
+        self.process = ManagedProcess("zookeeper", argv, self.base_dir / "zookeeper.log")
+        self.process.start()
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + ZOOKEEPER_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process is not None and not self.process.running:
+                raise RuntimeError(f"ZooKeeper exited during start:\n{self.process.log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as sock:
+                    sock.sendall(b"ruok")
+                    if sock.recv(16) == b"imok":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"ZooKeeper did not answer on {self.address} within {ZOOKEEPER_READY_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+class LocalNode:
+    """One storage node process (``python -m nodes``)."""
+
+    def __init__(self, node_id: int, zk_address: str, base_dir: Path, extra_args: list[str] | None = None,
+                 session_timeout_ms: int = 6_000, wrapper: list[str] | None = None) -> None:
+        self.node_id = node_id
+        self.zk_address = zk_address
+        self.data_dir = base_dir / f"node{node_id}"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            *(wrapper or []),
+            sys.executable,
+            "-m",
+            "nodes",
+            "--id",
+            str(node_id),
+            "--zk",
+            zk_address,
+            "--data-dir",
+            str(self.data_dir),
+            "--session-timeout-ms",
+            str(session_timeout_ms),
+            *(extra_args or []),
+        ]
+        self.process = ManagedProcess(f"node{node_id}", argv, base_dir / f"node{node_id}.log")
+
+    def start(self) -> None:
+        self.process.start()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def pause(self) -> None:
+        self.process.pause()
+
+    def resume(self) -> None:
+        self.process.resume()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class LocalCluster:
+    """ZooKeeper plus ``node_count`` storage nodes, all real processes on loopback."""
+
+    def __init__(
+        self,
+        node_count: int = 3,
+        base_dir: str | Path | None = None,
+        *,
+        zk_address: str | None = None,
+        node_args: list[str] | None = None,
+        session_timeout_ms: int = 6_000,
+        chroot: str | None = None,
+    ) -> None:
+        self._own_dir = base_dir is None
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="fabric-"))
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.zookeeper: LocalZooKeeper | None = None
+        self._external_zk = zk_address
+        self.chroot = chroot
+        self.node_count = node_count
+        self.node_args = node_args or []
+        self.session_timeout_ms = session_timeout_ms
+        self.nodes: dict[int, LocalNode] = {}
+
+    @property
+    def zk_address(self) -> str:
+        base = self._external_zk or (self.zookeeper.address if self.zookeeper else "")
+        return base + (self.chroot or "")
+
+    def start(self) -> LocalCluster:
+        try:
+            if self._external_zk is None:
+                self.zookeeper = LocalZooKeeper(self.base_dir)
+                self.zookeeper.start()
+            if self.chroot:
+                from kazoo.client import KazooClient
+
+                zk = KazooClient(hosts=self._external_zk or self.zookeeper.address)  # type: ignore[union-attr]
+                zk.start(timeout=30)
+                zk.ensure_path(self.chroot)
+                zk.stop()
+                zk.close()
+            for node_id in range(1, self.node_count + 1):
+                self.add_node(node_id, wait=False)
+            self.wait_for_nodes(list(self.nodes))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_node(self, node_id: int, *, wait: bool = True, wrapper: list[str] | None = None) -> LocalNode:
+        node = LocalNode(node_id, self.zk_address, self.base_dir, self.node_args, self.session_timeout_ms, wrapper)
+        self.nodes[node_id] = node
+        node.start()
+        if wait:
+            self.wait_for_nodes([node_id])
+        return node
+
+    def wait_for_nodes(self, node_ids: list[int], timeout_s: float = NODE_READY_TIMEOUT_S) -> None:
+        """Wait until each node's process registered its current pid in ZooKeeper."""
+        from kazoo.client import KazooClient
+
+        from fabric import zk as zkl
+
+        zk = KazooClient(hosts=self.zk_address)
+        zk.start(timeout=30)
+        try:
+            deadline = time.monotonic() + timeout_s
+            pending = set(node_ids)
+            while pending:
+                for node_id in list(pending):
+                    node = self.nodes[node_id]
+                    if not node.process.running:
+                        raise RuntimeError(f"node {node_id} exited during start:\n{node.process.log_tail()}")
+                    if zk.exists(zkl.node_path(node_id)):
+                        raw, _ = zk.get(zkl.node_path(node_id))
+                        if zkl.NodeInfo.decode(raw).pid == node.process.pid:
+                            pending.discard(node_id)
+                if pending:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"nodes {sorted(pending)} did not register within {timeout_s} s")
+                    time.sleep(0.05)
+        finally:
+            zk.stop()
+            zk.close()
+
+    @property
+    def bootstrap(self) -> str:
+        """A bootstrap string for the SDK: ZooKeeper (the SDK asks it for node addresses)."""
+        return f"zk://{self.zk_address}"
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,303 @@
+"""API keys, their body schemas (declared as data, one entry per version) and framing.
+
+A message is a ZeroMQ multipart message: ``[header, body, *batches]``.
+
+* ``header`` is the 16-byte frame of :mod:`fabric.protocol.header`.
+* ``body`` is exactly one frame laid out by the API's schema.
+* PRODUCE requests carry one record batch frame per entry after the body; FETCH
+  responses carry the batches of each partition after the body, ``batch_count`` of them
+  per partition, in the order of the partitions array.
+* A response whose header ``error_code`` is not 0 has a single body frame holding one
+  ``str``: the error message. Such an error applies to the whole request.
+
+Version rule: a node answers a request whose ``api_version`` it does not support with
+UNSUPPORTED_VERSION and a message naming its supported range; API_VERSIONS (key 0,
+version 0) is always answered, so a client can ask first.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+from fabric.errors import MalformedRequestError, UnknownApiError, UnsupportedVersionError
+from fabric.protocol import schema as s
+from fabric.protocol.header import Header, decode_header, encode_request_header, encode_response_header
+from fabric.protocol.schema import Array, Schema, Struct
+
+
+class ApiKey(IntEnum):
+    API_VERSIONS = 0
+    METADATA = 1
+    PRODUCE = 2
+    FETCH = 3
+    LIST_OFFSETS = 4
+    CREATE_TOPIC = 5
+    DELETE_TOPIC = 6
+    DESCRIBE_TOPICS = 7
+
+
+# Special timestamps for LIST_OFFSETS and offsets in FETCH.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+CONSUMER_REPLICA_ID = -1
+NO_LEADER = -1
+ANY_LEADER_EPOCH = -1
+
+PARTITION_STATE: Schema = (
+    ("partition", "i32"),
+    ("error", "i16"),
+    ("leader", "i32"),
+    ("leader_epoch", "i32"),
+    ("replicas", Array("i32")),
+    ("isr", Array("i32")),
+)
+CONFIG_ENTRY: Schema = (("key", "str"), ("value", "str"))
+ERROR_BODY: Schema = (("message", "str"),)
+
+API_VERSIONS_REQUEST_V0: Schema = ()
+API_VERSIONS_RESPONSE_V0: Schema = (
+    ("apis", Array(Struct((("api_key", "u16"), ("min_version", "u16"), ("max_version", "u16"))))),
+)
+
+METADATA_REQUEST_V0: Schema = (("topics", Array("str")),)
+METADATA_RESPONSE_V0: Schema = (
+    ("controller_id", "i32"),
+    ("nodes", Array(Struct((("node_id", "i32"), ("address", "str"))))),
+    (
+        "topics",
+        Array(
+            Struct(
+                (
+                    ("error", "i16"),
+                    ("name", "str"),
+                    ("strict_order", "u8"),
+                    ("message_bytes_max", "i32"),
+                    ("partitions", Array(Struct(PARTITION_STATE))),
+                )
+            )
+        ),
+    ),
+)
+
+PRODUCE_REQUEST_V0: Schema = (
+    ("acks", "i8"),
+    ("timeout_ms", "i32"),
+    ("entries", Array(Struct((("topic", "str"), ("partition", "i32"))))),
+)
+PRODUCE_RESPONSE_V0: Schema = (
+    (
+        "results",
+        Array(
+            Struct(
+                (
+                    ("topic", "str"),
+                    ("partition", "i32"),
+                    ("error", "i16"),
+                    ("base_offset", "i64"),
+                    ("log_start_offset", "i64"),
+                    ("message", "str"),
+                )
+            )
+        ),
+    ),
+)
+
+FETCH_REQUEST_V0: Schema = (
+    ("replica_id", "i32"),
+    ("max_wait_ms", "i32"),
+    ("min_bytes", "i32"),
+    ("max_bytes", "i32"),
+    (
+        "partitions",
+        Array(
+            Struct(
+                (
+                    ("topic", "str"),
+                    ("partition", "i32"),
+                    ("fetch_offset", "i64"),
+                    ("partition_bytes_max", "i32"),
+                    ("current_leader_epoch", "i32"),
+                )
+            )
+        ),
+    ),
+)
+FETCH_RESPONSE_V0: Schema = (
+    (
+        "partitions",
+        Array(
+            Struct(
+                (
+                    ("topic", "str"),
+                    ("partition", "i32"),
+                    ("error", "i16"),
+                    ("high_watermark", "i64"),
+                    ("log_start_offset", "i64"),
+                    ("log_end_offset", "i64"),
+                    ("batch_count", "u32"),
+                )
+            )
+        ),
+    ),
+)
+
+LIST_OFFSETS_REQUEST_V0: Schema = (
+    ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("timestamp", "i64"))))),
+)
+LIST_OFFSETS_RESPONSE_V0: Schema = (
+    (
+        "partitions",
+        Array(
+            Struct(
+                (
+                    ("topic", "str"),
+                    ("partition", "i32"),
+                    ("error", "i16"),
+                    ("timestamp", "i64"),
+                    ("offset", "i64"),
+                )
+            )
+        ),
+    ),
+)
+
+CREATE_TOPIC_REQUEST_V0: Schema = (
+    ("name", "str"),
+    ("partitions", "i32"),
+    ("replication_factor", "i16"),
+    ("configs", Array(Struct(CONFIG_ENTRY))),
+)
+RESULT_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"))
+DELETE_TOPIC_REQUEST_V0: Schema = (("name", "str"),)
+DESCRIBE_TOPICS_REQUEST_V0: Schema = (("names", Array("str")),)
+DESCRIBE_TOPICS_RESPONSE_V0: Schema = (
+    (
+        "topics",
+        Array(
+            Struct(
+                (
+                    ("error", "i16"),
+                    ("name", "str"),
+                    ("configs", Array(Struct(CONFIG_ENTRY))),
+                    ("partitions", Array(Struct(PARTITION_STATE))),
+                )
+            )
+        ),
+    ),
+)
+
+# (api_key, api_version) -> (request schema, response schema)
+SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
+    (ApiKey.API_VERSIONS, 0): (API_VERSIONS_REQUEST_V0, API_VERSIONS_RESPONSE_V0),
+    (ApiKey.METADATA, 0): (METADATA_REQUEST_V0, METADATA_RESPONSE_V0),
+    (ApiKey.PRODUCE, 0): (PRODUCE_REQUEST_V0, PRODUCE_RESPONSE_V0),
+    (ApiKey.FETCH, 0): (FETCH_REQUEST_V0, FETCH_RESPONSE_V0),
+    (ApiKey.LIST_OFFSETS, 0): (LIST_OFFSETS_REQUEST_V0, LIST_OFFSETS_RESPONSE_V0),
+    (ApiKey.CREATE_TOPIC, 0): (CREATE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
+    (ApiKey.DELETE_TOPIC, 0): (DELETE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
+    (ApiKey.DESCRIBE_TOPICS, 0): (DESCRIBE_TOPICS_REQUEST_V0, DESCRIBE_TOPICS_RESPONSE_V0),
+}
+
+
+def supported_versions() -> dict[int, tuple[int, int]]:
+    out: dict[int, tuple[int, int]] = {}
+    for key, version in SCHEMAS:
+        low, high = out.get(key, (version, version))
+        out[key] = (min(low, version), max(high, version))
+    return out
+
+
+class Message(NamedTuple):
+    header: Header
+    body: dict[str, Any]
+    batches: list[Any]  # bytes, or zmq frames/memoryviews: whatever carried them
+
+
+def _schemas_for(header: Header) -> tuple[Schema, Schema]:
+    try:
+        return SCHEMAS[(header.api_key, header.api_version)]
+    except KeyError:
+        versions = supported_versions()
+        if header.api_key not in versions:
+            raise UnknownApiError(f"unknown api_key {header.api_key}", correlation_id=header.correlation_id) from None
+        low, high = versions[header.api_key]
+        raise UnsupportedVersionError(
+            f"api {ApiKey(header.api_key).name} version {header.api_version} not supported (supported {low}..{high})",
+            correlation_id=header.correlation_id,
+        ) from None
+
+
+def encode_request(
+    api_key: int, body: dict[str, Any], correlation_id: int, *, api_version: int = 0, batches: list[bytes] | None = None
+) -> list[bytes]:
+    request_schema, _ = SCHEMAS[(api_key, api_version)]
+    frames = [encode_request_header(api_key, api_version, correlation_id), s.encode(request_schema, body)]
+    if batches:
+        frames.extend(batches)
+    return frames
+
+
+def expected_batch_frames(api_key: int, body: dict[str, Any], *, response: bool) -> int:
+    """How many batch frames must follow the body frame; used to refuse extra frames."""
+    if not response and api_key == ApiKey.PRODUCE:
+        return len(body["entries"])
+    if response and api_key == ApiKey.FETCH:
+        return sum(p["batch_count"] for p in body["partitions"])
+    return 0
+
+
+def decode_request(frames: list[Any]) -> Message:
+    """Decode ``[header, body, *batches]``. Raises a ProtocolError for anything malformed.
+
+    When the header itself decoded, the exception carries ``header`` so the node can answer
+    with the client's correlation id.
+    """
+    if not frames:
+        raise MalformedRequestError("empty message")
+    header = decode_header(frames[0])
+    try:
+        request_schema, _ = _schemas_for(header)
+        if len(frames) < 2:
+            raise MalformedRequestError(f"{ApiKey(header.api_key).name} request has no body frame")
+        body = s.decode(request_schema, frames[1])
+        want = expected_batch_frames(header.api_key, body, response=False)
+        if len(frames) - 2 != want:
+            raise MalformedRequestError(
+                f"{ApiKey(header.api_key).name} request has {len(frames) - 2} batch frames, body announces {want}"
+            )
+    except Exception as exc:
+        exc.header = header  # type: ignore[attr-defined]
+        raise
+    return Message(header, body, list(frames[2:]))
+
+
+def encode_response(request: Header, body: dict[str, Any], batches: list[Any] | None = None) -> list[Any]:
+    _, response_schema = _schemas_for(request)
+    frames: list[Any] = [encode_response_header(request), s.encode(response_schema, body)]
+    if batches:
+        frames.extend(batches)
+    return frames
+
+
+def encode_error_response(request: Header, error_code: int, message: str) -> list[bytes]:
+    raw = message.encode("utf-8")[:60_000].decode("utf-8", "ignore")
+    return [encode_response_header(request, error_code), s.encode(ERROR_BODY, {"message": raw})]
+
+
+def decode_response(frames: list[Any]) -> Message:
+    """Decode a response. A request-level error comes back as ``body={"message": ...}``
+    with ``header.error_code`` set; the caller decides whether to raise."""
+    if not frames:
+        raise MalformedRequestError("empty response")
+    header = decode_header(frames[0])
+    if len(frames) < 2:
+        raise MalformedRequestError("response has no body frame")
+    if header.error_code != 0:
+        return Message(header, s.decode(ERROR_BODY, frames[1]), [])
+    _, response_schema = _schemas_for(header)
+    body = s.decode(response_schema, frames[1])
+    want = expected_batch_frames(header.api_key, body, response=True)
+    if len(frames) - 2 != want:
+        raise MalformedRequestError(f"response has {len(frames) - 2} batch frames, body announces {want}")
+    return Message(header, body, list(frames[2:]))

@@ -1,0 +1,405 @@
+"""The record-batch format: an uncompressed 72-byte header, then the records section.
+
+Header layout (little-endian)::
+
+    offset size field            notes
+    0      8    base_offset      i64  stamped by the leader; producers send 0
+    8      4    batch_length     i32  bytes of the whole batch, header included
+    12     4    leader_epoch     i32  stamped by the leader; producers send -1
+    16     4    crc              u32  CRC-32 (zlib/IEEE, poly 0xEDB88320) of bytes [20, batch_length)
+    20     1    magic            u8   1
+    21     1    attributes       u8   bits 0-2 codec (0 none, 1 lz4); bit 3 timestamp type
+    22     2    reserved         u16  0
+    24     4    record_count     i32  >= 1
+    28     8    first_timestamp  i64  ms since the epoch, of record 0
+    36     8    max_timestamp    i64  ms, the largest record timestamp
+    44     8    producer_id      i64  -1 when not idempotent
+    52     2    producer_epoch   i16  -1 when not idempotent
+    54     2    reserved2        i16  0
+    56     4    base_sequence    i32  -1 when not idempotent
+    60     8    global_id_base   i64  sequencer ID of record 0 on strict-order topics, else -1
+    68     4    records_bytes    i32  size of the records section before compression
+
+The CRC starts at byte 20 so that the leader can stamp base_offset and leader_epoch
+without recomputing it, and without decompressing or re-encoding anything: consumers
+receive the producer's bytes (the same reason Kafka's v2 format keeps those fields first).
+
+Records section, columnar so that encoders and decoders work per batch, not per field::
+
+    timestamp_delta  record_count x i32   ms after first_timestamp
+    key_length       record_count x i32   -1 = null key
+    value_length     record_count x i32   -1 = null value
+    header_count     record_count x u16
+    keys             the non-null keys, concatenated in record order
+    values           the non-null values, concatenated in record order
+    headers          per record, per header: u16 name length, UTF-8 name,
+                     i32 value length (-1 = null), value bytes
+
+With codec lz4 the records section is one lz4 frame (the standard LZ4 frame format, with
+its content-size field set to records_bytes). A decoder never trusts the frame's claim:
+it checks it against records_bytes and BATCH_UNCOMPRESSED_BYTES_MAX first, and
+decompresses with an output bound.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from itertools import accumulate
+from typing import NamedTuple
+
+import lz4.frame
+
+from fabric.errors import (
+    CorruptMessageError,
+    DecompressionLimitError,
+    MessageTooLargeError,
+    UnsupportedCompressionError,
+)
+from fabric.limits import BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BATCH_UNCOMPRESSED_BYTES_MAX
+
+BATCH_MAGIC = 1
+CODEC_NONE = 0
+CODEC_LZ4 = 1
+CODEC_MASK = 0x07
+TIMESTAMP_LOG_APPEND = 0x08
+CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
+RECORD_FIXED_BYTES = 14  # 3 x i32 + 1 x u16 per record in the columnar arrays
+CRC_START = 20
+
+_HEADER = struct.Struct("<qiiIBBHiqqqhhiqi")
+_STAMP = struct.Struct("<q")
+_EPOCH = struct.Struct("<i")
+_U16 = struct.Struct("<H")
+_I32 = struct.Struct("<i")
+assert _HEADER.size == BATCH_HEADER_BYTES
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    crc: int
+    magic: int
+    attributes: int
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    global_id_base: int
+    records_bytes: int
+
+    @property
+    def codec(self) -> int:
+        return self.attributes & CODEC_MASK
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+Header = tuple[str, bytes | None]
+
+
+class DecodedBatch(NamedTuple):
+    header: BatchHeader
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[Header]]
+
+
+def read_header(buf: bytes | bytearray | memoryview) -> BatchHeader:
+    """Parse the fixed header only. Raises CorruptMessageError if it cannot be a batch."""
+    if len(buf) < BATCH_HEADER_BYTES:
+        raise CorruptMessageError(f"batch of {len(buf)} bytes is shorter than its {BATCH_HEADER_BYTES}-byte header")
+    f = _HEADER.unpack_from(buf, 0)
+    # f: base, length, epoch, crc, magic, attrs, reserved, count, first_ts, max_ts,
+    #    pid, pepoch, reserved2, base_seq, global_id_base, records_bytes
+    return BatchHeader(f[0], f[1], f[2], f[3], f[4], f[5], f[7], f[8], f[9], f[10], f[11], f[13], f[14], f[15])
+
+
+def compute_crc(buf: bytes | bytearray | memoryview) -> int:
+    return zlib.crc32(memoryview(buf)[CRC_START:]) & 0xFFFFFFFF
+
+
+def validate(buf: bytes | bytearray | memoryview, message_bytes_max: int) -> BatchHeader:
+    """Everything a node checks before it appends a batch, without decompressing it.
+
+    Checks the size limit first (cheapest, and it bounds the CRC work), then the header's
+    self-consistency, then the CRC, then the lz4 frame's own size claim.
+    """
+    if len(buf) > message_bytes_max:
+        raise MessageTooLargeError(
+            f"batch of {len(buf)} bytes exceeds the topic's message_bytes_max={message_bytes_max}",
+            batch_bytes=len(buf),
+            limit_bytes=message_bytes_max,
+        )
+    header = read_header(buf)
+    if header.magic != BATCH_MAGIC:
+        raise CorruptMessageError(f"batch magic {header.magic}, expected {BATCH_MAGIC}")
+    if header.batch_length != len(buf):
+        raise CorruptMessageError(f"batch_length says {header.batch_length} bytes, frame has {len(buf)}")
+    if not 1 <= header.record_count <= BATCH_RECORDS_MAX:
+        raise CorruptMessageError(f"record_count {header.record_count} outside [1, {BATCH_RECORDS_MAX}]")
+    if header.records_bytes > BATCH_UNCOMPRESSED_BYTES_MAX:
+        raise DecompressionLimitError(
+            f"records_bytes {header.records_bytes} exceeds BATCH_UNCOMPRESSED_BYTES_MAX={BATCH_UNCOMPRESSED_BYTES_MAX}"
+        )
+    if header.records_bytes < RECORD_FIXED_BYTES * header.record_count:
+        raise CorruptMessageError(
+            f"records_bytes {header.records_bytes} too small for {header.record_count} records"
+        )
+    crc = compute_crc(buf)
+    if crc != header.crc:
+        raise CorruptMessageError(f"batch CRC 0x{crc:08x} does not match header 0x{header.crc:08x}")
+    codec = header.codec
+    payload_bytes = len(buf) - BATCH_HEADER_BYTES
+    if codec == CODEC_NONE:
+        if payload_bytes != header.records_bytes:
+            raise CorruptMessageError(
+                f"uncompressed batch carries {payload_bytes} record bytes, header says {header.records_bytes}"
+            )
+    elif codec == CODEC_LZ4:
+        _check_lz4_claim(memoryview(buf)[BATCH_HEADER_BYTES:], header.records_bytes)
+    else:
+        raise UnsupportedCompressionError(f"compression codec {codec} is not supported (0 none, 1 lz4)")
+    return header
+
+
+def _check_lz4_claim(payload: memoryview, records_bytes: int) -> None:
+    try:
+        info = lz4.frame.get_frame_info(bytes(payload[:19]))
+    except (RuntimeError, ValueError) as exc:
+        raise CorruptMessageError(f"records section is not a valid lz4 frame: {exc}") from exc
+    claimed = int(info.get("content_size") or 0)
+    if claimed != records_bytes:
+        raise DecompressionLimitError(
+            f"lz4 frame claims {claimed} bytes of content, batch header says records_bytes={records_bytes}"
+        )
+
+
+def stamp(buf: bytearray, base_offset: int, leader_epoch: int) -> None:
+    """Write the leader's base offset and epoch into a batch in place (CRC unaffected)."""
+    _STAMP.pack_into(buf, 0, base_offset)
+    _EPOCH.pack_into(buf, 12, leader_epoch)
+
+
+def encode_batch(
+    timestamps: Sequence[int],
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    headers: Sequence[Sequence[Header] | None] | None = None,
+    *,
+    codec: int = CODEC_LZ4,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    global_id_base: int = -1,
+    base_offset: int = 0,
+    leader_epoch: int = -1,
+    lz4_level: int = 0,
+) -> bytes:
+    """Encode one batch. All per-record work is list comprehensions and one struct.pack."""
+    n = len(values)
+    if n == 0 or n > BATCH_RECORDS_MAX:
+        raise ValueError(f"a batch holds 1 to {BATCH_RECORDS_MAX} records, got {n}")
+    if len(keys) != n or len(timestamps) != n:
+        raise ValueError("timestamps, keys and values must have the same length")
+    first_ts = timestamps[0]
+    max_ts = max(timestamps)
+    key_lengths = [-1 if k is None else len(k) for k in keys]
+    value_lengths = [-1 if v is None else len(v) for v in values]
+    if headers is None or not any(headers):
+        header_counts = [0] * n
+        header_bytes = b""
+    else:
+        header_counts = [len(h) if h else 0 for h in headers]
+        header_bytes = _encode_headers(headers)
+    arrays = struct.pack(
+        f"<{n}i{n}i{n}i{n}H",
+        *[t - first_ts for t in timestamps],
+        *key_lengths,
+        *value_lengths,
+        *header_counts,
+    )
+    records = b"".join(
+        (
+            arrays,
+            b"".join([k for k in keys if k is not None]),
+            b"".join([v for v in values if v is not None]),
+            header_bytes,
+        )
+    )
+    if len(records) > BATCH_UNCOMPRESSED_BYTES_MAX:
+        raise MessageTooLargeError(
+            f"records section of {len(records)} bytes exceeds BATCH_UNCOMPRESSED_BYTES_MAX={BATCH_UNCOMPRESSED_BYTES_MAX}"
+        )
+    if codec == CODEC_LZ4:
+        payload = lz4.frame.compress(
+            records, compression_level=lz4_level, store_size=True, content_checksum=False
+        )
+    elif codec == CODEC_NONE:
+        payload = records
+    else:
+        raise UnsupportedCompressionError(f"compression codec {codec} is not supported")
+    length = BATCH_HEADER_BYTES + len(payload)
+    head = bytearray(
+        _HEADER.pack(
+            base_offset, length, leader_epoch, 0, BATCH_MAGIC, codec, 0, n, first_ts, max_ts,
+            producer_id, producer_epoch, 0, base_sequence, global_id_base, len(records),
+        )
+    )
+    crc = zlib.crc32(payload, zlib.crc32(memoryview(head)[CRC_START:])) & 0xFFFFFFFF
+    struct.pack_into("<I", head, 16, crc)
+    return bytes(head) + payload
+
+
+def _encode_headers(headers: Sequence[Sequence[Header] | None]) -> bytes:
+    out: list[bytes] = []
+    for record_headers in headers:
+        if not record_headers:
+            continue
+        for name, value in record_headers:
+            raw = name.encode("utf-8")
+            out.append(_U16.pack(len(raw)))
+            out.append(raw)
+            if value is None:
+                out.append(_I32.pack(-1))
+            else:
+                out.append(_I32.pack(len(value)))
+                out.append(value)
+    return b"".join(out)
+
+
+def records_section(buf: bytes | bytearray | memoryview, header: BatchHeader) -> bytes:
+    """The uncompressed records section, decompressed with a bound (never what lz4 claims)."""
+    payload = memoryview(buf)[BATCH_HEADER_BYTES : header.batch_length]
+    if header.codec == CODEC_NONE:
+        return bytes(payload)
+    if header.codec != CODEC_LZ4:
+        raise UnsupportedCompressionError(f"compression codec {header.codec} is not supported")
+    if header.records_bytes > BATCH_UNCOMPRESSED_BYTES_MAX:
+        raise DecompressionLimitError(f"records_bytes {header.records_bytes} above the limit")
+    _check_lz4_claim(payload, header.records_bytes)
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    try:
+        records = decompressor.decompress(bytes(payload), max_length=header.records_bytes)
+    except RuntimeError as exc:
+        raise CorruptMessageError(f"lz4 frame does not decompress: {exc}") from exc
+    if len(records) != header.records_bytes or not decompressor.eof:
+        raise CorruptMessageError(
+            f"lz4 frame decompressed to {len(records)} bytes (eof={decompressor.eof}), header says {header.records_bytes}"
+        )
+    return bytes(records)
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> DecodedBatch:
+    """Decode a whole batch into columns. Raises CorruptMessageError on any inconsistency."""
+    header = read_header(buf)
+    if header.magic != BATCH_MAGIC:
+        raise CorruptMessageError(f"batch magic {header.magic}, expected {BATCH_MAGIC}")
+    if header.batch_length > len(buf) or header.batch_length < BATCH_HEADER_BYTES:
+        raise CorruptMessageError(f"batch_length {header.batch_length} does not fit a {len(buf)}-byte buffer")
+    n = header.record_count
+    if not 1 <= n <= BATCH_RECORDS_MAX:
+        raise CorruptMessageError(f"record_count {n} outside [1, {BATCH_RECORDS_MAX}]")
+    if check_crc and compute_crc(memoryview(buf)[: header.batch_length]) != header.crc:
+        raise CorruptMessageError(f"batch at offset {header.base_offset}: CRC mismatch")
+    records = records_section(buf, header)
+    return _decode_records(header, records)
+
+
+def _decode_records(header: BatchHeader, records: bytes) -> DecodedBatch:
+    n = header.record_count
+    arrays_bytes = RECORD_FIXED_BYTES * n
+    if len(records) < arrays_bytes:
+        raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
+    arrays = struct.unpack_from(f"<{n}i{n}i{n}i{n}H", records, 0)
+    first = header.first_timestamp
+    timestamps = [first + d for d in arrays[0:n]]
+    key_lengths = arrays[n : 2 * n]
+    value_lengths = arrays[2 * n : 3 * n]
+    header_counts = arrays[3 * n : 4 * n]
+    pos = arrays_bytes
+    keys, pos = _slice_column(records, pos, key_lengths, "key")
+    values, pos = _slice_column(records, pos, value_lengths, "value")
+    if any(header_counts):
+        headers, pos = _decode_headers(records, pos, header_counts)
+    else:
+        headers = [[] for _ in range(n)] if n <= 1 else _shared_empty_headers(n)
+    if pos != len(records):
+        raise CorruptMessageError(f"records section has {len(records) - pos} trailing bytes")
+    return DecodedBatch(header, timestamps, keys, values, headers)
+
+
+def _shared_empty_headers(n: int) -> list[list[Header]]:
+    # Records without headers share one empty list; callers must not mutate it.
+    empty: list[Header] = []
+    return [empty] * n
+
+
+def _slice_column(
+    records: bytes, pos: int, lengths: tuple[int, ...], what: str
+) -> tuple[list[bytes | None], int]:
+    n = len(lengths)
+    nulls = lengths.count(-1)
+    if nulls == n:
+        return [None] * n, pos
+    if nulls == 0:
+        if min(lengths) < 0:
+            raise CorruptMessageError(f"negative {what} length")
+        ends = list(accumulate(lengths, initial=pos))
+        end = ends[-1]
+        if end > len(records):
+            raise CorruptMessageError(f"{what} lengths run past the records section")
+        return [records[s:e] for s, e in zip(ends, ends[1:])], end
+    out: list[bytes | None] = []
+    for length in lengths:
+        if length == -1:
+            out.append(None)
+            continue
+        if length < 0 or pos + length > len(records):
+            raise CorruptMessageError(f"bad {what} length {length}")
+        out.append(records[pos : pos + length])
+        pos += length
+    return out, pos
+
+
+def _decode_headers(
+    records: bytes, pos: int, header_counts: tuple[int, ...]
+) -> tuple[list[list[Header]], int]:
+    size = len(records)
+    out: list[list[Header]] = []
+    for count in header_counts:
+        record_headers: list[Header] = []
+        for _ in range(count):
+            if pos + 2 > size:
+                raise CorruptMessageError("header name length runs past the records section")
+            (name_length,) = _U16.unpack_from(records, pos)
+            pos += 2
+            if pos + name_length + 4 > size:
+                raise CorruptMessageError("header name runs past the records section")
+            try:
+                name = records[pos : pos + name_length].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorruptMessageError("header name is not UTF-8") from exc
+            pos += name_length
+            (value_length,) = _I32.unpack_from(records, pos)
+            pos += 4
+            if value_length == -1:
+                record_headers.append((name, None))
+                continue
+            if value_length < 0 or pos + value_length > size:
+                raise CorruptMessageError(f"bad header value length {value_length}")
+            record_headers.append((name, records[pos : pos + value_length]))
+            pos += value_length
+        out.append(record_headers)
+    return out, pos

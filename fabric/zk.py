@@ -1,0 +1,403 @@
+"""The ZooKeeper layout (docs/ZOOKEEPER.md), its codecs, and the routing-map cache.
+
+Layout, below the root ``/fabric`` (a kazoo chroot in the connect string moves it)::
+
+    /fabric/nodes/<node_id>                   ephemeral, JSON NodeInfo
+    /fabric/topics/<topic>                    JSON TopicConfig
+    /fabric/topics/<topic>/partitions/<p>     JSON PartitionState, written with version checks
+    /fabric/controller                        ephemeral, the elected controller's node id
+
+Znode data is JSON (UTF-8): this is the admin path; clients in other languages learn the
+routing map from the METADATA API of any node and never need to read ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import EventType, WatchedEvent
+
+from fabric import errors
+from fabric.limits import (
+    MESSAGE_BYTES_MAX_DEFAULT,
+    PARTITIONS_MAX,
+    REPLICATION_FACTOR_MAX,
+    TOPIC_NAME_BYTES_MAX,
+)
+
+ROOT = "/fabric"
+NODES = f"{ROOT}/nodes"
+TOPICS = f"{ROOT}/topics"
+CONTROLLER = f"{ROOT}/controller"
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def node_path(node_id: int) -> str:
+    return f"{NODES}/{node_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def partitions_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}/partitions"
+
+
+def partition_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: int
+    address: str  # the client ROUTER endpoint, e.g. tcp://127.0.0.1:9092
+    replication_address: str = ""  # the replication PUB endpoint
+    host: str = "127.0.0.1"
+    pid: int = 0
+    started_ms: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> NodeInfo:
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    partitions: int
+    replication_factor: int = 1
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1 keeps forever
+    retention_bytes: int = -1  # per partition; -1 means no size limit
+    message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT
+    min_insync: int = 1
+    strict_order: bool = False
+    unclean_leader_election: bool = False
+    created_ms: int = 0
+
+    # Keys a user may set at creation, with their parsers.
+    SETTABLE = (
+        "retention_ms",
+        "retention_bytes",
+        "message_bytes_max",
+        "min_insync",
+        "strict_order",
+        "unclean_leader_election",
+    )
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> TopicConfig:
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def as_strings(self) -> dict[str, str]:
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in asdict(self).items()}
+
+    @classmethod
+    def build(cls, partitions: int, replication_factor: int, configs: dict[str, str], now_ms: int) -> TopicConfig:
+        """Validate user input into a config; every refusal names the key and the rule."""
+        if not 1 <= partitions <= PARTITIONS_MAX:
+            raise errors.InvalidPartitionsError(f"partitions={partitions} outside [1, {PARTITIONS_MAX}]")
+        if not 1 <= replication_factor <= REPLICATION_FACTOR_MAX:
+            raise errors.InvalidReplicationFactorError(
+                f"replication_factor={replication_factor} outside [1, {REPLICATION_FACTOR_MAX}]"
+            )
+        values: dict[str, Any] = {}
+        for key, raw in configs.items():
+            if key not in cls.SETTABLE:
+                raise errors.InvalidConfigError(f"unknown topic config {key!r}; known: {', '.join(cls.SETTABLE)}")
+            if key in ("strict_order", "unclean_leader_election"):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise errors.InvalidConfigError(f"{key} must be true or false, got {raw!r}")
+                values[key] = raw.lower() in ("true", "1")
+            else:
+                try:
+                    values[key] = int(raw)
+                except ValueError:
+                    raise errors.InvalidConfigError(f"{key} must be an integer, got {raw!r}") from None
+        config = cls(partitions=partitions, replication_factor=replication_factor, created_ms=now_ms, **values)
+        if config.message_bytes_max < 1024 or config.message_bytes_max > 64 * 1024 * 1024:
+            raise errors.InvalidConfigError("message_bytes_max must be within [1024, 67108864]")
+        if not 1 <= config.min_insync <= replication_factor:
+            raise errors.InvalidConfigError(
+                f"min_insync={config.min_insync} must be within [1, replication_factor={replication_factor}]"
+            )
+        if config.retention_ms == 0 or config.retention_ms < -1:
+            raise errors.InvalidConfigError("retention_ms must be positive or -1 (forever)")
+        if config.retention_bytes == 0 or config.retention_bytes < -1:
+            raise errors.InvalidConfigError("retention_bytes must be positive or -1 (no limit)")
+        return config
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    partition: int
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    version: int = -1  # the znode version it was read at; the fence for the next write
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"replicas": list(self.replicas), "leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr)},
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def decode(cls, partition: int, raw: bytes, version: int = -1) -> PartitionState:
+        data = json.loads(raw)
+        return cls(partition, tuple(data["replicas"]), int(data["leader"]), int(data["leader_epoch"]), tuple(data["isr"]), version)
+
+
+@dataclass
+class TopicRoute:
+    name: str
+    config: TopicConfig
+    partitions: dict[int, PartitionState] = field(default_factory=dict)
+
+
+def validate_topic_name(name: str) -> None:
+    if not name or len(name.encode()) > TOPIC_NAME_BYTES_MAX or not _TOPIC_NAME.match(name) or name in (".", ".."):
+        raise errors.InvalidTopicError(
+            f"invalid topic name {name!r}: 1 to {TOPIC_NAME_BYTES_MAX} characters of [A-Za-z0-9._-]"
+        )
+
+
+def ensure_layout(zk: KazooClient) -> None:
+    for path in (ROOT, NODES, TOPICS):
+        zk.ensure_path(path)
+
+
+def live_nodes(zk: KazooClient) -> dict[int, NodeInfo]:
+    out: dict[int, NodeInfo] = {}
+    for child in zk.get_children(NODES):
+        try:
+            raw, _ = zk.get(node_path(int(child)))
+        except NoNodeError:
+            continue
+        info = NodeInfo.decode(raw)
+        out[info.node_id] = info
+    return out
+
+
+def assign_replicas(topic: str, partitions: int, replication_factor: int, node_ids: list[int]) -> list[list[int]]:
+    """Round robin over live nodes, starting at a per-topic offset so leaders spread."""
+    ids = sorted(node_ids)
+    if replication_factor > len(ids):
+        raise errors.InvalidReplicationFactorError(
+            f"replication_factor={replication_factor} but only {len(ids)} live nodes"
+        )
+    start = zlib.crc32(topic.encode()) % len(ids)
+    return [[ids[(start + p + j) % len(ids)] for j in range(replication_factor)] for p in range(partitions)]
+
+
+def create_topic(
+    zk: KazooClient, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+) -> TopicConfig:
+    """Create the topic config and every partition state in one ZooKeeper transaction."""
+    validate_topic_name(name)
+    config = TopicConfig.build(partitions, replication_factor, configs, int(time.time() * 1000))
+    nodes = live_nodes(zk)
+    if not nodes:
+        raise errors.LeaderNotAvailableError("no live nodes to host the topic")
+    assignment = assign_replicas(name, partitions, replication_factor, list(nodes))
+    tx = zk.transaction()
+    tx.create(topic_path(name), config.encode())
+    tx.create(partitions_path(name), b"")
+    for p, replicas in enumerate(assignment):
+        state = PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas))
+        tx.create(partition_path(name, p), state.encode())
+    results = tx.commit()
+    failures = [r for r in results if isinstance(r, Exception)]
+    if failures:
+        if any(isinstance(r, NodeExistsError) for r in failures):
+            raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
+        raise errors.UnknownServerError(f"creating topic {name!r} failed: {failures[0]!r}")
+    return config
+
+
+def delete_topic(zk: KazooClient, name: str) -> None:
+    validate_topic_name(name)
+    try:
+        children = zk.get_children(partitions_path(name))
+    except NoNodeError:
+        raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+    tx = zk.transaction()
+    for child in children:
+        tx.delete(f"{partitions_path(name)}/{child}")
+    tx.delete(partitions_path(name))
+    tx.delete(topic_path(name))
+    results = tx.commit()
+    failures = [r for r in results if isinstance(r, Exception)]
+    if failures:
+        if any(isinstance(r, NoNodeError) for r in failures):
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        raise errors.UnknownServerError(f"deleting topic {name!r} failed: {failures[0]!r}")
+
+
+def write_partition_state(zk: KazooClient, topic: str, state: PartitionState) -> PartitionState:
+    """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``."""
+    stat = zk.set(partition_path(topic, state.partition), state.encode(), version=state.version)
+    return PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch, state.isr, stat.version)
+
+
+class RoutingCache:
+    """The routing map read from ZooKeeper and kept current with watches.
+
+    Kazoo runs watch callbacks on its own thread; this class only updates dictionaries
+    under a lock and calls ``on_change`` (which must be quick and must not block: the node
+    uses it to post an event to its own loop).
+    """
+
+    def __init__(self, zk: KazooClient, on_change: Callable[[str], None] | None = None) -> None:
+        self._zk = zk
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicRoute] = {}
+        self._nodes: dict[int, NodeInfo] = {}
+        self._watched_topics: set[str] = set()
+        self._on_change = on_change
+        self.controller_id = -1
+        self.generation = 0
+        self._closed = False
+
+    def start(self) -> None:
+        ensure_layout(self._zk)
+        self._zk.ChildrenWatch(NODES, self._nodes_changed)
+        self._zk.ChildrenWatch(TOPICS, self._topics_changed)
+        self._zk.DataWatch(CONTROLLER, self._controller_changed)
+
+    def close(self) -> None:
+        self._closed = True
+
+    # Snapshots for readers: copies, so callers never see a half-applied update.
+    def topics(self) -> dict[str, TopicRoute]:
+        with self._lock:
+            return {name: TopicRoute(r.name, r.config, dict(r.partitions)) for name, r in self._topics.items()}
+
+    def topic(self, name: str) -> TopicRoute | None:
+        with self._lock:
+            route = self._topics.get(name)
+            return None if route is None else TopicRoute(route.name, route.config, dict(route.partitions))
+
+    def nodes(self) -> dict[int, NodeInfo]:
+        with self._lock:
+            return dict(self._nodes)
+
+    def _changed(self, what: str) -> None:
+        self.generation += 1
+        if self._on_change is not None:
+            self._on_change(what)
+
+    def _nodes_changed(self, children: list[str]) -> bool | None:
+        if self._closed:
+            return False
+        nodes: dict[int, NodeInfo] = {}
+        for child in children:
+            try:
+                raw, _ = self._zk.get(node_path(int(child)))
+            except (NoNodeError, ValueError):
+                continue
+            info = NodeInfo.decode(raw)
+            nodes[info.node_id] = info
+        with self._lock:
+            self._nodes = nodes
+        self._changed("nodes")
+        return None
+
+    def _controller_changed(self, data: bytes | None, stat: Any, event: WatchedEvent | None = None) -> bool | None:
+        if self._closed:
+            return False
+        try:
+            self.controller_id = int(data) if data else -1
+        except ValueError:
+            self.controller_id = -1
+        self._changed("controller")
+        return None
+
+    def _topics_changed(self, children: list[str]) -> bool | None:
+        if self._closed:
+            return False
+        names = set(children)
+        with self._lock:
+            for gone in set(self._topics) - names:
+                del self._topics[gone]
+            new = names - self._watched_topics
+            self._watched_topics |= new
+            self._watched_topics &= names | new
+        for name in sorted(new):
+            self._zk.DataWatch(topic_path(name), self._make_topic_watch(name))
+        self._changed("topics")
+        return None
+
+    def _make_topic_watch(self, name: str) -> Callable[..., bool | None]:
+        partition_watches: set[int] = set()
+
+        def topic_data(data: bytes | None, stat: Any, event: WatchedEvent | None = None) -> bool | None:
+            if self._closed:
+                return False
+            if data is None or (event is not None and event.type == EventType.DELETED):
+                with self._lock:
+                    self._topics.pop(name, None)
+                    self._watched_topics.discard(name)
+                self._changed(f"topic:{name}")
+                return False  # stop watching; a re-created topic gets a fresh watch
+            config = TopicConfig.decode(data)
+            with self._lock:
+                route = self._topics.get(name)
+                if route is None:
+                    self._topics[name] = TopicRoute(name, config)
+                else:
+                    route.config = config
+            for p in range(config.partitions):
+                if p not in partition_watches:
+                    partition_watches.add(p)
+                    self._zk.DataWatch(partition_path(name, p), self._make_partition_watch(name, p))
+            self._changed(f"topic:{name}")
+            return None
+
+        return topic_data
+
+    def _make_partition_watch(self, name: str, partition: int) -> Callable[..., bool | None]:
+        def partition_data(data: bytes | None, stat: Any, event: WatchedEvent | None = None) -> bool | None:
+            if self._closed:
+                return False
+            if data is None:
+                with self._lock:
+                    route = self._topics.get(name)
+                    if route is not None:
+                        route.partitions.pop(partition, None)
+                if event is not None and event.type == EventType.DELETED:
+                    return False
+                return None
+            state = PartitionState.decode(partition, data, stat.version)
+            with self._lock:
+                route = self._topics.get(name)
+                if route is None:
+                    return None
+                old = route.partitions.get(partition)
+                if old is not None and old.version >= state.version:
+                    return None  # a duplicate delivery after reconnect
+                route.partitions[partition] = state
+            self._changed(f"partition:{name}:{partition}")
+            return None
+
+        return partition_data

@@ -1,0 +1,1 @@
+"""The Fabric storage node: request server, partition log on RocksDB, retention."""

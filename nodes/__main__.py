@@ -1,0 +1,5 @@
+import sys
+
+from nodes.server import main
+
+sys.exit(main())

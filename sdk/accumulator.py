@@ -1,0 +1,248 @@
+"""Per-partition batching for the producer: pure logic with the clock passed in.
+
+``RecordAccumulator`` keeps a deque of open and sealed batches per partition and decides
+which are ready to send (full, lingered long enough, or being flushed). It does no I/O
+and takes ``now`` (monotonic seconds) as an argument, so tests drive it with a fake clock.
+Thread safety is the caller's: the producer holds one lock around every call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabric import errors
+
+RECORD_OVERHEAD_BYTES = 14  # the columnar per-record arrays (3 x i32 + u16)
+Headers = list[tuple[str, bytes | None]]
+
+
+class BatchResult:
+    """The outcome of one batch, shared by the futures of all its records.
+
+    Lighter than concurrent.futures.Future (no Condition per record): an Event is
+    created only if someone actually waits.
+    """
+
+    __slots__ = ("_callbacks", "_event", "_lock", "base_offset", "done", "exception", "leader_epoch")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.base_offset = -1
+        self.leader_epoch = -1
+        self.exception: BaseException | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
+        self._lock = threading.Lock()
+
+    def complete(self, base_offset: int, exception: BaseException | None = None) -> None:
+        with self._lock:
+            if self.done:
+                return
+            self.base_offset = base_offset
+            self.exception = exception
+            self.done = True
+            event, callbacks = self._event, self._callbacks
+            self._callbacks = None
+        if event is not None:
+            event.set()
+        for callback in callbacks or ():
+            callback()
+
+    def wait(self, timeout_s: float | None) -> bool:
+        with self._lock:
+            if self.done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout_s)
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
+@dataclass(frozen=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int  # -1 with acks=0
+    timestamp: int
+
+
+class RecordFuture:
+    """What ``Producer.send`` returns: resolves to RecordMetadata or raises."""
+
+    __slots__ = ("_batch", "_index", "_partition", "_timestamp", "_topic")
+
+    def __init__(self, batch: BatchResult, index: int, topic: str, partition: int, timestamp: int) -> None:
+        self._batch = batch
+        self._index = index
+        self._topic = topic
+        self._partition = partition
+        self._timestamp = timestamp
+
+    def done(self) -> bool:
+        return self._batch.done
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        if not self._batch.wait(timeout):
+            raise TimeoutError(f"record not acknowledged within {timeout} s")
+        if self._batch.exception is not None:
+            raise self._batch.exception
+        base = self._batch.base_offset
+        return RecordMetadata(self._topic, self._partition, -1 if base < 0 else base + self._index, self._timestamp)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._batch.wait(timeout):
+            raise TimeoutError(f"record not acknowledged within {timeout} s")
+        return self._batch.exception
+
+    def add_callback(self, callback: Callable[[RecordMetadata | None, BaseException | None], Any]) -> None:
+        """``callback(metadata, None)`` on success, ``callback(None, exception)`` on failure."""
+
+        def fire() -> None:
+            exc = self._batch.exception
+            if exc is not None:
+                callback(None, exc)
+            else:
+                callback(self.result(0), None)
+
+        self._batch.on_done(fire)
+
+
+@dataclass
+class ProducerBatch:
+    topic: str
+    partition: int
+    created_s: float
+    timestamps: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    headers: list[Headers | None] = field(default_factory=list)
+    size_bytes: int = 0
+    has_headers: bool = False
+    sealed: bool = False  # no more appends (full, sent or flushed)
+    result: BatchResult = field(default_factory=BatchResult)
+    encoded: bytes | None = None
+    attempts: int = 0
+    retry_after_s: float = 0.0
+    first_sent_s: float = -1.0
+
+    @property
+    def record_count(self) -> int:
+        return len(self.values)
+
+
+class RecordAccumulator:
+    def __init__(self, *, batch_bytes_max: int, linger_ms: float, buffer_bytes_max: int) -> None:
+        if batch_bytes_max <= 0 or buffer_bytes_max < batch_bytes_max:
+            raise ValueError(
+                f"need 0 < batch_bytes_max ({batch_bytes_max}) <= buffer_bytes_max ({buffer_bytes_max})"
+            )
+        if linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        self.batch_bytes_max = batch_bytes_max
+        self.linger_s = linger_ms / 1000.0
+        self.buffer_bytes_max = buffer_bytes_max
+        self.buffered_bytes = 0
+        self.batches: dict[tuple[str, int], deque[ProducerBatch]] = {}
+        self.flushing = False
+
+    def has_room(self, size_bytes: int) -> bool:
+        return self.buffered_bytes + size_bytes <= self.buffer_bytes_max or self.buffered_bytes == 0
+
+    def append(
+        self,
+        topic: str,
+        partition: int,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None,
+        now_s: float,
+    ) -> tuple[RecordFuture, bool]:
+        """Append one record; returns (future, batch_became_full)."""
+        size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+        if headers:
+            size += sum(6 + len(n) + (len(v) if v is not None else 0) for n, v in headers)
+        if size > self.batch_bytes_max:
+            raise errors.MessageTooLargeError(
+                f"record of {size} bytes exceeds batch_bytes_max={self.batch_bytes_max}", record_bytes=size
+            )
+        queue = self.batches.get((topic, partition))
+        if queue is None:
+            queue = self.batches[(topic, partition)] = deque()
+        batch = queue[-1] if queue and not queue[-1].sealed else None
+        if batch is None or batch.size_bytes + size > self.batch_bytes_max:
+            if batch is not None:
+                batch.sealed = True
+            batch = ProducerBatch(topic, partition, now_s)
+            queue.append(batch)
+        index = len(batch.values)
+        batch.timestamps.append(timestamp_ms)
+        batch.keys.append(key)
+        batch.values.append(value)
+        batch.headers.append(headers)
+        if headers:
+            batch.has_headers = True
+        batch.size_bytes += size
+        self.buffered_bytes += size
+        full = batch.size_bytes >= self.batch_bytes_max - RECORD_OVERHEAD_BYTES
+        if full:
+            batch.sealed = True
+        return RecordFuture(batch.result, index, topic, partition, timestamp_ms), full or len(queue) > 1
+
+    def ready(self, now_s: float, in_flight: set[tuple[str, int]]) -> list[ProducerBatch]:
+        """Pop the head batch of every partition that may send now.
+
+        A partition with a batch in flight sends nothing else, so retries keep order.
+        """
+        out: list[ProducerBatch] = []
+        for key, queue in self.batches.items():
+            if not queue or key in in_flight:
+                continue
+            head = queue[0]
+            if head.retry_after_s > now_s:
+                continue
+            if head.sealed or self.flushing or now_s - head.created_s >= self.linger_s:
+                head.sealed = True
+                out.append(queue.popleft())
+        return out
+
+    def requeue(self, batch: ProducerBatch) -> None:
+        """Put a batch that failed with a retriable error back at the head of its queue."""
+        queue = self.batches.setdefault((batch.topic, batch.partition), deque())
+        queue.appendleft(batch)
+
+    def release(self, batch: ProducerBatch) -> None:
+        self.buffered_bytes -= batch.size_bytes
+
+    def next_deadline_s(self) -> float | None:
+        """When the oldest unsealed batch's linger ends (or a retry backoff), if any."""
+        deadline: float | None = None
+        for queue in self.batches.values():
+            if queue:
+                head = queue[0]
+                at = max(head.created_s + self.linger_s, head.retry_after_s) if not head.sealed else head.retry_after_s
+                deadline = at if deadline is None else min(deadline, at)
+        return deadline
+
+    def pending_batches(self) -> int:
+        return sum(len(q) for q in self.batches.values())
+
+    def abort_all(self, exc: BaseException) -> None:
+        for queue in self.batches.values():
+            while queue:
+                batch = queue.popleft()
+                self.release(batch)
+                batch.result.complete(-1, exc)

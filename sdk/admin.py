@@ -1,0 +1,113 @@
+"""Topic administration through any node (the node writes ZooKeeper with version checks)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from fabric import errors
+from fabric.protocol.apis import ApiKey
+from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
+
+TOPIC_READY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    name: str
+    configs: dict[str, str]
+    partitions: tuple[PartitionMetadata, ...]
+
+
+class Admin:
+    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None) -> None:
+        self._conns = Connections(context)
+        self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
+        self.request_timeout_ms = request_timeout_ms
+
+    def _call(self, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
+        last: Exception | None = None
+        for address in self._meta.candidates():
+            try:
+                return self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms).body
+            except (errors.NodeNotReadyError, errors.RequestTimedOutError) as exc:
+                last = exc
+        raise errors.NoBrokersAvailableError(f"no node answered {ApiKey(api_key).name}: {last}")
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        config: dict[str, Any] | None = None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Create a topic; with ``wait`` return only once every partition has a serving leader."""
+        configs = [{"key": k, "value": str(v).lower() if isinstance(v, bool) else str(v)} for k, v in (config or {}).items()]
+        body = self._call(ApiKey.CREATE_TOPIC, {"name": name, "partitions": partitions,
+                                                "replication_factor": replication_factor, "configs": configs})
+        errors.raise_for_code(body["error"], body["message"])
+        if wait:
+            self.wait_for_topic(name, partitions)
+
+    def wait_for_topic(self, name: str, partitions: int | None = None, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+        """Block until every partition has a leader that answers LIST_OFFSETS for it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                meta = self._meta.refresh([name]).topics.get(name)
+                if meta is not None and (partitions is None or meta.partition_count == partitions):
+                    if all(self._leader_serves(name, p.partition) for p in meta.partitions):
+                        return
+            except errors.RetriableError:
+                pass
+            if time.monotonic() > deadline:
+                raise errors.LeaderNotAvailableError(f"topic {name!r} not ready within {timeout_s} s")
+            time.sleep(0.05)
+
+    def _leader_serves(self, topic: str, partition: int) -> bool:
+        address = self._meta.metadata.leader_address(topic, partition)
+        if address is None:
+            return False
+        body = self._conns.request(address, ApiKey.LIST_OFFSETS, {"partitions": [
+            {"topic": topic, "partition": partition, "timestamp": -1}]}, timeout_ms=self.request_timeout_ms).body
+        return bool(body["partitions"][0]["error"] == 0)
+
+    def delete_topic(self, name: str) -> None:
+        body = self._call(ApiKey.DELETE_TOPIC, {"name": name})
+        errors.raise_for_code(body["error"], body["message"])
+
+    def list_topics(self) -> list[str]:
+        return sorted(self._meta.refresh().topics)
+
+    def describe_topics(self, names: list[str] | None = None) -> list[TopicDescription]:
+        body = self._call(ApiKey.DESCRIBE_TOPICS, {"names": names or []})
+        out = []
+        for t in body["topics"]:
+            errors.raise_for_code(t["error"], f"topic {t['name']!r}")
+            out.append(TopicDescription(
+                t["name"],
+                {c["key"]: c["value"] for c in t["configs"]},
+                tuple(PartitionMetadata(p["partition"], p["leader"], p["leader_epoch"], tuple(p["replicas"]), tuple(p["isr"]))
+                      for p in t["partitions"]),
+            ))
+        return out
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        return self.describe_topics([name])[0]
+
+    def nodes(self) -> dict[int, str]:
+        return dict(self._meta.refresh().nodes)
+
+    def close(self) -> None:
+        self._conns.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

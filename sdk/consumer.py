@@ -1,0 +1,391 @@
+"""The consumer: assign partitions, seek, and poll records or whole decoded batches.
+
+One FETCH per leader node is kept in flight while the caller works through what came
+back (prefetch), so a consumer that keeps up is never waiting a round trip. A fetch at
+the log end long-polls on the node (``fetch_max_wait_ms``), so new data arrives pushed,
+not by polling in a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from fabric import errors
+from fabric.protocol import apis, batch as batch_format
+from fabric.protocol.apis import ApiKey
+from sdk._client import Bootstrap, Connections, MetadataClient, TopicPartition
+
+log = logging.getLogger("fabric.consumer")
+
+BUFFERED_BATCHES_MAX = 256  # decoded batches held for the caller before fetching pauses
+
+
+class Record:
+    __slots__ = ("headers", "key", "offset", "partition", "timestamp", "topic", "value")
+
+    def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
+                 value: bytes | None, headers: list[tuple[str, bytes | None]]) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return f"Record({self.topic}/{self.partition}@{self.offset} key={self.key!r} value={self.value!r:.60})"
+
+
+@dataclass
+class RecordBatch:
+    """Records of one batch from ``start`` on, as columns (the fast path)."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[tuple[str, bytes | None]]]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + len(self.values)
+
+    def records(self) -> Iterator[Record]:
+        t, p, base = self.topic, self.partition, self.base_offset
+        for i, (ts, k, v, h) in enumerate(zip(self.timestamps, self.keys, self.values, self.headers)):
+            yield Record(t, p, base + i, ts, k, v, h)
+
+
+def _as_tp(item: TopicPartition | tuple[str, int]) -> TopicPartition:
+    return item if isinstance(item, TopicPartition) else TopicPartition(item[0], int(item[1]))
+
+
+class Consumer:
+    """Read assigned partitions from their leaders.
+
+    ``auto_offset_reset``: where to start a partition with no position, or whose position
+    fell out of the log (retention): ``earliest``, ``latest`` or ``none`` (raise
+    OffsetOutOfRangeError).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        auto_offset_reset: str = "earliest",
+        fetch_max_wait_ms: int = 500,
+        fetch_min_bytes: int = 1,
+        fetch_max_bytes: int = 32 * 1024 * 1024,
+        partition_fetch_bytes_max: int = 8 * 1024 * 1024,
+        request_timeout_ms: int = 30_000,
+        check_crc: bool = True,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        if auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError(f"auto_offset_reset must be earliest, latest or none, got {auto_offset_reset!r}")
+        self.auto_offset_reset = auto_offset_reset
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_bytes = fetch_max_bytes
+        self.partition_fetch_bytes_max = partition_fetch_bytes_max
+        self.request_timeout_ms = request_timeout_ms
+        self.check_crc = check_crc
+        self._conns = Connections(context)
+        self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
+        self._assigned: list[TopicPartition] = []
+        self._positions: dict[TopicPartition, int] = {}  # next offset to hand to the caller
+        self._fetch_positions: dict[TopicPartition, int] = {}  # next offset to ask a node for
+        self._high_watermarks: dict[TopicPartition, int] = {}
+        self._buffer: deque[RecordBatch] = deque()
+        self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int]]] = {}  # corr -> node, sent, {tp: pos}
+        self._busy_nodes: set[str] = set()
+        self._refresh_needed = True
+        self._closed = False
+
+    # -- assignment and positions -----------------------------------------------------------
+    def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        tps = [_as_tp(p) for p in partitions]
+        self._meta.refresh(sorted({tp.topic for tp in tps}))
+        for tp in tps:
+            meta = self._meta.topic(tp.topic)
+            if not 0 <= tp.partition < meta.partition_count:
+                raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
+        self._assigned = tps
+        keep = set(tps)
+        for d in (self._positions, self._fetch_positions):
+            for tp in list(d):
+                if tp not in keep:
+                    del d[tp]
+        self._buffer = deque(b for b in self._buffer if TopicPartition(b.topic, b.partition) in keep)
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._assigned)
+
+    def subscribe_all_partitions(self, topic: str) -> list[TopicPartition]:
+        """Assign every partition of ``topic`` (no group coordination; that is a later feature)."""
+        meta = self._meta.topic(topic)
+        tps = [TopicPartition(topic, p) for p in range(meta.partition_count)]
+        self.assign(tps)
+        return tps
+
+    def seek(self, partition: TopicPartition | tuple[str, int], offset: int) -> None:
+        tp = _as_tp(partition)
+        if tp not in self._assigned:
+            raise errors.InvalidRequestError(f"{tp} is not assigned")
+        self._positions[tp] = offset
+        self._fetch_positions[tp] = offset
+        self._buffer = deque(b for b in self._buffer if (b.topic, b.partition) != (tp.topic, tp.partition))
+
+    def seek_to_beginning(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        tps = [_as_tp(p) for p in partitions] or self._assigned
+        for tp, offset in self._list_offsets(tps, apis.EARLIEST_TIMESTAMP).items():
+            self.seek(tp, offset)
+
+    def seek_to_end(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        tps = [_as_tp(p) for p in partitions] or self._assigned
+        for tp, offset in self._list_offsets(tps, apis.LATEST_TIMESTAMP).items():
+            self.seek(tp, offset)
+
+    def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The first offset at or after each timestamp (ms), or -1 where there is none."""
+        out: dict[TopicPartition, int] = {}
+        for tp, ts in timestamps.items():
+            out.update(self._list_offsets([_as_tp(tp)], ts))
+        return out
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[TopicPartition, int]:
+        return self._list_offsets([_as_tp(p) for p in partitions], apis.EARLIEST_TIMESTAMP)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[TopicPartition, int]:
+        return self._list_offsets([_as_tp(p) for p in partitions], apis.LATEST_TIMESTAMP)
+
+    def position(self, partition: TopicPartition | tuple[str, int]) -> int:
+        tp = _as_tp(partition)
+        if tp not in self._positions:
+            self._reset_position(tp)
+        return self._positions[tp]
+
+    def _list_offsets(self, tps: list[TopicPartition], timestamp: int) -> dict[TopicPartition, int]:
+        out: dict[TopicPartition, int] = {}
+        deadline = time.monotonic() + self.request_timeout_ms / 1000.0
+        pending = list(tps)
+        while pending:
+            tp = pending[0]
+            address = self._meta.metadata.leader_address(tp.topic, tp.partition)
+            try:
+                if address is None:
+                    raise errors.LeaderNotAvailableError(f"no leader for {tp}")
+                message = self._conns.request(
+                    address, ApiKey.LIST_OFFSETS,
+                    {"partitions": [{"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp}]},
+                    timeout_ms=self.request_timeout_ms,
+                )
+                result = message.body["partitions"][0]
+                errors.raise_for_code(result["error"], f"list offsets for {tp}")
+                out[tp] = result["offset"]
+                pending.pop(0)
+            except errors.FabricError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                self._meta.refresh(sorted({t.topic for t in pending}))
+        return out
+
+    def _reset_position(self, tp: TopicPartition) -> None:
+        if self.auto_offset_reset == "none":
+            raise errors.OffsetOutOfRangeError(f"{tp} has no valid position and auto_offset_reset=none")
+        ts = apis.EARLIEST_TIMESTAMP if self.auto_offset_reset == "earliest" else apis.LATEST_TIMESTAMP
+        offset = self._list_offsets([tp], ts)[tp]
+        self._positions[tp] = offset
+        self._fetch_positions[tp] = offset
+
+    # -- polling ----------------------------------------------------------------------------
+    def poll_batches(self, timeout_ms: int = 1000, max_records: int = 1_000_000) -> list[RecordBatch]:
+        """Whole decoded batches (columns), the fastest way to read. Positions advance past them."""
+        if self._closed:
+            raise errors.ClientClosedError("poll after close()")
+        if not self._assigned:
+            raise errors.InvalidRequestError("no partitions assigned; call assign() first")
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        while True:
+            self._send_fetches()
+            if self._buffer:
+                taken = self._take(max_records)
+                # Ask for the next data now, so it travels while the caller works.
+                self._send_fetches()
+                return taken
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return []
+            self._receive(min(remaining_ms, 100))
+            self._check_timeouts()
+
+    def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
+        """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first."""
+        out: list[Record] = []
+        for batch in self.poll_batches(timeout_ms, max_records):
+            out.extend(batch.records())
+        return out
+
+    def __iter__(self) -> Iterator[Record]:
+        while not self._closed:
+            yield from self.poll(timeout_ms=1000)
+
+    def _take(self, max_records: int) -> list[RecordBatch]:
+        out: list[RecordBatch] = []
+        taken = 0
+        while self._buffer and taken < max_records:
+            batch = self._buffer[0]
+            room = max_records - taken
+            if len(batch) > room:
+                head = RecordBatch(batch.topic, batch.partition, batch.base_offset, batch.timestamps[:room],
+                                   batch.keys[:room], batch.values[:room], batch.headers[:room])
+                self._buffer[0] = RecordBatch(batch.topic, batch.partition, batch.base_offset + room,
+                                              batch.timestamps[room:], batch.keys[room:], batch.values[room:],
+                                              batch.headers[room:])
+                batch = head
+            else:
+                self._buffer.popleft()
+            self._positions[TopicPartition(batch.topic, batch.partition)] = batch.next_offset
+            out.append(batch)
+            taken += len(batch)
+        return out
+
+    def _send_fetches(self) -> None:
+        if self._refresh_needed:
+            try:
+                self._meta.refresh(sorted({tp.topic for tp in self._assigned}))
+                self._refresh_needed = False
+            except errors.FabricError as exc:
+                log.warning("metadata refresh failed: %s", exc)
+                return
+        if len(self._buffer) >= BUFFERED_BATCHES_MAX:
+            return  # the caller is behind; fetching more would only grow memory
+        by_node: dict[str, list[TopicPartition]] = {}
+        for tp in self._assigned:
+            if tp not in self._fetch_positions:
+                try:
+                    self._reset_position(tp)
+                except errors.RetriableError:
+                    self._refresh_needed = True
+                    continue
+            address = self._meta.metadata.leader_address(tp.topic, tp.partition)
+            if address is None:
+                self._refresh_needed = True
+                continue
+            if address not in self._busy_nodes:
+                by_node.setdefault(address, []).append(tp)
+        for address, tps in by_node.items():
+            positions = {tp: self._fetch_positions[tp] for tp in tps}
+            body = {
+                "replica_id": apis.CONSUMER_REPLICA_ID,
+                "max_wait_ms": self.fetch_max_wait_ms,
+                "min_bytes": self.fetch_min_bytes,
+                "max_bytes": self.fetch_max_bytes,
+                "partitions": [
+                    {"topic": tp.topic, "partition": tp.partition, "fetch_offset": off,
+                     "partition_bytes_max": self.partition_fetch_bytes_max,
+                     "current_leader_epoch": apis.ANY_LEADER_EPOCH}
+                    for tp, off in positions.items()
+                ],
+            }
+            correlation_id = self._conns.next_id()
+            try:
+                self._conns.send(address, apis.encode_request(ApiKey.FETCH, body, correlation_id))
+            except errors.FabricError:
+                self._refresh_needed = True
+                continue
+            self._in_flight[correlation_id] = (address, time.monotonic(), positions)
+            self._busy_nodes.add(address)
+
+    def _receive(self, timeout_ms: int) -> None:
+        for address, frames in self._conns.poll(timeout_ms):
+            try:
+                message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
+            except errors.FabricError as exc:
+                log.warning("undecodable fetch response from %s: %s", address, exc)
+                continue
+            flight = self._in_flight.pop(message.header.correlation_id, None)
+            if flight is None:
+                continue
+            self._busy_nodes.discard(flight[0])
+            if message.header.error_code:
+                log.warning("fetch from %s failed: %s", address, message.body.get("message"))
+                self._refresh_needed = True
+                continue
+            self._apply_fetch(message, flight[2])
+
+    def _apply_fetch(self, message: apis.Message, positions: dict[TopicPartition, int]) -> None:
+        frames = message.batches
+        index = 0
+        for result in message.body["partitions"]:
+            tp = TopicPartition(result["topic"], result["partition"])
+            raw = frames[index : index + result["batch_count"]]
+            index += result["batch_count"]
+            if tp not in positions or self._fetch_positions.get(tp) != positions[tp]:
+                continue  # the caller seeked while this fetch was out: drop its data
+            error = result["error"]
+            if error:
+                cls = errors.error_for_code(error)
+                if cls is errors.OffsetOutOfRangeError:
+                    log.warning("%s: offset %d out of range; resetting to %s", tp, positions[tp], self.auto_offset_reset)
+                    self._positions.pop(tp, None)
+                    self._fetch_positions.pop(tp, None)
+                elif cls.retriable or cls is errors.UnknownTopicOrPartitionError:
+                    self._refresh_needed = True
+                else:
+                    raise cls(f"fetch {tp} failed")
+                continue
+            self._high_watermarks[tp] = result["high_watermark"]
+            position = positions[tp]
+            for buf in raw:
+                decoded = batch_format.decode_batch(buf, check_crc=self.check_crc)
+                skip = position - decoded.header.base_offset
+                if skip >= decoded.header.record_count:
+                    continue
+                skip = max(skip, 0)
+                self._buffer.append(RecordBatch(
+                    tp.topic, tp.partition, decoded.header.base_offset + skip,
+                    decoded.timestamps[skip:] if skip else decoded.timestamps,
+                    decoded.keys[skip:] if skip else decoded.keys,
+                    decoded.values[skip:] if skip else decoded.values,
+                    decoded.headers[skip:] if skip else decoded.headers,
+                ))
+                position = decoded.header.next_offset
+            self._fetch_positions[tp] = position
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for correlation_id, (address, sent, _positions) in list(self._in_flight.items()):
+            if now - sent > (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000.0:
+                del self._in_flight[correlation_id]
+                self._busy_nodes.discard(address)
+                self._conns.drop(address)
+                self._refresh_needed = True
+
+    def high_watermark(self, partition: TopicPartition | tuple[str, int]) -> int:
+        """The last high watermark a fetch reported for the partition (-1 if none yet)."""
+        return self._high_watermarks.get(_as_tp(partition), -1)
+
+    def close(self) -> None:
+        self._closed = True
+        self._conns.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

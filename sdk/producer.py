@@ -1,0 +1,434 @@
+"""The producer: ``send()`` appends to a per-partition batch; a sender thread ships them.
+
+Per record, ``send()`` does a dictionary lookup, a hash (when keyed) and four list
+appends under one lock; encoding, compression and I/O happen once per batch on the
+sender thread, which alone touches the sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from fabric import errors
+from fabric.protocol import apis, batch as batch_format
+from fabric.protocol.apis import ApiKey
+from fabric.protocol.keyhash import partition_for_key
+from sdk._client import Bootstrap, Connections, MetadataClient
+from sdk.accumulator import Headers, ProducerBatch, RecordAccumulator, RecordFuture
+
+log = logging.getLogger("fabric.producer")
+
+SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
+REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
+
+
+def _as_bytes(value: Any, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, str or None, not {type(value).__name__}")
+
+
+@dataclass
+class _InFlight:
+    address: str
+    batches: list[ProducerBatch]
+    sent_s: float
+
+
+class Producer:
+    """Send records to topics.
+
+    ``acks``: 0 (fire and forget), 1 (the leader wrote it) or ``"all"``/-1 (every in-sync
+    replica has it). ``linger_ms``: how long a batch waits to fill. ``batch_bytes_max``:
+    the batch closes at this many bytes of records. ``buffer_bytes_max``: memory for
+    unsent records; ``send()`` blocks up to ``max_block_ms`` when it is full, then raises
+    BufferFullError. Retriable errors are retried until ``delivery_timeout_ms``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        acks: int | str = 1,
+        linger_ms: float = 5,
+        batch_bytes_max: int = 256 * 1024,
+        compression: str = "lz4",
+        buffer_bytes_max: int = 64 * 1024 * 1024,
+        max_block_ms: int = 60_000,
+        delivery_timeout_ms: int = 120_000,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        metadata_max_age_ms: int = 300_000,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.acks = -1 if acks in ("all", -1) else int(acks)
+        if self.acks not in (0, 1, -1):
+            raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
+        if compression not in batch_format.CODECS:
+            raise ValueError(f"compression must be one of {sorted(batch_format.CODECS)}, got {compression!r}")
+        if delivery_timeout_ms < request_timeout_ms:
+            raise ValueError("delivery_timeout_ms must be >= request_timeout_ms")
+        self.codec = batch_format.CODECS[compression]
+        self.max_block_s = max_block_ms / 1000.0
+        self.delivery_timeout_s = delivery_timeout_ms / 1000.0
+        self.request_timeout_s = request_timeout_ms / 1000.0
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_s = retry_backoff_ms / 1000.0
+        self.metadata_max_age_s = metadata_max_age_ms / 1000.0
+        self._acc = RecordAccumulator(batch_bytes_max=batch_bytes_max, linger_ms=linger_ms, buffer_bytes_max=buffer_bytes_max)
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._metadata_ready = threading.Condition(self._lock)
+        self._partition_counts: dict[str, int] = {}
+        self._unknown_topics: dict[str, BaseException] = {}
+        self._wanted_topics: set[str] = set()
+        self._sticky: dict[str, int] = {}
+        self._in_flight: dict[int, _InFlight] = {}
+        self._in_flight_keys: set[tuple[str, int]] = set()
+        self._closed = False
+        self._stop = threading.Event()
+        self._fatal: BaseException | None = None
+        self._ctx = context or zmq.Context.instance()
+        self._bootstrap = Bootstrap(bootstrap)
+        wake = f"inproc://producer-wake-{id(self)}"
+        self._wake_pull = self._ctx.socket(zmq.PULL)
+        self._wake_pull.bind(wake)
+        self._wake_push = self._ctx.socket(zmq.PUSH)
+        self._wake_push.setsockopt(zmq.LINGER, 0)
+        self._wake_push.setsockopt(zmq.SNDHWM, 1)
+        self._wake_push.connect(wake)
+        self._refresh_needed = True
+        self._thread = threading.Thread(target=self._run_sender, name="fabric-producer-sender", daemon=True)
+        self._thread.start()
+
+    # -- user thread ------------------------------------------------------------------------
+    def send(
+        self,
+        topic: str,
+        value: bytes | str | None,
+        key: bytes | str | None = None,
+        headers: Headers | dict[str, bytes | str | None] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Any = None,
+    ) -> RecordFuture:
+        """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset)."""
+        value_b = _as_bytes(value, "value")
+        key_b = _as_bytes(key, "key")
+        header_list = self._normalize_headers(headers) if headers else None
+        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        with self._lock:
+            if self._closed:
+                raise errors.ClientClosedError("send() after close()")
+            if self._fatal is not None:
+                raise self._fatal
+            count = self._partition_counts.get(topic)
+            if count is None:
+                count = self._await_topic(topic)
+            if partition is None:
+                if key_b is not None:
+                    partition = partition_for_key(key_b, count)
+                else:
+                    partition = self._sticky.get(topic)
+                    if partition is None or partition >= count:
+                        partition = self._sticky[topic] = 0
+            elif not 0 <= partition < count:
+                raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
+            size = 14 + (len(value_b) if value_b else 0) + (len(key_b) if key_b else 0)
+            if not self._acc.has_room(size):
+                deadline = time.monotonic() + self.max_block_s
+                while not self._acc.has_room(size):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise errors.BufferFullError(
+                            f"producer buffer of buffer_bytes_max={self._acc.buffer_bytes_max} stayed full for max_block_ms={int(self.max_block_s * 1000)}"
+                        )
+                    self._space.wait(remaining)
+                    if self._closed:
+                        raise errors.ClientClosedError("producer closed while send() was blocked")
+            future, ready = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
+            if ready:
+                if key_b is None and self._sticky.get(topic) == partition:
+                    self._sticky[topic] = (partition + 1) % count  # sticky: move on once a batch is full
+                self._wake()
+        if callback is not None:
+            future.add_callback(callback)
+        return future
+
+    @staticmethod
+    def _normalize_headers(headers: Headers | dict[str, bytes | str | None]) -> Headers:
+        items = headers.items() if isinstance(headers, dict) else headers
+        return [(str(name), _as_bytes(value, "header value")) for name, value in items]
+
+    def _await_topic(self, topic: str) -> int:
+        """Ask the sender thread for this topic's metadata; called with the lock held."""
+        self._unknown_topics.pop(topic, None)
+        self._wanted_topics.add(topic)
+        self._wake()
+        deadline = time.monotonic() + self.max_block_s
+        while topic not in self._partition_counts:
+            exc = self._unknown_topics.pop(topic, None)
+            if exc is not None:
+                raise exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.RequestTimedOutError(f"no metadata for topic {topic!r} within max_block_ms")
+            self._metadata_ready.wait(min(remaining, 0.1))
+        return self._partition_counts[topic]
+
+    def _wake(self) -> None:
+        try:
+            self._wake_push.send(b"", zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # one wake is already pending; that is enough
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered now and wait until each batch is acknowledged or failed."""
+        with self._lock:
+            results = [b.result for q in self._acc.batches.values() for b in q]
+            results += [b.result for f in self._in_flight.values() for b in f.batches]
+            self._acc.flushing = True
+            self._wake()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for result in results:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not result.wait(remaining):
+                    raise TimeoutError(f"flush did not complete within {timeout} s")
+        finally:
+            with self._lock:
+                self._acc.flushing = False
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError."""
+        with self._lock:
+            if self._closed:
+                return
+        try:
+            self.flush(timeout)
+        except TimeoutError:
+            log.warning("close(): flush timed out; failing what is left")
+        with self._lock:
+            self._closed = True
+            self._space.notify_all()
+        self._stop.set()
+        self._wake()
+        self._thread.join(timeout=10)
+        with self._lock:
+            self._acc.abort_all(errors.ClientClosedError("producer closed before the record was sent"))
+            for flight in self._in_flight.values():
+                for batch in flight.batches:
+                    batch.result.complete(-1, errors.ClientClosedError("producer closed before an answer came"))
+            self._in_flight.clear()
+        self._wake_push.close(linger=0)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def partitions_for(self, topic: str) -> int:
+        with self._lock:
+            count = self._partition_counts.get(topic)
+            return count if count is not None else self._await_topic(topic)
+
+    # -- sender thread ----------------------------------------------------------------------
+    def _run_sender(self) -> None:
+        conns = Connections(self._ctx)
+        meta = MetadataClient(self._bootstrap, conns)
+        conns.poller.register(self._wake_pull, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                self._sender_turn(conns, meta)
+        except Exception as exc:  # a bug, not an operating error: fail loudly, never hang
+            log.exception("producer sender thread died")
+            with self._lock:
+                self._fatal = errors.UnknownServerError(f"producer sender thread died: {exc!r}")
+                self._acc.abort_all(self._fatal)
+                for flight in self._in_flight.values():
+                    for batch in flight.batches:
+                        batch.result.complete(-1, self._fatal)
+                self._metadata_ready.notify_all()
+                self._space.notify_all()
+        finally:
+            conns.close()
+            self._wake_pull.close(linger=0)
+
+    def _sender_turn(self, conns: Connections, meta: MetadataClient) -> None:
+        now = time.monotonic()
+        if self._refresh_needed or self._wanted_topics or now - meta.metadata.fetched_at > self.metadata_max_age_s:
+            self._refresh_metadata(meta)
+        with self._lock:
+            ready = self._acc.ready(now, self._in_flight_keys)
+            self._expire(ready, now)
+            ready = [b for b in ready if not b.result.done]
+        by_node: dict[str, list[ProducerBatch]] = {}
+        for batch in ready:
+            address = meta.metadata.leader_address(batch.topic, batch.partition)
+            if address is None:
+                self._retry(batch, errors.LeaderNotAvailableError(f"no leader known for {batch.topic}/{batch.partition}"), now)
+                continue
+            by_node.setdefault(address, []).append(batch)
+        for address, batches in by_node.items():
+            for start in range(0, len(batches), REQUEST_BATCHES_MAX):
+                self._send_request(conns, address, batches[start : start + REQUEST_BATCHES_MAX], now)
+        with self._lock:
+            deadline = self._acc.next_deadline_s()
+        timeout_s = SENDER_POLL_MS_MAX / 1000.0
+        if deadline is not None:
+            timeout_s = min(timeout_s, max(0.0, deadline - time.monotonic()))
+        if self._in_flight:
+            oldest = min(f.sent_s for f in self._in_flight.values())
+            timeout_s = min(timeout_s, max(0.0, oldest + self.request_timeout_s - time.monotonic()))
+        for address, frames in conns.poll(int(timeout_s * 1000)):
+            self._handle_response(address, frames)
+        while True:
+            try:
+                self._wake_pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        self._check_timeouts(conns)
+
+    def _refresh_metadata(self, meta: MetadataClient) -> None:
+        with self._lock:
+            wanted = set(self._wanted_topics)
+            known = set(self._partition_counts)
+        try:
+            metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None)
+        except errors.FabricError as exc:
+            log.warning("metadata refresh failed: %s", exc)
+            with self._lock:
+                for topic in wanted:
+                    self._unknown_topics[topic] = exc
+                    self._wanted_topics.discard(topic)
+                self._metadata_ready.notify_all()
+            time.sleep(self.retry_backoff_s)
+            return
+        self._refresh_needed = False
+        with self._lock:
+            for name, topic in metadata.topics.items():
+                self._partition_counts[name] = topic.partition_count
+            for topic in wanted:
+                if topic not in metadata.topics:
+                    self._unknown_topics[topic] = errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+                self._wanted_topics.discard(topic)
+            self._metadata_ready.notify_all()
+
+    def _encode(self, batch: ProducerBatch) -> bytes:
+        if batch.encoded is None:
+            batch.encoded = batch_format.encode_batch(
+                batch.timestamps, batch.keys, batch.values, batch.headers if batch.has_headers else None, codec=self.codec
+            )
+        return batch.encoded
+
+    def _send_request(self, conns: Connections, address: str, batches: list[ProducerBatch], now: float) -> None:
+        frames_batches = [self._encode(b) for b in batches]
+        correlation_id = conns.next_id()
+        body = {
+            "acks": self.acks,
+            "timeout_ms": self.request_timeout_ms,
+            "entries": [{"topic": b.topic, "partition": b.partition} for b in batches],
+        }
+        try:
+            conns.send(address, apis.encode_request(ApiKey.PRODUCE, body, correlation_id, batches=frames_batches))
+        except errors.FabricError as exc:
+            self._refresh_needed = True
+            for batch in batches:
+                self._retry(batch, exc, now)
+            return
+        for batch in batches:
+            batch.attempts += 1
+            if batch.first_sent_s < 0:
+                batch.first_sent_s = now
+        if self.acks == 0:
+            with self._lock:
+                for batch in batches:
+                    self._finish(batch, -1, None)
+            return
+        with self._lock:
+            self._in_flight[correlation_id] = _InFlight(address, batches, now)
+            self._in_flight_keys.update((b.topic, b.partition) for b in batches)
+
+    def _handle_response(self, address: str, frames: list[Any]) -> None:
+        try:
+            message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
+        except errors.FabricError as exc:
+            log.warning("undecodable response from %s: %s", address, exc)
+            return
+        with self._lock:
+            flight = self._in_flight.pop(message.header.correlation_id, None)
+            if flight is None:
+                return  # an answer to a request we already timed out and retried
+            self._in_flight_keys.difference_update((b.topic, b.partition) for b in flight.batches)
+        now = time.monotonic()
+        if message.header.error_code:
+            exc = errors.error_for_code(message.header.error_code)(message.body.get("message", ""))
+            for batch in flight.batches:
+                self._retry_or_fail(batch, exc, now)
+            return
+        results = {(r["topic"], r["partition"]): r for r in message.body["results"]}
+        for batch in flight.batches:
+            result = results.get((batch.topic, batch.partition))
+            if result is None:
+                self._retry_or_fail(batch, errors.UnknownServerError("the node's answer left this batch out"), now)
+            elif result["error"]:
+                self._retry_or_fail(batch, errors.error_for_code(result["error"])(result["message"]), now)
+            else:
+                with self._lock:
+                    self._finish(batch, result["base_offset"], None)
+
+    def _retry_or_fail(self, batch: ProducerBatch, exc: errors.FabricError, now: float) -> None:
+        if exc.retriable:
+            self._refresh_needed = True
+            self._retry(batch, exc, now)
+        else:
+            with self._lock:
+                self._finish(batch, -1, exc)
+
+    def _retry(self, batch: ProducerBatch, exc: BaseException, now: float) -> None:
+        with self._lock:
+            if now - batch.created_s >= self.delivery_timeout_s:
+                self._finish(batch, -1, errors.DeliveryTimeoutError(
+                    f"{batch.topic}/{batch.partition}: not acknowledged within delivery_timeout_ms "
+                    f"after {batch.attempts} attempts; last error: {exc}"))
+                return
+            batch.retry_after_s = now + self.retry_backoff_s
+            self._acc.requeue(batch)
+
+    def _finish(self, batch: ProducerBatch, base_offset: int, exc: BaseException | None) -> None:
+        """Called with the lock held."""
+        self._acc.release(batch)
+        self._space.notify_all()
+        batch.encoded = None
+        batch.result.complete(base_offset, exc)
+
+    def _expire(self, batches: list[ProducerBatch], now: float) -> None:
+        for batch in batches:
+            if now - batch.created_s >= self.delivery_timeout_s:
+                self._finish(batch, -1, errors.DeliveryTimeoutError(
+                    f"{batch.topic}/{batch.partition}: not sent within delivery_timeout_ms"))
+
+    def _check_timeouts(self, conns: Connections) -> None:
+        now = time.monotonic()
+        expired: list[tuple[int, _InFlight]] = []
+        with self._lock:
+            for correlation_id, flight in list(self._in_flight.items()):
+                if now - flight.sent_s >= self.request_timeout_s:
+                    expired.append((correlation_id, self._in_flight.pop(correlation_id)))
+                    self._in_flight_keys.difference_update((b.topic, b.partition) for b in flight.batches)
+        for _, flight in expired:
+            conns.drop(flight.address)  # a fresh socket; late answers to the old one are lost
+            timeout = errors.RequestTimedOutError(f"no answer from {flight.address} within request_timeout_ms")
+            for batch in flight.batches:
+                self._retry_or_fail(batch, timeout, now)

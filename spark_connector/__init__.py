@@ -1,0 +1,1 @@
+"""PySpark data source ``fabric`` (see its issue); empty until then."""
