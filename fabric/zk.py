@@ -38,6 +38,8 @@ ROOT = "/fabric"
 NODES = f"{ROOT}/nodes"
 TOPICS = f"{ROOT}/topics"
 CONTROLLER = f"{ROOT}/controller"
+PRODUCER_IDS = f"{ROOT}/producer_ids"
+PRODUCER_ID_BLOCK = 1000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -258,6 +260,26 @@ def write_partition_state(zk: KazooClient, topic: str, state: PartitionState) ->
     """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``."""
     stat = zk.set(partition_path(topic, state.partition), state.encode(), version=state.version)
     return PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch, state.isr, stat.version)
+
+
+def allocate_producer_id_block(zk: KazooClient) -> tuple[int, int]:
+    """Reserve [start, start + PRODUCER_ID_BLOCK) with a version-checked write.
+
+    Two nodes racing both read the same version; one write wins and the other retries,
+    so no id is ever handed out twice.
+    """
+    from kazoo.exceptions import BadVersionError
+
+    zk.ensure_path(PRODUCER_IDS)
+    for _ in range(100):
+        raw, stat = zk.get(PRODUCER_IDS)
+        start = int(json.loads(raw)["next"]) if raw else 0
+        try:
+            zk.set(PRODUCER_IDS, json.dumps({"next": start + PRODUCER_ID_BLOCK}).encode(), version=stat.version)
+        except BadVersionError:
+            continue
+        return start, start + PRODUCER_ID_BLOCK
+    raise errors.UnknownServerError("could not reserve a producer id block after 100 attempts")
 
 
 class RoutingCache:

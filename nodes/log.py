@@ -29,9 +29,11 @@ import rocksdict
 
 from fabric.errors import OffsetOutOfRangeError, StorageError
 from fabric.protocol import batch as batch_format
+from nodes.producer_state import ProducerStates
 
 _U64 = struct.Struct(">Q")
-_INDEX = struct.Struct("<iiqqi")  # record_count, batch_bytes, max_timestamp, append_ms, leader_epoch
+# record_count, batch_bytes, max_timestamp, append_ms, leader_epoch, producer_id, producer_epoch, base_sequence
+_INDEX = struct.Struct("<iiqqiqhi")
 _I64 = struct.Struct("<q")
 _EPOCH_ENTRY = struct.Struct("<iq")
 
@@ -48,6 +50,9 @@ class IndexEntry:
     max_timestamp: int
     append_ms: int
     leader_epoch: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
     @property
     def next_offset(self) -> int:
@@ -107,6 +112,7 @@ class PartitionLog:
         self.log_end_offset = 0
         self.total_bytes = 0
         self.epochs: list[tuple[int, int]] = []  # (leader_epoch, start_offset), ascending
+        self.producers = ProducerStates()
         self._load(incarnation)
 
     # -- startup -------------------------------------------------------------------------
@@ -132,8 +138,7 @@ class PartitionLog:
             if not key.startswith(self._index_prefix):
                 break
             base = _U64.unpack_from(key, plen)[0]
-            count, size, max_ts, append_ms, epoch = _INDEX.unpack(it.value())
-            self._remember(IndexEntry(base, count, size, max_ts, append_ms, epoch))
+            self._remember(IndexEntry(base, *_INDEX.unpack(it.value())))
             it.next()
         del it
         if self.entries and self.entries[0].base_offset < self.log_start_offset:
@@ -144,6 +149,7 @@ class PartitionLog:
         self.bases.append(entry.base_offset)
         self.entries.append(entry)
         self.total_bytes += entry.batch_bytes
+        self.producers.record(entry.producer_id, entry.producer_epoch, entry.base_sequence, entry.record_count, entry.base_offset)
 
     # -- writes --------------------------------------------------------------------------
     def append(
@@ -174,12 +180,14 @@ class PartitionLog:
         if not self.epochs or self.epochs[-1][0] < leader_epoch:
             self.epochs.append((leader_epoch, base))
             wb.put(self._meta_prefix + b"e", self._encode_epochs())
-        entry = IndexEntry(base, header.record_count, len(buf), header.max_timestamp, append_ms, leader_epoch)
+        entry = IndexEntry(base, header.record_count, len(buf), header.max_timestamp, append_ms, leader_epoch,
+                           header.producer_id, header.producer_epoch, header.base_sequence)
         key = _U64.pack(base)
         wb.put(self._data_prefix + key, bytes(buf))
         wb.put(
             self._index_prefix + key,
-            _INDEX.pack(entry.record_count, entry.batch_bytes, entry.max_timestamp, append_ms, leader_epoch),
+            _INDEX.pack(entry.record_count, entry.batch_bytes, entry.max_timestamp, append_ms, leader_epoch,
+                        entry.producer_id, entry.producer_epoch, entry.base_sequence),
         )
         self._remember(entry)
         self.log_end_offset = entry.next_offset
@@ -211,6 +219,9 @@ class PartitionLog:
         del self.entries[index:]
         del self.bases[index:]
         self.log_end_offset = max(first, self.log_start_offset)
+        self.producers.clear()
+        for entry in self.entries:
+            self.producers.record(entry.producer_id, entry.producer_epoch, entry.base_sequence, entry.record_count, entry.base_offset)
 
     def delete_before(self, index: int) -> int:
         """Retention: delete the first ``index`` batches whole; return records deleted."""
@@ -256,6 +267,7 @@ class PartitionLog:
         self.bases.clear()
         self.entries.clear()
         self.epochs.clear()
+        self.producers.clear()
         self.total_bytes = 0
         self.log_start_offset = 0
         self.log_end_offset = 0

@@ -37,6 +37,7 @@ from fabric.protocol import apis, batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import Header, encode_response_header
 from nodes.log import PartitionLog, Store
+from nodes.producer_state import DUPLICATE
 
 log = logging.getLogger("fabric.node")
 
@@ -81,6 +82,8 @@ class Node:
         self._wake_lock = threading.Lock()
         self._zk_ok = threading.Event()
         self._reregister = False
+        self._producer_ids_next = 0
+        self._producer_ids_end = 0
         self.address = ""
         self.zk = KazooClient(hosts=config.zk, timeout=config.session_timeout_ms / 1000.0)
         self.routing = zkl.RoutingCache(self.zk, on_change=self._on_routing_change)
@@ -374,9 +377,16 @@ class Node:
             try:
                 plog, state, config = self._leader_log(topic, partition)
                 header = batch_format.validate(frame, config.message_bytes_max)
-                result["base_offset"] = plog.append(wb, bytearray(frame), header, state.leader_epoch, now_ms)
+                verdict, original_offset = plog.producers.check(
+                    header.producer_id, header.producer_epoch, header.base_sequence, header.record_count
+                )
+                if verdict == DUPLICATE:
+                    # A retry of a batch we already have: answer as the first time, write nothing.
+                    result["base_offset"] = original_offset
+                else:
+                    result["base_offset"] = plog.append(wb, bytearray(frame), header, state.leader_epoch, now_ms)
+                    touched.add((topic, partition))
                 result["log_start_offset"] = plog.log_start_offset
-                touched.add((topic, partition))
             except errors.FabricError as exc:
                 result["error"] = exc.code
                 result["message"] = exc.message
@@ -409,6 +419,8 @@ class Node:
                 body = self._admin_result(lambda b: zkl.delete_topic(self.zk, b["name"]), request.body)
             elif api == ApiKey.DESCRIBE_TOPICS:
                 body = self._describe(request.body["names"])
+            elif api == ApiKey.INIT_PRODUCER_ID:
+                body = {"error": 0, "producer_id": self._next_producer_id(), "producer_epoch": 0}
             else:  # decode_request already refused unknown keys; this guards new ones
                 raise errors.UnknownApiError(f"api {api} has no handler")
             self._send(envelope, apis.encode_response(request.header, body))
@@ -417,6 +429,13 @@ class Node:
         except Exception as exc:
             log.exception("request %s failed", ApiKey(api).name)
             self._send_error(envelope, request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
+
+    def _next_producer_id(self) -> int:
+        if self._producer_ids_next >= self._producer_ids_end:
+            self._producer_ids_next, self._producer_ids_end = zkl.allocate_producer_id_block(self.zk)
+        producer_id = self._producer_ids_next
+        self._producer_ids_next += 1
+        return producer_id
 
     def _admin_result(self, action: Any, body: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -171,7 +171,10 @@ class RecordAccumulator:
         headers: Headers | None,
         now_s: float,
     ) -> tuple[RecordFuture, bool]:
-        """Append one record; returns (future, batch_became_full)."""
+        """Append one record; returns (future, batch_became_full).
+
+        A full batch is what moves the sticky partitioner on and what wakes the sender.
+        """
         size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
         if headers:
             size += sum(6 + len(n) + (len(v) if v is not None else 0) for n, v in headers)
@@ -183,9 +186,11 @@ class RecordAccumulator:
         if queue is None:
             queue = self.batches[(topic, partition)] = deque()
         batch = queue[-1] if queue and not queue[-1].sealed else None
+        overflowed = False
         if batch is None or batch.size_bytes + size > self.batch_bytes_max:
             if batch is not None:
                 batch.sealed = True
+                overflowed = True
             batch = ProducerBatch(topic, partition, now_s)
             queue.append(batch)
         index = len(batch.values)
@@ -200,7 +205,8 @@ class RecordAccumulator:
         full = batch.size_bytes >= self.batch_bytes_max - RECORD_OVERHEAD_BYTES
         if full:
             batch.sealed = True
-        return RecordFuture(batch.result, index, topic, partition, timestamp_ms), full or len(queue) > 1
+        full = full or overflowed
+        return RecordFuture(batch.result, index, topic, partition, timestamp_ms), full
 
     def ready(self, now_s: float, in_flight: set[tuple[str, int]]) -> list[ProducerBatch]:
         """Pop the head batch of every partition that may send now.

@@ -60,14 +60,24 @@ class Admin:
         while True:
             try:
                 meta = self._meta.refresh([name]).topics.get(name)
-                if meta is not None and (partitions is None or meta.partition_count == partitions):
-                    if all(self._leader_serves(name, p.partition) for p in meta.partitions):
-                        return
+                if (meta is not None and (partitions is None or meta.partition_count == partitions)
+                        and all(self._leader_serves(name, p.partition) for p in meta.partitions)
+                        and self._every_node_knows(name, meta.partition_count)):
+                    return
             except errors.RetriableError:
                 pass
             if time.monotonic() > deadline:
                 raise errors.LeaderNotAvailableError(f"topic {name!r} not ready within {timeout_s} s")
             time.sleep(0.05)
+
+    def _every_node_knows(self, name: str, partitions: int) -> bool:
+        # So that a client bootstrapping from any node finds the topic right away.
+        for address in self._meta.metadata.nodes.values():
+            reply = self._conns.request(address, ApiKey.METADATA, {"topics": [name]}, timeout_ms=self.request_timeout_ms)
+            topic = reply.body["topics"][0]
+            if topic["error"] != 0 or len(topic["partitions"]) != partitions:
+                return False
+        return True
 
     def _leader_serves(self, topic: str, partition: int) -> bool:
         address = self._meta.metadata.leader_address(topic, partition)
@@ -77,9 +87,27 @@ class Admin:
             {"topic": topic, "partition": partition, "timestamp": -1}]}, timeout_ms=self.request_timeout_ms).body
         return bool(body["partitions"][0]["error"] == 0)
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, *, wait: bool = True, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+        """Delete a topic; with ``wait`` return once no live node lists it any more."""
         body = self._call(ApiKey.DELETE_TOPIC, {"name": name})
         errors.raise_for_code(body["error"], body["message"])
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout_s
+        pending = set(self._meta.refresh().nodes.values())
+        while pending:
+            for address in list(pending):
+                try:
+                    reply = self._conns.request(address, ApiKey.METADATA, {"topics": [name]},
+                                                timeout_ms=self.request_timeout_ms).body
+                except errors.RetriableError:
+                    continue
+                if reply["topics"][0]["error"] != 0:
+                    pending.discard(address)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise errors.RequestTimedOutError(f"nodes {sorted(pending)} still list topic {name!r}")
+                time.sleep(0.05)
 
     def list_topics(self) -> list[str]:
         return sorted(self._meta.refresh().topics)

@@ -69,9 +69,22 @@ class Producer:
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
         metadata_max_age_ms: int = 300_000,
+        enable_idempotence: bool = False,
+        producer_id: int | None = None,
+        producer_epoch: int = 0,
         context: zmq.Context[Any] | None = None,
     ) -> None:
         self.acks = -1 if acks in ("all", -1) else int(acks)
+        if enable_idempotence and self.acks != -1:
+            raise ValueError("enable_idempotence needs acks='all': with fewer acks a retry may not know what was kept")
+        if producer_id is not None and not (enable_idempotence and 0 <= producer_id < 2**63):
+            raise ValueError("producer_id needs enable_idempotence=True and must be within [0, 2**63)")
+        if not 0 <= producer_epoch < 2**15:
+            raise ValueError(f"producer_epoch must be within [0, 32767], got {producer_epoch}")
+        self.idempotent = enable_idempotence
+        self.producer_id = producer_id if producer_id is not None else -1
+        self.producer_epoch = producer_epoch if enable_idempotence else -1
+        self._next_sequence: dict[tuple[str, int], int] = {}
         if self.acks not in (0, 1, -1):
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
         if compression not in batch_format.CODECS:
@@ -156,8 +169,8 @@ class Producer:
                     self._space.wait(remaining)
                     if self._closed:
                         raise errors.ClientClosedError("producer closed while send() was blocked")
-            future, ready = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
-            if ready:
+            future, full = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
+            if full:
                 if key_b is None and self._sticky.get(topic) == partition:
                     self._sticky[topic] = (partition + 1) % count  # sticky: move on once a batch is full
                 self._wake()
@@ -269,6 +282,10 @@ class Producer:
         now = time.monotonic()
         if self._refresh_needed or self._wanted_topics or now - meta.metadata.fetched_at > self.metadata_max_age_s:
             self._refresh_metadata(meta)
+        if self.idempotent and self.producer_id < 0:
+            self._init_producer_id(conns, meta)
+            if self.producer_id < 0:
+                return
         with self._lock:
             ready = self._acc.ready(now, self._in_flight_keys)
             self._expire(ready, now)
@@ -325,10 +342,32 @@ class Producer:
                 self._wanted_topics.discard(topic)
             self._metadata_ready.notify_all()
 
+    def _init_producer_id(self, conns: Connections, meta: MetadataClient) -> None:
+        """Ask any node for a producer id (nodes hand them out from blocks reserved in ZooKeeper)."""
+        for address in meta.candidates():
+            try:
+                body = conns.request(address, ApiKey.INIT_PRODUCER_ID, {"client_id": "python"},
+                                     timeout_ms=self.request_timeout_ms).body
+                errors.raise_for_code(body["error"], "init producer id")
+            except errors.FabricError as exc:
+                log.warning("init producer id via %s failed: %s", address, exc)
+                continue
+            self.producer_id, self.producer_epoch = body["producer_id"], body["producer_epoch"]
+            return
+        time.sleep(self.retry_backoff_s)
+
     def _encode(self, batch: ProducerBatch) -> bytes:
+        """Encode once; a retry resends these exact bytes, sequence numbers included."""
         if batch.encoded is None:
+            base_sequence = -1
+            if self.idempotent:
+                key = (batch.topic, batch.partition)
+                base_sequence = self._next_sequence.get(key, 0)
+                self._next_sequence[key] = base_sequence + batch.record_count
             batch.encoded = batch_format.encode_batch(
-                batch.timestamps, batch.keys, batch.values, batch.headers if batch.has_headers else None, codec=self.codec
+                batch.timestamps, batch.keys, batch.values, batch.headers if batch.has_headers else None,
+                codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+                base_sequence=base_sequence,
             )
         return batch.encoded
 

@@ -35,6 +35,7 @@ class ApiKey(IntEnum):
     CREATE_TOPIC = 5
     DELETE_TOPIC = 6
     DESCRIBE_TOPICS = 7
+    INIT_PRODUCER_ID = 8
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -187,6 +188,9 @@ DESCRIBE_TOPICS_RESPONSE_V0: Schema = (
     ),
 )
 
+INIT_PRODUCER_ID_REQUEST_V0: Schema = (("client_id", "str"),)
+INIT_PRODUCER_ID_RESPONSE_V0: Schema = (("error", "i16"), ("producer_id", "i64"), ("producer_epoch", "i16"))
+
 # (api_key, api_version) -> (request schema, response schema)
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.API_VERSIONS, 0): (API_VERSIONS_REQUEST_V0, API_VERSIONS_RESPONSE_V0),
@@ -197,6 +201,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.CREATE_TOPIC, 0): (CREATE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
     (ApiKey.DELETE_TOPIC, 0): (DELETE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
     (ApiKey.DESCRIBE_TOPICS, 0): (DESCRIBE_TOPICS_REQUEST_V0, DESCRIBE_TOPICS_RESPONSE_V0),
+    (ApiKey.INIT_PRODUCER_ID, 0): (INIT_PRODUCER_ID_REQUEST_V0, INIT_PRODUCER_ID_RESPONSE_V0),
 }
 
 

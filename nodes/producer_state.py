@@ -1,0 +1,95 @@
+"""Idempotent-producer state of one partition: pure logic, no I/O.
+
+Per producer id the partition remembers the epoch, the last sequence appended and the
+last few batches' (first sequence, last sequence, base offset), so a retried batch is
+answered with its original offset instead of being written twice. The state is rebuilt
+from the partition's index at startup and after truncation (every batch's producer id,
+epoch and base sequence are in the index), so it survives restarts and, because
+followers store the leader's bytes, failovers too.
+
+The rules, checked in ``check`` (one place decides):
+
+* producer id -1: not idempotent, always appended.
+* unknown producer id: appended whatever the sequence (we may have forgotten it, e.g.
+  after retention deleted all its batches; refusing would wedge the producer).
+* epoch below the stored one: INVALID_PRODUCER_EPOCH (a newer producer fenced it).
+* epoch above the stored one: the new epoch must start at sequence 0.
+* same epoch: last sequence <= stored last → duplicate (answered, not written);
+  first sequence == stored last + 1 → appended; anything else → OUT_OF_ORDER_SEQUENCE.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from fabric.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+
+RECENT_BATCHES_PER_PRODUCER = 5  # duplicates within this window get their original offset
+PRODUCERS_PER_PARTITION_MAX = 10_000  # least recently used producer ids are forgotten first
+
+APPEND = "append"
+DUPLICATE = "duplicate"
+
+
+@dataclass
+class ProducerEntry:
+    epoch: int
+    last_sequence: int
+    recent: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES_PER_PRODUCER))
+
+
+class ProducerStates:
+    def __init__(self) -> None:
+        self.producers: OrderedDict[int, ProducerEntry] = OrderedDict()
+
+    def check(self, producer_id: int, epoch: int, base_sequence: int, record_count: int) -> tuple[str, int]:
+        """(APPEND, -1) or (DUPLICATE, original base offset or -1); raises on a bad sequence."""
+        if producer_id < 0:
+            return APPEND, -1
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return APPEND, -1
+        if epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"producer {producer_id} epoch {epoch} is older than {entry.epoch}", producer_id=producer_id
+            )
+        if epoch > entry.epoch:
+            if base_sequence != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {producer_id} new epoch {epoch} must start at sequence 0, got {base_sequence}"
+                )
+            return APPEND, -1
+        last_sequence = base_sequence + record_count - 1
+        if last_sequence <= entry.last_sequence:
+            for first, last, base_offset in entry.recent:
+                if first == base_sequence and last == last_sequence:
+                    return DUPLICATE, base_offset
+            if base_sequence >= 0:
+                return DUPLICATE, -1
+        if base_sequence == entry.last_sequence + 1:
+            return APPEND, -1
+        raise OutOfOrderSequenceError(
+            f"producer {producer_id} epoch {epoch}: sequence {base_sequence} after {entry.last_sequence}",
+            producer_id=producer_id,
+            expected_sequence=entry.last_sequence + 1,
+        )
+
+    def record(self, producer_id: int, epoch: int, base_sequence: int, record_count: int, base_offset: int) -> None:
+        """Remember an appended batch (called for every batch, also when rebuilding)."""
+        if producer_id < 0:
+            return
+        entry = self.producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            entry = ProducerEntry(epoch, -1)
+            self.producers[producer_id] = entry
+        else:
+            self.producers.move_to_end(producer_id)
+        last = base_sequence + record_count - 1
+        entry.last_sequence = max(entry.last_sequence, last)
+        entry.recent.append((base_sequence, last, base_offset))
+        while len(self.producers) > PRODUCERS_PER_PARTITION_MAX:
+            self.producers.popitem(last=False)
+
+    def clear(self) -> None:
+        self.producers.clear()

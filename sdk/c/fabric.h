@@ -1,0 +1,227 @@
+/*
+ * fabric.h: the C client of Fabric (wire protocol version 1, docs/PROTOCOL.md).
+ *
+ * Three layers, each usable alone:
+ *
+ *   1. Pure codecs (no socket, no clock, no thread): header frames, body frames of every
+ *      API, record batches (encode, validate, decode with bounded decompression), the key
+ *      hash, and the error table. Bytes in, values out. Used by the tests and the fuzzers.
+ *   2. fabric_producer_t: batching per partition (linger and size limits), lz4 or none,
+ *      acks 0/1/-1, retries of retriable errors with the same batch bytes, at most one
+ *      batch in flight per partition so that retries keep order.
+ *   3. fabric_consumer_t: assign partitions at an offset, poll records.
+ *
+ * Threading: an object is used from one thread at a time (ZeroMQ sockets are not
+ * thread-safe). The producer has no background thread: the library does I/O inside
+ * fabric_produce(), fabric_producer_poll() and fabric_producer_flush(), so an idle
+ * application calls fabric_producer_poll() to let linger timers fire.
+ *
+ * Memory: every object is freed by its *_destroy / *_free function; nothing the library
+ * returns needs free() by the caller. Every allocation driven by network input is
+ * bounded by the limits below, checked before allocating.
+ */
+#ifndef FABRIC_H
+#define FABRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FABRIC_VERSION_STRING "0.1.0"
+
+/* ---- Limits (docs/PROTOCOL.md; same names as fabric/limits.py) ------------------------ */
+#define FABRIC_PROTOCOL_MAGIC 0x31524246u /* the bytes "FBR1" read as a little-endian u32 */
+#define FABRIC_PROTOCOL_VERSION 1
+#define FABRIC_HEADER_BYTES 16
+#define FABRIC_STRING_BYTES_MAX 65535
+#define FABRIC_ARRAY_ITEMS_MAX 1000000u
+#define FABRIC_REQUEST_FRAMES_MAX 4097 /* header + body + up to 4,095 batch frames */
+#define FABRIC_RESPONSE_BYTES_MAX (256u * 1024u * 1024u) /* ZMQ_MAXMSGSIZE of our sockets */
+#define FABRIC_BATCH_HEADER_BYTES 72
+#define FABRIC_BATCH_RECORDS_MAX 1000000
+#define FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX (64 * 1024 * 1024) /* 64 MiB */
+#define FABRIC_RECORD_FIXED_BYTES 14 /* 3 x i32 + 1 x u16 per record in the columns */
+#define FABRIC_NODES_MAX 1024        /* node addresses a client keeps sockets for */
+
+/* ---- Error codes ----------------------------------------------------------------------
+ * 0..29 are the wire codes of docs/PROTOCOL.md section 7, with the same numbers. Negative
+ * codes happen only inside this client. Functions return 0 or one of these. */
+enum fabric_err {
+    FABRIC_OK = 0,
+    FABRIC_ERR_UNKNOWN_SERVER_ERROR = 1,
+    FABRIC_ERR_CORRUPT_MESSAGE = 2,
+    FABRIC_ERR_MALFORMED_REQUEST = 3,
+    FABRIC_ERR_UNSUPPORTED_VERSION = 4,
+    FABRIC_ERR_UNKNOWN_API = 5,
+    FABRIC_ERR_INVALID_MAGIC = 6,
+    FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION = 7,
+    FABRIC_ERR_NOT_LEADER = 8,
+    FABRIC_ERR_LEADER_NOT_AVAILABLE = 9,
+    FABRIC_ERR_OFFSET_OUT_OF_RANGE = 10,
+    FABRIC_ERR_MESSAGE_TOO_LARGE = 11,
+    FABRIC_ERR_DECOMPRESSION_LIMIT = 12,
+    FABRIC_ERR_REQUEST_TIMED_OUT = 13,
+    FABRIC_ERR_NOT_ENOUGH_REPLICAS = 14,
+    FABRIC_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND = 15,
+    FABRIC_ERR_FENCED_LEADER_EPOCH = 16,
+    FABRIC_ERR_UNKNOWN_LEADER_EPOCH = 17,
+    FABRIC_ERR_TOPIC_ALREADY_EXISTS = 18,
+    FABRIC_ERR_INVALID_TOPIC = 19,
+    FABRIC_ERR_INVALID_PARTITIONS = 20,
+    FABRIC_ERR_INVALID_REPLICATION_FACTOR = 21,
+    FABRIC_ERR_INVALID_CONFIG = 22,
+    FABRIC_ERR_INVALID_REQUEST = 23,
+    FABRIC_ERR_UNSUPPORTED_COMPRESSION = 24,
+    FABRIC_ERR_NODE_NOT_READY = 25,
+    FABRIC_ERR_STORAGE_ERROR = 26,
+    FABRIC_ERR_NOT_CONTROLLER = 27,
+    FABRIC_ERR_OUT_OF_ORDER_SEQUENCE = 28,
+    FABRIC_ERR_INVALID_PRODUCER_EPOCH = 29,
+    /* client-side only */
+    FABRIC_ERR_INVALID_ARGUMENT = -1, /* a caller's argument is out of range */
+    FABRIC_ERR_NO_MEMORY = -2,        /* malloc failed or a buffer limit was reached */
+    FABRIC_ERR_TRANSPORT = -3,        /* a ZeroMQ call failed */
+    FABRIC_ERR_NO_NODES = -4,         /* no bootstrap or known node answered METADATA */
+    FABRIC_ERR_DELIVERY_TIMEOUT = -5, /* not acknowledged within delivery_timeout_ms */
+    FABRIC_ERR_BUFFER_FULL = -6,      /* buffer_bytes_max stayed full for max_block_ms */
+    FABRIC_ERR_CLOSED = -7            /* destroyed with records still unsent */
+};
+#define FABRIC_WIRE_ERROR_MAX 29
+
+/* "NOT_LEADER"-style name; "UNKNOWN" for codes outside the table. Never NULL. */
+const char *fabric_err_name(int code);
+/* A sentence describing the code (the "meaning" column of PROTOCOL.md). Never NULL. */
+const char *fabric_strerror(int code);
+/* 1 if the same request may succeed later (refresh metadata, back off, retry). */
+int fabric_err_retriable(int code);
+
+/* ---- Records --------------------------------------------------------------------------- */
+typedef struct fabric_header {
+    const char *name; /* UTF-8, NOT NUL-terminated in decoded records: use name_len */
+    size_t name_len;
+    const void *value; /* NULL with value_len -1 = null value */
+    int32_t value_len;
+} fabric_header_t;
+
+typedef struct fabric_record {
+    const char *topic; /* set by the consumer; NULL from fabric_batch_decode */
+    int32_t partition; /* set by the consumer; -1 from fabric_batch_decode */
+    int64_t offset;
+    int64_t timestamp_ms;
+    const uint8_t *key; /* NULL and key_len -1 = null key */
+    int32_t key_len;
+    const uint8_t *value; /* NULL and value_len -1 = null value */
+    int32_t value_len;
+    const fabric_header_t *headers;
+    uint32_t header_count;
+} fabric_record_t;
+
+#define FABRIC_CODEC_NONE 0
+#define FABRIC_CODEC_LZ4 1
+
+/* ---- Producer -------------------------------------------------------------------------- */
+typedef struct fabric_delivery {
+    const char *topic;
+    int32_t partition;
+    int64_t base_offset; /* offset of the batch's first record; -1 on error or acks = 0 */
+    uint32_t record_count;
+    int error;           /* 0 or a fabric_err */
+    const char *message; /* the node's explanation of error, or "" */
+} fabric_delivery_t;
+
+typedef void (*fabric_delivery_cb)(const fabric_delivery_t *delivery, void *opaque);
+
+typedef struct fabric_producer_config {
+    int acks;                /* 0, 1 or -1 (all in-sync replicas); default 1 */
+    int linger_ms;           /* how long an open batch waits to fill; default 5 */
+    size_t batch_bytes_max;  /* a batch closes at this many record bytes; default 256 KiB */
+    int compression;         /* FABRIC_CODEC_NONE or FABRIC_CODEC_LZ4 (default) */
+    size_t buffer_bytes_max; /* memory for unacknowledged records; default 64 MiB */
+    int max_block_ms;        /* fabric_produce waits this long for buffer room; default 60000 */
+    int request_timeout_ms;  /* a request unanswered this long is retried; default 30000 */
+    int delivery_timeout_ms; /* give up on a batch after this long; default 120000 */
+    int retry_backoff_ms;    /* wait between retries of a batch; default 100 */
+    fabric_delivery_cb on_delivery; /* called once per batch, from the producer's calls */
+    void *opaque;                   /* passed to on_delivery */
+} fabric_producer_config_t;
+
+typedef struct fabric_producer fabric_producer_t;
+
+void fabric_producer_config_init(fabric_producer_config_t *config);
+/* bootstrap: "tcp://host:port[,tcp://host:port...]" (the "tcp://" may be left out).
+ * Connects lazily; the first METADATA happens at the first fabric_produce of a topic. */
+int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
+                        const fabric_producer_config_t *config);
+/* Queue one record. partition -1 = by key (crc32(key) % partitions) or, without a key,
+ * sticky round robin. key_len/value_len -1 = null. timestamp_ms -1 = now. The bytes are
+ * copied. Returns 0, or UNKNOWN_TOPIC_OR_PARTITION, BUFFER_FULL, INVALID_ARGUMENT, ... */
+int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition,
+                   const void *key, int32_t key_len, const void *value, int32_t value_len,
+                   const fabric_header_t *headers, size_t header_count, int64_t timestamp_ms);
+/* Do I/O for up to timeout_ms: send ready batches, read answers, fire delivery callbacks. */
+int fabric_producer_poll(fabric_producer_t *p, int timeout_ms);
+/* Milliseconds until the producer next needs fabric_producer_poll (-1 = nothing pending). */
+int fabric_producer_next_timeout_ms(fabric_producer_t *p);
+/* Send everything buffered and wait until each batch is acknowledged or failed.
+ * Returns 0, or REQUEST_TIMED_OUT if timeout_ms passed first (-1 = no limit). */
+int fabric_producer_flush(fabric_producer_t *p, int timeout_ms);
+/* Partition count of a topic (fetching metadata if needed). */
+int fabric_producer_partition_count(fabric_producer_t *p, const char *topic, int32_t *count);
+/* The message of the last error this producer saw, for logs. Never NULL. */
+const char *fabric_producer_last_error(const fabric_producer_t *p);
+/* Frees everything. Records not yet acknowledged are reported with FABRIC_ERR_CLOSED:
+ * call fabric_producer_flush first. */
+void fabric_producer_destroy(fabric_producer_t *p);
+
+/* ---- Consumer -------------------------------------------------------------------------- */
+#define FABRIC_OFFSET_END (-1)       /* the high watermark: only records produced from now */
+#define FABRIC_OFFSET_BEGINNING (-2) /* the log start offset */
+
+#define FABRIC_RESET_EARLIEST 0 /* on OFFSET_OUT_OF_RANGE jump to the log start */
+#define FABRIC_RESET_LATEST 1   /* ... to the log end */
+#define FABRIC_RESET_NONE 2     /* ... return the error to the caller */
+
+typedef struct fabric_consumer_config {
+    int max_wait_ms;            /* long-poll time of one FETCH; default 500 */
+    int32_t max_bytes;          /* budget of one FETCH response; default 16 MiB */
+    int32_t partition_bytes_max;/* budget per partition; default 4 MiB */
+    int request_timeout_ms;     /* default 30000 */
+    int retry_backoff_ms;       /* default 100 */
+    int offset_reset;           /* FABRIC_RESET_*; default EARLIEST */
+} fabric_consumer_config_t;
+
+typedef struct fabric_consumer fabric_consumer_t;
+
+void fabric_consumer_config_init(fabric_consumer_config_t *config);
+int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
+                        const fabric_consumer_config_t *config);
+/* Add a partition to read from offset (>= 0, FABRIC_OFFSET_BEGINNING or FABRIC_OFFSET_END). */
+int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t partition,
+                           int64_t offset);
+/* The next record, waiting up to timeout_ms. *record is NULL when none came in time
+ * (return value 0). The record and its bytes stay valid until the next poll or destroy. */
+int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record);
+/* The next offset this consumer will return for the partition. */
+int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t partition,
+                             int64_t *offset);
+const char *fabric_consumer_last_error(const fabric_consumer_t *c);
+void fabric_consumer_destroy(fabric_consumer_t *c);
+
+/* Partition count of a topic, via one METADATA to a bootstrap node (for tools). */
+int fabric_topic_partition_count(const char *bootstrap, const char *topic, int timeout_ms,
+                                 int32_t *count);
+
+/* ---- Key hash (PROTOCOL.md section 6) --------------------------------------------------- */
+uint32_t fabric_key_hash(const void *key, size_t key_len);
+int32_t fabric_partition_for_key(const void *key, size_t key_len, int32_t partition_count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "fabric_protocol.h"
+
+#endif /* FABRIC_H */

@@ -1,0 +1,61 @@
+"""Small helpers for integration tests: raw requests to a node, leaders, reading a topic."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from fabric.protocol import apis
+from sdk import Admin, Consumer, TopicPartition
+
+RAW_TIMEOUT_MS = 10_000
+
+
+def raw_request(address: str, frames: list[bytes], timeout_ms: int = RAW_TIMEOUT_MS) -> list[bytes]:
+    """Send raw frames on a fresh DEALER and return the reply frames."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart(frames)
+        if not sock.poll(timeout_ms):
+            raise TimeoutError(f"no reply from {address} within {timeout_ms} ms")
+        return sock.recv_multipart()
+    finally:
+        sock.close(linger=0)
+
+
+def leader_address(bootstrap: str, topic: str, partition: int = 0) -> str:
+    with Admin(bootstrap) as admin:
+        desc = admin.describe_topic(topic)
+        nodes = admin.nodes()
+    return nodes[desc.partitions[partition].leader]
+
+
+def leader_id(bootstrap: str, topic: str, partition: int = 0) -> int:
+    with Admin(bootstrap) as admin:
+        return admin.describe_topic(topic).partitions[partition].leader
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, expected: int | None = None,
+             timeout_s: float = 60.0, **consumer_args: Any) -> list[Any]:
+    """Every record of the topic, from the beginning up to the end offsets seen at the start
+    (or until ``expected`` records arrived)."""
+    out: list[Any] = []
+    with Consumer(bootstrap, **consumer_args) as consumer:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        target = expected if expected is not None else sum(ends[tp] - consumer.position(tp) for tp in tps)
+        deadline = time.monotonic() + timeout_s
+        while len(out) < target and time.monotonic() < deadline:
+            out.extend(consumer.poll(timeout_ms=500))
+    return out
+
+
+def decode(frames: list[bytes]) -> apis.Message:
+    return apis.decode_response(frames)

@@ -1,0 +1,159 @@
+"""Bad input sent as raw frames to a live node: a clear error code, nothing changed,
+and the node keeps serving good traffic."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from fabric import errors
+from fabric.local import LocalCluster
+from fabric.protocol import apis, batch
+from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import encode_request_header
+from sdk import Admin, Producer
+from tests.integration.helpers import decode, leader_address, raw_request, read_all
+from tests.unit.test_codecs import forge, lz4_frame_claiming
+
+
+@pytest.fixture(scope="module")
+def bad_topic(cluster: LocalCluster) -> str:
+    name = "bad-input-topic"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(name, partitions=1, config={"message_bytes_max": 4096})
+    with Producer(cluster.bootstrap) as producer:
+        producer.send(name, b"before", partition=0).result(10)
+    return name
+
+
+def produce_frames(topic: str, partition: int, batch_bytes: bytes, correlation_id: int = 7) -> list[bytes]:
+    return apis.encode_request(ApiKey.PRODUCE, {"acks": 1, "timeout_ms": 5000,
+                                                "entries": [{"topic": topic, "partition": partition}]},
+                               correlation_id, batches=[batch_bytes])
+
+
+def good_batch() -> bytes:
+    return batch.encode_batch([1, 2], [None, None], [b"a", b"b"])
+
+
+def produce_error(cluster: LocalCluster, topic: str, batch_bytes: bytes, partition: int = 0) -> tuple[int, str]:
+    reply = decode(raw_request(leader_address(cluster.bootstrap, topic), produce_frames(topic, partition, batch_bytes)))
+    assert reply.header.error_code == 0
+    result = reply.body["results"][0]
+    return result["error"], result["message"]
+
+
+def assert_still_serving(cluster: LocalCluster, topic: str) -> None:
+    with Producer(cluster.bootstrap) as producer:
+        producer.send(topic, b"after", partition=0).result(10)
+    values = [r.value for r in read_all(cluster.bootstrap, topic, 1)]
+    assert values[0] == b"before" and values[-1] == b"after"
+    assert b"a" not in values  # nothing from a refused batch was stored
+
+
+def request_level_error(address: str, frames: list[bytes]) -> tuple[int, str, int]:
+    reply = raw_request(address, frames)
+    message = decode(reply)
+    return message.header.error_code, message.body["message"], message.header.correlation_id
+
+
+def test_wrong_magic(cluster: LocalCluster, bad_topic: str) -> None:
+    frames = produce_frames(bad_topic, 0, good_batch())
+    frames[0] = b"XXXX" + frames[0][4:]
+    code, message, _ = request_level_error(leader_address(cluster.bootstrap, bad_topic), frames)
+    assert code == errors.InvalidMagicError.code and "FBR1" in message
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_wrong_protocol_version(cluster: LocalCluster, bad_topic: str) -> None:
+    frames = produce_frames(bad_topic, 0, good_batch(), correlation_id=99)
+    header = bytearray(frames[0])
+    header[4] = 2
+    frames[0] = bytes(header)
+    code, _, correlation_id = request_level_error(leader_address(cluster.bootstrap, bad_topic), frames)
+    assert code == errors.UnsupportedVersionError.code and correlation_id == 99
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_unknown_api_version(cluster: LocalCluster, bad_topic: str) -> None:
+    frames = [encode_request_header(ApiKey.METADATA, 9, 5), b""]
+    code, message, _ = request_level_error(leader_address(cluster.bootstrap, bad_topic), frames)
+    assert code == errors.UnsupportedVersionError.code and "supported 0..0" in message
+
+
+def test_truncated_header_and_body(cluster: LocalCluster, bad_topic: str) -> None:
+    address = leader_address(cluster.bootstrap, bad_topic)
+    frames = produce_frames(bad_topic, 0, good_batch())
+    assert request_level_error(address, [frames[0][:9]])[0] == errors.MalformedRequestError.code
+    assert request_level_error(address, [frames[0], frames[1][:-3], frames[2]])[0] == errors.MalformedRequestError.code
+    assert request_level_error(address, [frames[0]])[0] == errors.MalformedRequestError.code
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_extra_and_missing_frames(cluster: LocalCluster, bad_topic: str) -> None:
+    address = leader_address(cluster.bootstrap, bad_topic)
+    frames = produce_frames(bad_topic, 0, good_batch())
+    code, message, _ = request_level_error(address, [*frames, good_batch()])
+    assert code == errors.MalformedRequestError.code and "batch frames" in message
+    assert request_level_error(address, frames[:2])[0] == errors.MalformedRequestError.code
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_bad_crc(cluster: LocalCluster, bad_topic: str) -> None:
+    corrupt = bytearray(good_batch())
+    corrupt[-1] ^= 0x55
+    code, message = produce_error(cluster, bad_topic, bytes(corrupt))
+    assert code == errors.CorruptMessageError.code and "CRC" in message
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_truncated_batch(cluster: LocalCluster, bad_topic: str) -> None:
+    code, _ = produce_error(cluster, bad_topic, good_batch()[:-4])
+    assert code == errors.CorruptMessageError.code
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_batch_above_topic_limit(cluster: LocalCluster, bad_topic: str) -> None:
+    big = batch.encode_batch([1], [None], [bytes(range(256)) * 40], codec=batch.CODEC_NONE)
+    code, message = produce_error(cluster, bad_topic, big)
+    assert code == errors.MessageTooLargeError.code and "4096" in message
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_lz4_bomb(cluster: LocalCluster, bad_topic: str) -> None:
+    code, message = produce_error(cluster, bad_topic, forge(100, lz4_frame_claiming(64 << 30)))
+    assert code == errors.DecompressionLimitError.code and "claims" in message
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_unknown_topic_and_partition(cluster: LocalCluster, bad_topic: str) -> None:
+    address = leader_address(cluster.bootstrap, bad_topic)
+    reply = decode(raw_request(address, produce_frames("no-such-topic", 0, good_batch())))
+    assert reply.body["results"][0]["error"] == errors.UnknownTopicOrPartitionError.code
+    reply = decode(raw_request(address, produce_frames(bad_topic, 7, good_batch())))
+    assert reply.body["results"][0]["error"] == errors.UnknownTopicOrPartitionError.code
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_fetch_out_of_range(cluster: LocalCluster, bad_topic: str) -> None:
+    address = leader_address(cluster.bootstrap, bad_topic)
+    frames = apis.encode_request(ApiKey.FETCH, {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+        "partitions": [{"topic": bad_topic, "partition": 0, "fetch_offset": 1_000_000,
+                        "partition_bytes_max": 1 << 20, "current_leader_epoch": -1}]}, 3)
+    result = decode(raw_request(address, frames)).body["partitions"][0]
+    assert result["error"] == errors.OffsetOutOfRangeError.code
+    assert result["log_start_offset"] == 0 and result["log_end_offset"] >= 1
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_invalid_acks_and_garbage_body(cluster: LocalCluster, bad_topic: str) -> None:
+    address = leader_address(cluster.bootstrap, bad_topic)
+    frames = produce_frames(bad_topic, 0, good_batch())
+    body = bytearray(frames[1])
+    body[0] = 7  # acks = 7
+    assert request_level_error(address, [frames[0], bytes(body), frames[2]])[0] == errors.InvalidRequestError.code
+    garbage = struct.pack("<bi", 1, 1000) + struct.pack("<I", 5) + b"\xff" * 3
+    assert request_level_error(address, [frames[0], garbage, frames[2]])[0] == errors.MalformedRequestError.code
+    assert_still_serving(cluster, bad_topic)

@@ -1,0 +1,158 @@
+"""Produce and consume through real nodes and a real ZooKeeper."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fabric import errors
+from fabric.local import LocalCluster
+from fabric.protocol.keyhash import partition_for_key
+from sdk import Admin, Consumer, Producer, TopicPartition
+from tests.integration.helpers import read_all
+
+
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_keyed_round_trip_with_headers(cluster: LocalCluster, topic_name: str, compression: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=4)
+    n = 5_000
+    with Producer(cluster.bootstrap, compression=compression, linger_ms=2) as producer:
+        futures = [
+            producer.send(topic_name, b"v%d" % i, key=b"key-%d" % (i % 50), headers=[("i", b"%d" % i), ("n", None)])
+            for i in range(n)
+        ]
+        producer.flush(30)
+        metas = [f.result(0) for f in futures]
+    for i, meta in enumerate(metas):
+        assert meta.partition == partition_for_key(b"key-%d" % (i % 50), 4)
+    records = read_all(cluster.bootstrap, topic_name, 4, expected=n)
+    assert len(records) == n
+    by_value = {r.value: r for r in records}
+    for i, meta in enumerate(metas):
+        r = by_value[b"v%d" % i]
+        assert (r.partition, r.offset, r.key) == (meta.partition, meta.offset, b"key-%d" % (i % 50))
+        assert r.headers == [("i", b"%d" % i), ("n", None)]
+    for p in range(4):
+        offsets = [r.offset for r in records if r.partition == p]
+        assert offsets == list(range(len(offsets)))  # dense, in order
+
+
+def test_unkeyed_records_fill_partitions_stickily(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=3)
+    with Producer(cluster.bootstrap, linger_ms=1_000, batch_bytes_max=4_096) as producer:
+        futures = [producer.send(topic_name, b"x" * 100) for _ in range(300)]
+        producer.flush(30)
+        partitions = [f.result(0).partition for f in futures]
+    # Sticky: runs of one partition the size of a full batch, not round robin per record.
+    changes = sum(1 for a, b in zip(partitions, partitions[1:]) if a != b)
+    assert changes < 15
+    assert set(partitions) == {0, 1, 2}
+
+
+def test_long_poll_wakes_on_new_data(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    # The node holds the fetch for up to 30 s and the poll gives up after 20 s, so the
+    # record can only arrive in this poll if the node answered the parked fetch when the
+    # data came in.
+    with Consumer(cluster.bootstrap, fetch_max_wait_ms=30_000) as consumer:
+        consumer.assign([TopicPartition(topic_name, 0)])
+        consumer.seek_to_end()
+
+        def produce_later() -> None:
+            time.sleep(0.5)
+            with Producer(cluster.bootstrap) as producer:
+                producer.send(topic_name, b"wake up").result(10)
+
+        thread = threading.Thread(target=produce_later)
+        thread.start()
+        consumer.poll_batches(timeout_ms=0)  # sends the long-poll fetch
+        records = consumer.poll(timeout_ms=20_000)
+        thread.join()
+    assert [r.value for r in records] == [b"wake up"]
+
+
+def test_list_offsets_by_timestamp(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        for i in range(10):
+            producer.send(topic_name, b"%d" % i, timestamp_ms=1_000_000 + i * 100).result(10)
+    tp = TopicPartition(topic_name, 0)
+    with Consumer(cluster.bootstrap) as consumer:
+        assert consumer.offsets_for_times({tp: 1_000_350}) == {tp: 4}
+        assert consumer.offsets_for_times({tp: 0}) == {tp: 0}
+        assert consumer.offsets_for_times({tp: 9_999_999}) == {tp: -1}
+        assert consumer.beginning_offsets([tp]) == {tp: 0}
+        assert consumer.end_offsets([tp]) == {tp: 10}
+
+
+def test_seek_mid_batch_skips_earlier_records(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    with Producer(cluster.bootstrap, linger_ms=50) as producer:
+        for i in range(100):
+            producer.send(topic_name, b"%d" % i)
+        producer.flush(10)
+    with Consumer(cluster.bootstrap) as consumer:
+        tp = TopicPartition(topic_name, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 42)
+        records = consumer.poll(timeout_ms=5_000, max_records=5)
+    assert [r.offset for r in records] == [42, 43, 44, 45, 46]
+    assert records[0].value == b"42"
+
+
+def test_unknown_topic_is_a_clear_error(cluster: LocalCluster) -> None:
+    with Producer(cluster.bootstrap, max_block_ms=5_000) as producer:
+        with pytest.raises(errors.UnknownTopicOrPartitionError, match="no-such-topic"):
+            producer.send("no-such-topic", b"x")
+    with Consumer(cluster.bootstrap) as consumer, pytest.raises(errors.UnknownTopicOrPartitionError):
+        consumer.assign([TopicPartition("no-such-topic", 0)])
+
+
+def test_admin_errors_and_delete(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, config={"retention_ms": 60_000})
+        assert topic_name in admin.list_topics()
+        assert admin.describe_topic(topic_name).configs["retention_ms"] == "60000"
+        with pytest.raises(errors.TopicAlreadyExistsError):
+            admin.create_topic(topic_name, partitions=2)
+        with pytest.raises(errors.InvalidTopicError):
+            admin.create_topic("bad/name", partitions=1)
+        with pytest.raises(errors.InvalidReplicationFactorError):
+            admin.create_topic(topic_name + "-rf", partitions=1, replication_factor=5)
+        with pytest.raises(errors.InvalidConfigError, match="unknown topic config"):
+            admin.create_topic(topic_name + "-cfg", partitions=1, config={"colour": "blue"})
+        with Producer(cluster.bootstrap) as producer:
+            producer.send(topic_name, b"gone soon", partition=0).result(10)
+        admin.delete_topic(topic_name)
+        assert topic_name not in admin.list_topics()
+        with pytest.raises(errors.UnknownTopicOrPartitionError):
+            admin.delete_topic(topic_name)
+        # Re-created with the same name: none of the old data comes back.
+        admin.create_topic(topic_name, partitions=2)
+    assert read_all(cluster.bootstrap, topic_name, 2) == []
+
+
+def test_buffer_full_blocks_then_raises(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    # A producer whose sender cannot reach the leader (we pause every node), so the
+    # buffer cannot drain: send() must give up after max_block_ms, not hang.
+    producer = Producer(cluster.bootstrap, linger_ms=0, batch_bytes_max=1_000, buffer_bytes_max=2_000, max_block_ms=500)
+    try:
+        producer.send(topic_name, b"warm").result(10)
+        for node in cluster.nodes.values():
+            node.pause()
+        with pytest.raises(errors.BufferFullError, match="buffer_bytes_max"):
+            for _ in range(100):
+                producer.send(topic_name, b"x" * 500)
+    finally:
+        for node in cluster.nodes.values():
+            node.resume()
+        producer.close(timeout=10)

@@ -1,0 +1,107 @@
+"""Producer batching with an injected clock: no sockets, no sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabric import errors
+from sdk.accumulator import RecordAccumulator
+
+
+def make(linger_ms: float = 10, batch_bytes_max: int = 1000, buffer_bytes_max: int = 10_000) -> RecordAccumulator:
+    return RecordAccumulator(batch_bytes_max=batch_bytes_max, linger_ms=linger_ms, buffer_bytes_max=buffer_bytes_max)
+
+
+def test_linger_holds_a_batch_until_it_expires() -> None:
+    acc = make(linger_ms=10)
+    acc.append("t", 0, 1, None, b"x" * 10, None, now_s=100.0)
+    assert acc.ready(100.005, set()) == []
+    assert acc.next_deadline_s() == pytest.approx(100.010)
+    [batch] = acc.ready(100.010, set())
+    assert batch.record_count == 1 and batch.sealed
+
+
+def test_full_batch_is_ready_at_once_and_next_record_opens_a_new_one() -> None:
+    acc = make(linger_ms=1_000, batch_bytes_max=100)
+    futures = []
+    full = False
+    for i in range(10):
+        future, full = acc.append("t", 0, i, None, b"y" * 20, None, now_s=0.0)
+        futures.append(future)
+        if full:
+            break
+    assert full
+    acc.append("t", 0, 99, None, b"z", None, now_s=0.0)
+    ready = acc.ready(0.0, set())
+    assert len(ready) == 1 and ready[0].sealed
+    assert acc.pending_batches() == 1  # the new open batch still lingers
+
+
+def test_in_flight_partition_waits_to_keep_order() -> None:
+    acc = make(linger_ms=0)
+    acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
+    assert acc.ready(1.0, {("t", 0)}) == []
+    assert len(acc.ready(1.0, set())) == 1
+
+
+def test_flush_makes_lingering_batches_ready() -> None:
+    acc = make(linger_ms=60_000)
+    acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
+    acc.append("t", 1, 1, None, b"b", None, now_s=0.0)
+    assert acc.ready(0.0, set()) == []
+    acc.flushing = True
+    assert {b.partition for b in acc.ready(0.0, set())} == {0, 1}
+
+
+def test_requeue_goes_first_and_respects_backoff() -> None:
+    acc = make(linger_ms=0)
+    acc.append("t", 0, 1, None, b"first", None, now_s=0.0)
+    [first] = acc.ready(0.0, set())
+    acc.append("t", 0, 2, None, b"second", None, now_s=0.0)
+    first.retry_after_s = 5.0
+    acc.requeue(first)
+    assert acc.ready(1.0, set()) == []  # head is backing off; nothing overtakes it
+    [again] = acc.ready(5.0, set())
+    assert again is first
+
+
+def test_buffer_accounting_and_release() -> None:
+    acc = make(linger_ms=0, batch_bytes_max=100, buffer_bytes_max=200)
+    acc.append("t", 0, 1, None, b"x" * 80, None, now_s=0.0)
+    acc.append("t", 1, 1, None, b"x" * 80, None, now_s=0.0)
+    assert not acc.has_room(94)
+    for batch in acc.ready(0.0, set()):
+        acc.release(batch)
+    assert acc.buffered_bytes == 0 and acc.has_room(94)
+
+
+def test_record_larger_than_a_batch_is_refused() -> None:
+    with pytest.raises(errors.MessageTooLargeError):
+        make(batch_bytes_max=100).append("t", 0, 1, None, b"x" * 200, None, now_s=0.0)
+
+
+def test_futures_resolve_to_offsets_within_the_batch() -> None:
+    acc = make(linger_ms=0)
+    f1, _ = acc.append("t", 3, 10, b"k", b"a", None, now_s=0.0)
+    f2, _ = acc.append("t", 3, 11, b"k", b"b", None, now_s=0.0)
+    [batch] = acc.ready(0.0, set())
+    seen = []
+    f2.add_callback(lambda meta, exc: seen.append((meta, exc)))
+    batch.result.complete(500)
+    assert f1.result(0).offset == 500 and f2.result(0).offset == 501
+    assert seen[0][0].offset == 501 and seen[0][1] is None
+
+
+def test_failed_batch_raises_from_every_future() -> None:
+    acc = make(linger_ms=0)
+    f, _ = acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
+    acc.abort_all(errors.ClientClosedError("closed"))
+    with pytest.raises(errors.ClientClosedError):
+        f.result(0)
+
+
+def test_contradictory_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        make(batch_bytes_max=1000, buffer_bytes_max=10)
+    with pytest.raises(ValueError):
+        make(linger_ms=-1)

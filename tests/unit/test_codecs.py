@@ -1,0 +1,199 @@
+"""Codecs refuse bad bytes with the right error and never over-allocate."""
+
+from __future__ import annotations
+
+import struct
+
+import lz4.frame
+import pytest
+
+from fabric import errors
+from fabric.limits import BATCH_HEADER_BYTES
+from fabric.protocol import apis, batch, schema
+from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import decode_header, encode_request_header
+
+
+def sample(codec: int = batch.CODEC_LZ4, n: int = 50) -> bytes:
+    return batch.encode_batch(
+        [1_000 + i for i in range(n)],
+        [b"k%d" % i if i % 3 else None for i in range(n)],
+        [b"value-%d" % i for i in range(n)],
+        [[("h", b"%d" % i)] if i % 5 == 0 else [] for i in range(n)],
+        codec=codec,
+    )
+
+
+@pytest.mark.parametrize("codec", [batch.CODEC_NONE, batch.CODEC_LZ4])
+def test_batch_round_trip(codec: int) -> None:
+    raw = sample(codec)
+    decoded = batch.decode_batch(raw)
+    assert decoded.values == [b"value-%d" % i for i in range(50)]
+    assert decoded.keys[0] is None and decoded.keys[1] == b"k1"
+    assert decoded.headers[5] == [("h", b"5")] and decoded.headers[1] == []
+    assert decoded.timestamps == [1_000 + i for i in range(50)]
+    assert decoded.header.max_timestamp == 1_049
+
+
+def test_stamp_keeps_crc_valid() -> None:
+    buf = bytearray(sample())
+    batch.stamp(buf, 123_456, 9)
+    header = batch.validate(buf, 1 << 20)
+    assert (header.base_offset, header.leader_epoch) == (123_456, 9)
+
+
+def test_bad_crc_is_corrupt() -> None:
+    buf = bytearray(sample())
+    buf[-1] ^= 0xFF
+    with pytest.raises(errors.CorruptMessageError, match="CRC"):
+        batch.validate(buf, 1 << 20)
+    with pytest.raises(errors.CorruptMessageError):
+        batch.decode_batch(buf)
+
+
+def test_truncated_batch_is_corrupt() -> None:
+    raw = sample()
+    for cut in (10, BATCH_HEADER_BYTES - 1, len(raw) - 3):
+        with pytest.raises(errors.CorruptMessageError):
+            batch.validate(raw[:cut], 1 << 20)
+
+
+def test_too_large_for_topic() -> None:
+    with pytest.raises(errors.MessageTooLargeError, match="message_bytes_max"):
+        batch.validate(sample(), 100)
+
+
+def forge(records_bytes: int, payload: bytes, codec: int = batch.CODEC_LZ4, count: int = 1) -> bytes:
+    """A batch with a correct CRC around whatever payload and size claim we like."""
+    head = bytearray(struct.pack("<qiiIBBHiqqqhhiqi", 0, BATCH_HEADER_BYTES + len(payload), -1, 0, 1, codec, 0,
+                                 count, 0, 0, -1, -1, 0, -1, -1, records_bytes))
+    body = bytes(head) + payload
+    crc = batch.compute_crc(body)
+    struct.pack_into("<I", head, 16, crc)
+    return bytes(head) + payload
+
+
+def xxh32(data: bytes, seed: int = 0) -> int:
+    """Plain XXH32, enough to forge a valid lz4 frame-header checksum."""
+    p1, p2, p3, p4, p5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
+    mask = 0xFFFFFFFF
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    n, i = len(data), 0
+    if n >= 16:
+        v = [(seed + p1 + p2) & mask, (seed + p2) & mask, seed & mask, (seed - p1) & mask]
+        while i + 16 <= n:
+            for j in range(4):
+                lane = int.from_bytes(data[i + 4 * j : i + 4 * j + 4], "little")
+                v[j] = (rotl((v[j] + lane * p2) & mask, 13) * p1) & mask
+            i += 16
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & mask
+    else:
+        h = (seed + p5) & mask
+    h = (h + n) & mask
+    while i + 4 <= n:
+        h = (rotl((h + int.from_bytes(data[i : i + 4], "little") * p3) & mask, 17) * p4) & mask
+        i += 4
+    while i < n:
+        h = (rotl((h + data[i] * p5) & mask, 11) * p1) & mask
+        i += 1
+    h ^= h >> 15
+    h = (h * p2) & mask
+    h ^= h >> 13
+    h = (h * p3) & mask
+    return h ^ (h >> 16)
+
+
+def lz4_frame_claiming(content_size: int) -> bytes:
+    """A real lz4 frame of 100 zero bytes whose header claims ``content_size`` bytes."""
+    frame = bytearray(lz4.frame.compress(b"\0" * 100, store_size=True))
+    struct.pack_into("<Q", frame, 6, content_size)  # magic(4) FLG(1) BD(1) then the size
+    frame[14] = (xxh32(bytes(frame[4:14])) >> 8) & 0xFF  # header checksum over FLG..size
+    return bytes(frame)
+
+
+def test_forged_frame_is_valid_lz4() -> None:
+    assert lz4.frame.get_frame_info(lz4_frame_claiming(100))["content_size"] == 100
+    assert lz4.frame.decompress(lz4_frame_claiming(100)) == b"\0" * 100
+
+
+def test_lz4_bomb_refused_before_allocating() -> None:
+    # A frame that claims 64 GiB: refused on the claim, before anything is allocated.
+    bomb = lz4_frame_claiming(64 << 30)
+    assert lz4.frame.get_frame_info(bomb)["content_size"] == 64 << 30
+    raw = forge(100, bomb)
+    with pytest.raises(errors.DecompressionLimitError, match="claims"):
+        batch.validate(raw, 1 << 20)
+    with pytest.raises(errors.DecompressionLimitError):
+        batch.decode_batch(raw)
+
+
+def test_records_bytes_above_limit_refused() -> None:
+    raw = forge(1 << 30, lz4.frame.compress(b"x" * 20))
+    with pytest.raises(errors.DecompressionLimitError):
+        batch.validate(raw, 1 << 20)
+
+
+def test_lz4_claim_must_match_header() -> None:
+    raw = forge(14, lz4.frame.compress(b"\0" * 28))
+    with pytest.raises(errors.DecompressionLimitError):
+        batch.validate(raw, 1 << 20)
+
+
+def test_column_lengths_past_end_are_corrupt() -> None:
+    # One record whose value length says 1,000 bytes but the section has 2.
+    records = struct.pack("<iiiH", 0, -1, 1000, 0) + b"ab"
+    raw = forge(len(records), records, codec=batch.CODEC_NONE)
+    with pytest.raises(errors.CorruptMessageError):
+        batch.decode_batch(raw)
+
+
+def test_schema_truncated_and_trailing() -> None:
+    sch = apis.METADATA_REQUEST_V0
+    good = schema.encode(sch, {"topics": ["a", "bc"]})
+    with pytest.raises(errors.MalformedRequestError, match="truncated"):
+        schema.decode(sch, good[:-1])
+    with pytest.raises(errors.MalformedRequestError, match="trailing"):
+        schema.decode(sch, good + b"\0")
+
+
+def test_schema_array_count_lie() -> None:
+    with pytest.raises(errors.MalformedRequestError):
+        schema.decode(apis.METADATA_REQUEST_V0, struct.pack("<I", 999_999))
+
+
+def test_schema_bad_utf8() -> None:
+    with pytest.raises(errors.MalformedRequestError, match="UTF-8"):
+        schema.decode(apis.METADATA_REQUEST_V0, struct.pack("<IH", 1, 2) + b"\xff\xfe")
+
+
+def test_header_errors() -> None:
+    with pytest.raises(errors.InvalidMagicError):
+        decode_header(b"XXXX" + bytes(12))
+    with pytest.raises(errors.MalformedRequestError):
+        decode_header(encode_request_header(1, 0, 5)[:10])
+    bad_version = bytearray(encode_request_header(1, 0, 5))
+    bad_version[4] = 9
+    with pytest.raises(errors.UnsupportedVersionError):
+        decode_header(bytes(bad_version))
+
+
+def test_decode_request_frame_counts() -> None:
+    frames = apis.encode_request(ApiKey.PRODUCE, {"acks": 1, "timeout_ms": 1000,
+                                                  "entries": [{"topic": "t", "partition": 0}]}, 1, batches=[sample()])
+    assert apis.decode_request(frames).header.correlation_id == 1
+    with pytest.raises(errors.MalformedRequestError, match="batch frames"):
+        apis.decode_request(frames[:-1])
+    with pytest.raises(errors.MalformedRequestError, match="batch frames"):
+        apis.decode_request([*frames, b"extra"])
+    with pytest.raises(errors.MalformedRequestError, match="no body"):
+        apis.decode_request(frames[:1])
+
+
+def test_unknown_api_and_version() -> None:
+    with pytest.raises(errors.UnknownApiError):
+        apis.decode_request([encode_request_header(999, 0, 1), b""])
+    with pytest.raises(errors.UnsupportedVersionError, match="supported 0..0"):
+        apis.decode_request([encode_request_header(ApiKey.METADATA, 7, 1), b""])
