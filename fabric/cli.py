@@ -16,6 +16,7 @@ recorded in ``~/.fabric/local.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -153,8 +154,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
 def cmd_produce(args: argparse.Namespace) -> int:
     from sdk import Producer
 
-    source = open(args.file, "rb") if args.file else sys.stdin.buffer
-    progress = Progress("produced", enabled=not args.quiet and sys.stderr.isatty() or args.progress)
+    progress = Progress("produced", enabled=(not args.quiet and sys.stderr.isatty()) or args.progress)
     failures: list[BaseException] = []
     sep = args.key_sep.encode() if args.key_sep else None
 
@@ -162,7 +162,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
         if exc is not None:
             failures.append(exc)
 
-    with Producer(_bootstrap(args), acks=args.acks, compression=args.compression, linger_ms=args.linger_ms) as producer:
+    source_cm = open(args.file, "rb") if args.file else contextlib.nullcontext(sys.stdin.buffer)  # noqa: SIM115
+    with source_cm as source, Producer(_bootstrap(args), acks=args.acks, compression=args.compression,
+                                       linger_ms=args.linger_ms) as producer:
         for line in source:
             value = line.rstrip(b"\n")
             key = None

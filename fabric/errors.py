@@ -43,7 +43,8 @@ table, and ``tests/unit/test_errors.py`` checks the two agree.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 
 class FabricError(Exception):
@@ -76,10 +77,13 @@ class ProtocolError(FabricError):
 _REGISTRY: dict[int, type[FabricError]] = {}
 
 
-def _wire(code: int, name: str, description: str) -> object:
+_E = TypeVar("_E", bound=type[FabricError])
+
+
+def _wire(code: int, name: str, description: str) -> Callable[[_E], _E]:
     """Class decorator: give a class its wire code and register it in the table."""
 
-    def register(cls: type[FabricError]) -> type[FabricError]:
+    def register(cls: _E) -> _E:
         if code in _REGISTRY:
             raise RuntimeError(f"wire error code {code} registered twice")
         cls.code = code

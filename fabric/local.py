@@ -63,7 +63,7 @@ class ManagedProcess:
     def start(self) -> None:
         if self.running:
             return
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
         self.proc = subprocess.Popen(
             self.argv,
             stdout=self._log,

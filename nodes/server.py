@@ -23,7 +23,8 @@ import zmq
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from fabric import errors, zk as zkl
+from fabric import errors
+from fabric import zk as zkl
 from fabric.limits import (
     FETCH_BYTES_MAX,
     FETCH_WAIT_MS_MAX,
@@ -33,9 +34,10 @@ from fabric.limits import (
     REQUEST_FRAMES_MAX,
     RETENTION_CHECK_INTERVAL_MS_DEFAULT,
 )
-from fabric.protocol import apis, batch as batch_format
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
-from fabric.protocol.header import Header, encode_response_header
+from fabric.protocol.header import Header
 from nodes.log import PartitionLog, Store
 from nodes.producer_state import DUPLICATE
 
@@ -72,7 +74,7 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.node_id = config.node_id
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self.known_topics: set[str] = set()
@@ -344,7 +346,8 @@ class Node:
     def _send_error(self, envelope: list[Any], header: Header | None, exc: errors.FabricError) -> None:
         # Without a decodable header we still answer, with api 0 and correlation id 0, so
         # a confused client sees why instead of waiting for its timeout.
-        request_header = header or Header(0, 0, int(exc.fields.get("correlation_id", 0) or 0))
+        correlation_id = exc.fields.get("correlation_id", 0)
+        request_header = header or Header(0, 0, correlation_id if isinstance(correlation_id, int) else 0)
         self._send(envelope, apis.encode_error_response(request_header, exc.code, exc.message))
 
     def _commit(self, wb: Any, replies: list[tuple[list[Any], list[Any]]], touched: set[tuple[str, int]]) -> None:
@@ -371,7 +374,7 @@ class Node:
             )
         now_ms = int(time.time() * 1000)
         results = []
-        for entry, frame in zip(body["entries"], request.batches):
+        for entry, frame in zip(body["entries"], request.batches, strict=False):
             topic, partition = entry["topic"], entry["partition"]
             result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
             try:

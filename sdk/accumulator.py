@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fabric import errors
@@ -27,9 +27,11 @@ class BatchResult:
     created only if someone actually waits.
     """
 
-    __slots__ = ("_callbacks", "_event", "_lock", "base_offset", "done", "exception", "leader_epoch")
+    __slots__ = ("_callbacks", "_event", "_lock", "base_offset", "done", "exception", "leader_epoch", "partition", "topic")
 
-    def __init__(self) -> None:
+    def __init__(self, topic: str = "", partition: int = -1) -> None:
+        self.topic = topic
+        self.partition = partition
         self.done = False
         self.base_offset = -1
         self.leader_epoch = -1
@@ -82,13 +84,11 @@ class RecordMetadata:
 class RecordFuture:
     """What ``Producer.send`` returns: resolves to RecordMetadata or raises."""
 
-    __slots__ = ("_batch", "_index", "_partition", "_timestamp", "_topic")
+    __slots__ = ("_batch", "_index", "_timestamp")
 
-    def __init__(self, batch: BatchResult, index: int, topic: str, partition: int, timestamp: int) -> None:
+    def __init__(self, batch: BatchResult, index: int, timestamp: int) -> None:
         self._batch = batch
         self._index = index
-        self._topic = topic
-        self._partition = partition
         self._timestamp = timestamp
 
     def done(self) -> bool:
@@ -99,8 +99,9 @@ class RecordFuture:
             raise TimeoutError(f"record not acknowledged within {timeout} s")
         if self._batch.exception is not None:
             raise self._batch.exception
-        base = self._batch.base_offset
-        return RecordMetadata(self._topic, self._partition, -1 if base < 0 else base + self._index, self._timestamp)
+        batch = self._batch
+        base = batch.base_offset
+        return RecordMetadata(batch.topic, batch.partition, -1 if base < 0 else base + self._index, self._timestamp)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._batch.wait(timeout):
@@ -120,27 +121,37 @@ class RecordFuture:
         self._batch.on_done(fire)
 
 
-@dataclass
 class ProducerBatch:
-    topic: str
-    partition: int
-    created_s: float
-    timestamps: list[int] = field(default_factory=list)
-    keys: list[bytes | None] = field(default_factory=list)
-    values: list[bytes | None] = field(default_factory=list)
-    headers: list[Headers | None] = field(default_factory=list)
-    size_bytes: int = 0
-    has_headers: bool = False
-    sealed: bool = False  # no more appends (full, sent or flushed)
-    result: BatchResult = field(default_factory=BatchResult)
-    encoded: bytes | None = None
-    attempts: int = 0
-    retry_after_s: float = 0.0
-    first_sent_s: float = -1.0
+    """Records of one partition on their way to one PRODUCE request.
+
+    A record is kept as one tuple (timestamp, key, value, headers): one list append per
+    record on the caller's thread; the sender thread splits the columns when it encodes.
+    """
+
+    __slots__ = ("attempts", "created_s", "encoded", "first_sent_s", "has_headers", "partition", "records",
+                 "result", "retry_after_s", "sealed", "size_bytes", "topic")
+
+    def __init__(self, topic: str, partition: int, created_s: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.created_s = created_s
+        self.records: list[tuple[int, bytes | None, bytes | None, Headers | None]] = []
+        self.size_bytes = 0
+        self.has_headers = False
+        self.sealed = False  # no more appends (full, sent or flushed)
+        self.result = BatchResult(topic, partition)
+        self.encoded: bytes | None = None
+        self.attempts = 0
+        self.retry_after_s = 0.0
+        self.first_sent_s = -1.0
 
     @property
     def record_count(self) -> int:
-        return len(self.values)
+        return len(self.records)
+
+    def columns(self) -> tuple[list[int], list[bytes | None], list[bytes | None], list[Headers | None] | None]:
+        timestamps, keys, values, headers = (list(c) for c in zip(*self.records, strict=True))
+        return timestamps, keys, values, headers if self.has_headers else None
 
 
 class RecordAccumulator:
@@ -156,6 +167,7 @@ class RecordAccumulator:
         self.buffer_bytes_max = buffer_bytes_max
         self.buffered_bytes = 0
         self.batches: dict[tuple[str, int], deque[ProducerBatch]] = {}
+        self.open: dict[tuple[str, int], ProducerBatch] = {}  # the batch still taking records
         self.flushing = False
 
     def has_room(self, size_bytes: int) -> bool:
@@ -171,9 +183,10 @@ class RecordAccumulator:
         headers: Headers | None,
         now_s: float,
     ) -> tuple[RecordFuture, bool]:
-        """Append one record; returns (future, batch_became_full).
+        """Append one record; returns (future, a batch of this partition became full).
 
         A full batch is what moves the sticky partitioner on and what wakes the sender.
+        This is the per-record hot path: keep it to a few dictionary and list operations.
         """
         size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
         if headers:
@@ -182,31 +195,30 @@ class RecordAccumulator:
             raise errors.MessageTooLargeError(
                 f"record of {size} bytes exceeds batch_bytes_max={self.batch_bytes_max}", record_bytes=size
             )
-        queue = self.batches.get((topic, partition))
-        if queue is None:
-            queue = self.batches[(topic, partition)] = deque()
-        batch = queue[-1] if queue and not queue[-1].sealed else None
-        overflowed = False
+        tp = (topic, partition)
+        batch = self.open.get(tp)
+        full = False
         if batch is None or batch.size_bytes + size > self.batch_bytes_max:
             if batch is not None:
                 batch.sealed = True
-                overflowed = True
-            batch = ProducerBatch(topic, partition, now_s)
+                full = True
+            batch = self.open[tp] = ProducerBatch(topic, partition, now_s)
+            queue = self.batches.get(tp)
+            if queue is None:
+                queue = self.batches[tp] = deque()
             queue.append(batch)
-        index = len(batch.values)
-        batch.timestamps.append(timestamp_ms)
-        batch.keys.append(key)
-        batch.values.append(value)
-        batch.headers.append(headers)
+        records = batch.records
+        index = len(records)
+        records.append((timestamp_ms, key, value, headers))
         if headers:
             batch.has_headers = True
         batch.size_bytes += size
         self.buffered_bytes += size
-        full = batch.size_bytes >= self.batch_bytes_max - RECORD_OVERHEAD_BYTES
-        if full:
+        if batch.size_bytes >= self.batch_bytes_max - RECORD_OVERHEAD_BYTES:
             batch.sealed = True
-        full = full or overflowed
-        return RecordFuture(batch.result, index, topic, partition, timestamp_ms), full
+            del self.open[tp]
+            full = True
+        return RecordFuture(batch.result, index, timestamp_ms), full
 
     def ready(self, now_s: float, in_flight: set[tuple[str, int]]) -> list[ProducerBatch]:
         """Pop the head batch of every partition that may send now.
@@ -221,7 +233,9 @@ class RecordAccumulator:
             if head.retry_after_s > now_s:
                 continue
             if head.sealed or self.flushing or now_s - head.created_s >= self.linger_s:
-                head.sealed = True
+                if not head.sealed:
+                    head.sealed = True
+                    del self.open[key]
                 out.append(queue.popleft())
         return out
 
@@ -247,6 +261,7 @@ class RecordAccumulator:
         return sum(len(q) for q in self.batches.values())
 
     def abort_all(self, exc: BaseException) -> None:
+        self.open.clear()
         for queue in self.batches.values():
             while queue:
                 batch = queue.popleft()

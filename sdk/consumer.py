@@ -18,7 +18,8 @@ from typing import Any
 import zmq
 
 from fabric import errors
-from fabric.protocol import apis, batch as batch_format
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from sdk._client import Bootstrap, Connections, MetadataClient, TopicPartition
 
@@ -65,8 +66,21 @@ class RecordBatch:
 
     def records(self) -> Iterator[Record]:
         t, p, base = self.topic, self.partition, self.base_offset
-        for i, (ts, k, v, h) in enumerate(zip(self.timestamps, self.keys, self.values, self.headers)):
+        for i, (ts, k, v, h) in enumerate(zip(self.timestamps, self.keys, self.values, self.headers, strict=False)):
             yield Record(t, p, base + i, ts, k, v, h)
+
+
+class _RawBatch:
+    """A fetched batch not decoded yet: decoding waits until the caller takes it, so the
+    next fetch is already travelling while we decode (the node and we work in parallel)."""
+
+    __slots__ = ("buf", "partition", "skip", "topic")
+
+    def __init__(self, topic: str, partition: int, buf: Any, skip: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.buf = buf
+        self.skip = skip
 
 
 def _as_tp(item: TopicPartition | tuple[str, int]) -> TopicPartition:
@@ -88,8 +102,8 @@ class Consumer:
         auto_offset_reset: str = "earliest",
         fetch_max_wait_ms: int = 500,
         fetch_min_bytes: int = 1,
-        fetch_max_bytes: int = 32 * 1024 * 1024,
-        partition_fetch_bytes_max: int = 8 * 1024 * 1024,
+        fetch_max_bytes: int = 8 * 1024 * 1024,
+        partition_fetch_bytes_max: int = 2 * 1024 * 1024,
         request_timeout_ms: int = 30_000,
         check_crc: bool = True,
         context: zmq.Context[Any] | None = None,
@@ -109,7 +123,7 @@ class Consumer:
         self._positions: dict[TopicPartition, int] = {}  # next offset to hand to the caller
         self._fetch_positions: dict[TopicPartition, int] = {}  # next offset to ask a node for
         self._high_watermarks: dict[TopicPartition, int] = {}
-        self._buffer: deque[RecordBatch] = deque()
+        self._buffer: deque[RecordBatch | _RawBatch] = deque()
         self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int]]] = {}  # corr -> node, sent, {tp: pos}
         self._busy_nodes: set[str] = set()
         self._refresh_needed = True
@@ -248,7 +262,8 @@ class Consumer:
         out: list[RecordBatch] = []
         taken = 0
         while self._buffer and taken < max_records:
-            batch = self._buffer[0]
+            entry = self._buffer[0]
+            batch = entry if isinstance(entry, RecordBatch) else self._decode(entry)
             room = max_records - taken
             if len(batch) > room:
                 head = RecordBatch(batch.topic, batch.partition, batch.base_offset, batch.timestamps[:room],
@@ -263,6 +278,15 @@ class Consumer:
             out.append(batch)
             taken += len(batch)
         return out
+
+    def _decode(self, raw: _RawBatch) -> RecordBatch:
+        decoded = batch_format.decode_batch(raw.buf, check_crc=self.check_crc)
+        skip = raw.skip
+        if not skip:
+            return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset, decoded.timestamps,
+                               decoded.keys, decoded.values, decoded.headers)
+        return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset + skip, decoded.timestamps[skip:],
+                           decoded.keys[skip:], decoded.values[skip:], decoded.headers[skip:])
 
     def _send_fetches(self) -> None:
         if self._refresh_needed:
@@ -352,19 +376,12 @@ class Consumer:
             self._high_watermarks[tp] = result["high_watermark"]
             position = positions[tp]
             for buf in raw:
-                decoded = batch_format.decode_batch(buf, check_crc=self.check_crc)
-                skip = position - decoded.header.base_offset
-                if skip >= decoded.header.record_count:
+                header = batch_format.read_header(buf)
+                skip = position - header.base_offset
+                if skip >= header.record_count:
                     continue
-                skip = max(skip, 0)
-                self._buffer.append(RecordBatch(
-                    tp.topic, tp.partition, decoded.header.base_offset + skip,
-                    decoded.timestamps[skip:] if skip else decoded.timestamps,
-                    decoded.keys[skip:] if skip else decoded.keys,
-                    decoded.values[skip:] if skip else decoded.values,
-                    decoded.headers[skip:] if skip else decoded.headers,
-                ))
-                position = decoded.header.next_offset
+                self._buffer.append(_RawBatch(tp.topic, tp.partition, buf, max(skip, 0)))
+                position = header.next_offset
             self._fetch_positions[tp] = position
 
     def _check_timeouts(self) -> None:

@@ -16,11 +16,18 @@ from typing import Any
 import zmq
 
 from fabric import errors
-from fabric.protocol import apis, batch as batch_format
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
 from sdk._client import Bootstrap, Connections, MetadataClient
-from sdk.accumulator import Headers, ProducerBatch, RecordAccumulator, RecordFuture
+from sdk.accumulator import (
+    RECORD_OVERHEAD_BYTES,
+    Headers,
+    ProducerBatch,
+    RecordAccumulator,
+    RecordFuture,
+)
 
 log = logging.getLogger("fabric.producer")
 
@@ -110,7 +117,7 @@ class Producer:
         self._in_flight_keys: set[tuple[str, int]] = set()
         self._closed = False
         self._stop = threading.Event()
-        self._fatal: BaseException | None = None
+        self._refusal: BaseException | None = None  # why send() must refuse (closed, sender died)
         self._ctx = context or zmq.Context.instance()
         self._bootstrap = Bootstrap(bootstrap)
         wake = f"inproc://producer-wake-{id(self)}"
@@ -136,15 +143,13 @@ class Producer:
         callback: Any = None,
     ) -> RecordFuture:
         """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset)."""
-        value_b = _as_bytes(value, "value")
-        key_b = _as_bytes(key, "key")
+        value_b = value if value.__class__ is bytes else _as_bytes(value, "value")
+        key_b = key if key is None or key.__class__ is bytes else _as_bytes(key, "key")
         header_list = self._normalize_headers(headers) if headers else None
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         with self._lock:
-            if self._closed:
-                raise errors.ClientClosedError("send() after close()")
-            if self._fatal is not None:
-                raise self._fatal
+            if self._refusal is not None:
+                raise self._refusal
             count = self._partition_counts.get(topic)
             if count is None:
                 count = self._await_topic(topic)
@@ -157,8 +162,28 @@ class Producer:
                         partition = self._sticky[topic] = 0
             elif not 0 <= partition < count:
                 raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
-            size = 14 + (len(value_b) if value_b else 0) + (len(key_b) if key_b else 0)
-            if not self._acc.has_room(size):
+            acc = self._acc
+            size = RECORD_OVERHEAD_BYTES + (len(value_b) if value_b else 0) + (len(key_b) if key_b else 0)
+            # Fast path, most records: the partition's open batch has room and will not be
+            # filled by this record. It does what RecordAccumulator.append does for that
+            # case, without the call; everything else (new batch, full batch, headers,
+            # buffer limit) goes through append() below.
+            batch = acc.open.get((topic, partition))
+            if (
+                batch is not None
+                and header_list is None
+                and batch.size_bytes + size < acc.batch_bytes_max - RECORD_OVERHEAD_BYTES
+                and acc.buffered_bytes + size <= acc.buffer_bytes_max
+            ):
+                records = batch.records
+                future = RecordFuture(batch.result, len(records), ts)
+                records.append((ts, key_b, value_b, None))
+                batch.size_bytes += size
+                acc.buffered_bytes += size
+                if callback is not None:
+                    future.add_callback(callback)
+                return future
+            if acc.buffered_bytes + size > acc.buffer_bytes_max and not acc.has_room(size):
                 deadline = time.monotonic() + self.max_block_s
                 while not self._acc.has_room(size):
                     remaining = deadline - time.monotonic()
@@ -233,6 +258,7 @@ class Producer:
             log.warning("close(): flush timed out; failing what is left")
         with self._lock:
             self._closed = True
+            self._refusal = errors.ClientClosedError("send() after close()")
             self._space.notify_all()
         self._stop.set()
         self._wake()
@@ -267,11 +293,12 @@ class Producer:
         except Exception as exc:  # a bug, not an operating error: fail loudly, never hang
             log.exception("producer sender thread died")
             with self._lock:
-                self._fatal = errors.UnknownServerError(f"producer sender thread died: {exc!r}")
-                self._acc.abort_all(self._fatal)
+                fatal = errors.UnknownServerError(f"producer sender thread died: {exc!r}")
+                self._refusal = fatal
+                self._acc.abort_all(fatal)
                 for flight in self._in_flight.values():
                     for batch in flight.batches:
-                        batch.result.complete(-1, self._fatal)
+                        batch.result.complete(-1, fatal)
                 self._metadata_ready.notify_all()
                 self._space.notify_all()
         finally:
@@ -334,8 +361,8 @@ class Producer:
             return
         self._refresh_needed = False
         with self._lock:
-            for name, topic in metadata.topics.items():
-                self._partition_counts[name] = topic.partition_count
+            for name, topic_meta in metadata.topics.items():
+                self._partition_counts[name] = topic_meta.partition_count
             for topic in wanted:
                 if topic not in metadata.topics:
                     self._unknown_topics[topic] = errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
@@ -364,8 +391,9 @@ class Producer:
                 key = (batch.topic, batch.partition)
                 base_sequence = self._next_sequence.get(key, 0)
                 self._next_sequence[key] = base_sequence + batch.record_count
+            timestamps, keys, values, headers = batch.columns()
             batch.encoded = batch_format.encode_batch(
-                batch.timestamps, batch.keys, batch.values, batch.headers if batch.has_headers else None,
+                timestamps, keys, values, headers,
                 codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
                 base_sequence=base_sequence,
             )
@@ -412,9 +440,9 @@ class Producer:
             self._in_flight_keys.difference_update((b.topic, b.partition) for b in flight.batches)
         now = time.monotonic()
         if message.header.error_code:
-            exc = errors.error_for_code(message.header.error_code)(message.body.get("message", ""))
+            request_error = errors.error_for_code(message.header.error_code)(message.body.get("message", ""))
             for batch in flight.batches:
-                self._retry_or_fail(batch, exc, now)
+                self._retry_or_fail(batch, request_error, now)
             return
         results = {(r["topic"], r["partition"]): r for r in message.body["results"]}
         for batch in flight.batches:

@@ -22,7 +22,12 @@ from typing import Any, NamedTuple
 
 from fabric.errors import MalformedRequestError, UnknownApiError, UnsupportedVersionError
 from fabric.protocol import schema as s
-from fabric.protocol.header import Header, decode_header, encode_request_header, encode_response_header
+from fabric.protocol.header import (
+    Header,
+    decode_header,
+    encode_request_header,
+    encode_response_header,
+)
 from fabric.protocol.schema import Array, Schema, Struct
 
 

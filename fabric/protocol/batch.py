@@ -46,7 +46,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import NamedTuple
 
 import lz4.frame
@@ -360,7 +360,7 @@ def _slice_column(
         end = ends[-1]
         if end > len(records):
             raise CorruptMessageError(f"{what} lengths run past the records section")
-        return [records[s:e] for s, e in zip(ends, ends[1:])], end
+        return [records[s:e] for s, e in pairwise(ends)], end
     out: list[bytes | None] = []
     for length in lengths:
         if length == -1:

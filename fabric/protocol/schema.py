@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 from fabric.errors import MalformedRequestError
 from fabric.limits import ARRAY_ITEMS_MAX, STRING_BYTES_MAX
@@ -56,7 +56,7 @@ class Struct:
         return f"Struct({self.fields!r})"
 
 
-FieldType = Union[str, Array, Struct]
+FieldType = str | Array | Struct
 Schema = tuple[tuple[str, FieldType], ...]
 
 

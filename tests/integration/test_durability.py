@@ -40,7 +40,7 @@ def test_retention_by_bytes_and_time(zk_server: LocalZooKeeper, tmp_path: Path, 
             admin.create_topic(topic_name, partitions=1, config={"retention_bytes": 20_000})
             admin.create_topic(topic_name + "-t", partitions=1, config={"retention_ms": 300})
         with Producer(cluster.bootstrap, linger_ms=0, compression="none") as producer:
-            for i in range(100):
+            for _i in range(100):
                 producer.send(topic_name, b"x" * 1_000).result(10)  # one ~1 KB batch each
             producer.send(topic_name + "-t", b"short-lived").result(10)
         tp = TopicPartition(topic_name, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -48,7 +49,7 @@ def test_unkeyed_records_fill_partitions_stickily(cluster: LocalCluster, topic_n
         producer.flush(30)
         partitions = [f.result(0).partition for f in futures]
     # Sticky: runs of one partition the size of a full batch, not round robin per record.
-    changes = sum(1 for a, b in zip(partitions, partitions[1:]) if a != b)
+    changes = sum(1 for a, b in itertools.pairwise(partitions) if a != b)
     assert changes < 15
     assert set(partitions) == {0, 1, 2}
 
@@ -108,9 +109,10 @@ def test_seek_mid_batch_skips_earlier_records(cluster: LocalCluster, topic_name:
 
 
 def test_unknown_topic_is_a_clear_error(cluster: LocalCluster) -> None:
-    with Producer(cluster.bootstrap, max_block_ms=5_000) as producer:
-        with pytest.raises(errors.UnknownTopicOrPartitionError, match="no-such-topic"):
-            producer.send("no-such-topic", b"x")
+    with Producer(cluster.bootstrap, max_block_ms=5_000) as producer, pytest.raises(
+        errors.UnknownTopicOrPartitionError, match="no-such-topic"
+    ):
+        producer.send("no-such-topic", b"x")
     with Consumer(cluster.bootstrap) as consumer, pytest.raises(errors.UnknownTopicOrPartitionError):
         consumer.assign([TopicPartition("no-such-topic", 0)])
 

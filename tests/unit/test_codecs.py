@@ -195,5 +195,5 @@ def test_decode_request_frame_counts() -> None:
 def test_unknown_api_and_version() -> None:
     with pytest.raises(errors.UnknownApiError):
         apis.decode_request([encode_request_header(999, 0, 1), b""])
-    with pytest.raises(errors.UnsupportedVersionError, match="supported 0..0"):
+    with pytest.raises(errors.UnsupportedVersionError, match=r"supported 0\.\.0"):
         apis.decode_request([encode_request_header(ApiKey.METADATA, 7, 1), b""])

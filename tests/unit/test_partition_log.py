@@ -47,7 +47,7 @@ def test_append_read_and_reload(tmp_path: Path) -> None:
 def test_read_respects_budget_and_limit(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "db"))
     log = PartitionLog(store, "t", 0, incarnation=1)
-    for i in range(5):
+    for _i in range(5):
         append(log, store, [b"x" * 100] * 10)
     one = log.read(0, 1, log.log_end_offset)
     assert len(one) == 1  # at least one batch, however small the budget

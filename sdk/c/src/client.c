@@ -1,0 +1,493 @@
+/*
+ * client.c: sockets by node address, request/response plumbing and the routing map.
+ *
+ * Each node gets two DEALER sockets: "data" carries PRODUCE and FETCH with many requests
+ * in flight, "control" carries the synchronous METADATA and LIST_OFFSETS calls. Keeping
+ * them apart means a synchronous call never has to read (and drop) a PRODUCE answer.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void client_set_error(client_t *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->error, sizeof c->error, fmt, ap);
+    va_end(ap);
+}
+
+static char *dup_bytes(const char *s, size_t len) {
+    char *out = malloc(len + 1);
+    if (out) {
+        memcpy(out, s, len);
+        out[len] = '\0';
+    }
+    return out;
+}
+
+int client_init(client_t *c, const char *bootstrap) {
+    memset(c, 0, sizeof *c);
+    c->next_correlation_id = 1;
+    if (bootstrap == NULL || bootstrap[0] == '\0') {
+        client_set_error(c, "bootstrap is empty: give node addresses, tcp://host:port[,...]");
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
+    /* Split "a,b,c"; a bare "host:port" gets "tcp://". ZooKeeper bootstrap (zk://) is a
+     * Python SDK feature: the C client takes node addresses only. */
+    const char *p = bootstrap;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len > 0 && (*p == ' ' || *p == '\t')) p++, len--;
+        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        if (len > 0) {
+            if (len >= 5 && strncmp(p, "zk://", 5) == 0) {
+                client_set_error(c, "zk:// bootstrap is not supported by the C client: give node "
+                                    "addresses (tcp://host:port)");
+                client_close(c);
+                return FABRIC_ERR_INVALID_ARGUMENT;
+            }
+            if (c->bootstrap_count == BOOTSTRAP_ADDRESSES_MAX || len > ADDRESS_BYTES_MAX) {
+                client_set_error(c, "bootstrap has more than %d addresses or one above %d bytes",
+                                 BOOTSTRAP_ADDRESSES_MAX, ADDRESS_BYTES_MAX);
+                client_close(c);
+                return FABRIC_ERR_INVALID_ARGUMENT;
+            }
+            char *addr;
+            if (memchr(p, ':', len) && len > 3 && strstr(p, "://") && strstr(p, "://") < p + len) {
+                addr = dup_bytes(p, len);
+            } else {
+                addr = malloc(len + 7);
+                if (addr) {
+                    memcpy(addr, "tcp://", 6);
+                    memcpy(addr + 6, p, len);
+                    addr[len + 6] = '\0';
+                }
+            }
+            if (addr == NULL) {
+                client_close(c);
+                return FABRIC_ERR_NO_MEMORY;
+            }
+            c->bootstrap[c->bootstrap_count++] = addr;
+        }
+        if (!end) break;
+        p = end + 1;
+    }
+    if (c->bootstrap_count == 0) {
+        client_set_error(c, "bootstrap lists no address");
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
+    c->zctx = zmq_ctx_new();
+    if (c->zctx == NULL) {
+        client_close(c);
+        return FABRIC_ERR_TRANSPORT;
+    }
+    return 0;
+}
+
+static void close_socket(void **sock, int linger_ms) {
+    if (*sock) {
+        zmq_setsockopt(*sock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
+        zmq_close(*sock);
+        *sock = NULL;
+    }
+}
+
+static void free_topics(client_t *c) {
+    for (size_t i = 0; i < c->topic_count; i++) {
+        free(c->topics[i].name);
+        free(c->topics[i].leaders);
+        free(c->topics[i].leader_epochs);
+    }
+    free(c->topics);
+    c->topics = NULL;
+    c->topic_count = 0;
+}
+
+static void free_nodes(client_t *c) {
+    for (size_t i = 0; i < c->node_count; i++) free(c->node_addresses[i]);
+    c->node_count = 0;
+}
+
+void client_close(client_t *c) {
+    for (size_t i = 0; i < c->conn_count; i++) {
+        close_socket(&c->conns[i].data, c->data_linger_ms);
+        close_socket(&c->conns[i].control, 0);
+        free(c->conns[i].address);
+    }
+    c->conn_count = 0;
+    for (size_t i = 0; i < c->bootstrap_count; i++) free(c->bootstrap[i]);
+    c->bootstrap_count = 0;
+    free_nodes(c);
+    free_topics(c);
+    if (c->zctx) {
+        zmq_ctx_term(c->zctx);
+        c->zctx = NULL;
+    }
+}
+
+uint32_t client_next_id(client_t *c) {
+    uint32_t id = c->next_correlation_id++;
+    if (c->next_correlation_id == 0) c->next_correlation_id = 1;
+    return id;
+}
+
+static void *open_socket(client_t *c, const char *address, int linger_ms) {
+    void *s = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (s == NULL) return NULL;
+    int hwm = SOCKET_HWM_MESSAGES, one = 1;
+    int64_t max_bytes = FABRIC_RESPONSE_BYTES_MAX;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    /* The largest frame a node may send us; bigger ones close the connection in ZeroMQ
+     * before any of it reaches our memory. */
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max_bytes, sizeof max_bytes);
+    /* Without IMMEDIATE a DEALER queues messages for a peer that is not there; with it a
+     * send to a dead node fails fast and we try another route (as the Python SDK does). */
+    zmq_setsockopt(s, ZMQ_IMMEDIATE, &one, sizeof one);
+    if (zmq_connect(s, address) != 0) {
+        client_set_error(c, "cannot connect to %s: %s", address, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+conn_t *client_conn(client_t *c, const char *address) {
+    conn_t *conn = NULL;
+    for (size_t i = 0; i < c->conn_count; i++) {
+        if (strcmp(c->conns[i].address, address) == 0) {
+            conn = &c->conns[i];
+            break;
+        }
+    }
+    if (conn == NULL) {
+        if (c->conn_count == FABRIC_NODES_MAX) {
+            client_set_error(c, "more than FABRIC_NODES_MAX=%d node addresses", FABRIC_NODES_MAX);
+            return NULL;
+        }
+        conn = &c->conns[c->conn_count];
+        memset(conn, 0, sizeof *conn);
+        conn->address = dup_bytes(address, strlen(address));
+        if (conn->address == NULL) return NULL;
+        c->conn_count++;
+    }
+    if (conn->data == NULL) conn->data = open_socket(c, address, c->data_linger_ms);
+    if (conn->control == NULL) conn->control = open_socket(c, address, 0);
+    if (conn->data == NULL || conn->control == NULL) return NULL;
+    return conn;
+}
+
+void client_drop_data(client_t *c, conn_t *conn) {
+    (void)c;
+    close_socket(&conn->data, 0);
+}
+
+int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
+                uint32_t correlation_id, const fabric_buf_t *body,
+                const fabric_buf_t *const *batches, size_t batch_count) {
+    fabric_frame_header_t h = {FABRIC_PROTOCOL_VERSION, 0, api_key, 0, 0, correlation_id};
+    uint8_t header[FABRIC_HEADER_BYTES];
+    fabric_header_encode(&h, header);
+    int64_t deadline = now_ms() + CONNECT_WAIT_MS;
+    /* Once the first frame is queued ZeroMQ accepts the rest of the message, so only the
+     * first send can report EAGAIN (queue full, or no connected peer with IMMEDIATE). */
+    for (;;) {
+        if (zmq_send(sock, header, sizeof header, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) break;
+        if (errno != EAGAIN) {
+            client_set_error(c, "send to %s failed: %s", address, zmq_strerror(errno));
+            return FABRIC_ERR_TRANSPORT;
+        }
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            client_set_error(c, "node %s is not reachable (no connection within %d ms)", address,
+                             CONNECT_WAIT_MS);
+            return FABRIC_ERR_NODE_NOT_READY;
+        }
+        zmq_pollitem_t item = {sock, 0, ZMQ_POLLOUT, 0};
+        zmq_poll(&item, 1, left < 10 ? (long)left : 10);
+    }
+    int more = batch_count ? ZMQ_SNDMORE : 0;
+    if (zmq_send(sock, body->data ? (const void *)body->data : (const void *)"", body->len, more) <
+        0)
+        return FABRIC_ERR_TRANSPORT;
+    for (size_t i = 0; i < batch_count; i++) {
+        int flags = i + 1 < batch_count ? ZMQ_SNDMORE : 0;
+        if (zmq_send(sock, batches[i]->data, batches[i]->len, flags) < 0)
+            return FABRIC_ERR_TRANSPORT;
+    }
+    return 0;
+}
+
+void response_free(response_t *r) {
+    for (size_t i = 0; i < r->count; i++) zmq_msg_close(&r->frames[i]);
+    free(r->frames);
+    memset(r, 0, sizeof *r);
+}
+
+int client_recv(client_t *c, void *sock, response_t *out) {
+    memset(out, 0, sizeof *out);
+    int flags = ZMQ_DONTWAIT;
+    int too_many = 0;
+    for (;;) {
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, sock, flags) < 0) {
+            zmq_msg_close(&msg);
+            if (errno == EAGAIN && out->count == 0 && !too_many) return 1;
+            response_free(out);
+            client_set_error(c, "receive failed: %s", zmq_strerror(errno));
+            return FABRIC_ERR_TRANSPORT;
+        }
+        flags = 0; /* the rest of a multipart message is already here */
+        int more = zmq_msg_more(&msg);
+        /* Frames are kept only up to RESPONSE_FRAMES_MAX; beyond that the message is
+         * drained and refused, so a peer cannot make us keep an unbounded frame list. */
+        if (!too_many && out->count == out->cap) {
+            size_t cap = out->cap ? out->cap * 2 : 8;
+            if (cap > RESPONSE_FRAMES_MAX) cap = RESPONSE_FRAMES_MAX;
+            zmq_msg_t *frames =
+                out->count < RESPONSE_FRAMES_MAX ? realloc(out->frames, cap * sizeof *frames) : NULL;
+            if (frames == NULL) {
+                too_many = 1;
+            } else {
+                out->frames = frames;
+                out->cap = cap;
+            }
+        }
+        if (too_many) {
+            zmq_msg_close(&msg);
+        } else {
+            out->frames[out->count++] = msg;
+        }
+        if (!more) break;
+    }
+    if (too_many) {
+        response_free(out);
+        client_set_error(c, "response with more than %d frames refused", RESPONSE_FRAMES_MAX);
+        return FABRIC_ERR_MALFORMED_REQUEST;
+    }
+    if (out->count < 2) {
+        response_free(out);
+        client_set_error(c, "response has no body frame");
+        return FABRIC_ERR_MALFORMED_REQUEST;
+    }
+    int rc = fabric_header_decode(zmq_msg_data(&out->frames[0]), zmq_msg_size(&out->frames[0]),
+                                  &out->header, c->error, sizeof c->error);
+    if (rc) {
+        response_free(out);
+        return rc;
+    }
+    return 0;
+}
+
+int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf_t *body,
+                   int timeout_ms, response_t *out) {
+    memset(out, 0, sizeof *out);
+    uint32_t id = client_next_id(c);
+    int rc = client_send(c, conn->control, conn->address, api_key, id, body, NULL, 0);
+    if (rc) return rc;
+    int64_t deadline = now_ms() + timeout_ms;
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            /* A fresh control socket, so a late answer cannot be mistaken for a later one. */
+            close_socket(&conn->control, 0);
+            client_set_error(c, "request (api %u) to %s timed out after %d ms", api_key,
+                             conn->address, timeout_ms);
+            return FABRIC_ERR_REQUEST_TIMED_OUT;
+        }
+        zmq_pollitem_t item = {conn->control, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, (long)left) <= 0) continue;
+        rc = client_recv(c, conn->control, out);
+        if (rc == 1) continue;
+        if (rc) return rc;
+        if (out->header.correlation_id != id || out->header.api_key != api_key) {
+            response_free(out);
+            continue;
+        }
+        if (out->header.error_code != 0) {
+            int code = out->header.error_code;
+            fabric_arena_t arena;
+            fabric_arena_init(&arena);
+            fabric_error_body_t eb;
+            if (fabric_error_body_decode(zmq_msg_data(&out->frames[1]),
+                                         zmq_msg_size(&out->frames[1]), &arena, &eb, NULL, 0) == 0)
+                client_set_error(c, "%s from %s: %s", fabric_err_name(code), conn->address,
+                                 eb.message.data);
+            fabric_arena_free(&arena);
+            response_free(out);
+            return code;
+        }
+        return 0;
+    }
+}
+
+/* Replace the routing map with a decoded METADATA response. Topics not in the response
+ * keep their old entry (we may have asked for a subset). */
+static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
+    if (m->node_count > FABRIC_NODES_MAX) {
+        client_set_error(c, "METADATA lists %u nodes, above FABRIC_NODES_MAX=%d", m->node_count,
+                         FABRIC_NODES_MAX);
+        return FABRIC_ERR_MALFORMED_REQUEST;
+    }
+    free_nodes(c);
+    for (uint32_t i = 0; i < m->node_count; i++) {
+        c->node_ids[i] = m->nodes[i].node_id;
+        c->node_addresses[i] = dup_bytes(m->nodes[i].address.data, m->nodes[i].address.len);
+        if (c->node_addresses[i] == NULL) return FABRIC_ERR_NO_MEMORY;
+        c->node_count = i + 1;
+    }
+    for (uint32_t t = 0; t < m->topic_count; t++) {
+        const fabric_metadata_topic_t *mt = &m->topics[t];
+        topic_meta_t *tm = (topic_meta_t *)client_topic(c, mt->name.data);
+        if (tm == NULL) {
+            topic_meta_t *grown = realloc(c->topics, (c->topic_count + 1) * sizeof *grown);
+            if (grown == NULL) return FABRIC_ERR_NO_MEMORY;
+            c->topics = grown;
+            tm = &c->topics[c->topic_count];
+            memset(tm, 0, sizeof *tm);
+            tm->name = dup_bytes(mt->name.data, mt->name.len);
+            if (tm->name == NULL) return FABRIC_ERR_NO_MEMORY;
+            c->topic_count++;
+        }
+        tm->error = mt->error;
+        tm->message_bytes_max = mt->message_bytes_max;
+        /* Partitions are listed by number; a topic's count only ever grows. */
+        int32_t count = 0;
+        for (uint32_t k = 0; k < mt->partition_count; k++) {
+            int32_t p = mt->partitions[k].partition;
+            if (p < 0 || (uint32_t)p >= mt->partition_count) {
+                client_set_error(c, "METADATA: topic %s lists partition %d of %u", tm->name, p,
+                                 mt->partition_count);
+                return FABRIC_ERR_MALFORMED_REQUEST;
+            }
+            if (p + 1 > count) count = p + 1;
+        }
+        int32_t *leaders = malloc(sizeof(int32_t) * (size_t)(count ? count : 1));
+        int32_t *epochs = malloc(sizeof(int32_t) * (size_t)(count ? count : 1));
+        if (leaders == NULL || epochs == NULL) {
+            free(leaders);
+            free(epochs);
+            return FABRIC_ERR_NO_MEMORY;
+        }
+        for (int32_t k = 0; k < count; k++) leaders[k] = -1, epochs[k] = -1;
+        for (uint32_t k = 0; k < mt->partition_count; k++) {
+            const fabric_partition_state_t *ps = &mt->partitions[k];
+            leaders[ps->partition] = ps->error ? -1 : ps->leader;
+            epochs[ps->partition] = ps->leader_epoch;
+        }
+        free(tm->leaders);
+        free(tm->leader_epochs);
+        tm->leaders = leaders;
+        tm->leader_epochs = epochs;
+        tm->partition_count = count;
+    }
+    return 0;
+}
+
+static int metadata_from(client_t *c, const char *address, const fabric_buf_t *body) {
+    conn_t *conn = client_conn(c, address);
+    if (conn == NULL) return FABRIC_ERR_TRANSPORT;
+    response_t resp;
+    int rc = client_request(c, conn, FABRIC_API_METADATA, body, METADATA_TIMEOUT_MS, &resp);
+    if (rc) return rc;
+    fabric_arena_t arena;
+    fabric_arena_init(&arena);
+    fabric_metadata_response_t m;
+    rc = fabric_metadata_response_decode(zmq_msg_data(&resp.frames[1]),
+                                         zmq_msg_size(&resp.frames[1]), &arena, &m, c->error,
+                                         sizeof c->error);
+    if (rc == 0 && resp.count != 2) {
+        client_set_error(c, "METADATA response has %zu frames, expected 2", resp.count);
+        rc = FABRIC_ERR_MALFORMED_REQUEST;
+    }
+    if (rc == 0) rc = apply_metadata(c, &m);
+    fabric_arena_free(&arena);
+    response_free(&resp);
+    return rc;
+}
+
+int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic_count) {
+    fabric_buf_t body;
+    fabric_buf_init(&body);
+    fabric_buf_put_u32(&body, (uint32_t)topic_count);
+    for (size_t i = 0; i < topic_count; i++) fabric_buf_put_str(&body, topics[i], strlen(topics[i]));
+    if (body.err) {
+        fabric_buf_free(&body);
+        client_set_error(c, "topic name too long");
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
+    /* Known nodes first (the cluster may have moved on from the bootstrap list), then the
+     * bootstrap addresses. Copies, because a successful answer replaces the node list. */
+    char *candidates[FABRIC_NODES_MAX + BOOTSTRAP_ADDRESSES_MAX];
+    size_t n = 0;
+    for (size_t i = 0; i < c->node_count; i++) candidates[n++] = dup_bytes(c->node_addresses[i], strlen(c->node_addresses[i]));
+    for (size_t i = 0; i < c->bootstrap_count; i++) candidates[n++] = dup_bytes(c->bootstrap[i], strlen(c->bootstrap[i]));
+    int rc = FABRIC_ERR_NO_NODES;
+    char last[ERROR_TEXT_BYTES] = "";
+    for (size_t i = 0; i < n; i++) {
+        if (candidates[i] == NULL) continue;
+        int attempt = metadata_from(c, candidates[i], &body);
+        if (attempt == 0) {
+            rc = 0;
+            break;
+        }
+        snprintf(last, sizeof last, "%s", c->error);
+        if (attempt == FABRIC_ERR_NO_MEMORY) {
+            rc = attempt;
+            break;
+        }
+    }
+    for (size_t i = 0; i < n; i++) free(candidates[i]);
+    fabric_buf_free(&body);
+    if (rc == FABRIC_ERR_NO_NODES)
+        client_set_error(c, "no node answered METADATA; last error: %s", last);
+    return rc;
+}
+
+const topic_meta_t *client_topic(const client_t *c, const char *name) {
+    for (size_t i = 0; i < c->topic_count; i++) {
+        if (strcmp(c->topics[i].name, name) == 0) return &c->topics[i];
+    }
+    return NULL;
+}
+
+const char *client_leader(const client_t *c, const char *topic, int32_t partition) {
+    const topic_meta_t *t = client_topic(c, topic);
+    if (t == NULL || partition < 0 || partition >= t->partition_count) return NULL;
+    int32_t leader = t->leaders[partition];
+    if (leader < 0) return NULL;
+    for (size_t i = 0; i < c->node_count; i++) {
+        if (c->node_ids[i] == leader) return c->node_addresses[i];
+    }
+    return NULL;
+}
+
+int fabric_topic_partition_count(const char *bootstrap, const char *topic, int timeout_ms,
+                                 int32_t *count) {
+    (void)timeout_ms; /* each attempt is bounded by METADATA_TIMEOUT_MS */
+    client_t c;
+    int rc = client_init(&c, bootstrap);
+    if (rc) return rc;
+    rc = client_refresh_metadata(&c, &topic, 1);
+    if (rc == 0) {
+        const topic_meta_t *t = client_topic(&c, topic);
+        if (t == NULL || t->error) rc = t ? t->error : FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+        else *count = t->partition_count;
+    }
+    client_close(&c);
+    return rc;
+}

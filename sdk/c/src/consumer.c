@@ -1,0 +1,417 @@
+/*
+ * consumer.c: assigned partitions -> FETCH long-polls -> decoded batches -> records.
+ *
+ * Synchronous and single-threaded: fabric_consumer_poll hands out the records of the
+ * current batch; when they run out it decodes the next batch frame of the current FETCH
+ * answer; when those run out it sends one FETCH to the next leader (round robin over
+ * the leaders of the assigned partitions) and waits for it. Positions advance per record
+ * returned, so a record below the position (the first batch of a fetch may start before
+ * fetch_offset) is skipped.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ASSIGNMENTS_MAX 10000   /* partitions one consumer reads */
+#define LIST_OFFSETS_TIMEOUT_MS 5000
+
+typedef struct cpart {
+    char *topic;
+    int32_t partition;
+    int64_t position;       /* >= 0, or FABRIC_OFFSET_BEGINNING/END until resolved */
+    int64_t retry_after_ms; /* back off after a retriable error */
+} cpart_t;
+
+struct fabric_consumer {
+    client_t client;
+    fabric_consumer_config_t cfg;
+    cpart_t *parts;
+    size_t part_count;
+    int metadata_ready;
+    size_t next_leader; /* round robin over conns */
+
+    /* The FETCH answer being consumed. */
+    response_t resp;
+    fabric_arena_t arena;
+    fabric_fetch_response_t body;
+    size_t frame_index;  /* next batch frame in resp */
+    uint32_t result_index; /* the partition result the next frame belongs to */
+    uint32_t frames_left_in_result;
+    int have_resp;
+
+    /* The batch whose records are being handed out. */
+    fabric_batch_t *batch;
+    uint32_t record_index;
+    cpart_t *batch_part;
+};
+
+void fabric_consumer_config_init(fabric_consumer_config_t *c) {
+    c->max_wait_ms = 500;
+    c->max_bytes = 16 * 1024 * 1024;
+    c->partition_bytes_max = 4 * 1024 * 1024;
+    c->request_timeout_ms = 30000;
+    c->retry_backoff_ms = 100;
+    c->offset_reset = FABRIC_RESET_EARLIEST;
+}
+
+int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
+                        const fabric_consumer_config_t *config) {
+    *out = NULL;
+    fabric_consumer_config_t cfg;
+    if (config) cfg = *config;
+    else fabric_consumer_config_init(&cfg);
+    if (cfg.max_wait_ms < 0 || cfg.max_wait_ms > 60000 || cfg.max_bytes <= 0 ||
+        cfg.partition_bytes_max <= 0 || cfg.request_timeout_ms <= 0 || cfg.retry_backoff_ms < 0 ||
+        cfg.offset_reset < FABRIC_RESET_EARLIEST || cfg.offset_reset > FABRIC_RESET_NONE)
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    fabric_consumer_t *c = calloc(1, sizeof *c);
+    if (c == NULL) return FABRIC_ERR_NO_MEMORY;
+    int rc = client_init(&c->client, bootstrap);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->cfg = cfg;
+    fabric_arena_init(&c->arena);
+    *out = c;
+    return 0;
+}
+
+const char *fabric_consumer_last_error(const fabric_consumer_t *c) { return c->client.error; }
+
+static cpart_t *find_part(fabric_consumer_t *c, const char *topic, int32_t partition) {
+    for (size_t i = 0; i < c->part_count; i++) {
+        if (c->parts[i].partition == partition && strcmp(c->parts[i].topic, topic) == 0)
+            return &c->parts[i];
+    }
+    return NULL;
+}
+
+static void drop_response(fabric_consumer_t *c) {
+    fabric_batch_free(c->batch);
+    c->batch = NULL;
+    c->batch_part = NULL;
+    if (c->have_resp) response_free(&c->resp);
+    c->have_resp = 0;
+    fabric_arena_free(&c->arena);
+}
+
+int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t partition,
+                           int64_t offset) {
+    if (topic == NULL || partition < 0 || offset < FABRIC_OFFSET_BEGINNING)
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    cpart_t *existing = find_part(c, topic, partition);
+    /* Re-assigning seeks: whatever was fetched for the old position is dropped. */
+    drop_response(c);
+    if (existing) {
+        existing->position = offset;
+        return 0;
+    }
+    if (c->part_count == ASSIGNMENTS_MAX) return FABRIC_ERR_INVALID_ARGUMENT;
+    cpart_t *parts = realloc(c->parts, (c->part_count + 1) * sizeof *parts);
+    if (parts == NULL) return FABRIC_ERR_NO_MEMORY;
+    c->parts = parts;
+    cpart_t *p = &c->parts[c->part_count];
+    p->topic = malloc(strlen(topic) + 1);
+    if (p->topic == NULL) return FABRIC_ERR_NO_MEMORY;
+    strcpy(p->topic, topic);
+    p->partition = partition;
+    p->position = offset;
+    p->retry_after_ms = 0;
+    c->part_count++;
+    c->metadata_ready = 0;
+    return 0;
+}
+
+int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t partition,
+                             int64_t *offset) {
+    cpart_t *p = find_part(c, topic, partition);
+    if (p == NULL) return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+    *offset = p->position;
+    return 0;
+}
+
+static int refresh(fabric_consumer_t *c) {
+    const char **names = malloc(sizeof(char *) * (c->part_count + 1));
+    if (names == NULL) return FABRIC_ERR_NO_MEMORY;
+    for (size_t i = 0; i < c->part_count; i++) names[i] = c->parts[i].topic;
+    int rc = client_refresh_metadata(&c->client, names, c->part_count);
+    free(names);
+    if (rc == 0) c->metadata_ready = 1;
+    return rc;
+}
+
+/* Resolve FABRIC_OFFSET_BEGINNING/END with LIST_OFFSETS to the partition's leader. */
+static int resolve_position(fabric_consumer_t *c, cpart_t *p) {
+    const char *address = client_leader(&c->client, p->topic, p->partition);
+    if (address == NULL) {
+        const topic_meta_t *t = client_topic(&c->client, p->topic);
+        if (t && (t->error || p->partition >= t->partition_count)) {
+            client_set_error(&c->client, "%s/%d: no such topic or partition", p->topic, p->partition);
+            return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+        }
+        return FABRIC_ERR_LEADER_NOT_AVAILABLE;
+    }
+    conn_t *conn = client_conn(&c->client, address);
+    if (conn == NULL) return FABRIC_ERR_TRANSPORT;
+    fabric_buf_t body;
+    fabric_buf_init(&body);
+    fabric_list_offsets_partition_t item = {fabric_str(p->topic), p->partition, p->position};
+    fabric_list_offsets_request_t req = {&item, 1};
+    fabric_list_offsets_request_encode(&req, &body);
+    response_t resp;
+    int rc = body.err ? body.err
+                      : client_request(&c->client, conn, FABRIC_API_LIST_OFFSETS, &body,
+                                       LIST_OFFSETS_TIMEOUT_MS, &resp);
+    fabric_buf_free(&body);
+    if (rc) return rc;
+    fabric_arena_t arena;
+    fabric_arena_init(&arena);
+    fabric_list_offsets_response_t lo;
+    rc = fabric_list_offsets_response_decode(zmq_msg_data(&resp.frames[1]),
+                                             zmq_msg_size(&resp.frames[1]), &arena, &lo,
+                                             c->client.error, sizeof c->client.error);
+    if (rc == 0 && lo.partition_count != 1) rc = FABRIC_ERR_MALFORMED_REQUEST;
+    if (rc == 0 && lo.partitions[0].error) {
+        rc = lo.partitions[0].error;
+        client_set_error(&c->client, "LIST_OFFSETS %s/%d: %s", p->topic, p->partition,
+                         fabric_err_name(rc));
+    }
+    if (rc == 0) p->position = lo.partitions[0].offset;
+    fabric_arena_free(&arena);
+    response_free(&resp);
+    return rc;
+}
+
+/* Retriable trouble with a partition: refresh the map later and back off. */
+static void back_off(fabric_consumer_t *c, cpart_t *p, int64_t now) {
+    c->metadata_ready = 0;
+    p->retry_after_ms = now + c->cfg.retry_backoff_ms;
+}
+
+/* Send one FETCH to the next leader that has ready partitions and wait for the answer.
+ * Returns 0 with c->have_resp set (or not, if nothing was ready), or an error. */
+static int fetch(fabric_consumer_t *c, int64_t deadline) {
+    int64_t now = now_ms();
+    if (!c->metadata_ready) {
+        int rc = refresh(c);
+        if (rc && !fabric_err_retriable(rc)) return rc;
+        if (rc) return 0; /* try again on the next turn */
+    }
+    for (size_t i = 0; i < c->part_count; i++) {
+        cpart_t *p = &c->parts[i];
+        if (p->position >= 0 || p->retry_after_ms > now) continue;
+        int rc = resolve_position(c, p);
+        if (rc && !fabric_err_retriable(rc)) return rc;
+        if (rc) back_off(c, p, now);
+    }
+    /* Pick a leader round robin; collect its ready partitions. */
+    const char *leader = NULL;
+    for (size_t k = 0; k < c->part_count && leader == NULL; k++) {
+        cpart_t *p = &c->parts[(c->next_leader + k) % c->part_count];
+        if (p->position < 0 || p->retry_after_ms > now) continue;
+        leader = client_leader(&c->client, p->topic, p->partition);
+        if (leader == NULL) {
+            const topic_meta_t *t = client_topic(&c->client, p->topic);
+            if (t && (t->error || p->partition >= t->partition_count)) {
+                client_set_error(&c->client, "%s/%d: no such topic or partition", p->topic,
+                                 p->partition);
+                return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+            }
+            back_off(c, p, now);
+        }
+    }
+    c->next_leader++;
+    if (leader == NULL) {
+        /* Everything is backing off: wait a little, bounded by the caller's deadline. */
+        int64_t nap = c->cfg.retry_backoff_ms;
+        if (deadline - now < nap) nap = deadline - now;
+        if (nap > 0) {
+            struct timespec ts = {nap / 1000, (long)(nap % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        return 0;
+    }
+    conn_t *conn = client_conn(&c->client, leader);
+    if (conn == NULL) return FABRIC_ERR_TRANSPORT;
+    fabric_fetch_partition_t *items = malloc(c->part_count * sizeof *items);
+    if (items == NULL) return FABRIC_ERR_NO_MEMORY;
+    uint32_t n = 0;
+    for (size_t i = 0; i < c->part_count; i++) {
+        cpart_t *p = &c->parts[i];
+        if (p->position < 0 || p->retry_after_ms > now) continue;
+        const char *a = client_leader(&c->client, p->topic, p->partition);
+        if (a == NULL || strcmp(a, leader) != 0) continue;
+        fabric_fetch_partition_t item = {fabric_str(p->topic), p->partition, p->position,
+                                         c->cfg.partition_bytes_max, -1};
+        items[n++] = item;
+    }
+    int64_t left = deadline - now;
+    int32_t max_wait = c->cfg.max_wait_ms;
+    if (left < max_wait) max_wait = left < 0 ? 0 : (int32_t)left;
+    fabric_fetch_request_t req = {-1, max_wait, 1, c->cfg.max_bytes, items, n};
+    fabric_buf_t body;
+    fabric_buf_init(&body);
+    fabric_fetch_request_encode(&req, &body);
+    free(items);
+    uint32_t id = client_next_id(&c->client);
+    int rc = body.err ? body.err
+                      : client_send(&c->client, conn->data, conn->address, FABRIC_API_FETCH, id,
+                                    &body, NULL, 0);
+    fabric_buf_free(&body);
+    if (rc) {
+        if (!fabric_err_retriable(rc) && rc != FABRIC_ERR_TRANSPORT) return rc;
+        for (size_t i = 0; i < c->part_count; i++) back_off(c, &c->parts[i], now);
+        return 0;
+    }
+    /* The node holds the fetch up to max_wait; allow request_timeout_ms on top. */
+    int64_t answer_deadline = now_ms() + max_wait + c->cfg.request_timeout_ms;
+    for (;;) {
+        int64_t wait = answer_deadline - now_ms();
+        if (wait <= 0) {
+            client_drop_data(&c->client, conn);
+            client_set_error(&c->client, "FETCH to %s: no answer within %d ms", conn->address,
+                             max_wait + c->cfg.request_timeout_ms);
+            for (size_t i = 0; i < c->part_count; i++) back_off(c, &c->parts[i], now_ms());
+            return 0;
+        }
+        zmq_pollitem_t item = {conn->data, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, (long)wait) <= 0) continue;
+        response_t r;
+        rc = client_recv(&c->client, conn->data, &r);
+        if (rc == 1) continue;
+        if (rc) return rc;
+        if (r.header.correlation_id != id || r.header.api_key != FABRIC_API_FETCH) {
+            response_free(&r); /* the answer to a fetch we gave up on */
+            continue;
+        }
+        c->resp = r;
+        c->have_resp = 1;
+        break;
+    }
+    const uint8_t *frame = zmq_msg_data(&c->resp.frames[1]);
+    size_t frame_len = zmq_msg_size(&c->resp.frames[1]);
+    if (c->resp.header.error_code) {
+        int code = c->resp.header.error_code;
+        fabric_error_body_t eb;
+        if (fabric_error_body_decode(frame, frame_len, &c->arena, &eb, NULL, 0) == 0)
+            client_set_error(&c->client, "FETCH: %s: %s", fabric_err_name(code), eb.message.data);
+        drop_response(c);
+        if (fabric_err_retriable(code)) {
+            for (size_t i = 0; i < c->part_count; i++) back_off(c, &c->parts[i], now_ms());
+            return 0;
+        }
+        return code;
+    }
+    rc = fabric_fetch_response_decode(frame, frame_len, &c->arena, &c->body, c->client.error,
+                                      sizeof c->client.error);
+    uint64_t frames = 0;
+    for (uint32_t i = 0; rc == 0 && i < c->body.partition_count; i++)
+        frames += c->body.partitions[i].batch_count;
+    if (rc == 0 && frames != c->resp.count - 2) {
+        client_set_error(&c->client, "FETCH answer has %zu batch frames, body announces %llu",
+                         c->resp.count - 2, (unsigned long long)frames);
+        rc = FABRIC_ERR_MALFORMED_REQUEST;
+    }
+    if (rc) {
+        drop_response(c);
+        return rc;
+    }
+    /* Per-partition errors. */
+    for (uint32_t i = 0; i < c->body.partition_count; i++) {
+        const fabric_fetch_partition_result_t *res = &c->body.partitions[i];
+        cpart_t *p = find_part(c, res->topic.data, res->partition);
+        if (p == NULL || res->error == 0) continue;
+        if (res->error == FABRIC_ERR_OFFSET_OUT_OF_RANGE) {
+            if (c->cfg.offset_reset == FABRIC_RESET_NONE) {
+                client_set_error(&c->client, "%s/%d: offset %lld outside [%lld, %lld]", p->topic,
+                                 p->partition, (long long)p->position,
+                                 (long long)res->log_start_offset, (long long)res->log_end_offset);
+                drop_response(c);
+                return FABRIC_ERR_OFFSET_OUT_OF_RANGE;
+            }
+            p->position = c->cfg.offset_reset == FABRIC_RESET_EARLIEST ? res->log_start_offset
+                                                                        : res->log_end_offset;
+        } else if (fabric_err_retriable(res->error)) {
+            back_off(c, p, now_ms());
+        } else {
+            client_set_error(&c->client, "FETCH %s/%d: %s", p->topic, p->partition,
+                             fabric_err_name(res->error));
+            int code = res->error;
+            drop_response(c);
+            return code;
+        }
+    }
+    c->frame_index = 2;
+    c->result_index = 0;
+    c->frames_left_in_result = c->body.partition_count ? c->body.partitions[0].batch_count : 0;
+    return 0;
+}
+
+/* Decode the next batch frame of the current answer into c->batch. 1 = no frames left. */
+static int next_batch(fabric_consumer_t *c) {
+    if (!c->have_resp || c->frame_index >= c->resp.count) return 1;
+    while (c->frames_left_in_result == 0) {
+        c->result_index++;
+        if (c->result_index >= c->body.partition_count) return 1;
+        c->frames_left_in_result = c->body.partitions[c->result_index].batch_count;
+    }
+    const fabric_fetch_partition_result_t *res = &c->body.partitions[c->result_index];
+    zmq_msg_t *frame = &c->resp.frames[c->frame_index++];
+    c->frames_left_in_result--;
+    cpart_t *p = find_part(c, res->topic.data, res->partition);
+    if (p == NULL) return 0; /* not ours (any more): skip the frame */
+    char err[ERROR_TEXT_BYTES];
+    int rc = fabric_batch_decode(zmq_msg_data(frame), zmq_msg_size(frame), &c->batch, err, sizeof err);
+    if (rc) {
+        client_set_error(&c->client, "%s/%d at offset %lld: %s", p->topic, p->partition,
+                         (long long)p->position, err);
+        return rc;
+    }
+    c->batch_part = p;
+    c->record_index = 0;
+    return 0;
+}
+
+int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record) {
+    *record = NULL;
+    if (c->part_count == 0) return FABRIC_ERR_INVALID_ARGUMENT;
+    int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int fetched = 0; /* poll(0) still makes one fetch (with max_wait 0), so it can progress */
+    for (;;) {
+        if (c->batch) {
+            cpart_t *p = c->batch_part;
+            while (c->record_index < c->batch->record_count) {
+                fabric_record_t *r = &c->batch->records[c->record_index++];
+                if (r->offset < p->position) continue; /* below what we asked for */
+                p->position = r->offset + 1;
+                r->topic = p->topic;
+                r->partition = p->partition;
+                *record = r;
+                return 0;
+            }
+            fabric_batch_free(c->batch);
+            c->batch = NULL;
+        }
+        int rc = next_batch(c);
+        if (rc == 0) continue;
+        drop_response(c);
+        if (rc != 1) return rc;
+        if (fetched && now_ms() >= deadline) return 0;
+        rc = fetch(c, deadline);
+        fetched = 1;
+        if (rc) return rc;
+    }
+}
+
+void fabric_consumer_destroy(fabric_consumer_t *c) {
+    if (c == NULL) return;
+    drop_response(c);
+    for (size_t i = 0; i < c->part_count; i++) free(c->parts[i].topic);
+    free(c->parts);
+    client_close(&c->client);
+    free(c);
+}

@@ -1,0 +1,92 @@
+/*
+ * internal.h: what the producer and the consumer share: sockets by node address, the
+ * routing map from METADATA, received messages, a monotonic clock. Not installed.
+ */
+#ifndef FABRIC_INTERNAL_H
+#define FABRIC_INTERNAL_H
+
+#include "../fabric.h"
+
+#include <zmq.h>
+
+/* Timing and sizing constants, with their units. */
+#define CONNECT_WAIT_MS 1000       /* a send to a node we cannot reach fails after this */
+#define METADATA_TIMEOUT_MS 5000   /* one METADATA attempt to one node */
+#define SOCKET_HWM_MESSAGES 10000  /* ZeroMQ send/receive queue length, in messages */
+#define ACKS0_CLOSE_LINGER_MS 5000 /* acks=0 data may still be queued at close */
+#define RESPONSE_FRAMES_MAX 1000002 /* header + body + batches; see client_recv */
+#define ERROR_TEXT_BYTES 512
+#define BOOTSTRAP_ADDRESSES_MAX 64
+#define ADDRESS_BYTES_MAX 1024
+
+typedef struct conn {
+    char *address;
+    void *data;    /* DEALER for PRODUCE and FETCH, many requests in flight */
+    void *control; /* DEALER for synchronous METADATA and LIST_OFFSETS */
+} conn_t;
+
+typedef struct topic_meta {
+    char *name;
+    int16_t error;
+    int32_t message_bytes_max;
+    int32_t partition_count;
+    int32_t *leaders;       /* node id per partition, -1 = none */
+    int32_t *leader_epochs; /* per partition */
+} topic_meta_t;
+
+typedef struct client {
+    void *zctx;
+    char *bootstrap[BOOTSTRAP_ADDRESSES_MAX];
+    size_t bootstrap_count;
+    conn_t conns[FABRIC_NODES_MAX];
+    size_t conn_count;
+    int32_t node_ids[FABRIC_NODES_MAX];
+    char *node_addresses[FABRIC_NODES_MAX];
+    size_t node_count;
+    topic_meta_t *topics;
+    size_t topic_count;
+    uint32_t next_correlation_id;
+    int data_linger_ms;
+    char error[ERROR_TEXT_BYTES];
+} client_t;
+
+/* One received multipart message: frames[0] header, frames[1] body, then batches. */
+typedef struct response {
+    zmq_msg_t *frames;
+    size_t count;
+    size_t cap;
+    fabric_frame_header_t header;
+} response_t;
+
+int64_t now_ms(void);
+void client_set_error(client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int client_init(client_t *c, const char *bootstrap);
+void client_close(client_t *c);
+conn_t *client_conn(client_t *c, const char *address);
+/* Close a conn's data socket, discarding what is queued on it; it reopens on next use. */
+void client_drop_data(client_t *c, conn_t *conn);
+uint32_t client_next_id(client_t *c);
+
+/* Send [header, body, batches...] without blocking longer than CONNECT_WAIT_MS.
+ * NODE_NOT_READY when the node cannot take it. */
+int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
+                uint32_t correlation_id, const fabric_buf_t *body,
+                const fabric_buf_t *const *batches, size_t batch_count);
+/* Receive one whole message without waiting. 0 = got one, 1 = none, else an error. */
+int client_recv(client_t *c, void *sock, response_t *out);
+void response_free(response_t *r);
+
+/* Synchronous request on the conn's control socket; answers to other ids are dropped.
+ * A non-zero header error_code is returned as the result, with its message in c->error. */
+int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf_t *body,
+                   int timeout_ms, response_t *out);
+
+/* METADATA for these topics (NULL/0 = all) from any node that answers: known nodes
+ * first, then the bootstrap list. */
+int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic_count);
+const topic_meta_t *client_topic(const client_t *c, const char *name);
+/* The leader's address, or NULL when the map has no leader for it. */
+const char *client_leader(const client_t *c, const char *topic, int32_t partition);
+
+#endif

@@ -1,0 +1,792 @@
+/*
+ * producer.c: records -> per-partition batches -> PRODUCE requests, with retries.
+ *
+ * Shape (as in aiokafka's accumulator and the Python SDK): every partition has one open
+ * batch builder and a FIFO of closed, encoded batches. A batch closes when the next
+ * record would push it past batch_bytes_max, or linger_ms after its first record. Ready
+ * batches are grouped by leader into one PRODUCE request per node (up to
+ * REQUEST_BATCHES_MAX). At most one batch per partition is in flight, so a retry (same
+ * bytes, after a METADATA refresh and retry_backoff_ms) cannot reorder records.
+ *
+ * No background thread: I/O happens inside fabric_produce (when a batch closed, a timer
+ * is due, or every IO_EVERY_RECORDS records while requests are in flight),
+ * fabric_producer_poll and fabric_producer_flush.
+ */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define REQUEST_BATCHES_MAX 64      /* batches per PRODUCE request to one node */
+#define IO_EVERY_RECORDS 64         /* fabric_produce checks for answers this often */
+#define PRODUCE_TIMEOUT_MS_MAX 300000 /* the node refuses a larger timeout_ms */
+#define POLL_SLICE_MS_MAX 100        /* the longest single wait inside poll/flush */
+
+typedef struct pqueue pqueue_t;
+
+typedef struct pbatch {
+    struct pbatch *next;
+    pqueue_t *queue;
+    fabric_buf_t bytes; /* the encoded batch frame, resent as is on retry */
+    uint32_t record_count;
+    size_t buffered_bytes; /* what this batch counts against buffer_bytes_max */
+    int64_t created_ms;
+    int64_t retry_after_ms;
+    int attempts;
+} pbatch_t;
+
+typedef struct ptopic ptopic_t;
+
+struct pqueue {
+    ptopic_t *topic;
+    int32_t partition;
+    fabric_batch_builder_t open;
+    int64_t open_since_ms;
+    size_t open_buffered_bytes;
+    pbatch_t *head, *tail; /* closed batches, oldest first */
+    pbatch_t *in_flight;
+};
+
+struct ptopic {
+    char *name;
+    int32_t partition_count;
+    pqueue_t **queues; /* partition_count of them */
+    int32_t sticky;    /* the partition keyless records go to now */
+};
+
+typedef struct inflight {
+    uint32_t correlation_id;
+    size_t conn_index;
+    int64_t sent_ms;
+    pbatch_t *batches[REQUEST_BATCHES_MAX];
+    size_t count;
+} inflight_t;
+
+struct fabric_producer {
+    client_t client;
+    fabric_producer_config_t cfg;
+    fabric_batch_options_t batch_options;
+    ptopic_t **topics;
+    size_t topic_count;
+    inflight_t *inflight;
+    size_t inflight_count, inflight_cap;
+    size_t buffered_bytes;
+    size_t batches_pending; /* closed and not yet acknowledged or failed */
+    size_t open_records;    /* records in open builders */
+    int refresh_needed;
+    int64_t refresh_after_ms;
+    int64_t next_timer_ms; /* earliest linger, retry or request deadline; INT64_MAX = none */
+    int flushing;
+    unsigned records_since_io;
+};
+
+void fabric_producer_config_init(fabric_producer_config_t *c) {
+    memset(c, 0, sizeof *c);
+    c->acks = 1;
+    c->linger_ms = 5;
+    c->batch_bytes_max = 256 * 1024;
+    c->compression = FABRIC_CODEC_LZ4;
+    c->buffer_bytes_max = 64 * 1024 * 1024;
+    c->max_block_ms = 60000;
+    c->request_timeout_ms = 30000;
+    c->delivery_timeout_ms = 120000;
+    c->retry_backoff_ms = 100;
+}
+
+int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
+                        const fabric_producer_config_t *config) {
+    *out = NULL;
+    fabric_producer_config_t cfg;
+    if (config) cfg = *config;
+    else fabric_producer_config_init(&cfg);
+    if ((cfg.acks != 0 && cfg.acks != 1 && cfg.acks != -1) || cfg.linger_ms < 0 ||
+        cfg.batch_bytes_max == 0 || cfg.batch_bytes_max > FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX ||
+        (cfg.compression != FABRIC_CODEC_NONE && cfg.compression != FABRIC_CODEC_LZ4) ||
+        cfg.buffer_bytes_max < cfg.batch_bytes_max || cfg.max_block_ms < 0 ||
+        cfg.request_timeout_ms <= 0 || cfg.delivery_timeout_ms < cfg.request_timeout_ms ||
+        cfg.retry_backoff_ms < 0)
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    fabric_producer_t *p = calloc(1, sizeof *p);
+    if (p == NULL) return FABRIC_ERR_NO_MEMORY;
+    int rc = client_init(&p->client, bootstrap);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    p->client.data_linger_ms = cfg.acks == 0 ? ACKS0_CLOSE_LINGER_MS : 0;
+    p->cfg = cfg;
+    fabric_batch_options_init(&p->batch_options);
+    p->batch_options.codec = cfg.compression;
+    p->next_timer_ms = INT64_MAX;
+    *out = p;
+    return 0;
+}
+
+const char *fabric_producer_last_error(const fabric_producer_t *p) { return p->client.error; }
+
+/* ---- topics and queues ---------------------------------------------------------------------- */
+static ptopic_t *find_topic(fabric_producer_t *p, const char *name) {
+    for (size_t i = 0; i < p->topic_count; i++) {
+        if (strcmp(p->topics[i]->name, name) == 0) return p->topics[i];
+    }
+    return NULL;
+}
+
+/* Grow a topic's queues to the partition count in the routing map. */
+static int sync_partitions(ptopic_t *t, int32_t count) {
+    if (count <= t->partition_count) return 0;
+    pqueue_t **queues = realloc(t->queues, sizeof *queues * (size_t)count);
+    if (queues == NULL) return FABRIC_ERR_NO_MEMORY;
+    t->queues = queues;
+    for (int32_t i = t->partition_count; i < count; i++) {
+        pqueue_t *q = calloc(1, sizeof *q);
+        if (q == NULL) return FABRIC_ERR_NO_MEMORY;
+        q->topic = t;
+        q->partition = i;
+        fabric_batch_builder_init(&q->open);
+        t->queues[i] = q;
+        t->partition_count = i + 1;
+    }
+    return 0;
+}
+
+static int refresh(fabric_producer_t *p, const char *extra_topic) {
+    const char **names = malloc(sizeof(char *) * (p->topic_count + 1));
+    if (names == NULL) return FABRIC_ERR_NO_MEMORY;
+    size_t n = 0;
+    for (size_t i = 0; i < p->topic_count; i++) names[n++] = p->topics[i]->name;
+    if (extra_topic) names[n++] = extra_topic;
+    int rc = client_refresh_metadata(&p->client, names, n);
+    free(names);
+    if (rc) return rc;
+    for (size_t i = 0; i < p->topic_count; i++) {
+        const topic_meta_t *m = client_topic(&p->client, p->topics[i]->name);
+        if (m && m->error == 0 && (rc = sync_partitions(p->topics[i], m->partition_count))) return rc;
+    }
+    return 0;
+}
+
+static int topic_for_send(fabric_producer_t *p, const char *name, ptopic_t **out) {
+    ptopic_t *t = find_topic(p, name);
+    if (t) {
+        *out = t;
+        return 0;
+    }
+    const topic_meta_t *m = client_topic(&p->client, name);
+    if (m == NULL || m->error) {
+        int rc = refresh(p, name);
+        if (rc) return rc;
+        m = client_topic(&p->client, name);
+    }
+    if (m == NULL || m->error || m->partition_count == 0) {
+        int code = m && m->error ? m->error : FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+        client_set_error(&p->client, "topic %s: %s", name, fabric_err_name(code));
+        return code;
+    }
+    ptopic_t **topics = realloc(p->topics, sizeof *topics * (p->topic_count + 1));
+    if (topics == NULL) return FABRIC_ERR_NO_MEMORY;
+    p->topics = topics;
+    t = calloc(1, sizeof *t);
+    if (t == NULL) return FABRIC_ERR_NO_MEMORY;
+    t->name = malloc(strlen(name) + 1);
+    if (t->name == NULL) {
+        free(t);
+        return FABRIC_ERR_NO_MEMORY;
+    }
+    strcpy(t->name, name);
+    p->topics[p->topic_count++] = t;
+    int rc = sync_partitions(t, m->partition_count);
+    if (rc) return rc;
+    *out = t;
+    return 0;
+}
+
+int fabric_producer_partition_count(fabric_producer_t *p, const char *topic, int32_t *count) {
+    ptopic_t *t;
+    int rc = topic_for_send(p, topic, &t);
+    if (rc == 0) *count = t->partition_count;
+    return rc;
+}
+
+/* ---- batches -------------------------------------------------------------------------------- */
+static void timer_at(fabric_producer_t *p, int64_t when_ms) {
+    if (when_ms < p->next_timer_ms) p->next_timer_ms = when_ms;
+}
+
+static void deliver(fabric_producer_t *p, pbatch_t *b, int64_t base_offset, int error,
+                    const char *message) {
+    if (p->cfg.on_delivery) {
+        fabric_delivery_t d = {b->queue->topic->name, b->queue->partition, base_offset,
+                               b->record_count,       error,             message ? message : ""};
+        p->cfg.on_delivery(&d, p->cfg.opaque);
+    }
+    p->buffered_bytes -= b->buffered_bytes;
+    p->batches_pending--;
+    fabric_buf_free(&b->bytes);
+    free(b);
+}
+
+/* Report records that never made it into a closed batch (encoding failed). */
+static void fail_open(fabric_producer_t *p, pqueue_t *q, int error, const char *message) {
+    if (p->cfg.on_delivery && q->open.record_count) {
+        fabric_delivery_t d = {q->topic->name, q->partition, -1, (uint32_t)q->open.record_count,
+                               error, message};
+        p->cfg.on_delivery(&d, p->cfg.opaque);
+    }
+    p->open_records -= (size_t)q->open.record_count;
+    p->buffered_bytes -= q->open_buffered_bytes;
+    q->open_buffered_bytes = 0;
+    fabric_batch_builder_reset(&q->open);
+}
+
+static void close_open_batch(fabric_producer_t *p, pqueue_t *q, int64_t now) {
+    if (q->open.record_count == 0) return;
+    pbatch_t *b = calloc(1, sizeof *b);
+    if (b == NULL) {
+        fail_open(p, q, FABRIC_ERR_NO_MEMORY, "out of memory closing the batch");
+        return;
+    }
+    fabric_buf_init(&b->bytes);
+    int rc = fabric_batch_builder_finish(&q->open, &p->batch_options, &b->bytes);
+    if (rc) {
+        fabric_buf_free(&b->bytes);
+        free(b);
+        fail_open(p, q, rc, "the batch could not be encoded");
+        return;
+    }
+    b->queue = q;
+    b->record_count = (uint32_t)q->open.record_count;
+    b->buffered_bytes = q->open_buffered_bytes;
+    b->created_ms = q->open_since_ms;
+    b->retry_after_ms = now;
+    p->open_records -= (size_t)q->open.record_count;
+    q->open_buffered_bytes = 0;
+    fabric_batch_builder_reset(&q->open);
+    if (q->tail) q->tail->next = b;
+    else q->head = b;
+    q->tail = b;
+    p->batches_pending++;
+    timer_at(p, now);
+}
+
+static void requeue_front(pqueue_t *q, pbatch_t *b) {
+    b->next = q->head;
+    q->head = b;
+    if (q->tail == NULL) q->tail = b;
+}
+
+static void retry_or_fail(fabric_producer_t *p, pbatch_t *b, int error, const char *message,
+                          int64_t now) {
+    if (fabric_err_retriable(error)) {
+        if (now - b->created_ms >= p->cfg.delivery_timeout_ms) {
+            char text[ERROR_TEXT_BYTES];
+            snprintf(text, sizeof text,
+                     "not acknowledged within delivery_timeout_ms=%d after %d attempts; last "
+                     "error %s: %s",
+                     p->cfg.delivery_timeout_ms, b->attempts, fabric_err_name(error), message);
+            deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, text);
+            return;
+        }
+        p->refresh_needed = 1;
+        b->retry_after_ms = now + p->cfg.retry_backoff_ms;
+        timer_at(p, b->retry_after_ms);
+        requeue_front(b->queue, b);
+        return;
+    }
+    deliver(p, b, -1, error, message);
+}
+
+/* ---- sending --------------------------------------------------------------------------------- */
+static size_t conn_index(fabric_producer_t *p, conn_t *conn) {
+    return (size_t)(conn - p->client.conns);
+}
+
+static inflight_t *new_inflight(fabric_producer_t *p) {
+    if (p->inflight_count == p->inflight_cap) {
+        size_t cap = p->inflight_cap ? p->inflight_cap * 2 : 16;
+        inflight_t *grown = realloc(p->inflight, cap * sizeof *grown);
+        if (grown == NULL) return NULL;
+        p->inflight = grown;
+        p->inflight_cap = cap;
+    }
+    inflight_t *f = &p->inflight[p->inflight_count++];
+    memset(f, 0, sizeof *f);
+    return f;
+}
+
+static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, size_t count,
+                       int64_t now) {
+    fabric_buf_t body;
+    fabric_buf_init(&body);
+    int32_t timeout_ms = p->cfg.request_timeout_ms > PRODUCE_TIMEOUT_MS_MAX ? PRODUCE_TIMEOUT_MS_MAX
+                                                                            : p->cfg.request_timeout_ms;
+    fabric_buf_put_u8(&body, (uint8_t)(int8_t)p->cfg.acks);
+    fabric_buf_put_u32(&body, (uint32_t)timeout_ms);
+    fabric_buf_put_u32(&body, (uint32_t)count);
+    const fabric_buf_t *frames[REQUEST_BATCHES_MAX];
+    for (size_t i = 0; i < count; i++) {
+        const char *name = batches[i]->queue->topic->name;
+        fabric_buf_put_str(&body, name, strlen(name));
+        fabric_buf_put_u32(&body, (uint32_t)batches[i]->queue->partition);
+        frames[i] = &batches[i]->bytes;
+    }
+    uint32_t id = client_next_id(&p->client);
+    int rc = body.err ? body.err
+                      : client_send(&p->client, conn->data, conn->address, FABRIC_API_PRODUCE, id,
+                                    &body, frames, count);
+    fabric_buf_free(&body);
+    if (rc) {
+        p->refresh_needed = 1;
+        for (size_t i = 0; i < count; i++) {
+            batches[i]->queue->in_flight = NULL;
+            retry_or_fail(p, batches[i], rc == FABRIC_ERR_TRANSPORT ? FABRIC_ERR_NODE_NOT_READY : rc,
+                          p->client.error, now);
+        }
+        return;
+    }
+    for (size_t i = 0; i < count; i++) batches[i]->attempts++;
+    if (p->cfg.acks == 0) {
+        /* No answer will come: the records are done once ZeroMQ has them. */
+        for (size_t i = 0; i < count; i++) {
+            batches[i]->queue->in_flight = NULL;
+            deliver(p, batches[i], -1, 0, "");
+        }
+        return;
+    }
+    inflight_t *f = new_inflight(p);
+    if (f == NULL) {
+        /* Sent, but we cannot track it: treat as a timeout so the batches are retried. */
+        for (size_t i = 0; i < count; i++) {
+            batches[i]->queue->in_flight = NULL;
+            retry_or_fail(p, batches[i], FABRIC_ERR_REQUEST_TIMED_OUT, "out of memory", now);
+        }
+        return;
+    }
+    f->correlation_id = id;
+    f->conn_index = conn_index(p, conn);
+    f->sent_ms = now;
+    f->count = count;
+    memcpy(f->batches, batches, count * sizeof *batches);
+    timer_at(p, now + p->cfg.request_timeout_ms);
+}
+
+/* Send every partition's oldest closed batch whose partition has nothing in flight. */
+static void send_ready(fabric_producer_t *p, int64_t now) {
+    /* Collected per node: groups[i] holds the ready batches for conns[i]. */
+    static const size_t NONE = (size_t)-1;
+    size_t group_of_conn[FABRIC_NODES_MAX];
+    for (size_t i = 0; i < FABRIC_NODES_MAX; i++) group_of_conn[i] = NONE;
+    typedef struct {
+        conn_t *conn;
+        pbatch_t *batches[REQUEST_BATCHES_MAX];
+        size_t count;
+    } group_t;
+    group_t *groups = NULL;
+    size_t group_count = 0, group_cap = 0;
+    for (size_t ti = 0; ti < p->topic_count; ti++) {
+        ptopic_t *t = p->topics[ti];
+        for (int32_t pi = 0; pi < t->partition_count; pi++) {
+            pqueue_t *q = t->queues[pi];
+            pbatch_t *b = q->head;
+            if (b == NULL || q->in_flight) continue;
+            if (b->retry_after_ms > now) {
+                timer_at(p, b->retry_after_ms);
+                continue;
+            }
+            q->head = b->next;
+            if (q->head == NULL) q->tail = NULL;
+            b->next = NULL;
+            if (now - b->created_ms >= p->cfg.delivery_timeout_ms) {
+                deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, "not sent within delivery_timeout_ms");
+                continue;
+            }
+            const char *address = client_leader(&p->client, t->name, pi);
+            conn_t *conn = address ? client_conn(&p->client, address) : NULL;
+            if (conn == NULL) {
+                char text[ERROR_TEXT_BYTES];
+                snprintf(text, sizeof text, "no leader known for %s/%d", t->name, pi);
+                retry_or_fail(p, b, FABRIC_ERR_LEADER_NOT_AVAILABLE, text, now);
+                continue;
+            }
+            size_t ci = conn_index(p, conn);
+            if (group_of_conn[ci] != NONE && groups[group_of_conn[ci]].count == REQUEST_BATCHES_MAX) {
+                send_group(p, conn, groups[group_of_conn[ci]].batches, REQUEST_BATCHES_MAX, now);
+                groups[group_of_conn[ci]].count = 0;
+            }
+            if (group_of_conn[ci] == NONE) {
+                if (group_count == group_cap) {
+                    size_t cap = group_cap ? group_cap * 2 : 4;
+                    group_t *grown = realloc(groups, cap * sizeof *grown);
+                    if (grown == NULL) {
+                        requeue_front(q, b);
+                        continue;
+                    }
+                    groups = grown;
+                    group_cap = cap;
+                }
+                group_of_conn[ci] = group_count;
+                groups[group_count].conn = conn;
+                groups[group_count].count = 0;
+                group_count++;
+            }
+            group_t *g = &groups[group_of_conn[ci]];
+            g->batches[g->count++] = b;
+            q->in_flight = b;
+        }
+    }
+    for (size_t i = 0; i < group_count; i++) {
+        if (groups[i].count) send_group(p, groups[i].conn, groups[i].batches, groups[i].count, now);
+    }
+    free(groups);
+}
+
+/* ---- answers ---------------------------------------------------------------------------------- */
+static void remove_inflight(fabric_producer_t *p, size_t index) {
+    p->inflight[index] = p->inflight[--p->inflight_count];
+}
+
+static void handle_response(fabric_producer_t *p, response_t *r, int64_t now) {
+    size_t index = p->inflight_count;
+    for (size_t i = 0; i < p->inflight_count; i++) {
+        if (p->inflight[i].correlation_id == r->header.correlation_id) {
+            index = i;
+            break;
+        }
+    }
+    if (index == p->inflight_count) return; /* an answer to a request we already retried */
+    inflight_t f = p->inflight[index];
+    remove_inflight(p, index);
+    for (size_t i = 0; i < f.count; i++) f.batches[i]->queue->in_flight = NULL;
+
+    fabric_arena_t arena;
+    fabric_arena_init(&arena);
+    const uint8_t *body = zmq_msg_data(&r->frames[1]);
+    size_t body_len = zmq_msg_size(&r->frames[1]);
+    if (r->header.error_code != 0) {
+        fabric_error_body_t eb;
+        const char *text = "";
+        if (fabric_error_body_decode(body, body_len, &arena, &eb, NULL, 0) == 0) text = eb.message.data;
+        client_set_error(&p->client, "%s", text);
+        for (size_t i = 0; i < f.count; i++) retry_or_fail(p, f.batches[i], r->header.error_code, text, now);
+        fabric_arena_free(&arena);
+        return;
+    }
+    fabric_produce_response_t resp;
+    char err[ERROR_TEXT_BYTES];
+    int rc = fabric_produce_response_decode(body, body_len, &arena, &resp, err, sizeof err);
+    if (rc == 0 && r->count != 2) {
+        snprintf(err, sizeof err, "PRODUCE response has %zu batch frames, expected 0", r->count - 2);
+        rc = FABRIC_ERR_MALFORMED_REQUEST;
+    }
+    if (rc) {
+        /* We cannot tell what the node did; a retry may duplicate, so fail the batches. */
+        client_set_error(&p->client, "undecodable PRODUCE answer: %s", err);
+        for (size_t i = 0; i < f.count; i++) deliver(p, f.batches[i], -1, rc, err);
+        fabric_arena_free(&arena);
+        return;
+    }
+    for (size_t i = 0; i < f.count; i++) {
+        pbatch_t *b = f.batches[i];
+        const fabric_produce_result_t *res = NULL;
+        for (uint32_t k = 0; k < resp.result_count; k++) {
+            if (resp.results[k].partition == b->queue->partition &&
+                strcmp(resp.results[k].topic.data, b->queue->topic->name) == 0) {
+                res = &resp.results[k];
+                break;
+            }
+        }
+        if (res == NULL) {
+            deliver(p, b, -1, FABRIC_ERR_UNKNOWN_SERVER_ERROR, "the node's answer left this batch out");
+        } else if (res->error) {
+            client_set_error(&p->client, "%s/%d: %s: %s", b->queue->topic->name,
+                     b->queue->partition, fabric_err_name(res->error), res->message.data);
+            retry_or_fail(p, b, res->error, res->message.data, now);
+        } else {
+            deliver(p, b, res->base_offset, 0, "");
+        }
+    }
+    fabric_arena_free(&arena);
+}
+
+/* Requests unanswered for request_timeout_ms: close that node's data socket (late answers
+ * would be orphans) and retry everything that was in flight on it. */
+static void check_timeouts(fabric_producer_t *p, int64_t now) {
+    for (size_t i = 0; i < p->inflight_count; i++) {
+        if (now - p->inflight[i].sent_ms < p->cfg.request_timeout_ms) {
+            timer_at(p, p->inflight[i].sent_ms + p->cfg.request_timeout_ms);
+            continue;
+        }
+        size_t ci = p->inflight[i].conn_index;
+        client_drop_data(&p->client, &p->client.conns[ci]);
+        for (size_t k = 0; k < p->inflight_count;) {
+            if (p->inflight[k].conn_index != ci) {
+                k++;
+                continue;
+            }
+            inflight_t f = p->inflight[k];
+            remove_inflight(p, k);
+            for (size_t j = 0; j < f.count; j++) {
+                f.batches[j]->queue->in_flight = NULL;
+                retry_or_fail(p, f.batches[j], FABRIC_ERR_REQUEST_TIMED_OUT,
+                              "no answer within request_timeout_ms", now);
+            }
+        }
+        i = (size_t)-1; /* the array changed: start over */
+    }
+}
+
+/* Read every answer already queued, waiting up to wait_ms for the first one. */
+static int read_answers(fabric_producer_t *p, int wait_ms) {
+    zmq_pollitem_t items[FABRIC_NODES_MAX];
+    size_t conns[FABRIC_NODES_MAX];
+    size_t n = 0;
+    for (size_t i = 0; i < p->client.conn_count; i++) {
+        if (p->client.conns[i].data == NULL) continue;
+        int busy = 0;
+        for (size_t k = 0; k < p->inflight_count && !busy; k++) busy = p->inflight[k].conn_index == i;
+        if (!busy) continue;
+        items[n].socket = p->client.conns[i].data;
+        items[n].fd = 0;
+        items[n].events = ZMQ_POLLIN;
+        items[n].revents = 0;
+        conns[n++] = i;
+    }
+    if (n == 0) {
+        if (wait_ms > 0) {
+            struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        return 0;
+    }
+    int ready = zmq_poll(items, (int)n, wait_ms);
+    if (ready <= 0) return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        for (;;) {
+            conn_t *conn = &p->client.conns[conns[i]];
+            if (conn->data == NULL) break;
+            response_t r;
+            int rc = client_recv(&p->client, conn->data, &r);
+            if (rc == 1) break;
+            if (rc) continue; /* refused or undecodable: it times out and is retried */
+            if (r.header.api_key == FABRIC_API_PRODUCE && (r.header.flags & FABRIC_FLAG_RESPONSE))
+                handle_response(p, &r, now_ms());
+            response_free(&r);
+        }
+    }
+    return 0;
+}
+
+/* One turn of the state machine: refresh if needed, close lingering batches, send, read
+ * answers for up to wait_ms, expire requests. */
+static void service(fabric_producer_t *p, int wait_ms) {
+    int64_t now = now_ms();
+    p->records_since_io = 0;
+    if (p->refresh_needed && now >= p->refresh_after_ms) {
+        if (refresh(p, NULL) == 0) p->refresh_needed = 0;
+        else p->refresh_after_ms = now + p->cfg.retry_backoff_ms;
+        now = now_ms();
+    }
+    p->next_timer_ms = INT64_MAX;
+    if (p->refresh_needed) timer_at(p, p->refresh_after_ms);
+    for (size_t ti = 0; ti < p->topic_count; ti++) {
+        ptopic_t *t = p->topics[ti];
+        for (int32_t pi = 0; pi < t->partition_count; pi++) {
+            pqueue_t *q = t->queues[pi];
+            if (q->open.record_count == 0) continue;
+            int64_t due = q->open_since_ms + p->cfg.linger_ms;
+            if (p->flushing || now >= due) close_open_batch(p, q, now);
+            else timer_at(p, due);
+        }
+    }
+    send_ready(p, now);
+    check_timeouts(p, now);
+    if (wait_ms > 0) {
+        int64_t until_timer = p->next_timer_ms == INT64_MAX ? wait_ms : p->next_timer_ms - now_ms();
+        if (until_timer < wait_ms) wait_ms = until_timer < 0 ? 0 : (int)until_timer;
+    }
+    read_answers(p, wait_ms);
+    now = now_ms();
+    check_timeouts(p, now);
+    /* Answers may have freed partitions whose next batch is waiting. */
+    send_ready(p, now);
+}
+
+static int pending(const fabric_producer_t *p) {
+    return p->batches_pending > 0 || p->open_records > 0;
+}
+
+int fabric_producer_next_timeout_ms(fabric_producer_t *p) {
+    if (!pending(p)) return -1;
+    if (p->inflight_count) return 0; /* answers may be waiting */
+    int64_t left = p->next_timer_ms == INT64_MAX ? POLL_SLICE_MS_MAX : p->next_timer_ms - now_ms();
+    if (left < 0) left = 0;
+    return left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left;
+}
+
+int fabric_producer_poll(fabric_producer_t *p, int timeout_ms) {
+    int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    do {
+        int64_t left = deadline - now_ms();
+        service(p, left <= 0 ? 0 : (int)(left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : left));
+    } while (now_ms() < deadline && pending(p));
+    return 0;
+}
+
+int fabric_producer_flush(fabric_producer_t *p, int timeout_ms) {
+    int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
+    p->flushing = 1;
+    while (pending(p)) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            p->flushing = 0;
+            client_set_error(&p->client, "flush: %zu batches and %zu records still pending after %d ms",
+                             p->batches_pending, p->open_records, timeout_ms);
+            return FABRIC_ERR_REQUEST_TIMED_OUT;
+        }
+        service(p, left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left);
+    }
+    p->flushing = 0;
+    return 0;
+}
+
+static int64_t wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, const void *key,
+                   int32_t key_len, const void *value, int32_t value_len,
+                   const fabric_header_t *headers, size_t header_count, int64_t timestamp_ms) {
+    if (topic == NULL || key_len < -1 || value_len < -1 || (key_len > 0 && key == NULL) ||
+        (value_len > 0 && value == NULL) || header_count > UINT16_MAX || partition < -1)
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    ptopic_t *t;
+    int rc = topic_for_send(p, topic, &t);
+    if (rc) return rc;
+    if (partition >= t->partition_count) {
+        client_set_error(&p->client, "topic %s has no partition %d (it has %d)", topic, partition,
+                         t->partition_count);
+        return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+    }
+    int sticky = 0;
+    if (partition < 0) {
+        if (key_len >= 0) {
+            partition = fabric_partition_for_key(key, (size_t)key_len, t->partition_count);
+        } else {
+            if (t->sticky >= t->partition_count) t->sticky = 0;
+            partition = t->sticky;
+            sticky = 1;
+        }
+    }
+    size_t size = fabric_record_bytes(key_len, value_len, headers, header_count);
+    if (size > (size_t)FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX) {
+        client_set_error(&p->client, "record of %zu bytes exceeds BATCH_UNCOMPRESSED_BYTES_MAX=%d",
+                         size, FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX);
+        return FABRIC_ERR_MESSAGE_TOO_LARGE;
+    }
+    /* Backpressure: a bounded wait for acknowledgements, then BUFFER_FULL. */
+    if (p->buffered_bytes + size > p->cfg.buffer_bytes_max) {
+        int64_t deadline = now_ms() + p->cfg.max_block_ms;
+        p->flushing = 1; /* send what we have rather than linger while blocked */
+        while (p->buffered_bytes + size > p->cfg.buffer_bytes_max && p->buffered_bytes > 0) {
+            int64_t left = deadline - now_ms();
+            if (left <= 0) {
+                p->flushing = 0;
+                client_set_error(&p->client,
+                                 "producer buffer of buffer_bytes_max=%zu stayed full for "
+                                 "max_block_ms=%d",
+                                 p->cfg.buffer_bytes_max, p->cfg.max_block_ms);
+                return FABRIC_ERR_BUFFER_FULL;
+            }
+            service(p, left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left);
+        }
+        p->flushing = 0;
+    }
+    int64_t now = now_ms();
+    int64_t ts = timestamp_ms < 0 ? wall_ms() : timestamp_ms;
+    pqueue_t *q = t->queues[partition];
+    int closed = 0;
+    if (q->open.record_count > 0 &&
+        (fabric_batch_builder_records_bytes(&q->open) + size > p->cfg.batch_bytes_max ||
+         q->open.record_count == FABRIC_BATCH_RECORDS_MAX)) {
+        close_open_batch(p, q, now);
+        closed = 1;
+        if (sticky) {
+            /* Sticky partitioning: a full batch moves keyless records to the next partition. */
+            t->sticky = (partition + 1) % t->partition_count;
+            partition = t->sticky;
+            q = t->queues[partition];
+            if (q->open.record_count > 0 &&
+                fabric_batch_builder_records_bytes(&q->open) + size > p->cfg.batch_bytes_max)
+                close_open_batch(p, q, now);
+        }
+    }
+    rc = fabric_batch_builder_add(&q->open, ts, key, key_len, value, value_len, headers,
+                                  header_count);
+    if (rc == FABRIC_ERR_INVALID_ARGUMENT && q->open.record_count > 0) {
+        /* The timestamp is too far from the batch's first one for an i32 delta. */
+        close_open_batch(p, q, now);
+        closed = 1;
+        rc = fabric_batch_builder_add(&q->open, ts, key, key_len, value, value_len, headers,
+                                      header_count);
+    }
+    if (rc) {
+        if (rc == FABRIC_ERR_NO_MEMORY) fail_open(p, q, rc, "out of memory adding a record");
+        return rc;
+    }
+    if (q->open.record_count == 1) {
+        q->open_since_ms = now;
+        timer_at(p, now + p->cfg.linger_ms);
+    }
+    q->open_buffered_bytes += size;
+    p->buffered_bytes += size;
+    p->open_records++;
+    if (fabric_batch_builder_records_bytes(&q->open) >= p->cfg.batch_bytes_max) {
+        close_open_batch(p, q, now);
+        closed = 1;
+        if (sticky) t->sticky = (partition + 1) % t->partition_count;
+    }
+    if (closed || now >= p->next_timer_ms ||
+        (p->inflight_count && ++p->records_since_io >= IO_EVERY_RECORDS))
+        service(p, 0);
+    return 0;
+}
+
+void fabric_producer_destroy(fabric_producer_t *p) {
+    if (p == NULL) return;
+    for (size_t i = 0; i < p->inflight_count; i++) {
+        for (size_t k = 0; k < p->inflight[i].count; k++) {
+            pbatch_t *b = p->inflight[i].batches[k];
+            b->queue->in_flight = NULL;
+            deliver(p, b, -1, FABRIC_ERR_CLOSED, "producer destroyed before an answer came");
+        }
+    }
+    p->inflight_count = 0;
+    for (size_t ti = 0; ti < p->topic_count; ti++) {
+        ptopic_t *t = p->topics[ti];
+        for (int32_t pi = 0; pi < t->partition_count; pi++) {
+            pqueue_t *q = t->queues[pi];
+            while (q->head) {
+                pbatch_t *b = q->head;
+                q->head = b->next;
+                deliver(p, b, -1, FABRIC_ERR_CLOSED, "producer destroyed before the batch was sent");
+            }
+            if (q->open.record_count)
+                fail_open(p, q, FABRIC_ERR_CLOSED, "producer destroyed before the batch was sent");
+            fabric_batch_builder_free(&q->open);
+            free(q);
+        }
+        free(t->queues);
+        free(t->name);
+        free(t);
+    }
+    free(p->topics);
+    free(p->inflight);
+    client_close(&p->client);
+    free(p);
+}
