@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Install everything, then run the whole test suite (unit, integration, fault, spark, interop).
-# Pass pytest arguments to narrow it, e.g. scripts/test.sh -m "not slow".
+# Install everything, lint and type-check, then run the whole test suite
+# (unit, integration, fault, spark, interop). Arguments go to pytest, e.g.
+#   scripts/test.sh -m "not slow"        the quick set while developing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FABRIC_EXTRAS="spark,dev" scripts/install.sh
 export PYSPARK_PYTHON="$(command -v python3)"
+python3 -m ruff check .
+python3 -m mypy
 exec python3 -m pytest -q "$@"
