@@ -324,6 +324,48 @@ class RoutingCache:
         with self._lock:
             return dict(self._nodes)
 
+    def resync(self) -> None:
+        """Re-read every topic and partition state now (after a pause or a lost session,
+        when watch events may have been missed). Newer versions replace cached ones."""
+        names = set(self._zk.get_children(TOPICS))
+        fresh: dict[str, TopicRoute] = {}
+        for name in names:
+            try:
+                raw, _ = self._zk.get(topic_path(name))
+            except NoNodeError:
+                continue
+            route = TopicRoute(name, TopicConfig.decode(raw))
+            for p in range(route.config.partitions):
+                try:
+                    raw_state, stat = self._zk.get(partition_path(name, p))
+                except NoNodeError:
+                    continue
+                route.partitions[p] = PartitionState.decode(p, raw_state, stat.version)
+            fresh[name] = route
+        with self._lock:
+            for name, route in fresh.items():
+                cached = self._topics.get(name)
+                if cached is None:
+                    self._topics[name] = route
+                    continue
+                cached.config = route.config
+                for p, state in route.partitions.items():
+                    old = cached.partitions.get(p)
+                    if old is None or old.version < state.version:
+                        cached.partitions[p] = state
+            for gone in set(self._topics) - names:
+                del self._topics[gone]
+        self._changed("resync")
+
+    def apply_partition_state(self, topic: str, state: PartitionState) -> None:
+        """Record a state this process itself just wrote (its watch event follows later)."""
+        with self._lock:
+            route = self._topics.get(topic)
+            if route is not None:
+                old = route.partitions.get(state.partition)
+                if old is None or old.version < state.version:
+                    route.partitions[state.partition] = state
+
     def _changed(self, what: str) -> None:
         self.generation += 1
         if self._on_change is not None:

@@ -10,6 +10,7 @@ RocksDB's byte order is numeric order)::
     b"m" + pkey + b"c"              topic incarnation (created_ms): data of a deleted and
                                     re-created topic of the same name is wiped, never served
     b"m" + pkey + b"e"              leader-epoch history: (epoch, start offset) pairs
+    b"m" + pkey + b"h"              high-watermark checkpoint (a lower bound after a restart)
 
 where ``pkey = topic UTF-8 + b"\\x00" + u32 partition`` (topic names cannot hold NUL).
 
@@ -106,6 +107,7 @@ class PartitionLog:
         self._data_prefix = b"d" + self.pkey
         self._index_prefix = b"i" + self.pkey
         self._meta_prefix = b"m" + self.pkey
+        self.incarnation = incarnation
         self.bases: list[int] = []
         self.entries: list[IndexEntry] = []
         self.log_start_offset = 0
@@ -113,6 +115,7 @@ class PartitionLog:
         self.total_bytes = 0
         self.epochs: list[tuple[int, int]] = []  # (leader_epoch, start_offset), ascending
         self.producers = ProducerStates()
+        self.high_watermark = 0
         self._load(incarnation)
 
     # -- startup -------------------------------------------------------------------------
@@ -144,6 +147,9 @@ class PartitionLog:
         if self.entries and self.entries[0].base_offset < self.log_start_offset:
             self.log_start_offset = self.entries[0].base_offset
         self.log_end_offset = max(self.entries[-1].next_offset if self.entries else 0, self.log_start_offset)
+        hw = db.get(self._meta_prefix + b"h")
+        checkpoint = _I64.unpack(hw)[0] if hw is not None else 0
+        self.high_watermark = min(max(checkpoint, self.log_start_offset), self.log_end_offset)
 
     def _remember(self, entry: IndexEntry) -> None:
         self.bases.append(entry.base_offset)
@@ -193,6 +199,40 @@ class PartitionLog:
         self.log_end_offset = entry.next_offset
         return base
 
+    def assign_epoch(self, leader_epoch: int) -> None:
+        """A new leader starts its epoch at its log end (persisted before it takes writes)."""
+        if self.epochs and self.epochs[-1][0] >= leader_epoch:
+            return
+        self.epochs.append((leader_epoch, self.log_end_offset))
+        self.store.db.put(self._meta_prefix + b"e", self._encode_epochs(), self.store.write_options)
+
+    def checkpoint_high_watermark(self) -> None:
+        self.store.db.put(self._meta_prefix + b"h", _I64.pack(self.high_watermark))
+
+    def latest_epoch(self) -> int:
+        return self.epochs[-1][0] if self.epochs else -1
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(largest epoch <= ``epoch`` in this log, the offset where it ends here).
+
+        It ends where the next larger epoch starts, or at the log end for the latest one;
+        (-1, -1) if the log has no epoch that old (the asker must truncate everything).
+        """
+        found = -1
+        for i, (e, _start) in enumerate(self.epochs):
+            if e > epoch:
+                return (found, self.epochs[i][1]) if found >= 0 else (-1, -1)
+            found = e
+        return (found, self.log_end_offset) if found >= 0 else (-1, -1)
+
+    def reset_to(self, start_offset: int) -> None:
+        """Drop everything and start empty at ``start_offset`` (a follower that fell below
+        the leader's log start after retention)."""
+        self.wipe()
+        self.log_start_offset = self.log_end_offset = self.high_watermark = start_offset
+        self.store.db.put(self._meta_prefix + b"s", _I64.pack(start_offset))
+        self.store.db.put(self._meta_prefix + b"c", _I64.pack(self.incarnation))
+
     def _encode_epochs(self) -> bytes:
         return b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in self.epochs)
 
@@ -219,6 +259,7 @@ class PartitionLog:
         del self.entries[index:]
         del self.bases[index:]
         self.log_end_offset = max(first, self.log_start_offset)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self.producers.clear()
         for entry in self.entries:
             self.producers.record(entry.producer_id, entry.producer_epoch, entry.base_sequence, entry.record_count, entry.base_offset)
@@ -271,6 +312,7 @@ class PartitionLog:
         self.total_bytes = 0
         self.log_start_offset = 0
         self.log_end_offset = 0
+        self.high_watermark = 0
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, offset: int, bytes_max: int, offset_limit: int) -> list[bytes]:
@@ -316,9 +358,3 @@ class PartitionLog:
                     return entry.base_offset + i, ts
         return -1, -1
 
-    def epoch_start_offset(self, epoch: int) -> int:
-        """The first offset after the last batch of ``epoch`` (for follower truncation)."""
-        for i, (e, _start) in enumerate(self.epochs):
-            if e > epoch:
-                return self.epochs[i][1]
-        return self.log_end_offset

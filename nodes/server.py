@@ -1,12 +1,15 @@
-"""The storage node: one event loop on a zmq.Poller serves every request.
+"""The storage node: one event loop on a zmq.Poller serves every request and replicates.
 
-All partition state is owned by the loop thread. Kazoo's watch thread never touches it:
-it marks the routing map dirty and wakes the loop through an inproc socket, and the loop
-decides what to host (``_sync_hosting``), in one place.
+All partition state is owned by the loop thread. Kazoo's threads never touch it: they
+mark the routing map dirty or flip a session flag and wake the loop through an inproc
+socket; the loop decides what to host and which role to play, in one place
+(``_apply_roles``).
 
 Per loop turn the node drains up to ``DRAIN_MESSAGES_MAX`` client messages, stages every
-produced batch into one RocksDB WriteBatch (group commit), writes it once, answers the
-producers, and then wakes the long-poll fetches parked on the partitions it touched.
+produced batch into one RocksDB WriteBatch (group commit), writes it once, publishes the
+batches to followers, answers acks=0/1 producers, parks acks=all producers until the high
+watermark passes their batches, and wakes the long-poll fetches the new data satisfies.
+As a follower it applies the leader's PUB stream, falling back to FETCH on any gap.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +25,7 @@ from typing import Any
 
 import zmq
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from fabric import errors
 from fabric import zk as zkl
@@ -38,14 +42,37 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import Header
-from nodes.log import PartitionLog, Store
+from fabric.transport import Connections
+from nodes import controller
+from nodes.log import PartitionLog, Store, partition_key
 from nodes.producer_state import DUPLICATE
+from nodes.replication import (
+    FETCHING,
+    FOLLOWER,
+    LEADER,
+    STREAMING,
+    TRUNCATING,
+    FollowerReplica,
+    LeaderReplica,
+    decide_role,
+)
 
 log = logging.getLogger("fabric.node")
 
 DRAIN_MESSAGES_MAX = 256  # client messages handled per loop turn before writing
+SUB_MESSAGES_MAX = 512  # replicated batches applied per loop turn before acking
 POLL_INTERVAL_MS_MAX = 100  # the loop wakes at least this often to check stop and timers
 REGISTER_WAIT_S = 30.0  # how long a restarted node waits for its old session's znode to expire
+PAUSE_SUSPECT_S = 1.0  # a loop turn this late means we were paused: check the session first
+REPLICA_ACK_INTERVAL_S = 0.1  # followers report their log end at least this often
+REPLICA_STALL_S = 0.3  # no stream progress this long while the leader is ahead: fetch instead
+REPLICA_REQUEST_TIMEOUT_S = 2.0  # a truncation or fetch request to the leader is resent after this
+REPLICA_FETCH_BYTES_MAX = 8 * 1024 * 1024
+ISR_CHECK_INTERVAL_S = 0.1
+CONTROLLER_RECONCILE_INTERVAL_S = 2.0
+PUB_HWM_MESSAGES = 1_000  # beyond this PUB drops; followers notice the gap and fetch
+ZK_OP_TIMEOUT_S = 5.0
+_REPLICA_META = struct.Struct("<ii")  # leader epoch, leader node id
 
 
 @dataclass
@@ -55,10 +82,12 @@ class NodeConfig:
     data_dir: str
     host: str = "127.0.0.1"
     port: int = 0  # 0 picks a free port and publishes it in ZooKeeper
+    replication_port: int = 0
     fsync: str = "none"
     fsync_interval_ms: int = FSYNC_INTERVAL_MS_DEFAULT
     retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT
     session_timeout_ms: int = 6_000
+    replica_lag_max_ms: int = 5_000
 
 
 @dataclass
@@ -70,6 +99,24 @@ class ParkedFetch:
     keys: set[tuple[str, int]] = field(default_factory=set)
 
 
+@dataclass
+class ProduceOutcome:
+    results: list[dict[str, Any]] = field(default_factory=list)
+    appended: list[tuple[tuple[str, int], bytes]] = field(default_factory=list)  # to publish
+    waits: dict[int, tuple[tuple[str, int], int]] = field(default_factory=dict)  # result index -> (tp, end offset)
+
+
+@dataclass
+class PendingProduce:
+    """An acks=all produce waiting for the high watermark to pass its batches."""
+
+    envelope: list[Any]
+    header: Header
+    results: list[dict[str, Any]]
+    waits: dict[int, tuple[tuple[str, int], int]]  # result index -> (tp, offset the HW must reach)
+    deadline: float
+
+
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
@@ -77,16 +124,30 @@ class Node:
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self.configs: dict[str, zkl.TopicConfig] = {}
+        self.states: dict[tuple[str, int], zkl.PartitionState] = {}
+        self.leaders: dict[tuple[str, int], LeaderReplica] = {}
+        self.followers: dict[tuple[str, int], FollowerReplica] = {}
+        self.pkeys: dict[bytes, tuple[str, int]] = {}
         self.known_topics: set[str] = set()
         self.parked: list[ParkedFetch] = []
+        self.pending: list[PendingProduce] = []
+        self.replica_requests: dict[int, tuple[str, Any]] = {}
+        self._subscribed: set[bytes] = set()
+        self._sub_connected: set[str] = set()
         self._stopping = threading.Event()
         self._routing_dirty = True
         self._wake_lock = threading.Lock()
         self._zk_ok = threading.Event()
-        self._reregister = False
+        self._session_lost = False
+        self._verify_session = False
+        self._is_controller = False
+        self._controller_dirty = True
         self._producer_ids_next = 0
         self._producer_ids_end = 0
+        self._last_ack_sent_s = 0.0
         self.address = ""
+        self.replication_address = ""
         self.zk = KazooClient(hosts=config.zk, timeout=config.session_timeout_ms / 1000.0)
         self.routing = zkl.RoutingCache(self.zk, on_change=self._on_routing_change)
         self._bind()
@@ -99,18 +160,34 @@ class Node:
         self.router.setsockopt(zmq.RCVHWM, 10_000)
         self.router.setsockopt(zmq.SNDHWM, 10_000)
         self.router.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
-        if self.config.port:
-            self.router.bind(f"tcp://{self.config.host}:{self.config.port}")
-            port = self.config.port
-        else:
-            port = self.router.bind_to_random_port(f"tcp://{self.config.host}")
-        self.address = f"tcp://{self.config.host}:{port}"
+        self.address = self._bind_socket(self.router, self.config.port)
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, PUB_HWM_MESSAGES)
+        self.replication_address = self._bind_socket(self.pub, self.config.replication_port)
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, PUB_HWM_MESSAGES)
+        self.sub.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
         wake_endpoint = f"inproc://node-wake-{id(self)}"
         self._wake_pull = self.ctx.socket(zmq.PULL)
         self._wake_pull.bind(wake_endpoint)
         self._wake_push = self.ctx.socket(zmq.PUSH)
         self._wake_push.setsockopt(zmq.LINGER, 0)
         self._wake_push.connect(wake_endpoint)
+        self.poller = zmq.Poller()
+        for sock in (self.router, self.sub, self._wake_pull):
+            self.poller.register(sock, zmq.POLLIN)
+        # Follower -> leader requests (truncation, catch-up fetch, acks) share the poller,
+        # so a leader's reply wakes this loop like a client request does.
+        self.replica_conns = Connections(self.ctx, poller=self.poller)
+
+    def _bind_socket(self, sock: zmq.Socket[Any], port: int) -> str:
+        if port:
+            sock.bind(f"tcp://{self.config.host}:{port}")
+        else:
+            port = sock.bind_to_random_port(f"tcp://{self.config.host}")
+        return f"tcp://{self.config.host}:{port}"
 
     def _wake(self) -> None:
         with self._wake_lock:
@@ -121,6 +198,8 @@ class Node:
 
     def _on_routing_change(self, what: str) -> None:
         self._routing_dirty = True
+        if what in ("nodes", "controller") or what.startswith("partition:"):
+            self._controller_dirty = True
         self._wake()
 
     def _on_zk_state(self, state: str) -> None:
@@ -130,13 +209,14 @@ class Node:
         else:
             self._zk_ok.clear()
             if state == KazooState.LOST:
-                self._reregister = True
+                self._session_lost = True
         self._wake()
 
     def _register(self) -> None:
         info = zkl.NodeInfo(
             node_id=self.node_id,
             address=self.address,
+            replication_address=self.replication_address,
             host=self.config.host,
             pid=os.getpid(),
             started_ms=int(time.time() * 1000),
@@ -157,7 +237,6 @@ class Node:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"node id {self.node_id} is registered by another live process") from None
                 time.sleep(0.2)
-
     def _reconcile_local_data(self) -> None:
         """At startup, wipe partitions whose topic was deleted (or re-created) while away."""
         topics: dict[str, zkl.TopicConfig] = {}
@@ -186,21 +265,89 @@ class Node:
             log.info("wiping local data of deleted partition %s/%d", topic, partition)
             PartitionLog(self.store, topic, partition, incarnation=-1).wipe()
 
-    # -- hosting ---------------------------------------------------------------------------
-    def _sync_hosting(self) -> None:
+    # -- hosting and roles -----------------------------------------------------------------
+    def _apply_roles(self) -> None:
+        """Open logs for hosted partitions and make this node leader, follower or neither
+        of each, as the routing map says. The only place roles change."""
         self._routing_dirty = False
         topics = self.routing.topics()
+        seen: set[tuple[str, int]] = set()
         for name, route in topics.items():
+            self.configs[name] = route.config
             for p, state in route.partitions.items():
-                if self.node_id in state.replicas and (name, p) not in self.logs:
-                    self.logs[(name, p)] = PartitionLog(self.store, name, p, route.config.created_ms)
-        for gone in self.known_topics - set(topics):
-            for key in [k for k in self.logs if k[0] == gone]:
-                log.info("topic %s deleted: wiping %s/%d", gone, *key)
-                self.logs.pop(key).wipe()
+                if self.node_id not in state.replicas:
+                    continue
+                tp = (name, p)
+                seen.add(tp)
+                if tp not in self.logs:
+                    self.logs[tp] = PartitionLog(self.store, name, p, route.config.created_ms)
+                    self.pkeys[partition_key(name, p)] = tp
+                old = self.states.get(tp)
+                if old is not None and old.version > state.version:
+                    continue  # we already hold a newer state (one we wrote ourselves)
+                self.states[tp] = state
+                role = decide_role(state, self.node_id)
+                if role == LEADER:
+                    leader = self.leaders.get(tp)
+                    if leader is None or leader.epoch != state.leader_epoch:
+                        self._become_leader(tp, state)
+                    elif old is not None and old.version < state.version:
+                        leader.isr = set(state.isr) | {self.node_id}
+                elif role == FOLLOWER:
+                    follower = self.followers.get(tp)
+                    if follower is None or follower.epoch != state.leader_epoch or follower.leader_id != state.leader:
+                        self._become_follower(tp, state)
+                else:
+                    self._drop_roles(tp)
+        for tp in [tp for tp in self.logs if tp not in seen]:
+            self._drop_roles(tp)
+            if tp[0] not in topics and tp[0] in self.known_topics:
+                log.info("topic %s deleted: wiping %s/%d", tp[0], *tp)
+                self.logs.pop(tp).wipe()
+                self.states.pop(tp, None)
         self.known_topics = set(topics)
 
-    def _leader_log(self, topic: str, partition: int) -> tuple[PartitionLog, zkl.PartitionState, zkl.TopicConfig]:
+    def _become_leader(self, tp: tuple[str, int], state: zkl.PartitionState) -> None:
+        self._drop_roles(tp)
+        plog = self.logs[tp]
+        plog.assign_epoch(state.leader_epoch)
+        self.leaders[tp] = LeaderReplica.start(self.node_id, state, plog.log_end_offset, time.monotonic())
+        log.info("leader of %s/%d at epoch %d from offset %d, isr %s",
+                 *tp, state.leader_epoch, plog.log_end_offset, list(state.isr))
+        self._update_high_watermark(tp)
+
+    def _become_follower(self, tp: tuple[str, int], state: zkl.PartitionState) -> None:
+        self._drop_roles(tp)
+        self.followers[tp] = FollowerReplica(state.leader, state.leader_epoch, TRUNCATING)
+        pkey = partition_key(*tp)
+        if pkey not in self._subscribed:
+            self.sub.setsockopt(zmq.SUBSCRIBE, pkey)
+            self._subscribed.add(pkey)
+        log.info("follower of %s/%d: leader %d epoch %d", *tp, state.leader, state.leader_epoch)
+
+    def _drop_roles(self, tp: tuple[str, int]) -> None:
+        if self.leaders.pop(tp, None) is not None:
+            self._complete_pending({tp})  # their waits now fail with NOT_LEADER
+        follower = self.followers.pop(tp, None)
+        if follower is not None:
+            self.replica_requests.pop(follower.request_in_flight, None)
+            pkey = partition_key(*tp)
+            if pkey in self._subscribed:
+                self.sub.setsockopt(zmq.UNSUBSCRIBE, pkey)
+                self._subscribed.discard(pkey)
+
+    def _step_down_everywhere(self, why: str) -> None:
+        if self.leaders:
+            log.warning("stepping down from %d leaderships: %s", len(self.leaders), why)
+        for tp in list(self.leaders):
+            self._drop_roles(tp)
+            self.states.pop(tp, None)  # forget it, so the next routing view is applied afresh
+
+    def _leader_log(self, topic: str, partition: int) -> tuple[PartitionLog, LeaderReplica, zkl.TopicConfig]:
+        tp = (topic, partition)
+        leader = self.leaders.get(tp)
+        if leader is not None:
+            return self.logs[tp], leader, self.configs[topic]
         route = self.routing.topic(topic)
         if route is None:
             raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
@@ -211,15 +358,14 @@ class Node:
             raise errors.UnknownTopicOrPartitionError(
                 f"topic {topic!r} has no partition {partition} (it has {route.config.partitions})"
             )
-        if state.leader != self.node_id:
-            raise errors.NotLeaderError(f"node {self.node_id} does not lead {topic}/{partition} (leader {state.leader})")
-        plog = self.logs.get((topic, partition))
-        if plog is None:
-            raise errors.NodeNotReadyError(f"{topic}/{partition} is not open on node {self.node_id} yet")
-        return plog, state, route.config
+        if state.leader == self.node_id:
+            raise errors.NodeNotReadyError(f"{topic}/{partition} is becoming led by node {self.node_id}")
+        if state.leader < 0:
+            raise errors.LeaderNotAvailableError(f"{topic}/{partition} has no live in-sync replica to lead it")
+        raise errors.NotLeaderError(f"node {self.node_id} does not lead {topic}/{partition} (leader {state.leader})")
 
-    def high_watermark(self, plog: PartitionLog) -> int:
-        return plog.log_end_offset
+    def _session_ok(self) -> bool:
+        return self._zk_ok.is_set() and not self._verify_session and not self._session_lost
 
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -230,42 +376,86 @@ class Node:
         self._reconcile_local_data()
         self.routing.start()
         self._register()
-        self._sync_hosting()
-        log.info("node %d serving on %s", self.node_id, self.address)
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self._wake_pull, zmq.POLLIN)
+        self._apply_roles()
+        log.info("node %d serving on %s (replication %s)", self.node_id, self.address, self.replication_address)
         now = time.monotonic()
         next_retention = now + self.config.retention_check_interval_ms / 1000.0
         next_fsync = now + self.config.fsync_interval_ms / 1000.0
+        next_isr_check = now + ISR_CHECK_INTERVAL_S
+        next_reconcile = now
+        last_turn = now
         try:
             while not self._stopping.is_set():
-                timeout_ms = self._poll_timeout_ms(min(next_retention, next_fsync))
-                events = dict(poller.poll(timeout_ms))
+                timeout_ms = self._poll_timeout_ms(min(next_retention, next_fsync, next_isr_check))
+                events = dict(self.poller.poll(timeout_ms))
+                now = time.monotonic()
+                if now - last_turn > PAUSE_SUSPECT_S + timeout_ms / 1000.0:
+                    # We were stopped (SIGSTOP, a long GC, a swapped-out host): the world may
+                    # have moved on. Answer nobody until ZooKeeper confirms our session.
+                    log.warning("loop stalled for %.1f s; verifying the ZooKeeper session", now - last_turn)
+                    self._verify_session = True
+                last_turn = now
                 if self._wake_pull in events:
                     while True:
                         try:
                             self._wake_pull.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                if self._reregister and self._zk_ok.is_set():
-                    self._reregister = False
-                    self._register()
+                self._check_session()
                 if self._routing_dirty:
-                    self._sync_hosting()
+                    self._apply_roles()
                 if self.router in events:
                     self._drain_requests()
+                if self.sub in events:
+                    self._drain_replication_stream()
+                self._handle_replica_replies()
                 now = time.monotonic()
+                self._follower_tick(now)
                 self._expire_parked(now)
+                self._expire_pending(now)
+                if now >= next_isr_check:
+                    self._check_isr(now)
+                    next_isr_check = now + ISR_CHECK_INTERVAL_S
+                if self._controller_dirty or now >= next_reconcile:
+                    self._controller_tick()
+                    next_reconcile = now + CONTROLLER_RECONCILE_INTERVAL_S
                 if now >= next_retention:
                     self._apply_retention()
                     next_retention = now + self.config.retention_check_interval_ms / 1000.0
                 if now >= next_fsync:
                     if self.config.fsync == "interval":
                         self.store.sync_wal()
+                    for plog in self.logs.values():
+                        plog.checkpoint_high_watermark()
                     next_fsync = now + self.config.fsync_interval_ms / 1000.0
         finally:
             self._shutdown()
+
+    def _check_session(self) -> None:
+        if self._session_lost:
+            self._step_down_everywhere("ZooKeeper session lost")
+            self._is_controller = False
+            if self._zk_ok.is_set():
+                # kazoo reconnected with a new session: register again and re-read everything.
+                self._session_lost = False
+                self._verify_session = False
+                self._register()
+                self.routing.resync()
+                self._routing_dirty = True
+            return
+        if self._verify_session and self._zk_ok.is_set():
+            try:
+                _, stat = self.zk.get_async(zkl.node_path(self.node_id)).get(timeout=ZK_OP_TIMEOUT_S)
+                owned = stat.owner_session_id == self.zk.client_id[0]
+            except Exception as exc:  # expired session, connection loss, timeout: all mean "not sure"
+                log.warning("session check failed: %s", exc)
+                owned = False
+            if owned:
+                self.routing.resync()
+                self._verify_session = False
+                self._routing_dirty = True
+            else:
+                self._step_down_everywhere("could not confirm our ZooKeeper session after a stall")
 
     def stop(self) -> None:
         self._stopping.set()
@@ -279,14 +469,19 @@ class Node:
             self.zk.close()
         except Exception:  # already gone; nothing to clean
             pass
-        for sock in (self.router, self._wake_pull, self._wake_push):
+        self.replica_conns.close()
+        for sock in (self.router, self.pub, self.sub, self._wake_pull, self._wake_push):
             sock.close(linger=0)
+        for plog in self.logs.values():
+            plog.checkpoint_high_watermark()
         self.store.close()
 
     def _poll_timeout_ms(self, timer_deadline: float) -> int:
         deadline = timer_deadline
         for parked in self.parked:
             deadline = min(deadline, parked.deadline)
+        for pending in self.pending:
+            deadline = min(deadline, pending.deadline)
         wait_ms = (deadline - time.monotonic()) * 1000.0
         return int(max(0.0, min(wait_ms, POLL_INTERVAL_MS_MAX)))
 
@@ -300,8 +495,7 @@ class Node:
 
     def _drain_requests(self) -> None:
         wb = None
-        pending_replies: list[tuple[list[Any], list[Any]]] = []
-        touched: set[tuple[str, int]] = set()
+        staged: list[tuple[list[Any], apis.Message, ProduceOutcome]] = []
         for _ in range(DRAIN_MESSAGES_MAX):
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -320,17 +514,18 @@ class Node:
             if api == ApiKey.PRODUCE:
                 if wb is None:
                     wb = self.store.new_write_batch()
-                reply = self._handle_produce(request, wb, touched)
-                if reply is not None:
-                    pending_replies.append((envelope, reply))
+                try:
+                    staged.append((envelope, request, self._handle_produce(request, wb)))
+                except errors.FabricError as exc:
+                    self._send_error(envelope, request.header, exc)
                 continue
             if wb is not None:
                 # Reads and admin calls must see what earlier requests in this turn wrote.
-                self._commit(wb, pending_replies, touched)
-                wb, pending_replies, touched = None, [], set()
+                self._commit(wb, staged)
+                wb, staged = None, []
             self._handle_other(envelope, request)
         if wb is not None:
-            self._commit(wb, pending_replies, touched)
+            self._commit(wb, staged)
 
     def _split_envelope(self, frames: list[Any]) -> tuple[list[Any], list[Any] | None]:
         # DEALER peers send [id, header, body...]; REQ peers add an empty delimiter.
@@ -350,53 +545,140 @@ class Node:
         request_header = header or Header(0, 0, correlation_id if isinstance(correlation_id, int) else 0)
         self._send(envelope, apis.encode_error_response(request_header, exc.code, exc.message))
 
-    def _commit(self, wb: Any, replies: list[tuple[list[Any], list[Any]]], touched: set[tuple[str, int]]) -> None:
+    def _commit(self, wb: Any, staged: list[tuple[list[Any], apis.Message, ProduceOutcome]]) -> None:
+        """Write the turn's batches once, publish them, then answer or park each producer."""
         try:
             self.store.write(wb)
         except errors.StorageError:
             log.critical("storage write failed; stopping the node so nothing is acknowledged from memory")
             self._stopping.set()
             raise
-        for envelope, frames in replies:
-            self._send(envelope, frames)
-        if touched:
-            self._wake_parked(touched)
+        touched: set[tuple[str, int]] = set()
+        for _envelope, _request, outcome in staged:
+            for tp, data in outcome.appended:
+                touched.add(tp)
+                leader = self.leaders.get(tp)
+                if leader is not None and leader.followers:
+                    try:
+                        self.pub.send_multipart(
+                            [partition_key(*tp), _REPLICA_META.pack(leader.epoch, self.node_id), data], zmq.NOBLOCK
+                        )
+                    except zmq.Again:
+                        pass  # PUB is full; followers see the gap and fetch
+        for tp in touched:
+            self._update_high_watermark(tp)
+        now = time.monotonic()
+        for envelope, request, outcome in staged:
+            acks = request.body["acks"]
+            if acks == 0:
+                continue
+            if acks == 1 or not outcome.waits:
+                self._send(envelope, apis.encode_response(request.header, {"results": outcome.results}))
+                continue
+            deadline = now + request.body["timeout_ms"] / 1000.0
+            self.pending.append(PendingProduce(envelope, request.header, outcome.results, outcome.waits, deadline))
+            touched.update(tp for tp, _end in outcome.waits.values())
+        self._complete_pending(touched)
+        self._wake_parked(touched)
 
     # -- produce ---------------------------------------------------------------------------
-    def _handle_produce(self, request: apis.Message, wb: Any, touched: set[tuple[str, int]]) -> list[Any] | None:
+    def _handle_produce(self, request: apis.Message, wb: Any) -> ProduceOutcome:
+        """Validate and stage every batch of one request (a request-level error raises)."""
         body = request.body
         acks = body["acks"]
         if acks not in (0, 1, -1):
-            return apis.encode_error_response(request.header, errors.InvalidRequestError.code, f"acks={acks} must be 0, 1 or -1 (all)")
+            raise errors.InvalidRequestError(f"acks={acks} must be 0, 1 or -1 (all)")
         if not 0 <= body["timeout_ms"] <= PRODUCE_TIMEOUT_MS_MAX:
-            return apis.encode_error_response(
-                request.header, errors.InvalidRequestError.code, f"timeout_ms={body['timeout_ms']} outside [0, {PRODUCE_TIMEOUT_MS_MAX}]"
-            )
+            raise errors.InvalidRequestError(f"timeout_ms={body['timeout_ms']} outside [0, {PRODUCE_TIMEOUT_MS_MAX}]")
         now_ms = int(time.time() * 1000)
-        results = []
-        for entry, frame in zip(body["entries"], request.batches, strict=False):
+        outcome = ProduceOutcome()
+        results = outcome.results
+        for entry, frame in zip(body["entries"], request.batches, strict=True):
             topic, partition = entry["topic"], entry["partition"]
             result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
             try:
-                plog, state, config = self._leader_log(topic, partition)
+                plog, leader, config = self._leader_log(topic, partition)
+                if not self._session_ok():
+                    # SUSPENDED or unverified after a stall: a deposed leader must not take writes.
+                    raise errors.NodeNotReadyError(f"node {self.node_id} cannot confirm its ZooKeeper session")
                 header = batch_format.validate(frame, config.message_bytes_max)
+                if acks == -1 and len(leader.isr) < config.min_insync:
+                    raise errors.NotEnoughReplicasError(
+                        f"{topic}/{partition}: {len(leader.isr)} in-sync replicas {sorted(leader.isr)} < min_insync={config.min_insync}"
+                    )
                 verdict, original_offset = plog.producers.check(
                     header.producer_id, header.producer_epoch, header.base_sequence, header.record_count
                 )
                 if verdict == DUPLICATE:
-                    # A retry of a batch we already have: answer as the first time, write nothing.
+                    # A retry of a batch we already have: answer as the first time, write
+                    # nothing (and for acks=all, wait until that first copy is replicated).
                     result["base_offset"] = original_offset
+                    end = original_offset + header.record_count if original_offset >= 0 else plog.log_end_offset
                 else:
-                    result["base_offset"] = plog.append(wb, bytearray(frame), header, state.leader_epoch, now_ms)
-                    touched.add((topic, partition))
+                    buf = bytearray(frame)
+                    result["base_offset"] = plog.append(wb, buf, header, leader.epoch, now_ms)
+                    outcome.appended.append(((topic, partition), bytes(buf)))
+                    end = result["base_offset"] + header.record_count
+                if acks == -1:
+                    outcome.waits[len(results)] = ((topic, partition), end)
                 result["log_start_offset"] = plog.log_start_offset
             except errors.FabricError as exc:
                 result["error"] = exc.code
                 result["message"] = exc.message
             results.append(result)
-        if acks == 0:
-            return None
-        return apis.encode_response(request.header, {"results": results})
+        return outcome
+
+    def _update_high_watermark(self, tp: tuple[str, int]) -> bool:
+        leader = self.leaders.get(tp)
+        if leader is None:
+            return False
+        plog = self.logs[tp]
+        hw = min(leader.high_watermark(plog.log_end_offset), plog.log_end_offset)
+        if hw > plog.high_watermark:
+            plog.high_watermark = hw
+            return True
+        return False
+
+    def _complete_pending(self, tps: set[tuple[str, int]]) -> None:
+        if not self.pending or not tps:
+            return
+        still: list[PendingProduce] = []
+        for pending in self.pending:
+            for index, (tp, required) in list(pending.waits.items()):
+                if tp not in tps:
+                    continue
+                leader = self.leaders.get(tp)
+                result = pending.results[index]
+                if leader is None:
+                    result["error"] = errors.NotLeaderError.code
+                    result["message"] = f"node {self.node_id} lost leadership of {tp[0]}/{tp[1]} before the write was replicated"
+                elif self.logs[tp].high_watermark >= required:
+                    config = self.configs[tp[0]]
+                    if len(leader.isr) < config.min_insync:
+                        result["error"] = errors.NotEnoughReplicasAfterAppendError.code
+                        result["message"] = f"written, but only {len(leader.isr)} in-sync replicas remain"
+                else:
+                    continue
+                del pending.waits[index]
+            if pending.waits:
+                still.append(pending)
+            else:
+                self._send(pending.envelope, apis.encode_response(pending.header, {"results": pending.results}))
+        self.pending = still
+
+    def _expire_pending(self, now: float) -> None:
+        if not self.pending:
+            return
+        still: list[PendingProduce] = []
+        for pending in self.pending:
+            if pending.deadline > now:
+                still.append(pending)
+                continue
+            for index, (tp, _required) in pending.waits.items():
+                pending.results[index]["error"] = errors.RequestTimedOutError.code
+                pending.results[index]["message"] = f"not replicated to the ISR of {tp[0]}/{tp[1]} within timeout_ms"
+            self._send(pending.envelope, apis.encode_response(pending.header, {"results": pending.results}))
+        self.pending = still
 
     # -- everything else -------------------------------------------------------------------
     def _handle_other(self, envelope: list[Any], request: apis.Message) -> None:
@@ -424,6 +706,12 @@ class Node:
                 body = self._describe(request.body["names"])
             elif api == ApiKey.INIT_PRODUCER_ID:
                 body = {"error": 0, "producer_id": self._next_producer_id(), "producer_epoch": 0}
+            elif api == ApiKey.REPLICA_ACK:
+                body = self._replica_ack(request.body)
+            elif api == ApiKey.OFFSETS_FOR_LEADER_EPOCH:
+                body = self._offsets_for_leader_epoch(request.body["partitions"])
+            elif api == ApiKey.ELECT_LEADERS:
+                body = self._elect_preferred_leaders(request.body["topics"])
             else:  # decode_request already refused unknown keys; this guards new ones
                 raise errors.UnknownApiError(f"api {api} has no handler")
             self._send(envelope, apis.encode_response(request.header, body))
@@ -502,17 +790,17 @@ class Node:
         for p in partitions:
             result = {"topic": p["topic"], "partition": p["partition"], "error": 0, "timestamp": -1, "offset": -1}
             try:
-                plog, _state, _config = self._leader_log(p["topic"], p["partition"])
+                plog, _leader, _config = self._leader_log(p["topic"], p["partition"])
                 ts = p["timestamp"]
                 if ts == apis.LATEST_TIMESTAMP:
-                    result["offset"] = self.high_watermark(plog)
+                    result["offset"] = plog.high_watermark
                 elif ts == apis.EARLIEST_TIMESTAMP:
                     result["offset"] = plog.log_start_offset
                 elif ts < 0:
                     raise errors.InvalidRequestError(f"timestamp {ts}: use -1 (latest), -2 (earliest) or ms >= 0")
                 else:
                     offset, found_ts = plog.offset_for_timestamp(ts)
-                    if offset >= self.high_watermark(plog):
+                    if offset >= plog.high_watermark:
                         offset, found_ts = -1, -1
                     result["offset"], result["timestamp"] = offset, found_ts
             except errors.FabricError as exc:
@@ -534,11 +822,29 @@ class Node:
             time.monotonic() + body["max_wait_ms"] / 1000.0,
             {(p["topic"], p["partition"]) for p in body["partitions"]},
         )
+        if body["replica_id"] >= 0:
+            self._record_replica_fetch(body)
         if not self._try_answer_fetch(fetch, final=body["max_wait_ms"] == 0):
             if len(self.parked) >= PARKED_FETCHES_MAX:
                 self._try_answer_fetch(fetch, final=True)
             else:
                 self.parked.append(fetch)
+
+    def _record_replica_fetch(self, body: dict[str, Any]) -> None:
+        """A follower's fetch offset is its log end: count it like an ack."""
+        now = time.monotonic()
+        changed: set[tuple[str, int]] = set()
+        for p in body["partitions"]:
+            tp = (p["topic"], p["partition"])
+            leader = self.leaders.get(tp)
+            if leader is None or p["current_leader_epoch"] != leader.epoch:
+                continue
+            leader.record_follower(body["replica_id"], p["fetch_offset"], self.logs[tp].log_end_offset, now)
+            if self._update_high_watermark(tp):
+                changed.add(tp)
+        if changed:
+            self._complete_pending(changed)
+            self._wake_parked(changed)
 
     def _try_answer_fetch(self, fetch: ParkedFetch, *, final: bool) -> bool:
         """Answer if there is enough data, an error, or ``final``; else leave it parked."""
@@ -552,18 +858,19 @@ class Node:
             result = {"topic": p["topic"], "partition": p["partition"], "error": 0, "high_watermark": -1,
                       "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0}
             try:
-                plog, state, _config = self._leader_log(p["topic"], p["partition"])
+                plog, leader, _config = self._leader_log(p["topic"], p["partition"])
                 epoch = p["current_leader_epoch"]
-                if epoch != apis.ANY_LEADER_EPOCH and epoch != state.leader_epoch:
-                    if epoch < state.leader_epoch:
-                        raise errors.FencedLeaderEpochError(f"epoch {epoch} < {state.leader_epoch}")
-                    raise errors.UnknownLeaderEpochError(f"epoch {epoch} > {state.leader_epoch}")
-                hw = self.high_watermark(plog)
+                if epoch != apis.ANY_LEADER_EPOCH and epoch != leader.epoch:
+                    if epoch < leader.epoch:
+                        raise errors.FencedLeaderEpochError(f"epoch {epoch} < {leader.epoch}")
+                    raise errors.UnknownLeaderEpochError(f"epoch {epoch} > {leader.epoch}")
+                hw = plog.high_watermark
                 result["high_watermark"] = hw
                 result["log_start_offset"] = plog.log_start_offset
                 result["log_end_offset"] = plog.log_end_offset
+                # Consumers read only what every in-sync replica has; followers read it all.
                 limit = hw if body["replica_id"] == apis.CONSUMER_REPLICA_ID else plog.log_end_offset
-                if p["fetch_offset"] > limit and p["fetch_offset"] <= plog.log_end_offset:
+                if limit < p["fetch_offset"] <= plog.log_end_offset:
                     batches: list[bytes] = []  # above the HW but inside the log: wait
                 else:
                     room = min(p["partition_bytes_max"], budget - total) if total < budget else 0
@@ -581,6 +888,8 @@ class Node:
         return True
 
     def _wake_parked(self, touched: set[tuple[str, int]]) -> None:
+        if not self.parked or not touched:
+            return
         still: list[ParkedFetch] = []
         for fetch in self.parked:
             if fetch.keys & touched and self._try_answer_fetch(fetch, final=False):
@@ -599,15 +908,355 @@ class Node:
                 still.append(fetch)
         self.parked = still
 
+    # -- leader side of replication --------------------------------------------------------
+    def _replica_ack(self, body: dict[str, Any]) -> dict[str, Any]:
+        now = time.monotonic()
+        changed: set[tuple[str, int]] = set()
+        out = []
+        for p in body["partitions"]:
+            tp = (p["topic"], p["partition"])
+            result = {"topic": tp[0], "partition": tp[1], "error": 0, "high_watermark": -1, "log_end_offset": -1}
+            leader = self.leaders.get(tp)
+            if leader is None:
+                result["error"] = errors.NotLeaderError.code
+            elif p["leader_epoch"] != leader.epoch:
+                fenced = p["leader_epoch"] < leader.epoch
+                result["error"] = (errors.FencedLeaderEpochError if fenced else errors.UnknownLeaderEpochError).code
+            else:
+                plog = self.logs[tp]
+                leader.record_follower(body["replica_id"], p["log_end_offset"], plog.log_end_offset, now)
+                if self._update_high_watermark(tp):
+                    changed.add(tp)
+                result["high_watermark"] = plog.high_watermark
+                result["log_end_offset"] = plog.log_end_offset
+            out.append(result)
+        if changed:
+            self._complete_pending(changed)
+            self._wake_parked(changed)
+        return {"partitions": out}
+
+    def _offsets_for_leader_epoch(self, partitions: list[dict[str, Any]]) -> dict[str, Any]:
+        out = []
+        for p in partitions:
+            tp = (p["topic"], p["partition"])
+            result = {"topic": tp[0], "partition": tp[1], "error": 0, "leader_epoch": -1, "end_offset": -1,
+                      "log_start_offset": -1}
+            leader = self.leaders.get(tp)
+            if leader is None:
+                result["error"] = errors.NotLeaderError.code
+            elif p["current_leader_epoch"] != leader.epoch:
+                fenced = p["current_leader_epoch"] < leader.epoch
+                result["error"] = (errors.FencedLeaderEpochError if fenced else errors.UnknownLeaderEpochError).code
+            else:
+                plog = self.logs[tp]
+                result["leader_epoch"], result["end_offset"] = plog.end_offset_for_epoch(p["leader_epoch"])
+                result["log_start_offset"] = plog.log_start_offset
+            out.append(result)
+        return {"partitions": out}
+
+    def _check_isr(self, now: float) -> None:
+        """Shrink the ISR by lag and grow it by catch-up, writing ZooKeeper before acting."""
+        if not self._session_ok():
+            return
+        lag_max_s = self.config.replica_lag_max_ms / 1000.0
+        for tp, leader in list(self.leaders.items()):
+            plog = self.logs[tp]
+            wanted = leader.isr_change(plog.log_end_offset, plog.high_watermark, now, lag_max_s)
+            if wanted is None:
+                continue
+            state = self.states[tp]
+            new_state = zkl.PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch,
+                                           tuple(r for r in state.replicas if r in wanted), state.version)
+            try:
+                written = zkl.write_partition_state(self.zk, tp[0], new_state)
+            except BadVersionError:
+                # Someone (the controller) changed this partition: re-read before acting.
+                self._routing_dirty = True
+                self.routing.resync()
+                continue
+            except Exception as exc:  # connection trouble: try again next check
+                log.warning("ISR update of %s/%d failed: %s", *tp, exc)
+                continue
+            log.info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(wanted))
+            self.states[tp] = written
+            self.routing.apply_partition_state(tp[0], written)
+            leader.isr = set(written.isr) | {self.node_id}
+            if self._update_high_watermark(tp):
+                self._wake_parked({tp})
+            self._complete_pending({tp})
+
+    # -- follower side of replication ------------------------------------------------------
+    def _leader_addresses(self, leader_id: int) -> tuple[str, str] | None:
+        info = self.routing.nodes().get(leader_id)
+        if info is None:
+            return None
+        if info.replication_address and info.replication_address not in self._sub_connected:
+            self.sub.connect(info.replication_address)
+            self._sub_connected.add(info.replication_address)
+        return info.address, info.replication_address
+
+    def _replica_request(self, address: str, api_key: int, body: dict[str, Any], kind: str, context: Any) -> int:
+        correlation_id = self.replica_conns.next_id()
+        try:
+            self.replica_conns.send(address, apis.encode_request(api_key, body, correlation_id), wait_connect_ms=0)
+        except errors.FabricError:
+            return 0
+        self.replica_requests[correlation_id] = (kind, context)
+        return correlation_id
+
+    def _follower_tick(self, now: float) -> None:
+        acks: dict[int, list[dict[str, Any]]] = {}
+        for tp, f in self.followers.items():
+            plog = self.logs[tp]
+            if f.request_in_flight and now - f.request_sent_s > REPLICA_REQUEST_TIMEOUT_S:
+                self.replica_requests.pop(f.request_in_flight, None)
+                f.request_in_flight = 0
+            addresses = self._leader_addresses(f.leader_id)
+            if addresses is None:
+                continue
+            address = addresses[0]
+            if f.mode == TRUNCATING and not f.request_in_flight:
+                last_epoch = plog.latest_epoch()
+                if last_epoch < 0:
+                    f.mode = FETCHING  # nothing to truncate
+                else:
+                    body = {"replica_id": self.node_id, "partitions": [
+                        {"topic": tp[0], "partition": tp[1], "current_leader_epoch": f.epoch, "leader_epoch": last_epoch}]}
+                    f.request_in_flight = self._replica_request(address, ApiKey.OFFSETS_FOR_LEADER_EPOCH, body, "epoch", (tp, f.epoch))
+                    f.request_sent_s = now
+            if f.mode == STREAMING and f.leader_log_end > plog.log_end_offset and now - f.last_progress_s > REPLICA_STALL_S:
+                f.mode = FETCHING  # the stream stalled or dropped its tail
+            if f.mode == FETCHING and not f.request_in_flight:
+                body = {"replica_id": self.node_id, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": REPLICA_FETCH_BYTES_MAX,
+                        "partitions": [{"topic": tp[0], "partition": tp[1], "fetch_offset": plog.log_end_offset,
+                                        "partition_bytes_max": REPLICA_FETCH_BYTES_MAX, "current_leader_epoch": f.epoch}]}
+                f.request_in_flight = self._replica_request(address, ApiKey.FETCH, body, "fetch", (tp, f.epoch))
+                f.request_sent_s = now
+            if f.mode == STREAMING and (plog.log_end_offset != f.acked_log_end or now - self._last_ack_sent_s >= REPLICA_ACK_INTERVAL_S):
+                acks.setdefault(f.leader_id, []).append(
+                    {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
+                f.acked_log_end = plog.log_end_offset
+        if acks:
+            self._send_acks(acks)
+        if now - self._last_ack_sent_s >= REPLICA_ACK_INTERVAL_S:
+            self._last_ack_sent_s = now
+
+    def _send_acks(self, acks: dict[int, list[dict[str, Any]]]) -> None:
+        for leader_id, partitions in acks.items():
+            addresses = self._leader_addresses(leader_id)
+            if addresses is not None:
+                self._replica_request(addresses[0], ApiKey.REPLICA_ACK, {"replica_id": self.node_id, "partitions": partitions},
+                                      "ack", None)
+
+    def _drain_replication_stream(self) -> None:
+        """Apply batches from leaders' PUB streams that continue our logs exactly."""
+        wb = None
+        now = time.monotonic()
+        now_ms = int(time.time() * 1000)
+        for _ in range(SUB_MESSAGES_MAX):
+            try:
+                pkey, meta, data = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except ValueError:
+                continue  # not three frames: not from a Fabric leader
+            tp = self.pkeys.get(pkey)
+            if tp is None:
+                continue
+            f = self.followers.get(tp)
+            if f is None or f.mode != STREAMING or len(meta) != _REPLICA_META.size:
+                continue
+            epoch, leader_id = _REPLICA_META.unpack(meta)
+            if epoch != f.epoch or leader_id != f.leader_id:
+                continue  # fenced: not the leader we follow
+            plog = self.logs[tp]
+            try:
+                header = batch_format.read_header(data)
+            except errors.FabricError:
+                continue
+            if header.next_offset <= plog.log_end_offset:
+                continue  # already have it
+            if header.base_offset != plog.log_end_offset:
+                f.mode = FETCHING  # a gap: the stream dropped something
+                continue
+            try:
+                batch_format.validate(data, len(data))
+            except errors.FabricError as exc:
+                log.warning("bad batch from leader %d on %s/%d: %s; fetching instead", leader_id, tp[0], tp[1], exc)
+                f.mode = FETCHING
+                continue
+            if wb is None:
+                wb = self.store.new_write_batch()
+            plog.append(wb, bytearray(data), header, header.leader_epoch, now_ms, stamp=False)
+            f.last_progress_s = now
+        if wb is not None:
+            self.store.write(wb)
+            self._follower_tick(now)  # ack at once: the leader's HW waits on us
+
+    def _handle_replica_replies(self) -> None:
+        for _address, frames in self.replica_conns.drain():
+            try:
+                message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
+            except errors.FabricError as exc:
+                log.warning("undecodable reply from a leader: %s", exc)
+                continue
+            request = self.replica_requests.pop(message.header.correlation_id, None)
+            if request is None or message.header.error_code:
+                continue
+            kind, context = request
+            if kind == "ack":
+                self._on_ack_reply(message.body)
+                continue
+            tp, epoch = context
+            f = self.followers.get(tp)
+            if f is None or f.epoch != epoch or f.request_in_flight != message.header.correlation_id:
+                continue
+            f.request_in_flight = 0
+            if kind == "epoch":
+                self._on_epoch_reply(tp, f, message.body["partitions"][0])
+            elif kind == "fetch":
+                self._on_fetch_reply(tp, f, message.body["partitions"][0], message.batches)
+
+    def _on_ack_reply(self, body: dict[str, Any]) -> None:
+        for p in body["partitions"]:
+            tp = (p["topic"], p["partition"])
+            f = self.followers.get(tp)
+            if f is None or p["error"]:
+                continue
+            f.leader_log_end = p["log_end_offset"]
+            plog = self.logs[tp]
+            plog.high_watermark = max(plog.high_watermark, min(p["high_watermark"], plog.log_end_offset))
+
+    def _on_epoch_reply(self, tp: tuple[str, int], f: FollowerReplica, result: dict[str, Any]) -> None:
+        if result["error"]:
+            return  # the leader does not know its epoch yet, or moved on: ask again later
+        plog = self.logs[tp]
+        leader_epoch, leader_end = result["leader_epoch"], result["end_offset"]
+        if leader_epoch < 0:
+            target = plog.log_start_offset  # the leader has nothing as old as our history
+        else:
+            # KIP-279: cut at the end of the last epoch both logs share, as it is in ours.
+            _ours, our_end = plog.end_offset_for_epoch(leader_epoch)
+            target = min(leader_end, our_end) if our_end >= 0 else plog.log_start_offset
+        if target < plog.log_end_offset:
+            log.warning("truncating %s/%d from %d to %d (leader %d epoch %d)",
+                        *tp, plog.log_end_offset, target, f.leader_id, f.epoch)
+            plog.truncate_to(target)
+        if plog.log_end_offset < result["log_start_offset"]:
+            plog.reset_to(result["log_start_offset"])
+        f.mode = FETCHING
+
+    def _on_fetch_reply(self, tp: tuple[str, int], f: FollowerReplica, result: dict[str, Any], batches: list[Any]) -> None:
+        plog = self.logs[tp]
+        error = result["error"]
+        if error == errors.OffsetOutOfRangeError.code:
+            if plog.log_end_offset < result["log_start_offset"]:
+                plog.reset_to(result["log_start_offset"])
+            elif plog.log_end_offset > result["log_end_offset"] >= 0:
+                f.mode = TRUNCATING  # we hold more than the leader: find the divergence again
+            return
+        if error:
+            return
+        f.leader_log_end = result["log_end_offset"]
+        wb = None
+        now_ms = int(time.time() * 1000)
+        for data in batches:
+            raw = bytes(data)
+            header = batch_format.read_header(raw)
+            if header.next_offset <= plog.log_end_offset:
+                continue
+            if header.base_offset != plog.log_end_offset:
+                f.mode = TRUNCATING
+                return
+            batch_format.validate(raw, len(raw))
+            if wb is None:
+                wb = self.store.new_write_batch()
+            plog.append(wb, bytearray(raw), header, header.leader_epoch, now_ms, stamp=False)
+        if wb is not None:
+            self.store.write(wb)
+            f.last_progress_s = time.monotonic()
+        plog.high_watermark = max(plog.high_watermark, min(result["high_watermark"], plog.log_end_offset))
+        if not batches and plog.log_end_offset >= result["log_end_offset"]:
+            f.mode = STREAMING  # level with the leader: the stream carries us from here
+            f.last_progress_s = time.monotonic()
+            f.acked_log_end = -1  # report our log end right away
+
+    # -- controller ------------------------------------------------------------------------
+    def _controller_tick(self) -> None:
+        self._controller_dirty = False
+        if not self._session_ok():
+            return
+        if self.routing.controller_id < 0 and not self._is_controller:
+            try:
+                self.zk.create(zkl.CONTROLLER, str(self.node_id).encode(), ephemeral=True)
+                self._is_controller = True
+                log.info("node %d is the controller", self.node_id)
+            except NodeExistsError:
+                pass
+            except Exception as exc:
+                log.warning("controller election failed: %s", exc)
+        elif self._is_controller and self.routing.controller_id not in (-1, self.node_id):
+            self._is_controller = False
+        if self._is_controller:
+            self._reconcile_leaders()
+
+    def _reconcile_leaders(self) -> None:
+        """Elect a leader wherever the current one is gone (or an offline ISR member is back)."""
+        live = set(self.routing.nodes())
+        for name, route in self.routing.topics().items():
+            for p, cached in route.partitions.items():
+                if controller.elect(cached, live, unclean=route.config.unclean_leader_election) is None:
+                    continue
+                try:
+                    raw, stat = self.zk.get(zkl.partition_path(name, p))
+                    state = zkl.PartitionState.decode(p, raw, stat.version)
+                    live = set(zkl.live_nodes(self.zk))
+                    new_state = controller.elect(state, live, unclean=route.config.unclean_leader_election)
+                    if new_state is None:
+                        continue
+                    written = zkl.write_partition_state(self.zk, name, new_state)
+                except (BadVersionError, NoNodeError):
+                    self._controller_dirty = True
+                    continue
+                except Exception as exc:
+                    log.warning("leader election for %s/%d failed: %s", name, p, exc)
+                    self._controller_dirty = True
+                    continue
+                self.routing.apply_partition_state(name, written)
+                self._routing_dirty = True
+                log.info("controller: %s/%d leader %d -> %d, epoch %d, isr %s",
+                         name, p, state.leader, written.leader, written.leader_epoch, list(written.isr))
+
+    def _elect_preferred_leaders(self, topics: list[str]) -> dict[str, Any]:
+        if not self._is_controller:
+            raise errors.NotControllerError(f"node {self.node_id} is not the controller (ask node {self.routing.controller_id})")
+        live = set(zkl.live_nodes(self.zk))
+        moved = 0
+        for name, route in self.routing.topics().items():
+            if topics and name not in topics:
+                continue
+            for p in route.partitions:
+                try:
+                    raw, stat = self.zk.get(zkl.partition_path(name, p))
+                    new_state = controller.prefer(zkl.PartitionState.decode(p, raw, stat.version), live)
+                    if new_state is None:
+                        continue
+                    written = zkl.write_partition_state(self.zk, name, new_state)
+                except (BadVersionError, NoNodeError):
+                    continue
+                self.routing.apply_partition_state(name, written)
+                self._routing_dirty = True
+                moved += 1
+        return {"error": 0, "message": "", "moved": moved}
+
     # -- retention -------------------------------------------------------------------------
     def _apply_retention(self) -> None:
-        topics = self.routing.topics()
         now_ms = int(time.time() * 1000)
         for (topic, partition), plog in self.logs.items():
-            route = topics.get(topic)
-            if route is None:
+            config = self.configs.get(topic)
+            if config is None:
                 continue
-            deleted = plog.apply_retention(route.config.retention_ms, route.config.retention_bytes, now_ms)
+            deleted = plog.apply_retention(config.retention_ms, config.retention_bytes, now_ms)
             if deleted:
                 log.info("retention deleted %d records of %s/%d; log starts at %d", deleted, topic, partition, plog.log_start_offset)
 
@@ -621,6 +1270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="client port; 0 picks a free one")
+    parser.add_argument("--replication-port", type=int, default=0, help="replication PUB port; 0 picks a free one")
+    parser.add_argument("--replica-lag-max-ms", type=int, default=5_000,
+                        help="a follower this far behind leaves the in-sync replicas")
     parser.add_argument("--fsync", choices=("none", "interval", "every-batch"), default="none")
     parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
@@ -636,6 +1288,8 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir,
             host=args.host,
             port=args.port,
+            replication_port=args.replication_port,
+            replica_lag_max_ms=args.replica_lag_max_ms,
             fsync=args.fsync,
             fsync_interval_ms=args.fsync_interval_ms,
             retention_check_interval_ms=args.retention_check_interval_ms,

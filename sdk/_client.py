@@ -7,21 +7,19 @@ caller's thread.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
-
 from fabric import errors
-from fabric.protocol import apis
-from fabric.protocol.apis import ApiKey, Message
+from fabric.protocol.apis import ApiKey
+from fabric.transport import DEFAULT_REQUEST_TIMEOUT_MS, Connections
 
-DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+__all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "Bootstrap", "ClusterMetadata", "Connections", "MetadataClient",
+           "PartitionMetadata", "TopicMetadata", "TopicPartition"]
+
 METADATA_TIMEOUT_MS = 5_000
-SOCKET_HWM = 10_000
 
 
 @dataclass(frozen=True)
@@ -103,100 +101,6 @@ class Bootstrap:
         finally:
             client.stop()
             client.close()
-
-
-class Connections:
-    """DEALER sockets by node address, with correlation ids and a poller."""
-
-    def __init__(self, context: zmq.Context[Any] | None = None) -> None:
-        self.ctx = context or zmq.Context.instance()
-        self.sockets: dict[str, zmq.Socket[Any]] = {}
-        self.by_socket: dict[zmq.Socket[Any], str] = {}
-        self.poller = zmq.Poller()
-        self._ids = itertools.count(1)
-
-    def next_id(self) -> int:
-        return next(self._ids) & 0xFFFFFFFF
-
-    def socket(self, address: str) -> zmq.Socket[Any]:
-        sock = self.sockets.get(address)
-        if sock is None:
-            sock = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
-            sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-            sock.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
-            # Without IMMEDIATE a DEALER queues to a peer that is not there; with it a
-            # send to a dead node fails fast and we try another route.
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.connect(address)
-            self.sockets[address] = sock
-            self.by_socket[sock] = address
-            self.poller.register(sock, zmq.POLLIN)
-        return sock
-
-    def send(self, address: str, frames: list[Any], *, wait_connect_ms: int = 1_000) -> None:
-        """Send without blocking forever: a node that is down raises NodeNotReadyError."""
-        sock = self.socket(address)
-        deadline = time.monotonic() + wait_connect_ms / 1000.0
-        while True:
-            try:
-                sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                return
-            except zmq.Again:
-                if time.monotonic() >= deadline:
-                    raise errors.NodeNotReadyError(f"node {address} is not reachable") from None
-                time.sleep(0.005)
-
-    def drop(self, address: str) -> None:
-        """Close a socket, discarding anything queued on it (after a timeout)."""
-        sock = self.sockets.pop(address, None)
-        if sock is not None:
-            self.by_socket.pop(sock, None)
-            self.poller.unregister(sock)
-            sock.close(linger=0)
-
-    def poll(self, timeout_ms: int) -> list[tuple[str, list[Any]]]:
-        out: list[tuple[str, list[Any]]] = []
-        if not self.sockets:
-            time.sleep(max(0, timeout_ms) / 1000.0)
-            return out
-        for sock, _ in self.poller.poll(max(0, timeout_ms)):
-            address = self.by_socket.get(sock)
-            if address is None:
-                continue
-            while True:
-                try:
-                    out.append((address, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
-                except zmq.Again:
-                    break
-        return out
-
-    def request(self, address: str, api_key: int, body: dict[str, Any], *, timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
-                batches: list[bytes] | None = None) -> Message:
-        """One synchronous request; other responses that arrive meanwhile are dropped."""
-        correlation_id = self.next_id()
-        self.send(address, apis.encode_request(api_key, body, correlation_id, batches=batches))
-        deadline = time.monotonic() + timeout_ms / 1000.0
-        sock = self.sockets[address]
-        while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                self.drop(address)
-                raise errors.RequestTimedOutError(f"{ApiKey(api_key).name} to {address} timed out after {timeout_ms} ms")
-            if not sock.poll(remaining_ms):
-                continue
-            frames = sock.recv_multipart(copy=False)
-            message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
-            if message.header.correlation_id != correlation_id:
-                continue
-            if message.header.error_code:
-                errors.raise_for_code(message.header.error_code, message.body.get("message", ""))
-            return message
-
-    def close(self) -> None:
-        for address in list(self.sockets):
-            self.drop(address)
 
 
 class MetadataClient:

@@ -41,6 +41,9 @@ class ApiKey(IntEnum):
     DELETE_TOPIC = 6
     DESCRIBE_TOPICS = 7
     INIT_PRODUCER_ID = 8
+    REPLICA_ACK = 9
+    OFFSETS_FOR_LEADER_EPOCH = 10
+    ELECT_LEADERS = 11
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -196,6 +199,30 @@ DESCRIBE_TOPICS_RESPONSE_V0: Schema = (
 INIT_PRODUCER_ID_REQUEST_V0: Schema = (("client_id", "str"),)
 INIT_PRODUCER_ID_RESPONSE_V0: Schema = (("error", "i16"), ("producer_id", "i64"), ("producer_epoch", "i16"))
 
+# Follower -> leader: "I have everything below log_end_offset" (stream mode heartbeat/ack).
+REPLICA_ACK_REQUEST_V0: Schema = (
+    ("replica_id", "i32"),
+    ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("leader_epoch", "i32"),
+                                 ("log_end_offset", "i64"))))),
+)
+REPLICA_ACK_RESPONSE_V0: Schema = (
+    ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("error", "i16"),
+                                 ("high_watermark", "i64"), ("log_end_offset", "i64"))))),
+)
+# Follower -> new leader: "where does epoch N end in your log?" (KIP-101/279 truncation).
+OFFSETS_FOR_LEADER_EPOCH_REQUEST_V0: Schema = (
+    ("replica_id", "i32"),
+    ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("current_leader_epoch", "i32"),
+                                 ("leader_epoch", "i32"))))),
+)
+OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0: Schema = (
+    ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("error", "i16"),
+                                 ("leader_epoch", "i32"), ("end_offset", "i64"), ("log_start_offset", "i64"))))),
+)
+# Admin -> controller: move leadership back to each partition's preferred (first) replica.
+ELECT_LEADERS_REQUEST_V0: Schema = (("topics", Array("str")),)
+ELECT_LEADERS_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"), ("moved", "i32"))
+
 # (api_key, api_version) -> (request schema, response schema)
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.API_VERSIONS, 0): (API_VERSIONS_REQUEST_V0, API_VERSIONS_RESPONSE_V0),
@@ -207,6 +234,9 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.DELETE_TOPIC, 0): (DELETE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
     (ApiKey.DESCRIBE_TOPICS, 0): (DESCRIBE_TOPICS_REQUEST_V0, DESCRIBE_TOPICS_RESPONSE_V0),
     (ApiKey.INIT_PRODUCER_ID, 0): (INIT_PRODUCER_ID_REQUEST_V0, INIT_PRODUCER_ID_RESPONSE_V0),
+    (ApiKey.REPLICA_ACK, 0): (REPLICA_ACK_REQUEST_V0, REPLICA_ACK_RESPONSE_V0),
+    (ApiKey.OFFSETS_FOR_LEADER_EPOCH, 0): (OFFSETS_FOR_LEADER_EPOCH_REQUEST_V0, OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0),
+    (ApiKey.ELECT_LEADERS, 0): (ELECT_LEADERS_REQUEST_V0, ELECT_LEADERS_RESPONSE_V0),
 }
 
 

@@ -294,6 +294,8 @@ def records_section(buf: bytes | bytearray | memoryview, header: BatchHeader) ->
         records = decompressor.decompress(bytes(payload), max_length=header.records_bytes)
     except RuntimeError as exc:
         raise CorruptMessageError(f"lz4 frame does not decompress: {exc}") from exc
+    if decompressor.unused_data:
+        raise CorruptMessageError(f"{len(decompressor.unused_data)} bytes after the end of the lz4 frame")
     if len(records) != header.records_bytes or not decompressor.eof:
         raise CorruptMessageError(
             f"lz4 frame decompressed to {len(records)} bytes (eof={decompressor.eof}), header says {header.records_bytes}"

@@ -3,6 +3,8 @@
  * for byte, and compute the key hash vectors.
  *
  *   test_vectors VECTOR_DIR [DUMP_JSON]
+ *   test_vectors --reencode BATCH_HEX_FILE   decode a batch, print it re-encoded, in hex
+ *   test_vectors --errors                    print the error table: code name retriable
  *
  * Exits 0 when every check passed. With DUMP_JSON it also writes the decoded values as
  * JSON, laid out like tests/vectors/bodies.json and batch.json, so the pytest wrapper can
@@ -507,7 +509,63 @@ static void test_keyhash(const char *dir) {
     printf("ok keyhash: %d vectors\n", lines);
 }
 
+/* Decode any batch (e.g. a large multi-block lz4 one made by Python) and print it
+ * re-encoded with the same header fields, so the caller can compare the bytes. */
+static int reencode(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    size_t len;
+    uint8_t *raw = read_hex(dir, slash ? slash + 1 : path, &len);
+    fabric_batch_t *batch;
+    char err[256];
+    int rc = fabric_batch_decode(raw, len, &batch, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "decode: %s: %s\n", fabric_err_name(rc), err);
+        free(raw);
+        return 1;
+    }
+    fabric_batch_builder_t b;
+    fabric_batch_builder_init(&b);
+    for (uint32_t i = 0; i < batch->record_count && rc == 0; i++) {
+        const fabric_record_t *r = &batch->records[i];
+        rc = fabric_batch_builder_add(&b, r->timestamp_ms, r->key, r->key_len, r->value,
+                                      r->value_len, r->headers, r->header_count);
+    }
+    fabric_batch_options_t o;
+    fabric_batch_options_init(&o);
+    o.codec = batch->header.attributes & FABRIC_CODEC_MASK;
+    o.base_offset = batch->header.base_offset;
+    o.leader_epoch = batch->header.leader_epoch;
+    o.producer_id = batch->header.producer_id;
+    o.producer_epoch = batch->header.producer_epoch;
+    o.base_sequence = batch->header.base_sequence;
+    o.global_id_base = batch->header.global_id_base;
+    fabric_buf_t out;
+    fabric_buf_init(&out);
+    if (rc == 0) rc = fabric_batch_builder_finish(&b, &o, &out);
+    if (rc == 0) {
+        char *hex = malloc(2 * out.len + 1);
+        fabric_hex_encode(out.data, out.len, hex);
+        printf("%s\n", hex);
+        free(hex);
+    } else {
+        fprintf(stderr, "re-encode: %s\n", fabric_err_name(rc));
+    }
+    fabric_buf_free(&out);
+    fabric_batch_builder_free(&b);
+    fabric_batch_free(batch);
+    free(raw);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--errors") == 0) {
+        for (int code = -7; code <= FABRIC_WIRE_ERROR_MAX; code++)
+            printf("%d %s %d\n", code, fabric_err_name(code), fabric_err_retriable(code));
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "--reencode") == 0) return reencode(argv[2]);
     if (argc < 2 || argc > 3) {
         fprintf(stderr, "usage: %s VECTOR_DIR [DUMP_JSON]\n", argv[0]);
         return 2;

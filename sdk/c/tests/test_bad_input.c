@@ -1,0 +1,418 @@
+/*
+ * test_bad_input: hostile bytes into the decoders must give clean error codes, never a
+ * crash, an over-read (run it under valgrind) or a large allocation.
+ *
+ *   build/test_bad_input [SEED]
+ *
+ * Covers truncated batches, every single-byte corruption (the CRC must catch it),
+ * inconsistent headers, lz4 frames that lie about their size (64 GiB claims, claims that
+ * differ from records_bytes, frames that decompress short or long, trailing garbage),
+ * broken columns, hostile body frames, and a seeded random mutation run whose seed is
+ * printed so a failure can be reproduced.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "../fabric.h"
+
+#include <lz4frame.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int failures = 0;
+static int checks = 0;
+
+#define EXPECT(expr, want, ...)                                                                   \
+    do {                                                                                          \
+        int got_ = (expr);                                                                        \
+        checks++;                                                                                 \
+        if (got_ != (want)) {                                                                     \
+            fprintf(stderr, "FAIL %s:%d: got %s (%d), want %s: ", __FILE__, __LINE__,             \
+                    fabric_err_name(got_), got_, fabric_err_name(want));                          \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+            failures++;                                                                           \
+        }                                                                                         \
+    } while (0)
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void fix_crc(uint8_t *buf, size_t len) { put32(buf + 16, fabric_batch_crc(buf, len)); }
+
+/* decode, free, return the code */
+static int decode(const uint8_t *buf, size_t len) {
+    fabric_batch_t *b = NULL;
+    char err[256];
+    int rc = fabric_batch_decode(buf, len, &b, err, sizeof err);
+    if (rc == 0 && b == NULL) return -100;
+    if (rc != 0 && b != NULL) return -101;
+    fabric_batch_free(b);
+    return rc;
+}
+
+/* A batch of three records with keys, a null value and headers. */
+static void make_batch(int codec, fabric_buf_t *out) {
+    fabric_batch_builder_t b;
+    fabric_batch_builder_init(&b);
+    fabric_header_t h[2] = {{"trace", 5, "\x01\x02", 2}, {"empty", 5, NULL, -1}};
+    fabric_batch_builder_add(&b, 1700000000000, "key-1", 5, "hello", 5, h, 2);
+    fabric_batch_builder_add(&b, 1700000000005, NULL, -1, "world", 5, NULL, 0);
+    fabric_batch_builder_add(&b, 1700000000003, "key", 3, NULL, -1, h, 1);
+    fabric_batch_options_t o;
+    fabric_batch_options_init(&o);
+    o.codec = codec;
+    fabric_buf_init(out);
+    if (fabric_batch_builder_finish(&b, &o, out)) abort();
+    fabric_batch_builder_free(&b);
+}
+
+/* XXH32, for re-sealing the header checksum of lz4 frames we tamper with. */
+static uint32_t rotl(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint32_t xxh32(const uint8_t *p, size_t len) {
+    const uint32_t P1 = 2654435761U, P2 = 2246822519U, P3 = 3266489917U, P4 = 668265263U,
+                   P5 = 374761393U;
+    const uint8_t *end = p + len;
+    uint32_t h;
+    if (len >= 16) {
+        uint32_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = 0 - P1;
+        while (end - p >= 16) {
+            v1 = rotl(v1 + rd32(p) * P2, 13) * P1;
+            v2 = rotl(v2 + rd32(p + 4) * P2, 13) * P1;
+            v3 = rotl(v3 + rd32(p + 8) * P2, 13) * P1;
+            v4 = rotl(v4 + rd32(p + 12) * P2, 13) * P1;
+            p += 16;
+        }
+        h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+    } else {
+        h = P5;
+    }
+    h += (uint32_t)len;
+    while (end - p >= 4) {
+        h = rotl(h + rd32(p) * P3, 17) * P4;
+        p += 4;
+    }
+    while (p < end) h = rotl(h + (*p++) * P5, 11) * P1;
+    h ^= h >> 15;
+    h *= P2;
+    h ^= h >> 13;
+    h *= P3;
+    h ^= h >> 16;
+    return h;
+}
+
+/* Make a batch whose records section is the lz4 frame of `section` (section_len bytes),
+ * with the frame's content-size field set to `claim` and the header's records_bytes to
+ * `records_bytes`, the frame header checksum and the batch CRC made valid. */
+static size_t lz4_batch(const uint8_t *section, size_t section_len, uint64_t claim,
+                        int32_t records_bytes, int32_t record_count, uint8_t *out, size_t cap) {
+    LZ4F_preferences_t prefs;
+    memset(&prefs, 0, sizeof prefs);
+    prefs.frameInfo.contentSize = section_len;
+    size_t n = LZ4F_compressFrame(out + FABRIC_BATCH_HEADER_BYTES, cap - FABRIC_BATCH_HEADER_BYTES,
+                                  section, section_len, &prefs);
+    if (LZ4F_isError(n)) abort();
+    uint8_t *frame = out + FABRIC_BATCH_HEADER_BYTES;
+    put64(frame + 6, claim);
+    frame[14] = (uint8_t)(xxh32(frame + 4, 10) >> 8);
+    memset(out, 0, FABRIC_BATCH_HEADER_BYTES);
+    size_t len = FABRIC_BATCH_HEADER_BYTES + n;
+    put32(out + 8, (uint32_t)len);
+    put32(out + 12, 0xFFFFFFFFu);
+    out[20] = 1;
+    out[21] = FABRIC_CODEC_LZ4;
+    put32(out + 24, (uint32_t)record_count);
+    put32(out + 68, (uint32_t)records_bytes);
+    fix_crc(out, len);
+    return len;
+}
+
+static void test_truncation_and_crc(void) {
+    for (int codec = 0; codec <= 1; codec++) {
+        fabric_buf_t good;
+        make_batch(codec, &good);
+        EXPECT(decode(good.data, good.len), 0, "the good batch (codec %d)", codec);
+        for (size_t cut = 0; cut < good.len; cut++)
+            EXPECT(decode(good.data, cut), FABRIC_ERR_CORRUPT_MESSAGE, "codec %d cut at %zu", codec, cut);
+        /* Every byte the CRC covers, and the CRC itself: any change is refused. */
+        uint8_t *copy = malloc(good.len);
+        for (size_t i = 16; i < good.len; i++) {
+            memcpy(copy, good.data, good.len);
+            copy[i] ^= 0x5A;
+            int rc = decode(copy, good.len);
+            checks++;
+            if (rc == 0) {
+                fprintf(stderr, "FAIL: codec %d: byte %zu flipped and accepted\n", codec, i);
+                failures++;
+            }
+        }
+        /* base_offset and leader_epoch are outside the CRC on purpose (the leader stamps them). */
+        memcpy(copy, good.data, good.len);
+        put64(copy, 12345);
+        put32(copy + 12, 9);
+        EXPECT(decode(copy, good.len), 0, "stamped base_offset/leader_epoch");
+        /* A frame longer than batch_length is fine for decode (batches are read whole). */
+        free(copy);
+        fabric_buf_free(&good);
+    }
+}
+
+static void test_headers_fields(void) {
+    fabric_buf_t good;
+    make_batch(FABRIC_CODEC_NONE, &good);
+    uint8_t *b = malloc(good.len);
+#define MUTATE(stmt, want, what)                                                                  \
+    do {                                                                                          \
+        memcpy(b, good.data, good.len);                                                           \
+        stmt;                                                                                     \
+        fix_crc(b, good.len);                                                                     \
+        EXPECT(decode(b, good.len), want, what);                                                  \
+    } while (0)
+    MUTATE(b[20] = 2, FABRIC_ERR_CORRUPT_MESSAGE, "batch magic 2");
+    MUTATE(b[21] = 5, FABRIC_ERR_UNSUPPORTED_COMPRESSION, "codec 5");
+    MUTATE(b[21] = FABRIC_CODEC_LZ4, FABRIC_ERR_CORRUPT_MESSAGE, "codec lz4 on raw columns");
+    MUTATE(put32(b + 24, 0), FABRIC_ERR_CORRUPT_MESSAGE, "record_count 0");
+    MUTATE(put32(b + 24, 0xFFFFFFFFu), FABRIC_ERR_CORRUPT_MESSAGE, "record_count -1");
+    MUTATE(put32(b + 24, 1000001), FABRIC_ERR_CORRUPT_MESSAGE, "record_count above the limit");
+    MUTATE(put32(b + 24, 100), FABRIC_ERR_CORRUPT_MESSAGE, "records_bytes < 14 x record_count");
+    MUTATE(put32(b + 24, 4), FABRIC_ERR_CORRUPT_MESSAGE, "one record more than the columns");
+    MUTATE(put32(b + 68, 0x7FFFFFFF), FABRIC_ERR_DECOMPRESSION_LIMIT, "records_bytes 2 GiB");
+    MUTATE(put32(b + 68, (uint32_t)(64 * 1024 * 1024 + 1)), FABRIC_ERR_DECOMPRESSION_LIMIT,
+           "records_bytes 64 MiB + 1");
+    MUTATE(put32(b + 68, 0xFFFFFFFFu), FABRIC_ERR_CORRUPT_MESSAGE, "records_bytes -1");
+    MUTATE(put32(b + 8, (uint32_t)good.len + 1), FABRIC_ERR_CORRUPT_MESSAGE, "batch_length past the buffer");
+    MUTATE(put32(b + 8, 10), FABRIC_ERR_CORRUPT_MESSAGE, "batch_length below the header");
+    MUTATE(put32(b + 8, 0x80000000u), FABRIC_ERR_CORRUPT_MESSAGE, "batch_length negative");
+    /* Columns: record 0's key length (offset 72 + 12) and value length, header counts. */
+    size_t kl = FABRIC_BATCH_HEADER_BYTES + 12, vl = FABRIC_BATCH_HEADER_BYTES + 24,
+           hc = FABRIC_BATCH_HEADER_BYTES + 36;
+    MUTATE(put32(b + kl, 1000), FABRIC_ERR_CORRUPT_MESSAGE, "key length past the section");
+    MUTATE(put32(b + kl, 0xFFFFFFFEu), FABRIC_ERR_CORRUPT_MESSAGE, "key length -2");
+    MUTATE(put32(b + kl, 0x7FFFFFFF), FABRIC_ERR_CORRUPT_MESSAGE, "key length 2^31-1");
+    MUTATE(put32(b + vl, 0x80000000u), FABRIC_ERR_CORRUPT_MESSAGE, "value length INT32_MIN");
+    MUTATE(put32(b + kl, 4), FABRIC_ERR_CORRUPT_MESSAGE, "a key one byte short: trailing bytes");
+    MUTATE((b[hc] = 0xFF, b[hc + 1] = 0xFF), FABRIC_ERR_CORRUPT_MESSAGE, "65535 headers");
+    MUTATE(b[hc] = 0, FABRIC_ERR_CORRUPT_MESSAGE, "headers left over: trailing bytes");
+    /* The first header name "trace": make it invalid UTF-8. */
+    {
+        const uint8_t *name = memmem(good.data, good.len, "trace", 5);
+        if (name) {
+            size_t at = (size_t)(name - good.data);
+            MUTATE(b[at] = 0xFF, FABRIC_ERR_CORRUPT_MESSAGE, "header name not UTF-8");
+            MUTATE(put32(b + at + 5, 0x7FFFFFF0u), FABRIC_ERR_CORRUPT_MESSAGE, "header value length huge");
+            MUTATE((b[at - 2] = 0xFF, b[at - 1] = 0xFF), FABRIC_ERR_CORRUPT_MESSAGE, "header name length huge");
+        } else {
+            failures++;
+        }
+    }
+    /* validate() on the produce path: sizes first, then CRC. */
+    char err[256];
+    EXPECT(fabric_batch_validate(good.data, good.len, (int32_t)good.len - 1, NULL, err, sizeof err),
+           FABRIC_ERR_MESSAGE_TOO_LARGE, "above message_bytes_max");
+    EXPECT(fabric_batch_validate(good.data, good.len, 1 << 20, NULL, err, sizeof err), 0, "valid");
+    memcpy(b, good.data, good.len);
+    b[good.len - 1] ^= 1;
+    EXPECT(fabric_batch_validate(b, good.len, 1 << 20, NULL, err, sizeof err),
+           FABRIC_ERR_CORRUPT_MESSAGE, "validate: CRC mismatch");
+    free(b);
+    fabric_buf_free(&good);
+#undef MUTATE
+}
+
+static void test_lz4_lies(void) {
+    enum { CAP = 16 << 20 }; /* LZ4F_compressFrame wants room for its worst-case bound */
+    uint8_t *out = malloc(CAP);
+    /* A real records section: one record, 10-byte value, no key, no headers. */
+    uint8_t section[14 + 10];
+    memset(section, 0, sizeof section);
+    put32(section + 4, 0xFFFFFFFFu); /* key length -1 */
+    put32(section + 8, 10);           /* value length */
+    memcpy(section + 14, "0123456789", 10);
+    size_t len = lz4_batch(section, sizeof section, sizeof section, sizeof section, 1, out, CAP);
+    EXPECT(decode(out, len), 0, "an honest lz4 batch (checks the XXH32 re-sealing)");
+
+    /* The bomb: a frame that claims 64 GiB. Refused before any allocation. */
+    len = lz4_batch(section, sizeof section, 64ULL << 30, sizeof section, 1, out, CAP);
+    EXPECT(decode(out, len), FABRIC_ERR_DECOMPRESSION_LIMIT, "frame claims 64 GiB");
+    /* ...with records_bytes also claiming something huge. */
+    len = lz4_batch(section, sizeof section, 64ULL << 30, 0x7FFFFFFF, 1, out, CAP);
+    EXPECT(decode(out, len), FABRIC_ERR_DECOMPRESSION_LIMIT, "frame and header claim 2 GiB");
+    /* Claim differs from records_bytes. */
+    len = lz4_batch(section, sizeof section, sizeof section + 1, sizeof section, 1, out, CAP);
+    EXPECT(decode(out, len), FABRIC_ERR_DECOMPRESSION_LIMIT, "claim = records_bytes + 1");
+    /* Claim == records_bytes == 1 MiB, but the blocks hold 24 bytes: allocation is 1 MiB
+     * (records_bytes, within the limit), and the short output is refused. */
+    len = lz4_batch(section, sizeof section, 1 << 20, 1 << 20, 1, out, CAP);
+    EXPECT(decode(out, len), FABRIC_ERR_CORRUPT_MESSAGE, "frame decompresses short");
+    /* Claim == records_bytes smaller than the data: output bounded, refused. */
+    len = lz4_batch(section, sizeof section, 20, 20, 1, out, CAP);
+    EXPECT(decode(out, len), FABRIC_ERR_CORRUPT_MESSAGE, "frame decompresses long");
+    /* No content size at all. */
+    len = lz4_batch(section, sizeof section, sizeof section, sizeof section, 1, out, CAP);
+    out[FABRIC_BATCH_HEADER_BYTES + 4] &= (uint8_t)~0x08;
+    fix_crc(out, len);
+    EXPECT(decode(out, len), FABRIC_ERR_DECOMPRESSION_LIMIT, "no content size field");
+    /* Not an lz4 frame. */
+    len = lz4_batch(section, sizeof section, sizeof section, sizeof section, 1, out, CAP);
+    out[FABRIC_BATCH_HEADER_BYTES] = 0;
+    fix_crc(out, len);
+    EXPECT(decode(out, len), FABRIC_ERR_CORRUPT_MESSAGE, "bad lz4 magic");
+    /* Truncated frame (the batch CRC made valid again). */
+    len = lz4_batch(section, sizeof section, sizeof section, sizeof section, 1, out, CAP);
+    for (size_t cut = FABRIC_BATCH_HEADER_BYTES; cut < len; cut++) {
+        put32(out + 8, (uint32_t)cut);
+        fix_crc(out, cut);
+        int rc = decode(out, cut);
+        checks++;
+        if (rc != FABRIC_ERR_CORRUPT_MESSAGE && rc != FABRIC_ERR_DECOMPRESSION_LIMIT) {
+            fprintf(stderr, "FAIL: lz4 frame cut at %zu: %s\n", cut, fabric_err_name(rc));
+            failures++;
+        }
+    }
+    /* Trailing garbage after the frame. */
+    len = lz4_batch(section, sizeof section, sizeof section, sizeof section, 1, out, CAP);
+    memcpy(out + len, "junk", 4);
+    put32(out + 8, (uint32_t)len + 4);
+    fix_crc(out, len + 4);
+    EXPECT(decode(out, len + 4), FABRIC_ERR_CORRUPT_MESSAGE, "bytes after the lz4 frame");
+
+    /* A real compression bomb within the limit is decoded into exactly records_bytes:
+     * 8 MiB of zeros (one record, 8 MiB - 14 byte value) from a frame of ~32 KiB. */
+    size_t big = 8u << 20;
+    uint8_t *zeros = calloc(1, big);
+    put32(zeros + 4, 0xFFFFFFFFu);
+    put32(zeros + 8, (uint32_t)(big - 14));
+    len = lz4_batch(zeros, big, big, (int32_t)big, 1, out, CAP);
+    EXPECT(decode(out, len), 0, "8 MiB of zeros from %zu bytes", len);
+    /* ...and the same frame claiming the 64 MiB + 1 it cannot have is refused. */
+    len = lz4_batch(zeros, big, (64u << 20) + 1, (64 << 20) + 1, 1, out, CAP);
+    EXPECT(decode(out, len), FABRIC_ERR_DECOMPRESSION_LIMIT, "claim 64 MiB + 1");
+    free(zeros);
+    free(out);
+}
+
+static void test_bodies_and_headers(void) {
+    char err[256];
+    fabric_arena_t arena;
+    fabric_metadata_response_t m;
+    uint8_t frame[64];
+    memset(frame, 0, sizeof frame);
+    /* controller_id, then nodes count 0xFFFFFFFF */
+    put32(frame + 4, 0xFFFFFFFFu);
+    fabric_arena_init(&arena);
+    EXPECT(fabric_metadata_response_decode(frame, 8, &arena, &m, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "array count 2^32-1");
+    fabric_arena_free(&arena);
+    /* one million nodes in a 40-byte frame: refused before allocating */
+    put32(frame + 4, 1000000);
+    fabric_arena_init(&arena);
+    EXPECT(fabric_metadata_response_decode(frame, 40, &arena, &m, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "1e6 items in 36 bytes");
+    checks++;
+    if (arena.bytes > 4096) {
+        fprintf(stderr, "FAIL: arena grew to %zu bytes for a 40-byte frame\n", arena.bytes);
+        failures++;
+    }
+    fabric_arena_free(&arena);
+    /* invalid UTF-8 in a string: error body "\xc3\x28" */
+    uint8_t bad_utf8[] = {2, 0, 0xC3, 0x28};
+    fabric_error_body_t eb;
+    fabric_arena_init(&arena);
+    EXPECT(fabric_error_body_decode(bad_utf8, sizeof bad_utf8, &arena, &eb, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "invalid UTF-8");
+    fabric_arena_free(&arena);
+    uint8_t surrogate[] = {3, 0, 0xED, 0xA0, 0x80};
+    fabric_arena_init(&arena);
+    EXPECT(fabric_error_body_decode(surrogate, sizeof surrogate, &arena, &eb, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "UTF-8 surrogate");
+    fabric_arena_free(&arena);
+    uint8_t trailing[] = {1, 0, 'x', 0};
+    fabric_arena_init(&arena);
+    EXPECT(fabric_error_body_decode(trailing, sizeof trailing, &arena, &eb, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "trailing byte");
+    fabric_arena_free(&arena);
+    uint8_t long_str[] = {0xFF, 0xFF, 'x'};
+    fabric_arena_init(&arena);
+    EXPECT(fabric_error_body_decode(long_str, sizeof long_str, &arena, &eb, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "string length past the frame");
+    fabric_arena_free(&arena);
+    fabric_arena_init(&arena);
+    EXPECT(fabric_error_body_decode(NULL, 0, &arena, &eb, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "empty frame");
+    fabric_arena_free(&arena);
+
+    /* Header frames. */
+    fabric_frame_header_t h = {1, 0, 2, 0, 0, 7}, out;
+    uint8_t hb[FABRIC_HEADER_BYTES + 1];
+    fabric_header_encode(&h, hb);
+    EXPECT(fabric_header_decode(hb, FABRIC_HEADER_BYTES, &out, err, sizeof err), 0, "good header");
+    EXPECT(fabric_header_decode(hb, FABRIC_HEADER_BYTES - 1, &out, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "short header");
+    EXPECT(fabric_header_decode(hb, FABRIC_HEADER_BYTES + 1, &out, err, sizeof err),
+           FABRIC_ERR_MALFORMED_REQUEST, "long header");
+    EXPECT(fabric_header_decode(hb, 2, &out, err, sizeof err), FABRIC_ERR_MALFORMED_REQUEST,
+           "2-byte header");
+    hb[4] = 2;
+    EXPECT(fabric_header_decode(hb, FABRIC_HEADER_BYTES, &out, err, sizeof err),
+           FABRIC_ERR_UNSUPPORTED_VERSION, "protocol version 2");
+    hb[0] = 'X';
+    EXPECT(fabric_header_decode(hb, FABRIC_HEADER_BYTES, &out, err, sizeof err),
+           FABRIC_ERR_INVALID_MAGIC, "bad magic");
+    EXPECT(fabric_header_decode(hb, 7, &out, err, sizeof err), FABRIC_ERR_INVALID_MAGIC,
+           "bad magic wins over length");
+}
+
+/* Seeded random mutations of good batches and bodies: only clean errors (or success). */
+static void test_random(unsigned seed, int rounds) {
+    srand(seed);
+    fabric_buf_t batches[2];
+    make_batch(FABRIC_CODEC_NONE, &batches[0]);
+    make_batch(FABRIC_CODEC_LZ4, &batches[1]);
+    uint8_t buf[4096];
+    for (int i = 0; i < rounds; i++) {
+        fabric_buf_t *g = &batches[i & 1];
+        size_t len = g->len;
+        memcpy(buf, g->data, len);
+        int edits = 1 + rand() % 4;
+        for (int e = 0; e < edits; e++) buf[(size_t)rand() % len] = (uint8_t)rand();
+        if (rand() % 4 == 0) len = (size_t)rand() % (len + 1);
+        if (rand() % 2) fix_crc(buf, len < 72 ? 72 : len); /* get past the CRC sometimes */
+        int rc = decode(buf, len);
+        if (rc < -99) {
+            fprintf(stderr, "FAIL: random round %d: inconsistent result (seed=%u)\n", i, seed);
+            failures++;
+        }
+        fabric_arena_t arena;
+        fabric_arena_init(&arena);
+        fabric_metadata_response_t m;
+        (void)fabric_metadata_response_decode(buf, len, &arena, &m, NULL, 0);
+        fabric_arena_free(&arena);
+        checks++;
+    }
+    fabric_buf_free(&batches[0]);
+    fabric_buf_free(&batches[1]);
+}
+
+int main(int argc, char **argv) {
+    unsigned seed = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : (unsigned)time(NULL);
+    int rounds = argc > 2 ? atoi(argv[2]) : 20000;
+    test_truncation_and_crc();
+    test_headers_fields();
+    test_lz4_lies();
+    test_bodies_and_headers();
+    test_random(seed, rounds);
+    if (failures) {
+        fprintf(stderr, "%d of %d checks failed; reproduce with: test_bad_input %u %d\n", failures,
+                checks, seed, rounds);
+        return 1;
+    }
+    printf("ok: %d bad-input checks passed (random seed=%u, rounds=%d)\n", checks, seed, rounds);
+    return 0;
+}

@@ -1,0 +1,207 @@
+"""The C client against a scripted node: retries, and hostile answers from the network.
+
+A ROUTER socket in a thread plays one node and answers with Fabric's own Python codecs,
+so each test decides exactly what the C client sees: NOT_LEADER on the first PRODUCE
+(the client must refresh METADATA, back off and resend the same batch bytes), or a FETCH
+answer carrying a corrupt batch or an lz4 bomb (the client must refuse it cleanly).
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import zmq
+
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
+from fabric.protocol.apis import ApiKey
+from tests.interop.conftest import CClient
+
+pytestmark = pytest.mark.interop
+
+TOPIC = "scripted"
+PROCESS_TIMEOUT_S = 60.0
+
+Handler = Callable[[apis.Message], list[Any] | None]
+
+
+@dataclass
+class FakeNode:
+    address: str
+    produce_batches: list[list[bytes]] = field(default_factory=list)
+    metadata_requests: int = 0
+    fetch_requests: int = 0
+
+
+def metadata_body(address: str) -> dict[str, Any]:
+    return {
+        "controller_id": 1,
+        "nodes": [{"node_id": 1, "address": address}],
+        "topics": [{"error": 0, "name": TOPIC, "strict_order": 0, "message_bytes_max": 8 << 20,
+                    "partitions": [{"partition": 0, "error": 0, "leader": 1, "leader_epoch": 0,
+                                    "replicas": [1], "isr": [1]}]}],
+    }
+
+
+@pytest.fixture
+def fake_node() -> Iterator[tuple[FakeNode, Callable[[Handler], None]]]:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    node = FakeNode(f"tcp://127.0.0.1:{port}")
+    stop = threading.Event()
+    handlers: list[Handler] = []
+
+    def serve() -> None:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        while not stop.is_set():
+            if not poller.poll(50):
+                continue
+            frames = router.recv_multipart()
+            envelope, message = frames[:1], frames[1:]
+            request = apis.decode_request(message)
+            if request.header.api_key == ApiKey.METADATA:
+                node.metadata_requests += 1
+                reply: list[Any] | None = apis.encode_response(request.header, metadata_body(node.address))
+            else:
+                if request.header.api_key == ApiKey.PRODUCE:
+                    node.produce_batches.append([bytes(b) for b in request.batches])
+                if request.header.api_key == ApiKey.FETCH:
+                    node.fetch_requests += 1
+                reply = handlers[0](request)
+            if reply is not None:
+                router.send_multipart(envelope + reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield node, handlers.append
+    finally:
+        stop.set()
+        thread.join(5)
+        router.close(linger=0)
+        ctx.term()
+
+
+def produce_result(request: apis.Message, error: int, base_offset: int) -> list[Any]:
+    results = [{"topic": e["topic"], "partition": e["partition"], "error": error,
+                "base_offset": base_offset if error == 0 else -1, "log_start_offset": 0,
+                "message": "" if error == 0 else "scripted error"} for e in request.body["entries"]]
+    return apis.encode_response(request.header, {"results": results})
+
+
+def test_not_leader_is_retried_with_the_same_batch_bytes(c_client: CClient, fake_node: Any) -> None:
+    node, set_handler = fake_node
+    answers = iter([8, 9, 0])  # NOT_LEADER, LEADER_NOT_AVAILABLE, then success
+    set_handler(lambda request: produce_result(request, next(answers), 0))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-k", "\t",
+                          "-H", "src=c"], input=b"k1\tv1\nk2\tv2\n\tv3\n", capture_output=True,
+                         timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert len(node.produce_batches) == 3
+    first = node.produce_batches[0]
+    assert len(first) == 1
+    assert all(attempt == first for attempt in node.produce_batches)  # same bytes every time
+    assert node.metadata_requests >= 3  # the first lookup, then a refresh after each error
+    decoded = batch_format.decode_batch(first[0])
+    assert decoded.keys == [b"k1", b"k2", b""]
+    assert decoded.values == [b"v1", b"v2", b"v3"]
+    assert decoded.headers == [[("src", b"c")]] * 3
+    batch_format.validate(first[0], 8 << 20)
+
+
+def test_non_retriable_error_fails_the_records(c_client: CClient, fake_node: Any) -> None:
+    node, set_handler = fake_node
+    set_handler(lambda request: produce_result(request, 11, 0))  # MESSAGE_TOO_LARGE
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC],
+                         input=b"a\nb\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1
+    assert b"MESSAGE_TOO_LARGE" in run.stderr
+    assert b"2 failed" in run.stderr
+    assert len(node.produce_batches) == 1  # not retried
+
+
+def test_request_level_error_is_reported(c_client: CClient, fake_node: Any) -> None:
+    node, set_handler = fake_node
+    set_handler(lambda request: apis.encode_error_response(request.header, 23, "acks make no sense"))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC],
+                         input=b"a\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1
+    assert b"INVALID_REQUEST" in run.stderr
+
+
+def good_batch(base_offset: int) -> bytes:
+    return batch_format.encode_batch([1_700_000_000_000, 1_700_000_000_001], [b"k", None], [b"a", b"b"],
+                                     codec=batch_format.CODEC_LZ4, base_offset=base_offset, leader_epoch=0)
+
+
+def fetch_answer(request: apis.Message, batches: list[bytes]) -> list[Any]:
+    p = request.body["partitions"][0]
+    body = {"partitions": [{"topic": p["topic"], "partition": p["partition"], "error": 0,
+                            "high_watermark": 100, "log_start_offset": 0, "log_end_offset": 100,
+                            "batch_count": len(batches)}]}
+    return apis.encode_response(request.header, body, batches)
+
+
+def reseal(raw: bytearray) -> bytes:
+    struct.pack_into("<I", raw, 16, zlib.crc32(memoryview(raw)[20:]) & 0xFFFFFFFF)
+    return bytes(raw)
+
+
+def lz4_bomb() -> bytes:
+    """A valid batch whose lz4 frame and header both claim 64 MiB + 1 of records."""
+    raw = bytearray(good_batch(2))
+    claim = (64 << 20) + 1
+    struct.pack_into("<i", raw, 68, claim)
+    struct.pack_into("<Q", raw, 72 + 6, claim)
+    return reseal(raw)
+
+
+def bad_crc() -> bytes:
+    raw = bytearray(good_batch(2))
+    raw[-1] ^= 0xFF
+    return bytes(raw)
+
+
+def truncated() -> bytes:
+    raw = bytearray(good_batch(2)[:-3])
+    struct.pack_into("<i", raw, 8, len(raw))
+    return reseal(raw)
+
+
+def frame_claims_huge() -> bytes:
+    """records_bytes is honest, the lz4 frame claims 64 GiB."""
+    raw = bytearray(good_batch(2))
+    struct.pack_into("<Q", raw, 72 + 6, 64 << 30)
+    return reseal(raw)
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "error_name"),
+    [
+        (bad_crc, b"CORRUPT_MESSAGE"),
+        (truncated, b"CORRUPT_MESSAGE"),
+        (lz4_bomb, b"DECOMPRESSION_LIMIT"),
+        (frame_claims_huge, b"DECOMPRESSION_LIMIT"),
+    ],
+)
+def test_consumer_refuses_hostile_batches(c_client: CClient, fake_node: Any,
+                                          make_bad: Callable[[], bytes], error_name: bytes) -> None:
+    node, set_handler = fake_node
+    answers = iter([[good_batch(0)], [make_bad()]])
+    set_handler(lambda request: fetch_answer(request, next(answers)))
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0",
+                          "-o", "0", "-F", "offset,key,value", "--hex"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1, run.stderr.decode()
+    assert error_name in run.stderr
+    # The good batch came out whole before the bad one was refused.
+    assert run.stdout.decode().splitlines() == ["0\t6b\t61", "1\t-\t62"]
