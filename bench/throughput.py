@@ -37,7 +37,7 @@ PARTITIONS = 4
 
 def run_fabric(bootstrap: str, topic: str, n: int, size: int, profile: bool) -> tuple[float, float]:
     with Admin(bootstrap) as admin:
-        admin.create_topic(topic, partitions=PARTITIONS)
+        admin.create_topic(topic, partitions=PARTITIONS, replication_factor=1)
     value = os.urandom(size // 2).hex().encode()[:size]
     profiler = cProfile.Profile() if profile else None
     with Producer(bootstrap, acks=1, linger_ms=5, compression="lz4", batch_bytes_max=BATCH_BYTES_MAX) as producer:

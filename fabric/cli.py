@@ -233,15 +233,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     n = args.messages
     topic = "demo-events"
-    print(f"== Fabric demo: ZooKeeper + {args.nodes} storage nodes, {n:,} messages of {args.size} bytes", flush=True)
+    print(f"== Fabric demo: ZooKeeper + {args.nodes} storage nodes, {n:,} messages of {args.size} bytes, "
+          f"replication factor {min(3, args.nodes)}, acks=all, idempotent producer", flush=True)
     with LocalCluster(args.nodes) as cluster:
         print(f"cluster up: ZooKeeper {cluster.zk_address}, nodes {sorted(cluster.nodes)}", flush=True)
         with Admin(cluster.bootstrap) as admin:
-            admin.create_topic(topic, partitions=args.partitions, replication_factor=1)
+            admin.create_topic(topic, partitions=args.partitions, replication_factor=min(3, args.nodes))
         filler = b"x" * max(0, args.size - 24)
         progress = Progress("produce", n)
         sent: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(args.partitions)}
-        with Producer(cluster.bootstrap, acks=1, linger_ms=5) as producer:
+        with Producer(cluster.bootstrap, acks="all", linger_ms=5) as producer:
             futures = []
             for i in range(n):
                 futures.append(producer.send(topic, b"%024d" % i + filler, key=b"user-%d" % (i % 1000)))
@@ -332,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     create = with_bootstrap(tsub.add_parser("create"))
     create.add_argument("name")
     create.add_argument("--partitions", "-p", type=int, default=1)
-    create.add_argument("--replication-factor", "-r", type=int, default=1)
+    create.add_argument("--replication-factor", "-r", type=int, default=3)
     create.add_argument("--config", "-c", action="append", help="key=value, e.g. retention_ms=86400000")
     with_bootstrap(tsub.add_parser("list"))
     describe = with_bootstrap(tsub.add_parser("describe"))
@@ -345,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--file", "-f")
     produce.add_argument("--key-sep", help="split each line into key and value at the first SEP")
     produce.add_argument("--partition", type=int)
-    produce.add_argument("--acks", default="1", choices=("0", "1", "all"))
+    produce.add_argument("--acks", default="all", choices=("0", "1", "all"))
     produce.add_argument("--compression", default="lz4", choices=("lz4", "none"))
     produce.add_argument("--linger-ms", type=float, default=5)
     produce.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")

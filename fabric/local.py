@@ -206,13 +206,12 @@ class LocalNode:
     """One storage node process (``python -m nodes``)."""
 
     def __init__(self, node_id: int, zk_address: str, base_dir: Path, extra_args: list[str] | None = None,
-                 session_timeout_ms: int = 6_000, wrapper: list[str] | None = None) -> None:
+                 session_timeout_ms: int = 6_000, env: dict[str, str] | None = None) -> None:
         self.node_id = node_id
         self.zk_address = zk_address
         self.data_dir = base_dir / f"node{node_id}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
-            *(wrapper or []),
             sys.executable,
             "-m",
             "nodes",
@@ -226,7 +225,10 @@ class LocalNode:
             str(session_timeout_ms),
             *(extra_args or []),
         ]
-        self.process = ManagedProcess(f"node{node_id}", argv, base_dir / f"node{node_id}.log")
+        # Extra environment, e.g. LD_PRELOAD of libfaketime for a skewed clock. (A wrapper
+        # command like `faketime` would fork, and then the pid we signal is not the node's.)
+        self.process = ManagedProcess(f"node{node_id}", argv, base_dir / f"node{node_id}.log",
+                                      env={**os.environ, **env} if env else None)
 
     def start(self) -> None:
         self.process.start()
@@ -298,8 +300,8 @@ class LocalCluster:
             raise
         return self
 
-    def add_node(self, node_id: int, *, wait: bool = True, wrapper: list[str] | None = None) -> LocalNode:
-        node = LocalNode(node_id, self.zk_address, self.base_dir, self.node_args, self.session_timeout_ms, wrapper)
+    def add_node(self, node_id: int, *, wait: bool = True, env: dict[str, str] | None = None) -> LocalNode:
+        node = LocalNode(node_id, self.zk_address, self.base_dir, self.node_args, self.session_timeout_ms, env)
         self.nodes[node_id] = node
         node.start()
         if wait:

@@ -82,11 +82,11 @@ class NodeInfo:
 @dataclass(frozen=True)
 class TopicConfig:
     partitions: int
-    replication_factor: int = 1
+    replication_factor: int = 3
     retention_ms: int = 7 * 24 * 3600 * 1000  # -1 keeps forever
     retention_bytes: int = -1  # per partition; -1 means no size limit
     message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT
-    min_insync: int = 1
+    min_insync: int = 2  # build() lowers it to the replication factor for rf < 2
     strict_order: bool = False
     unclean_leader_election: bool = False
     created_ms: int = 0
@@ -135,6 +135,7 @@ class TopicConfig:
                     values[key] = int(raw)
                 except ValueError:
                     raise errors.InvalidConfigError(f"{key} must be an integer, got {raw!r}") from None
+        values.setdefault("min_insync", min(2, replication_factor))
         config = cls(partitions=partitions, replication_factor=replication_factor, created_ms=now_ms, **values)
         if config.message_bytes_max < 1024 or config.message_bytes_max > 64 * 1024 * 1024:
             raise errors.InvalidConfigError("message_bytes_max must be within [1024, 67108864]")

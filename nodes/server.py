@@ -138,6 +138,7 @@ class Node:
         self._stopping = threading.Event()
         self._routing_dirty = True
         self._wake_lock = threading.Lock()
+        self._session_file_lock = threading.Lock()
         self._zk_ok = threading.Event()
         self._session_lost = False
         self._verify_session = False
@@ -206,11 +207,32 @@ class Node:
         # Runs on kazoo's thread: only flip flags and wake the loop.
         if state == KazooState.CONNECTED:
             self._zk_ok.set()
+            self._record_session()
         else:
             self._zk_ok.clear()
             if state == KazooState.LOST:
                 self._session_lost = True
         self._wake()
+
+    def _record_session(self) -> None:
+        """Write the ZooKeeper session id and password to the data dir (mode 0600).
+
+        Operators can see which session a node holds; fault tests use it to expire the
+        session from outside, as kazoo's own test harness does (``expire_session``).
+        """
+        try:
+            session_id, password = self.zk.client_id
+        except (TypeError, ValueError):
+            return
+        path = os.path.join(self.config.data_dir, "zk_session.json")
+        with self._session_file_lock:  # kazoo's thread and ours may both get here
+            tmp = path + ".tmp"
+            try:
+                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                    f.write(f'{{"session_id": "{session_id:x}", "password": "{password.hex()}"}}')
+                os.replace(tmp, path)
+            except OSError as exc:
+                log.warning("could not record the ZooKeeper session: %s", exc)
 
     def _register(self) -> None:
         info = zkl.NodeInfo(
@@ -372,6 +394,7 @@ class Node:
         self.zk.add_listener(self._on_zk_state)
         self.zk.start(timeout=30)
         self._zk_ok.set()
+        self._record_session()
         zkl.ensure_layout(self.zk)
         self._reconcile_local_data()
         self.routing.start()

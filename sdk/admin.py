@@ -41,7 +41,7 @@ class Admin:
         self,
         name: str,
         partitions: int = 1,
-        replication_factor: int = 1,
+        replication_factor: int = 3,
         config: dict[str, Any] | None = None,
         *,
         wait: bool = True,

@@ -26,6 +26,7 @@ from sdk._client import Bootstrap, Connections, MetadataClient, TopicPartition
 log = logging.getLogger("fabric.consumer")
 
 BUFFERED_BATCHES_MAX = 256  # decoded batches held for the caller before fetching pauses
+FETCH_GRACE_MS = 1_000  # a fetch this late past its max_wait makes us check for a new leader
 
 
 class Record:
@@ -127,6 +128,7 @@ class Consumer:
         self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int]]] = {}  # corr -> node, sent, {tp: pos}
         self._busy_nodes: set[str] = set()
         self._refresh_needed = True
+        self._last_recheck_s = 0.0
         self._closed = False
 
     # -- assignment and positions -----------------------------------------------------------
@@ -386,8 +388,19 @@ class Consumer:
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
-        for correlation_id, (address, sent, _positions) in list(self._in_flight.items()):
-            if now - sent > (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000.0:
+        overdue_s = (self.fetch_max_wait_ms + FETCH_GRACE_MS) / 1000.0
+        if any(now - sent > overdue_s for _a, sent, _p in self._in_flight.values()) and now - self._last_recheck_s > 1.0:
+            self._last_recheck_s = now
+            # A long-poll that outlives its max_wait by this much: its leader may be dead
+            # or paused. Look again; resend to a new leader instead of waiting the timeout.
+            try:
+                self._meta.refresh(sorted({tp.topic for tp in self._assigned}))
+            except errors.FabricError:
+                pass
+        for correlation_id, (address, sent, positions) in list(self._in_flight.items()):
+            moved = now - sent > overdue_s and any(
+                self._meta.metadata.leader_address(tp.topic, tp.partition) != address for tp in positions)
+            if moved or now - sent > (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000.0:
                 del self._in_flight[correlation_id]
                 self._busy_nodes.discard(address)
                 self._conns.drop(address)

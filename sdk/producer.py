@@ -32,6 +32,7 @@ from sdk.accumulator import (
 log = logging.getLogger("fabric.producer")
 
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
+LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
 
 
@@ -56,7 +57,8 @@ class Producer:
     """Send records to topics.
 
     ``acks``: 0 (fire and forget), 1 (the leader wrote it) or ``"all"``/-1 (every in-sync
-    replica has it). ``linger_ms``: how long a batch waits to fill. ``batch_bytes_max``:
+    replica has it; the default). ``enable_idempotence`` (default: on with acks=all)
+    stamps batches with a producer id and sequences so that retries never duplicate. ``linger_ms``: how long a batch waits to fill. ``batch_bytes_max``:
     the batch closes at this many bytes of records. ``buffer_bytes_max``: memory for
     unsent records; ``send()`` blocks up to ``max_block_ms`` when it is full, then raises
     BufferFullError. Retriable errors are retried until ``delivery_timeout_ms``.
@@ -66,7 +68,7 @@ class Producer:
         self,
         bootstrap: str,
         *,
-        acks: int | str = 1,
+        acks: int | str = "all",
         linger_ms: float = 5,
         batch_bytes_max: int = 256 * 1024,
         compression: str = "lz4",
@@ -76,12 +78,14 @@ class Producer:
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
         metadata_max_age_ms: int = 300_000,
-        enable_idempotence: bool = False,
+        enable_idempotence: bool | None = None,
         producer_id: int | None = None,
         producer_epoch: int = 0,
         context: zmq.Context[Any] | None = None,
     ) -> None:
-        self.acks = -1 if acks in ("all", -1) else int(acks)
+        self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
+        if enable_idempotence is None:
+            enable_idempotence = self.acks == -1  # as Kafka: on by default with acks=all
         if enable_idempotence and self.acks != -1:
             raise ValueError("enable_idempotence needs acks='all': with fewer acks a retry may not know what was kept")
         if producer_id is not None and not (enable_idempotence and 0 <= producer_id < 2**63):
@@ -128,6 +132,7 @@ class Producer:
         self._wake_push.setsockopt(zmq.SNDHWM, 1)
         self._wake_push.connect(wake)
         self._refresh_needed = True
+        self._last_recheck_s = 0.0
         self._thread = threading.Thread(target=self._run_sender, name="fabric-producer-sender", daemon=True)
         self._thread.start()
 
@@ -342,7 +347,7 @@ class Producer:
                 self._wake_pull.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-        self._check_timeouts(conns)
+        self._check_timeouts(conns, meta)
 
     def _refresh_metadata(self, meta: MetadataClient) -> None:
         with self._lock:
@@ -486,16 +491,28 @@ class Producer:
                 self._finish(batch, -1, errors.DeliveryTimeoutError(
                     f"{batch.topic}/{batch.partition}: not sent within delivery_timeout_ms"))
 
-    def _check_timeouts(self, conns: Connections) -> None:
+    def _check_timeouts(self, conns: Connections, meta: MetadataClient) -> None:
         now = time.monotonic()
         expired: list[tuple[int, _InFlight]] = []
+        slow = [f for f in self._in_flight.values() if now - f.sent_s >= LEADER_RECHECK_S]
+        if slow and now - self._last_recheck_s >= LEADER_RECHECK_S:
+            # A killed or paused leader never answers. Rather than wait request_timeout_ms,
+            # ask where the partitions are led now; requests to a moved leader are resent
+            # (the idempotent producer makes the resend harmless if the first one landed).
+            self._last_recheck_s = now
+            self._refresh_metadata(meta)
+        moved = {
+            cid for cid, f in self._in_flight.items()
+            if now - f.sent_s >= LEADER_RECHECK_S
+            and any(meta.metadata.leader_address(b.topic, b.partition) != f.address for b in f.batches)
+        }
         with self._lock:
             for correlation_id, flight in list(self._in_flight.items()):
-                if now - flight.sent_s >= self.request_timeout_s:
+                if now - flight.sent_s >= self.request_timeout_s or correlation_id in moved:
                     expired.append((correlation_id, self._in_flight.pop(correlation_id)))
                     self._in_flight_keys.difference_update((b.topic, b.partition) for b in flight.batches)
         for _, flight in expired:
             conns.drop(flight.address)  # a fresh socket; late answers to the old one are lost
-            timeout = errors.RequestTimedOutError(f"no answer from {flight.address} within request_timeout_ms")
+            timeout = errors.RequestTimedOutError(f"no answer from {flight.address} (timed out or leader moved)")
             for batch in flight.batches:
                 self._retry_or_fail(batch, timeout, now)

@@ -37,8 +37,8 @@ def test_retention_by_bytes_and_time(zk_server: LocalZooKeeper, tmp_path: Path, 
     cluster = make_cluster(zk_server, tmp_path / "c", nodes=1, node_args=["--retention-check-interval-ms", "100"])
     with cluster:
         with Admin(cluster.bootstrap) as admin:
-            admin.create_topic(topic_name, partitions=1, config={"retention_bytes": 20_000})
-            admin.create_topic(topic_name + "-t", partitions=1, config={"retention_ms": 300})
+            admin.create_topic(topic_name, partitions=1, replication_factor=1, config={"retention_bytes": 20_000})
+            admin.create_topic(topic_name + "-t", partitions=1, replication_factor=1, config={"retention_ms": 300})
         with Producer(cluster.bootstrap, linger_ms=0, compression="none") as producer:
             for _i in range(100):
                 producer.send(topic_name, b"x" * 1_000).result(10)  # one ~1 KB batch each

@@ -1,0 +1,185 @@
+"""Workloads and fault helpers for the fault tests: real processes, seeded choices."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import rocksdict
+from kazoo.client import KazooClient
+
+from fabric import errors
+from fabric.local import LocalCluster
+from nodes.log import partition_key
+from sdk import Admin, Consumer, Producer, TopicPartition
+from tests.fault.history import History
+
+WAIT_S = 60.0
+
+
+def seed_from_env() -> int:
+    """FABRIC_FAULT_SEED reproduces a run; otherwise a fresh seed (printed by the test)."""
+    raw = os.environ.get("FABRIC_FAULT_SEED")
+    return int(raw) if raw else random.SystemRandom().randrange(1, 2**31)
+
+
+class Writer(threading.Thread):
+    """Sends unique values at a steady rate with acks=all and idempotence, recording the outcome."""
+
+    def __init__(self, bootstrap: str, topic: str, history: History, count: int, rate_per_s: float,
+                 name: str = "w", **producer_args: Any) -> None:
+        super().__init__(name=f"writer-{name}", daemon=True)
+        self.producer = Producer(bootstrap, acks="all", enable_idempotence=True, linger_ms=2,
+                                 delivery_timeout_ms=180_000, request_timeout_ms=10_000, **producer_args)
+        self.topic = topic
+        self.history = history
+        self.count = count
+        self.rate_per_s = rate_per_s
+        self.label = name
+        self.sent = 0
+        self.ack_times: dict[int, list[float]] = {}  # partition -> monotonic times of acks
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            started = time.monotonic()
+            for i in range(self.count):
+                if self.stop_flag.is_set():
+                    break
+                value = f"{self.label}-{i}".encode()
+                self.history.record_sent(value)
+                future = self.producer.send(self.topic, value, key=b"k%d" % (i % 97))
+                future.add_callback(self._callback(value))
+                self.sent += 1
+                ahead = self.sent / self.rate_per_s - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+            self.producer.flush(timeout=180)
+        except BaseException as exc:  # surfaced by the test through .error
+            self.error = exc
+        finally:
+            self.producer.close(timeout=30)
+
+    def _callback(self, value: bytes) -> Any:
+        def done(meta: Any, exc: BaseException | None) -> None:
+            if exc is None:
+                self.history.record_ack(value, meta.partition, meta.offset)
+                self.ack_times.setdefault(meta.partition, []).append(time.monotonic())
+            else:
+                self.history.record_failure(value, exc)
+        return done
+
+
+class Reader(threading.Thread):
+    """Consumes every partition while faults happen, recording what it sees."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, history: History, name: str = "live") -> None:
+        super().__init__(name=f"reader-{name}", daemon=True)
+        self.consumer = Consumer(bootstrap, fetch_max_wait_ms=200)
+        self.consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        self.consumer.seek_to_beginning()
+        self.history = history
+        self.label = name
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop_flag.is_set():
+                for record in self.consumer.poll(timeout_ms=200):
+                    self.history.record_read(self.label, record.partition, record.offset, record.value or b"")
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.consumer.close()
+
+
+def read_everything(bootstrap: str, topic: str, partitions: int, history: History, reader: str = "final") -> None:
+    """After healing: read each partition from its start to its high watermark."""
+    with Consumer(bootstrap) as consumer:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + WAIT_S
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read up to {ends}")
+            for record in consumer.poll(timeout_ms=500):
+                if record.offset < ends[TopicPartition(record.topic, record.partition)]:
+                    history.record_read(reader, record.partition, record.offset, record.value or b"")
+
+
+def leader_of(bootstrap: str, topic: str, partition: int) -> int:
+    with Admin(bootstrap) as admin:
+        return admin.describe_topic(topic).partitions[partition].leader
+
+
+def describe(bootstrap: str, topic: str) -> Any:
+    with Admin(bootstrap) as admin:
+        return admin.describe_topic(topic)
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = WAIT_S, interval_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if condition():
+                return
+        except errors.FabricError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(interval_s)
+
+
+def wait_for_full_isr(bootstrap: str, topic: str, timeout_s: float = WAIT_S) -> None:
+    wait_until(lambda: all(set(p.isr) == set(p.replicas) and p.leader >= 0 for p in describe(bootstrap, topic).partitions),
+               f"every replica of {topic} in sync", timeout_s)
+
+
+def collect_replicas(cluster: LocalCluster, topic: str, partitions: int, history: History) -> None:
+    """Stop every node cleanly and read each one's stored batches straight from RocksDB."""
+    for node in cluster.nodes.values():
+        node.stop()
+    for node_id, node in cluster.nodes.items():
+        options = rocksdict.Options(raw_mode=True)
+        db = rocksdict.Rdict(str(Path(node.data_dir) / "rocksdb"), options)
+        try:
+            by_partition: dict[int, dict[int, bytes]] = {}
+            for p in range(partitions):
+                prefix = b"d" + partition_key(topic, p)
+                it = db.iter()
+                it.seek(prefix)
+                batches: dict[int, bytes] = {}
+                while it.valid() and it.key().startswith(prefix):
+                    batches[int.from_bytes(it.key()[len(prefix):], "big")] = it.value()
+                    it.next()
+                del it
+                if batches:
+                    by_partition[p] = batches
+            history.replicas[node_id] = by_partition
+        finally:
+            db.close()
+
+
+def expire_session(zk_address: str, data_dir: Path) -> None:
+    """Expire a node's ZooKeeper session from outside, as kazoo's test harness does: join
+    the session with its id and password, then close it."""
+    info = json.loads((data_dir / "zk_session.json").read_text())
+    session = (int(info["session_id"], 16), bytes.fromhex(info["password"]))
+    hijack = KazooClient(hosts=zk_address, client_id=session)
+    hijack.start(timeout=10)
+    hijack.stop()
+    hijack.close()
+
+
+def create_replicated_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=partitions, replication_factor=3, config={"min_insync": 2})
