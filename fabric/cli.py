@@ -147,6 +147,9 @@ def cmd_topic(args: argparse.Namespace) -> int:
         elif args.topic_command == "delete":
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
+        elif args.topic_command == "elect-leaders":
+            moved = admin.elect_preferred_leaders(args.names or None)
+            print(f"moved leadership of {moved} partitions back to their preferred replicas")
     return 0
 
 
@@ -340,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("name", nargs="?")
     delete = with_bootstrap(tsub.add_parser("delete"))
     delete.add_argument("name")
+    elect = with_bootstrap(tsub.add_parser("elect-leaders", help="move leaders back to the preferred replicas"))
+    elect.add_argument("names", nargs="*", help="topics (default: all)")
 
     produce = with_bootstrap(sub.add_parser("produce", help="send lines from stdin (or --file) as messages"))
     produce.add_argument("topic")

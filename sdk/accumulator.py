@@ -182,10 +182,12 @@ class RecordAccumulator:
         value: bytes | None,
         headers: Headers | None,
         now_s: float,
-    ) -> tuple[RecordFuture, bool]:
-        """Append one record; returns (future, a batch of this partition became full).
+    ) -> tuple[RecordFuture, bool, bool]:
+        """Append one record; returns (future, a batch of this partition became full,
+        this record opened a new batch).
 
-        A full batch is what moves the sticky partitioner on and what wakes the sender.
+        A full batch moves the sticky partitioner on and wakes the sender; a new batch
+        wakes it too, so it sleeps until that batch's linger ends, not its idle interval.
         This is the per-record hot path: keep it to a few dictionary and list operations.
         """
         size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
@@ -198,7 +200,9 @@ class RecordAccumulator:
         tp = (topic, partition)
         batch = self.open.get(tp)
         full = False
+        created = False
         if batch is None or batch.size_bytes + size > self.batch_bytes_max:
+            created = True
             if batch is not None:
                 batch.sealed = True
                 full = True
@@ -218,7 +222,7 @@ class RecordAccumulator:
             batch.sealed = True
             del self.open[tp]
             full = True
-        return RecordFuture(batch.result, index, timestamp_ms), full
+        return RecordFuture(batch.result, index, timestamp_ms), full, created
 
     def ready(self, now_s: float, in_flight: set[tuple[str, int]]) -> list[ProducerBatch]:
         """Pop the head batch of every partition that may send now.

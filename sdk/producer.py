@@ -199,10 +199,10 @@ class Producer:
                     self._space.wait(remaining)
                     if self._closed:
                         raise errors.ClientClosedError("producer closed while send() was blocked")
-            future, full = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
-            if full:
-                if key_b is None and self._sticky.get(topic) == partition:
-                    self._sticky[topic] = (partition + 1) % count  # sticky: move on once a batch is full
+            future, full, created = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
+            if full and key_b is None and self._sticky.get(topic) == partition:
+                self._sticky[topic] = (partition + 1) % count  # sticky: move on once a batch is full
+            if full or created:
                 self._wake()
         if callback is not None:
             future.add_callback(callback)

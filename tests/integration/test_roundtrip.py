@@ -158,3 +158,27 @@ def test_buffer_full_blocks_then_raises(cluster: LocalCluster, topic_name: str) 
         for node in cluster.nodes.values():
             node.resume()
         producer.close(timeout=10)
+
+
+def test_preferred_leader_election_moves_leadership_back(fresh_cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(fresh_cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=3, replication_factor=3)
+        preferred = {p.partition: p.replicas[0] for p in admin.describe_topic(topic_name).partitions}
+        victim = preferred[0]
+        fresh_cluster.nodes[victim].stop()
+        deadline = time.monotonic() + 30
+        while admin.describe_topic(topic_name).partitions[0].leader in (victim, -1):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        fresh_cluster.nodes[victim].start()
+        fresh_cluster.wait_for_nodes([victim])
+        while set(admin.describe_topic(topic_name).partitions[0].isr) != {1, 2, 3}:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert admin.describe_topic(topic_name).partitions[0].leader != victim
+        assert admin.elect_preferred_leaders([topic_name]) >= 1
+        while {p.partition: p.leader for p in admin.describe_topic(topic_name).partitions} != preferred:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    with Producer(fresh_cluster.bootstrap) as producer:
+        assert producer.send(topic_name, b"after", partition=0).result(30).offset == 0

@@ -26,7 +26,7 @@ def test_full_batch_is_ready_at_once_and_next_record_opens_a_new_one() -> None:
     futures = []
     full = False
     for i in range(10):
-        future, full = acc.append("t", 0, i, None, b"y" * 20, None, now_s=0.0)
+        future, full, _created = acc.append("t", 0, i, None, b"y" * 20, None, now_s=0.0)
         futures.append(future)
         if full:
             break
@@ -82,8 +82,8 @@ def test_record_larger_than_a_batch_is_refused() -> None:
 
 def test_futures_resolve_to_offsets_within_the_batch() -> None:
     acc = make(linger_ms=0)
-    f1, _ = acc.append("t", 3, 10, b"k", b"a", None, now_s=0.0)
-    f2, _ = acc.append("t", 3, 11, b"k", b"b", None, now_s=0.0)
+    f1, _, _ = acc.append("t", 3, 10, b"k", b"a", None, now_s=0.0)
+    f2, _, _ = acc.append("t", 3, 11, b"k", b"b", None, now_s=0.0)
     [batch] = acc.ready(0.0, set())
     seen = []
     f2.add_callback(lambda meta, exc: seen.append((meta, exc)))
@@ -94,7 +94,7 @@ def test_futures_resolve_to_offsets_within_the_batch() -> None:
 
 def test_failed_batch_raises_from_every_future() -> None:
     acc = make(linger_ms=0)
-    f, _ = acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
+    f, _, _ = acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
     acc.abort_all(errors.ClientClosedError("closed"))
     with pytest.raises(errors.ClientClosedError):
         f.result(0)

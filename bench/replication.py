@@ -1,0 +1,189 @@
+"""Replication costs on a local three-node cluster, all in one run.
+
+    python -m bench.replication [--messages 300000] [--repeats 3] [--failovers 5]
+
+1. Produce throughput for RF=1 acks=1, RF=3 acks=1 and RF=3 acks=all (idempotent),
+   100-byte messages, 6 partitions, one producer; median of ``--repeats`` runs.
+2. Produce latency (send() to acknowledgement) p50/p99/p99.9 for the same three, at a
+   fixed 10,000 messages per second with linger_ms=1.
+3. End-to-end latency (send() to a consumer's poll returning it) at 10,000 messages per
+   second on RF=3 acks=all.
+4. Failover: SIGKILL the leader of a partition that is being written, time until the
+   next acks=all write on that partition is acknowledged; median over ``--failovers``.
+
+Last line: one JSON object; ``ratio_rf3_all_to_rf1`` is RF=3 acks=all throughput over
+RF=1 acks=1 throughput from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.stats import latency_summary_ms, median
+from fabric.local import LocalCluster
+from sdk import Admin, Consumer, Producer, TopicPartition
+
+PARTITIONS = 6
+VALUE = b"v" * 100
+RATE_PER_S = 10_000
+LATENCY_SECONDS = 5.0
+SESSION_TIMEOUT_MS = 3_000
+
+CONFIGS = (("rf1_acks1", 1, 1), ("rf3_acks1", 3, 1), ("rf3_all", 3, "all"))
+
+
+def throughput(bootstrap: str, topic: str, n: int, acks: Any) -> float:
+    with Producer(bootstrap, acks=acks, linger_ms=5) as producer:
+        producer.send(topic, b"warm-up").result(30)
+        started = time.perf_counter()
+        send = producer.send
+        for _ in range(n):
+            send(topic, VALUE)
+        producer.flush(timeout=300)
+        return n / (time.perf_counter() - started)
+
+
+def paced(count: int, rate_per_s: float) -> Any:
+    """Yield i at a fixed rate (sleeping ahead, catching up without bursts beyond schedule)."""
+    started = time.perf_counter()
+    for i in range(count):
+        ahead = i / rate_per_s - (time.perf_counter() - started)
+        if ahead > 0:
+            time.sleep(ahead)
+        yield i
+
+
+def produce_latency(bootstrap: str, topic: str, acks: Any) -> dict[str, float]:
+    samples: list[float] = []
+    with Producer(bootstrap, acks=acks, linger_ms=1) as producer:
+        producer.send(topic, b"warm-up").result(30)
+        for _ in paced(int(RATE_PER_S * LATENCY_SECONDS), RATE_PER_S):
+            sent = time.perf_counter()
+            producer.send(topic, VALUE).add_callback(
+                lambda _m, exc, s=sent: samples.append(time.perf_counter() - s) if exc is None else None)
+        producer.flush(timeout=60)
+    return latency_summary_ms(samples)
+
+
+def _consume_latencies(bootstrap: str, topic: str, total: int, ready: Any, results: Any) -> None:
+    """In its own process, as a real consumer would be. perf_counter is CLOCK_MONOTONIC,
+    one clock for every process on the machine, so send and receive times compare."""
+    samples: list[float] = []
+    with Consumer(bootstrap, fetch_max_wait_ms=100) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        consumer.seek_to_end()
+        consumer.poll_batches(timeout_ms=0)
+        ready.set()
+        deadline = time.monotonic() + LATENCY_SECONDS + 30
+        while len(samples) < total and time.monotonic() < deadline:
+            for batch in consumer.poll_batches(timeout_ms=100):
+                now = time.perf_counter_ns()
+                samples.extend((now - int(v[:20])) / 1e9 for v in batch.values if v)
+    results.put(samples)
+
+
+def end_to_end_latency(bootstrap: str, topic: str) -> dict[str, float]:
+    total = int(RATE_PER_S * LATENCY_SECONDS)
+    ctx = multiprocessing.get_context("spawn")
+    ready, results = ctx.Event(), ctx.Queue()
+    consumer = ctx.Process(target=_consume_latencies, args=(bootstrap, topic, total, ready, results), daemon=True)
+    consumer.start()
+    try:
+        ready.wait(60)
+        with Producer(bootstrap, acks="all", linger_ms=0) as producer:
+            for _ in paced(total, RATE_PER_S):
+                producer.send(topic, b"%020d" % time.perf_counter_ns() + VALUE[:80])
+            producer.flush(timeout=60)
+        samples = results.get(timeout=90)
+    finally:
+        consumer.join(timeout=30)
+        if consumer.is_alive():
+            consumer.kill()
+    return latency_summary_ms(samples)
+
+
+def failovers(cluster: LocalCluster, topic: str, rounds: int) -> list[float]:
+    """Kill the leader of partition 0 while a producer writes to it; time to the next ack."""
+    out: list[float] = []
+    acks: list[float] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        with Producer(cluster.bootstrap, acks="all", linger_ms=1, request_timeout_ms=10_000) as producer:
+            while not stop.is_set():
+                producer.send(topic, VALUE, partition=0).add_callback(
+                    lambda _m, exc: acks.append(time.monotonic()) if exc is None else None)
+                time.sleep(0.002)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    with Admin(cluster.bootstrap) as admin:
+        for _ in range(rounds):
+            time.sleep(1.0)
+            leader = admin.describe_topic(topic).partitions[0].leader
+            killed = time.monotonic()
+            cluster.nodes[leader].kill()
+            deadline = killed + 60
+            while not any(a > killed for a in acks) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            out.append(min((a for a in acks if a > killed), default=float("nan")) - killed)
+            cluster.nodes[leader].start()
+            cluster.wait_for_nodes([leader])
+            while set(admin.describe_topic(topic).partitions[0].isr) != {1, 2, 3} and time.monotonic() < deadline:
+                time.sleep(0.1)
+    stop.set()
+    writer.join(timeout=60)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--failovers", type=int, default=5)
+    args = parser.parse_args(argv)
+    figures: dict[str, Any] = {"bench": "replication", "messages": args.messages, "repeats": args.repeats,
+                               "partitions": PARTITIONS, "message_bytes": len(VALUE), "latency_rate_per_s": RATE_PER_S,
+                               "session_timeout_ms": SESSION_TIMEOUT_MS}
+    with tempfile.TemporaryDirectory(prefix="fabric-bench-") as tmp, \
+            LocalCluster(3, Path(tmp) / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS) as cluster:
+        with Admin(cluster.bootstrap) as admin:
+            for name, rf, _acks in CONFIGS:
+                admin.create_topic(name, partitions=PARTITIONS, replication_factor=rf)
+            admin.create_topic("e2e", partitions=PARTITIONS, replication_factor=3)
+            admin.create_topic("failover", partitions=1, replication_factor=3)
+        print(f"three nodes, {PARTITIONS} partitions, {len(VALUE)}-byte messages")
+        for name, _rf, acks in CONFIGS:
+            runs = [throughput(cluster.bootstrap, name, args.messages, acks) for _ in range(args.repeats)]
+            figures[f"{name}_msgs_per_s"] = round(median(runs))
+            latency = produce_latency(cluster.bootstrap, name, acks)
+            figures.update({f"{name}_produce_latency_{k}": v for k, v in latency.items() if k != "samples"})
+            print(f"{name:>10}: {median(runs):>10,.0f} msg/s (runs {[round(r) for r in runs]}); produce latency at "
+                  f"{RATE_PER_S:,}/s p50 {latency['p50_ms']} ms p99 {latency['p99_ms']} ms p99.9 {latency['p999_ms']} ms")
+        figures["ratio_rf3_all_to_rf1"] = round(figures["rf3_all_msgs_per_s"] / figures["rf1_acks1_msgs_per_s"], 3)
+        e2e = end_to_end_latency(cluster.bootstrap, "e2e")
+        figures.update({f"e2e_{k}": v for k, v in e2e.items()})
+        print(f"end to end at {RATE_PER_S:,}/s, RF=3 acks=all: p50 {e2e['p50_ms']} ms p99 {e2e['p99_ms']} ms "
+              f"p99.9 {e2e['p999_ms']} ms ({e2e['samples']} messages)")
+        if args.failovers:
+            times = failovers(cluster, "failover", args.failovers)
+            figures["failover_median_s"] = round(statistics.median(times), 3)
+            figures["failover_max_s"] = round(max(times), 3)
+            print(f"failover (kill -9 leader -> next acks=all ack): median {figures['failover_median_s']} s, "
+                  f"max {figures['failover_max_s']} s over {len(times)}; session timeout {SESSION_TIMEOUT_MS} ms")
+        print(f"RF=3 acks=all / RF=1 acks=1 throughput: {figures['ratio_rf3_all_to_rf1']}")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
