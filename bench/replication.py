@@ -62,14 +62,20 @@ def paced(count: int, rate_per_s: float) -> Any:
         yield i
 
 
+def _latency_callback(samples: list[float], sent: float) -> Any:
+    def done(_meta: Any, exc: BaseException | None) -> None:
+        if exc is None:
+            samples.append(time.perf_counter() - sent)
+
+    return done
+
+
 def produce_latency(bootstrap: str, topic: str, acks: Any) -> dict[str, float]:
     samples: list[float] = []
     with Producer(bootstrap, acks=acks, linger_ms=1) as producer:
         producer.send(topic, b"warm-up").result(30)
         for _ in paced(int(RATE_PER_S * LATENCY_SECONDS), RATE_PER_S):
-            sent = time.perf_counter()
-            producer.send(topic, VALUE).add_callback(
-                lambda _m, exc, s=sent: samples.append(time.perf_counter() - s) if exc is None else None)
+            producer.send(topic, VALUE).add_callback(_latency_callback(samples, time.perf_counter()))
         producer.flush(timeout=60)
     return latency_summary_ms(samples)
 
