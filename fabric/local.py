@@ -287,11 +287,12 @@ class LocalCluster:
             if self.chroot:
                 from kazoo.client import KazooClient
 
+                from fabric import zk as zkl
+
                 zk = KazooClient(hosts=self._external_zk or self.zookeeper.address)  # type: ignore[union-attr]
                 zk.start(timeout=30)
                 zk.ensure_path(self.chroot)
-                zk.stop()
-                zk.close()
+                zkl.close_client(zk)
             for node_id in range(1, self.node_count + 1):
                 self.add_node(node_id, wait=False)
             self.wait_for_nodes(list(self.nodes))
@@ -333,8 +334,7 @@ class LocalCluster:
                         raise RuntimeError(f"nodes {sorted(pending)} did not register within {timeout_s} s")
                     time.sleep(0.05)
         finally:
-            zk.stop()
-            zk.close()
+            zkl.close_client(zk)
 
     @property
     def bootstrap(self) -> str:

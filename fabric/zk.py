@@ -14,6 +14,7 @@ routing map from the METADATA API of any node and never need to read ZooKeeper.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -42,6 +43,31 @@ PRODUCER_IDS = f"{ROOT}/producer_ids"
 PRODUCER_ID_BLOCK = 1000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class _QuietClose(logging.Filter):
+    """kazoo logs "Connection dropped: socket connection broken" as a warning when a client
+    closes its own session cleanly (the server hangs up first). Drop exactly that record
+    while one of our clients is closing; real drops still show."""
+
+    closing = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.closing and record.getMessage().startswith("Connection dropped"))
+
+
+_QUIET_CLOSE = _QuietClose()
+logging.getLogger("kazoo.client").addFilter(_QUIET_CLOSE)
+
+
+def close_client(client: KazooClient) -> None:
+    """Stop and close a kazoo client without its spurious warning."""
+    _QUIET_CLOSE.closing += 1
+    try:
+        client.stop()
+        client.close()
+    finally:
+        _QUIET_CLOSE.closing -= 1
 
 
 def node_path(node_id: int) -> str:

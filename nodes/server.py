@@ -488,8 +488,7 @@ class Node:
         log.info("node %d stopping", self.node_id)
         self.routing.close()
         try:
-            self.zk.stop()
-            self.zk.close()
+            zkl.close_client(self.zk)
         except Exception:  # already gone; nothing to clean
             pass
         self.replica_conns.close()

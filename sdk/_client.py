@@ -99,8 +99,7 @@ class Bootstrap:
         try:
             return [n.address for _, n in sorted(zkl.live_nodes(client).items())]
         finally:
-            client.stop()
-            client.close()
+            zkl.close_client(client)
 
 
 class MetadataClient:

@@ -14,6 +14,7 @@ import rocksdict
 from kazoo.client import KazooClient
 
 from fabric import errors
+from fabric import zk as zkl
 from fabric.local import LocalCluster
 from nodes.log import partition_key
 from sdk import Admin, Consumer, Producer, TopicPartition
@@ -176,8 +177,7 @@ def expire_session(zk_address: str, data_dir: Path) -> None:
     session = (int(info["session_id"], 16), bytes.fromhex(info["password"]))
     hijack = KazooClient(hosts=zk_address, client_id=session)
     hijack.start(timeout=10)
-    hijack.stop()
-    hijack.close()
+    zkl.close_client(hijack)
 
 
 def create_replicated_topic(bootstrap: str, topic: str, partitions: int) -> None:
