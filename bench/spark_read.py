@@ -1,0 +1,153 @@
+"""Read throughput of the Spark connector against the SDK consumer, in one run.
+
+    python -m bench.spark_read [--messages 1000000] [--size 100] [--partitions 4] [--bootstrap zk://...]
+
+Both read the same N records of ``--size`` bytes. The connector runs
+``spark.read.format("fabric")...select(count(*), sum(length(value)))``, which makes every
+task fetch, decode and hand every value to Spark (a bare ``count()`` could be answered
+without looking at the values). The SDK side is one Consumer with ``poll_batches()`` that
+also touches every value. Spark's start-up is excluded: the session is created and one
+warm-up job reads a small topic through the connector before the clock starts; both are
+reported separately. The last line is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from bench.stats import median
+from fabric.local import LocalCluster
+from sdk import Admin, Consumer, Producer, TopicPartition
+
+WARMUP_MESSAGES = 10_000
+PRODUCE_TIMEOUT_S = 600.0
+
+
+def produce(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> float:
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=partitions)
+    # Distinct incompressible-ish values: lz4 does not shrink them much, as with real payloads.
+    value = os.urandom(size // 2).hex().encode()[:size]
+    started = time.perf_counter()
+    with Producer(bootstrap, acks=1, linger_ms=5, compression="lz4") as producer:
+        for i in range(n):
+            producer.send(topic, value, partition=i % partitions)
+        producer.flush(PRODUCE_TIMEOUT_S)
+    return time.perf_counter() - started
+
+
+def read_sdk(bootstrap: str, topic: str, partitions: int, n: int) -> tuple[float, int]:
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        count = value_bytes = 0
+        started = time.perf_counter()
+        while count < n:
+            for batch in consumer.poll_batches(timeout_ms=10_000):
+                count += len(batch)
+                value_bytes += sum(map(len, batch.values))  # type: ignore[arg-type]
+        return time.perf_counter() - started, value_bytes
+
+
+def read_connector(spark: Any, bootstrap: str, topic: str) -> tuple[float, int, int]:
+    from pyspark.sql import functions as F
+
+    started = time.perf_counter()
+    row = (spark.read.format("fabric").option("bootstrap", bootstrap).option("subscribe", topic).load()
+           .select(F.count("*").alias("n"), F.sum(F.length("value")).alias("bytes")).collect()[0])
+    return time.perf_counter() - started, int(row["n"]), int(row["bytes"] or 0)
+
+
+def start_spark(cores: int) -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName("fabric-bench-spark-read")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(cores))
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_connector.register(spark)
+    return spark
+
+
+def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
+    n, size, partitions = args.messages, args.size, args.partitions
+    topic = f"bench-spark-read-{os.getpid()}"
+    warmup_topic = f"{topic}-warmup"
+    print(f"producing {n:,} messages of {size} bytes into {partitions} partitions ...", flush=True)
+    produce_s = produce(bootstrap, topic, partitions, n, size)
+    produce(bootstrap, warmup_topic, partitions, WARMUP_MESSAGES, size)
+
+    started = time.perf_counter()
+    spark = start_spark(args.cores)
+    spark_start_s = time.perf_counter() - started
+    try:
+        warmup_s, warm_n, _ = read_connector(spark, bootstrap, warmup_topic)
+        if warm_n != WARMUP_MESSAGES:
+            raise SystemExit(f"warm-up read {warm_n} records, expected {WARMUP_MESSAGES}")
+        print(f"Spark session started in {spark_start_s:.1f} s; warm-up job ({WARMUP_MESSAGES:,} records "
+              f"through the connector) took {warmup_s:.1f} s. Neither is in the timings below.", flush=True)
+        connector_runs, sdk_runs = [], []
+        for attempt in range(args.repeats):
+            seconds, count, value_bytes = read_connector(spark, bootstrap, topic)
+            if count != n or value_bytes != n * size:
+                raise SystemExit(f"connector read {count} records / {value_bytes} value bytes, expected {n} / {n * size}")
+            connector_runs.append(seconds)
+            sdk_seconds, sdk_bytes = read_sdk(bootstrap, topic, partitions, n)
+            if sdk_bytes != n * size:
+                raise SystemExit(f"SDK read {sdk_bytes} value bytes, expected {n * size}")
+            sdk_runs.append(sdk_seconds)
+            print(f"run {attempt + 1}: connector {n / seconds:,.0f} msg/s ({seconds:.2f} s), "
+                  f"SDK consumer {n / sdk_seconds:,.0f} msg/s ({sdk_seconds:.2f} s)", flush=True)
+    finally:
+        spark.stop()
+    connector_s, sdk_s = median(connector_runs), median(sdk_runs)
+    return {
+        "benchmark": "spark_read",
+        "messages": n,
+        "value_bytes": size,
+        "partitions": partitions,
+        "spark_cores": args.cores,
+        "repeats": args.repeats,
+        "produce_msgs_per_s": round(n / produce_s),
+        "connector_msgs_per_s": round(n / connector_s),
+        "sdk_msgs_per_s": round(n / sdk_s),
+        "connector_mb_per_s": round(n * size / connector_s / 1e6, 1),
+        "sdk_mb_per_s": round(n * size / sdk_s / 1e6, 1),
+        "ratio_connector_to_sdk": round(sdk_s / connector_s, 3),
+        "spark_start_s_excluded": round(spark_start_s, 2),
+        "warmup_job_s_excluded": round(warmup_s, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="value bytes per message")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of each reader; medians reported")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the local cluster (without --bootstrap)")
+    parser.add_argument("--bootstrap", help="an existing cluster (zk://host:port); default: start a local one")
+    args = parser.parse_args(argv)
+    if args.bootstrap:
+        result = run(args, args.bootstrap)
+    else:
+        with LocalCluster(args.nodes) as cluster:
+            result = run(args, cluster.bootstrap)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Example pipelines for the fabric Spark connector (see docs/SPARK.md)."""
