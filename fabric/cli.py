@@ -147,6 +147,9 @@ def cmd_topic(args: argparse.Namespace) -> int:
         elif args.topic_command == "delete":
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
+        elif args.topic_command == "add-partitions":
+            admin.create_partitions(args.name, args.partitions)
+            print(f"topic {args.name} now has {args.partitions} partitions")
         elif args.topic_command == "elect-leaders":
             moved = admin.elect_preferred_leaders(args.names or None)
             print(f"moved leadership of {moved} partitions back to their preferred replicas")
@@ -343,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("name", nargs="?")
     delete = with_bootstrap(tsub.add_parser("delete"))
     delete.add_argument("name")
+    grow = with_bootstrap(tsub.add_parser("add-partitions", help="grow a topic to N partitions"))
+    grow.add_argument("name")
+    grow.add_argument("--partitions", "-p", type=int, required=True, help="the new total")
     elect = with_bootstrap(tsub.add_parser("elect-leaders", help="move leaders back to the preferred replicas"))
     elect.add_argument("names", nargs="*", help="topics (default: all)")
 

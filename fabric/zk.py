@@ -264,6 +264,36 @@ def create_topic(
     return config
 
 
+def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
+    """Grow a topic to ``total`` partitions: the config (version-checked) and the new
+    partition states in one transaction. Existing partitions and their keys' placement
+    are untouched; new ones are assigned round robin like at creation."""
+    import dataclasses
+
+    validate_topic_name(name)
+    try:
+        raw, stat = zk.get(topic_path(name))
+    except NoNodeError:
+        raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+    config = TopicConfig.decode(raw)
+    if not config.partitions < total <= PARTITIONS_MAX:
+        raise errors.InvalidPartitionsError(
+            f"topic {name!r} has {config.partitions} partitions; the new total must be more, at most {PARTITIONS_MAX}"
+        )
+    nodes = live_nodes(zk)
+    assignment = assign_replicas(name, total, config.replication_factor, list(nodes))
+    grown = dataclasses.replace(config, partitions=total)
+    tx = zk.transaction()
+    tx.set_data(topic_path(name), grown.encode(), version=stat.version)
+    for p in range(config.partitions, total):
+        replicas = assignment[p]
+        tx.create(partition_path(name, p), PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas)).encode())
+    failures = [r for r in tx.commit() if isinstance(r, Exception)]
+    if failures:
+        raise errors.InvalidPartitionsError(f"topic {name!r} changed while adding partitions; try again: {failures[0]!r}")
+    return grown
+
+
 def delete_topic(zk: KazooClient, name: str) -> None:
     validate_topic_name(name)
     try:

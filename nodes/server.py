@@ -734,6 +734,8 @@ class Node:
                 body = self._offsets_for_leader_epoch(request.body["partitions"])
             elif api == ApiKey.ELECT_LEADERS:
                 body = self._elect_preferred_leaders(request.body["topics"])
+            elif api == ApiKey.CREATE_PARTITIONS:
+                body = self._admin_result(lambda b: zkl.add_partitions(self.zk, b["name"], b["partitions"]), request.body)
             else:  # decode_request already refused unknown keys; this guards new ones
                 raise errors.UnknownApiError(f"api {api} has no handler")
             self._send(envelope, apis.encode_response(request.header, body))

@@ -12,7 +12,7 @@ from fabric.errors import FabricError
 from sdk._client import TopicPartition
 from sdk.accumulator import RecordFuture, RecordMetadata
 from sdk.admin import Admin, TopicDescription
-from sdk.consumer import Consumer, Record, RecordBatch
+from sdk.consumer import Consumer, RawBatch, Record, RecordBatch
 from sdk.producer import Producer
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Consumer",
     "FabricError",
     "Producer",
+    "RawBatch",
     "Record",
     "RecordBatch",
     "RecordFuture",

@@ -54,6 +54,14 @@ class Admin:
         if wait:
             self.wait_for_topic(name, partitions)
 
+    def create_partitions(self, name: str, total: int, *, wait: bool = True) -> None:
+        """Grow ``name`` to ``total`` partitions (never shrinks). Keys hash over the new
+        count from then on, as in Kafka: per-key order holds only within a partition."""
+        body = self._call(ApiKey.CREATE_PARTITIONS, {"name": name, "partitions": total})
+        errors.raise_for_code(body["error"], body["message"])
+        if wait:
+            self.wait_for_topic(name, total)
+
     def wait_for_topic(self, name: str, partitions: int | None = None, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
         """Block until every partition has a leader that answers LIST_OFFSETS for it."""
         deadline = time.monotonic() + timeout_s

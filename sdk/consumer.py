@@ -48,7 +48,10 @@ class Record:
 
 @dataclass
 class RecordBatch:
-    """Records of one batch from ``start`` on, as columns (the fast path)."""
+    """Records of one batch from ``start`` on, as columns (the fast path).
+
+    ``timestamp_type``: 0 = the producer's create time, 1 = the leader's log-append time.
+    """
 
     topic: str
     partition: int
@@ -57,6 +60,7 @@ class RecordBatch:
     keys: list[bytes | None]
     values: list[bytes | None]
     headers: list[list[tuple[str, bytes | None]]]
+    timestamp_type: int = 0
 
     def __len__(self) -> int:
         return len(self.values)
@@ -71,9 +75,13 @@ class RecordBatch:
             yield Record(t, p, base + i, ts, k, v, h)
 
 
-class _RawBatch:
+class RawBatch:
     """A fetched batch not decoded yet: decoding waits until the caller takes it, so the
-    next fetch is already travelling while we decode (the node and we work in parallel)."""
+    next fetch is already travelling while we decode (the node and we work in parallel).
+
+    ``poll_raw_batches`` hands these out as they are: ``buf`` is the batch exactly as the
+    producer made it (stamped by the leader); records below ``base_offset + skip`` were
+    already consumed. ``fabric.protocol.batch.column_view(buf)`` gives its columns."""
 
     __slots__ = ("buf", "partition", "skip", "topic")
 
@@ -124,7 +132,7 @@ class Consumer:
         self._positions: dict[TopicPartition, int] = {}  # next offset to hand to the caller
         self._fetch_positions: dict[TopicPartition, int] = {}  # next offset to ask a node for
         self._high_watermarks: dict[TopicPartition, int] = {}
-        self._buffer: deque[RecordBatch | _RawBatch] = deque()
+        self._buffer: deque[RecordBatch | RawBatch] = deque()
         self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int]]] = {}  # corr -> node, sent, {tp: pos}
         self._busy_nodes: set[str] = set()
         self._refresh_needed = True
@@ -249,6 +257,38 @@ class Consumer:
             self._receive(min(remaining_ms, 100))
             self._check_timeouts()
 
+    def poll_raw_batches(self, timeout_ms: int = 1000) -> list[RawBatch]:
+        """Fetched batches undecoded, for columnar readers (Arrow): no per-record Python work.
+
+        Positions advance past each batch handed out, as with the other poll methods; the
+        caller checks the CRC and decompresses (``batch.column_view`` does both).
+        """
+        if self._closed:
+            raise errors.ClientClosedError("poll after close()")
+        if not self._assigned:
+            raise errors.InvalidRequestError("no partitions assigned; call assign() first")
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        while True:
+            self._send_fetches()
+            if self._buffer:
+                out: list[RawBatch] = []
+                while self._buffer and isinstance(self._buffer[0], RawBatch):
+                    entry = self._buffer.popleft()
+                    assert isinstance(entry, RawBatch)
+                    header = batch_format.read_header(entry.buf)
+                    self._positions[TopicPartition(entry.topic, entry.partition)] = header.next_offset
+                    out.append(entry)
+                if not out:
+                    raise errors.InvalidRequestError(
+                        "records of a partly taken batch are waiting: read them with poll() before poll_raw_batches()")
+                self._send_fetches()
+                return out
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return []
+            self._receive(min(remaining_ms, 100))
+            self._check_timeouts()
+
     def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first."""
         out: list[Record] = []
@@ -281,14 +321,15 @@ class Consumer:
             taken += len(batch)
         return out
 
-    def _decode(self, raw: _RawBatch) -> RecordBatch:
+    def _decode(self, raw: RawBatch) -> RecordBatch:
         decoded = batch_format.decode_batch(raw.buf, check_crc=self.check_crc)
         skip = raw.skip
+        timestamp_type = 1 if decoded.header.attributes & batch_format.TIMESTAMP_LOG_APPEND else 0
         if not skip:
             return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset, decoded.timestamps,
-                               decoded.keys, decoded.values, decoded.headers)
+                               decoded.keys, decoded.values, decoded.headers, timestamp_type)
         return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset + skip, decoded.timestamps[skip:],
-                           decoded.keys[skip:], decoded.values[skip:], decoded.headers[skip:])
+                           decoded.keys[skip:], decoded.values[skip:], decoded.headers[skip:], timestamp_type)
 
     def _send_fetches(self) -> None:
         if self._refresh_needed:
@@ -382,7 +423,7 @@ class Consumer:
                 skip = position - header.base_offset
                 if skip >= header.record_count:
                     continue
-                self._buffer.append(_RawBatch(tp.topic, tp.partition, buf, max(skip, 0)))
+                self._buffer.append(RawBatch(tp.topic, tp.partition, buf, max(skip, 0)))
                 position = header.next_offset
             self._fetch_positions[tp] = position
 

@@ -44,6 +44,7 @@ class ApiKey(IntEnum):
     REPLICA_ACK = 9
     OFFSETS_FOR_LEADER_EPOCH = 10
     ELECT_LEADERS = 11
+    CREATE_PARTITIONS = 12
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -237,6 +238,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.REPLICA_ACK, 0): (REPLICA_ACK_REQUEST_V0, REPLICA_ACK_RESPONSE_V0),
     (ApiKey.OFFSETS_FOR_LEADER_EPOCH, 0): (OFFSETS_FOR_LEADER_EPOCH_REQUEST_V0, OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0),
     (ApiKey.ELECT_LEADERS, 0): (ELECT_LEADERS_REQUEST_V0, ELECT_LEADERS_RESPONSE_V0),
+    (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),
 }
 
 

@@ -108,6 +108,22 @@ class BatchHeader(NamedTuple):
 Header = tuple[str, bytes | None]
 
 
+class ColumnView(NamedTuple):
+    """A batch's columns without building a Python object per record: the lengths as
+    tuples and the byte regions as offsets into ``records`` (for Arrow and other
+    columnar consumers, which can slice buffers directly)."""
+
+    header: BatchHeader
+    records: bytes  # the uncompressed records section
+    timestamp_deltas: tuple[int, ...]
+    key_lengths: tuple[int, ...]
+    value_lengths: tuple[int, ...]
+    header_counts: tuple[int, ...]
+    keys_start: int  # where the concatenated keys begin in ``records``
+    values_start: int
+    headers_start: int
+
+
 class DecodedBatch(NamedTuple):
     header: BatchHeader
     timestamps: list[int]
@@ -317,6 +333,33 @@ def decode_batch(buf: bytes | bytearray | memoryview, *, check_crc: bool = True)
         raise CorruptMessageError(f"batch at offset {header.base_offset}: CRC mismatch")
     records = records_section(buf, header)
     return _decode_records(header, records)
+
+
+def column_view(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> ColumnView:
+    """Check and decompress a batch, then locate its columns; no per-record objects."""
+    header = read_header(buf)
+    if header.magic != BATCH_MAGIC or not BATCH_HEADER_BYTES <= header.batch_length <= len(buf):
+        raise CorruptMessageError("not a batch (bad magic or length)")
+    n = header.record_count
+    if not 1 <= n <= BATCH_RECORDS_MAX:
+        raise CorruptMessageError(f"record_count {n} outside [1, {BATCH_RECORDS_MAX}]")
+    if check_crc and compute_crc(memoryview(buf)[: header.batch_length]) != header.crc:
+        raise CorruptMessageError(f"batch at offset {header.base_offset}: CRC mismatch")
+    records = records_section(buf, header)
+    arrays_bytes = RECORD_FIXED_BYTES * n
+    if len(records) < arrays_bytes:
+        raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
+    arrays = struct.unpack_from(f"<{n}i{n}i{n}i{n}H", records, 0)
+    key_lengths, value_lengths = arrays[n : 2 * n], arrays[2 * n : 3 * n]
+    if min(key_lengths) < -1 or min(value_lengths) < -1:
+        raise CorruptMessageError("negative key or value length")
+    keys_start = arrays_bytes
+    values_start = keys_start + sum(k for k in key_lengths if k > 0)
+    headers_start = values_start + sum(v for v in value_lengths if v > 0)
+    if headers_start > len(records):
+        raise CorruptMessageError("key and value lengths run past the records section")
+    return ColumnView(header, records, arrays[0:n], key_lengths, value_lengths, arrays[3 * n :],
+                      keys_start, values_start, headers_start)
 
 
 def _decode_records(header: BatchHeader, records: bytes) -> DecodedBatch:

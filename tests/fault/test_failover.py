@@ -102,9 +102,16 @@ def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> 
         killed_at = time.monotonic()
         fault_cluster.nodes[victim].kill()
         wait_until(lambda p=partition, v=victim: leader_of(bootstrap, topic, p) not in (v, -1), "a new leader")
-        wait_until(lambda p=partition, t=killed_at: any(a > t for a in writer.ack_times.get(p, [])),
-                   "an acknowledged write after the kill")
+        try:
+            wait_until(lambda p=partition, t=killed_at: any(a > t for a in writer.ack_times.get(p, [])),
+                       "an acknowledged write after the kill")
+        except TimeoutError:
+            print(f"no ack on partition {partition} after killing node {victim} (seed={seed}); failures so far: "
+                  f"{len(history.failed)} {list(history.failed.items())[:5]}; writer sent {writer.sent}")
+            raise
         failover_s.append(min(a for a in writer.ack_times[partition] if a > killed_at) - killed_at)
+        print(f"round {_round}: killed node {victim}, leader of partition {partition}; "
+              f"next ack after {failover_s[-1]:.2f} s", flush=True)
         fault_cluster.nodes[victim].start()
         fault_cluster.wait_for_nodes([victim])
         wait_for_full_isr(bootstrap, topic)

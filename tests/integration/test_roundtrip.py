@@ -182,3 +182,15 @@ def test_preferred_leader_election_moves_leadership_back(fresh_cluster: LocalClu
             time.sleep(0.1)
     with Producer(fresh_cluster.bootstrap) as producer:
         assert producer.send(topic_name, b"after", partition=0).result(30).offset == 0
+
+
+def test_add_partitions(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2)
+        with pytest.raises(errors.InvalidPartitionsError):
+            admin.create_partitions(topic_name, 2)
+        admin.create_partitions(topic_name, 5)
+        assert len(admin.describe_topic(topic_name).partitions) == 5
+    with Producer(cluster.bootstrap) as producer:
+        assert producer.send(topic_name, b"new", partition=4).result(30).offset == 0
+    assert [r.value for r in read_all(cluster.bootstrap, topic_name, 5)] == [b"new"]
