@@ -328,6 +328,15 @@ class Node:
                 self.logs.pop(tp).wipe()
                 self.states.pop(tp, None)
         self.known_topics = set(topics)
+        # Stop reconnecting to replication streams of processes that are gone (a restarted
+        # node publishes on a new port).
+        live = {n.replication_address for n in self.routing.nodes().values()}
+        for address in self._sub_connected - live:
+            try:
+                self.sub.disconnect(address)
+            except zmq.ZMQError:
+                pass
+            self._sub_connected.discard(address)
 
     def _become_leader(self, tp: tuple[str, int], state: zkl.PartitionState) -> None:
         self._drop_roles(tp)
@@ -1042,14 +1051,14 @@ class Node:
             if f.mode == TRUNCATING and not f.request_in_flight:
                 last_epoch = plog.latest_epoch()
                 if last_epoch < 0:
-                    f.mode = FETCHING  # nothing to truncate
+                    self._set_mode(tp, f, FETCHING, "empty log: nothing to truncate")
                 else:
                     body = {"replica_id": self.node_id, "partitions": [
                         {"topic": tp[0], "partition": tp[1], "current_leader_epoch": f.epoch, "leader_epoch": last_epoch}]}
                     f.request_in_flight = self._replica_request(address, ApiKey.OFFSETS_FOR_LEADER_EPOCH, body, "epoch", (tp, f.epoch))
                     f.request_sent_s = now
             if f.mode == STREAMING and f.leader_log_end > plog.log_end_offset and now - f.last_progress_s > REPLICA_STALL_S:
-                f.mode = FETCHING  # the stream stalled or dropped its tail
+                self._set_mode(tp, f, FETCHING, f"stream stalled below the leader's end {f.leader_log_end}")
             if f.mode == FETCHING and not f.request_in_flight:
                 body = {"replica_id": self.node_id, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": REPLICA_FETCH_BYTES_MAX,
                         "partitions": [{"topic": tp[0], "partition": tp[1], "fetch_offset": plog.log_end_offset,
@@ -1064,6 +1073,11 @@ class Node:
             self._send_acks(acks)
         if now - self._last_ack_sent_s >= REPLICA_ACK_INTERVAL_S:
             self._last_ack_sent_s = now
+
+    def _set_mode(self, tp: tuple[str, int], f: FollowerReplica, mode: str, why: str) -> None:
+        if f.mode != mode:
+            log.info("follower of %s/%d (leader %d epoch %d): %s -> %s: %s", *tp, f.leader_id, f.epoch, f.mode, mode, why)
+            f.mode = mode
 
     def _send_acks(self, acks: dict[int, list[dict[str, Any]]]) -> None:
         for leader_id, partitions in acks.items():
@@ -1101,13 +1115,12 @@ class Node:
             if header.next_offset <= plog.log_end_offset:
                 continue  # already have it
             if header.base_offset != plog.log_end_offset:
-                f.mode = FETCHING  # a gap: the stream dropped something
+                self._set_mode(tp, f, FETCHING, f"gap in the stream: batch at {header.base_offset}, log end {plog.log_end_offset}")
                 continue
             try:
                 batch_format.validate(data, len(data))
             except errors.FabricError as exc:
-                log.warning("bad batch from leader %d on %s/%d: %s; fetching instead", leader_id, tp[0], tp[1], exc)
-                f.mode = FETCHING
+                self._set_mode(tp, f, FETCHING, f"bad batch from leader {leader_id}: {exc}")
                 continue
             if wb is None:
                 wb = self.store.new_write_batch()
@@ -1168,7 +1181,7 @@ class Node:
             plog.truncate_to(target)
         if plog.log_end_offset < result["log_start_offset"]:
             plog.reset_to(result["log_start_offset"])
-        f.mode = FETCHING
+        self._set_mode(tp, f, FETCHING, f"truncation done at {plog.log_end_offset}")
 
     def _on_fetch_reply(self, tp: tuple[str, int], f: FollowerReplica, result: dict[str, Any], batches: list[Any]) -> None:
         plog = self.logs[tp]
@@ -1177,7 +1190,7 @@ class Node:
             if plog.log_end_offset < result["log_start_offset"]:
                 plog.reset_to(result["log_start_offset"])
             elif plog.log_end_offset > result["log_end_offset"] >= 0:
-                f.mode = TRUNCATING  # we hold more than the leader: find the divergence again
+                self._set_mode(tp, f, TRUNCATING, "we hold more than the leader: find the divergence again")
             return
         if error:
             return
@@ -1190,7 +1203,7 @@ class Node:
             if header.next_offset <= plog.log_end_offset:
                 continue
             if header.base_offset != plog.log_end_offset:
-                f.mode = TRUNCATING
+                self._set_mode(tp, f, TRUNCATING, f"fetched batch at {header.base_offset}, log end {plog.log_end_offset}")
                 return
             batch_format.validate(raw, len(raw))
             if wb is None:
@@ -1200,8 +1213,12 @@ class Node:
             self.store.write(wb)
             f.last_progress_s = time.monotonic()
         plog.high_watermark = max(plog.high_watermark, min(result["high_watermark"], plog.log_end_offset))
-        if not batches and plog.log_end_offset >= result["log_end_offset"]:
-            f.mode = STREAMING  # level with the leader: the stream carries us from here
+        if plog.log_end_offset >= result["log_end_offset"]:
+            # Level with the leader as of this reply: the stream carries us from here. (Not
+            # "an empty fetch": under steady writes a fetch is never empty. Anything the
+            # leader published meanwhile is queued on our SUB socket, or, if it was
+            # dropped, shows up as a gap and sends us back to fetching.)
+            self._set_mode(tp, f, STREAMING, f"level with the leader at {plog.log_end_offset}")
             f.last_progress_s = time.monotonic()
             f.acked_log_end = -1  # report our log end right away
 

@@ -7,6 +7,7 @@ Every test prints its seed; rerun one with FABRIC_FAULT_SEED=<seed>. They are ma
 from __future__ import annotations
 
 import random
+import shutil
 import statistics
 import time
 from collections.abc import Iterator
@@ -49,14 +50,29 @@ def seed() -> int:
     return value
 
 
+LOG_DIR = Path("/tmp/fabric-fault-logs")
+
+
+def keep_logs(cluster: LocalCluster, test_name: str) -> None:
+    """Copy the node logs where the next run will not delete them (pytest keeps only the
+    last three temp dirs), so a failure can be read after the fact."""
+    target = LOG_DIR / test_name
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True, exist_ok=True)
+    for log_file in cluster.base_dir.glob("*.log"):
+        shutil.copy(log_file, target / log_file.name)
+    print(f"node logs: {target}")
+
+
 @pytest.fixture
-def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path) -> Iterator[LocalCluster]:
+def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     cluster = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
     cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
+        keep_logs(cluster, request.node.name)
 
 
 def finish(cluster: LocalCluster, topic: str, partitions: int, history: History, seed: int,
@@ -106,8 +122,14 @@ def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> 
             wait_until(lambda p=partition, t=killed_at: any(a > t for a in writer.ack_times.get(p, [])),
                        "an acknowledged write after the kill")
         except TimeoutError:
+            producer = writer.producer
+            queued = producer._acc.batches.get((topic, partition), [])  # diagnostics only
+            flights = [(f.address, round(time.monotonic() - f.sent_s, 1)) for f in producer._in_flight.values()
+                       if any(b.partition == partition for b in f.batches)]
             print(f"no ack on partition {partition} after killing node {victim} (seed={seed}); failures so far: "
-                  f"{len(history.failed)} {list(history.failed.items())[:5]}; writer sent {writer.sent}")
+                  f"{len(history.failed)} {list(history.failed.items())[:5]}; writer sent {writer.sent}; "
+                  f"queued batches {len(queued)} (attempts {[b.attempts for b in queued][:5]}), in flight {flights}, "
+                  f"leaders {producer_leaders(writer)}")
             raise
         failover_s.append(min(a for a in writer.ack_times[partition] if a > killed_at) - killed_at)
         print(f"round {_round}: killed node {victim}, leader of partition {partition}; "
@@ -122,6 +144,10 @@ def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> 
     finish(fault_cluster, topic, partitions, history, seed, [writer], [reader])
     assert not history.failed, f"writes failed: {list(history.failed.items())[:5]}"
     assert len(history.acked) >= 100_000
+
+
+def producer_leaders(writer: Writer) -> dict[int, int]:
+    return {p.partition: p.leader for p in describe(writer.producer._bootstrap.node_addresses()[0], "kill-leader").partitions}
 
 
 def raw_produce(sock: zmq.Socket, topic: str, partition: int, value: bytes, acks: int, correlation_id: int) -> None:
