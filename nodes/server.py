@@ -88,6 +88,8 @@ class NodeConfig:
     retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT
     session_timeout_ms: int = 6_000
     replica_lag_max_ms: int = 5_000
+    replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
+    replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
 
 
 @dataclass
@@ -164,11 +166,15 @@ class Node:
         self.address = self._bind_socket(self.router, self.config.port)
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.setsockopt(zmq.SNDHWM, PUB_HWM_MESSAGES)
+        self.pub.setsockopt(zmq.SNDHWM, self.config.replication_hwm)
+        if self.config.replication_buffer_bytes:
+            self.pub.setsockopt(zmq.SNDBUF, self.config.replication_buffer_bytes)
         self.replication_address = self._bind_socket(self.pub, self.config.replication_port)
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.RCVHWM, PUB_HWM_MESSAGES)
+        self.sub.setsockopt(zmq.RCVHWM, self.config.replication_hwm)
+        if self.config.replication_buffer_bytes:
+            self.sub.setsockopt(zmq.RCVBUF, self.config.replication_buffer_bytes)
         self.sub.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
         wake_endpoint = f"inproc://node-wake-{id(self)}"
         self._wake_pull = self.ctx.socket(zmq.PULL)
@@ -1314,6 +1320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replication-port", type=int, default=0, help="replication PUB port; 0 picks a free one")
     parser.add_argument("--replica-lag-max-ms", type=int, default=5_000,
                         help="a follower this far behind leaves the in-sync replicas")
+    parser.add_argument("--replication-hwm", type=int, default=PUB_HWM_MESSAGES,
+                        help="batches queued per follower before the replication stream drops (it then fetches)")
+    parser.add_argument("--replication-buffer-bytes", type=int, default=0,
+                        help="kernel buffer of the replication sockets; 0 lets the OS size it")
     parser.add_argument("--fsync", choices=("none", "interval", "every-batch"), default="none")
     parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
@@ -1331,6 +1341,8 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             replication_port=args.replication_port,
             replica_lag_max_ms=args.replica_lag_max_ms,
+            replication_hwm=args.replication_hwm,
+            replication_buffer_bytes=args.replication_buffer_bytes,
             fsync=args.fsync,
             fsync_interval_ms=args.fsync_interval_ms,
             retention_check_interval_ms=args.retention_check_interval_ms,

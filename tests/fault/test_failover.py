@@ -242,38 +242,64 @@ def test_session_expiry_and_zookeeper_outage(zk_server: LocalZooKeeper, tmp_path
         finish(cluster, topic, partitions, history, seed, [writer], [reader])
 
 
-def test_burst_past_pub_hwm_and_kill_a_follower(fault_cluster: LocalCluster, seed: int) -> None:
+def test_burst_past_pub_hwm_and_kill_a_follower(zk_server: LocalZooKeeper, tmp_path: Path, seed: int) -> None:
     """Overflow the PUB/SUB stream (a paused follower's queue fills, PUB drops) and kill a
     follower mid-stream: followers end byte-identical to the leader."""
     rng = random.Random(seed)
+    # A small high-water mark and kernel buffer, so a few seconds of stopped follower
+    # overflow the stream (loopback's auto-tuned buffers would otherwise hold megabytes).
+    fault_cluster = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS,
+                                 node_args=[*NODE_ARGS, "--replication-hwm", "50", "--replication-buffer-bytes", "65536"])
+    fault_cluster.start()
+    try:
+        burst(fault_cluster, rng, seed)
+    finally:
+        fault_cluster.stop()
+        keep_logs(fault_cluster, "test_burst_past_pub_hwm_and_kill_a_follower")
+
+
+def burst(fault_cluster: LocalCluster, rng: random.Random, seed: int) -> None:
     bootstrap, topic, partitions = fault_cluster.bootstrap, "burst", 2
     create_replicated_topic(bootstrap, topic, partitions)
     leader = leader_of(bootstrap, topic, 0)
     followers = [n for n in fault_cluster.nodes if n != leader]
     rng.shuffle(followers)
     history = History()
-    # Many small batches: each is one PUB message, so the high-water mark is reached fast.
+    # Phases, each flushed, so the data really crosses the wire while a follower is down.
+    # While one is stopped the leader publishes thousands of 1 KB batches into a 50-message
+    # high-water mark and 64 KB of socket buffer: PUB drops, and the follower must notice.
     producer = Producer(bootstrap, acks=1, linger_ms=0, batch_bytes_max=1_024, enable_idempotence=False)
-    try:
-        for i in range(30_000):
-            value = b"burst-%d" % i
+    sent = 0
+
+    def phase(records: int) -> None:
+        nonlocal sent
+        for i in range(sent, sent + records):
+            value = b"burst-%d-" % i + b"." * 90
             history.record_sent(value)
             future = producer.send(topic, value, partition=i % partitions)
             future.add_callback(lambda meta, exc, v=value: history.record_ack(v, meta.partition, meta.offset)
                                 if exc is None else history.record_failure(v, exc))
-            if i == 2_000:
-                fault_cluster.nodes[followers[0]].pause()
-            if i == 12_000:
-                fault_cluster.nodes[followers[0]].resume()
-            if i == 18_000:
-                fault_cluster.nodes[followers[1]].kill()
-            if i == 24_000:
-                fault_cluster.nodes[followers[1]].start()
+        sent += records
         producer.flush(timeout=120)
+
+    try:
+        phase(rng.randrange(2_000, 5_000))
+        fault_cluster.nodes[followers[0]].pause()
+        phase(20_000)  # all published while the follower is stopped
+        fault_cluster.nodes[followers[0]].resume()
+        phase(5_000)
+        fault_cluster.nodes[followers[1]].kill()  # and one killed mid-stream
+        phase(10_000)
+        fault_cluster.nodes[followers[1]].start()
+        phase(5_000)
     finally:
         producer.close()
+    total = sent
     finish(fault_cluster, topic, partitions, history, seed, [], [])
-    assert len(history.acked) == 30_000
+    assert len(history.acked) == total
+    # The point of the test: the stream really dropped, and followers healed by fetching.
+    logs = "".join(p.read_text() for p in fault_cluster.base_dir.glob("node*.log"))
+    assert "streaming -> fetching" in logs, "the burst never overflowed the stream; make it bigger"
 
 
 def test_two_of_three_down_refuses_then_resumes(fault_cluster: LocalCluster, seed: int) -> None:
