@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FABRIC_EXTRAS="spark,dev" scripts/install.sh
 export PYSPARK_PYTHON="$(command -v python3)"
+# Node processes and Spark workers import this checkout, whatever else is installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m ruff check .
 python3 -m mypy
 exec python3 -m pytest -q "$@"
