@@ -30,6 +30,10 @@ class Connections:
         self.by_socket: dict[zmq.Socket[Any], str] = {}
         self.poller = poller or zmq.Poller()
         self._ids = itertools.count(1)
+        # Replies to other requests that arrived while request() waited for its own: kept
+        # for the next poll()/drain(). Dropping them would strand whoever waits on them
+        # (a producer's acknowledgement, a consumer's fetch) until their timeout.
+        self._stash: list[tuple[str, list[Any]]] = []
 
     def next_id(self) -> int:
         return next(self._ids) & 0xFFFFFFFF
@@ -74,7 +78,7 @@ class Connections:
 
     def drain(self) -> list[tuple[str, list[Any]]]:
         """Every reply already waiting on any socket, without blocking."""
-        out: list[tuple[str, list[Any]]] = []
+        out, self._stash = self._stash, []
         for sock, address in list(self.by_socket.items()):
             while True:
                 try:
@@ -84,8 +88,10 @@ class Connections:
         return out
 
     def poll(self, timeout_ms: int) -> list[tuple[str, list[Any]]]:
-        out: list[tuple[str, list[Any]]] = []
-        if not self.sockets:
+        out, self._stash = self._stash, []
+        if out:
+            timeout_ms = 0  # something is already waiting: do not block
+        if not self.poller.sockets:
             time.sleep(max(0, timeout_ms) / 1000.0)
             return out
         for sock, _ in self.poller.poll(max(0, timeout_ms)):
@@ -101,7 +107,8 @@ class Connections:
 
     def request(self, address: str, api_key: int, body: dict[str, Any], *, timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
                 batches: list[bytes] | None = None) -> Message:
-        """One synchronous request; other responses that arrive meanwhile are dropped."""
+        """One synchronous request. Replies to other requests that arrive meanwhile are
+        kept and handed out by the next poll() or drain()."""
         correlation_id = self.next_id()
         self.send(address, apis.encode_request(api_key, body, correlation_id, batches=batches))
         deadline = time.monotonic() + timeout_ms / 1000.0
@@ -116,6 +123,7 @@ class Connections:
             frames = sock.recv_multipart(copy=False)
             message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
             if message.header.correlation_id != correlation_id:
+                self._stash.append((address, frames))
                 continue
             if message.header.error_code:
                 errors.raise_for_code(message.header.error_code, message.body.get("message", ""))

@@ -1,0 +1,42 @@
+"""Connections keeps replies that arrive while a synchronous request waits (real sockets)."""
+
+from __future__ import annotations
+
+import threading
+
+import zmq
+
+from fabric.protocol import apis
+from fabric.protocol.apis import ApiKey
+from fabric.transport import Connections
+
+
+def test_reply_to_another_request_is_kept_not_dropped() -> None:
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+
+    def serve() -> None:
+        # Receive both requests, then answer in order: the reply to the request already in
+        # flight arrives while the caller is inside request() waiting for its own.
+        first = router.recv_multipart()
+        second = router.recv_multipart()
+        for identity, *frames in (first, second):
+            header = apis.decode_request(frames).header
+            body = {"controller_id": 1, "nodes": [], "topics": []}
+            router.send_multipart([identity, *apis.encode_response(header, body)])
+
+    server = threading.Thread(target=serve)
+    server.start()
+    conns = Connections(ctx)
+    try:
+        conns.send(address, apis.encode_request(ApiKey.METADATA, {"topics": []}, 41))  # "in flight"
+        reply = conns.request(address, ApiKey.METADATA, {"topics": []}, timeout_ms=10_000)
+        assert reply.header.correlation_id != 41
+        later = conns.poll(1_000)
+        assert [apis.decode_response([f.bytes for f in frames]).header.correlation_id for _a, frames in later] == [41]
+    finally:
+        server.join(timeout=10)
+        conns.close()
+        router.close(linger=0)
