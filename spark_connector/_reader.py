@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -29,7 +30,8 @@ from pyspark.sql.types import (
 )
 
 from fabric import errors
-from sdk import Admin, Consumer, RecordBatch, TopicPartition
+from fabric.protocol.batch import TIMESTAMP_LOG_APPEND, ColumnView, column_view
+from sdk import Admin, Consumer, TopicPartition
 from spark_connector._options import (
     EARLIEST,
     LATEST,
@@ -44,7 +46,10 @@ from spark_connector._options import (
 log = logging.getLogger("fabric.spark")
 
 ARROW_BATCH_ROWS = 200_000  # rows per Arrow batch handed to Spark: big batches halve its per-row cost
+ARROW_BATCH_BYTES = 64 * 1024 * 1024  # and at most about this many key + value bytes (int32 Arrow offsets)
 TIMESTAMP_TYPE_CREATE = 0  # Kafka's numbering: 0 CreateTime, 1 LogAppendTime
+TIMESTAMP_TYPE_LOG_APPEND = 1
+CHECK_CRC = True  # tasks check every batch's CRC, as sdk.Consumer does by default
 
 HEADERS_TYPE = ArrayType(
     StructType([StructField("key", StringType(), True), StructField("value", BinaryType(), True)]), True
@@ -250,59 +255,175 @@ def _open_consumer(part: FabricInputPartition) -> Consumer:
     return consumer
 
 
-class _ArrowColumns:
-    """Columns of consecutive records of one partition, turned into one Arrow batch."""
+class _Chunk:
+    """Records ``[skip, count)`` of one fetched batch, located in its records section.
+
+    Nothing per record: the length columns are numpy views of the records section
+    (zero-copy), the key and value bytes are one contiguous region each.
+    """
+
+    __slots__ = ("base_offset", "count", "first_timestamp", "headers_start", "key_lengths", "keys", "n",
+                 "records", "skip", "timestamp_deltas", "timestamp_type", "value_lengths", "values")
+
+    def __init__(self, view: ColumnView, skip: int, count: int) -> None:
+        header = view.header
+        n = header.record_count
+        records = view.records
+        # column_view checked that the section holds the four length columns and that the
+        # key and value lengths are >= -1 and fit; the same bytes as numpy arrays, no copy.
+        lengths = np.frombuffer(records, dtype="<i4", count=3 * n)
+        self.records = records
+        self.n = n
+        self.skip = skip
+        self.count = count
+        self.base_offset = header.base_offset
+        self.first_timestamp = header.first_timestamp
+        self.timestamp_type = TIMESTAMP_TYPE_LOG_APPEND if header.attributes & TIMESTAMP_LOG_APPEND \
+            else TIMESTAMP_TYPE_CREATE
+        self.timestamp_deltas = lengths[skip:count]
+        self.key_lengths = lengths[n + skip : n + count]
+        self.value_lengths = lengths[2 * n + skip : 2 * n + count]
+        self.keys = _region(records, view.keys_start, lengths[n : 2 * n], skip, count)
+        self.values = _region(records, view.values_start, lengths[2 * n : 3 * n], skip, count)
+        self.headers_start = view.headers_start
+
+    @property
+    def rows(self) -> int:
+        return self.count - self.skip
+
+    @property
+    def data_bytes(self) -> int:
+        return len(self.keys) + len(self.values)
+
+    def headers(self) -> tuple[np.ndarray, list[str], list[bytes | None]]:
+        """Header counts of records [skip, count) and their headers' names and values, flat."""
+        n = self.n
+        counts = np.frombuffer(self.records, dtype="<u2", count=n, offset=3 * 4 * n)
+        before = int(counts[: self.skip].sum())
+        total = int(counts[: self.count].sum())
+        names, values = _parse_headers(self.records, self.headers_start, total, before)
+        return counts[self.skip : self.count], names, values
+
+
+def _region(records: bytes, start: int, lengths: np.ndarray, skip: int, count: int) -> memoryview:
+    """The concatenated bytes of items [skip, count) of a column that begins at ``start``."""
+    sizes = np.maximum(lengths[:count], 0)
+    begin = start + int(sizes[:skip].sum())
+    return memoryview(records)[begin : begin + int(sizes[skip:].sum())]
+
+
+_U16 = struct.Struct("<H")
+_I32 = struct.Struct("<i")
+
+
+def _parse_headers(records: bytes, pos: int, total: int, first: int) -> tuple[list[str], list[bytes | None]]:
+    """Headers number ``first`` to ``total - 1`` of a records section (wire format: u16 name
+    length, name, i32 value length or -1, value); the ones before are walked over."""
+    names: list[str] = []
+    values: list[bytes | None] = []
+    end = len(records)
+    for i in range(total):
+        if pos + 2 > end:
+            raise errors.CorruptMessageError("headers run past the records section")
+        (name_len,) = _U16.unpack_from(records, pos)
+        pos += 2
+        name_end = pos + name_len
+        if name_end + 4 > end:
+            raise errors.CorruptMessageError("header name runs past the records section")
+        (value_len,) = _I32.unpack_from(records, name_end)
+        value_start = name_end + 4
+        value_end = value_start + max(value_len, 0)
+        if value_len < -1 or value_end > end:
+            raise errors.CorruptMessageError(f"bad header value length {value_len}")
+        if i >= first:
+            try:
+                names.append(records[pos:name_end].decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise errors.CorruptMessageError(f"header name is not UTF-8: {exc}") from None
+            values.append(None if value_len < 0 else records[value_start:value_end])
+        pos = value_end
+    return names, values
+
+
+def _binary_array(lengths: np.ndarray, regions: list[memoryview]) -> pa.Array:
+    """An Arrow binary array straight from a length column (-1 = null) and the bytes."""
+    n = len(lengths)
+    valid = lengths >= 0
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.where(valid, lengths, 0), out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"{offsets[-1]} bytes do not fit one Arrow binary array")  # ARROW_BATCH_BYTES prevents it
+    nulls = n - int(np.count_nonzero(valid))
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    data = pa.py_buffer(regions[0] if len(regions) == 1 else b"".join(regions))
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.astype(np.int32)), data],
+                                 null_count=nulls)
+
+
+class _ArrowBuilder:
+    """Chunks of one partition, turned into one Arrow record batch with columnar operations only."""
 
     def __init__(self, part: FabricInputPartition, schema: pa.Schema) -> None:
         self.part = part
         self.schema = schema
         self.topic = pa.scalar(part.topic, pa.string())
         self.partition = pa.scalar(part.partition, pa.int32())
-        self.timestamp_type = pa.scalar(TIMESTAMP_TYPE_CREATE, pa.int32())
-        self._reset(-1)
+        self.chunks: list[_Chunk] = []
+        self.rows = 0
+        self.data_bytes = 0
 
-    def _reset(self, next_offset: int) -> None:
-        self.first_offset = next_offset
-        self.next_offset = next_offset
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.timestamps: list[int] = []
-        self.headers: list[list[tuple[str, bytes | None]]] = []
+    def add(self, chunk: _Chunk) -> None:
+        self.chunks.append(chunk)
+        self.rows += chunk.rows
+        self.data_bytes += chunk.data_bytes
 
     @property
-    def rows(self) -> int:
-        return len(self.values)
-
-    def contiguous(self, base_offset: int) -> bool:
-        return not self.values or base_offset == self.next_offset
-
-    def add(self, batch: RecordBatch, count: int) -> None:
-        if not self.values:
-            self.first_offset = batch.base_offset
-        whole = count == len(batch)
-        self.keys.extend(batch.keys if whole else batch.keys[:count])
-        self.values.extend(batch.values if whole else batch.values[:count])
-        self.timestamps.extend(batch.timestamps if whole else batch.timestamps[:count])
-        if self.part.include_headers:
-            self.headers.extend(batch.headers if whole else batch.headers[:count])
-        self.next_offset = batch.base_offset + count
+    def full(self) -> bool:
+        return self.rows >= ARROW_BATCH_ROWS or self.data_bytes >= ARROW_BATCH_BYTES
 
     def build(self) -> pa.RecordBatch:
-        n = len(self.values)
+        chunks, n = self.chunks, self.rows
+
+        def cat(arrays: list[np.ndarray]) -> np.ndarray:
+            return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+        offsets = cat([np.arange(c.base_offset + c.skip, c.base_offset + c.count, dtype=np.int64) for c in chunks])
+        timestamps = cat([(c.timestamp_deltas.astype(np.int64) + c.first_timestamp) * 1000 for c in chunks])
+        kinds = {c.timestamp_type for c in chunks}
+        if len(kinds) == 1:
+            timestamp_type: pa.Array = pa.repeat(pa.scalar(kinds.pop(), pa.int32()), n)
+        else:
+            timestamp_type = pa.array(cat([np.full(c.rows, c.timestamp_type, dtype=np.int32) for c in chunks]))
         columns: list[Any] = [
-            pa.array(self.keys, pa.binary()),
-            pa.array(self.values, pa.binary()),
+            _binary_array(cat([c.key_lengths for c in chunks]), [c.keys for c in chunks]),
+            _binary_array(cat([c.value_lengths for c in chunks]), [c.values for c in chunks]),
             pa.repeat(self.topic, n),
             pa.repeat(self.partition, n),
-            pa.array(np.arange(self.first_offset, self.first_offset + n, dtype=np.int64)),
-            pa.array(np.asarray(self.timestamps, dtype=np.int64) * 1000, pa.timestamp("us", tz="UTC")),
-            pa.repeat(self.timestamp_type, n),
+            pa.array(offsets),
+            pa.array(timestamps, pa.timestamp("us", tz="UTC")),
+            timestamp_type,
         ]
         if self.part.include_headers:
-            columns.append(pa.array(self.headers, self.schema.field("headers").type))
+            columns.append(self._headers(chunks))
         out = pa.RecordBatch.from_arrays(columns, schema=self.schema)
-        self._reset(self.next_offset)
+        self.chunks, self.rows, self.data_bytes = [], 0, 0
         return out
+
+    def _headers(self, chunks: list[_Chunk]) -> pa.Array:
+        counts: list[np.ndarray] = []
+        names: list[str] = []
+        values: list[bytes | None] = []
+        for chunk in chunks:
+            c, k, v = chunk.headers()
+            counts.append(c)
+            names.extend(k)
+            values.extend(v)
+        list_offsets = np.zeros(self.rows + 1, dtype=np.int32)
+        np.cumsum(np.concatenate(counts), out=list_offsets[1:])
+        list_type = self.schema.field("headers").type
+        items = pa.StructArray.from_arrays([pa.array(names, pa.string()), pa.array(values, pa.binary())],
+                                           fields=list(list_type.value_type))
+        return pa.ListArray.from_arrays(pa.array(list_offsets), items, type=list_type)
 
 
 def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -322,11 +443,11 @@ def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
         if position >= part.end:
             return
         consumer.seek(tp, position)
-        columns = _ArrowColumns(part, schema)
+        builder = _ArrowBuilder(part, schema)
         idle_deadline = time.monotonic() + part.poll_timeout_ms / 1000.0
         while position < part.end:
             try:
-                batches = consumer.poll_batches(timeout_ms=1000, max_records=part.end - position)
+                batches = consumer.poll_raw_batches(timeout_ms=1000)
             except errors.OffsetOutOfRangeError:
                 first = consumer.beginning_offsets([tp])[tp]
                 if first <= position:
@@ -345,22 +466,23 @@ def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
                     )
                 continue
             idle_deadline = time.monotonic() + part.poll_timeout_ms / 1000.0
-            for batch in batches:
-                if batch.base_offset < position:
-                    raise errors.CorruptMessageError(f"{tp}: got offset {batch.base_offset}, expected {position}")
-                if batch.base_offset > position:
-                    _report_data_loss(part, f"offsets {position}..{batch.base_offset - 1} of {tp} are missing")
-                count = min(len(batch), part.end - batch.base_offset)
-                if count <= 0:
+            for raw in batches:
+                view = column_view(raw.buf, check_crc=CHECK_CRC)
+                base = view.header.base_offset
+                first_new = base + raw.skip
+                if first_new < position:
+                    raise errors.CorruptMessageError(f"{tp}: got offset {first_new}, expected {position}")
+                if first_new > position:
+                    _report_data_loss(part, f"offsets {position}..{first_new - 1} of {tp} are missing")
+                count = min(view.header.record_count, part.end - base)
+                if count <= raw.skip:
                     position = part.end
                     break
-                if not columns.contiguous(batch.base_offset):
-                    yield columns.build()
-                columns.add(batch, count)
-                position = batch.base_offset + count
-                if columns.rows >= ARROW_BATCH_ROWS:
-                    yield columns.build()
-        if columns.rows:
-            yield columns.build()
+                builder.add(_Chunk(view, raw.skip, count))
+                position = base + count
+                if builder.full:
+                    yield builder.build()
+        if builder.rows:
+            yield builder.build()
     finally:
         consumer.close()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fabric.local import LocalCluster
+from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.spark.conftest import create_topic, produce
 
 pytestmark = pytest.mark.spark
@@ -79,6 +80,36 @@ def test_headers_are_read(spark: Any, cluster: LocalCluster, topic_name: str) ->
     assert bytes(got[0].key) == b"k1"
     assert [(h.key, None if h.value is None else bytes(h.value)) for h in got[0].headers] == [("h", b"1"), ("n", None)]
     assert got[1].headers == []
+
+
+def test_rows_match_the_sdk_consumer(spark: Any, cluster: LocalCluster, topic_name: str) -> None:
+    """Every column, null keys and values, headers, and a range that starts and ends inside
+    batches (the task slices the fetched batches' columns)."""
+    create_topic(cluster.bootstrap, topic_name, 1)
+    with Producer(cluster.bootstrap, acks="all", linger_ms=20, batch_bytes_max=2000) as producer:
+        for i in range(300):
+            producer.send(topic_name, None if i % 7 == 3 else f"v{i}".encode() * (i % 5),
+                          key=None if i % 3 else f"k{i}".encode(), partition=0,
+                          headers=[("i", str(i).encode()), ("none", None)] if i % 4 == 0 else None)
+        producer.flush(60)
+    tp = TopicPartition(topic_name, 0)
+    with Consumer(cluster.bootstrap) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        batches = []
+        while sum(map(len, batches)) < 300:
+            batches.extend(consumer.poll_batches(timeout_ms=5000))
+    assert len(batches) > 3, "the range should span several batches"
+    sdk_rows = [(r.offset, r.key, r.value, r.timestamp, [(k, v) for k, v in r.headers], b.timestamp_type)
+                for b in batches for r in b.records() if 7 <= r.offset < 251]
+    df = reader(spark, cluster, subscribe=topic_name, includeHeaders="true",
+                startingOffsets=json.dumps({topic_name: {"0": 7}}), endingOffsets=json.dumps({topic_name: {"0": 251}}))
+    got = [(r.offset, None if r.key is None else bytes(r.key), None if r.value is None else bytes(r.value),
+            round(r.timestamp.timestamp() * 1000), [(h.key, None if h.value is None else bytes(h.value)) for h in r.headers],
+            r.timestampType)
+           for r in sorted(df.collect(), key=lambda r: r.offset)]
+    assert got == sdk_rows
+    assert {r.topic for r in df.select("topic").collect()} == {topic_name}
 
 
 def test_unknown_topic_is_a_clear_error(spark: Any, cluster: LocalCluster) -> None:
@@ -193,3 +224,28 @@ def test_restart_from_checkpoint_no_loss_no_duplicates(spark: Any, cluster: Loca
     got = [(r.partition, r.offset) for r in spark.read.parquet(str(out)).collect()]
     assert len(got) == 60 and len(set(got)) == 60
     assert sorted(bytes(r.value).decode().split("-")[0] for r in spark.read.parquet(str(out)).collect()).count("two") == 25
+
+
+def test_stream_reads_added_partitions_from_earliest(spark: Any, cluster: LocalCluster, topic_name: str,
+                                                     tmp_path: Path) -> None:
+    """Partitions added to a topic while a stream runs (``Admin.create_partitions``) are read
+    from their first offset, including what was written before the stream noticed them."""
+    create_topic(cluster.bootstrap, topic_name, 1)
+    produce(cluster.bootstrap, topic_name, values("p0", 4), partition=0)
+    query = start_memory_query(stream(spark, cluster, topic_name), "grown", tmp_path)  # default: latest
+    try:
+        query.processAllAvailable()
+        assert memory_rows(spark, "grown") == []
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_partitions(topic_name, 3)
+        produce(cluster.bootstrap, topic_name, values("p1", 5), partition=1)
+        produce(cluster.bootstrap, topic_name, values("p2", 2), partition=2)
+        produce(cluster.bootstrap, topic_name, values("p0-new", 1), partition=0)
+        query.processAllAvailable()
+        got = memory_rows(spark, "grown")
+        assert [(p, o) for p, o, _ in got] == [(0, 4)] + [(1, o) for o in range(5)] + [(2, 0), (2, 1)]
+        assert [v for _, _, v in got][:2] == [b"p0-new-0", b"p1-0"]
+        end = query.lastProgress["sources"][0]["endOffset"]
+        assert json.loads(end) == {topic_name: {"0": 5, "1": 5, "2": 2}}
+    finally:
+        query.stop()
