@@ -118,16 +118,23 @@ def end_to_end_latency(bootstrap: str, topic: str) -> dict[str, float]:
 
 
 def failovers(cluster: LocalCluster, topic: str, rounds: int) -> list[float]:
-    """Kill the leader of partition 0 while a producer writes to it; time to the next ack."""
+    """Kill the leader of partition 0 while a producer writes to it; time from the kill to
+    the first acknowledgement of a write *sent after* the kill (only a new leader can give
+    that; an ack in flight at the kill does not count)."""
     out: list[float] = []
-    acks: list[float] = []
+    acks: list[tuple[float, float]] = []  # (sent, acknowledged), monotonic seconds
     stop = threading.Event()
+
+    def on_ack(sent: float) -> Any:
+        def done(_meta: Any, exc: BaseException | None) -> None:
+            if exc is None:
+                acks.append((sent, time.monotonic()))
+        return done
 
     def write() -> None:
         with Producer(cluster.bootstrap, acks="all", linger_ms=1, request_timeout_ms=10_000) as producer:
             while not stop.is_set():
-                producer.send(topic, VALUE, partition=0).add_callback(
-                    lambda _m, exc: acks.append(time.monotonic()) if exc is None else None)
+                producer.send(topic, VALUE, partition=0).add_callback(on_ack(time.monotonic()))
                 time.sleep(0.002)
 
     writer = threading.Thread(target=write, daemon=True)
@@ -139,9 +146,9 @@ def failovers(cluster: LocalCluster, topic: str, rounds: int) -> list[float]:
             killed = time.monotonic()
             cluster.nodes[leader].kill()
             deadline = killed + 60
-            while not any(a > killed for a in acks) and time.monotonic() < deadline:
+            while not any(s > killed for s, _a in acks) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            out.append(min((a for a in acks if a > killed), default=float("nan")) - killed)
+            out.append(min((a for s, a in acks if s > killed), default=float("nan")) - killed)
             cluster.nodes[leader].start()
             cluster.wait_for_nodes([leader])
             while set(admin.describe_topic(topic).partitions[0].isr) != {1, 2, 3} and time.monotonic() < deadline:

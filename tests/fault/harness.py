@@ -44,6 +44,9 @@ class Writer(threading.Thread):
         self.label = name
         self.sent = 0
         self.ack_times: dict[int, list[float]] = {}  # partition -> monotonic times of acks
+        # partition -> (sent, acknowledged) of each write: failover time counts only writes
+        # sent after a kill, which only the new leader can acknowledge.
+        self.sent_and_acked: dict[int, list[tuple[float, float]]] = {}
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
 
@@ -56,7 +59,7 @@ class Writer(threading.Thread):
                 value = f"{self.label}-{i}".encode()
                 self.history.record_sent(value)
                 future = self.producer.send(self.topic, value, key=b"k%d" % (i % 97))
-                future.add_callback(self._callback(value))
+                future.add_callback(self._callback(value, time.monotonic()))
                 self.sent += 1
                 ahead = self.sent / self.rate_per_s - (time.monotonic() - started)
                 if ahead > 0:
@@ -67,11 +70,13 @@ class Writer(threading.Thread):
         finally:
             self.producer.close(timeout=30)
 
-    def _callback(self, value: bytes) -> Any:
+    def _callback(self, value: bytes, sent: float) -> Any:
         def done(meta: Any, exc: BaseException | None) -> None:
             if exc is None:
+                now = time.monotonic()
                 self.history.record_ack(value, meta.partition, meta.offset)
-                self.ack_times.setdefault(meta.partition, []).append(time.monotonic())
+                self.ack_times.setdefault(meta.partition, []).append(now)
+                self.sent_and_acked.setdefault(meta.partition, []).append((sent, now))
             else:
                 self.history.record_failure(value, exc)
         return done

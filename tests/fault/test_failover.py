@@ -119,8 +119,8 @@ def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> 
         fault_cluster.nodes[victim].kill()
         wait_until(lambda p=partition, v=victim: leader_of(bootstrap, topic, p) not in (v, -1), "a new leader")
         try:
-            wait_until(lambda p=partition, t=killed_at: any(a > t for a in writer.ack_times.get(p, [])),
-                       "an acknowledged write after the kill")
+            wait_until(lambda p=partition, t=killed_at: any(s > t for s, _a in writer.sent_and_acked.get(p, [])),
+                       "an acknowledged write sent after the kill")
         except TimeoutError:
             producer = writer.producer
             queued = producer._acc.batches.get((topic, partition), [])  # diagnostics only
@@ -131,7 +131,7 @@ def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> 
                   f"queued batches {len(queued)} (attempts {[b.attempts for b in queued][:5]}), in flight {flights}, "
                   f"leaders {producer_leaders(writer)}")
             raise
-        failover_s.append(min(a for a in writer.ack_times[partition] if a > killed_at) - killed_at)
+        failover_s.append(min(a for s, a in writer.sent_and_acked[partition] if s > killed_at) - killed_at)
         print(f"round {_round}: killed node {victim}, leader of partition {partition}; "
               f"next ack after {failover_s[-1]:.2f} s", flush=True)
         fault_cluster.nodes[victim].start()
