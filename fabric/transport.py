@@ -80,12 +80,16 @@ class Connections:
         """Every reply already waiting on any socket, without blocking."""
         out, self._stash = self._stash, []
         for sock, address in list(self.by_socket.items()):
-            while True:
-                try:
-                    out.append((address, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
-                except zmq.Again:
-                    break
+            self._receive_all(sock, address, out)
         return out
+
+    @staticmethod
+    def _receive_all(sock: zmq.Socket[Any], address: str, out: list[tuple[str, list[Any]]]) -> None:
+        while True:
+            try:
+                out.append((address, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
+            except zmq.Again:
+                return
 
     def poll(self, timeout_ms: int) -> list[tuple[str, list[Any]]]:
         out, self._stash = self._stash, []
@@ -96,13 +100,8 @@ class Connections:
             return out
         for sock, _ in self.poller.poll(max(0, timeout_ms)):
             address = self.by_socket.get(sock)
-            if address is None:
-                continue
-            while True:
-                try:
-                    out.append((address, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
-                except zmq.Again:
-                    break
+            if address is not None:  # other sockets may share an external poller
+                self._receive_all(sock, address, out)
         return out
 
     def request(self, address: str, api_key: int, body: dict[str, Any], *, timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,

@@ -956,12 +956,8 @@ class Node:
             tp = (p["topic"], p["partition"])
             result = {"topic": tp[0], "partition": tp[1], "error": 0, "high_watermark": -1, "log_end_offset": -1}
             leader = self.leaders.get(tp)
-            if leader is None:
-                result["error"] = errors.NotLeaderError.code
-            elif p["leader_epoch"] != leader.epoch:
-                fenced = p["leader_epoch"] < leader.epoch
-                result["error"] = (errors.FencedLeaderEpochError if fenced else errors.UnknownLeaderEpochError).code
-            else:
+            result["error"] = self._epoch_error(leader, p["leader_epoch"])
+            if leader is not None and not result["error"]:
                 plog = self.logs[tp]
                 leader.record_follower(body["replica_id"], p["log_end_offset"], plog.log_end_offset, now)
                 if self._update_high_watermark(tp):
@@ -974,6 +970,17 @@ class Node:
             self._wake_parked(changed)
         return {"partitions": out}
 
+    @staticmethod
+    def _epoch_error(leader: LeaderReplica | None, epoch: int) -> int:
+        """The error code for a follower's request at ``epoch`` (0 if it may proceed)."""
+        if leader is None:
+            return errors.NotLeaderError.code
+        if epoch < leader.epoch:
+            return errors.FencedLeaderEpochError.code
+        if epoch > leader.epoch:
+            return errors.UnknownLeaderEpochError.code
+        return 0
+
     def _offsets_for_leader_epoch(self, partitions: list[dict[str, Any]]) -> dict[str, Any]:
         out = []
         for p in partitions:
@@ -981,12 +988,8 @@ class Node:
             result = {"topic": tp[0], "partition": tp[1], "error": 0, "leader_epoch": -1, "end_offset": -1,
                       "log_start_offset": -1}
             leader = self.leaders.get(tp)
-            if leader is None:
-                result["error"] = errors.NotLeaderError.code
-            elif p["current_leader_epoch"] != leader.epoch:
-                fenced = p["current_leader_epoch"] < leader.epoch
-                result["error"] = (errors.FencedLeaderEpochError if fenced else errors.UnknownLeaderEpochError).code
-            else:
+            result["error"] = self._epoch_error(leader, p["current_leader_epoch"])
+            if leader is not None and not result["error"]:
                 plog = self.logs[tp]
                 result["leader_epoch"], result["end_offset"] = plog.end_offset_for_epoch(p["leader_epoch"])
                 result["log_start_offset"] = plog.log_start_offset

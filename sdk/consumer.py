@@ -239,6 +239,14 @@ class Consumer:
     # -- polling ----------------------------------------------------------------------------
     def poll_batches(self, timeout_ms: int = 1000, max_records: int = 1_000_000) -> list[RecordBatch]:
         """Whole decoded batches (columns), the fastest way to read. Positions advance past them."""
+        if not self._wait_for_data(timeout_ms):
+            return []
+        taken = self._take(max_records)
+        self._send_fetches()  # ask for the next data now, so it travels while the caller works
+        return taken
+
+    def _wait_for_data(self, timeout_ms: int) -> bool:
+        """Keep fetches going until something is buffered or ``timeout_ms`` passes."""
         if self._closed:
             raise errors.ClientClosedError("poll after close()")
         if not self._assigned:
@@ -247,13 +255,10 @@ class Consumer:
         while True:
             self._send_fetches()
             if self._buffer:
-                taken = self._take(max_records)
-                # Ask for the next data now, so it travels while the caller works.
-                self._send_fetches()
-                return taken
+                return True
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
-                return []
+                return False
             self._receive(min(remaining_ms, 100))
             self._check_timeouts()
 
@@ -263,31 +268,20 @@ class Consumer:
         Positions advance past each batch handed out, as with the other poll methods; the
         caller checks the CRC and decompresses (``batch.column_view`` does both).
         """
-        if self._closed:
-            raise errors.ClientClosedError("poll after close()")
-        if not self._assigned:
-            raise errors.InvalidRequestError("no partitions assigned; call assign() first")
-        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
-        while True:
-            self._send_fetches()
-            if self._buffer:
-                out: list[RawBatch] = []
-                while self._buffer and isinstance(self._buffer[0], RawBatch):
-                    entry = self._buffer.popleft()
-                    assert isinstance(entry, RawBatch)
-                    header = batch_format.read_header(entry.buf)
-                    self._positions[TopicPartition(entry.topic, entry.partition)] = header.next_offset
-                    out.append(entry)
-                if not out:
-                    raise errors.InvalidRequestError(
-                        "records of a partly taken batch are waiting: read them with poll() before poll_raw_batches()")
-                self._send_fetches()
-                return out
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                return []
-            self._receive(min(remaining_ms, 100))
-            self._check_timeouts()
+        if not self._wait_for_data(timeout_ms):
+            return []
+        out: list[RawBatch] = []
+        while self._buffer and isinstance(self._buffer[0], RawBatch):
+            entry = self._buffer.popleft()
+            assert isinstance(entry, RawBatch)  # narrowed by the loop condition
+            header = batch_format.read_header(entry.buf)
+            self._positions[TopicPartition(entry.topic, entry.partition)] = header.next_offset
+            out.append(entry)
+        if not out:
+            raise errors.InvalidRequestError(
+                "records of a partly taken batch are waiting: read them with poll() before poll_raw_batches()")
+        self._send_fetches()
+        return out
 
     def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first."""

@@ -319,8 +319,8 @@ def records_section(buf: bytes | bytearray | memoryview, header: BatchHeader) ->
     return bytes(records)
 
 
-def decode_batch(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> DecodedBatch:
-    """Decode a whole batch into columns. Raises CorruptMessageError on any inconsistency."""
+def _checked_records(buf: bytes | bytearray | memoryview, check_crc: bool) -> tuple[BatchHeader, bytes]:
+    """Header checks, the CRC, then the bounded decompression: what every reader does first."""
     header = read_header(buf)
     if header.magic != BATCH_MAGIC:
         raise CorruptMessageError(f"batch magic {header.magic}, expected {BATCH_MAGIC}")
@@ -331,21 +331,18 @@ def decode_batch(buf: bytes | bytearray | memoryview, *, check_crc: bool = True)
         raise CorruptMessageError(f"record_count {n} outside [1, {BATCH_RECORDS_MAX}]")
     if check_crc and compute_crc(memoryview(buf)[: header.batch_length]) != header.crc:
         raise CorruptMessageError(f"batch at offset {header.base_offset}: CRC mismatch")
-    records = records_section(buf, header)
-    return _decode_records(header, records)
+    return header, records_section(buf, header)
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> DecodedBatch:
+    """Decode a whole batch into columns. Raises CorruptMessageError on any inconsistency."""
+    return _decode_records(*_checked_records(buf, check_crc))
 
 
 def column_view(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> ColumnView:
     """Check and decompress a batch, then locate its columns; no per-record objects."""
-    header = read_header(buf)
-    if header.magic != BATCH_MAGIC or not BATCH_HEADER_BYTES <= header.batch_length <= len(buf):
-        raise CorruptMessageError("not a batch (bad magic or length)")
+    header, records = _checked_records(buf, check_crc)
     n = header.record_count
-    if not 1 <= n <= BATCH_RECORDS_MAX:
-        raise CorruptMessageError(f"record_count {n} outside [1, {BATCH_RECORDS_MAX}]")
-    if check_crc and compute_crc(memoryview(buf)[: header.batch_length]) != header.crc:
-        raise CorruptMessageError(f"batch at offset {header.base_offset}: CRC mismatch")
-    records = records_section(buf, header)
     arrays_bytes = RECORD_FIXED_BYTES * n
     if len(records) < arrays_bytes:
         raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
