@@ -325,10 +325,21 @@ def test_two_of_three_down_refuses_then_resumes(fault_cluster: LocalCluster, see
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     try:
-        raw_produce(sock, topic, 0, b"must-be-refused", acks=-1, correlation_id=1)
-        history.record_sent(b"must-be-refused")
-        assert sock.poll(10_000)
-        result = apis.decode_response(sock.recv_multipart()).body["results"][0]
+        # The survivor may first answer with another retriable error (still applying the
+        # new state, or re-checking its session after a stall); what it must never do is
+        # accept the write. Retry until it gives the definite refusal.
+        deadline = time.monotonic() + 20
+        for attempt in range(1, 1_000):
+            value = b"must-be-refused-%d" % attempt
+            history.record_sent(value)
+            raw_produce(sock, topic, 0, value, acks=-1, correlation_id=attempt)
+            assert sock.poll(10_000), "the survivor did not answer"
+            result = apis.decode_response(sock.recv_multipart()).body["results"][0]
+            assert result["error"] != 0, f"acks=all write accepted with one replica alive (seed={seed})"
+            if result["error"] == errors.NotEnoughReplicasError.code or time.monotonic() > deadline:
+                break
+            assert errors.error_for_code(result["error"]).retriable, result
+            time.sleep(0.2)
     finally:
         sock.close(linger=0)
     assert result["error"] == errors.NotEnoughReplicasError.code, result
