@@ -18,6 +18,14 @@ from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey, Message
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+_INPROC_NAMES = itertools.count(1)
+
+
+def unique_inproc_endpoint(prefix: str) -> str:
+    """An inproc address no other object in this process has used. Not ``id(obj)``: an
+    address is reused after garbage collection while the old socket may still be bound
+    (an unclosed producer's thread keeps its own)."""
+    return f"inproc://{prefix}-{next(_INPROC_NAMES)}"
 SOCKET_HWM = 10_000
 
 

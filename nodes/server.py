@@ -42,7 +42,7 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import Header
-from fabric.transport import Connections
+from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import controller
 from nodes.log import PartitionLog, Store, partition_key
 from nodes.producer_state import DUPLICATE
@@ -176,7 +176,7 @@ class Node:
         if self.config.replication_buffer_bytes:
             self.sub.setsockopt(zmq.RCVBUF, self.config.replication_buffer_bytes)
         self.sub.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)
-        wake_endpoint = f"inproc://node-wake-{id(self)}"
+        wake_endpoint = unique_inproc_endpoint("node-wake")
         self._wake_pull = self.ctx.socket(zmq.PULL)
         self._wake_pull.bind(wake_endpoint)
         self._wake_push = self.ctx.socket(zmq.PUSH)

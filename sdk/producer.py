@@ -20,6 +20,7 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
+from fabric.transport import unique_inproc_endpoint
 from sdk._client import Bootstrap, Connections, MetadataClient
 from sdk.accumulator import (
     RECORD_OVERHEAD_BYTES,
@@ -124,7 +125,7 @@ class Producer:
         self._refusal: BaseException | None = None  # why send() must refuse (closed, sender died)
         self._ctx = context or zmq.Context.instance()
         self._bootstrap = Bootstrap(bootstrap)
-        wake = f"inproc://producer-wake-{id(self)}"
+        wake = unique_inproc_endpoint("producer-wake")
         self._wake_pull = self._ctx.socket(zmq.PULL)
         self._wake_pull.bind(wake)
         self._wake_push = self._ctx.socket(zmq.PUSH)
