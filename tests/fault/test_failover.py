@@ -75,6 +75,16 @@ def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.Fix
         keep_logs(cluster, request.node.name)
 
 
+def start_workload(bootstrap: str, topic: str, partitions: int, rate_per_s: float) -> tuple[History, Writer, Reader]:
+    """One acks=all idempotent writer at a steady rate and one live reader, both running."""
+    history = History()
+    writer = Writer(bootstrap, topic, history, count=10**9, rate_per_s=rate_per_s)
+    reader = Reader(bootstrap, topic, partitions, history)
+    writer.start()
+    reader.start()
+    return history, writer, reader
+
+
 def finish(cluster: LocalCluster, topic: str, partitions: int, history: History, seed: int,
            writers: list[Writer], readers: list[Reader]) -> None:
     """Stop the workload, heal, read everything, compare replicas, and judge."""
@@ -106,11 +116,7 @@ def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> 
     rng = random.Random(seed)
     bootstrap, topic, partitions = fault_cluster.bootstrap, "kill-leader", 6
     create_replicated_topic(bootstrap, topic, partitions)
-    history = History()
-    writer = Writer(bootstrap, topic, history, count=10**9, rate_per_s=3_000)
-    reader = Reader(bootstrap, topic, partitions, history)
-    writer.start()
-    reader.start()
+    history, writer, reader = start_workload(bootstrap, topic, partitions, rate_per_s=3_000)
     failover_s: list[float] = []
     for _round in range(10):
         partition = rng.randrange(partitions)
@@ -220,11 +226,7 @@ def test_session_expiry_and_zookeeper_outage(zk_server: LocalZooKeeper, tmp_path
     with cluster:
         bootstrap, topic, partitions = cluster.bootstrap, "expire", 3
         create_replicated_topic(bootstrap, topic, partitions)
-        history = History()
-        writer = Writer(bootstrap, topic, history, count=10**9, rate_per_s=1_500)
-        reader = Reader(bootstrap, topic, partitions, history)
-        writer.start()
-        reader.start()
+        history, writer, reader = start_workload(bootstrap, topic, partitions, rate_per_s=1_500)
         for _round in range(2):
             partition = rng.randrange(partitions)
             victim = leader_of(bootstrap, topic, partition)
@@ -371,11 +373,7 @@ def test_skewed_wall_clocks_change_nothing(zk_server: LocalZooKeeper, tmp_path: 
             cluster.add_node(node_id, env={"LD_PRELOAD": LIBFAKETIME, "FAKETIME": skew})
         bootstrap, topic, partitions = cluster.bootstrap, "skewed", 3
         create_replicated_topic(bootstrap, topic, partitions)
-        history = History()
-        writer = Writer(bootstrap, topic, history, count=10**9, rate_per_s=1_500)
-        reader = Reader(bootstrap, topic, partitions, history)
-        writer.start()
-        reader.start()
+        history, writer, reader = start_workload(bootstrap, topic, partitions, rate_per_s=1_500)
         for _round in range(3):
             partition = rng.randrange(partitions)
             victim = leader_of(bootstrap, topic, partition)
