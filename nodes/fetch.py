@@ -4,7 +4,8 @@ A consumer waiting at the log end sleeps here until new data (or a moved high wa
 reaches ``min_bytes``, or ``max_wait_ms`` passes: push-like latency without busy
 polling. At most ``PARKED_FETCHES_MAX`` fetches wait; beyond that a fetch is answered at
 once with what there is. The decision "answer now or park" is ``fetch_ready``, a pure
-rule the unit tests feed numbers.
+rule the unit tests feed numbers, as is ``read_limit`` (what a consumer or a follower
+may read).
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ def fetch_ready(*, final: bool, any_error: bool, bytes_found: int, min_bytes: in
     ``min_bytes=0`` still waits for one byte, so a consumer at the log end long-polls.
     """
     return final or any_error or bytes_found >= max(min_bytes, 1)
+
+
+def read_limit(replica_id: int, high_watermark: int, log_end_offset: int, fetch_offset: int) -> int | None:
+    """The offset a fetch may read up to, or None: nothing to read yet, wait.
+
+    Consumers read only what every in-sync replica has (below the high watermark);
+    followers read the whole log. An offset above that limit but inside the log waits;
+    one outside the log is read, and the read reports it out of range.
+    """
+    limit = high_watermark if replica_id == apis.CONSUMER_REPLICA_ID else log_end_offset
+    if limit < fetch_offset <= log_end_offset:
+        return None
+    return limit
 
 
 def handle_fetch(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
@@ -83,10 +97,9 @@ def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
             result["high_watermark"] = hw
             result["log_start_offset"] = plog.log_start_offset
             result["log_end_offset"] = plog.log_end_offset
-            # Consumers read only what every in-sync replica has; followers read it all.
-            limit = hw if body["replica_id"] == apis.CONSUMER_REPLICA_ID else plog.log_end_offset
-            if limit < p["fetch_offset"] <= plog.log_end_offset:
-                batches: list[bytes] = []  # above the HW but inside the log: wait
+            limit = read_limit(body["replica_id"], hw, plog.log_end_offset, p["fetch_offset"])
+            if limit is None:
+                batches: list[bytes] = []
             else:
                 room = min(p["partition_bytes_max"], budget - total) if total < budget else 0
                 batches = plog.read(p["fetch_offset"], max(room, 1), limit) if (room > 0 or total == 0) else []
