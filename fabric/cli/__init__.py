@@ -28,7 +28,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, topic
+from fabric.cli import bench, cluster, consume, produce, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -37,6 +37,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     produce,
     consume,
     bench,
+    status,
 )
 
 
