@@ -250,8 +250,34 @@ class LocalNode:
         self.start()
 
 
+class LocalSequencer:
+    """One sequencer instance process (``python -m sequencer``); one of several is active."""
+
+    def __init__(self, sequencer_id: int, zk_address: str, base_dir: Path, session_timeout_ms: int = 6_000) -> None:
+        self.sequencer_id = sequencer_id
+        argv = [sys.executable, "-m", "sequencer", "--id", str(sequencer_id), "--zk", zk_address,
+                "--session-timeout-ms", str(session_timeout_ms)]
+        self.process = ManagedProcess(f"sequencer{sequencer_id}", argv, base_dir / f"sequencer{sequencer_id}.log")
+
+    def start(self) -> None:
+        self.process.start()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def pause(self) -> None:
+        self.process.pause()
+
+    def resume(self) -> None:
+        self.process.resume()
+
+
 class LocalCluster:
-    """ZooKeeper plus ``node_count`` storage nodes, all real processes on loopback."""
+    """ZooKeeper plus ``node_count`` storage nodes (and ``sequencer_count`` sequencer
+    instances), all real processes on loopback."""
 
     def __init__(
         self,
@@ -262,7 +288,10 @@ class LocalCluster:
         node_args: list[str] | None = None,
         session_timeout_ms: int = 6_000,
         chroot: str | None = None,
+        sequencer_count: int = 0,
     ) -> None:
+        self.sequencer_count = sequencer_count
+        self.sequencers: dict[int, LocalSequencer] = {}
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="fabric-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -296,6 +325,10 @@ class LocalCluster:
             for node_id in range(1, self.node_count + 1):
                 self.add_node(node_id, wait=False)
             self.wait_for_nodes(list(self.nodes))
+            for sequencer_id in range(1, self.sequencer_count + 1):
+                self.add_sequencer(sequencer_id)
+            if self.sequencer_count:
+                self.wait_for_active_sequencer()
         except BaseException:
             self.stop()
             raise
@@ -336,12 +369,47 @@ class LocalCluster:
         finally:
             zkl.close_client(zk)
 
+    def add_sequencer(self, sequencer_id: int) -> LocalSequencer:
+        sequencer = LocalSequencer(sequencer_id, self.zk_address, self.base_dir, self.session_timeout_ms)
+        self.sequencers[sequencer_id] = sequencer
+        sequencer.start()
+        return sequencer
+
+    def active_sequencer(self) -> int | None:
+        """The id of the sequencer instance registered as active, if any (one ZooKeeper read)."""
+        from kazoo.client import KazooClient
+
+        from fabric import sequencer_client
+        from fabric import zk as zkl
+
+        zk = KazooClient(hosts=self.zk_address)
+        zk.start(timeout=30)
+        try:
+            active = sequencer_client.read_active(zk)
+        finally:
+            zkl.close_client(zk)
+        return None if active is None else active.sequencer_id
+
+    def wait_for_active_sequencer(self, timeout_s: float = NODE_READY_TIMEOUT_S, *,
+                                  other_than: int | None = None) -> int:
+        """Wait until a running sequencer instance (not ``other_than``) is registered as active."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            active = self.active_sequencer()
+            if active is not None and active != other_than and self.sequencers.get(active) is not None \
+                    and self.sequencers[active].process.running:
+                return active
+            time.sleep(0.05)
+        raise RuntimeError(f"no sequencer became active within {timeout_s} s")
+
     @property
     def bootstrap(self) -> str:
         """A bootstrap string for the SDK: ZooKeeper (the SDK asks it for node addresses)."""
         return f"zk://{self.zk_address}"
 
     def stop(self) -> None:
+        for sequencer in self.sequencers.values():
+            sequencer.stop()
         for node in self.nodes.values():
             node.stop()
         if self.zookeeper is not None:
