@@ -37,11 +37,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     from fabric.local import LocalCluster
 
     base_dir = Path(args.data_dir) if args.data_dir else None
-    cluster = LocalCluster(args.nodes, base_dir)
+    cluster = LocalCluster(args.nodes, base_dir, sequencer_count=2)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"starting ZooKeeper and {args.nodes} storage nodes ...", flush=True)
+    print(f"starting ZooKeeper, {args.nodes} storage nodes and 2 sequencers ...", flush=True)
     cluster.start()
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
