@@ -18,9 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+_T = TypeVar("_T")
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
@@ -376,31 +382,44 @@ class LocalCluster:
         return sequencer
 
     def active_sequencer(self) -> int | None:
-        """The id of the sequencer instance registered as active, if any (one ZooKeeper read)."""
+        """The id of the sequencer instance registered as active, if any."""
+        return self._with_zk(lambda zk: self._read_active_id(zk))
+
+    def wait_for_active_sequencer(self, timeout_s: float = NODE_READY_TIMEOUT_S, *,
+                                  other_than: int | None = None) -> int:
+        """Wait until a running sequencer instance (not ``other_than``) is registered as active."""
+
+        def wait(zk: KazooClient) -> int:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                active = self._read_active_id(zk)
+                sequencer = self.sequencers.get(active) if active is not None else None
+                if active is not None and active != other_than and sequencer is not None \
+                        and sequencer.process.running:
+                    return active
+                time.sleep(0.05)
+            raise RuntimeError(f"no sequencer became active within {timeout_s} s")
+
+        return self._with_zk(wait)
+
+    @staticmethod
+    def _read_active_id(zk: KazooClient) -> int | None:
+        from fabric import sequencer_client
+
+        active = sequencer_client.read_active(zk)
+        return None if active is None else active.sequencer_id
+
+    def _with_zk(self, action: Callable[[KazooClient], _T]) -> _T:
         from kazoo.client import KazooClient
 
-        from fabric import sequencer_client
         from fabric import zk as zkl
 
         zk = KazooClient(hosts=self.zk_address)
         zk.start(timeout=30)
         try:
-            active = sequencer_client.read_active(zk)
+            return action(zk)
         finally:
             zkl.close_client(zk)
-        return None if active is None else active.sequencer_id
-
-    def wait_for_active_sequencer(self, timeout_s: float = NODE_READY_TIMEOUT_S, *,
-                                  other_than: int | None = None) -> int:
-        """Wait until a running sequencer instance (not ``other_than``) is registered as active."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            active = self.active_sequencer()
-            if active is not None and active != other_than and self.sequencers.get(active) is not None \
-                    and self.sequencers[active].process.running:
-                return active
-            time.sleep(0.05)
-        raise RuntimeError(f"no sequencer became active within {timeout_s} s")
 
     @property
     def bootstrap(self) -> str:

@@ -53,6 +53,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"ZooKeeper  {cluster.zk_address}")
         for node_id, address in sorted(nodes.items()):
             print(f"node {node_id}     {address}")
+        print(f"sequencers {sorted(cluster.sequencers)} (active: {cluster.active_sequencer()}; strict-order topics)")
         print(f"bootstrap  {cluster.bootstrap}   (recorded in {STATE_FILE})")
         print(f"data       {cluster.base_dir}")
         print("Ctrl-C stops everything.", flush=True)
