@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, sequencer, topic
+from fabric.cli import bench, cluster, consume, produce, sequencer, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -38,6 +38,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     produce,
     consume,
     bench,
+    status,
     sequencer,
 )
 
