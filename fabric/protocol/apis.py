@@ -21,6 +21,7 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 from fabric.errors import MalformedRequestError, UnknownApiError, UnsupportedVersionError
+from fabric.protocol import groups as _groups
 from fabric.protocol import schema as s
 from fabric.protocol.header import (
     Header,
@@ -45,6 +46,14 @@ class ApiKey(IntEnum):
     OFFSETS_FOR_LEADER_EPOCH = 10
     ELECT_LEADERS = 11
     CREATE_PARTITIONS = 12
+    # Consumer groups (30-39), schemas in fabric/protocol/groups.py.
+    FIND_COORDINATOR = 30
+    CONSUMER_GROUP_HEARTBEAT = 31
+    OFFSET_COMMIT = 32
+    OFFSET_FETCH = 33
+    LIST_GROUPS = 34
+    DESCRIBE_GROUPS = 35
+    DELETE_GROUPS = 36
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -240,6 +249,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.ELECT_LEADERS, 0): (ELECT_LEADERS_REQUEST_V0, ELECT_LEADERS_RESPONSE_V0),
     (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),
 }
+SCHEMAS.update(_groups.SCHEMAS)
 
 
 def supported_versions() -> dict[int, tuple[int, int]]:
