@@ -70,11 +70,13 @@ class _Partition:
 
 class GroupCoordinator:
     def __init__(self, node_id: int, address: str, routing: zkl.RoutingCache, send: Send,
-                 context: zmq.Context[Any], poller: zmq.Poller, *, clock: Callable[[], float] = time.monotonic) -> None:
+                 context: zmq.Context[Any], poller: zmq.Poller, *, serving: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.node_id = node_id
         self.address = address
         self.routing = routing
         self._send = send
+        self._serving = serving  # False while the node is unsure of its ZooKeeper session
         self._clock = clock
         # Requests to our own node share the node's poller, so their replies wake its loop.
         self._conns = Connections(context, poller=poller)
@@ -144,7 +146,7 @@ class GroupCoordinator:
     def _follow_leadership(self) -> None:
         route = self.routing.topic(gp.OFFSETS_TOPIC)
         led: dict[int, int] = {}
-        if route is not None:
+        if route is not None and self._serving():
             led = {p: s.leader_epoch for p, s in route.partitions.items() if s.leader == self.node_id}
         for p, part in list(self._partitions.items()):
             if led.get(p) != part.leader_epoch:

@@ -44,6 +44,7 @@ from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import Header
 from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import controller
+from nodes.group_coordinator import GroupCoordinator
 from nodes.log import PartitionLog, Store, partition_key
 from nodes.producer_state import DUPLICATE
 from nodes.replication import (
@@ -154,6 +155,8 @@ class Node:
         self.zk = KazooClient(hosts=config.zk, timeout=config.session_timeout_ms / 1000.0)
         self.routing = zkl.RoutingCache(self.zk, on_change=self._on_routing_change)
         self._bind()
+        self.groups = GroupCoordinator(self.node_id, self.address, self.routing, self._send, self.ctx, self.poller,
+                                       serving=self._session_ok)
 
     # -- setup ----------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -442,6 +445,7 @@ class Node:
                 self._check_session()
                 if self._routing_dirty:
                     self._apply_roles()
+                self.groups.tick()  # before requests: it must know what it coordinates now
                 if self.router in events:
                     self._drain_requests()
                 if self.sub in events:
@@ -507,6 +511,7 @@ class Node:
         except Exception:  # already gone; nothing to clean
             pass
         self.replica_conns.close()
+        self.groups.close()
         for sock in (self.router, self.pub, self.sub, self._wake_pull, self._wake_push):
             sock.close(linger=0)
         for plog in self.logs.values():
@@ -723,6 +728,9 @@ class Node:
         try:
             if api == ApiKey.FETCH:
                 self._handle_fetch(envelope, request)
+                return
+            if self.groups.handles(api):
+                self.groups.handle(envelope, request)
                 return
             if api == ApiKey.METADATA:
                 body = self._metadata(request.body["topics"])
