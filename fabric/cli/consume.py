@@ -18,12 +18,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     consume.add_argument("--print-offset", action="store_true")
     consume.add_argument("--print-key", action="store_true")
     consume.add_argument("--progress", action="store_true")
+    consume.add_argument("--group", help="join this consumer group: share partitions, resume at committed offsets")
     consume.set_defaults(run=cmd_consume)
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
+    if args.group:
+        from fabric.cli.group import consume_in_group
+
+        return consume_in_group(args)
     out = sys.stdout.buffer
     progress = Progress("consumed", enabled=args.progress)
     with Consumer(bootstrap(args)) as consumer:

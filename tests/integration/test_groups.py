@@ -210,3 +210,30 @@ def test_reset_offsets_list_describe_delete(cluster: LocalCluster, topic_name: s
         admin.delete_group(group)
         with pytest.raises(errors.GroupIdNotFoundError):
             admin.describe_group(group)
+
+
+def test_cli_consume_in_group_describe_reset_delete(cluster: LocalCluster, topic_name: str,
+                                                    capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    from fabric.cli import main
+
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    _produce(bootstrap, topic_name, 5, 1)
+    assert main(["consume", topic_name, "-b", bootstrap, "--group", group, "--max-messages", "3"]) == 0
+    assert capsysbinary.readouterr().out == b"v0\nv1\nv2\n"
+    assert main(["group", "describe", group, "-b", bootstrap]) == 0
+    out = capsysbinary.readouterr().out.decode()
+    assert f"group {group}: empty" in out and "3            5          2" in out
+    # The next member resumes after what the first one printed.
+    assert main(["consume", topic_name, "-b", bootstrap, "--group", group, "--max-messages", "2"]) == 0
+    assert capsysbinary.readouterr().out == b"v3\nv4\n"
+    assert main(["group", "reset-offsets", group, "-b", bootstrap, "--topic", topic_name, "--to", "offset",
+                 "--offset", "1"]) == 0
+    assert main(["group", "list", "-b", bootstrap]) == 0
+    assert group in capsysbinary.readouterr().out.decode()
+    assert main(["group", "delete", group, "-b", bootstrap]) == 0
+    capsysbinary.readouterr()
+    assert main(["group", "describe", group, "-b", bootstrap]) == 2
+    assert b"GROUP_ID_NOT_FOUND" in capsysbinary.readouterr().err
