@@ -21,6 +21,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
+from fabric.protocol.tags import TagFilter, record_tags
 from sdk._client import Bootstrap, Connections, MetadataClient, TopicPartition
 from sdk._group import ConsumerRebalanceListener, GroupMember
 
@@ -129,6 +130,7 @@ class Consumer:
         auto_commit_interval_ms: int = 5_000,
         session_timeout_ms: int = 45_000,
         heartbeat_interval_ms: int = 3_000,
+        tag_filter: str | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be earliest, latest or none, got {auto_offset_reset!r}")
@@ -156,6 +158,9 @@ class Consumer:
         self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000.0
         self._committed_positions: dict[TopicPartition, int] = {}
         self._group: GroupMember | None = None
+        self._tag_filter: TagFilter | None = None
+        self.filtered_bytes = 0  # bytes the nodes left out for our tag filter (never sent)
+        self.set_tag_filter(tag_filter)
         if group_id is not None:
             self._group = GroupMember(self, group_id, instance_id=group_instance_id,
                                       session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms)
@@ -181,12 +186,20 @@ class Consumer:
         return list(self._assigned)
 
     # -- consumer groups (the machinery is in sdk/_group.py) ----------------------------------
+    def set_tag_filter(self, tag_filter: str | None) -> None:
+        """Deliver only records whose tags match, e.g. ``"paid || refunded"`` (grammar in
+        docs/GROUPS.md). Nodes skip batches that cannot match; ``poll()`` filters exactly.
+        Positions and commits still move past filtered-out records."""
+        self._tag_filter = TagFilter(tag_filter) if tag_filter else None
+
     def subscribe(self, topics: Iterable[str] | None = None, *, pattern: str | None = None,
-                  listener: ConsumerRebalanceListener | None = None) -> None:
+                  listener: ConsumerRebalanceListener | None = None, tag_filter: str | None = None) -> None:
         """Join the group and read the partitions it gives this member: ``topics`` by name
         and/or every topic whose whole name matches ``pattern`` (a Python regex). New topics
         and partitions are picked up. ``listener`` hears of revoked/assigned/lost partitions."""
         group = self._require_group("subscribe()")
+        if tag_filter is not None:
+            self.set_tag_filter(tag_filter)
         if isinstance(topics, str):
             topics = [topics]
         group.subscribe(topics, pattern, listener)
@@ -346,6 +359,11 @@ class Consumer:
     # -- polling ----------------------------------------------------------------------------
     def poll_batches(self, timeout_ms: int = 1000, max_records: int = 1_000_000) -> list[RecordBatch]:
         """Whole decoded batches (columns), the fastest way to read. Positions advance past them."""
+        if self._tag_filter is not None:
+            raise errors.InvalidRequestError("with a tag filter read records with poll(): batches are not filtered")
+        return self._poll_batches(timeout_ms, max_records)
+
+    def _poll_batches(self, timeout_ms: int, max_records: int) -> list[RecordBatch]:
         if not self._wait_for_data(timeout_ms):
             return []
         taken = self._take(max_records)
@@ -379,6 +397,8 @@ class Consumer:
         Positions advance past each batch handed out, as with the other poll methods; the
         caller checks the CRC and decompresses (``batch.column_view`` does both).
         """
+        if self._tag_filter is not None:
+            raise errors.InvalidRequestError("with a tag filter read records with poll(): raw batches are not filtered")
         if not self._wait_for_data(timeout_ms):
             return []
         out: list[RawBatch] = []
@@ -397,9 +417,17 @@ class Consumer:
     def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first."""
         out: list[Record] = []
-        for batch in self.poll_batches(timeout_ms, max_records):
-            out.extend(batch.records())
-        return out
+        tag_filter = self._tag_filter
+        if tag_filter is None:
+            for batch in self._poll_batches(timeout_ms, max_records):
+                out.extend(batch.records())
+            return out
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        while True:
+            for batch in self._poll_batches(max(0, int((deadline - time.monotonic()) * 1000)), max_records):
+                out.extend(r for r in batch.records() if tag_filter.matches(record_tags(r.headers)))
+            if out or time.monotonic() >= deadline:
+                return out
 
     def __iter__(self) -> Iterator[Record]:
         while not self._closed:
@@ -475,8 +503,12 @@ class Consumer:
                 ],
             }
             correlation_id = self._conns.next_id()
+            version = 0
+            if self._tag_filter is not None:
+                body["tag_filter"] = self._tag_filter.text  # FETCH v1: the node skips batches that cannot match
+                version = 1
             try:
-                self._conns.send(address, apis.encode_request(ApiKey.FETCH, body, correlation_id))
+                self._conns.send(address, apis.encode_request(ApiKey.FETCH, body, correlation_id, api_version=version))
             except errors.FabricError:
                 self._refresh_needed = True
                 continue
@@ -530,6 +562,13 @@ class Consumer:
                     continue
                 self._buffer.append(RawBatch(tp.topic, tp.partition, buf, max(skip, 0)))
                 position = header.next_offset
+            skipped_to = result.get("next_fetch_offset", -1)
+            self.filtered_bytes += result.get("filtered_bytes", 0)
+            if skipped_to > position:
+                # The node left out batches that cannot match our tag filter: an empty marker
+                # moves the position (and so commits and lag) past them once we get there.
+                self._buffer.append(RecordBatch(tp.topic, tp.partition, skipped_to, [], [], [], []))
+                position = skipped_to
             self._fetch_positions[tp] = position
 
     def _check_timeouts(self) -> None:

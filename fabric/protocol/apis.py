@@ -161,6 +161,25 @@ FETCH_RESPONSE_V0: Schema = (
     ),
 )
 
+# Version 1 adds a tag filter (fabric/protocol/tags.py): the node leaves out whole batches
+# whose tag bloom proves no record can match, and says where the client should continue
+# (``next_fetch_offset``, past skipped batches) and how many bytes it left out.
+FETCH_REQUEST_V1: Schema = (*FETCH_REQUEST_V0, ("tag_filter", "str"))
+FETCH_RESPONSE_V1: Schema = (
+    (
+        "partitions",
+        Array(
+            Struct(
+                (
+                    *FETCH_RESPONSE_V0[0][1].item.fields,  # type: ignore[union-attr]
+                    ("next_fetch_offset", "i64"),  # -1: continue after the last batch returned
+                    ("filtered_bytes", "i64"),
+                )
+            )
+        ),
+    ),
+)
+
 LIST_OFFSETS_REQUEST_V0: Schema = (
     ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("timestamp", "i64"))))),
 )
@@ -239,6 +258,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.METADATA, 0): (METADATA_REQUEST_V0, METADATA_RESPONSE_V0),
     (ApiKey.PRODUCE, 0): (PRODUCE_REQUEST_V0, PRODUCE_RESPONSE_V0),
     (ApiKey.FETCH, 0): (FETCH_REQUEST_V0, FETCH_RESPONSE_V0),
+    (ApiKey.FETCH, 1): (FETCH_REQUEST_V1, FETCH_RESPONSE_V1),
     (ApiKey.LIST_OFFSETS, 0): (LIST_OFFSETS_REQUEST_V0, LIST_OFFSETS_RESPONSE_V0),
     (ApiKey.CREATE_TOPIC, 0): (CREATE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
     (ApiKey.DELETE_TOPIC, 0): (DELETE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -237,3 +238,43 @@ def test_cli_consume_in_group_describe_reset_delete(cluster: LocalCluster, topic
     capsysbinary.readouterr()
     assert main(["group", "describe", group, "-b", bootstrap]) == 2
     assert b"GROUP_ID_NOT_FOUND" in capsysbinary.readouterr().err
+
+
+def test_tag_filter_exact_delivery_and_bytes_saved(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    # One tag per batch (flush between them) so the node can skip whole batches, plus one
+    # mixed batch that the node must send and the client must filter record by record.
+    plan = ["refunded", "other", "paid", "other", "mixed", "paid"]
+    expected: list[bytes] = []
+    with Producer(bootstrap, linger_ms=50) as producer:
+        for b, tag in enumerate(plan):
+            for i in range(100):
+                tags = (("paid", "eu") if i % 2 else ("other",)) if tag == "mixed" else (tag,)
+                value = f"{b}-{i}-{'|'.join(tags)}-".encode() + os.urandom(100).hex().encode()
+                producer.send(topic_name, value, partition=0, tags=tags)
+                if "paid" in tags or "refunded" in tags:
+                    expected.append(value)
+            producer.flush(timeout=30)
+    with Consumer(bootstrap, group_id=group, tag_filter="paid || refunded", **FAST) as c:
+        c.subscribe([topic_name])
+        got: list[Any] = []
+        _poll_until([c], lambda: c.assignment() != [] and c.position(TopicPartition(topic_name, 0)) >= 600,
+                    sink={0: got})
+        assert [r.value for r in got] == expected
+        assert all({"paid", "refunded"} & set(r.headers[0][1].decode().split(",")) for r in got)
+        c.commit()
+        print(f"\ntag filter: {len(got)} of 600 records delivered; node left out {c.filtered_bytes:,} bytes")
+        # The two "other" batches (100 records of ~220 random-ish bytes each) never crossed the wire.
+        assert c.filtered_bytes >= 2 * 100 * 100
+    with Admin(bootstrap) as admin:
+        # The group's committed offset is past the filtered-out records: lag 0.
+        assert [(p.committed, p.lag) for p in admin.describe_group(group).offsets] == [(600, 0)]
+    # assign()-style consumers filter too; a filter with a negation is applied by the client.
+    with Consumer(bootstrap, tag_filter="!other") as c:
+        c.assign([TopicPartition(topic_name, 0)])
+        got = []
+        _poll_until([c], lambda: c.position(TopicPartition(topic_name, 0)) >= 600, sink={0: got})
+        assert [r.value for r in got] == expected
