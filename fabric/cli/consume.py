@@ -19,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     consume.add_argument("--print-key", action="store_true")
     consume.add_argument("--progress", action="store_true")
     consume.add_argument("--group", help="join this consumer group: share partitions, resume at committed offsets")
+    consume.add_argument("--tags", help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
     consume.set_defaults(run=cmd_consume)
 
 
@@ -31,7 +32,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         return consume_in_group(args)
     out = sys.stdout.buffer
     progress = Progress("consumed", enabled=args.progress)
-    with Consumer(bootstrap(args)) as consumer:
+    with Consumer(bootstrap(args), tag_filter=args.tags) as consumer:
         if args.partition is None:
             tps = consumer.subscribe_all_partitions(args.topic)
         else:

@@ -111,7 +111,8 @@ def consume_in_group(args: argparse.Namespace) -> int:
                          "earliest or latest")
     out = sys.stdout.buffer
     remaining = args.max_messages
-    with Consumer(bootstrap(args), group_id=args.group, auto_offset_reset=reset, enable_auto_commit=False) as consumer:
+    with Consumer(bootstrap(args), group_id=args.group, auto_offset_reset=reset, enable_auto_commit=False,
+                  tag_filter=args.tags) as consumer:
         consumer.subscribe([args.topic])
         last_data = time.monotonic()
         while True:

@@ -47,7 +47,7 @@ extern "C" {
 #define FABRIC_NODES_MAX 1024        /* node addresses a client keeps sockets for */
 
 /* ---- Error codes ----------------------------------------------------------------------
- * 0..29 are the wire codes of docs/PROTOCOL.md section 7, with the same numbers. Negative
+ * 0..69 are the wire codes of docs/PROTOCOL.md section 7, with the same numbers. Negative
  * codes happen only inside this client. Functions return 0 or one of these. */
 enum fabric_err {
     FABRIC_OK = 0,
@@ -80,6 +80,17 @@ enum fabric_err {
     FABRIC_ERR_NOT_CONTROLLER = 27,
     FABRIC_ERR_OUT_OF_ORDER_SEQUENCE = 28,
     FABRIC_ERR_INVALID_PRODUCER_EPOCH = 29,
+    /* consumer groups (docs/GROUPS.md) */
+    FABRIC_ERR_UNKNOWN_MEMBER_ID = 60,
+    FABRIC_ERR_FENCED_MEMBER_EPOCH = 61,
+    FABRIC_ERR_GROUP_NOT_EMPTY = 62,
+    FABRIC_ERR_NOT_COORDINATOR = 63,
+    FABRIC_ERR_COORDINATOR_NOT_AVAILABLE = 64,
+    FABRIC_ERR_COORDINATOR_LOAD_IN_PROGRESS = 65,
+    FABRIC_ERR_INVALID_GROUP_ID = 66,
+    FABRIC_ERR_GROUP_ID_NOT_FOUND = 67,
+    FABRIC_ERR_UNRELEASED_INSTANCE_ID = 68,
+    FABRIC_ERR_GROUP_MAX_SIZE_REACHED = 69,
     /* client-side only */
     FABRIC_ERR_INVALID_ARGUMENT = -1, /* a caller's argument is out of range */
     FABRIC_ERR_NO_MEMORY = -2,        /* malloc failed or a buffer limit was reached */
@@ -89,7 +100,7 @@ enum fabric_err {
     FABRIC_ERR_BUFFER_FULL = -6,      /* buffer_bytes_max stayed full for max_block_ms */
     FABRIC_ERR_CLOSED = -7            /* destroyed with records still unsent */
 };
-#define FABRIC_WIRE_ERROR_MAX 29
+#define FABRIC_WIRE_ERROR_MAX 69
 
 /* "NOT_LEADER"-style name; "UNKNOWN" for codes outside the table. Never NULL. */
 const char *fabric_err_name(int code);

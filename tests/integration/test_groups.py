@@ -240,7 +240,8 @@ def test_cli_consume_in_group_describe_reset_delete(cluster: LocalCluster, topic
     assert b"GROUP_ID_NOT_FOUND" in capsysbinary.readouterr().err
 
 
-def test_tag_filter_exact_delivery_and_bytes_saved(cluster: LocalCluster, topic_name: str) -> None:
+def test_tag_filter_exact_delivery_and_bytes_saved(cluster: LocalCluster, topic_name: str,
+                                                   capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     bootstrap = cluster.bootstrap
     group = f"g-{topic_name}"
     with Admin(bootstrap) as admin:
@@ -278,3 +279,8 @@ def test_tag_filter_exact_delivery_and_bytes_saved(cluster: LocalCluster, topic_
         got = []
         _poll_until([c], lambda: c.position(TopicPartition(topic_name, 0)) >= 600, sink={0: got})
         assert [r.value for r in got] == expected
+    from fabric.cli import main
+
+    capsysbinary.readouterr()
+    assert main(["consume", topic_name, "-b", bootstrap, "--tags", "refunded"]) == 0
+    assert capsysbinary.readouterr().out.splitlines() == [v for v in expected if b"refunded" in v]
