@@ -166,6 +166,9 @@ class GroupMember:
         """Leave the group now (a static member keeps its partitions for the session)."""
         if not self.subscribed or not self.member_id:
             return
+        if self.owned:
+            # As Kafka's close(): the application hears that it no longer reads these.
+            self.listener.on_partitions_revoked(sorted(self.owned, key=str))
         epoch = gp.STATIC_LEAVE_EPOCH if self.instance_id else gp.LEAVE_EPOCH
         body = {"group_id": self.group_id, "member_id": self.member_id, "member_epoch": epoch,
                 "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
