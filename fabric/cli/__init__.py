@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, group, produce, topic
+from fabric.cli import bench, cluster, consume, group, produce, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -39,6 +39,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     consume,
     group,
     bench,
+    status,
 )
 
 
