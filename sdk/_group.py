@@ -144,14 +144,25 @@ class GroupMember:
         interval_ms = min(self.heartbeat_interval_ms, max(0, response["heartbeat_interval_ms"]))
         self._next_heartbeat_s = now + interval_ms / 1000.0
         if revoked:
-            self.consumer._revoke(sorted(revoked, key=str))
+            # Commit, tell the application (it may commit too), then stop reading them.
+            ordered = sorted(revoked, key=str)
+            self.consumer._commit_before_revoke(ordered)
+            self.listener.on_partitions_revoked(ordered)
+            self.consumer._drop(ordered)
             self.owned -= revoked
-            self.listener.on_partitions_revoked(sorted(revoked, key=str))
             self._next_heartbeat_s = 0.0  # confirm the revocation at once: someone is waiting
         if added:
+            ordered = sorted(added, key=str)
+            try:
+                self.consumer._add(ordered)
+            except errors.FabricError as exc:
+                # Without the committed offsets we must not start reading (auto_offset_reset
+                # would re-read or skip): take them at the next heartbeat instead.
+                log.warning("group %s: could not read committed offsets (%s); retrying", self.group_id, exc)
+                self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
+                return
             self.owned |= added
-            self.consumer._add(sorted(added, key=str))
-            self.listener.on_partitions_assigned(sorted(added, key=str))
+            self.listener.on_partitions_assigned(ordered)
 
     def _lose(self) -> None:
         lost = sorted(self.owned, key=str)
@@ -159,7 +170,7 @@ class GroupMember:
         self.member_id = "" if not self.instance_id else self.member_id
         self.member_epoch = gp.JOIN_EPOCH
         if lost:
-            self.consumer._revoke(lost, commit=False)
+            self.consumer._drop(lost)
             self.listener.on_partitions_lost(lost)
 
     def leave(self) -> None:

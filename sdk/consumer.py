@@ -243,17 +243,24 @@ class Consumer:
             raise errors.InvalidRequestError(f"{what} needs a consumer created with group_id=...")
         return self._group
 
-    def _revoke(self, tps: list[TopicPartition], *, commit: bool = True) -> None:
-        """Group hook: stop reading ``tps`` (committing their positions first if allowed)."""
-        if commit and self.enable_auto_commit:
+    def _commit_before_revoke(self, tps: list[TopicPartition]) -> None:
+        """Group hook: with auto commit, commit what was handed out of partitions about to go."""
+        if self.enable_auto_commit:
             self._auto_commit(force=True, only=set(tps))
-        self.assign([tp for tp in self._assigned if tp not in set(tps)], refresh=False)
+
+    def _drop(self, tps: list[TopicPartition]) -> None:
+        """Group hook: stop reading ``tps`` and forget their buffered data."""
+        gone = set(tps)
+        self.assign([tp for tp in self._assigned if tp not in gone], refresh=False)
+        for tp in gone:
+            self._committed_positions.pop(tp, None)
 
     def _add(self, tps: list[TopicPartition]) -> None:
-        """Group hook: start reading ``tps`` at the group's committed offsets."""
+        """Group hook: start reading ``tps`` at the group's committed offsets (read first:
+        if that fails nothing changes, and the caller retries)."""
+        committed = self._require_group("a group assignment").committed(tps)
         self._refresh_needed = True
         self.assign([*self._assigned, *tps], refresh=False)
-        committed = self._require_group("a group assignment").committed(tps)
         for tp in tps:
             found = committed.get(tp)
             if found is not None:
