@@ -3,6 +3,7 @@
     fabric up                      local cluster: ZooKeeper + 3 nodes, until Ctrl-C
     fabric demo                    the quickstart job: cluster, 100,000+ messages, summary
     fabric node --id N --zk ...    one storage node
+    fabric sequencer --zk ... --id N   one sequencer instance (strict-order topics)
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
     fabric consume TOPIC           records to stdout (--follow to keep going, --group G to join a group)
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, group, produce, status, topic
+from fabric.cli import bench, cluster, consume, group, produce, sequencer, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -40,6 +41,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     group,
     bench,
     status,
+    sequencer,
 )
 
 

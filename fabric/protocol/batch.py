@@ -8,14 +8,15 @@ Header layout (little-endian)::
     12     4    leader_epoch     i32  stamped by the leader; producers send -1
     16     4    crc              u32  CRC-32 (zlib/IEEE, poly 0xEDB88320) of bytes [20, batch_length)
     20     1    magic            u8   1
-    21     1    attributes       u8   bits 0-2 codec (0 none, 1 lz4); bit 3 timestamp type
-    22     2    reserved         u16  0
+    21     1    attributes       u8   bits 0-2 codec (0 none, 1 lz4); bit 3 timestamp type;
+                                      bit 4 control batch; bit 5 tag bloom present
+    22     2    tag_bloom_low    u16  with bit 5: low half of the tag bloom (tags.py), else 0
     24     4    record_count     i32  >= 1
     28     8    first_timestamp  i64  ms since the epoch, of record 0
     36     8    max_timestamp    i64  ms, the largest record timestamp
     44     8    producer_id      i64  -1 when not idempotent
     52     2    producer_epoch   i16  -1 when not idempotent
-    54     2    reserved2        i16  0
+    54     2    tag_bloom_high   u16  with bit 5: high half of the tag bloom, else 0
     56     4    base_sequence    i32  -1 when not idempotent
     60     8    global_id_base   i64  sequencer ID of record 0 on strict-order topics, else -1
     68     4    records_bytes    i32  size of the records section before compression
@@ -64,7 +65,9 @@ CODEC_NONE = 0
 CODEC_LZ4 = 1
 CODEC_MASK = 0x07
 TIMESTAMP_LOG_APPEND = 0x08
-TAG_BLOOM_PRESENT = 0x10  # bytes 22-23 (low half) and 54-55 (high half) hold the batch's tag bloom
+# A control batch (a strict-order tick): counted in offsets, skipped by every consumer.
+ATTRIBUTE_CONTROL = 0x10
+TAG_BLOOM_PRESENT = 0x20  # bytes 22-23 (low half) and 54-55 (high half) hold the batch's tag bloom
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 RECORD_FIXED_BYTES = 14  # 3 x i32 + 1 x u16 per record in the columnar arrays
 CRC_START = 20
@@ -215,6 +218,13 @@ def stamp(buf: bytearray, base_offset: int, leader_epoch: int) -> None:
     """Write the leader's base offset and epoch into a batch in place (CRC unaffected)."""
     _STAMP.pack_into(buf, 0, base_offset)
     _EPOCH.pack_into(buf, 12, leader_epoch)
+
+
+def stamp_global_id(buf: bytearray, global_id_base: int) -> None:
+    """Write a strict-order batch's first global ID in place and recompute the CRC, which
+    covers ``global_id_base`` (the leader stamps it; docs/DESIGN.md, "Strict-order topics")."""
+    _STAMP.pack_into(buf, 60, global_id_base)
+    struct.pack_into("<I", buf, 16, compute_crc(buf))
 
 
 def encode_batch(
