@@ -17,7 +17,6 @@ the next heartbeat, sent at once; only then can the coordinator give it to someo
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
@@ -83,9 +82,9 @@ class GroupMember:
                   listener: ConsumerRebalanceListener | None) -> None:
         if pattern:
             try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {exc}") from None
+                gp.compile_topic_pattern(pattern)
+            except errors.InvalidRequestError as exc:
+                raise ValueError(exc.message) from None
         self.topics = sorted(set(topics or ()))
         self.pattern = pattern or ""
         if not self.topics and not self.pattern:

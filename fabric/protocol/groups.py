@@ -18,11 +18,14 @@ partition once and keeping the last value per key.
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from typing import Any, Final
 
-from fabric.errors import InvalidGroupIdError
+import re2
+
+from fabric.errors import InvalidGroupIdError, InvalidRequestError
 from fabric.protocol import schema as s
 from fabric.protocol.schema import Array, Schema, Struct
 
@@ -65,7 +68,7 @@ CONSUMER_GROUP_HEARTBEAT_REQUEST_V0: Schema = (
     ("instance_id", "str"),  # "" = dynamic member
     ("session_timeout_ms", "i32"),
     ("subscribed_topics", Array("str")),
-    ("subscribed_topic_regex", "str"),  # "" = none; a Python `re` full match over topic names
+    ("subscribed_topic_regex", "str"),  # "" = none; an RE2 full match over topic names
     ("owned", Array(Struct(TOPIC_PARTITIONS))),  # partitions the member still holds
 )
 CONSUMER_GROUP_HEARTBEAT_RESPONSE_V0: Schema = (
@@ -157,6 +160,25 @@ def check_group_id(group_id: str) -> None:
     if not group_id or len(group_id.encode("utf-8")) > GROUP_ID_BYTES_MAX or not _GROUP_ID.match(group_id):
         raise InvalidGroupIdError(
             f"group id {group_id!r} must be 1 to {GROUP_ID_BYTES_MAX} characters of [A-Za-z0-9._-]")
+
+
+TOPIC_PATTERN_BYTES_MAX: Final[int] = 1_000
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is the client's error, reported to it, not logged
+
+
+@functools.lru_cache(maxsize=256)
+def compile_topic_pattern(pattern: str) -> Any:
+    """A subscription pattern, compiled with RE2: linear time in the topic name, so a
+    hostile pattern cannot stall the coordinator's loop (Python's ``re`` backtracks;
+    Kafka's coordinator uses RE2J for the same reason). Backreferences and lookaround
+    are refused. Matching is ``fullmatch`` against the whole topic name."""
+    if len(pattern.encode("utf-8")) > TOPIC_PATTERN_BYTES_MAX:
+        raise InvalidRequestError(f"topic pattern longer than TOPIC_PATTERN_BYTES_MAX={TOPIC_PATTERN_BYTES_MAX} bytes")
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        raise InvalidRequestError(f"topic pattern {pattern!r} is not a valid RE2 expression: {exc}") from None
 
 
 def coordinator_partition(group_id: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> int:

@@ -284,3 +284,48 @@ def test_tag_filter_exact_delivery_and_bytes_saved(cluster: LocalCluster, topic_
     capsysbinary.readouterr()
     assert main(["consume", topic_name, "-b", bootstrap, "--tags", "refunded"]) == 0
     assert capsysbinary.readouterr().out.splitlines() == [v for v in expected if b"refunded" in v]
+
+
+def test_committed_offsets_and_membership_survive_coordinator_node_loss(fresh_cluster: LocalCluster,
+                                                                        topic_name: str) -> None:
+    bootstrap = fresh_cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=4, replication_factor=3)
+    _produce(bootstrap, topic_name, 40, 4)
+    # The session must outlast a node failover (ZooKeeper session 6 s + election + load):
+    # a member not heard for a whole session gives its partitions up, by design.
+    slow = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 500}
+    a = Consumer(bootstrap, group_id=group, enable_auto_commit=False, **slow)
+    b = Consumer(bootstrap, group_id=group, enable_auto_commit=False, **slow)
+    try:
+        a.subscribe([topic_name])
+        b.subscribe([topic_name])
+        _poll_until([a, b], lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2)
+        before = {c: set(c.assignment()) for c in (a, b)}
+        a.commit({tp: 7 for tp in a.assignment()})
+        with Admin(bootstrap) as admin:
+            coordinator = admin._find_coordinator(group)
+            node_id = next(n for n, address in admin.nodes().items() if address == coordinator)
+        fresh_cluster.nodes[node_id].kill()
+        # The group carries on with a new coordinator: same members, same partitions, and
+        # the commit made before the kill is there.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Admin(bootstrap, request_timeout_ms=5_000) as admin:
+                    if admin._find_coordinator(group) != coordinator:
+                        break
+            except errors.FabricError:
+                pass
+            assert time.monotonic() < deadline, "no new coordinator"
+            time.sleep(0.5)
+        end = time.monotonic() + 3.0
+        _poll_until([a, b], lambda: time.monotonic() > end)
+        assert {c: set(c.assignment()) for c in (a, b)} == before
+        assert all(a.committed(tp) == 7 for tp in before[a])
+        b.commit({tp: 9 for tp in b.assignment()})
+        assert all(b.committed(tp) == 9 for tp in before[b])
+    finally:
+        a.close()
+        b.close()

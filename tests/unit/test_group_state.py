@@ -231,3 +231,14 @@ def test_random_membership_never_shares_a_partition() -> None:
     assert held == {("t", p) for p in range(6)}
     counts = sorted(len(m.owned) for m in members)
     assert counts[-1] - counts[0] <= 1
+
+
+def test_patterns_are_re2_linear_time() -> None:
+    # A pattern that makes a backtracking engine take exponential time is harmless here.
+    group = _group()
+    topics = {("a" * 40) + "!": 1, "orders.eu": 1}
+    response = _hb(group, "", 0, set(), subscribed=[], regex=r"(a+)+$", topics=topics)
+    assert response["error"] == 0 and response["assignment"] == []
+    # Backreferences are not RE2: refused as a bad request, nothing changes.
+    response = _hb(group, "", 0, set(), subscribed=[], regex=r"(a)\1", topics=topics)
+    assert response["error"] == errors.InvalidRequestError.code
