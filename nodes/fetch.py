@@ -18,8 +18,10 @@ from fabric import errors
 from fabric.limits import FETCH_BYTES_MAX, FETCH_WAIT_MS_MAX, PARKED_FETCHES_MAX
 from fabric.protocol import apis
 from fabric.protocol.header import Header
+from fabric.protocol.tags import TagFilter
 from nodes import leader as leader_side
 from nodes.state import Envelope, NodeState, TopicPartition
+from nodes.tag_filter import read_filtered
 
 
 @dataclass
@@ -59,6 +61,7 @@ def handle_fetch(node: NodeState, envelope: Envelope, request: apis.Message) -> 
         raise errors.InvalidRequestError(f"max_wait_ms={body['max_wait_ms']} outside [0, {FETCH_WAIT_MS_MAX}]")
     if body["max_bytes"] <= 0 or body["min_bytes"] < 0:
         raise errors.InvalidRequestError("max_bytes must be positive and min_bytes non-negative")
+    body["parsed_tag_filter"] = TagFilter(body["tag_filter"]) if body.get("tag_filter") else None
     fetch = ParkedFetch(
         envelope,
         request.header,
@@ -85,7 +88,8 @@ def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
     any_error = False
     for p in body["partitions"]:
         result = {"topic": p["topic"], "partition": p["partition"], "error": 0, "high_watermark": -1,
-                  "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0}
+                  "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0,
+                  "next_fetch_offset": -1, "filtered_bytes": 0}  # the last two: FETCH v1
         try:
             plog, leader, _config = node.leader_log(p["topic"], p["partition"])
             epoch = p["current_leader_epoch"]
@@ -102,7 +106,12 @@ def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
                 batches: list[bytes] = []
             else:
                 room = min(p["partition_bytes_max"], budget - total) if total < budget else 0
-                batches = plog.read(p["fetch_offset"], max(room, 1), limit) if (room > 0 or total == 0) else []
+                tag_filter = body.get("parsed_tag_filter")
+                if tag_filter is not None and (room > 0 or total == 0):
+                    batches, result["next_fetch_offset"], result["filtered_bytes"] = read_filtered(
+                        plog.read, limit, p["fetch_offset"], max(room, 1), tag_filter)
+                else:
+                    batches = plog.read(p["fetch_offset"], max(room, 1), limit) if (room > 0 or total == 0) else []
             result["batch_count"] = len(batches)
             frames.extend(batches)
             total += sum(len(b) for b in batches)

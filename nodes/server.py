@@ -35,16 +35,15 @@ from kazoo.client import KazooClient
 from fabric import errors
 from fabric import zk as zkl
 from fabric.limits import (
-    FSYNC_INTERVAL_MS_DEFAULT,
     REQUEST_FRAMES_MAX,
-    RETENTION_CHECK_INTERVAL_MS_DEFAULT,
 )
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import admin, controller, fetch, follower, leader, produce, retention, roles, session
+from nodes.group_coordinator import GROUP_APIS, GroupCoordinator
 from nodes.log import Store
-from nodes.state import PUB_HWM_MESSAGES, Envelope, NodeConfig, NodeState, Sockets
+from nodes.state import Envelope, NodeConfig, NodeState, Sockets, parse_node_args
 
 log = logging.getLogger("fabric.node")
 
@@ -56,13 +55,20 @@ ROUTER_HWM_MESSAGES = 10_000
 Handler = Callable[[NodeState, Envelope, apis.Message], "dict[str, Any] | None"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: it keys the turn's staged requests
 class GroupCommit:
     """An API whose requests write: ``stage`` each into the turn's WriteBatch, then, after
     the one write, ``commit`` them all (answer, park, publish)."""
 
     stage: Callable[[NodeState, Any, Envelope, apis.Message], Any]
     commit: Callable[[NodeState, list[tuple[Envelope, apis.Message, Any]]], None]
+
+
+def handle_group_api(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    """Consumer-group APIs: the coordinator answers now, or once the writes it depends on commit."""
+    if node.groups is None:
+        raise errors.NodeNotReadyError(f"node {node.node_id} has no group coordinator yet")
+    node.groups.handle(envelope, request)
 
 
 DISPATCH: dict[int, Handler | GroupCommit] = {
@@ -79,6 +85,7 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     ApiKey.REPLICA_ACK: leader.handle_replica_ack,
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: leader.handle_offsets_for_leader_epoch,
     ApiKey.ELECT_LEADERS: controller.handle_elect_leaders,
+    **{key: handle_group_api for key in sorted(GROUP_APIS)},
 }
 
 # Called, in this order, with the partitions whose high watermark moved or that took
@@ -91,11 +98,14 @@ CHANGE_LISTENERS: list[Callable[[NodeState, set[tuple[str, int]]], None]] = [
 
 @dataclass
 class Duty:
-    """Something the loop does every turn (``interval_s`` 0) or every ``interval_s``."""
+    """Something the loop does every turn (``interval_s`` 0) or every ``interval_s``, after
+    the turn's requests, or before them (``before_requests``: after the session check and
+    role changes, for a duty that must know the node's roles before it answers anyone)."""
 
     name: str
     run: Callable[[NodeState, float], None]
     interval_s: float = 0.0
+    before_requests: bool = False
     is_due: Callable[[NodeState], bool] | None = None  # run now, before the interval ends
     deadline: Callable[[NodeState], float | None] | None = None  # wake the loop by then
     next_s: float = 0.0
@@ -109,9 +119,15 @@ def sync_storage(node: NodeState, _now: float) -> None:
         plog.checkpoint_high_watermark()
 
 
+def tick_groups(node: NodeState, _now: float) -> None:
+    if node.groups is not None:
+        node.groups.tick()  # it must know what it coordinates now, before requests
+
+
 def duties(config: NodeConfig) -> list[Duty]:
-    """The loop's duties after the requests of a turn, in the order they run."""
+    """The loop's duties, in the order they run (within before and after the requests)."""
     return [
+        Duty("group coordinator", tick_groups, before_requests=True),
         Duty("follower tick", follower.tick),
         Duty("expire parked fetches", fetch.expire_parked, deadline=fetch.next_deadline),
         Duty("expire pending acks", produce.expire_pending, deadline=produce.next_deadline),
@@ -135,8 +151,15 @@ class Node:
         self.state.address = self._bind_socket(self.state.sockets.router, config.port)
         self.state.replication_address = self._bind_socket(self.state.sockets.pub, config.replication_port)
         self.state.change_listeners.extend(CHANGE_LISTENERS)
+        self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
+                                             self.state.sockets.poller, serving=self.state.session_ok)
         self.handlers = dict(DISPATCH)
-        self.duties = duties(config)
+        all_duties = duties(config)
+        self.duties = all_duties
+        self.duties_before = [d for d in all_duties if d.before_requests]
+        self.duties_after = [d for d in all_duties if not d.before_requests]
+        self._timed = [d for d in all_duties if d.interval_s > 0.0]
+        self._deadlines = [d.deadline for d in all_duties if d.deadline is not None]
 
     # -- setup ----------------------------------------------------------------------------
     def _bind(self) -> Sockets:
@@ -205,17 +228,18 @@ class Node:
                 session.check(node)
                 if node.routing_dirty:
                     roles.apply_roles(node)
+                self._run_duties(self.duties_before, time.monotonic())
                 if sockets.router in events:
                     self._drain_requests()
                 if sockets.sub in events:
                     follower.drain_stream(node)
                 follower.handle_replies(node)
-                self._run_duties(time.monotonic())
+                self._run_duties(self.duties_after, time.monotonic())
         finally:
             self._shutdown()
 
-    def _run_duties(self, now: float) -> None:
-        for duty in self.duties:
+    def _run_duties(self, duties_due: list[Duty], now: float) -> None:
+        for duty in duties_due:
             if duty.interval_s <= 0.0:
                 duty.run(self.state, now)
             elif now >= duty.next_s or (duty.is_due is not None and duty.is_due(self.state)):
@@ -223,14 +247,16 @@ class Node:
                 duty.next_s = now + duty.interval_s
 
     def _poll_timeout_ms(self) -> int:
-        deadline = min((d.next_s for d in self.duties if d.interval_s > 0.0), default=time.monotonic() + 1.0)
-        for duty in self.duties:
-            if duty.deadline is not None:
-                due = duty.deadline(self.state)
-                if due is not None:
-                    deadline = min(deadline, due)
-        wait_ms = (deadline - time.monotonic()) * 1000.0
-        return int(max(0.0, min(wait_ms, POLL_INTERVAL_MS_MAX)))
+        now = time.monotonic()
+        deadline = now + POLL_INTERVAL_MS_MAX / 1000.0
+        for duty in self._timed:
+            if duty.next_s < deadline:
+                deadline = duty.next_s
+        for source in self._deadlines:
+            due = source(self.state)
+            if due is not None and due < deadline:
+                deadline = due
+        return int(max(0.0, (deadline - now) * 1000.0))
 
     def stop(self) -> None:
         self.state.stopping.set()
@@ -245,6 +271,8 @@ class Node:
         except Exception:  # already gone; nothing to clean
             pass
         node.sockets.replica_conns.close()
+        if node.groups is not None:
+            node.groups.close()
         s = node.sockets
         for sock in (s.router, s.pub, s.sub, s.wake_pull, s.wake_push):
             sock.close(linger=0)
@@ -328,46 +356,10 @@ class Node:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="fabric node", description="Run one Fabric storage node.")
-    parser.add_argument("--id", type=int, required=True, dest="node_id")
-    parser.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="client port; 0 picks a free one")
-    parser.add_argument("--replication-port", type=int, default=0, help="replication PUB port; 0 picks a free one")
-    parser.add_argument("--replica-lag-max-ms", type=int, default=5_000,
-                        help="a follower this far behind leaves the in-sync replicas")
-    parser.add_argument("--replication-hwm", type=int, default=PUB_HWM_MESSAGES,
-                        help="batches queued per follower before the replication stream drops (it then fetches)")
-    parser.add_argument("--replication-buffer-bytes", type=int, default=0,
-                        help="kernel buffer of the replication sockets; 0 lets the OS size it")
-    parser.add_argument("--fsync", choices=("none", "interval", "every-batch"), default="none")
-    parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
-    parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
-    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=f"%(asctime)s node{args.node_id} %(levelname)s %(message)s")
-    os.makedirs(args.data_dir, exist_ok=True)
-    node = Node(
-        NodeConfig(
-            node_id=args.node_id,
-            zk=args.zk,
-            data_dir=args.data_dir,
-            host=args.host,
-            port=args.port,
-            replication_port=args.replication_port,
-            replica_lag_max_ms=args.replica_lag_max_ms,
-            replication_hwm=args.replication_hwm,
-            replication_buffer_bytes=args.replication_buffer_bytes,
-            fsync=args.fsync,
-            fsync_interval_ms=args.fsync_interval_ms,
-            retention_check_interval_ms=args.retention_check_interval_ms,
-            session_timeout_ms=args.session_timeout_ms,
-        )
-    )
+    config, log_level = parse_node_args(argv)
+    logging.basicConfig(level=log_level, format=f"%(asctime)s node{config.node_id} %(levelname)s %(message)s")
+    os.makedirs(config.data_dir, exist_ok=True)
+    node = Node(config)
 
     def on_signal(signum: int, _frame: Any) -> None:
         node.stop()

@@ -29,6 +29,7 @@ from nodes.log import PartitionLog, Store
 if TYPE_CHECKING:
     from nodes.fetch import ParkedFetch
     from nodes.follower import FollowerReplica
+    from nodes.group_coordinator import GroupCoordinator
     from nodes.leader import LeaderReplica
     from nodes.produce import PendingProduce
 
@@ -56,6 +57,47 @@ class NodeConfig:
     replica_lag_max_ms: int = 5_000
     replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
     replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
+
+
+def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
+    """The node's command line (``nodes/launch.py`` spells every option out) and its log level."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fabric node", description="Run one Fabric storage node.")
+    parser.add_argument("--id", type=int, required=True, dest="node_id")
+    parser.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="client port; 0 picks a free one")
+    parser.add_argument("--replication-port", type=int, default=0, help="replication PUB port; 0 picks a free one")
+    parser.add_argument("--replica-lag-max-ms", type=int, default=5_000,
+                        help="a follower this far behind leaves the in-sync replicas")
+    parser.add_argument("--replication-hwm", type=int, default=PUB_HWM_MESSAGES,
+                        help="batches queued per follower before the replication stream drops (it then fetches)")
+    parser.add_argument("--replication-buffer-bytes", type=int, default=0,
+                        help="kernel buffer of the replication sockets; 0 lets the OS size it")
+    parser.add_argument("--fsync", choices=("none", "interval", "every-batch"), default="none")
+    parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
+    parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
+    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    config = NodeConfig(
+        node_id=args.node_id,
+        zk=args.zk,
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        replication_port=args.replication_port,
+        replica_lag_max_ms=args.replica_lag_max_ms,
+        replication_hwm=args.replication_hwm,
+        replication_buffer_bytes=args.replication_buffer_bytes,
+        fsync=args.fsync,
+        fsync_interval_ms=args.fsync_interval_ms,
+        retention_check_interval_ms=args.retention_check_interval_ms,
+        session_timeout_ms=args.session_timeout_ms,
+    )
+    return config, str(args.log_level)
 
 
 @dataclass
@@ -108,6 +150,7 @@ class NodeState:
     verify_session: bool = False  # set after a stall: answer nobody until ZooKeeper confirms us
 
     is_controller: bool = False
+    groups: GroupCoordinator | None = None  # consumer groups this node coordinates (set by nodes/server.py)
     producer_ids_next: int = 0
     producer_ids_end: int = 0
 

@@ -271,6 +271,7 @@ fabric_str_t fabric_str(const char *s);
 #define FABRIC_BATCH_MAGIC 1
 #define FABRIC_CODEC_MASK 0x07
 #define FABRIC_TIMESTAMP_LOG_APPEND 0x08
+#define FABRIC_BATCH_CONTROL 0x10 /* a strict-order tick: takes an offset, holds no record */
 #define FABRIC_BATCH_CRC_START 20
 
 typedef struct fabric_batch_header {
