@@ -9,9 +9,10 @@ module, and this file only wires them together:
   A handler is ``(node, envelope, request) -> body | None`` (None: it answered or parked
   the request itself). An API that writes is a ``GroupCommit``: its requests are staged
   into the turn's one RocksDB WriteBatch, written once, then committed together.
-- ``duties()`` lists what the loop does every turn or on a timer (follower ticks,
-  expiring parked fetches and pending acks, the ISR check, the controller, retention,
-  fsync): a new periodic duty is one more entry there, not an edit of the loop.
+- ``duties()`` lists what the loop does every turn or on a timer (the group
+  coordinator's turn before the requests; after them follower ticks, expiring parked
+  fetches and pending acks, the ISR check, the controller, retention, fsync): a new
+  periodic duty is one more entry there, not an edit of the loop.
 
 Per loop turn: session check (``nodes/session.py``), role changes (``nodes/roles.py``),
 up to ``DRAIN_MESSAGES_MAX`` client messages (produce: ``nodes/produce.py``; fetch:
