@@ -274,7 +274,7 @@ class GlobalIdRegressionError(RetriableError):
     pass
 
 
-@_wire(45, "INVALID_ID_COUNT", "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs")
+@_wire(45, "INVALID_ID_COUNT", "an ID request for a count outside 0..SEQUENCER_GRANT_IDS_MAX or an unknown kind")
 class InvalidIdCountError(FabricError):
     pass
 
