@@ -337,8 +337,12 @@ class DirectClient:
         wire_headers = as_headers(headers)
         view = await self._view(name)
         deadline = time.monotonic() + timeout_ms / 1000
-        targets = await self._wait_pickable(view, deadline)
-        # Instances known but dead right now are reported as missing rather than skipped.
+        await self._wait_pickable(view, deadline)
+        # Every instance not known dead is asked, also those that have not answered their
+        # first PING yet (their request waits in the DEALER queue until the connection is
+        # up); dead ones are reported missing rather than skipped.
+        targets = {z: p for z, p in view.peers.items()
+                   if not p.leaving and not p.draining and p.health.state != balance.DEAD}
         missing = [z for z, p in view.peers.items() if z not in targets and not p.leaving]
         futures: dict[str, asyncio.Future[list[bytes]]] = {}
         sent: dict[str, tuple[_Peer, int]] = {}

@@ -72,7 +72,24 @@ class InstanceInfo:
                    int(time.time() * 1000))
 
 
+def _ensure_chroot(hosts: str) -> None:
+    """kazoo refuses a chroot that does not exist yet; the direct plane creates its own."""
+    servers, slash, chroot = hosts.partition("/")
+    if not slash or not chroot.strip("/"):
+        return
+    client = KazooClient(hosts=servers, timeout=ZK_TIMEOUT_S)
+    try:
+        client.start(timeout=ZK_TIMEOUT_S)
+        client.ensure_path_async("/" + chroot.strip("/")).get(timeout=ZK_TIMEOUT_S)
+    finally:
+        close_client(client)
+
+
 def start_client(hosts: str, *, session_timeout_s: float = 10.0) -> KazooClient:
+    try:
+        _ensure_chroot(hosts)
+    except Exception as exc:
+        raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_TIMEOUT_S:.0f} s: {exc}") from exc
     client = KazooClient(hosts=hosts, timeout=session_timeout_s)
     try:
         client.start(timeout=ZK_TIMEOUT_S)
