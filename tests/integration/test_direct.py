@@ -16,7 +16,7 @@ import pytest
 
 from fabric import errors
 from fabric.local import LocalZooKeeper, ManagedProcess
-from sdk.direct import DirectClient, Message, Request
+from sdk.direct import DirectClient, Message
 
 ROOT = Path(__file__).parents[2]
 READY_TIMEOUT_S = 30.0
@@ -283,7 +283,7 @@ def test_slow_subscriber_drops_and_never_blocks_the_publisher(zk_hosts: str) -> 
             while sub.received == 0:
                 await publisher.publish("ticks.warm", b"")
                 await asyncio.sleep(0.05)
-            for n in range(published):
+            for _n in range(published):
                 await publisher.publish("ticks.a", b"x" * 100)
             handled_when_done = len(handled)
             # Losses at the tail show as a gap once a later message arrives.
