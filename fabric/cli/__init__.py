@@ -6,6 +6,8 @@
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
     fabric consume TOPIC           records to stdout (--follow to keep going)
+    fabric service list            direct-plane services and their instances
+    fabric request NAME PAYLOAD    one direct-plane request (also: subscribe, publish)
     fabric bench                   the produce/consume benchmark (python -m bench)
 
 Commands that talk to a cluster take ``--bootstrap`` (``zk://host:port`` or node
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, topic
+from fabric.cli import bench, cluster, consume, produce, service, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -36,6 +38,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     topic,
     produce,
     consume,
+    service,
     bench,
 )
 

@@ -400,10 +400,10 @@ class DirectClient:
 
     # -- pub/sub -----------------------------------------------------------------------
 
-    async def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:
-        """At most once, to every current subscriber; never blocks on a slow one."""
-        publisher = self._publisher
-        if publisher is None:
+    async def start_publisher(self) -> Publisher:
+        """Bind and register this client's PUB socket now rather than on the first publish
+        (subscribers connect only after that, and PUB/SUB drops what comes before)."""
+        if self._publisher is None:
             async with self._publisher_lock:
                 if self._publisher is None:
                     if self._closed:
@@ -411,7 +411,11 @@ class DirectClient:
                     fresh = Publisher(self.zk, self.ctx)
                     await fresh.start()
                     self._publisher = fresh
-                publisher = self._publisher
+        return self._publisher
+
+    async def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:
+        """At most once, to every current subscriber; never blocks on a slow one."""
+        publisher = self._publisher or await self.start_publisher()
         publisher.publish(subject, as_bytes(payload, "payload"), as_headers(headers))
 
     def publisher(self) -> Publisher | None:

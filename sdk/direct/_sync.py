@@ -140,6 +140,9 @@ class SyncDirect:
     def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:
         self._loop.run(self.direct.publish(subject, payload, headers=headers), CALL_MARGIN_S)
 
+    def start_publisher(self) -> None:
+        self._loop.run(self.direct.start_publisher(), CALL_MARGIN_S)
+
     def subscribe(self, pattern: str, handler: Callable[[Message], Any] | None = None, *,
                   pending_max: int = PENDING_MAX_DEFAULT) -> SyncSubscription:
         subscription = self._loop.run(self.direct.subscribe(pattern, handler, pending_max=pending_max), CALL_MARGIN_S)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -304,3 +305,43 @@ def test_slow_subscriber_drops_and_never_blocks_the_publisher(zk_hosts: str) -> 
     assert dropped > 0
     assert received + gaps >= published + 1
 
+
+
+def run_cli(*argv: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fabric", *argv], capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+
+
+def test_cli_service_list_request_and_subscribe(instances: list[Instance], tmp_path: Path, zk_hosts: str) -> None:
+    (one,) = start_instances(instances, tmp_path, zk_hosts, "greeter", 1)
+    bootstrap = f"zk://{zk_hosts}"
+    listing = run_cli("service", "list", "--bootstrap", bootstrap)
+    assert listing.returncode == 0, listing.stderr
+    assert "greeter" in listing.stdout and one.znode in listing.stdout
+    reply = run_cli("request", "greeter", "run:cli", "--bootstrap", bootstrap, "--idempotent")
+    assert reply.returncode == 0, reply.stderr
+    assert reply.stdout.startswith("cli@")
+    failed = run_cli("request", "greeter", "raise:nope", "--bootstrap", bootstrap)
+    assert failed.returncode == 2 and "REMOTE_ERROR" in failed.stderr and "ValueError" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    missing = run_cli("request", "nobody", "x", "--bootstrap", bootstrap, "--timeout-ms", "500")
+    assert missing.returncode == 2 and "NO_SERVICE_AVAILABLE" in missing.stderr
+
+    subscriber = subprocess.Popen(
+        [sys.executable, "-m", "fabric", "subscribe", "news.>", "--bootstrap", bootstrap, "--max-messages", "1",
+         "--timeout-ms", "20000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        output = ""
+        while time.monotonic() < deadline and subscriber.poll() is None:
+            published = run_cli("publish", "news.eu", "hello", "--bootstrap", bootstrap, "--wait-ms", "700")
+            assert published.returncode == 0, published.stderr
+            try:
+                output, _ = subscriber.communicate(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                continue
+        assert output == "news.eu\thello\n"
+    finally:
+        subscriber.kill()
+        subscriber.wait()
