@@ -62,7 +62,7 @@ def summary_us(samples_ns: Sequence[int]) -> dict[str, float]:
 
 
 def bare_server(port: int) -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(f"tcp://127.0.0.1:{port}")
@@ -118,7 +118,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
 def bare_figures(requests: int, seconds: float, payload: bytes) -> dict[str, Any]:
     port = free_port()
     server = spawn("--bare-server", str(port))
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(f"tcp://127.0.0.1:{port}")

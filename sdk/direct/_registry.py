@@ -30,7 +30,8 @@ SERVICES = f"{ROOT}/services"
 PUBLISHERS = f"{ROOT}/publishers"
 INSTANCE_PREFIX = "instance-"
 PUBLISHER_PREFIX = "publisher-"
-ZK_TIMEOUT_S = 5.0
+ZK_TIMEOUT_S = 5.0  # one ZooKeeper call
+ZK_CONNECT_TIMEOUT_S = 15.0  # a first connection (a loaded machine answers slowly)
 SERVICE_NAME_BYTES_MAX = 200
 _SERVICE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -79,7 +80,7 @@ def _ensure_chroot(hosts: str) -> None:
         return
     client = KazooClient(hosts=servers, timeout=ZK_TIMEOUT_S)
     try:
-        client.start(timeout=ZK_TIMEOUT_S)
+        client.start(timeout=ZK_CONNECT_TIMEOUT_S)
         client.ensure_path_async("/" + chroot.strip("/")).get(timeout=ZK_TIMEOUT_S)
     finally:
         close_client(client)
@@ -89,13 +90,13 @@ def start_client(hosts: str, *, session_timeout_s: float = 10.0) -> KazooClient:
     try:
         _ensure_chroot(hosts)
     except Exception as exc:
-        raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_TIMEOUT_S:.0f} s: {exc}") from exc
+        raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_CONNECT_TIMEOUT_S:.0f} s: {exc}") from exc
     client = KazooClient(hosts=hosts, timeout=session_timeout_s)
     try:
-        client.start(timeout=ZK_TIMEOUT_S)
+        client.start(timeout=ZK_CONNECT_TIMEOUT_S)
     except Exception as exc:
         close_client(client)
-        raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_TIMEOUT_S:.0f} s: {exc}") from exc
+        raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_CONNECT_TIMEOUT_S:.0f} s: {exc}") from exc
     return client
 
 
