@@ -80,7 +80,7 @@ class Publisher:
             self.dropped += 1
 
     async def close(self) -> None:
-        if self._znode is not None:
+        if self._znode is not None and self._zk.connected:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(registry.deregister, self._zk, self._znode)
             self._znode = None

@@ -290,7 +290,9 @@ class Service:
         if self._stopping:
             return
         self._zk.remove_listener(self._zk_state)
-        if self._znode is not None:
+        if self._znode is not None and not self._zk.connected:
+            log.warning("service %s: ZooKeeper unreachable; %s goes when its session expires", self.name, self._znode)
+        elif self._znode is not None:
             try:
                 await asyncio.to_thread(registry.deregister, self._zk, self._znode)
             except Exception as exc:  # ZooKeeper away: the session's expiry removes it
