@@ -30,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, service, topic
+from fabric.cli import bench, cluster, consume, produce, service, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -40,6 +40,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     consume,
     service,
     bench,
+    status,
 )
 
 
