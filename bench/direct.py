@@ -6,7 +6,8 @@ Each pair is one client process (this one) and one server process:
 
 1. Bare pyzmq: a ROUTER echo loop in a child process, a blocking DEALER here. Latency of
    ``--requests`` sequential round trips (p50/p99/p99.9), then throughput with 64
-   requests in flight for ``--seconds``.
+   requests in flight for ``--seconds``. Also the latency of a zmq.asyncio DEALER against
+   the same server: the floor of any asyncio client.
 2. Fabric direct: ``serve("echo", async handler)`` in a child process, found through
    ZooKeeper; ``await client.request(...)`` here (asyncio core). Same two figures, plus
    the blocking API (``sdk.Client.request``) latency.
@@ -152,6 +153,34 @@ def bare_figures(requests: int, seconds: float, payload: bytes) -> dict[str, Any
         stop(server)
 
 
+async def bare_asyncio_figures(requests: int, payload: bytes) -> dict[str, Any]:
+    """The floor of any asyncio client: zmq.asyncio DEALER, same sync echo server."""
+    import zmq.asyncio
+
+    port = free_port()
+    server = spawn("--bare-server", str(port))
+    ctx = zmq.asyncio.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        for _ in range(1000):
+            await sock.send(payload)
+            await sock.recv()
+        samples: list[int] = []
+        clock = time.perf_counter_ns
+        for _ in range(requests):
+            began = clock()
+            await sock.send(payload)
+            await sock.recv()
+            samples.append(clock() - began)
+        await sock.send(b"stop")
+        return summary_us(samples)
+    finally:
+        sock.close(linger=0)
+        stop(server)
+
+
 async def direct_async_figures(zk: str, requests: int, seconds: float, payload: bytes) -> dict[str, Any]:
     from sdk.direct import DirectClient
 
@@ -244,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results["bare_pyzmq"] = bare_figures(args.requests, args.seconds, payload)
             print("bare pyzmq      ", results["bare_pyzmq"], flush=True)
+            results["bare_pyzmq_asyncio"] = asyncio.run(bare_asyncio_figures(args.requests, payload))
+            print("bare zmq.asyncio", results["bare_pyzmq_asyncio"], flush=True)
             server = spawn("--fabric-server", zookeeper.address, "echo", "1")
             try:
                 results["direct_async"] = asyncio.run(
@@ -263,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             zookeeper.stop()
     bare, direct = results["bare_pyzmq"], results["direct_async"]
     results["ratio_p50_direct_to_bare"] = round(direct["p50_us"] / bare["p50_us"], 2)
+    results["ratio_p50_direct_to_bare_asyncio"] = round(direct["p50_us"] / results["bare_pyzmq_asyncio"]["p50_us"], 2)
     results["ratio_throughput_64_direct_to_bare"] = round(direct["throughput_64_per_s"] / bare["throughput_64_per_s"], 2)
     print(f"p50: fabric {direct['p50_us']} us vs bare pyzmq {bare['p50_us']} us "
           f"(x{results['ratio_p50_direct_to_bare']}); 64 in flight: {direct['throughput_64_per_s']}/s vs "

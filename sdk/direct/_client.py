@@ -241,7 +241,9 @@ class DirectClient:
             raise errors.InvalidRequestError("attempts_max must be at least 1")
         body = as_bytes(payload, "payload")
         wire_headers = as_headers(headers)
-        view = await self._view(name)
+        view = self._views.get(name)
+        if view is None or not view.known.is_set():
+            view = await self._view(name)
         loop = self.loop
         start = time.monotonic()
         deadline = start + timeout_ms / 1000
@@ -251,7 +253,9 @@ class DirectClient:
         last_problem = ""
         while True:
             attempt += 1
-            ready = await self._wait_pickable(view, deadline)
+            ready = view.pickable()
+            if not ready:
+                ready = await self._wait_pickable(view, deadline)
             znode = balance.pick_instance({z: len(p.pending) for z, p in ready.items()}, exclude=tried, rng=self._rng)
             assert znode is not None
             peer = ready[znode]

@@ -33,7 +33,12 @@ class LoopThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # The worker threads of asyncio.to_thread (ZooKeeper calls) end with the loop.
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         if threading.current_thread() is self._thread:
@@ -50,12 +55,10 @@ class LoopThread:
         self.loop.call_soon_threadsafe(fn)
 
     def stop(self) -> None:
-        if self.loop.is_closed():
+        if self.loop.is_closed() or not self._thread.is_alive():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(STOP_JOIN_S)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 class SyncService:
