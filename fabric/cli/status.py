@@ -47,6 +47,9 @@ class Status:
 
     zookeeper: str
     controller: int | None = None
+    sequencer: dict[str, Any] | None = None  # the active instance, from ZooKeeper
+    sequencer_epoch: int | None = None
+    strict_order_topics: int = 0
     nodes: list[dict[str, Any]] = field(default_factory=list)
     topics: int = 0
     partitions: int = 0
@@ -61,6 +64,7 @@ class Status:
 
     def as_json(self) -> dict[str, Any]:
         return {"healthy": self.healthy, "zookeeper": self.zookeeper, "controller": self.controller,
+                "sequencer": self.sequencer, "sequencer_epoch": self.sequencer_epoch,
                 "nodes": self.nodes, "topics": self.topics, "partitions": self.partitions,
                 "offline_partitions": self.offline, "under_replicated_partitions": self.under_replicated,
                 "below_min_insync_partitions": self.below_min_insync, "problems": self.problems}
@@ -79,6 +83,7 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
     from kazoo.exceptions import NoNodeError
 
     from fabric import zk as zkl
+    from fabric.sequencer_client import SEQUENCER_ACTIVE, SEQUENCER_STATE
 
     def get(path: str) -> bytes | None:
         try:
@@ -101,6 +106,10 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
             live[int(child)] = zkl.NodeInfo.decode(raw)
     raw_controller = get(zkl.CONTROLLER)
     status.controller = int(raw_controller) if raw_controller else None
+    raw_sequencer = get(SEQUENCER_ACTIVE)
+    status.sequencer = json.loads(raw_sequencer) if raw_sequencer else None
+    raw_sequencer_state = get(SEQUENCER_STATE)
+    status.sequencer_epoch = json.loads(raw_sequencer_state).get("epoch") if raw_sequencer_state else None
 
     leaders: dict[int, int] = {}
     replicas: dict[int, int] = {}
@@ -110,6 +119,7 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
             continue  # deleted while we looked
         config = zkl.TopicConfig.decode(raw_config)
         status.topics += 1
+        status.strict_order_topics += config.strict_order
         for child in children(zkl.partitions_path(topic)):
             raw_state = get(zkl.partition_path(topic, int(child)))
             if raw_state is None:
@@ -157,6 +167,9 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
                                "are refused")
     if not live:
         status.problems.append("no storage node is up")
+    if status.strict_order_topics and status.sequencer is None:
+        status.problems.append(f"no active sequencer: writes to {status.strict_order_topics} strict-order "
+                               "topic(s) fail")
     return status
 
 
@@ -180,12 +193,21 @@ def _partition_lines(title: str, rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _sequencer_line(status: Status) -> str:
+    if status.sequencer is None:
+        return "none active" + (f" (strict-order topics: {status.strict_order_topics})" if status.strict_order_topics
+                                else " (needed only by strict-order topics)")
+    return (f"instance {status.sequencer.get('sequencer_id')} at {status.sequencer.get('address')}, "
+            f"epoch {status.sequencer_epoch}")
+
+
 def render(status: Status) -> str:
     up = sum(1 for n in status.nodes if n["up"])
     verdict = "HEALTHY" if status.healthy else f"UNHEALTHY ({len(status.problems)} problem(s))"
     lines = [
         f"cluster     zk://{status.zookeeper}   {verdict}",
         f"controller  {'node ' + str(status.controller) if status.controller is not None else 'none'}",
+        f"sequencer   {_sequencer_line(status)}",
         f"nodes       {up} up, {len(status.nodes) - up} down",
         f"  {'id':>4}  {'state':<5}  {'address':<28}  {'leaders':>7}  {'replicas':>8}  {'uptime':>8}",
     ]
