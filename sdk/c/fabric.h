@@ -86,6 +86,11 @@ enum fabric_err {
     FABRIC_ERR_STALE_SEQUENCER_EPOCH = 43,
     FABRIC_ERR_GLOBAL_ID_REGRESSION = 44,
     FABRIC_ERR_INVALID_ID_COUNT = 45,
+    FABRIC_ERR_NO_SERVICE_AVAILABLE = 50,
+    FABRIC_ERR_REQUEST_TIMEOUT = 51,
+    FABRIC_ERR_REMOTE_ERROR = 52,
+    FABRIC_ERR_SERVICE_OVERLOADED = 53,
+    FABRIC_ERR_SERVICE_STOPPING = 54,
     /* client-side only */
     FABRIC_ERR_INVALID_ARGUMENT = -1, /* a caller's argument is out of range */
     FABRIC_ERR_NO_MEMORY = -2,        /* malloc failed or a buffer limit was reached */

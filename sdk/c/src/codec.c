@@ -64,6 +64,12 @@ static const error_row_t ERROR_ROWS[] = {
     {43, "STALE_SEQUENCER_EPOCH", 1, "a grant from a sequencer epoch older than one already seen; refused"},
     {44, "GLOBAL_ID_REGRESSION", 1, "a grant at or below the last global ID of the partition; refused"},
     {45, "INVALID_ID_COUNT", 0, "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs"},
+    /* 50-59: the direct plane (docs/PROTOCOL.md section 10) */
+    {50, "NO_SERVICE_AVAILABLE", 0, "no live instance of the service is registered or reachable"},
+    {51, "REQUEST_TIMEOUT", 0, "no reply within timeout_ms; the handler may or may not have run"},
+    {52, "REMOTE_ERROR", 0, "the service's handler raised; remote_type and remote_message say what"},
+    {53, "SERVICE_OVERLOADED", 1, "the instance's request queue is full; the handler did not run"},
+    {54, "SERVICE_STOPPING", 1, "the instance is draining before it stops; the handler did not run"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
     {-2, "NO_MEMORY", 0, "out of memory or a buffer limit reached (client-side)"},
     {-3, "TRANSPORT", 0, "a ZeroMQ call failed (client-side)"},
