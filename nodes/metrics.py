@@ -121,6 +121,27 @@ def snapshot(node: Any) -> Snapshot:
     return Snapshot(tuple(samples), offline, len(node.parked), len(node.pending), bool(node.is_controller))
 
 
+def response_error_codes(body: dict[str, Any]) -> list[int]:
+    """The error codes a response carries: its own and its partitions' or topics' (a produce
+    refused with NOT_ENOUGH_REPLICAS answers per partition)."""
+    codes = [body["error"]] if body.get("error") else []
+    for key in ("partitions", "topics"):
+        for item in body.get(key) or ():
+            if isinstance(item, dict) and item.get("error"):
+                codes.append(int(item["error"]))
+    return codes
+
+
+def frames_bytes(frames: list[Any]) -> int:
+    return sum(len(frame) for frame in frames)
+
+
+def snapshot_duty(node: Any, now_s: float) -> None:
+    """A duty of the node's loop: refresh the state series."""
+    if node.metrics is not None:
+        node.metrics.take_snapshot(node, now_s)
+
+
 def directory_bytes(path: str) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -234,17 +255,18 @@ class NodeMetrics:
         self.request_seconds.labels(name).observe(seconds)
         self.received_bytes.inc(request_bytes)
 
-    def observe_response(self, api_key: int, error_code: int, response_bytes: int) -> None:
+    def observe_response(self, api_key: int, error_codes: list[int], response_bytes: int) -> None:
         self.sent_bytes.inc(response_bytes)
-        if error_code:
-            self.request_errors.labels(api_name(api_key), errors.error_for_code(error_code).name).inc()
+        for code in error_codes:
+            if code:
+                self.request_errors.labels(api_name(api_key), errors.error_for_code(code).name).inc()
 
     def take_snapshot(self, node: Any, now_s: float | None = None) -> None:
         """The loop's duty: refresh the state series at most every SNAPSHOT_INTERVAL_S."""
         now_s = time.monotonic() if now_s is None else now_s
         if now_s >= self._next_snapshot_s:
             self.latest = snapshot(node)
-            self._next_snapshot_s = now_s + SNAPSHOT_INTERVAL_S
+            self._next_snapshot_s = now_s + SNAPSHOT_INTERVAL_S - 0.001  # the duty's own interval is the same
 
     # -- endpoint -------------------------------------------------------------------------
     def start_http(self, host: str, port: int) -> str:

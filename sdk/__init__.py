@@ -32,6 +32,7 @@ from sdk.direct import (
     Request,
     RequestTimeout,
 )
+from sdk.ordered import OrderedConsumer
 from sdk.producer import Producer
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "connect",
     "Consumer",
     "FabricError",
+    "OrderedConsumer",
     "Producer",
     "RawBatch",
     "Record",

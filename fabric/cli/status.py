@@ -29,7 +29,8 @@ EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREACHABLE = 3
 LIST_OFFSETS_TIMEOUT_MS = 3_000
-LISTED_PARTITIONS_MAX = 20  # the text screen lists this many problem partitions, then counts the rest
+LISTED_PARTITIONS_MAX = 20
+GROUPS_DESCRIBED_MAX = 50  # beyond this, `fabric group list` is the tool  # the text screen lists this many problem partitions, then counts the rest
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
     status.add_argument("--timeout", type=float, default=ZK_CONNECT_TIMEOUT_S, metavar="SECONDS",
                         help=f"how long to wait for ZooKeeper (default {ZK_CONNECT_TIMEOUT_S:g})")
+    status.add_argument("--no-groups", action="store_true", help="skip consumer groups (asked from the nodes)")
     status.set_defaults(run=cmd_status)
 
 
@@ -57,6 +59,8 @@ class Status:
     under_replicated: list[dict[str, Any]] = field(default_factory=list)
     below_min_insync: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    groups: list[dict[str, Any]] | None = None  # None: not asked (no live node)
+    groups_error: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -67,7 +71,8 @@ class Status:
                 "sequencer": self.sequencer, "sequencer_epoch": self.sequencer_epoch,
                 "nodes": self.nodes, "topics": self.topics, "partitions": self.partitions,
                 "offline_partitions": self.offline, "under_replicated_partitions": self.under_replicated,
-                "below_min_insync_partitions": self.below_min_insync, "problems": self.problems}
+                "below_min_insync_partitions": self.below_min_insync, "groups": self.groups,
+                "groups_error": self.groups_error, "problems": self.problems}
 
 
 def _zk_hosts(bootstrap_value: str) -> str:
@@ -173,6 +178,44 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
     return status
 
 
+def add_groups(status: Status, bootstrap_value: str, timeout_ms: int = LIST_OFFSETS_TIMEOUT_MS) -> None:
+    """Consumer groups with their lag, from the nodes that coordinate them. Lag is shown,
+    not judged: a consumer that is behind is not a cluster fault."""
+    from fabric import errors
+    from sdk import Admin
+
+    if not any(n["up"] for n in status.nodes):
+        return
+    try:
+        with Admin(bootstrap_value, request_timeout_ms=timeout_ms) as admin:
+            listings = admin.list_groups()
+            status.groups = []
+            for listing in listings[:GROUPS_DESCRIBED_MAX]:
+                row: dict[str, Any] = {"group_id": listing.group_id, "state": listing.state,
+                                       "members": listing.members, "lag": None}
+                try:
+                    described = admin.describe_group(listing.group_id)
+                    row["lag"] = sum(max(0, o.lag) for o in described.offsets)
+                    row["partitions"] = len(described.offsets)
+                except errors.FabricError as exc:
+                    row["error"] = exc.message
+                status.groups.append(row)
+            if len(listings) > GROUPS_DESCRIBED_MAX:
+                status.groups_error = f"{len(listings) - GROUPS_DESCRIBED_MAX} more groups not described"
+    except errors.FabricError as exc:
+        status.groups_error = f"groups unavailable: {exc.message}"
+
+
+def _group_lines(status: Status) -> list[str]:
+    if status.groups is None:
+        return []
+    lines = [f"groups      {len(status.groups)}" + (f" ({status.groups_error})" if status.groups_error else "")]
+    for g in status.groups:
+        lag = "?" if g["lag"] is None else f"{g['lag']:,}"
+        lines.append(f"  {g['group_id']:<28}  {g['state']:<11}  members {g['members']:>3}  lag {lag}")
+    return lines
+
+
 def _uptime(seconds: int | None) -> str:
     if seconds is None:
         return "-"
@@ -220,6 +263,7 @@ def render(status: Status) -> str:
     lines += _partition_lines("offline", status.offline)
     lines += _partition_lines("under-replicated", status.under_replicated)
     lines += _partition_lines("below min_insync", status.below_min_insync)
+    lines += _group_lines(status)
     if status.problems:
         lines.append("problems:")
         lines += [f"  - {p}" for p in status.problems]
@@ -277,5 +321,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             return EXIT_UNREACHABLE
     finally:
         zkl.close_client(zk)
+    if not args.no_groups:
+        add_groups(status, bootstrap(args))
     print(json.dumps(status.as_json()) if args.json else render(status))
     return EXIT_HEALTHY if status.healthy else EXIT_UNHEALTHY

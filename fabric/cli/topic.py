@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--partitions", "-p", type=int, default=1)
     create.add_argument("--replication-factor", "-r", type=int, default=3)
     create.add_argument("--config", "-c", action="append", help="key=value, e.g. retention_ms=86400000")
+    create.add_argument("--strict-order", action="store_true",
+                        help="one total order across partitions: records get global IDs from the sequencer")
     with_bootstrap(tsub.add_parser("list"))
     describe = with_bootstrap(tsub.add_parser("describe"))
     describe.add_argument("name", nargs="?")
@@ -38,8 +40,10 @@ def cmd_topic(args: argparse.Namespace) -> int:
             for item in args.config or []:
                 key, _, value = item.partition("=")
                 config[key] = value
-            admin.create_topic(args.name, args.partitions, args.replication_factor, config)
-            print(f"created topic {args.name} with {args.partitions} partitions")
+            admin.create_topic(args.name, args.partitions, args.replication_factor, config,
+                               strict_order=args.strict_order)
+            kind = " (strict order)" if args.strict_order else ""
+            print(f"created topic {args.name} with {args.partitions} partitions{kind}")
         elif args.topic_command == "list":
             for name in admin.list_topics():
                 print(name)

@@ -56,8 +56,16 @@ def test_healthy_then_a_dead_node(cluster_with_sequencer: LocalCluster, topic_na
     assert sum(n["leaders"] for n in status["nodes"]) == 3 and status["partitions"] == 3
     assert status["controller"] in (1, 2, 3)
     assert status["sequencer"]["sequencer_id"] == fresh_cluster.active_sequencer()
+    with Producer(fresh_cluster.bootstrap) as producer:
+        for i in range(10):
+            producer.send(topic_name, b"%d" % i, partition=0)
+        producer.flush(30)
+    with Admin(fresh_cluster.bootstrap) as admin:
+        admin.reset_offsets("status-group", topic_name, to="earliest")
+    code, status = status_json(fresh_cluster)
+    assert code == 0 and [(g["group_id"], g["lag"]) for g in status["groups"]] == [("status-group", 10)]
     screen = fabric("status", "-b", fresh_cluster.bootstrap)
-    assert screen.returncode == 0 and "HEALTHY" in screen.stdout
+    assert screen.returncode == 0 and "HEALTHY" in screen.stdout and "status-group" in screen.stdout
 
     fresh_cluster.nodes[3].kill()
     deadline = time.monotonic() + SHRINK_WAIT_S

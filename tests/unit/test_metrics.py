@@ -27,9 +27,9 @@ def test_endpoint_serves_events_and_state(tmp_path: object) -> None:
     try:
         for _ in range(3):
             metrics.observe_request(ApiKey.PRODUCE, 0.002, 1_000)
-            metrics.observe_response(ApiKey.PRODUCE, 0, 40)
+            metrics.observe_response(ApiKey.PRODUCE, [], 40)
         metrics.observe_request(ApiKey.PRODUCE, 0.001, 500)
-        metrics.observe_response(ApiKey.PRODUCE, errors.NotEnoughReplicasError.code, 30)  # a refusal
+        metrics.observe_response(ApiKey.PRODUCE, [errors.NotEnoughReplicasError.code], 30)  # a refusal
         metrics.latest = Snapshot(
             partitions=(
                 PartitionSample("events", 0, True, 3, 10, 110, 100, 4096, replicas=3, isr_size=2, min_insync=2,
