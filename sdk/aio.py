@@ -180,11 +180,16 @@ class AsyncClient:
         return producer
 
     async def consumer(self, topics: Iterable[str] = (), **config: Any) -> AsyncConsumer:
-        """A consumer; with ``topics``, assigned every partition of each, from the earliest
-        offset (``auto_offset_reset`` decides for partitions without a position)."""
+        """A consumer of ``topics``: with ``group_id=...`` in ``config`` it joins that group
+        (partitions shared with the other members, offsets committed); without, it reads
+        every partition itself (``auto_offset_reset`` decides where it starts)."""
         consumer = await AsyncConsumer.create(self.bootstrap, **config)
-        for topic in topics:
-            await consumer.subscribe_all_partitions(topic)
+        names = list(topics)
+        if names and config.get("group_id") is not None:
+            await consumer._call(lambda c: c.subscribe(names))
+        else:
+            for topic in names:
+                await consumer.subscribe_all_partitions(topic)
         self._consumers.append(consumer)
         return consumer
 

@@ -135,3 +135,25 @@ def test_cached_registry_serves_while_zookeeper_is_down(tmp_path: Path) -> None:
         assert asyncio.run(run()) == [b"q:1", b"q:2", b"q:3", b"q:4", b"q:5"]
     finally:
         zookeeper.stop()
+
+
+def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> None:
+    with sdk.Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2)
+
+    async def run() -> list[bytes]:
+        client = await sdk.connect(cluster.bootstrap)
+        try:
+            producer = client.producer(linger_ms=1)
+            await asyncio.gather(*[producer.send(topic_name, f"g{n}", key=f"k{n}") for n in range(10)])
+            consumer = await client.consumer([topic_name], group_id=f"group-{topic_name}")
+            seen: list[bytes] = []
+            async for record in consumer:
+                seen.append(record.value or b"")
+                if len(seen) == 10:
+                    break
+            return seen
+        finally:
+            await client.close()
+
+    assert sorted(asyncio.run(run())) == sorted(f"g{n}".encode() for n in range(10))
