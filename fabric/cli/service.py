@@ -49,7 +49,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _zk(args: argparse.Namespace) -> str:
+    import logging
+
     from sdk._client import Bootstrap
+
+    # kazoo's connection warnings would repeat what the exit code and the message say.
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
 
     spec = Bootstrap(bootstrap(args))
     if spec.zk is None:
