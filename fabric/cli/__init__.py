@@ -7,6 +7,8 @@
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
     fabric consume TOPIC           records to stdout (--follow to keep going, --group G to join a group)
+    fabric service list            direct-plane services and their instances
+    fabric request NAME PAYLOAD    one direct-plane request (also: subscribe, publish)
     fabric group list|describe|reset-offsets|delete   consumer groups
     fabric bench                   the produce/consume benchmark (python -m bench)
 
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, group, produce, sequencer, status, topic
+from fabric.cli import bench, cluster, consume, group, produce, sequencer, service, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -38,6 +40,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     topic,
     produce,
     consume,
+    service,
     group,
     bench,
     status,
