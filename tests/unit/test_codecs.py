@@ -261,3 +261,14 @@ def test_error_text_is_bounded_so_a_reply_always_encodes() -> None:
     header = decode_header(encode_request_header(ApiKey.PRODUCE, 0, 5))
     frames = apis.encode_error_response(header, errors.MalformedRequestError.code, message)
     assert apis.decode_response(frames).body["message"] == schema.bounded_text(message)
+
+
+def test_unknown_protocol_version_keeps_the_header_for_the_answer() -> None:
+    raw = bytearray(encode_request_header(ApiKey.METADATA, 0, 4242))
+    raw[4] = 9
+    with pytest.raises(errors.UnsupportedVersionError) as caught:
+        decode_header(bytes(raw))
+    header = caught.value.header  # type: ignore[attr-defined]
+    assert (header.api_key, header.api_version, header.correlation_id) == (ApiKey.METADATA, 0, 4242)
+    answer = decode_header(apis.encode_error_response(header, errors.UnsupportedVersionError.code, "v9")[0])
+    assert (answer.api_key, answer.correlation_id, answer.protocol_version, answer.is_response) == (1, 4242, 1, True)
