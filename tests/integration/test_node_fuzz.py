@@ -97,6 +97,7 @@ def test_batches_that_do_not_decode_are_refused_not_stored(cluster: LocalCluster
     assert_healthy(cluster, topic)
 
 
+@pytest.mark.xfail(strict=True, reason="node side lands with the nodes/ split (issue 10)")
 def test_too_many_frames_is_answered(cluster: LocalCluster, topic: str) -> None:
     address = leader_address(cluster.bootstrap, topic)
     frames = produce_frames(topic, good_batch(), correlation_id=4098)
@@ -118,6 +119,7 @@ def test_unknown_protocol_version_echoes_the_header(cluster: LocalCluster, topic
         errors.UnsupportedVersionError.code, ApiKey.METADATA, 31337)
 
 
+@pytest.mark.xfail(strict=True, reason="node side lands with the nodes/ split (issue 10)")
 def test_not_controller_is_in_the_body(cluster: LocalCluster, topic: str) -> None:
     with Admin(cluster.bootstrap) as admin:
         nodes = admin.nodes()
@@ -136,6 +138,7 @@ def fetch_frames(topic: str, offset: int, *, max_wait_ms: int, min_bytes: int, c
                         "partition_bytes_max": 1 << 20, "current_leader_epoch": -1}]}, correlation_id)
 
 
+@pytest.mark.xfail(strict=True, reason="node side lands with the nodes/ split (issue 10)")
 def test_fetch_at_the_log_end_is_held_not_answered_with_the_last_batch(cluster: LocalCluster, topic: str) -> None:
     address = leader_address(cluster.bootstrap, topic)
     probe = decode(raw_request(address, fetch_frames(topic, 0, max_wait_ms=0, min_bytes=1, correlation_id=1)))
@@ -220,13 +223,14 @@ def _expects_answer(frames: list[bytes]) -> tuple[bool, int]:
     """(whether the protocol promises a prompt answer, the correlation id it will carry)."""
     if frames and not frames[0]:
         frames = frames[1:]  # an empty first frame is a REQ-style delimiter to the node
+    if not frames:
+        return True, 0  # "empty message": refused with correlation id 0
     try:
-        header = decode_header(frames[0]) if frames else None
+        header = decode_header(frames[0])
     except errors.UnsupportedVersionError as exc:
         return True, exc.header.correlation_id  # type: ignore[attr-defined]
     except errors.FabricError:
-        return bool(frames), 0
-    assert header is not None
+        return True, 0
     if header.api_key == ApiKey.FETCH:
         return False, header.correlation_id  # may be held for max_wait_ms: not waited for
     if header.api_key == ApiKey.PRODUCE:

@@ -25,6 +25,8 @@ def test_every_vector_file_is_printed_in_the_doc_byte_for_byte() -> None:
     printed = {name: "".join(text.split()) for name, text in _VECTOR.findall(section(9))}
     on_disk = {path.name: path.read_text().strip() for path in VECTORS.glob("*.hex")}
     assert on_disk, "no vector files found"
+    missing = sorted(set(on_disk) - set(printed))
+    assert not missing, f"print these vectors in docs/PROTOCOL.md section 9 (hex, 16 bytes a line): {missing}"
     assert printed == on_disk
 
 
