@@ -173,3 +173,8 @@ def test_one_megabyte_record_with_default_settings(cluster: LocalCluster, topic_
             producer.send(topic_name, b"x" * (8 << 20))
     records = read_all(cluster.bootstrap, topic_name, 1, expected=2)
     assert [r.value for r in records] == [b"small", big]
+
+
+def test_bootstrap_with_a_foreign_scheme_is_refused_at_once() -> None:
+    with pytest.raises(ValueError, match="zk://HOST:PORT"):
+        Producer("http://x")
