@@ -13,12 +13,14 @@ from sdk._client import TopicPartition
 from sdk.accumulator import RecordFuture, RecordMetadata
 from sdk.admin import Admin, TopicDescription
 from sdk.consumer import Consumer, RawBatch, Record, RecordBatch
+from sdk.ordered import OrderedConsumer
 from sdk.producer import Producer
 
 __all__ = [
     "Admin",
     "Consumer",
     "FabricError",
+    "OrderedConsumer",
     "Producer",
     "RawBatch",
     "Record",

@@ -11,6 +11,7 @@ import zmq
 from fabric import errors
 from fabric.protocol.apis import ApiKey
 from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
+from sdk._group_admin import GroupAdmin
 
 TOPIC_READY_TIMEOUT_S = 30.0
 
@@ -22,7 +23,7 @@ class TopicDescription:
     partitions: tuple[PartitionMetadata, ...]
 
 
-class Admin:
+class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_group_admin.py
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None) -> None:
         self._conns = Connections(context)
         self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
@@ -44,9 +45,15 @@ class Admin:
         replication_factor: int = 3,
         config: dict[str, Any] | None = None,
         *,
+        strict_order: bool = False,
         wait: bool = True,
     ) -> None:
-        """Create a topic; with ``wait`` return only once every partition has a serving leader."""
+        """Create a topic; with ``wait`` return only once every partition has a serving leader.
+
+        ``strict_order=True``: every record gets a global ID from the sequencer and
+        ``sdk.OrderedConsumer`` reads all partitions in one total order."""
+        if strict_order:
+            config = {**(config or {}), "strict_order": True}
         configs = [{"key": k, "value": str(v).lower() if isinstance(v, bool) else str(v)} for k, v in (config or {}).items()]
         body = self._call(ApiKey.CREATE_TOPIC, {"name": name, "partitions": partitions,
                                                 "replication_factor": replication_factor, "configs": configs})

@@ -6,7 +6,8 @@
     fabric sequencer --zk ... --id N   one sequencer instance (strict-order topics)
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
-    fabric consume TOPIC           records to stdout (--follow to keep going)
+    fabric consume TOPIC           records to stdout (--follow to keep going, --group G to join a group)
+    fabric group list|describe|reset-offsets|delete   consumer groups
     fabric bench                   the produce/consume benchmark (python -m bench)
 
 Commands that talk to a cluster take ``--bootstrap`` (``zk://host:port`` or node
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import __version__, errors
-from fabric.cli import bench, cluster, consume, produce, sequencer, status, topic
+from fabric.cli import bench, cluster, consume, group, produce, sequencer, status, topic
 from fabric.cli._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -48,6 +49,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     topic,
     produce,
     consume,
+    group,
     bench,
     status,
     sequencer,
@@ -63,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                     epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"fabric {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in COMMAND_GROUPS:
-        group.register(subparsers)
+    for module in COMMAND_GROUPS:
+        module.register(subparsers)
     return parser
 
 

@@ -56,6 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     consume.add_argument("--print-headers", action="store_true", help="print headers as name=value,name=value")
     consume.add_argument("--null-text", default="(null)", help="what a null key, value or header value prints as")
     consume.add_argument("--progress", action="store_true", help="a progress line on stderr")
+    consume.add_argument("--group", help="join this consumer group: share partitions, resume at committed offsets")
+    consume.add_argument("--tags", help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
     consume.set_defaults(run=cmd_consume)
 
 
@@ -79,9 +81,13 @@ def format_record(record: Any, args: argparse.Namespace) -> bytes:
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
+    if args.group:
+        from fabric.cli.group import consume_in_group
+
+        return consume_in_group(args)
     out = sys.stdout.buffer
     progress = Progress("consumed", enabled=args.progress)
-    with Consumer(bootstrap(args)) as consumer:
+    with Consumer(bootstrap(args), tag_filter=args.tags) as consumer:
         if args.partition is None:
             tps = consumer.subscribe_all_partitions(args.topic)
         else:

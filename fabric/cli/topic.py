@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--config", "-c", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                         help="topic config, repeatable: retention_ms, retention_bytes, message_bytes_max, "
                              "min_insync, unclean_leader_election")
+    create.add_argument("--strict-order", action="store_true",
+                        help="one total order across partitions: records get global IDs from the sequencer")
     with_bootstrap(tsub.add_parser("list", help="list topic names"))
     describe = with_bootstrap(tsub.add_parser("describe", help="configs and partitions of a topic (default: all)"))
     describe.add_argument("name", nargs="?", help="topic (default: every topic)")
@@ -38,8 +40,10 @@ def cmd_topic(args: argparse.Namespace) -> int:
     with Admin(bootstrap(args)) as admin:
         if args.topic_command == "create":
             config: dict[str, Any] = dict(args.config)
-            admin.create_topic(args.name, args.partitions, args.replication_factor, config)
-            print(f"created topic {args.name} with {args.partitions} partitions")
+            admin.create_topic(args.name, args.partitions, args.replication_factor, config,
+                               strict_order=args.strict_order)
+            kind = " (strict order)" if args.strict_order else ""
+            print(f"created topic {args.name} with {args.partitions} partitions{kind}")
         elif args.topic_command == "list":
             for name in admin.list_topics():
                 print(name)

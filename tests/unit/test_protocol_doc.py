@@ -26,8 +26,8 @@ def test_every_vector_file_is_printed_in_the_doc_byte_for_byte() -> None:
     on_disk = {path.name: path.read_text().strip() for path in VECTORS.glob("*.hex")}
     assert on_disk, "no vector files found"
     missing = sorted(set(on_disk) - set(printed))
-    assert not missing, f"print these vectors in docs/PROTOCOL.md section 9 (hex, 16 bytes a line): {missing}"
-    assert printed == on_disk
+    assert not missing, f"vectors missing from docs/PROTOCOL.md section 9: {missing}; run python3 -m tests.vectors.doc"
+    assert printed == on_disk, "run python3 -m tests.vectors.doc"
 
 
 def test_key_hash_vectors_are_printed() -> None:
