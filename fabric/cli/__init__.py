@@ -113,6 +113,8 @@ def describe_error(exc: Exception, args: argparse.Namespace) -> tuple[str, str, 
     if isinstance(exc, CliError):
         prefix = f"fabric {args.command}" if exc.exit_code == EXIT_USAGE else "fabric"
         return prefix, exc.message, exc.exit_code
+    if isinstance(exc, errors.ConfigError):  # a bad option value, from a flag or a file named by one
+        return "fabric", str(exc), EXIT_USAGE
     if isinstance(exc, errors.FabricError):
         return "fabric", str(exc), EXIT_ERROR
     if isinstance(exc, OSError):
