@@ -121,9 +121,12 @@ class SequencerClient:
                     time.sleep(RETRY_BACKOFF_S)
                     continue
             try:
+                # Bounded by the caller's deadline, connecting included: a paused instance
+                # accepts the TCP connection but never finishes the ZeroMQ handshake.
+                try_ms = max(1, min(self.request_timeout_ms, remaining_ms))
                 message = self.connections.request(
                     active.address, ApiKey.ALLOCATE_IDS, {"count": count, "kind": kind},
-                    timeout_ms=max(1, min(self.request_timeout_ms, remaining_ms)))
+                    timeout_ms=try_ms, wait_connect_ms=try_ms)
             except (errors.NotActiveSequencerError, errors.RequestTimedOutError, errors.NodeNotReadyError) as exc:
                 last_problem = f"sequencer {active.sequencer_id} at {active.address}: {exc}"
                 with self._lock:

@@ -7,6 +7,8 @@
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
     fabric consume TOPIC           records to stdout (--follow to keep going, --group G to join a group)
+    fabric service list            direct-plane services and their instances
+    fabric request NAME PAYLOAD    one direct-plane request (also: subscribe, publish)
     fabric group list|describe|reset-offsets|delete   consumer groups
     fabric bench                   the produce/consume benchmark (python -m bench)
 
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import __version__, errors
-from fabric.cli import bench, cluster, consume, group, produce, sequencer, status, topic
+from fabric.cli import bench, cluster, consume, group, produce, sequencer, service, status, topic
 from fabric.cli._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -49,6 +51,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     topic,
     produce,
     consume,
+    service,
     group,
     bench,
     status,
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace, debug: bool) -> int:
     """The one place an exception becomes a message: one line on stderr and an exit code
-    (docs/PROTOCOL.md section 12). A traceback only with FABRIC_DEBUG=1."""
+    (docs/PROTOCOL.md section 13). A traceback only with FABRIC_DEBUG=1."""
     try:
         return run(args)
     except KeyboardInterrupt:

@@ -1,7 +1,7 @@
 """What several command groups share: argument parsing with one-line errors, finding and
 checking the cluster, errors with exit codes, and a progress line.
 
-Exit codes (docs/PROTOCOL.md section 12): 0 success, 1 an error from the cluster or the
+Exit codes (docs/PROTOCOL.md section 13): 0 success, 1 an error from the cluster or the
 environment, 2 a usage error, 3 partial success, 130 interrupted.
 """
 

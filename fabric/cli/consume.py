@@ -1,6 +1,6 @@
 """``fabric consume TOPIC``: records to stdout, one line each.
 
-Line format (docs/PROTOCOL.md section 12)::
+Line format (docs/PROTOCOL.md section 13)::
 
     [PARTITION:OFFSET<TAB>][TIMESTAMP<TAB>][KEY<TAB>][HEADERS<TAB>]VALUE<LF>
 

@@ -1,5 +1,5 @@
 """Every bad input from issue 10 through the real `fabric` command (a subprocess): one line
-on stderr, the documented exit code (docs/PROTOCOL.md section 12), no traceback, no hang.
+on stderr, the documented exit code (docs/PROTOCOL.md section 13), no traceback, no hang.
 Then the new flags doing their job: headers, timestamps, nulls, large records, offsets."""
 
 from __future__ import annotations

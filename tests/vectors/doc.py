@@ -54,7 +54,7 @@ def _label(stem: str, spec: dict[str, Any] | None) -> str:
     if spec is None:
         return stem.replace("_", " ")
     if spec.get("api_key", -1) < 0:
-        return "the body of a request-level error response (section 11)"
+        return "the body of a request-level error response (section 12)"
     try:
         api = ApiKey(spec["api_key"]).name
     except ValueError:
@@ -64,8 +64,16 @@ def _label(stem: str, spec: dict[str, Any] | None) -> str:
     return f"{api} v{version} {kind} body: `{json.dumps(spec.get('values'), separators=(', ', ': '))}`"
 
 
+def frames_block(text: str) -> str:
+    """A vector file with one frame per line (the direct plane's): each frame its own
+    group of lines, a blank line between frames."""
+    frames = [bytes.fromhex(line) for line in text.split()]
+    return "```\n" + "\n\n".join(hex_block(f)[4:-5] for f in frames) + "\n```\n"
+
+
 def generated() -> str:
-    files = {p.name: bytes.fromhex(p.read_text().strip()) for p in sorted(HERE.glob("*.hex"))}
+    texts = {p.name: p.read_text().strip() for p in sorted(HERE.glob("*.hex"))}
+    files = {name: bytes.fromhex("".join(text.split())) for name, text in texts.items()}
     specs = _body_specs()
     out = [START, "", "### 9.1 Header frames", ""]
     for name, what in HEADERS.items():
@@ -86,9 +94,16 @@ def generated() -> str:
             "The values of each body, then its bytes. A request or response is the header frame, then",
             "this body frame (then batch frames where section 5 says so). Field order is the schema's",
             "(section 5), not the order the values are listed in.", ""]
-    for name in sorted(n for n in files if n not in HEADERS and not n.startswith("batch_")):
+    for name in sorted(n for n in files if n not in HEADERS and not n.startswith(("batch_", "direct_"))):
         stem = name.removesuffix(".hex")
         out.append(f"**`{name}`**: {_label(stem, specs.get(stem))}\n\n{hex_block(files[name])}")
+    direct = sorted(n for n in files if n.startswith("direct_"))
+    if direct:
+        out += ["### 9.4 Direct-plane messages", "",
+                "Messages of section 10, one frame per group of lines, in the order of section 10.2.", ""]
+        for name in direct:
+            out.append(f"**`{name}`**: type {name.removeprefix('direct_').removesuffix('.hex').upper()} message\n\n"
+                       f"{frames_block(texts[name])}")
     out.append(END)
     return "\n".join(out)
 

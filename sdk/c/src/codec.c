@@ -64,6 +64,12 @@ static const error_row_t ERROR_ROWS[] = {
     {43, "STALE_SEQUENCER_EPOCH", 1, "a grant from a sequencer epoch older than one already seen; refused"},
     {44, "GLOBAL_ID_REGRESSION", 1, "a grant at or below the last global ID of the partition; refused"},
     {45, "INVALID_ID_COUNT", 0, "an ID request for a count outside 0..SEQUENCER_GRANT_IDS_MAX or an unknown kind"},
+    /* 50-59: the direct plane (docs/PROTOCOL.md section 10) */
+    {50, "NO_SERVICE_AVAILABLE", 0, "no live instance of the service is registered or reachable"},
+    {51, "REQUEST_TIMEOUT", 0, "no reply within timeout_ms; the handler may or may not have run"},
+    {52, "REMOTE_ERROR", 0, "the service's handler raised; remote_type and remote_message say what"},
+    {53, "SERVICE_OVERLOADED", 1, "the instance's request queue is full; the handler did not run"},
+    {54, "SERVICE_STOPPING", 1, "the instance is draining before it stops; the handler did not run"},
     /* 60-69: consumer groups */
     {60, "UNKNOWN_MEMBER_ID", 0, "the group coordinator does not know this member; rejoin"},
     {61, "FENCED_MEMBER_EPOCH", 0, "the member epoch is stale; the member lost its partitions and must rejoin"},
