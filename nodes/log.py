@@ -316,6 +316,11 @@ class PartitionLog:
         index = bisect.bisect_right(self.bases, offset) - 1
         if index < 0:
             index = 0
+        elif self.entries[index].next_offset <= offset:
+            # ``offset`` is the log end: the batch before it holds nothing at or above it.
+            # Returning it would make a fetch at the end answer with old data at once
+            # instead of waiting (docs/PROTOCOL.md section 5.3).
+            index += 1
         out: list[bytes] = []
         total = 0
         db = self.store.db
