@@ -37,6 +37,9 @@ Hierarchy::
     ├── sequencer (40-49): NotActiveSequencerError, SequencerNotAvailableError,
     │   StaleSequencerEpochError, GlobalIdRegressionError (retriable);
     │   InvalidGlobalIdError, InvalidIdCountError
+    ├── queues (70-79, docs/QUEUES.md): InvalidVisibilityTimeoutError, LeaseNotHeldError,
+    │   InvalidQueueConfigError, InvalidDelayError, InvalidPriorityError,
+    │   InvalidReceiveWaitError; retriable: QueueFullError (backpressure)
     ├── direct plane (codes 50-59, sdk.direct)
     │   ├── NoServiceAvailable       no live instance of the service is known
     │   ├── RequestTimeout           no reply within timeout_ms (outcome unknown)
@@ -360,6 +363,42 @@ class UnreleasedInstanceIdError(FabricError):
 
 @_wire(69, "GROUP_MAX_SIZE_REACHED", "the group already has GROUP_MEMBERS_MAX members")
 class GroupMaxSizeReachedError(FabricError):
+    pass
+
+
+# Queues (70-79): see docs/QUEUES.md.
+@_wire(70, "INVALID_VISIBILITY_TIMEOUT", "visibility/extend out of range: 0 < ms <= VISIBILITY_TIMEOUT_MS_MAX (12 h)")
+class InvalidVisibilityTimeoutError(FabricError):
+    pass
+
+
+@_wire(71, "LEASE_NOT_HELD", "the message is not leased to this consumer (lease expired, acked or redelivered)")
+class LeaseNotHeldError(FabricError):
+    pass
+
+
+@_wire(72, "QUEUE_FULL", "the queue is at max_messages or max_bytes; retry once workers catch up")
+class QueueFullError(RetriableError):
+    pass
+
+
+@_wire(73, "INVALID_QUEUE_CONFIG", "a queue setting is out of its documented bounds")
+class InvalidQueueConfigError(FabricError):
+    pass
+
+
+@_wire(74, "INVALID_DELAY", "delay_ms/deliver_at_ms out of range: at most DELAY_MS_MAX (7 days) ahead")
+class InvalidDelayError(FabricError):
+    pass
+
+
+@_wire(75, "INVALID_PRIORITY", "priority outside PRIORITY_MIN..PRIORITY_MAX (0..9)")
+class InvalidPriorityError(FabricError):
+    pass
+
+
+@_wire(76, "INVALID_RECEIVE_WAIT", "receive wait_ms outside 0..RECEIVE_WAIT_MS_MAX (20 s)")
+class InvalidReceiveWaitError(FabricError):
     pass
 
 
