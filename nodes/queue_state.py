@@ -1,0 +1,362 @@
+"""One (queue partition, group) share state, and the one place that decides it.
+
+Pure: no sockets, no storage, the clock passed in (``now_ms``). The queue coordinator feeds
+it appended records and consumer requests, persists what changed, and only then answers.
+
+Shaped after Kafka share groups (KIP-932), SQS and NATS JetStream work queues. Every message
+from the share-partition start offset on is in one state:
+
+    available --acquire--> leased --ack--> acked (done)
+        ^  ^                  |  \\--nack(delay)--> delayed --visible_at--> available
+        |  \\------expiry------+
+        |                     \\--expiry or nack at max_deliveries--> dead (to the DLQ)
+    delayed (deliver_at in the future) --visible_at--> available
+    any not-leased message past its TTL --> dead if the queue has a dead letter, else dropped
+
+``delivery_count`` counts acquisitions (KIP-932's rule): a message acquired
+``max_deliveries`` times whose lease then ends without an ack is dead. Among visible
+messages a higher priority goes first, then the lower offset. The start offset moves past
+every message that is done (acked, dead, dropped), which is what bounds the state.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Final
+
+from fabric import errors
+
+# SQS's numbers, named so errors can quote them.
+VISIBILITY_TIMEOUT_MS_DEFAULT: Final[int] = 30_000
+VISIBILITY_TIMEOUT_MS_MAX: Final[int] = 12 * 3_600_000
+RECEIVE_WAIT_MS_MAX: Final[int] = 20_000
+RECEIVE_MESSAGES_MAX: Final[int] = 1_000
+MAX_DELIVERIES_DEFAULT: Final[int] = 5  # Kafka share groups' group.share.delivery.count.limit
+MAX_DELIVERIES_MAX: Final[int] = 1_000
+DELAY_MS_MAX: Final[int] = 7 * 24 * 3_600_000  # SQS stops at 15 minutes; the issue asks 7 days
+PRIORITY_MIN: Final[int] = 0
+PRIORITY_MAX: Final[int] = 9
+PRIORITY_DEFAULT: Final[int] = 4  # the middle, as RabbitMQ's clients tend to use
+DEDUP_WINDOW_MS_DEFAULT: Final[int] = 300_000  # SQS FIFO's 5 minutes
+DEDUP_IDS_MAX: Final[int] = 1_000_000  # bound on remembered ids; oldest forgotten first
+
+AVAILABLE: Final[str] = "available"
+DELAYED: Final[str] = "delayed"
+LEASED: Final[str] = "leased"
+ACKED: Final[str] = "acked"
+DEAD: Final[str] = "dead"
+DROPPED: Final[str] = "dropped"
+_DONE = frozenset({ACKED, DEAD, DROPPED})
+
+REASON_EXPIRED: Final[str] = "visibility timeout"
+REASON_TTL: Final[str] = "ttl expired"
+REASON_NACK: Final[str] = "nack"
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    visibility_timeout_ms: int = VISIBILITY_TIMEOUT_MS_DEFAULT
+    max_deliveries: int = MAX_DELIVERIES_DEFAULT
+    dead_letter: str = ""  # topic name; "" drops expired/poison messages (counted)
+    message_ttl_ms: int = 0  # 0: no queue-wide TTL
+    max_messages: int = 0  # 0: unbounded
+    max_bytes: int = 0  # 0: unbounded
+
+    def __post_init__(self) -> None:
+        check_visibility_ms(self.visibility_timeout_ms)
+        if not 1 <= self.max_deliveries <= MAX_DELIVERIES_MAX:
+            raise errors.InvalidQueueConfigError(
+                f"max_deliveries {self.max_deliveries} outside 1..MAX_DELIVERIES_MAX ({MAX_DELIVERIES_MAX})"
+            )
+        for name in ("message_ttl_ms", "max_messages", "max_bytes"):
+            if getattr(self, name) < 0:
+                raise errors.InvalidQueueConfigError(f"{name} must be >= 0 (0: no limit)")
+
+
+def check_visibility_ms(ms: int) -> None:
+    if not 0 < ms <= VISIBILITY_TIMEOUT_MS_MAX:
+        raise errors.InvalidVisibilityTimeoutError(
+            f"visibility {ms} ms outside 1..VISIBILITY_TIMEOUT_MS_MAX ({VISIBILITY_TIMEOUT_MS_MAX} ms, 12 h)"
+        )
+
+
+def check_priority(priority: int) -> None:
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise errors.InvalidPriorityError(f"priority {priority} outside {PRIORITY_MIN}..{PRIORITY_MAX}")
+
+
+def check_receive_wait_ms(wait_ms: int) -> None:
+    if not 0 <= wait_ms <= RECEIVE_WAIT_MS_MAX:
+        raise errors.InvalidReceiveWaitError(
+            f"wait_ms {wait_ms} outside 0..RECEIVE_WAIT_MS_MAX ({RECEIVE_WAIT_MS_MAX} ms)"
+        )
+
+
+def deliver_at(now_ms: int, delay_ms: int = 0, deliver_at_ms: int = 0) -> int:
+    """When a message sent at ``now_ms`` becomes visible; refuses delays past DELAY_MS_MAX."""
+    if delay_ms < 0 or deliver_at_ms < 0:
+        raise errors.InvalidDelayError("delay_ms and deliver_at_ms must be >= 0")
+    at = max(now_ms + delay_ms, deliver_at_ms)
+    if at - now_ms > DELAY_MS_MAX:
+        raise errors.InvalidDelayError(
+            f"delivery {at - now_ms} ms ahead exceeds DELAY_MS_MAX ({DELAY_MS_MAX} ms, 7 days)"
+        )
+    return at
+
+
+@dataclass
+class Entry:
+    offset: int
+    size_bytes: int
+    priority: int
+    visible_at_ms: int
+    expires_at_ms: int  # 0: never
+    state: str = AVAILABLE
+    delivery_count: int = 0
+    consumer: str = ""
+    deadline_ms: int = 0
+    last_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Lease:
+    offset: int
+    delivery_count: int
+    deadline_ms: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A message that left the queue without an ack: dead-lettered or dropped."""
+
+    offset: int
+    state: str  # DEAD or DROPPED
+    delivery_count: int
+    reason: str
+
+
+class ShareState:
+    """The share state of one queue partition for one group."""
+
+    def __init__(self, config: QueueConfig, start_offset: int = 0) -> None:
+        self.config = config
+        self.start_offset = start_offset
+        self.next_offset = start_offset  # one past the last appended record
+        self._entries: dict[int, Entry] = {}
+        self._visible: list[tuple[int, int]] = []  # (-priority, offset); lazy deletion
+        self._delayed: list[tuple[int, int]] = []  # (visible_at_ms, offset); lazy deletion
+        self._leases: list[tuple[int, int]] = []  # (deadline_ms, offset); lazy deletion
+        self._ttl: list[tuple[int, int]] = []  # (expires_at_ms, offset)
+        self._bytes = 0
+        self.dropped_total = 0
+        self.dead_total = 0
+
+    # ----- input: records appended to the partition -----
+    def check_room(self, size_bytes: int) -> None:
+        """Raise QueueFullError (retriable) when one more message would pass a size limit."""
+        c = self.config
+        if c.max_messages and len(self._entries) + 1 > c.max_messages:
+            raise errors.QueueFullError(f"queue holds max_messages ({c.max_messages}); retry later")
+        if c.max_bytes and self._bytes + size_bytes > c.max_bytes:
+            raise errors.QueueFullError(f"queue holds max_bytes ({c.max_bytes}); retry later")
+
+    def append(
+        self,
+        offset: int,
+        now_ms: int,
+        *,
+        size_bytes: int = 0,
+        priority: int = PRIORITY_DEFAULT,
+        visible_at_ms: int = 0,
+        ttl_ms: int = 0,
+    ) -> None:
+        """A record at ``offset`` is in the log; it joins the queue."""
+        if offset < self.next_offset:
+            return  # already known (replayed after a rebuild)
+        check_priority(priority)
+        ttl = ttl_ms or self.config.message_ttl_ms
+        if ttl_ms and self.config.message_ttl_ms:
+            ttl = min(ttl_ms, self.config.message_ttl_ms)
+        e = Entry(offset, size_bytes, priority, visible_at_ms, now_ms + ttl if ttl else 0)
+        self._entries[offset] = e
+        self._bytes += size_bytes
+        self.next_offset = offset + 1
+        self._make_available(e, now_ms)
+        if e.expires_at_ms:
+            heapq.heappush(self._ttl, (e.expires_at_ms, offset))
+
+    # ----- consumer requests -----
+    def acquire(self, consumer: str, max_messages: int, now_ms: int, visibility_ms: int = 0) -> tuple[list[Lease], list[Finished]]:
+        """Lease up to ``max_messages`` visible messages to ``consumer``, best priority first."""
+        vis = visibility_ms or self.config.visibility_timeout_ms
+        check_visibility_ms(vis)
+        finished = self.tick(now_ms)
+        leases: list[Lease] = []
+        while self._visible and len(leases) < max_messages:
+            _, off = heapq.heappop(self._visible)
+            e = self._entries.get(off)
+            if e is None or e.state != AVAILABLE or e.visible_at_ms > now_ms:
+                continue
+            e.state, e.consumer, e.deadline_ms = LEASED, consumer, now_ms + vis
+            e.delivery_count += 1
+            heapq.heappush(self._leases, (e.deadline_ms, off))
+            leases.append(Lease(off, e.delivery_count, e.deadline_ms))
+        return leases, finished
+
+    def _held(self, consumer: str, offset: int, now_ms: int) -> Entry:
+        e = self._entries.get(offset)
+        if e is None or e.state != LEASED or e.consumer != consumer or e.deadline_ms <= now_ms:
+            raise errors.LeaseNotHeldError(f"offset {offset} is not leased to {consumer!r}")
+        return e
+
+    def ack(self, consumer: str, offset: int, now_ms: int) -> None:
+        e = self._held(consumer, offset, now_ms)
+        e.state = ACKED
+        self._advance()
+
+    def nack(self, consumer: str, offset: int, now_ms: int, delay_ms: int = 0, reason: str = REASON_NACK) -> Finished | None:
+        """Give a message back; visible again after ``delay_ms``, or dead at max_deliveries."""
+        e = self._held(consumer, offset, now_ms)
+        e.last_reason = reason
+        if e.delivery_count >= self.config.max_deliveries:
+            return self._finish(e, reason)
+        e.visible_at_ms = deliver_at(now_ms, delay_ms)
+        self._make_available(e, now_ms)
+        return None
+
+    def extend(self, consumer: str, offset: int, now_ms: int, ms: int) -> int:
+        """Move the lease deadline to ``now_ms + ms`` (SQS ChangeMessageVisibility); returns it."""
+        check_visibility_ms(ms)
+        e = self._held(consumer, offset, now_ms)
+        e.deadline_ms = now_ms + ms
+        heapq.heappush(self._leases, (e.deadline_ms, offset))
+        return e.deadline_ms
+
+    def release_consumer(self, consumer: str, now_ms: int) -> list[Finished]:
+        """A consumer left cleanly: its leases end now (counted as deliveries, like expiry)."""
+        for e in self._entries.values():
+            if e.state == LEASED and e.consumer == consumer:
+                e.deadline_ms = now_ms
+                heapq.heappush(self._leases, (now_ms, e.offset))
+        return self.tick(now_ms)
+
+    # ----- time -----
+    def tick(self, now_ms: int) -> list[Finished]:
+        """Apply what ``now_ms`` implies: leases expire, delays end, TTLs pass."""
+        out: list[Finished] = []
+        while self._leases and self._leases[0][0] <= now_ms:
+            deadline, off = heapq.heappop(self._leases)
+            e = self._entries.get(off)
+            if e is None or e.state != LEASED or e.deadline_ms != deadline:
+                continue  # acked, extended or nacked since
+            e.last_reason = REASON_EXPIRED
+            if e.delivery_count >= self.config.max_deliveries:
+                out.append(self._finish(e, REASON_EXPIRED))
+            else:
+                self._make_available(e, now_ms)
+        while self._delayed and self._delayed[0][0] <= now_ms:
+            at, off = heapq.heappop(self._delayed)
+            e = self._entries.get(off)
+            if e is not None and e.state == DELAYED and e.visible_at_ms == at:
+                self._make_available(e, now_ms)
+        while self._ttl and self._ttl[0][0] <= now_ms:
+            _, off = heapq.heappop(self._ttl)
+            e = self._entries.get(off)
+            # A leased message is left to its worker; TTL applies when it comes back.
+            if e is not None and e.state in (AVAILABLE, DELAYED):
+                out.append(self._finish(e, REASON_TTL))
+            elif e is not None and e.state == LEASED:
+                heapq.heappush(self._ttl, (e.deadline_ms, off))
+        return out
+
+    def next_wakeup_ms(self) -> int:
+        """The earliest time at which ``tick`` would change something (0: none pending)."""
+        times = [h[0][0] for h in (self._leases, self._delayed, self._ttl) if h]
+        return min(times) if times else 0
+
+    # ----- reading -----
+    def entry(self, offset: int) -> Entry | None:
+        return self._entries.get(offset)
+
+    def counts(self) -> dict[str, int]:
+        visible = in_flight = delayed = 0
+        oldest = -1
+        for e in self._entries.values():
+            if e.state == AVAILABLE:
+                visible += 1
+            elif e.state == LEASED:
+                in_flight += 1
+            elif e.state == DELAYED:
+                delayed += 1
+            if e.state not in _DONE and oldest < 0:
+                oldest = e.offset
+        return {
+            "visible": visible,
+            "in_flight": in_flight,
+            "delayed": delayed,
+            "dead_lettered": self.dead_total,
+            "dropped": self.dropped_total,
+            "bytes": self._bytes,
+            "start_offset": self.start_offset,
+            "oldest_offset": oldest,
+        }
+
+    # ----- internals -----
+    def _make_available(self, e: Entry, now_ms: int) -> None:
+        e.consumer, e.deadline_ms = "", 0
+        if e.visible_at_ms > now_ms:
+            # Only tick() passing visible_at moves it on: a message is never visible early.
+            e.state = DELAYED
+            heapq.heappush(self._delayed, (e.visible_at_ms, e.offset))
+        else:
+            e.state = AVAILABLE
+            heapq.heappush(self._visible, (-e.priority, e.offset))
+
+    def _finish(self, e: Entry, reason: str) -> Finished:
+        e.last_reason = reason
+        if self.config.dead_letter:
+            e.state = DEAD
+            self.dead_total += 1
+        else:
+            e.state = DROPPED
+            self.dropped_total += 1
+        done = Finished(e.offset, e.state, e.delivery_count, reason)
+        self._advance()
+        return done
+
+    def _advance(self) -> None:
+        """Move the start offset past done messages and forget them."""
+        while self.start_offset < self.next_offset:
+            e = self._entries.get(self.start_offset)
+            if e is not None and e.state not in _DONE:
+                break
+            if e is not None:
+                self._bytes -= e.size_bytes
+                del self._entries[self.start_offset]
+            self.start_offset += 1
+
+
+class DedupWindow:
+    """Dedup ids seen on a partition's leader in the last ``window_ms`` (SQS FIFO semantics:
+    a repeat within the window is accepted and dropped)."""
+
+    def __init__(self, window_ms: int = DEDUP_WINDOW_MS_DEFAULT, ids_max: int = DEDUP_IDS_MAX) -> None:
+        if window_ms <= 0:
+            raise errors.InvalidQueueConfigError("dedup_window_ms must be > 0")
+        self.window_ms = window_ms
+        self.ids_max = ids_max
+        self._seen: OrderedDict[str, int] = OrderedDict()  # id -> first seen ms, oldest first
+
+    def admit(self, dedup_id: str, now_ms: int) -> bool:
+        """True when the message is new and must be written; False for a repeat in the window."""
+        while self._seen:
+            first_id, first_ms = next(iter(self._seen.items()))
+            if now_ms - first_ms < self.window_ms and len(self._seen) < self.ids_max:
+                break
+            del self._seen[first_id]
+        if dedup_id in self._seen:
+            return False
+        self._seen[dedup_id] = now_ms
+        return True

@@ -1,0 +1,186 @@
+"""The queue lease/delivery state machine, with an injected clock (no sockets, no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabric import errors
+from nodes import queue_state as qs
+
+
+def fill(state: qs.ShareState, n: int, now_ms: int = 0, **kw: int) -> None:
+    for _ in range(n):
+        state.append(state.next_offset, now_ms, **kw)
+
+
+def test_lease_ack_and_start_offset() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    fill(s, 3)
+    leases, _ = s.acquire("w1", 2, now_ms=0)
+    assert [(x.offset, x.delivery_count, x.deadline_ms) for x in leases] == [(0, 1, 30_000), (1, 1, 30_000)]
+    s.ack("w1", 1, now_ms=5)
+    assert s.start_offset == 0  # offset 0 still leased
+    s.ack("w1", 0, now_ms=6)
+    assert s.start_offset == 2
+    assert s.counts()["visible"] == 1 and s.counts()["in_flight"] == 0
+
+
+def test_competing_consumers_never_share_a_lease() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    fill(s, 4)
+    a, _ = s.acquire("a", 2, 0)
+    b, _ = s.acquire("b", 10, 0)
+    assert {x.offset for x in a}.isdisjoint({x.offset for x in b})
+    assert len(a) + len(b) == 4
+    with pytest.raises(errors.LeaseNotHeldError):
+        s.ack("b", a[0].offset, 1)
+
+
+def test_expiry_redelivers_with_count_plus_one_and_old_holder_cannot_ack() -> None:
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=1_000))
+    fill(s, 1)
+    s.acquire("w1", 1, 0)
+    assert s.acquire("w2", 1, 999)[0] == []  # still leased, not early
+    leases, _ = s.acquire("w2", 1, 1_000)
+    assert [(x.offset, x.delivery_count) for x in leases] == [(0, 2)]
+    with pytest.raises(errors.LeaseNotHeldError):
+        s.ack("w1", 0, 1_001)
+    s.ack("w2", 0, 1_001)
+    assert s.start_offset == 1
+
+
+def test_extend_keeps_the_lease() -> None:
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=1_000))
+    fill(s, 1)
+    s.acquire("w", 1, 0)
+    assert s.extend("w", 0, 900, 5_000) == 5_900
+    assert s.acquire("x", 1, 2_000)[0] == []
+    s.ack("w", 0, 5_899)
+    with pytest.raises(errors.InvalidVisibilityTimeoutError, match="VISIBILITY_TIMEOUT_MS_MAX"):
+        s.extend("w", 0, 0, qs.VISIBILITY_TIMEOUT_MS_MAX + 1)
+
+
+def test_nack_with_delay_is_never_early() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    fill(s, 1)
+    s.acquire("w", 1, 0)
+    assert s.nack("w", 0, 10, delay_ms=500) is None
+    assert s.counts()["delayed"] == 1
+    assert s.acquire("w", 1, 509)[0] == []
+    leases, _ = s.acquire("w", 1, 510)
+    assert [(x.offset, x.delivery_count) for x in leases] == [(0, 2)]
+
+
+def test_max_deliveries_dead_letters_with_reason() -> None:
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=100, max_deliveries=3, dead_letter="q.dlq"))
+    fill(s, 2)
+    now = 0
+    s.acquire("w", 1, now)  # delivery 1 of offset 0
+    s.nack("w", 0, now, reason="boom")
+    s.acquire("w", 1, now)  # delivery 2
+    now += 100  # expires
+    leases, finished = s.acquire("w", 1, now)  # delivery 3 of offset 0 (priority equal, lower offset first)
+    assert leases[0].offset == 0 and leases[0].delivery_count == 3 and finished == []
+    done = s.nack("w", 0, now, reason="still boom")
+    assert done == qs.Finished(0, qs.DEAD, 3, "still boom")
+    assert s.counts()["dead_lettered"] == 1 and s.start_offset == 1
+
+
+def test_expiry_at_max_deliveries_without_dlq_drops_and_counts() -> None:
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=100, max_deliveries=1))
+    fill(s, 1)
+    s.acquire("w", 1, 0)
+    assert s.tick(100) == [qs.Finished(0, qs.DROPPED, 1, qs.REASON_EXPIRED)]
+    assert s.counts()["dropped"] == 1 and s.start_offset == 1
+
+
+def test_priority_order_then_offset() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    for p in (1, 9, 4, 9, 0):
+        s.append(s.next_offset, 0, priority=p)
+    leases, _ = s.acquire("w", 10, 0)
+    assert [x.offset for x in leases] == [1, 3, 2, 0, 4]
+    with pytest.raises(errors.InvalidPriorityError, match=r"0\.\.9"):
+        s.append(s.next_offset, 0, priority=10)
+
+
+def test_delayed_message_visible_exactly_at_deliver_at() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    at = qs.deliver_at(1_000, delay_ms=7 * 24 * 3_600_000)
+    s.append(0, 1_000, visible_at_ms=at)
+    s.append(1, 1_000)
+    assert [x.offset for x in s.acquire("w", 5, at - 1)[0]] == [1]
+    assert 0 < s.next_wakeup_ms() <= at
+    assert [x.offset for x in s.acquire("w", 5, at)[0]] == [0]
+    with pytest.raises(errors.InvalidDelayError, match="DELAY_MS_MAX"):
+        qs.deliver_at(0, delay_ms=qs.DELAY_MS_MAX + 1)
+    assert qs.deliver_at(0, deliver_at_ms=500) == 500
+
+
+def test_ttl_per_message_and_per_queue() -> None:
+    s = qs.ShareState(qs.QueueConfig(message_ttl_ms=1_000, dead_letter="dlq"))
+    s.append(0, 0, ttl_ms=100)  # the smaller of the two applies
+    s.append(1, 0)
+    s.append(2, 0, ttl_ms=5_000)  # capped by the queue's 1 s
+    leases, finished = s.acquire("w", 5, 100)
+    assert [x.offset for x in leases] == [1, 2]
+    assert finished == [qs.Finished(0, qs.DEAD, 0, qs.REASON_TTL)]
+    # A leased message past its TTL is left to its worker, and expires when it comes back.
+    s.nack("w", 1, 2_000)
+    s.ack("w", 2, 2_000)
+    assert s.tick(2_000) == [qs.Finished(1, qs.DEAD, 1, qs.REASON_TTL)]
+    assert s.start_offset == 3
+
+
+def test_size_limits_are_retriable_backpressure() -> None:
+    s = qs.ShareState(qs.QueueConfig(max_messages=2, max_bytes=100))
+    s.check_room(60)
+    s.append(0, 0, size_bytes=60)
+    with pytest.raises(errors.QueueFullError, match="max_bytes") as e:
+        s.check_room(50)
+    assert e.value.retriable
+    s.append(1, 0, size_bytes=10)
+    with pytest.raises(errors.QueueFullError, match="max_messages"):
+        s.check_room(1)
+    leases, _ = s.acquire("w", 1, 0)
+    s.ack("w", leases[0].offset, 0)
+    s.check_room(30)  # room again once a message is done
+
+
+def test_release_consumer_makes_its_leases_visible() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    fill(s, 2)
+    s.acquire("w", 2, 0)
+    assert s.release_consumer("w", 10) == []
+    assert [(x.offset, x.delivery_count) for x in s.acquire("v", 5, 10)[0]] == [(0, 2), (1, 2)]
+
+
+def test_replayed_append_is_ignored() -> None:
+    s = qs.ShareState(qs.QueueConfig(), start_offset=10)
+    s.append(10, 0)
+    s.append(10, 0)
+    assert s.counts()["visible"] == 1 and s.next_offset == 11
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(errors.InvalidVisibilityTimeoutError):
+        qs.QueueConfig(visibility_timeout_ms=0)
+    with pytest.raises(errors.InvalidQueueConfigError):
+        qs.QueueConfig(max_deliveries=0)
+    with pytest.raises(errors.InvalidReceiveWaitError, match="RECEIVE_WAIT_MS_MAX"):
+        qs.check_receive_wait_ms(20_001)
+
+
+def test_dedup_within_and_after_the_window() -> None:
+    d = qs.DedupWindow(window_ms=1_000)
+    assert d.admit("a", 0)
+    assert not d.admit("a", 999)
+    assert d.admit("b", 500)
+    assert d.admit("a", 1_000)  # the window passed
+    assert not d.admit("b", 1_499)
+
+
+def test_dedup_memory_is_bounded() -> None:
+    d = qs.DedupWindow(window_ms=1_000_000, ids_max=2)
+    assert d.admit("a", 0) and d.admit("b", 0) and d.admit("c", 0)
+    assert d.admit("a", 1)  # forgotten: the bound wins over the window
