@@ -1,0 +1,124 @@
+"""Queue-mode wire schemas (API keys 40-46): receive, ack/nack/extend, queue admin.
+
+Pure: schemas declared as data, encoded and decoded by :mod:`fabric.protocol.schema`.
+The node does not serve these keys yet, so they are not registered in
+:class:`fabric.protocol.apis.ApiKey` (a registered key must have a handler; see
+``tests/unit/test_node_shape.py``). The lease/delivery rules are in ``nodes/queue_state.py``;
+the walk-through is ``docs/QUEUES.md``.
+
+ACK, NACK and EXTEND are one batched API (``QUEUE_SETTLE``): each entry names the offset
+and what to do with it, so a worker settles a whole receive in one round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from fabric.protocol.schema import Array, Schema, Struct
+
+API_QUEUE_RECEIVE: Final[int] = 40
+API_QUEUE_SETTLE: Final[int] = 41
+API_QUEUE_CREATE: Final[int] = 42
+API_QUEUE_DELETE: Final[int] = 43
+API_QUEUE_DESCRIBE: Final[int] = 44
+API_QUEUE_LIST: Final[int] = 45
+API_QUEUE_REDRIVE: Final[int] = 46
+
+# QUEUE_SETTLE actions.
+ACTION_ACK: Final[int] = 0
+ACTION_NACK: Final[int] = 1
+ACTION_EXTEND: Final[int] = 2  # arg_ms: the new visibility from now
+ACTIONS: Final[frozenset[int]] = frozenset({ACTION_ACK, ACTION_NACK, ACTION_EXTEND})
+
+# Record headers a producer sets (docs/QUEUES.md); values are UTF-8 decimal or text.
+HEADER_DELAY_MS: Final[str] = "fabric.delay_ms"
+HEADER_DELIVER_AT_MS: Final[str] = "fabric.deliver_at_ms"
+HEADER_PRIORITY: Final[str] = "fabric.priority"
+HEADER_TTL_MS: Final[str] = "fabric.ttl_ms"
+HEADER_DEDUP_ID: Final[str] = "fabric.dedup_id"
+# Headers on a dead letter, naming its origin.
+HEADER_DLQ_QUEUE: Final[str] = "fabric.dlq.queue"
+HEADER_DLQ_PARTITION: Final[str] = "fabric.dlq.partition"
+HEADER_DLQ_OFFSET: Final[str] = "fabric.dlq.offset"
+HEADER_DLQ_COUNT: Final[str] = "fabric.dlq.delivery_count"
+HEADER_DLQ_REASON: Final[str] = "fabric.dlq.reason"
+
+RECEIVE_REQUEST_V0: Schema = (
+    ("queue", "str"),
+    ("group", "str"),
+    ("consumer_id", "str"),
+    ("partition", "i32"),  # -1: any partition this node leads
+    ("max_messages", "i32"),
+    ("wait_ms", "i32"),  # 0..RECEIVE_WAIT_MS_MAX
+    ("visibility_timeout_ms", "i32"),  # 0: the queue's
+)
+RECEIVED_MESSAGE: Schema = (
+    ("partition", "i32"),
+    ("offset", "i64"),
+    ("delivery_count", "i32"),
+    ("deadline_ms", "i64"),
+    ("timestamp_ms", "i64"),
+    ("priority", "i8"),
+    ("key", "bytes"),
+    ("value", "bytes"),
+    ("headers", Array(Struct((("key", "str"), ("value", "bytes"))))),
+)
+RECEIVE_RESPONSE_V0: Schema = (
+    ("error", "i16"),
+    ("message", "str"),
+    ("messages", Array(Struct(RECEIVED_MESSAGE))),
+)
+
+SETTLE_ENTRY: Schema = (
+    ("partition", "i32"),
+    ("offset", "i64"),
+    ("action", "i8"),  # ACTION_ACK / ACTION_NACK / ACTION_EXTEND
+    ("arg_ms", "i32"),  # nack: delay; extend: new visibility; ack: 0
+    ("reason", "str"),  # nack: why (kept as the dead letter's last reason)
+)
+SETTLE_REQUEST_V0: Schema = (
+    ("queue", "str"),
+    ("group", "str"),
+    ("consumer_id", "str"),
+    ("entries", Array(Struct(SETTLE_ENTRY))),
+)
+SETTLE_RESPONSE_V0: Schema = (
+    ("error", "i16"),
+    ("message", "str"),
+    ("results", Array(Struct((("partition", "i32"), ("offset", "i64"), ("error", "i16"), ("deadline_ms", "i64"))))),
+)
+
+QUEUE_CONFIG: Schema = (("key", "str"), ("value", "str"))
+CREATE_REQUEST_V0: Schema = (("queue", "str"), ("partitions", "i32"), ("configs", Array(Struct(QUEUE_CONFIG))))
+RESULT_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"))
+DELETE_REQUEST_V0: Schema = (("queue", "str"),)
+DESCRIBE_REQUEST_V0: Schema = (("queue", "str"), ("group", "str"))
+QUEUE_COUNTS: Schema = (
+    ("partition", "i32"),
+    ("visible", "i64"),
+    ("in_flight", "i64"),
+    ("delayed", "i64"),
+    ("dead_lettered", "i64"),
+    ("dropped", "i64"),
+    ("oldest_age_ms", "i64"),  # -1: empty
+)
+DESCRIBE_RESPONSE_V0: Schema = (
+    ("error", "i16"),
+    ("message", "str"),
+    ("configs", Array(Struct(QUEUE_CONFIG))),
+    ("partitions", Array(Struct(QUEUE_COUNTS))),
+)
+LIST_REQUEST_V0: Schema = ()
+LIST_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"), ("queues", Array("str")))
+REDRIVE_REQUEST_V0: Schema = (("queue", "str"), ("dead_letter", "str"), ("max_messages", "i32"))
+REDRIVE_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"), ("moved", "i64"))
+
+SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
+    (API_QUEUE_RECEIVE, 0): (RECEIVE_REQUEST_V0, RECEIVE_RESPONSE_V0),
+    (API_QUEUE_SETTLE, 0): (SETTLE_REQUEST_V0, SETTLE_RESPONSE_V0),
+    (API_QUEUE_CREATE, 0): (CREATE_REQUEST_V0, RESULT_RESPONSE_V0),
+    (API_QUEUE_DELETE, 0): (DELETE_REQUEST_V0, RESULT_RESPONSE_V0),
+    (API_QUEUE_DESCRIBE, 0): (DESCRIBE_REQUEST_V0, DESCRIBE_RESPONSE_V0),
+    (API_QUEUE_LIST, 0): (LIST_REQUEST_V0, LIST_RESPONSE_V0),
+    (API_QUEUE_REDRIVE, 0): (REDRIVE_REQUEST_V0, REDRIVE_RESPONSE_V0),
+}
