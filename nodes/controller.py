@@ -124,7 +124,9 @@ def handle_elect_leaders(node: NodeState, _envelope: Envelope, request: apis.Mes
     """ELECT_LEADERS: move leadership back to the preferred replicas (controller only)."""
     topics: list[str] = request.body["topics"]
     if not node.is_controller:
-        raise errors.NotControllerError(f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})")
+        # In the body, as docs/PROTOCOL.md section 5.11 says: the request was well formed.
+        return {"error": errors.NotControllerError.code, "moved": 0,
+                "message": f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})"}
     live = set(zkl.live_nodes(node.zk))
     moved = 0
     for name, route in node.routing.topics().items():

@@ -40,6 +40,7 @@ from fabric.limits import (
 )
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import Header, decode_header
 from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import admin, controller, fetch, follower, leader, produce, retention, roles, session
 from nodes.group_coordinator import GROUP_APIS, GroupCoordinator
@@ -300,6 +301,10 @@ class Node:
             except errors.FabricError as exc:
                 node.send_error(envelope, getattr(exc, "header", None), exc)
                 continue
+            except Exception as exc:  # a decoder bug must not stop the node: answer and go on
+                log.exception("decoding a request failed")
+                node.send_error(envelope, None, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
+                continue
             handler = self.handlers.get(request.header.api_key)
             if isinstance(handler, GroupCommit):
                 if wb is None:
@@ -308,6 +313,9 @@ class Node:
                     staged.setdefault(handler, []).append((envelope, request, handler.stage(node, wb, envelope, request)))
                 except errors.FabricError as exc:
                     node.send_error(envelope, request.header, exc)
+                except Exception as exc:  # a handler bug: this request fails, the node keeps serving
+                    log.exception("request %s failed", ApiKey(request.header.api_key).name)
+                    node.send_error(envelope, request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
                 continue
             if wb is not None:
                 # Reads and admin calls must see what earlier requests in this turn wrote.
@@ -324,7 +332,13 @@ class Node:
         else:
             envelope, message = frames[:1], frames[1:]
         if len(message) > REQUEST_FRAMES_MAX:
-            self.state.send_error(envelope, None, errors.MalformedRequestError(f"{len(message)} frames exceed {REQUEST_FRAMES_MAX}"))
+            header: Header | None
+            try:  # echo the client's header when it reads, so the refusal matches its request
+                header = decode_header(message[0].bytes)
+            except errors.FabricError as exc:
+                header = getattr(exc, "header", None)
+            self.state.send_error(envelope, header, errors.MalformedRequestError(
+                f"{len(message)} frames exceed REQUEST_FRAMES_MAX={REQUEST_FRAMES_MAX}"))
             return envelope, None
         return envelope, message
 
