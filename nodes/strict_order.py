@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
-from fabric.protocol.sequencer import SEQUENCER_GRANT_IDS_MAX, Grant
+from fabric.protocol.sequencer import ID_KIND_RECORDS, ID_KIND_TICKS, SEQUENCER_GRANT_IDS_MAX, Grant
 from fabric.sequencer_client import SequencerClient
 
 if TYPE_CHECKING:
@@ -99,10 +99,15 @@ class StrictOrder:
     """Per node: the last ID of each strict-order partition it leads, the newest sequencer
     epoch it has seen, and when each partition last had an append (for ticks)."""
 
-    def __init__(self, grant_source: Callable[[int], Grant], *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.grant_source = grant_source
+    def __init__(self, grant_source: Callable[[int, int], Grant], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.grant_source = grant_source  # (count, kind) -> Grant
         self.clock = clock
         self.highest_epoch = 0
+        # One past the highest ID the sequencer granted for records, as last heard: an idle
+        # partition whose last ID is below records_end - 1 holds readers back and ticks.
+        self.records_end = 0
+        self.asked_records_end_s = float("-inf")
         # (leader epoch, last ID): a new leader epoch re-reads the last ID from the log.
         self.last_id: dict[TopicPartition, tuple[int, int]] = {}
         self.last_append_s: dict[TopicPartition, float] = {}
@@ -114,12 +119,12 @@ class StrictOrder:
         self.last_id.pop(tp, None)
         self.last_append_s.pop(tp, None)
 
-    def grant(self, count: int) -> GrantPool:
+    def grant(self, count: int, kind: int = ID_KIND_RECORDS) -> GrantPool:
         """One grant for ``count`` IDs (raises SequencerNotAvailableError, retriable)."""
         if self.clock() - self.failed_at < GRANT_RETRY_BACKOFF_S:
             raise errors.SequencerNotAvailableError("the sequencer did not answer a moment ago; retry")
         try:
-            grant = self.grant_source(count)
+            grant = self.grant_source(count, kind)
         except errors.FabricError:
             self.failed_at = self.clock()
             raise
@@ -128,18 +133,24 @@ class StrictOrder:
                 f"grant {grant} comes from sequencer epoch {grant.epoch}; this node has seen {self.highest_epoch}")
         if grant.id_count < count:
             raise errors.SequencerNotAvailableError(f"grant {grant} is short of the {count} IDs asked for")
+        if grant.epoch > self.highest_epoch:
+            self.records_end = grant.records_end  # a new epoch's view replaces the old one's
         self.highest_epoch = grant.epoch
+        self.records_end = max(self.records_end, grant.records_end)
         return GrantPool(grant)
+
+    def known_last_id(self, tp: TopicPartition, leader_epoch: int, read_last_batch: Callable[[], bytes | None]) -> int:
+        known = self.last_id.get(tp)
+        if known is None or known[0] != leader_epoch:
+            known = (leader_epoch, last_global_id(read_last_batch()))
+            self.last_id[tp] = known
+        return known[1]
 
     def stamp(self, tp: TopicPartition, leader_epoch: int, buf: bytearray, record_count: int, pool: GrantPool,
               read_last_batch: Callable[[], bytes | None]) -> int:
         """Stamp ``buf`` with the next IDs of ``pool``; returns its first ID. Call
         ``appended`` once the batch is staged."""
-        known = self.last_id.get(tp)
-        if known is None or known[0] != leader_epoch:
-            known = (leader_epoch, last_global_id(read_last_batch()))
-            self.last_id[tp] = known
-        last = known[1]
+        last = self.known_last_id(tp, leader_epoch, read_last_batch)
         base = pool.take(record_count)
         if base <= last:
             raise errors.GlobalIdRegressionError(
@@ -151,11 +162,18 @@ class StrictOrder:
         self.last_id[tp] = (leader_epoch, base_id + record_count - 1)
         self.last_append_s[tp] = now_s
 
-    def ticks_due(self, led: Iterable[tuple[TopicPartition, float]], now_s: float) -> list[TopicPartition]:
+    def idle(self, led: Iterable[tuple[TopicPartition, float]], now_s: float) -> list[TopicPartition]:
         """Of the led strict-order partitions (with their tick interval in seconds), those
-        without an append for a tick interval. A partition just taken over ticks at once:
-        its readers have waited for a leader already."""
+        without an append for a tick interval. A partition just taken over counts as idle
+        at once: its readers have waited for a leader already."""
         return [tp for tp, interval_s in led if now_s - self.last_append_s.get(tp, float("-inf")) >= interval_s]
+
+    def needs_tick(self, tp: TopicPartition) -> bool:
+        """Readers wait on this partition only if a record elsewhere has a higher ID than its
+        last one. (A tick for every idle interval regardless would fill an idle topic's log
+        with millions of ticks a week.)"""
+        known = self.last_id.get(tp)
+        return known is None or known[1] < self.records_end - 1
 
 
 # -- the node's side: called by nodes/produce.py and as a loop duty (nodes/server.py) ------------
@@ -166,7 +184,7 @@ def for_node(node: NodeState) -> StrictOrder:
     if existing is not None:
         return existing
     client = SequencerClient(node.zk, request_timeout_ms=GRANT_REQUEST_TIMEOUT_MS)
-    made = StrictOrder(lambda count: client.allocate(count, timeout_ms=GRANT_TIMEOUT_MS_DEFAULT))
+    made = StrictOrder(lambda count, kind: client.allocate(count, timeout_ms=GRANT_TIMEOUT_MS_DEFAULT, kind=kind))
     made.close = client.close
     node.strict_order = made
     return made
@@ -224,18 +242,34 @@ class RequestIds:
 
 
 def tick(node: NodeState, now: float) -> None:
-    """A loop duty: append a tick to every led strict-order partition idle for its
-    ``strict_order_tick_ms``, with one grant for all of them, one write, then publish."""
+    """A loop duty: append a tick to every led strict-order partition that is idle for its
+    ``strict_order_tick_ms`` and below the sequencer's ``records_end``, with one grant for
+    all of them, one write, then publish. Asks the sequencer for ``records_end`` at most
+    once a tick interval while idle partitions wait."""
     led = [(tp, node.configs[tp[0]].strict_order_tick_ms / 1000.0) for tp in node.leaders
            if tp[0] in node.configs and node.configs[tp[0]].strict_order]
     if not led or not node.session_ok():
         return
     order = for_node(node)
-    due = order.ticks_due(led, now)
+    idle = order.idle(led, now)
+    if not idle:
+        return
+    for tp in idle:
+        order.known_last_id(tp, node.leaders[tp].epoch, functools.partial(read_last_batch, node, tp))
+    due = [tp for tp in idle if order.needs_tick(tp)]
+    interval_s = min(interval for _tp, interval in led)
+    if not due and now - order.asked_records_end_s >= interval_s:
+        order.asked_records_end_s = now
+        try:
+            order.grant(0)  # no IDs: only records_end, to see whether anyone waits on us
+        except errors.FabricError as exc:
+            log.debug("could not ask the sequencer for records_end: %s", exc)
+            return
+        due = [tp for tp in idle if order.needs_tick(tp)]
     if not due:
         return
     try:
-        pool = order.grant(len(due))
+        pool = order.grant(len(due), ID_KIND_TICKS)
     except errors.FabricError as exc:
         log.debug("no ticks this turn: %s", exc)
         return

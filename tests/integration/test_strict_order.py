@@ -137,3 +137,45 @@ def test_the_strict_order_flag_in_the_cli(strict_cluster: LocalCluster, topic_na
                  "--bootstrap", strict_cluster.bootstrap]) == 0
     with Admin(strict_cluster.bootstrap) as admin:
         assert admin.describe_topic(topic_name).configs["strict_order"] == "true"
+
+
+def test_a_plain_consumer_reaches_the_end_offsets_past_ticks(strict_cluster: LocalCluster, topic_name: str) -> None:
+    """Ticks take offsets; a reader that stops at the end offsets must still get there."""
+    from sdk import Consumer, TopicPartition
+
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, strict_order=True)
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, b"one", partition=0).result(timeout=30)
+    time.sleep(0.5)  # idle: both partitions tick
+    with Consumer(bootstrap) as consumer:
+        tps = consumer.subscribe_all_partitions(topic_name)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        assert ends[TopicPartition(topic_name, 1)] > 0, "an idle partition should hold ticks"
+        values = []
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, "the position never passed the ticks"
+            values.extend(r.value for r in consumer.poll(timeout_ms=200))
+    assert values == [b"one"]
+
+
+def test_an_idle_topic_stops_ticking(strict_cluster: LocalCluster, topic_name: str) -> None:
+    """Ticks only while a record elsewhere has a higher ID: an idle topic's logs stay still."""
+    from sdk import Consumer
+
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=PARTITIONS, strict_order=True)
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, b"last words", partition=0).result(timeout=30)
+    with Consumer(bootstrap) as consumer:
+        tps = consumer.subscribe_all_partitions(topic_name)
+        time.sleep(1.0)  # every other partition ticks once, to pass the record
+        before = consumer.end_offsets(tps)
+        time.sleep(1.0)
+        after = consumer.end_offsets(tps)
+    assert before == after, f"idle partitions kept ticking: {before} -> {after}"
+    assert sum(after.values()) <= 2 * PARTITIONS

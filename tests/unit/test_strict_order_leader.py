@@ -28,7 +28,7 @@ class Grants:
         self.grants = list(grants)
         self.asked: list[int] = []
 
-    def __call__(self, count: int) -> Grant:
+    def __call__(self, count: int, kind: int) -> Grant:
         self.asked.append(count)
         return self.grants.pop(0)
 
@@ -76,15 +76,22 @@ def test_the_last_id_comes_from_the_log_after_a_leader_change() -> None:
         order.stamp(TP, 3, producer_batch(1), 1, order.grant(1), lambda: bytes(stamped))
 
 
-def test_ticks_are_due_only_for_idle_partitions() -> None:
-    order = StrictOrder(Grants())
+def test_ticks_only_for_idle_partitions_that_readers_wait_on() -> None:
+    order = StrictOrder(Grants(Grant(1, 1, 0, records_end=40), Grant(1, 60, 0, records_end=60)))
     idle, busy = ("t", 0), ("t", 1)
     led = [(idle, 0.05), (busy, 0.05)]
-    assert order.ticks_due(led, now_s=10.0) == [idle, busy]  # just taken over: tick at once
+    assert order.idle(led, now_s=10.0) == [idle, busy]  # just taken over: idle at once
+    assert order.needs_tick(idle)  # last ID not known yet: tick to be safe
     order.appended(idle, 0, 5, 1, now_s=10.0)
-    order.appended(busy, 0, 7, 1, now_s=10.03)
-    assert order.ticks_due(led, now_s=10.06) == [idle]
-    assert order.ticks_due(led, now_s=10.08) == [idle, busy]
+    order.appended(busy, 0, 50, 1, now_s=10.03)
+    assert order.idle(led, now_s=10.06) == [idle]
+    assert order.idle(led, now_s=10.08) == [idle, busy]
+    order.grant(0)  # records_end 40: a record with ID 39 exists somewhere
+    assert order.needs_tick(idle) and not order.needs_tick(busy)
+    order.grant(0)  # records_end 60: ID 59 is above busy's 50 too
+    assert order.needs_tick(busy)
+    order.appended(idle, 0, 61, 1, now_s=10.1)  # its tick took ID 61
+    assert not order.needs_tick(idle)
     tick = make_tick(1700000000000)
     header = batch_format.validate(tick, 1 << 20)
     assert header.attributes & batch_format.ATTRIBUTE_CONTROL and header.record_count == 1
@@ -104,7 +111,7 @@ def test_a_new_leader_epoch_reads_the_last_id_from_the_log_again() -> None:
 def test_a_failed_grant_fails_fast_for_a_moment() -> None:
     now = [0.0]
 
-    def source(count: int) -> Grant:
+    def source(count: int, kind: int) -> Grant:
         raise errors.SequencerNotAvailableError("down")
 
     order = StrictOrder(source, clock=lambda: now[0])
