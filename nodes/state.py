@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from nodes.group_coordinator import GroupCoordinator
     from nodes.leader import LeaderReplica
     from nodes.produce import PendingProduce
+    from nodes.strict_order import StrictOrder
 
 log = logging.getLogger("fabric.node")
 
@@ -153,6 +154,7 @@ class NodeState:
     groups: GroupCoordinator | None = None  # consumer groups this node coordinates (set by nodes/server.py)
     producer_ids_next: int = 0
     producer_ids_end: int = 0
+    strict_order: StrictOrder | None = None  # made on first use by nodes/strict_order.py
 
     # Called with the partitions whose high watermark moved or that took new data, so
     # whatever waits on them (pending acks, parked fetches, later group or queue waits)
