@@ -25,7 +25,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, WatchedEvent
+from kazoo.retry import KazooRetry
 
 from fabric import errors
 from fabric.limits import (
@@ -43,6 +46,87 @@ PRODUCER_IDS = f"{ROOT}/producer_ids"
 PRODUCER_ID_BLOCK = 1000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+# -- how long anything waits for ZooKeeper ------------------------------------------------
+# kazoo's defaults back off reconnects up to an hour and let a synchronous call wait for
+# ever. A ZooKeeper that paused for 15 s then left a node asleep in a 25 s backoff, past its
+# session, while its loop sat in a call without a timeout. These are the deliberate values.
+#
+# Reconnect: never give up (a node must come back whenever ZooKeeper does), but never
+# sleep more than ZK_RECONNECT_DELAY_MAX_S between attempts, so a returning server is seen
+# within about a second, well inside any session timeout.
+ZK_RECONNECT_DELAY_S = 0.1  # first pause between connection attempts
+ZK_RECONNECT_BACKOFF = 2.0  # each failed attempt doubles the pause ...
+ZK_RECONNECT_DELAY_MAX_S = 1.0  # ... up to this
+ZK_RECONNECT_JITTER = 0.4  # +-40 % so a cluster's nodes do not reconnect in lockstep
+# Commands (kazoo's recipes retry through connection loss with this policy): a few tries
+# within a deadline, then the error reaches the caller, which retries on its own schedule.
+ZK_COMMAND_TRIES_MAX = 3
+ZK_COMMAND_DELAY_S = 0.1
+ZK_COMMAND_DELAY_MAX_S = 1.0
+ZK_COMMAND_DEADLINE_S = 5.0
+# Every call this module makes waits at most this long for its answer.
+ZK_OP_TIMEOUT_S = 5.0
+# How long a client process waits for its first connection.
+ZK_START_TIMEOUT_S = 15.0
+
+
+def connection_retry() -> KazooRetry:
+    return KazooRetry(max_tries=-1, delay=ZK_RECONNECT_DELAY_S, backoff=ZK_RECONNECT_BACKOFF,
+                      max_jitter=ZK_RECONNECT_JITTER, max_delay=ZK_RECONNECT_DELAY_MAX_S)
+
+
+def command_retry() -> KazooRetry:
+    return KazooRetry(max_tries=ZK_COMMAND_TRIES_MAX, delay=ZK_COMMAND_DELAY_S, backoff=2.0,
+                      max_jitter=ZK_RECONNECT_JITTER, max_delay=ZK_COMMAND_DELAY_MAX_S, deadline=ZK_COMMAND_DEADLINE_S)
+
+
+def make_client(hosts: str, session_timeout_s: float = 10.0, **kwargs: Any) -> KazooClient:
+    """A kazoo client with Fabric's retry policy (not kazoo's hour-long backoff)."""
+    return KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=connection_retry(),
+                       command_retry=command_retry(), **kwargs)
+
+
+def wait(result: IAsyncResult, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:
+    """The value of an async kazoo call, waiting at most ``timeout_s``.
+
+    kazoo's own errors (NoNodeError, BadVersionError, ConnectionLoss, SessionExpiredError)
+    pass through; a call ZooKeeper did not answer in time raises RequestTimedOutError (retriable).
+    """
+    try:
+        return result.get(timeout=timeout_s)
+    except KazooTimeoutError:
+        raise errors.RequestTimedOutError(f"ZooKeeper did not answer {what} within {timeout_s:g} s") from None
+
+
+def get(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> tuple[bytes, Any]:
+    return wait(zk.get_async(path), f"get {path}", timeout_s)
+
+
+def get_children(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[str]:
+    return wait(zk.get_children_async(path), f"get_children {path}", timeout_s)
+
+
+def exists(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:
+    return wait(zk.exists_async(path), f"exists {path}", timeout_s)
+
+
+def set_data(zk: KazooClient, path: str, data: bytes, version: int = -1, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:
+    return wait(zk.set_async(path, data, version=version), f"set {path}", timeout_s)
+
+
+def create(zk: KazooClient, path: str, data: bytes = b"", *, ephemeral: bool = False, makepath: bool = False,
+           timeout_s: float = ZK_OP_TIMEOUT_S) -> str:
+    return wait(zk.create_async(path, data, ephemeral=ephemeral, makepath=makepath),
+                f"create {path}", timeout_s)
+
+
+def ensure_path(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> None:
+    wait(zk.ensure_path_async(path), f"ensure_path {path}", timeout_s)
+
+
+def commit(tx: Any, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[Any]:
+    return wait(tx.commit_async(), what, timeout_s)
 
 
 class _QuietClose(logging.Filter):
@@ -213,14 +297,14 @@ def validate_topic_name(name: str) -> None:
 
 def ensure_layout(zk: KazooClient) -> None:
     for path in (ROOT, NODES, TOPICS):
-        zk.ensure_path(path)
+        ensure_path(zk, path)
 
 
 def live_nodes(zk: KazooClient) -> dict[int, NodeInfo]:
     out: dict[int, NodeInfo] = {}
-    for child in zk.get_children(NODES):
+    for child in get_children(zk, NODES):
         try:
-            raw, _ = zk.get(node_path(int(child)))
+            raw, _ = get(zk, node_path(int(child)))
         except NoNodeError:
             continue
         info = NodeInfo.decode(raw)
@@ -255,7 +339,7 @@ def create_topic(
     for p, replicas in enumerate(assignment):
         state = PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas))
         tx.create(partition_path(name, p), state.encode())
-    results = tx.commit()
+    results = commit(tx, f"topic {name!r} transaction")
     failures = [r for r in results if isinstance(r, Exception)]
     if failures:
         if any(isinstance(r, NodeExistsError) for r in failures):
@@ -272,7 +356,7 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
 
     validate_topic_name(name)
     try:
-        raw, stat = zk.get(topic_path(name))
+        raw, stat = get(zk, topic_path(name))
     except NoNodeError:
         raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
     config = TopicConfig.decode(raw)
@@ -288,7 +372,7 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     for p in range(config.partitions, total):
         replicas = assignment[p]
         tx.create(partition_path(name, p), PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas)).encode())
-    failures = [r for r in tx.commit() if isinstance(r, Exception)]
+    failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]
     if failures:
         raise errors.InvalidPartitionsError(f"topic {name!r} changed while adding partitions; try again: {failures[0]!r}")
     return grown
@@ -297,7 +381,7 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
 def delete_topic(zk: KazooClient, name: str) -> None:
     validate_topic_name(name)
     try:
-        children = zk.get_children(partitions_path(name))
+        children = get_children(zk, partitions_path(name))
     except NoNodeError:
         raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
     tx = zk.transaction()
@@ -305,7 +389,7 @@ def delete_topic(zk: KazooClient, name: str) -> None:
         tx.delete(f"{partitions_path(name)}/{child}")
     tx.delete(partitions_path(name))
     tx.delete(topic_path(name))
-    results = tx.commit()
+    results = commit(tx, f"topic {name!r} transaction")
     failures = [r for r in results if isinstance(r, Exception)]
     if failures:
         if any(isinstance(r, NoNodeError) for r in failures):
@@ -315,7 +399,7 @@ def delete_topic(zk: KazooClient, name: str) -> None:
 
 def write_partition_state(zk: KazooClient, topic: str, state: PartitionState) -> PartitionState:
     """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``."""
-    stat = zk.set(partition_path(topic, state.partition), state.encode(), version=state.version)
+    stat = set_data(zk, partition_path(topic, state.partition), state.encode(), version=state.version)
     return PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch, state.isr, stat.version)
 
 
@@ -327,12 +411,12 @@ def allocate_producer_id_block(zk: KazooClient) -> tuple[int, int]:
     """
     from kazoo.exceptions import BadVersionError
 
-    zk.ensure_path(PRODUCER_IDS)
+    ensure_path(zk, PRODUCER_IDS)
     for _ in range(100):
-        raw, stat = zk.get(PRODUCER_IDS)
+        raw, stat = get(zk, PRODUCER_IDS)
         start = int(json.loads(raw)["next"]) if raw else 0
         try:
-            zk.set(PRODUCER_IDS, json.dumps({"next": start + PRODUCER_ID_BLOCK}).encode(), version=stat.version)
+            set_data(zk, PRODUCER_IDS, json.dumps({"next": start + PRODUCER_ID_BLOCK}).encode(), version=stat.version)
         except BadVersionError:
             continue
         return start, start + PRODUCER_ID_BLOCK
@@ -384,17 +468,17 @@ class RoutingCache:
     def resync(self) -> None:
         """Re-read every topic and partition state now (after a pause or a lost session,
         when watch events may have been missed). Newer versions replace cached ones."""
-        names = set(self._zk.get_children(TOPICS))
+        names = set(get_children(self._zk, TOPICS))
         fresh: dict[str, TopicRoute] = {}
         for name in names:
             try:
-                raw, _ = self._zk.get(topic_path(name))
+                raw, _ = get(self._zk, topic_path(name))
             except NoNodeError:
                 continue
             route = TopicRoute(name, TopicConfig.decode(raw))
             for p in range(route.config.partitions):
                 try:
-                    raw_state, stat = self._zk.get(partition_path(name, p))
+                    raw_state, stat = get(self._zk, partition_path(name, p))
                 except NoNodeError:
                     continue
                 route.partitions[p] = PartitionState.decode(p, raw_state, stat.version)
@@ -434,7 +518,7 @@ class RoutingCache:
         nodes: dict[int, NodeInfo] = {}
         for child in children:
             try:
-                raw, _ = self._zk.get(node_path(int(child)))
+                raw, _ = get(self._zk, node_path(int(child)))
             except (NoNodeError, ValueError):
                 continue
             info = NodeInfo.decode(raw)

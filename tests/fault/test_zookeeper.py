@@ -1,0 +1,118 @@
+"""Fault tests of the control plane: ZooKeeper paused, a real ensemble losing servers.
+
+ZooKeeper trouble is an outage of metadata changes, not of the data path: leaders keep
+acknowledging writes whose in-sync replicas are unchanged, and once ZooKeeper is back
+acks=all writes flow again within the session timeout plus 5 s. Each test has its own
+ZooKeeper (it pauses or kills it), prints its seed and the time to recover, and ends
+with the history checker (0 lost, 0 divergent).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric.local import LocalCluster
+from tests.fault.harness import (
+    Writer,
+    create_replicated_topic,
+    finish,
+    keep_logs,
+    leader_of,
+    seed_from_env,
+    start_workload,
+    wait_for_full_isr,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+SESSION_TIMEOUT_MS = 3_000
+NODE_ARGS = ["--replica-lag-max-ms", "1500"]
+RECOVERY_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 5.0  # the issue's bound after ZooKeeper returns
+FAILOVER_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 2.0  # the issue's bound for a leader kill
+
+
+@pytest.fixture
+def seed() -> int:
+    value = seed_from_env()
+    print(f"fault test seed={value} (reproduce with FABRIC_FAULT_SEED={value})")
+    return value
+
+
+def first_ack_after(writer: Writer, partition: int, since: float) -> float | None:
+    """Seconds from ``since`` to the acknowledgement of the first write sent after it."""
+    acks = [acked for sent, acked in list(writer.sent_and_acked.get(partition, [])) if sent > since]
+    return min(acks) - since if acks else None
+
+
+def recovery_s(writer: Writer, partitions: int, since: float, what: str) -> float:
+    """Wait until every partition acknowledged a write sent after ``since``; the slowest one."""
+    wait_until(lambda: all(first_ack_after(writer, p, since) is not None for p in range(partitions)),
+               f"an acknowledged write sent after {what} on every partition", timeout_s=120)
+    return max(first_ack_after(writer, p, since) or 0.0 for p in range(partitions))
+
+
+def longest_ack_gap_s(writer: Writer, partitions: int, start: float, end: float) -> float:
+    gaps = []
+    for p in range(partitions):
+        times = sorted(t for t in writer.ack_times.get(p, []) if start <= t <= end)
+        edges = [start, *times, end]
+        gaps.append(max(b - a for a, b in zip(edges, edges[1:], strict=False)))
+    return max(gaps)
+
+
+def kill_a_leader(cluster: LocalCluster, writer: Writer, rng: random.Random, partitions: int, topic: str) -> float:
+    """SIGKILL one partition's leader; seconds until a write sent after the kill is acknowledged."""
+    bootstrap = cluster.bootstrap
+    partition = rng.randrange(partitions)
+    victim = leader_of(bootstrap, topic, partition)
+    killed_at = time.monotonic()
+    cluster.nodes[victim].kill()
+    wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
+               "an acknowledged write sent after the kill", timeout_s=120)
+    took = first_ack_after(writer, partition, killed_at) or 0.0
+    print(f"killed node {victim}, leader of partition {partition}: next ack after {took:.2f} s "
+          f"(bound {FAILOVER_BOUND_S:.1f} s)", flush=True)
+    cluster.nodes[victim].start()
+    cluster.wait_for_nodes([victim])
+    wait_for_full_isr(bootstrap, topic)
+    return took
+
+
+def test_zookeeper_pause_keeps_the_data_path(tmp_path: Path, seed: int) -> None:
+    """SIGSTOP ZooKeeper for 10-15 s under acks=all load, SIGCONT it: writes are acknowledged
+    again within the session timeout + 5 s, a leader kill afterwards costs at most the
+    session timeout + 2 s, and the checker finds nothing lost or divergent."""
+    rng = random.Random(seed)
+    cluster = LocalCluster(3, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
+    try:
+        cluster.start()
+        assert cluster.zookeeper is not None and cluster.zookeeper.process is not None
+        bootstrap, topic, partitions = cluster.bootstrap, "zk-pause", 3
+        create_replicated_topic(bootstrap, topic, partitions)
+        history, writer, reader = start_workload(bootstrap, topic, partitions, rate_per_s=1_000)
+        time.sleep(2.0)
+        for round_ in range(2):
+            pause_s = rng.uniform(10.0, 15.0)
+            paused_at = time.monotonic()
+            cluster.zookeeper.process.pause()
+            time.sleep(pause_s)
+            cluster.zookeeper.process.resume()
+            resumed_at = time.monotonic()
+            took = recovery_s(writer, partitions, resumed_at, "ZooKeeper resumed")
+            gap = longest_ack_gap_s(writer, partitions, paused_at, resumed_at)
+            print(f"round {round_}: ZooKeeper paused {pause_s:.1f} s; longest gap without acks on a partition "
+                  f"while paused {gap:.2f} s; after SIGCONT every partition acknowledged a new write within "
+                  f"{took:.2f} s (bound {RECOVERY_BOUND_S:.1f} s)", flush=True)
+            assert took <= RECOVERY_BOUND_S, f"recovery took {took:.2f} s (seed={seed})"
+            wait_for_full_isr(bootstrap, topic)
+        failover = kill_a_leader(cluster, writer, rng, partitions, topic)
+        assert failover <= FAILOVER_BOUND_S, f"failover after ZooKeeper pauses took {failover:.2f} s (seed={seed})"
+        finish(cluster, topic, partitions, history, seed, [writer], [reader])
+    finally:
+        cluster.stop()
+        keep_logs(cluster, "test_zookeeper_pause_keeps_the_data_path")
