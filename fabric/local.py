@@ -449,8 +449,12 @@ class LocalCluster:
             raise
         return self
 
-    def add_node(self, node_id: int, *, wait: bool = True, env: dict[str, str] | None = None) -> LocalNode:
-        node = LocalNode(node_id, self.zk_address, self.base_dir, self.node_args, self.session_timeout_ms, env)
+    def add_node(self, node_id: int, *, wait: bool = True, env: dict[str, str] | None = None,
+                 netns: str | None = None, extra_args: list[str] | None = None) -> LocalNode:
+        """Start node ``node_id``; ``netns`` runs it inside that network namespace (give it a
+        ``--host`` reachable there in ``extra_args``)."""
+        node = LocalNode(node_id, self.zk_address, self.base_dir, [*self.node_args, *(extra_args or [])],
+                         self.session_timeout_ms, env, netns)
         self.nodes[node_id] = node
         node.start()
         if wait:

@@ -15,6 +15,8 @@ command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc make)
 command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)  # the network-partition fault test
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing with apt: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

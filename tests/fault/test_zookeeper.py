@@ -9,6 +9,7 @@ with the history checker (0 lost, 0 divergent).
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from pathlib import Path
@@ -61,7 +62,7 @@ def longest_ack_gap_s(writer: Writer, partitions: int, start: float, end: float)
     for p in range(partitions):
         times = sorted(t for t in writer.ack_times.get(p, []) if start <= t <= end)
         edges = [start, *times, end]
-        gaps.append(max(b - a for a, b in zip(edges, edges[1:], strict=False)))
+        gaps.append(max(b - a for a, b in itertools.pairwise(edges)))
     return max(gaps)
 
 
@@ -116,3 +117,62 @@ def test_zookeeper_pause_keeps_the_data_path(tmp_path: Path, seed: int) -> None:
     finally:
         cluster.stop()
         keep_logs(cluster, "test_zookeeper_pause_keeps_the_data_path")
+
+
+def test_ensemble_loses_servers_then_its_majority(tmp_path: Path, seed: int) -> None:
+    """A 3-server ensemble under acks=all load: kill each server in turn and pause one (the
+    quorum survives: writes go on), then kill a majority (no quorum) and bring it back:
+    writes are acknowledged again within the session timeout + 5 s; nothing lost."""
+    rng = random.Random(seed)
+    cluster = LocalCluster(3, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS,
+                           zk_servers=3)
+    try:
+        cluster.start()
+        servers = cluster.zookeeper_servers()
+        assert len(servers) == 3
+        bootstrap, topic, partitions = cluster.bootstrap, "zk-ensemble", 3
+        create_replicated_topic(bootstrap, topic, partitions)
+        history, writer, reader = start_workload(bootstrap, topic, partitions, rate_per_s=1_000)
+        time.sleep(2.0)
+        order = list(servers)
+        rng.shuffle(order)
+        for server in order:  # one at a time: a majority always remains
+            started = time.monotonic()
+            server.kill()
+            time.sleep(rng.uniform(2.0, 4.0))
+            server.start()
+            gap = longest_ack_gap_s(writer, partitions, started, time.monotonic())
+            print(f"killed and restarted ZooKeeper server {server.server_id}: longest gap without acks "
+                  f"{gap:.2f} s", flush=True)
+        victim = rng.choice(servers)
+        started = time.monotonic()
+        victim.pause()
+        time.sleep(rng.uniform(3.0, 6.0))
+        victim.resume()
+        print(f"paused ZooKeeper server {victim.server_id}: longest gap without acks "
+              f"{longest_ack_gap_s(writer, partitions, started, time.monotonic()):.2f} s", flush=True)
+        wait_for_full_isr(bootstrap, topic)
+        majority = rng.sample(servers, 2)
+        lost_at = time.monotonic()
+        for server in majority:
+            server.kill()
+        down_s = rng.uniform(8.0, 12.0)
+        time.sleep(down_s)
+        for server in majority:
+            server.start(wait=False)
+        for server in servers:
+            server.wait_ready()
+        back_at = time.monotonic()
+        took = recovery_s(writer, partitions, back_at, "the quorum returned")
+        gap = longest_ack_gap_s(writer, partitions, lost_at, back_at)
+        print(f"killed ZooKeeper servers {sorted(s.server_id for s in majority)} (a majority) for {down_s:.1f} s: "
+              f"longest gap without acks meanwhile {gap:.2f} s; after the quorum returned every partition "
+              f"acknowledged a new write within {took:.2f} s (bound {RECOVERY_BOUND_S:.1f} s)", flush=True)
+        assert took <= RECOVERY_BOUND_S, f"recovery took {took:.2f} s (seed={seed})"
+        wait_for_full_isr(bootstrap, topic)
+        failover = kill_a_leader(cluster, writer, rng, partitions, topic)
+        assert failover <= FAILOVER_BOUND_S, f"failover after losing the quorum took {failover:.2f} s (seed={seed})"
+        finish(cluster, topic, partitions, history, seed, [writer], [reader])
+    finally:
+        cluster.stop()
+        keep_logs(cluster, "test_ensemble_loses_servers_then_its_majority")
