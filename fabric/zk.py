@@ -13,6 +13,7 @@ routing map from the METADATA API of any node and never need to read ZooKeeper.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -606,3 +607,80 @@ class RoutingCache:
             return None
 
         return partition_data
+
+
+ZK_WORK_QUEUE_MAX = 1_000  # ZooKeeper jobs waiting for the worker before submit() refuses more
+
+
+class Worker:
+    """Runs blocking ZooKeeper work off an event loop, and hands the results back to it.
+
+    The loop calls ``submit(job, done)``: ``job()`` runs on this worker's thread (it may make
+    bounded ZooKeeper calls); ``done(result, error)`` runs later on the loop's own thread,
+    when the loop calls ``run_completions()``, so it may touch loop-owned state. ``wake`` is
+    called after each job (the node posts to its inproc wake socket). The queue is bounded
+    (ZK_WORK_QUEUE_MAX): a full queue refuses at once rather than growing; ``stop()`` ends
+    the thread within ``timeout_s`` plus the job it is in (each call is bounded).
+    """
+
+    def __init__(self, wake: Callable[[], None], name: str = "zk-worker", queue_max: int = ZK_WORK_QUEUE_MAX) -> None:
+        import queue
+
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]] | None] = (
+            queue.Queue(maxsize=queue_max))
+        self._done: list[tuple[Callable[[Any, BaseException | None], None], Any, BaseException | None]] = []
+        self._done_lock = threading.Lock()
+        self._wake = wake
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, job: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        """Queue ``job``; raises NodeNotReadyError (retriable) if the queue is full."""
+        import queue
+
+        try:
+            self._jobs.put_nowait((job, done))
+        except queue.Full:
+            raise errors.NodeNotReadyError(
+                f"{self._jobs.maxsize} ZooKeeper operations already queued (ZK_WORK_QUEUE_MAX); try again"
+            ) from None
+
+    def run_completions(self) -> int:
+        """On the loop's thread: call ``done`` for every finished job. Returns how many."""
+        with self._done_lock:
+            finished, self._done = self._done, []
+        for done, result, error in finished:
+            done(result, error)
+        return len(finished)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, done = item
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = job()
+            except Exception as exc:  # handed to the loop, which decides what it means
+                error = exc
+            with self._done_lock:
+                self._done.append((done, result, error))
+            self._wake()
+
+    def stop(self, timeout_s: float = ZK_OP_TIMEOUT_S) -> None:
+        import queue
+
+        while True:  # make room for the sentinel: queued jobs are dropped, their callers gone
+            try:
+                self._jobs.put_nowait(None)
+                break
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self._jobs.get_nowait()
+        self._thread.join(timeout_s)
