@@ -47,6 +47,7 @@ PRODUCER_IDS = f"{ROOT}/producer_ids"
 PRODUCER_ID_BLOCK = 1000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+log = logging.getLogger("fabric.zk")
 
 # -- how long anything waits for ZooKeeper ------------------------------------------------
 # kazoo's defaults back off reconnects up to an hour and let a synchronous call wait for
@@ -442,6 +443,11 @@ class RoutingCache:
         self.controller_id = -1
         self.generation = 0
         self._closed = False
+        # Set when a watch callback could not read what changed (connection lost halfway):
+        # the owner calls resync() once ZooKeeper answers again. A callback that raised
+        # would lose that event, so callbacks never raise.
+        self.needs_resync = False
+        self._partition_watches: dict[str, set[int]] = {}
 
     def start(self) -> None:
         ensure_layout(self._zk)
@@ -467,8 +473,29 @@ class RoutingCache:
             return dict(self._nodes)
 
     def resync(self) -> None:
-        """Re-read every topic and partition state now (after a pause or a lost session,
-        when watch events may have been missed). Newer versions replace cached ones."""
+        """Re-read the live nodes, the controller, every topic and partition state now
+        (after a pause, a lost session or a failed watch callback, when events may have
+        been missed). Newer versions replace cached ones."""
+        self.needs_resync = False
+        try:
+            nodes = live_nodes(self._zk)
+            raw_controller, _ = get(self._zk, CONTROLLER)
+            controller_id = int(raw_controller) if raw_controller else -1
+        except NoNodeError:
+            controller_id = -1
+        except Exception:
+            self.needs_resync = True
+            raise
+        with self._lock:
+            self._nodes = nodes
+        self.controller_id = controller_id
+        try:
+            self._resync_topics()
+        except Exception:
+            self.needs_resync = True
+            raise
+
+    def _resync_topics(self) -> None:
         names = set(get_children(self._zk, TOPICS))
         fresh: dict[str, TopicRoute] = {}
         for name in names:
@@ -497,6 +524,9 @@ class RoutingCache:
                         cached.partitions[p] = state
             for gone in set(self._topics) - names:
                 del self._topics[gone]
+        self._watch_topics(names)
+        for name, route in fresh.items():
+            self._watch_partitions(name, route.config.partitions)
         self._changed("resync")
 
     def apply_partition_state(self, topic: str, state: PartitionState) -> None:
@@ -517,10 +547,19 @@ class RoutingCache:
         if self._closed:
             return False
         nodes: dict[int, NodeInfo] = {}
+        with self._lock:
+            previous = dict(self._nodes)
         for child in children:
             try:
                 raw, _ = get(self._zk, node_path(int(child)))
             except (NoNodeError, ValueError):
+                continue
+            except Exception as exc:  # connection lost halfway: keep what we knew, re-read later
+                log.warning("could not read node %s (%s); will re-read the routing map", child, exc)
+                self.needs_resync = True
+                with contextlib.suppress(ValueError):
+                    if int(child) in previous:
+                        nodes[int(child)] = previous[int(child)]
                 continue
             info = NodeInfo.decode(raw)
             nodes[info.node_id] = info
@@ -546,16 +585,40 @@ class RoutingCache:
         with self._lock:
             for gone in set(self._topics) - names:
                 del self._topics[gone]
-            new = names - self._watched_topics
-            self._watched_topics |= new
-            self._watched_topics &= names | new
-        for name in sorted(new):
-            self._zk.DataWatch(topic_path(name), self._make_topic_watch(name))
+            self._watched_topics &= names
+        self._watch_topics(names)
         self._changed("topics")
         return None
 
+    def _watch_topics(self, names: set[str]) -> None:
+        """Watch every topic in ``names`` not yet watched (a failed attempt is retried by
+        the next resync)."""
+        with self._lock:
+            new = names - self._watched_topics
+            self._watched_topics |= new
+        for name in sorted(new):
+            try:
+                self._zk.DataWatch(topic_path(name), self._make_topic_watch(name))
+            except Exception as exc:  # connection lost: watch it on the next resync
+                log.warning("could not watch topic %s (%s); will re-read the routing map", name, exc)
+                with self._lock:
+                    self._watched_topics.discard(name)
+                self.needs_resync = True
+
+    def _watch_partitions(self, name: str, count: int) -> None:
+        watched = self._partition_watches.setdefault(name, set())
+        for p in range(count):
+            if p in watched:
+                continue
+            try:
+                self._zk.DataWatch(partition_path(name, p), self._make_partition_watch(name, p))
+            except Exception as exc:  # connection lost: the next resync tries again
+                log.warning("could not watch %s/%d (%s); will re-read the routing map", name, p, exc)
+                self.needs_resync = True
+                continue
+            watched.add(p)
+
     def _make_topic_watch(self, name: str) -> Callable[..., bool | None]:
-        partition_watches: set[int] = set()
 
         def topic_data(data: bytes | None, stat: Any, event: WatchedEvent | None = None) -> bool | None:
             if self._closed:
@@ -564,6 +627,7 @@ class RoutingCache:
                 with self._lock:
                     self._topics.pop(name, None)
                     self._watched_topics.discard(name)
+                self._partition_watches.pop(name, None)
                 self._changed(f"topic:{name}")
                 return False  # stop watching; a re-created topic gets a fresh watch
             config = TopicConfig.decode(data)
@@ -573,10 +637,7 @@ class RoutingCache:
                     self._topics[name] = TopicRoute(name, config)
                 else:
                     route.config = config
-            for p in range(config.partitions):
-                if p not in partition_watches:
-                    partition_watches.add(p)
-                    self._zk.DataWatch(partition_path(name, p), self._make_partition_watch(name, p))
+            self._watch_partitions(name, config.partitions)
             self._changed(f"topic:{name}")
             return None
 

@@ -23,6 +23,7 @@ from tests.fault.harness import (
     finish,
     keep_logs,
     leader_of,
+    producer_diagnostics,
     seed_from_env,
     start_workload,
     wait_for_full_isr,
@@ -52,8 +53,12 @@ def first_ack_after(writer: Writer, partition: int, since: float) -> float | Non
 
 def recovery_s(writer: Writer, partitions: int, since: float, what: str) -> float:
     """Wait until every partition acknowledged a write sent after ``since``; the slowest one."""
-    wait_until(lambda: all(first_ack_after(writer, p, since) is not None for p in range(partitions)),
-               f"an acknowledged write sent after {what} on every partition", timeout_s=120)
+    try:
+        wait_until(lambda: all(first_ack_after(writer, p, since) is not None for p in range(partitions)),
+                   f"an acknowledged write sent after {what} on every partition", timeout_s=120)
+    except TimeoutError:
+        print(f"no recovery after {what}: {producer_diagnostics(writer)}", flush=True)
+        raise
     return max(first_ack_after(writer, p, since) or 0.0 for p in range(partitions))
 
 
