@@ -17,6 +17,8 @@ command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)  # the network-partition fault test
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)  # peers benchmark
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing with apt: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -21,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument("--data-dir", help="keep data here (default: a temporary dir, removed on exit)")
     up.add_argument("--zk-servers", type=int, default=1, choices=(1, 3, 5),
                     help="ZooKeeper servers: 1, or an ensemble of 3 or 5 (default: 1)")
+    up.add_argument("--config", metavar="NODE.toml",
+                    help="node options for every node (docs/OPERATIONS.md); id, zk and data_dir are set per node")
     up.set_defaults(run=cmd_up)
 
     demo = subparsers.add_parser("demo", help="start a local cluster, produce and consume messages, print a summary")
@@ -39,7 +41,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     from fabric.local import LocalCluster
 
     base_dir = Path(args.data_dir) if args.data_dir else None
-    cluster = LocalCluster(args.nodes, base_dir, zk_servers=args.zk_servers)
+    node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
+    if node_args:
+        from fabric import config
+
+        config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
+    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, zk_servers=args.zk_servers)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -148,6 +155,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_node(argv: list[str]) -> int:
-    from nodes.server import main as node_main
+    from nodes.launch import main as node_main
 
     return node_main(argv)
