@@ -22,11 +22,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from kazoo.exceptions import NoNodeError
 
 from fabric import errors
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+_T = TypeVar("_T")
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
@@ -331,6 +336,31 @@ class LocalNode:
         self.start()
 
 
+class LocalSequencer:
+    """One sequencer instance process (``python -m sequencer``); one of several is active."""
+
+    def __init__(self, sequencer_id: int, zk_address: str, base_dir: Path, session_timeout_ms: int = 6_000) -> None:
+        self.sequencer_id = sequencer_id
+        argv = [sys.executable, "-m", "sequencer", "--id", str(sequencer_id), "--zk", zk_address,
+                "--session-timeout-ms", str(session_timeout_ms)]
+        self.process = ManagedProcess(f"sequencer{sequencer_id}", argv, base_dir / f"sequencer{sequencer_id}.log")
+
+    def start(self) -> None:
+        self.process.start()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def pause(self) -> None:
+        self.process.pause()
+
+    def resume(self) -> None:
+        self.process.resume()
+
+
 RESTART_DELAY_S = 1.0  # the first automatic restart of a dead node waits this long ...
 RESTART_DELAY_MAX_S = 30.0  # ... doubling per crash up to this
 RESTARTS_MAX = 5  # crashes within RESTART_WINDOW_S before supervision gives up on a process
@@ -387,7 +417,8 @@ class Supervisor:
 
 
 class LocalCluster:
-    """ZooKeeper plus ``node_count`` storage nodes, all real processes on loopback."""
+    """ZooKeeper plus ``node_count`` storage nodes (and ``sequencer_count`` sequencer
+    instances), all real processes on loopback."""
 
     def __init__(
         self,
@@ -399,7 +430,10 @@ class LocalCluster:
         session_timeout_ms: int = 6_000,
         chroot: str | None = None,
         zk_servers: int = 1,
+        sequencer_count: int = 0,
     ) -> None:
+        self.sequencer_count = sequencer_count
+        self.sequencers: dict[int, LocalSequencer] = {}
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="fabric-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -444,6 +478,10 @@ class LocalCluster:
             for node_id in range(1, self.node_count + 1):
                 self.add_node(node_id, wait=False)
             self.wait_for_nodes(list(self.nodes))
+            for sequencer_id in range(1, self.sequencer_count + 1):
+                self.add_sequencer(sequencer_id)
+            if self.sequencer_count:
+                self.wait_for_active_sequencer()
         except BaseException:
             self.stop()
             raise
@@ -490,6 +528,50 @@ class LocalCluster:
         finally:
             zkl.close_client(zk)
 
+    def add_sequencer(self, sequencer_id: int) -> LocalSequencer:
+        sequencer = LocalSequencer(sequencer_id, self.zk_address, self.base_dir, self.session_timeout_ms)
+        self.sequencers[sequencer_id] = sequencer
+        sequencer.start()
+        return sequencer
+
+    def active_sequencer(self) -> int | None:
+        """The id of the sequencer instance registered as active, if any."""
+        return self._with_zk(lambda zk: self._read_active_id(zk))
+
+    def wait_for_active_sequencer(self, timeout_s: float = NODE_READY_TIMEOUT_S, *,
+                                  other_than: int | None = None) -> int:
+        """Wait until a running sequencer instance (not ``other_than``) is registered as active."""
+
+        def wait(zk: KazooClient) -> int:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                active = self._read_active_id(zk)
+                sequencer = self.sequencers.get(active) if active is not None else None
+                if active is not None and active != other_than and sequencer is not None \
+                        and sequencer.process.running:
+                    return active
+                time.sleep(0.05)
+            raise RuntimeError(f"no sequencer became active within {timeout_s} s")
+
+        return self._with_zk(wait)
+
+    @staticmethod
+    def _read_active_id(zk: KazooClient) -> int | None:
+        from fabric import sequencer_client
+
+        active = sequencer_client.read_active(zk)
+        return None if active is None else active.sequencer_id
+
+    def _with_zk(self, action: Callable[[KazooClient], _T]) -> _T:
+        from fabric import zk as zkl
+
+        zk = zkl.make_client(self.zk_address)
+        zk.start(timeout=30)
+        try:
+            return action(zk)
+        finally:
+            zkl.close_client(zk)
+
     @property
     def bootstrap(self) -> str:
         """A bootstrap string for the SDK: ZooKeeper (the SDK asks it for node addresses)."""
@@ -511,7 +593,7 @@ class LocalCluster:
         self.nodes[node_id].start()
 
     def supervise(self, now: float | None = None) -> list[str]:
-        """Restart whatever died (nodes and ZooKeeper servers) by the Supervisor's policy;
+        """Restart whatever died (nodes, sequencers, ZooKeeper servers) by the Supervisor's policy;
         returns one line per event for the caller to print."""
         processes: dict[str, tuple[bool, Callable[[], None]]] = {}
         for server in self.zookeeper_servers():
@@ -520,9 +602,13 @@ class LocalCluster:
         for node_id, node in self.nodes.items():
             if node_id not in self._stopped_on_purpose:
                 processes[f"node {node_id}"] = (node.process.running, node.start)
+        for sequencer_id, sequencer in self.sequencers.items():
+            processes[f"sequencer {sequencer_id}"] = (sequencer.process.running, sequencer.start)
         return self.supervisor.check(processes, now)
 
     def stop(self) -> None:
+        for sequencer in self.sequencers.values():
+            sequencer.stop()
         for node in self.nodes.values():
             node.stop()
         for server in self.zookeeper_servers():

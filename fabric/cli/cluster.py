@@ -46,12 +46,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         from fabric import config
 
         config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
-    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, zk_servers=args.zk_servers)
+    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=2, zk_servers=args.zk_servers)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     zookeeper = "ZooKeeper" if args.zk_servers == 1 else f"a {args.zk_servers}-server ZooKeeper ensemble"
-    print(f"starting {zookeeper} and {args.nodes} storage nodes ...", flush=True)
+    print(f"starting {zookeeper}, {args.nodes} storage nodes and 2 sequencers ...", flush=True)
     cluster.start()
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -63,6 +63,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"ZooKeeper  {cluster.zk_address}")
         for node_id, address in sorted(nodes.items()):
             print(f"node {node_id}     {address}")
+        print(f"sequencers {sorted(cluster.sequencers)} (active: {cluster.active_sequencer()}; strict-order topics)")
         print(f"bootstrap  {cluster.bootstrap}   (recorded in {STATE_FILE})")
         print(f"data       {cluster.base_dir}")
         print("A process that dies is restarted with backoff (see docs/OPERATIONS.md). Ctrl-C stops everything.",
