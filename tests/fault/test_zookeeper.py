@@ -20,6 +20,7 @@ from fabric.local import LocalCluster
 from tests.fault.harness import (
     Writer,
     create_replicated_topic,
+    describe,
     finish,
     keep_logs,
     leader_of,
@@ -78,8 +79,15 @@ def kill_a_leader(cluster: LocalCluster, writer: Writer, rng: random.Random, par
     victim = leader_of(bootstrap, topic, partition)
     killed_at = time.monotonic()
     cluster.nodes[victim].kill()
-    wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
-               "an acknowledged write sent after the kill", timeout_s=120)
+    try:
+        wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
+                   "an acknowledged write sent after the kill", timeout_s=FAILOVER_BOUND_S + 1)
+    except TimeoutError:
+        print(f"slow failover of partition {partition}: {producer_diagnostics(writer)}; "
+              f"routing now {[(p.partition, p.leader, p.leader_epoch, p.isr) for p in describe(bootstrap, topic).partitions]}",
+              flush=True)
+        wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
+                   "an acknowledged write sent after the kill", timeout_s=120)
     took = first_ack_after(writer, partition, killed_at) or 0.0
     print(f"killed node {victim}, leader of partition {partition}: next ack after {took:.2f} s "
           f"(bound {FAILOVER_BOUND_S:.1f} s)", flush=True)
