@@ -29,6 +29,10 @@ Hierarchy::
     │   └── NotControllerError
     ├── OutOfOrderSequenceError      idempotent producer saw a sequence gap
     ├── InvalidProducerEpochError    a newer producer with the same id fenced this one
+    ├── consumer groups (60-69): UnknownMemberIdError, FencedMemberEpochError,
+    │   GroupNotEmptyError, InvalidGroupIdError, GroupIdNotFoundError,
+    │   UnreleasedInstanceIdError, GroupMaxSizeReachedError; retriable:
+    │   NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError
     ├── UnknownServerError           anything else the node could not classify
     ├── sequencer (40-49): NotActiveSequencerError, SequencerNotAvailableError,
     │   StaleSequencerEpochError, GlobalIdRegressionError (retriable);
@@ -272,6 +276,57 @@ class GlobalIdRegressionError(RetriableError):
 
 @_wire(45, "INVALID_ID_COUNT", "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs")
 class InvalidIdCountError(FabricError):
+    pass
+
+
+# Consumer groups (60-69): see docs/GROUPS.md.
+@_wire(60, "UNKNOWN_MEMBER_ID", "the group coordinator does not know this member; rejoin")
+class UnknownMemberIdError(FabricError):
+    pass
+
+
+@_wire(61, "FENCED_MEMBER_EPOCH", "the member epoch is stale; the member lost its partitions and must rejoin")
+class FencedMemberEpochError(FabricError):
+    pass
+
+
+@_wire(62, "GROUP_NOT_EMPTY", "the group has live members; stop them first")
+class GroupNotEmptyError(FabricError):
+    pass
+
+
+@_wire(63, "NOT_COORDINATOR", "this node does not coordinate that group; find the coordinator again")
+class NotCoordinatorError(RetriableError):
+    pass
+
+
+@_wire(64, "COORDINATOR_NOT_AVAILABLE", "the group's coordinator partition has no leader right now")
+class CoordinatorNotAvailableError(RetriableError):
+    pass
+
+
+@_wire(65, "COORDINATOR_LOAD_IN_PROGRESS", "the coordinator is still reading the group's state")
+class CoordinatorLoadInProgressError(RetriableError):
+    pass
+
+
+@_wire(66, "INVALID_GROUP_ID", "group id empty, too long or with characters outside [A-Za-z0-9._-]")
+class InvalidGroupIdError(FabricError):
+    pass
+
+
+@_wire(67, "GROUP_ID_NOT_FOUND", "no such group")
+class GroupIdNotFoundError(FabricError):
+    pass
+
+
+@_wire(68, "UNRELEASED_INSTANCE_ID", "a live member already uses this group_instance_id")
+class UnreleasedInstanceIdError(FabricError):
+    pass
+
+
+@_wire(69, "GROUP_MAX_SIZE_REACHED", "the group already has GROUP_MEMBERS_MAX members")
+class GroupMaxSizeReachedError(FabricError):
     pass
 
 

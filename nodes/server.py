@@ -42,8 +42,10 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import Header
+from fabric.protocol.tags import TagFilter
 from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import controller
+from nodes.group_coordinator import GroupCoordinator
 from nodes.log import PartitionLog, Store, partition_key
 from nodes.producer_state import DUPLICATE
 from nodes.replication import (
@@ -56,6 +58,7 @@ from nodes.replication import (
     LeaderReplica,
     decide_role,
 )
+from nodes.tag_filter import read_filtered
 
 log = logging.getLogger("fabric.node")
 
@@ -154,6 +157,8 @@ class Node:
         self.zk = KazooClient(hosts=config.zk, timeout=config.session_timeout_ms / 1000.0)
         self.routing = zkl.RoutingCache(self.zk, on_change=self._on_routing_change)
         self._bind()
+        self.groups = GroupCoordinator(self.node_id, self.address, self.routing, self._send, self.ctx, self.poller,
+                                       serving=self._session_ok)
 
     # -- setup ----------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -442,6 +447,7 @@ class Node:
                 self._check_session()
                 if self._routing_dirty:
                     self._apply_roles()
+                self.groups.tick()  # before requests: it must know what it coordinates now
                 if self.router in events:
                     self._drain_requests()
                 if self.sub in events:
@@ -507,6 +513,7 @@ class Node:
         except Exception:  # already gone; nothing to clean
             pass
         self.replica_conns.close()
+        self.groups.close()
         for sock in (self.router, self.pub, self.sub, self._wake_pull, self._wake_push):
             sock.close(linger=0)
         for plog in self.logs.values():
@@ -724,6 +731,9 @@ class Node:
             if api == ApiKey.FETCH:
                 self._handle_fetch(envelope, request)
                 return
+            if self.groups.handles(api):
+                self.groups.handle(envelope, request)
+                return
             if api == ApiKey.METADATA:
                 body = self._metadata(request.body["topics"])
             elif api == ApiKey.LIST_OFFSETS:
@@ -854,6 +864,7 @@ class Node:
             raise errors.InvalidRequestError(f"max_wait_ms={body['max_wait_ms']} outside [0, {FETCH_WAIT_MS_MAX}]")
         if body["max_bytes"] <= 0 or body["min_bytes"] < 0:
             raise errors.InvalidRequestError("max_bytes must be positive and min_bytes non-negative")
+        body["parsed_tag_filter"] = TagFilter(body["tag_filter"]) if body.get("tag_filter") else None
         fetch = ParkedFetch(
             envelope,
             request.header,
@@ -895,7 +906,8 @@ class Node:
         any_error = False
         for p in body["partitions"]:
             result = {"topic": p["topic"], "partition": p["partition"], "error": 0, "high_watermark": -1,
-                      "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0}
+                      "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0,
+                      "next_fetch_offset": -1, "filtered_bytes": 0}  # the last two: FETCH v1
             try:
                 plog, leader, _config = self._leader_log(p["topic"], p["partition"])
                 epoch = p["current_leader_epoch"]
@@ -913,7 +925,12 @@ class Node:
                     batches: list[bytes] = []  # above the HW but inside the log: wait
                 else:
                     room = min(p["partition_bytes_max"], budget - total) if total < budget else 0
-                    batches = plog.read(p["fetch_offset"], max(room, 1), limit) if (room > 0 or total == 0) else []
+                    tag_filter = body.get("parsed_tag_filter")
+                    if tag_filter is not None and (room > 0 or total == 0):
+                        batches, result["next_fetch_offset"], result["filtered_bytes"] = read_filtered(
+                            plog.read, limit, p["fetch_offset"], max(room, 1), tag_filter)
+                    else:
+                        batches = plog.read(p["fetch_offset"], max(room, 1), limit) if (room > 0 or total == 0) else []
                 result["batch_count"] = len(batches)
                 frames.extend(batches)
                 total += sum(len(b) for b in batches)

@@ -11,6 +11,7 @@ import zmq
 from fabric import errors
 from fabric.protocol.apis import ApiKey
 from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
+from sdk._group_admin import GroupAdmin
 
 TOPIC_READY_TIMEOUT_S = 30.0
 
@@ -22,7 +23,7 @@ class TopicDescription:
     partitions: tuple[PartitionMetadata, ...]
 
 
-class Admin:
+class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_group_admin.py
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None) -> None:
         self._conns = Connections(context)
         self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ import zmq
 from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
+from fabric.protocol import tags as tags_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
 from fabric.transport import unique_inproc_endpoint
@@ -147,11 +149,17 @@ class Producer:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         callback: Any = None,
+        tags: Iterable[str] | None = None,
     ) -> RecordFuture:
-        """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset)."""
+        """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset).
+
+        ``tags`` (e.g. ``("paid", "eu")``) go in the ``fabric.tags`` header and the batch's
+        tag bloom, for consumers with a ``tag_filter`` (docs/GROUPS.md, "Tag filters")."""
         value_b = value if value.__class__ is bytes else _as_bytes(value, "value")
         key_b = key if key is None or key.__class__ is bytes else _as_bytes(key, "key")
         header_list = self._normalize_headers(headers) if headers else None
+        if tags:
+            header_list = [*(header_list or []), (tags_format.TAGS_HEADER, tags_format.encode_tags(tags))]
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         with self._lock:
             if self._refusal is not None:
@@ -402,7 +410,7 @@ class Producer:
             batch.encoded = batch_format.encode_batch(
                 timestamps, keys, values, headers,
                 codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                base_sequence=base_sequence,
+                base_sequence=base_sequence, tag_bloom=tags_format.batch_bloom(headers),
             )
         return batch.encoded
 

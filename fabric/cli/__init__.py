@@ -6,7 +6,8 @@
     fabric sequencer --zk ... --id N   one sequencer instance (strict-order topics)
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
-    fabric consume TOPIC           records to stdout (--follow to keep going)
+    fabric consume TOPIC           records to stdout (--follow to keep going, --group G to join a group)
+    fabric group list|describe|reset-offsets|delete   consumer groups
     fabric bench                   the produce/consume benchmark (python -m bench)
 
 Commands that talk to a cluster take ``--bootstrap`` (``zk://host:port`` or node
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, sequencer, status, topic
+from fabric.cli import bench, cluster, consume, group, produce, sequencer, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -37,6 +38,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     topic,
     produce,
     consume,
+    group,
     bench,
     status,
     sequencer,
@@ -46,8 +48,8 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fabric", description="Fabric messaging: local cluster, topics, produce, consume.")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for group in COMMAND_GROUPS:
-        group.register(subparsers)
+    for module in COMMAND_GROUPS:
+        module.register(subparsers)
     return parser
 
 

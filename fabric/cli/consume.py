@@ -18,15 +18,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     consume.add_argument("--print-offset", action="store_true")
     consume.add_argument("--print-key", action="store_true")
     consume.add_argument("--progress", action="store_true")
+    consume.add_argument("--group", help="join this consumer group: share partitions, resume at committed offsets")
+    consume.add_argument("--tags", help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
     consume.set_defaults(run=cmd_consume)
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
+    if args.group:
+        from fabric.cli.group import consume_in_group
+
+        return consume_in_group(args)
     out = sys.stdout.buffer
     progress = Progress("consumed", enabled=args.progress)
-    with Consumer(bootstrap(args)) as consumer:
+    with Consumer(bootstrap(args), tag_filter=args.tags) as consumer:
         if args.partition is None:
             tps = consumer.subscribe_all_partitions(args.topic)
         else:
