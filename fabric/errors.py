@@ -37,6 +37,12 @@ Hierarchy::
     ├── sequencer (40-49): NotActiveSequencerError, SequencerNotAvailableError,
     │   StaleSequencerEpochError, GlobalIdRegressionError (retriable);
     │   InvalidGlobalIdError, InvalidIdCountError
+    ├── direct plane (codes 50-59, sdk.direct)
+    │   ├── NoServiceAvailable       no live instance of the service is known
+    │   ├── RequestTimeout           no reply within timeout_ms (outcome unknown)
+    │   ├── RemoteError              the handler raised; carries remote_type and remote_message
+    │   ├── ServiceOverloaded        the instance's queue is full; it did not run the handler
+    │   └── ServiceStopping          the instance is draining; it did not run the handler
     └── client-side only (no wire code, code = -1):
         ├── BufferFullError          the producer buffer stayed full for max_block_ms
         ├── DeliveryTimeoutError     a batch was not acknowledged within delivery_timeout_ms
@@ -274,8 +280,35 @@ class GlobalIdRegressionError(RetriableError):
     pass
 
 
-@_wire(45, "INVALID_ID_COUNT", "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs")
+@_wire(45, "INVALID_ID_COUNT", "an ID request for a count outside 0..SEQUENCER_GRANT_IDS_MAX or an unknown kind")
 class InvalidIdCountError(FabricError):
+    pass
+
+
+# The direct plane (sdk.direct, docs/DIRECT.md): codes 50-59.
+@_wire(50, "NO_SERVICE_AVAILABLE", "no live instance of the service is registered or reachable")
+class NoServiceAvailable(FabricError):
+    pass
+
+
+@_wire(51, "REQUEST_TIMEOUT", "no reply within timeout_ms; the handler may or may not have run")
+class RequestTimeout(FabricError):
+    pass
+
+
+@_wire(52, "REMOTE_ERROR", "the service's handler raised; remote_type and remote_message say what")
+class RemoteError(FabricError):
+    remote_type: str = ""
+    remote_message: str = ""
+
+
+@_wire(53, "SERVICE_OVERLOADED", "the instance's request queue is full; the handler did not run")
+class ServiceOverloaded(RetriableError):
+    pass
+
+
+@_wire(54, "SERVICE_STOPPING", "the instance is draining before it stops; the handler did not run")
+class ServiceStopping(RetriableError):
     pass
 
 

@@ -202,6 +202,9 @@ class TopicConfig:
     strict_order: bool = False
     unclean_leader_election: bool = False
     created_ms: int = 0
+    # Strict-order topics: an idle partition's leader appends a tick after this long, so
+    # ordered readers' watermark keeps moving (docs/DESIGN.md, "Strict-order topics").
+    strict_order_tick_ms: int = 50
 
     # Keys a user may set at creation, with their parsers.
     SETTABLE = (
@@ -211,6 +214,7 @@ class TopicConfig:
         "min_insync",
         "strict_order",
         "unclean_leader_election",
+        "strict_order_tick_ms",
     )
 
     def encode(self) -> bytes:
@@ -259,6 +263,8 @@ class TopicConfig:
             raise errors.InvalidConfigError("retention_ms must be positive or -1 (forever)")
         if config.retention_bytes == 0 or config.retention_bytes < -1:
             raise errors.InvalidConfigError("retention_bytes must be positive or -1 (no limit)")
+        if not 10 <= config.strict_order_tick_ms <= 60_000:
+            raise errors.InvalidConfigError("strict_order_tick_ms must be within [10, 60000]")
         return config
 
 

@@ -82,6 +82,12 @@ class Bootstrap:
         if parts[0].startswith("zk://"):
             self.zk = ",".join(p.removeprefix("zk://") for p in parts)
         else:
+            for part in parts:
+                scheme = part.split("://", 1)[0] if "://" in part else "tcp"
+                if scheme not in ("tcp", "ipc", "inproc"):
+                    raise ValueError(
+                        f"bootstrap {part!r}: use zk://HOST:PORT for ZooKeeper or tcp://HOST:PORT for nodes"
+                    )
             self.addresses = [p if "://" in p else f"tcp://{p}" for p in parts]
 
     def node_addresses(self) -> list[str]:

@@ -45,9 +45,15 @@ class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_g
         replication_factor: int = 3,
         config: dict[str, Any] | None = None,
         *,
+        strict_order: bool = False,
         wait: bool = True,
     ) -> None:
-        """Create a topic; with ``wait`` return only once every partition has a serving leader."""
+        """Create a topic; with ``wait`` return only once every partition has a serving leader.
+
+        ``strict_order=True``: every record gets a global ID from the sequencer and
+        ``sdk.OrderedConsumer`` reads all partitions in one total order."""
+        if strict_order:
+            config = {**(config or {}), "strict_order": True}
         configs = [{"key": k, "value": str(v).lower() if isinstance(v, bool) else str(v)} for k, v in (config or {}).items()]
         body = self._call(ApiKey.CREATE_TOPIC, {"name": name, "partitions": partitions,
                                                 "replication_factor": replication_factor, "configs": configs})

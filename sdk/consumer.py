@@ -32,10 +32,11 @@ FETCH_GRACE_MS = 1_000  # a fetch this late past its max_wait makes us check for
 
 
 class Record:
-    __slots__ = ("headers", "key", "offset", "partition", "timestamp", "topic", "value")
+    __slots__ = ("global_id", "headers", "key", "offset", "partition", "timestamp", "topic", "value")
 
     def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
-                 value: bytes | None, headers: list[tuple[str, bytes | None]]) -> None:
+                 value: bytes | None, headers: list[tuple[str, bytes | None]], global_id: int = -1) -> None:
+        self.global_id = global_id  # strict-order topics: the record's global ID; else -1
         self.topic = topic
         self.partition = partition
         self.offset = offset
@@ -63,6 +64,7 @@ class RecordBatch:
     values: list[bytes | None]
     headers: list[list[tuple[str, bytes | None]]]
     timestamp_type: int = 0
+    global_id_base: int = -1  # strict-order topics: the global ID of values[0]; else -1
 
     def __len__(self) -> int:
         return len(self.values)
@@ -72,9 +74,9 @@ class RecordBatch:
         return self.base_offset + len(self.values)
 
     def records(self) -> Iterator[Record]:
-        t, p, base = self.topic, self.partition, self.base_offset
+        t, p, base, gid = self.topic, self.partition, self.base_offset, self.global_id_base
         for i, (ts, k, v, h) in enumerate(zip(self.timestamps, self.keys, self.values, self.headers, strict=False)):
-            yield Record(t, p, base + i, ts, k, v, h)
+            yield Record(t, p, base + i, ts, k, v, h, gid + i if gid >= 0 else -1)
 
 
 class RawBatch:
@@ -164,6 +166,8 @@ class Consumer:
         if group_id is not None:
             self._group = GroupMember(self, group_id, instance_id=group_instance_id,
                                       session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms)
+        # Strict-order ticks are skipped; sdk.OrderedConsumer turns this off to see them.
+        self.skip_control_batches = True
 
     # -- assignment and positions -----------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
@@ -448,11 +452,13 @@ class Consumer:
             batch = entry if isinstance(entry, RecordBatch) else self._decode(entry)
             room = max_records - taken
             if len(batch) > room:
+                gid = batch.global_id_base
                 head = RecordBatch(batch.topic, batch.partition, batch.base_offset, batch.timestamps[:room],
-                                   batch.keys[:room], batch.values[:room], batch.headers[:room])
+                                   batch.keys[:room], batch.values[:room], batch.headers[:room],
+                                   batch.timestamp_type, gid)
                 self._buffer[0] = RecordBatch(batch.topic, batch.partition, batch.base_offset + room,
                                               batch.timestamps[room:], batch.keys[room:], batch.values[room:],
-                                              batch.headers[room:])
+                                              batch.headers[room:], batch.timestamp_type, gid + room if gid >= 0 else -1)
                 batch = head
             else:
                 self._buffer.popleft()
@@ -465,11 +471,13 @@ class Consumer:
         decoded = batch_format.decode_batch(raw.buf, check_crc=self.check_crc)
         skip = raw.skip
         timestamp_type = 1 if decoded.header.attributes & batch_format.TIMESTAMP_LOG_APPEND else 0
+        gid = decoded.header.global_id_base
         if not skip:
             return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset, decoded.timestamps,
-                               decoded.keys, decoded.values, decoded.headers, timestamp_type)
+                               decoded.keys, decoded.values, decoded.headers, timestamp_type, gid)
         return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset + skip, decoded.timestamps[skip:],
-                           decoded.keys[skip:], decoded.values[skip:], decoded.headers[skip:], timestamp_type)
+                           decoded.keys[skip:], decoded.values[skip:], decoded.headers[skip:], timestamp_type,
+                           gid + skip if gid >= 0 else -1)
 
     def _send_fetches(self) -> None:
         if self._refresh_needed:
@@ -566,6 +574,14 @@ class Consumer:
                 header = batch_format.read_header(buf)
                 skip = position - header.base_offset
                 if skip >= header.record_count:
+                    continue
+                if header.attributes & batch_format.ATTRIBUTE_CONTROL and self.skip_control_batches:
+                    # A strict-order tick: takes an offset, holds no record. With nothing of
+                    # this partition waiting for the caller, the caller's position moves past
+                    # it too, so "position >= end offset" still means "read everything".
+                    position = header.next_offset
+                    if not any(b.partition == tp.partition and b.topic == tp.topic for b in self._buffer):
+                        self._positions[tp] = position
                     continue
                 self._buffer.append(RawBatch(tp.topic, tp.partition, buf, max(skip, 0)))
                 position = header.next_offset

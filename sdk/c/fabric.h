@@ -86,6 +86,11 @@ enum fabric_err {
     FABRIC_ERR_STALE_SEQUENCER_EPOCH = 43,
     FABRIC_ERR_GLOBAL_ID_REGRESSION = 44,
     FABRIC_ERR_INVALID_ID_COUNT = 45,
+    FABRIC_ERR_NO_SERVICE_AVAILABLE = 50,
+    FABRIC_ERR_REQUEST_TIMEOUT = 51,
+    FABRIC_ERR_REMOTE_ERROR = 52,
+    FABRIC_ERR_SERVICE_OVERLOADED = 53,
+    FABRIC_ERR_SERVICE_STOPPING = 54,
     /* consumer groups (docs/GROUPS.md) */
     FABRIC_ERR_UNKNOWN_MEMBER_ID = 60,
     FABRIC_ERR_FENCED_MEMBER_EPOCH = 61,
@@ -152,7 +157,7 @@ typedef struct fabric_delivery {
 typedef void (*fabric_delivery_cb)(const fabric_delivery_t *delivery, void *opaque);
 
 typedef struct fabric_producer_config {
-    int acks;                /* 0, 1 or -1 (all in-sync replicas); default 1 */
+    int acks;                /* 0, 1 or -1 (all in-sync replicas); default -1, as the Python SDK */
     int linger_ms;           /* how long an open batch waits to fill; default 5 */
     size_t batch_bytes_max;  /* a batch closes at this many record bytes; default 256 KiB */
     int compression;         /* FABRIC_CODEC_NONE or FABRIC_CODEC_LZ4 (default) */
