@@ -19,6 +19,7 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.header import Header
 from nodes import leader as leader_side
+from nodes import strict_order
 from nodes.producer_state import DUPLICATE
 from nodes.state import Envelope, NodeState, TopicPartition
 
@@ -52,6 +53,7 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
     now_ms = int(time.time() * 1000)
     outcome = ProduceOutcome()
     results = outcome.results
+    ids = strict_order.RequestIds(node, request)
     for entry, frame in zip(body["entries"], request.batches, strict=True):
         topic, partition = entry["topic"], entry["partition"]
         result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
@@ -59,6 +61,8 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             plog, leader, config = node.leader_log(topic, partition)
             node.check_write_allowed(acks)
             header = batch_format.validate(frame, config.message_bytes_max)
+            if config.strict_order:
+                strict_order.check_producer_batch(header, topic, partition)
             if acks == -1 and len(leader.isr) < config.min_insync:
                 raise errors.NotEnoughReplicasError(
                     f"{topic}/{partition}: {len(leader.isr)} in-sync replicas {sorted(leader.isr)} < min_insync={config.min_insync}"
@@ -73,7 +77,12 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
                 end = original_offset + header.record_count if original_offset >= 0 else plog.log_end_offset
             else:
                 buf = bytearray(frame)
+                # Stamped only here, after the duplicate check: a retry is never stamped twice.
+                global_id = ids.stamp((topic, partition), leader.epoch, buf, header.record_count) \
+                    if config.strict_order else -1
                 result["base_offset"] = plog.append(wb, buf, header, leader.epoch, now_ms)
+                if config.strict_order:
+                    ids.appended((topic, partition), leader.epoch, global_id, header.record_count)
                 outcome.appended.append(((topic, partition), bytes(buf)))
                 end = result["base_offset"] + header.record_count
             if acks == -1:

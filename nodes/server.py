@@ -41,7 +41,18 @@ from fabric.limits import (
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections, unique_inproc_endpoint
-from nodes import admin, controller, fetch, follower, leader, produce, retention, roles, session
+from nodes import (
+    admin,
+    controller,
+    fetch,
+    follower,
+    leader,
+    produce,
+    retention,
+    roles,
+    session,
+    strict_order,
+)
 from nodes.group_coordinator import GROUP_APIS, GroupCoordinator
 from nodes.log import Store
 from nodes.state import Envelope, NodeConfig, NodeState, Sockets, parse_node_args
@@ -136,6 +147,7 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("controller", controller.tick, controller.CONTROLLER_RECONCILE_INTERVAL_S, is_due=controller.is_due),
         Duty("retention", retention.run, config.retention_check_interval_ms / 1000.0),
         Duty("storage sync", sync_storage, config.fsync_interval_ms / 1000.0),
+        Duty("strict-order ticks", strict_order.tick, strict_order.TICK_CHECK_INTERVAL_S),
     ]
 
 
@@ -278,6 +290,7 @@ class Node:
         node.sockets.replica_conns.close()
         if node.groups is not None:
             node.groups.close()
+        strict_order.close(node)
         s = node.sockets
         for sock in (s.router, s.pub, s.sub, s.wake_pull, s.wake_push):
             sock.close(linger=0)

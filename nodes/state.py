@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from nodes.group_coordinator import GroupCoordinator
     from nodes.leader import LeaderReplica
     from nodes.produce import PendingProduce
+    from nodes.strict_order import StrictOrder
 
 log = logging.getLogger("fabric.node")
 
@@ -154,6 +155,7 @@ class NodeState:
     groups: GroupCoordinator | None = None  # consumer groups this node coordinates (set by nodes/server.py)
     producer_ids_next: int = 0
     producer_ids_end: int = 0
+    strict_order: StrictOrder | None = None  # made on first use by nodes/strict_order.py
 
     # What this node may do while ZooKeeper is in doubt (nodes/lease.py); kazoo's thread
     # sets its state, heartbeat answers its last contact (a float each, GIL-atomic).
