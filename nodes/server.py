@@ -40,7 +40,7 @@ from fabric.limits import (
 )
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
-from fabric.protocol.header import Header, decode_header
+from fabric.protocol.header import readable_header
 from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import (
     admin,
@@ -349,12 +349,8 @@ class Node:
         else:
             envelope, message = frames[:1], frames[1:]
         if len(message) > REQUEST_FRAMES_MAX:
-            header: Header | None
-            try:  # echo the client's header when it reads, so the refusal matches its request
-                header = decode_header(message[0].bytes)
-            except errors.FabricError as exc:
-                header = getattr(exc, "header", None)
-            self.state.send_error(envelope, header, errors.MalformedRequestError(
+            # Echo the client's header when it reads, so the refusal matches its request.
+            self.state.send_error(envelope, readable_header(message[0].bytes), errors.MalformedRequestError(
                 f"{len(message)} frames exceed REQUEST_FRAMES_MAX={REQUEST_FRAMES_MAX}"))
             return envelope, None
         return envelope, message
