@@ -62,7 +62,7 @@ class Member:
     def to_record(self) -> dict[str, Any]:
         return {
             "member_id": self.member_id, "instance_id": self.instance_id, "member_epoch": self.member_epoch,
-            "session_timeout_ms": self.session_timeout_ms, "subscribed_topics": list(self.subscribed_topics),
+            "previous_epoch": self.previous_epoch, "session_timeout_ms": self.session_timeout_ms, "subscribed_topics": list(self.subscribed_topics),
             "subscribed_topic_regex": self.subscribed_topic_regex,
             "assignment": gp.tp_list(self.assignment), "revoking": gp.tp_list(self.revoking),
         }
@@ -72,7 +72,7 @@ class Member:
         return cls(value["member_id"], value["instance_id"], value["member_epoch"], value["session_timeout_ms"],
                    list(value["subscribed_topics"]), value["subscribed_topic_regex"],
                    gp.tp_set(value["assignment"]), gp.tp_set(value["revoking"]),
-                   deadline_ms=now_ms + value["session_timeout_ms"])
+                   deadline_ms=now_ms + value["session_timeout_ms"], previous_epoch=value["previous_epoch"])
 
 
 @dataclass

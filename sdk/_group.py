@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fabric.group")
 
 COORDINATOR_RETRY_MS: Final[int] = 100
-GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one heartbeat, commit or offset fetch
+GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one commit or offset fetch
+HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
 
 
 class ConsumerRebalanceListener:
@@ -64,6 +65,14 @@ class GroupMember:
         self.group_id = group_id
         self.instance_id = instance_id or ""
         self.session_timeout_ms = session_timeout_ms
+        # One heartbeat waits at most this long (then the next is sent to a coordinator
+        # found again): a request lost to a dying node must not block poll() for a session.
+        self.heartbeat_timeout_ms = max(HEARTBEAT_TIMEOUT_MS_MIN, min(heartbeat_interval_ms, session_timeout_ms // 4))
+        # The member gives its partitions up this much before the coordinator could expire
+        # it, so records already handed out have time to be processed before anyone else
+        # may get the partition (the coordinator counts from when it saw the heartbeat,
+        # which is after we sent it; we count from the send).
+        self.fence_margin_ms = min(session_timeout_ms // 5, 2 * heartbeat_interval_ms)
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self._clock = clock
         self.member_id = ""
@@ -99,11 +108,11 @@ class GroupMember:
         if not self.subscribed:
             return
         now = self._clock()
-        if self.owned and (now - self._last_ok_s) * 1000 > self.session_timeout_ms:
-            # We have not been heard for a whole session: the coordinator has given our
-            # partitions away. Drop them before another record is handed out.
+        if self.owned and (now - self._last_ok_s) * 1000 > self.session_timeout_ms - self.fence_margin_ms:
+            # We have not been heard for (nearly) a whole session: the coordinator may give
+            # our partitions away. Drop them before another record is handed out.
             log.warning("group %s: no heartbeat answered for %d ms; partitions lost", self.group_id,
-                        self.session_timeout_ms)
+                        self.session_timeout_ms - self.fence_margin_ms)
             self._lose()
         if now < self._next_heartbeat_s:
             return
@@ -115,7 +124,7 @@ class GroupMember:
                 "subscribed_topics": self.topics, "subscribed_topic_regex": self.pattern,
                 "owned": gp.tp_list((tp.topic, tp.partition) for tp in self.owned)}
         try:
-            response = self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body)
+            response = self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=1, timeout_ms=self.heartbeat_timeout_ms)
         except errors.FabricError as exc:
             if not exc.retriable and not isinstance(exc, errors.NoBrokersAvailableError):
                 raise
@@ -184,7 +193,7 @@ class GroupMember:
                 "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
                 "subscribed_topics": self.topics, "subscribed_topic_regex": self.pattern, "owned": []}
         try:
-            self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=2)
+            self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=2, timeout_ms=self.heartbeat_timeout_ms)
         except errors.FabricError as exc:
             log.info("group %s: leave not acknowledged (%s); the session timeout will end it", self.group_id, exc)
         self.subscribed = False
@@ -214,7 +223,8 @@ class GroupMember:
                 for o in response["offsets"]}
 
     # -- finding the coordinator ------------------------------------------------------------
-    def _call(self, api_key: int, body: dict[str, Any], *, attempts: int = 0) -> dict[str, Any]:
+    def _call(self, api_key: int, body: dict[str, Any], *, attempts: int = 0,
+              timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS) -> dict[str, Any]:
         """One request to the coordinator; retriable failures re-find it, until the request
         timeout (or ``attempts``) runs out. Returns the body, which may carry an error."""
         deadline = self._clock() + self.consumer.request_timeout_ms / 1000.0
@@ -222,9 +232,8 @@ class GroupMember:
         while True:
             tries += 1
             try:
-                address = self._coordinator or self._find_coordinator()
-                response = self.consumer._conns.request(address, api_key, body,
-                                                        timeout_ms=GROUP_REQUEST_TIMEOUT_MS).body
+                address = self._coordinator or self._find_coordinator(timeout_ms)
+                response = self.consumer._conns.request(address, api_key, body, timeout_ms=timeout_ms).body
                 code = response.get("error", 0)
                 if code and errors.error_for_code(code).retriable and api_key != ApiKey.CONSUMER_GROUP_HEARTBEAT:
                     raise errors.error_for_code(code)(response.get("message", ""))
@@ -239,13 +248,13 @@ class GroupMember:
                     raise
                 time.sleep(COORDINATOR_RETRY_MS / 1000.0)
 
-    def _find_coordinator(self) -> str:
+    def _find_coordinator(self, timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS) -> str:
         meta = self.consumer._meta
         last: errors.FabricError | None = None
         for address in meta.candidates():
             try:
                 response = self.consumer._conns.request(
-                    address, ApiKey.FIND_COORDINATOR, {"group_id": self.group_id}, timeout_ms=GROUP_REQUEST_TIMEOUT_MS
+                    address, ApiKey.FIND_COORDINATOR, {"group_id": self.group_id}, timeout_ms=timeout_ms
                 ).body
             except errors.FabricError as exc:
                 last = exc

@@ -306,7 +306,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     # kazoo's own connection warnings would repeat what the exit code and message say.
     logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-    hosts = _zk_hosts(bootstrap(args))
+    hosts = _zk_hosts(bootstrap(args, check=False))
     zk = KazooClient(hosts=hosts, timeout=max(args.timeout, 1.0), connection_retry={"max_tries": 1})
     try:
         try:

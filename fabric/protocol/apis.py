@@ -75,7 +75,7 @@ PARTITION_STATE: Schema = (
     ("isr", Array("i32")),
 )
 CONFIG_ENTRY: Schema = (("key", "str"), ("value", "str"))
-ERROR_BODY: Schema = (("message", "str"),)
+ERROR_BODY: Schema = (("message", "text"),)
 
 API_VERSIONS_REQUEST_V0: Schema = ()
 API_VERSIONS_RESPONSE_V0: Schema = (
@@ -118,7 +118,7 @@ PRODUCE_RESPONSE_V0: Schema = (
                     ("error", "i16"),
                     ("base_offset", "i64"),
                     ("log_start_offset", "i64"),
-                    ("message", "str"),
+                    ("message", "text"),
                 )
             )
         ),
@@ -209,7 +209,7 @@ CREATE_TOPIC_REQUEST_V0: Schema = (
     ("replication_factor", "i16"),
     ("configs", Array(Struct(CONFIG_ENTRY))),
 )
-RESULT_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"))
+RESULT_RESPONSE_V0: Schema = (("error", "i16"), ("message", "text"))
 DELETE_TOPIC_REQUEST_V0: Schema = (("name", "str"),)
 DESCRIBE_TOPICS_REQUEST_V0: Schema = (("names", Array("str")),)
 DESCRIBE_TOPICS_RESPONSE_V0: Schema = (
@@ -253,7 +253,7 @@ OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0: Schema = (
 )
 # Admin -> controller: move leadership back to each partition's preferred (first) replica.
 ELECT_LEADERS_REQUEST_V0: Schema = (("topics", Array("str")),)
-ELECT_LEADERS_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"), ("moved", "i32"))
+ELECT_LEADERS_RESPONSE_V0: Schema = (("error", "i16"), ("message", "text"), ("moved", "i32"))
 
 # (api_key, api_version) -> (request schema, response schema)
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
@@ -357,8 +357,7 @@ def encode_response(request: Header, body: dict[str, Any], batches: list[Any] | 
 
 
 def encode_error_response(request: Header, error_code: int, message: str) -> list[bytes]:
-    raw = message.encode("utf-8")[:60_000].decode("utf-8", "ignore")
-    return [encode_response_header(request, error_code), s.encode(ERROR_BODY, {"message": raw})]
+    return [encode_response_header(request, error_code), s.encode(ERROR_BODY, {"message": message})]
 
 
 def decode_response(frames: list[Any]) -> Message:

@@ -146,6 +146,7 @@ GROUP_MEMBER_V0: Schema = (
     ("member_id", "str"),
     ("instance_id", "str"),
     ("member_epoch", "i32"),
+    ("previous_epoch", "i32"),  # still accepted while the member holds nothing new (a lost answer)
     ("session_timeout_ms", "i32"),
     ("subscribed_topics", Array("str")),
     ("subscribed_topic_regex", "str"),

@@ -157,7 +157,7 @@ typedef struct fabric_delivery {
 typedef void (*fabric_delivery_cb)(const fabric_delivery_t *delivery, void *opaque);
 
 typedef struct fabric_producer_config {
-    int acks;                /* 0, 1 or -1 (all in-sync replicas); default 1 */
+    int acks;                /* 0, 1 or -1 (all in-sync replicas); default -1, as the Python SDK */
     int linger_ms;           /* how long an open batch waits to fill; default 5 */
     size_t batch_bytes_max;  /* a batch closes at this many record bytes; default 256 KiB */
     int compression;         /* FABRIC_CODEC_NONE or FABRIC_CODEC_LZ4 (default) */

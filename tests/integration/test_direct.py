@@ -322,10 +322,10 @@ def test_cli_service_list_request_and_subscribe(instances: list[Instance], tmp_p
     assert reply.returncode == 0, reply.stderr
     assert reply.stdout.startswith("cli@")
     failed = run_cli("request", "greeter", "raise:nope", "--bootstrap", bootstrap)
-    assert failed.returncode == 2 and "REMOTE_ERROR" in failed.stderr and "ValueError" in failed.stderr
+    assert failed.returncode == 1 and "REMOTE_ERROR" in failed.stderr and "ValueError" in failed.stderr
     assert "Traceback" not in failed.stderr
     missing = run_cli("request", "nobody", "x", "--bootstrap", bootstrap, "--timeout-ms", "500")
-    assert missing.returncode == 2 and "NO_SERVICE_AVAILABLE" in missing.stderr
+    assert missing.returncode == 1 and "NO_SERVICE_AVAILABLE" in missing.stderr
 
     subscriber = subprocess.Popen(
         [sys.executable, "-m", "fabric", "subscribe", "news.>", "--bootstrap", bootstrap, "--max-messages", "1",

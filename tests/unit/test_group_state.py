@@ -207,8 +207,8 @@ def test_record_round_trip() -> None:
     assert decoded is not None and decoded[0] == "group"
     loaded = GroupState("g")
     loaded.load_record(decoded[1][1], now_ms=5)
-    assert {m: (v.assignment, v.member_epoch) for m, v in loaded.members.items()} == {
-        m: (v.assignment, v.member_epoch) for m, v in group.members.items()}
+    assert {m: (v.assignment, v.member_epoch, v.previous_epoch) for m, v in loaded.members.items()} == {
+        m: (v.assignment, v.member_epoch, v.previous_epoch) for m, v in group.members.items()}
     assert all(isinstance(m, Member) and m.deadline_ms == 5 + 45_000 for m in loaded.members.values())
 
 
