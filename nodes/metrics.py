@@ -136,6 +136,27 @@ def frames_bytes(frames: list[Any]) -> int:
     return sum(len(frame) for frame in frames)
 
 
+def serve(config: Any, client_address: str) -> NodeMetrics | None:
+    """The node's metrics with their endpoint started, or None with ``metrics_port`` -1."""
+    if config.metrics_port < 0:
+        return None
+    metrics = NodeMetrics(config.node_id, os.path.join(config.data_dir, "rocksdb"))
+    metrics.client_address = client_address
+    metrics.start_http(config.host, config.metrics_port)
+    return metrics
+
+
+def observe(node: Any, request: Any, frames: list[Any], received_s: float) -> None:
+    """Count one request the loop handled (answered, staged or parked) since ``received_s``."""
+    if node.metrics is not None:
+        node.metrics.observe_request(request.header.api_key, time.perf_counter() - received_s, frames_bytes(frames))
+
+
+def stop(node: Any) -> None:
+    if node.metrics is not None:
+        node.metrics.stop()
+
+
 def snapshot_duty(node: Any, now_s: float) -> None:
     """A duty of the node's loop: refresh the state series."""
     if node.metrics is not None:

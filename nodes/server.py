@@ -47,6 +47,7 @@ from nodes import (
     fetch,
     follower,
     leader,
+    metrics,
     produce,
     retention,
     roles,
@@ -147,6 +148,7 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("controller", controller.tick, controller.CONTROLLER_RECONCILE_INTERVAL_S, is_due=controller.is_due),
         Duty("retention", retention.run, config.retention_check_interval_ms / 1000.0),
         Duty("storage sync", sync_storage, config.fsync_interval_ms / 1000.0),
+        Duty("metrics snapshot", metrics.snapshot_duty, metrics.SNAPSHOT_INTERVAL_S),
         Duty("strict-order ticks", strict_order.tick, strict_order.TICK_CHECK_INTERVAL_S),
     ]
 
@@ -168,6 +170,7 @@ class Node:
                                              self.state.sockets.poller, serving=self.state.session_ok)
         self.handlers = dict(DISPATCH)
         all_duties = duties(config)
+        self.state.metrics = metrics.serve(config, self.state.address)  # before session.start() publishes it
         self.duties = all_duties
         self.duties_before = [d for d in all_duties if d.before_requests]
         self.duties_after = [d for d in all_duties if not d.before_requests]
@@ -293,6 +296,7 @@ class Node:
         for plog in node.logs.values():
             plog.checkpoint_high_watermark()
         node.store.close()
+        metrics.stop(node)
 
     # -- requests --------------------------------------------------------------------------
     def _drain_requests(self) -> None:
@@ -305,6 +309,7 @@ class Node:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            received_s = time.perf_counter()
             envelope, message = self._split_envelope(frames)
             if message is None:
                 continue
@@ -321,12 +326,14 @@ class Node:
                     staged.setdefault(handler, []).append((envelope, request, handler.stage(node, wb, envelope, request)))
                 except errors.FabricError as exc:
                     node.send_error(envelope, request.header, exc)
+                metrics.observe(node, request, message, received_s)
                 continue
             if wb is not None:
                 # Reads and admin calls must see what earlier requests in this turn wrote.
                 self._commit(wb, staged)
                 wb, staged = None, {}
             self._reply(handler, envelope, request)
+            metrics.observe(node, request, message, received_s)
         if wb is not None:
             self._commit(wb, staged)
 

@@ -90,6 +90,7 @@ def register(node: NodeState) -> None:
         host=node.config.host,
         pid=os.getpid(),
         started_ms=int(time.time() * 1000),
+        metrics_address=node.metrics.address if node.metrics is not None else "",
     )
     deadline = time.monotonic() + REGISTER_WAIT_S
     while True:
