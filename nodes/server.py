@@ -160,7 +160,7 @@ class Node:
         self.config = config
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
-        zk = KazooClient(hosts=config.zk, timeout=config.session_timeout_ms / 1000.0)
+        zk: KazooClient = zkl.make_client(config.zk, config.session_timeout_ms / 1000.0)
         routing = zkl.RoutingCache(zk, on_change=lambda what: session.on_routing_change(self.state, what))
         self.state = NodeState(config, store, zk, routing, self._bind())
         self.state.address = self._bind_socket(self.state.sockets.router, config.port)
@@ -241,8 +241,11 @@ class Node:
                             sockets.wake_pull.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                session.check(node)
-                if node.routing_dirty:
+                node.zk_worker.run_completions()
+                session.check(node, now)
+                if node.routing_dirty and not node.session_lost:
+                    # (While the session is lost the cached map may still name us leader:
+                    # registering again re-reads it first.)
                     roles.apply_roles(node)
                 self._run_duties(self.duties_before, time.monotonic())
                 if sockets.router in events:
@@ -282,6 +285,7 @@ class Node:
         node = self.state
         log.info("node %d stopping", node.node_id)
         node.routing.close()
+        node.zk_worker.stop()
         try:
             zkl.close_client(node.zk)
         except Exception:  # already gone; nothing to clean

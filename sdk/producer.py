@@ -381,6 +381,7 @@ class _ProducerCore:
         for batch in ready:
             address = meta.metadata.leader_address(batch.topic, batch.partition)
             if address is None:
+                self._refresh_needed = True  # the map names no (reachable) leader: ask again
                 self._retry(batch, errors.LeaderNotAvailableError(f"no leader known for {batch.topic}/{batch.partition}"), now)
                 continue
             by_node.setdefault(address, []).append(batch)
