@@ -22,6 +22,7 @@ the leaders' streams and replies (``nodes/follower.py``), then the duties.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ from fabric.limits import (
 )
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import readable_header
 from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import (
     admin,
@@ -168,9 +170,8 @@ class Node:
         self.state.change_listeners.extend(CHANGE_LISTENERS)
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.session_ok)
-        self.handlers = dict(DISPATCH)
+        self.handlers = metrics.instrument(dict(DISPATCH))
         all_duties = duties(config)
-        self.state.metrics = metrics.serve(config, self.state.address)  # before session.start() publishes it
         self.duties = all_duties
         self.duties_before = [d for d in all_duties if d.before_requests]
         self.duties_after = [d for d in all_duties if not d.before_requests]
@@ -286,10 +287,8 @@ class Node:
         log.info("node %d stopping", node.node_id)
         node.routing.close()
         node.zk_worker.stop()
-        try:
+        with contextlib.suppress(Exception):  # already gone; nothing to clean
             zkl.close_client(node.zk)
-        except Exception:  # already gone; nothing to clean
-            pass
         node.sockets.replica_conns.close()
         if node.groups is not None:
             node.groups.close()
@@ -300,7 +299,6 @@ class Node:
         for plog in node.logs.values():
             plog.checkpoint_high_watermark()
         node.store.close()
-        metrics.stop(node)
 
     # -- requests --------------------------------------------------------------------------
     def _drain_requests(self) -> None:
@@ -313,7 +311,6 @@ class Node:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            received_s = time.perf_counter()
             envelope, message = self._split_envelope(frames)
             if message is None:
                 continue
@@ -321,6 +318,10 @@ class Node:
                 request = apis.decode_request([f.buffer if i >= 2 else f.bytes for i, f in enumerate(message)])
             except errors.FabricError as exc:
                 node.send_error(envelope, getattr(exc, "header", None), exc)
+                continue
+            except Exception as exc:  # a decoder bug must not stop the node: answer and go on
+                log.exception("decoding a request failed")
+                node.send_error(envelope, None, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
                 continue
             handler = self.handlers.get(request.header.api_key)
             if isinstance(handler, GroupCommit):
@@ -330,14 +331,15 @@ class Node:
                     staged.setdefault(handler, []).append((envelope, request, handler.stage(node, wb, envelope, request)))
                 except errors.FabricError as exc:
                     node.send_error(envelope, request.header, exc)
-                metrics.observe(node, request, message, received_s)
+                except Exception as exc:  # a handler bug: this request fails, the node keeps serving
+                    log.exception("request %s failed", ApiKey(request.header.api_key).name)
+                    node.send_error(envelope, request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
                 continue
             if wb is not None:
                 # Reads and admin calls must see what earlier requests in this turn wrote.
                 self._commit(wb, staged)
                 wb, staged = None, {}
             self._reply(handler, envelope, request)
-            metrics.observe(node, request, message, received_s)
         if wb is not None:
             self._commit(wb, staged)
 
@@ -348,7 +350,9 @@ class Node:
         else:
             envelope, message = frames[:1], frames[1:]
         if len(message) > REQUEST_FRAMES_MAX:
-            self.state.send_error(envelope, None, errors.MalformedRequestError(f"{len(message)} frames exceed {REQUEST_FRAMES_MAX}"))
+            # Echo the client's header when it reads, so the refusal matches its request.
+            self.state.send_error(envelope, readable_header(message[0].bytes), errors.MalformedRequestError(
+                f"{len(message)} frames exceed REQUEST_FRAMES_MAX={REQUEST_FRAMES_MAX}"))
             return envelope, None
         return envelope, message
 

@@ -24,7 +24,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from fabric import errors
 from fabric import zk as zkl
-from nodes import roles
+from nodes import metrics, roles
 from nodes.lease import CONNECTED, LOST, SUSPENDED
 from nodes.log import PartitionLog
 from nodes.state import NodeState
@@ -93,6 +93,7 @@ def start(node: NodeState) -> None:
     zkl.ensure_layout(node.zk)
     reconcile_local_data(node)
     node.routing.start()
+    node.metrics = metrics.serve(node)  # before register(), which publishes its address
     register(node)
 
 
