@@ -30,6 +30,8 @@ Hierarchy::
     ├── OutOfOrderSequenceError      idempotent producer saw a sequence gap
     ├── InvalidProducerEpochError    a newer producer with the same id fenced this one
     ├── UnknownServerError           anything else the node could not classify
+    ├── AuthorizationFailedError     an ACL does not allow the operation (security, 80-89)
+    ├── AuthenticationFailedError    CURVE handshake refused: unknown or wrong key
     └── client-side only (no wire code, code = -1):
         ├── BufferFullError          the producer buffer stayed full for max_block_ms
         ├── DeliveryTimeoutError     a batch was not acknowledged within delivery_timeout_ms
@@ -237,6 +239,16 @@ class OutOfOrderSequenceError(FabricError):
 
 @_wire(29, "INVALID_PRODUCER_EPOCH", "a newer producer with the same id fenced this one")
 class InvalidProducerEpochError(FabricError):
+    pass
+
+
+@_wire(80, "AUTHORIZATION_FAILED", "the principal may not perform that operation on that resource")
+class AuthorizationFailedError(FabricError):
+    """Carries ``principal``, ``operation`` and ``resource`` (strings) when the node sent them."""
+
+
+@_wire(81, "AUTHENTICATION_FAILED", "the peer's CURVE key is not registered, or the server key is wrong")
+class AuthenticationFailedError(FabricError):
     pass
 
 
