@@ -1,0 +1,63 @@
+"""``fabric topic create|list|describe|delete|add-partitions|elect-leaders``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fabric.cli._common import bootstrap, with_bootstrap
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    topic = subparsers.add_parser("topic", help="create, list, describe and delete topics")
+    topic.set_defaults(run=cmd_topic)
+    tsub = topic.add_subparsers(dest="topic_command", required=True)
+    create = with_bootstrap(tsub.add_parser("create"))
+    create.add_argument("name")
+    create.add_argument("--partitions", "-p", type=int, default=1)
+    create.add_argument("--replication-factor", "-r", type=int, default=3)
+    create.add_argument("--config", "-c", action="append", help="key=value, e.g. retention_ms=86400000")
+    with_bootstrap(tsub.add_parser("list"))
+    describe = with_bootstrap(tsub.add_parser("describe"))
+    describe.add_argument("name", nargs="?")
+    delete = with_bootstrap(tsub.add_parser("delete"))
+    delete.add_argument("name")
+    grow = with_bootstrap(tsub.add_parser("add-partitions", help="grow a topic to N partitions"))
+    grow.add_argument("name")
+    grow.add_argument("--partitions", "-p", type=int, required=True, help="the new total")
+    elect = with_bootstrap(tsub.add_parser("elect-leaders", help="move leaders back to the preferred replicas"))
+    elect.add_argument("names", nargs="*", help="topics (default: all)")
+
+
+def cmd_topic(args: argparse.Namespace) -> int:
+    from sdk import Admin
+
+    with Admin(bootstrap(args)) as admin:
+        if args.topic_command == "create":
+            config: dict[str, Any] = {}
+            for item in args.config or []:
+                key, _, value = item.partition("=")
+                config[key] = value
+            admin.create_topic(args.name, args.partitions, args.replication_factor, config)
+            print(f"created topic {args.name} with {args.partitions} partitions")
+        elif args.topic_command == "list":
+            for name in admin.list_topics():
+                print(name)
+        elif args.topic_command == "describe":
+            for desc in admin.describe_topics([args.name] if args.name else None):
+                print(f"topic {desc.name}")
+                for key, value in sorted(desc.configs.items()):
+                    print(f"  {key} = {value}")
+                for p in desc.partitions:
+                    print(f"  partition {p.partition}: leader {p.leader} epoch {p.leader_epoch} "
+                          f"replicas {list(p.replicas)} isr {list(p.isr)}")
+        elif args.topic_command == "delete":
+            admin.delete_topic(args.name)
+            print(f"deleted topic {args.name}")
+        elif args.topic_command == "add-partitions":
+            admin.create_partitions(args.name, args.partitions)
+            print(f"topic {args.name} now has {args.partitions} partitions")
+        elif args.topic_command == "elect-leaders":
+            moved = admin.elect_preferred_leaders(args.names or None)
+            print(f"moved leadership of {moved} partitions back to their preferred replicas")
+    return 0
