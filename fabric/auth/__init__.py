@@ -5,7 +5,7 @@
                          what each request needs (``required_access``)
 * ``fabric.auth.store``  principals and ACLs in ZooKeeper, the watched ``SecurityCache``,
                          ZooKeeper digest ACLs
-* ``fabric.auth.commands``  ``fabric keys|principal|acl``
+The commands ``fabric keys|principal|acl`` are in ``fabric/cli/security.py``.
 """
 
 from fabric.auth.acl import (

@@ -7,6 +7,7 @@
     fabric produce TOPIC           lines from stdin or --file
     fabric consume TOPIC           records to stdout (--follow to keep going)
     fabric bench                   the produce/consume benchmark (python -m bench)
+    fabric keys|principal|acl      CURVE keys, principals, access rules (docs/SECURITY.md)
 
 Commands that talk to a cluster take ``--bootstrap`` (``zk://host:port`` or node
 addresses); without it they use ``$FABRIC_BOOTSTRAP`` or the cluster that ``fabric up``
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, topic
+from fabric.cli import bench, cluster, consume, produce, security, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -37,6 +38,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     produce,
     consume,
     bench,
+    security,
 )
 
 

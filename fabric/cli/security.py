@@ -15,8 +15,6 @@ Principal and ACL commands talk to ZooKeeper: ``--bootstrap zk://host:port[/chro
 they need its ZooKeeper credentials: ``--zk-digest-file`` (or
 ``$FABRIC_ZK_DIGEST_FILE``, or the file ``fabric up --secure`` recorded).
 
-``register(subparsers)`` plugs these into the ``fabric`` command; ``main(argv)`` runs them
-on their own.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,8 +30,8 @@ from typing import Any
 from fabric import errors
 from fabric.auth import keys, store
 from fabric.auth.acl import AclEntry, Operation, ResourceType, Role
+from fabric.cli._common import STATE_FILE
 
-STATE_FILE = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "local.json"
 DEFAULT_KEY_DIR = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "keys"
 
 
@@ -180,17 +177,3 @@ def cmd_acl(args: argparse.Namespace) -> int:
                     print(entry)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fabric")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return int(args.run(args))
-    except errors.FabricError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
