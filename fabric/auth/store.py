@@ -4,6 +4,7 @@ Layout, below the Fabric root (docs/ZOOKEEPER.md)::
 
     /fabric/security/principals/<name>   {"public_key": Z85, "role": "user"|"super"|"node"}
     /fabric/security/acls                {"version": 1, "acls": [entry, ...]}, version-checked
+    /fabric/security/quotas              {"version": 1, "quotas": {principal: {"produce_bytes_per_s": n}}}
 
 One znode per principal, so adding one never races another; all ACL entries in one znode
 written with a version-checked ``set``, so two operators adding entries at once both land
@@ -36,16 +37,18 @@ from kazoo.security import make_acl, make_digest_acl
 from fabric import errors
 from fabric.auth.acl import AclEntry, Authorizer, Principal, Role, decode_acls, encode_acls
 from fabric.auth.keys import validate_name, validate_public_key
+from fabric.auth.quota import DEFAULT_PRINCIPAL, Quota, decode_quotas, encode_quotas
 from fabric.zk import ROOT
 
 log = logging.getLogger("fabric.auth")
 
 __all__ = ["NoAuthError", "SecurityCache", "add_acl", "add_principal", "list_acls", "list_principals",
-           "remove_acl", "remove_principal", "secure_zk_kwargs"]
+           "list_quotas", "remove_acl", "remove_principal", "secure_zk_kwargs", "set_quota"]
 
 SECURITY = f"{ROOT}/security"
 PRINCIPALS = f"{SECURITY}/principals"
 ACLS = f"{SECURITY}/acls"
+QUOTAS = f"{SECURITY}/quotas"
 ZK_TIMEOUT_S = 10.0
 ACL_WRITE_ATTEMPTS_MAX = 20
 
@@ -56,10 +59,11 @@ def principal_path(name: str) -> str:
 
 def _ensure(zk: KazooClient) -> None:
     zk.ensure_path(PRINCIPALS)
-    try:
-        zk.create(ACLS, encode_acls([]))
-    except NodeExistsError:
-        pass
+    for path, empty in ((ACLS, encode_acls([])), (QUOTAS, encode_quotas({}))):
+        try:
+            zk.create(path, empty)
+        except NodeExistsError:
+            pass
 
 
 def add_principal(zk: KazooClient, name: str, public_key: str | bytes, role: Role = Role.USER) -> Principal:
@@ -109,17 +113,45 @@ def list_acls(zk: KazooClient) -> list[AclEntry]:
     return decode_acls(raw)
 
 
-def _update_acls(zk: KazooClient, change: Callable[[list[AclEntry]], list[AclEntry]]) -> list[AclEntry]:
+def _update(zk: KazooClient, path: str, change: Callable[[bytes], bytes]) -> None:
+    """Read-modify-write with the znode version as the fence."""
     _ensure(zk)
     for _ in range(ACL_WRITE_ATTEMPTS_MAX):
-        raw, stat = zk.get(ACLS)
-        entries = change(decode_acls(raw))
+        raw, stat = zk.get(path)
         try:
-            zk.set(ACLS, encode_acls(entries), version=stat.version)
-            return entries
+            zk.set(path, change(raw), version=stat.version)
+            return
         except BadVersionError:
             continue  # another writer won; re-read and apply our change on top of theirs
-    raise errors.RequestTimedOutError(f"ACL update lost {ACL_WRITE_ATTEMPTS_MAX} races in a row; retry")
+    raise errors.RequestTimedOutError(f"update of {path} lost {ACL_WRITE_ATTEMPTS_MAX} races in a row; retry")
+
+
+def _update_acls(zk: KazooClient, change: Callable[[list[AclEntry]], list[AclEntry]]) -> None:
+    _update(zk, ACLS, lambda raw: encode_acls(change(decode_acls(raw))))
+
+
+def list_quotas(zk: KazooClient) -> dict[str, Quota]:
+    try:
+        raw, _ = zk.get(QUOTAS)
+    except NoNodeError:
+        return {}
+    return decode_quotas(raw)
+
+
+def set_quota(zk: KazooClient, principal: str, quota: Quota | None) -> None:
+    """Set (or with None remove) a principal's quota; ``*`` is the default for all."""
+    if principal != DEFAULT_PRINCIPAL:
+        validate_name(principal)
+
+    def change(raw: bytes) -> bytes:
+        quotas = decode_quotas(raw)
+        if quota is None:
+            quotas.pop(principal, None)
+        else:
+            quotas[principal] = quota
+        return encode_quotas(quotas)
+
+    _update(zk, QUOTAS, change)
 
 
 def add_acl(zk: KazooClient, entry: AclEntry) -> bool:
@@ -162,6 +194,7 @@ class SecurityCache:
         self.zk = zk
         self.on_change = on_change
         self.authorizer = Authorizer({}, [])
+        self.quotas: dict[str, Quota] = {}
         self._principals: dict[str, Principal] = {}
         self._acls: list[AclEntry] = []
         self._lock = threading.Lock()
@@ -172,6 +205,7 @@ class SecurityCache:
         _ensure(self.zk)
         self.zk.ChildrenWatch(PRINCIPALS, self._principals_changed)
         self.zk.DataWatch(ACLS, self._acls_changed)
+        self.zk.DataWatch(QUOTAS, self._quotas_changed)
         self.ready.set()
 
     def close(self) -> None:
@@ -206,6 +240,15 @@ class SecurityCache:
         with self._lock:
             self._acls = acls
             self._rebuild()
+        return None
+
+    def _quotas_changed(self, data: bytes | None, stat: Any, event: Any = None) -> bool | None:
+        if self._closed:
+            return False
+        try:
+            self.quotas = decode_quotas(data)
+        except (ValueError, KeyError, errors.FabricError) as exc:
+            log.error("ignoring unreadable quota znode: %s (keeping the previous quotas)", exc)
         return None
 
     def _rebuild(self) -> None:

@@ -9,6 +9,9 @@
                    --service-prefix P | --cluster)
     fabric acl remove ... (the same options)
     fabric acl list [--principal P]
+    fabric quota set PRINCIPAL --produce-bytes-per-s N     (PRINCIPAL '*': everyone without one)
+    fabric quota remove PRINCIPAL
+    fabric quota list
 
 Principal and ACL commands talk to ZooKeeper: ``--bootstrap zk://host:port[/chroot]``
 (or ``$FABRIC_BOOTSTRAP``, or the cluster ``fabric up`` recorded). On a secure cluster
@@ -30,6 +33,7 @@ from typing import Any
 from fabric import errors
 from fabric.auth import keys, store
 from fabric.auth.acl import AclEntry, Operation, ResourceType, Role
+from fabric.auth.quota import Quota
 from fabric.cli._common import STATE_FILE
 
 DEFAULT_KEY_DIR = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "keys"
@@ -136,6 +140,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _acl_options(_with_zk(asub.add_parser("remove")))
     lst = _with_zk(asub.add_parser("list"))
     lst.add_argument("--principal", "-p")
+
+    q = subparsers.add_parser("quota", help="per-principal produce byte rates (responses are delayed, never dropped)")
+    q.set_defaults(run=cmd_quota)
+    qsub = q.add_subparsers(dest="quota_command", required=True)
+    qset = _with_zk(qsub.add_parser("set"))
+    qset.add_argument("principal", help="principal name, or '*' for every principal without its own quota")
+    qset.add_argument("--produce-bytes-per-s", type=int, required=True)
+    qremove = _with_zk(qsub.add_parser("remove"))
+    qremove.add_argument("principal")
+    _with_zk(qsub.add_parser("list"))
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    with _zk(args) as zk:
+        if args.quota_command == "set":
+            store.set_quota(zk, args.principal, Quota(args.produce_bytes_per_s))
+            print(f"quota for {args.principal}: produce {args.produce_bytes_per_s:,} bytes/s")
+        elif args.quota_command == "remove":
+            store.set_quota(zk, args.principal, None)
+            print(f"removed the quota of {args.principal}")
+        else:
+            for principal, quota in sorted(store.list_quotas(zk).items()):
+                print(f"{principal}\tproduce_bytes_per_s={quota.produce_bytes_per_s}")
+    return 0
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

@@ -13,7 +13,14 @@ import zmq
 from fabric import errors
 from fabric.auth import keys
 from fabric.auth.acl import Authorizer, Principal, Role
-from fabric.auth.curve import DOMAIN_CLIENTS, DOMAIN_REPLICATION, ClientSecurity, ServerSecurity, ZapAuthenticator, user_id
+from fabric.auth.curve import (
+    DOMAIN_CLIENTS,
+    DOMAIN_REPLICATION,
+    ClientSecurity,
+    ServerSecurity,
+    ZapAuthenticator,
+    user_id,
+)
 from fabric.local import free_port
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey

@@ -132,3 +132,20 @@ def test_digest_acls_keep_other_clients_read_only(zk_url: str, tmp_path: Path,
     finally:
         close_client(secure)
         close_client(plain)
+
+
+def test_quotas_cli_and_cache(zk_url: str, zk: KazooClient, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = store.SecurityCache(zk)
+    cache.start()
+    try:
+        boot = ["--bootstrap", f"zk://{zk_url}"]
+        assert fabric_main(["quota", "set", "alice", "--produce-bytes-per-s", "1000", *boot]) == 0
+        assert fabric_main(["quota", "set", "*", "--produce-bytes-per-s", "5000", *boot]) == 0
+        assert fabric_main(["quota", "set", "alice", "--produce-bytes-per-s", "0", *boot]) == 2
+        wait_until(lambda: set(cache.quotas) == {"alice", "*"}, CHANGE_VISIBLE_S)
+        assert fabric_main(["quota", "list", *boot]) == 0
+        assert "alice\tproduce_bytes_per_s=1000" in capsys.readouterr().out
+        assert fabric_main(["quota", "remove", "alice", *boot]) == 0
+        wait_until(lambda: set(cache.quotas) == {"*"}, CHANGE_VISIBLE_S)
+    finally:
+        cache.close()
