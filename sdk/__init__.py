@@ -8,6 +8,7 @@
         producer.send("events", b"hello", key=b"user-1").result(timeout=10)
 """
 
+from fabric.auth.curve import ClientSecurity
 from fabric.errors import FabricError
 from sdk._client import TopicPartition
 from sdk.accumulator import RecordFuture, RecordMetadata
@@ -17,6 +18,7 @@ from sdk.producer import Producer
 
 __all__ = [
     "Admin",
+    "ClientSecurity",
     "Consumer",
     "FabricError",
     "Producer",

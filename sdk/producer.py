@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from fabric import errors
+from fabric.auth.curve import ClientSecurity
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
@@ -83,7 +84,11 @@ class Producer:
         producer_id: int | None = None,
         producer_epoch: int = 0,
         context: zmq.Context[Any] | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
+        # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY
+        # (read here, so a bad key file fails the constructor, not the sender thread).
+        self._security = security or ClientSecurity.from_env()
         self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
         if enable_idempotence is None:
             enable_idempotence = self.acks == -1  # as Kafka: on by default with acks=all
@@ -290,7 +295,7 @@ class Producer:
 
     # -- sender thread ----------------------------------------------------------------------
     def _run_sender(self) -> None:
-        conns = Connections(self._ctx)
+        conns = Connections(self._ctx, security=self._security)
         meta = MetadataClient(self._bootstrap, conns)
         conns.poller.register(self._wake_pull, zmq.POLLIN)
         try:
