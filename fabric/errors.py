@@ -36,7 +36,8 @@ Hierarchy::
         ├── BufferFullError          the producer buffer stayed full for max_block_ms
         ├── DeliveryTimeoutError     a batch was not acknowledged within delivery_timeout_ms
         ├── NoBrokersAvailableError  no bootstrap address answered
-        └── ClientClosedError        the client was used after close()
+        ├── ClientClosedError        the client was used after close()
+        └── ConfigError              a process option (flag, environment, TOML file) is invalid
 
 Every class has ``code`` (the wire number), ``retriable`` and ``name`` (the wire name);
 ``error_for_code`` maps a number back to its class. ``docs/PROTOCOL.md`` prints the same
@@ -271,6 +272,11 @@ class NoBrokersAvailableError(FabricError):
 class ClientClosedError(FabricError):
     name = "CLIENT_CLOSED"
     description = "the client was used after close()"
+
+
+class ConfigError(FabricError):
+    name = "CONFIG_ERROR"
+    description = "a process option (flag, environment variable or TOML file) is invalid"
 
 
 def error_for_code(code: int) -> type[FabricError]:

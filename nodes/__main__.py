@@ -1,5 +1,5 @@
 import sys
 
-from nodes.server import main
+from nodes.launch import main
 
 sys.exit(main())

@@ -15,6 +15,8 @@ command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc make)
 command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)  # peers benchmark
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing with apt: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

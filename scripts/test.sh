@@ -4,7 +4,7 @@
 #   scripts/test.sh -m "not slow"        the quick set while developing
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FABRIC_EXTRAS="spark,dev" scripts/install.sh
+FABRIC_EXTRAS="spark,dev,bench" scripts/install.sh
 export PYSPARK_PYTHON="$(command -v python3)"
 # Node processes and Spark workers import this checkout, whatever else is installed.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

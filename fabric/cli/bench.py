@@ -12,6 +12,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_bench(argv: list[str]) -> int:
+    if "--peers" in argv:  # fabric bench --peers [...]: the side-by-side benchmark (python -m bench.peers)
+        from bench.peers import main as peers_main
+
+        return peers_main([a for a in argv if a != "--peers"])
     from bench.__main__ import main as bench_main
 
     return bench_main(argv)

@@ -19,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up = subparsers.add_parser("up", help="run ZooKeeper and storage nodes locally until Ctrl-C")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--data-dir", help="keep data here (default: a temporary dir, removed on exit)")
+    up.add_argument("--config", metavar="NODE.toml",
+                    help="node options for every node (docs/OPERATIONS.md); id, zk and data_dir are set per node")
     up.set_defaults(run=cmd_up)
 
     demo = subparsers.add_parser("demo", help="start a local cluster, produce and consume messages, print a summary")
@@ -37,7 +39,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     from fabric.local import LocalCluster
 
     base_dir = Path(args.data_dir) if args.data_dir else None
-    cluster = LocalCluster(args.nodes, base_dir)
+    node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
+    if node_args:
+        from fabric import config
+
+        config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
+    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -144,6 +151,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_node(argv: list[str]) -> int:
-    from nodes.server import main as node_main
+    from nodes.launch import main as node_main
 
     return node_main(argv)

@@ -1,0 +1,1 @@
+"""Parts of ``python -m bench.peers``: peer servers, workloads per system, report."""

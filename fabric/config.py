@@ -1,0 +1,225 @@
+"""The storage node's options, declared once as data, and where their values come from.
+
+Every option has one name (``fsync_interval_ms``), which is its TOML key, its flag
+(``--fsync-interval-ms``) and, upper-cased behind ``FABRIC_NODE_``, its environment
+variable (``FABRIC_NODE_FSYNC_INTERVAL_MS``). A value is taken from the first of:
+
+    1. the command line flag
+    2. the environment variable
+    3. the TOML file given by ``--config`` (or ``FABRIC_NODE_CONFIG``)
+    4. the default below
+
+Bad input (an unknown key in the file, a word where a number belongs, a port out of
+range, a missing required option) raises ``ConfigError`` naming the source and the
+option, before the node touches anything. ``markdown_table()`` renders the declaration
+as the table in ``docs/OPERATIONS.md`` (a test checks that they agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 has no tomllib
+    tomllib = None
+
+from fabric.errors import ConfigError
+from fabric.limits import FSYNC_INTERVAL_MS_DEFAULT, RETENTION_CHECK_INTERVAL_MS_DEFAULT
+from fabric.logs import LOG_FORMATS, LOG_LEVELS
+
+ENV_PREFIX = "FABRIC_NODE_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+CONFIG_FILE_BYTES_MAX = 1024 * 1024  # a node's TOML file is small; anything bigger is a mistake
+PORT_MAX = 65_535
+
+
+@dataclass(frozen=True)
+class Option:
+    """One node option. ``kind`` is int, str or float; ``unit`` is what the number counts."""
+
+    name: str
+    kind: type
+    default: Any
+    unit: str
+    help: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    required: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def parse(self, raw: Any, source: str) -> Any:
+        """The value of ``raw`` (a string from a flag or the environment, or a TOML value)
+        as this option's type, checked; ConfigError names ``source`` otherwise."""
+        where = f"{source}: {self.name}"
+        unit = f" ({self.unit})" if self.unit else ""
+        if self.kind is int:
+            if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+                raise ConfigError(f"{where} must be an integer{unit}, got {raw!r}")
+            try:
+                value: Any = int(raw.replace("_", "")) if isinstance(raw, str) else raw
+            except ValueError:
+                raise ConfigError(f"{where} must be an integer{unit}, got {raw!r}") from None
+        elif self.kind is float:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise ConfigError(f"{where} must be a number, got {raw!r}")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ConfigError(f"{where} must be a number, got {raw!r}") from None
+        else:
+            if not isinstance(raw, str):
+                raise ConfigError(f"{where} must be a string, got {raw!r}")
+            value = raw.upper() if self.name == "log_level" else raw
+            if not value and self.required:
+                raise ConfigError(f"{where} must not be empty")
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"{where} must be one of {', '.join(self.choices)}, got {raw!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"{where} must be >= {self.minimum:g}, got {value}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"{where} must be <= {self.maximum:g}, got {value}")
+        return value
+
+
+# The declaration. Defaults that other code also needs live in fabric/limits.py.
+NODE_OPTIONS: tuple[Option, ...] = (
+    Option("id", int, None, "", "the node's identity in ZooKeeper and in partition assignments; "
+           "keep it with its data dir", minimum=0, maximum=2**31 - 1, required=True),
+    Option("zk", str, None, "", "ZooKeeper connect string, e.g. `10.0.0.5:2181,10.0.0.6:2181/fabric`",
+           required=True),
+    Option("data_dir", str, None, "", "directory of the node's RocksDB", required=True),
+    Option("host", str, "127.0.0.1", "", "address the node binds and publishes in ZooKeeper"),
+    Option("port", int, 0, "", "client port; 0 picks a free one (published in ZooKeeper)", minimum=0,
+           maximum=PORT_MAX),
+    Option("replication_port", int, 0, "", "replication PUB port; 0 picks a free one", minimum=0, maximum=PORT_MAX),
+    Option("replica_lag_max_ms", int, 5_000, "ms", "a follower this far behind leaves the in-sync replicas",
+           minimum=1),
+    Option("replication_hwm", int, 1_000, "batches", "batches queued per follower before the replication "
+           "stream drops (the follower then fetches)", minimum=1),
+    Option("replication_buffer_bytes", int, 0, "bytes", "kernel buffer of the replication sockets; 0 lets "
+           "the OS size it", minimum=0),
+    Option("fsync", str, "none", "", "when the write-ahead log is synced to disk: `none`, `interval`, "
+           "`every-batch` (see Durability and fsync)", choices=("none", "interval", "every-batch")),
+    Option("fsync_interval_ms", int, FSYNC_INTERVAL_MS_DEFAULT, "ms", "with `fsync = \"interval\"`: how often",
+           minimum=1),
+    Option("retention_check_interval_ms", int, RETENTION_CHECK_INTERVAL_MS_DEFAULT, "ms",
+           "how often retention deletes old batches", minimum=1),
+    Option("session_timeout_ms", int, 6_000, "ms", "ZooKeeper session timeout: how long a dead node "
+           "keeps its partitions before failover", minimum=1),
+    Option("log_level", str, "INFO", "", "DEBUG, INFO, WARNING, ERROR", choices=LOG_LEVELS),
+    Option("log_format", str, "text", "", "`text` for people, `json` for log pipelines (one object per line)",
+           choices=LOG_FORMATS),
+)
+OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in NODE_OPTIONS}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if tomllib is None:  # pragma: no cover
+        raise ConfigError("reading a TOML config file needs Python 3.11 or newer")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(raw) > CONFIG_FILE_BYTES_MAX:
+        raise ConfigError(f"config file {path} has {len(raw)} bytes (max {CONFIG_FILE_BYTES_MAX})")
+    try:
+        table = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    # Accept the options at the top level or under [node], so one file can also hold
+    # other processes' sections later.
+    if "node" in table and isinstance(table["node"], dict):
+        table = {**{k: v for k, v in table.items() if k != "node"}, **table["node"]}
+    unknown = sorted(set(table) - set(OPTIONS_BY_NAME))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown option(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(OPTIONS_BY_NAME)}")
+    return table
+
+
+def argument_parser(prog: str = "fabric node") -> argparse.ArgumentParser:
+    """Flags for every option; none has an argparse default, so the parse result holds
+    only what the command line said (the other sources fill the rest)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Run one Fabric storage node. Every option is also "
+                                     f"an environment variable ({ENV_PREFIX}<NAME>) and a key of the --config file.",
+                                     argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", metavar="FILE.toml", help=f"TOML file of options (or ${CONFIG_ENV})")
+    for option in NODE_OPTIONS:
+        unit = f" [{option.unit}]" if option.unit else ""
+        default = "" if option.default is None else f" (default {option.default})"
+        parser.add_argument(option.flag, dest=option.name, metavar=option.name.upper(),
+                            help=f"{option.help}{unit}{default}")
+    return parser
+
+
+def load_node_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every option's value by precedence flag > environment > file > default."""
+    environ = os.environ if environ is None else environ
+    parser = argument_parser()
+    try:
+        flags = vars(parser.parse_args(list(argv)))
+    except SystemExit as exc:
+        if exc.code in (0, None):  # --help: argparse printed it; exit as it asked
+            raise
+        # argparse printed the usage and the reason already.
+        raise ConfigError("invalid command line (see the message above)") from exc
+    config_path = flags.pop("config", None) or environ.get(CONFIG_ENV)
+    from_file = _read_toml(Path(config_path)) if config_path else {}
+    unknown_env = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k != CONFIG_ENV
+                         and k[len(ENV_PREFIX):].lower() not in OPTIONS_BY_NAME)
+    if unknown_env:
+        raise ConfigError(f"unknown environment variable(s) {', '.join(unknown_env)}")
+    settings: dict[str, Any] = {}
+    missing = []
+    for option in NODE_OPTIONS:
+        if option.name in flags:
+            settings[option.name] = option.parse(flags[option.name], f"flag {option.flag}")
+        elif option.env in environ:
+            settings[option.name] = option.parse(environ[option.env], f"environment {option.env}")
+        elif option.name in from_file:
+            settings[option.name] = option.parse(from_file[option.name], f"config file {config_path}")
+        elif option.required:
+            missing.append(option)
+        else:
+            settings[option.name] = option.default
+    if missing:
+        raise ConfigError("missing required option(s): " + "; ".join(
+            f"{o.name} ({o.flag}, {o.env} or `{o.name} =` in --config)" for o in missing))
+    return settings
+
+
+def _markdown_cell(value: Any) -> str:
+    if value is None:
+        return "required"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value}`"
+
+
+def markdown_table() -> str:
+    """The options table of docs/OPERATIONS.md, generated from NODE_OPTIONS."""
+    lines = ["| option (TOML key) | flag | environment | type | unit | default | what |",
+             "|---|---|---|---|---|---|---|"]
+    for o in NODE_OPTIONS:
+        lines.append(f"| `{o.name}` | `{o.flag}` | `{o.env}` | {o.kind.__name__} | {o.unit or '-'} | "
+                     f"{_markdown_cell(o.default)} | {o.help} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())

@@ -1,0 +1,48 @@
+"""A real node takes its options from a TOML file and the environment, and logs JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fabric.local import LocalZooKeeper
+from sdk import Admin, Consumer, Producer, TopicPartition
+from tests.conftest import make_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_node_from_toml_file_logs_json(zk_server: LocalZooKeeper, tmp_path: Path, topic_name: str) -> None:
+    config_file = tmp_path / "node.toml"
+    config_file.write_text('[node]\nfsync = "interval"\nfsync_interval_ms = 200\nlog_format = "json"\n'
+                           'log_level = "INFO"\n')
+    cluster = make_cluster(zk_server, tmp_path / "cluster", nodes=1, node_args=["--config", str(config_file)])
+    cluster.start()
+    try:
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_topic(topic_name, partitions=1, replication_factor=1)
+        with Producer(cluster.bootstrap) as producer:
+            producer.send(topic_name, b"hello").result(30)
+        with Consumer(cluster.bootstrap) as consumer:
+            consumer.assign([TopicPartition(topic_name, 0)])
+            assert [r.value for r in consumer.poll(timeout_ms=5000)] == [b"hello"]
+    finally:
+        cluster.stop()
+    lines = [line for line in (tmp_path / "cluster" / "node1.log").read_text().splitlines() if line.startswith("{")]
+    assert lines, "the node wrote no JSON log lines"
+    records = [json.loads(line) for line in lines]
+    assert all(r["process"] == "node1" and r["node"] == 1 and r["level"] for r in records)
+
+
+def test_bad_option_stops_the_node_with_a_clear_message(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FABRIC_NODE_FSYNC_INTERVAL_MS": "soon"}
+    result = subprocess.run([sys.executable, "-m", "nodes", "--id", "1", "--zk", "127.0.0.1:1",
+                             "--data-dir", str(tmp_path / "d")], env=env, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 2
+    assert "environment FABRIC_NODE_FSYNC_INTERVAL_MS: fsync_interval_ms must be an integer (ms), got 'soon'" \
+        in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "d").exists()
