@@ -80,6 +80,8 @@ enum fabric_err {
     FABRIC_ERR_NOT_CONTROLLER = 27,
     FABRIC_ERR_OUT_OF_ORDER_SEQUENCE = 28,
     FABRIC_ERR_INVALID_PRODUCER_EPOCH = 29,
+    FABRIC_ERR_AUTHORIZATION_FAILED = 80,  /* an ACL does not allow the operation */
+    FABRIC_ERR_AUTHENTICATION_FAILED = 81, /* CURVE key not registered, or wrong server key */
     /* client-side only */
     FABRIC_ERR_INVALID_ARGUMENT = -1, /* a caller's argument is out of range */
     FABRIC_ERR_NO_MEMORY = -2,        /* malloc failed or a buffer limit was reached */
@@ -89,7 +91,7 @@ enum fabric_err {
     FABRIC_ERR_BUFFER_FULL = -6,      /* buffer_bytes_max stayed full for max_block_ms */
     FABRIC_ERR_CLOSED = -7            /* destroyed with records still unsent */
 };
-#define FABRIC_WIRE_ERROR_MAX 29
+#define FABRIC_WIRE_ERROR_MAX 99 /* wire codes are 0..99 (ranges in docs/PROTOCOL.md) */
 
 /* "NOT_LEADER"-style name; "UNKNOWN" for codes outside the table. Never NULL. */
 const char *fabric_err_name(int code);
@@ -146,6 +148,11 @@ typedef struct fabric_producer_config {
     int retry_backoff_ms;    /* wait between retries of a batch; default 100 */
     fabric_delivery_cb on_delivery; /* called once per batch, from the producer's calls */
     void *opaque;                   /* passed to on_delivery */
+    /* Secure clusters (docs/SECURITY.md): the client's NAME.key_secret file and the
+     * cluster's public key (40 Z85 characters, or a cluster.key file). Both NULL: taken
+     * from $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY, else plaintext. */
+    const char *curve_key_file;
+    const char *curve_server_key;
 } fabric_producer_config_t;
 
 typedef struct fabric_producer fabric_producer_t;
@@ -191,6 +198,8 @@ typedef struct fabric_consumer_config {
     int request_timeout_ms;     /* default 30000 */
     int retry_backoff_ms;       /* default 100 */
     int offset_reset;           /* FABRIC_RESET_*; default EARLIEST */
+    const char *curve_key_file;   /* as in fabric_producer_config_t; NULL: $FABRIC_KEY_FILE */
+    const char *curve_server_key; /* NULL: $FABRIC_SERVER_KEY */
 } fabric_consumer_config_t;
 
 typedef struct fabric_consumer fabric_consumer_t;

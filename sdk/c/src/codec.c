@@ -57,6 +57,8 @@ static const error_row_t ERROR_ROWS[] = {
     {27, "NOT_CONTROLLER", 1, "this node is not the controller"},
     {28, "OUT_OF_ORDER_SEQUENCE", 0, "idempotent producer sequence gap"},
     {29, "INVALID_PRODUCER_EPOCH", 0, "a newer producer with the same id fenced this one"},
+    {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
+    {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
     {-2, "NO_MEMORY", 0, "out of memory or a buffer limit reached (client-side)"},
     {-3, "TRANSPORT", 0, "a ZeroMQ call failed (client-side)"},
