@@ -30,6 +30,9 @@ Hierarchy::
     ├── OutOfOrderSequenceError      idempotent producer saw a sequence gap
     ├── InvalidProducerEpochError    a newer producer with the same id fenced this one
     ├── UnknownServerError           anything else the node could not classify
+    ├── sequencer (40-49): NotActiveSequencerError, SequencerNotAvailableError,
+    │   StaleSequencerEpochError, GlobalIdRegressionError (retriable);
+    │   InvalidGlobalIdError, InvalidIdCountError
     ├── AuthorizationFailedError     an ACL does not allow the operation (security, 80-89)
     ├── AuthenticationFailedError    CURVE handshake refused: unknown or wrong key
     └── client-side only (no wire code, code = -1):
@@ -240,6 +243,37 @@ class OutOfOrderSequenceError(FabricError):
 
 @_wire(29, "INVALID_PRODUCER_EPOCH", "a newer producer with the same id fenced this one")
 class InvalidProducerEpochError(FabricError):
+    pass
+
+
+# Sequencer and strict-order topics: codes 40-49 (docs/DESIGN.md, "Strict-order topics").
+@_wire(40, "NOT_ACTIVE_SEQUENCER", "this sequencer is standing by or was deposed; find the active one in ZooKeeper")
+class NotActiveSequencerError(RetriableError):
+    pass
+
+
+@_wire(41, "SEQUENCER_NOT_AVAILABLE", "no active sequencer granted global IDs in time; nothing written")
+class SequencerNotAvailableError(RetriableError):
+    pass
+
+
+@_wire(42, "INVALID_GLOBAL_ID", "a producer set global_id_base on a strict-order batch; only the leader stamps it")
+class InvalidGlobalIdError(FabricError):
+    pass
+
+
+@_wire(43, "STALE_SEQUENCER_EPOCH", "a grant from a sequencer epoch older than one already seen; refused")
+class StaleSequencerEpochError(RetriableError):
+    pass
+
+
+@_wire(44, "GLOBAL_ID_REGRESSION", "a grant at or below the last global ID of the partition; refused")
+class GlobalIdRegressionError(RetriableError):
+    pass
+
+
+@_wire(45, "INVALID_ID_COUNT", "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs")
+class InvalidIdCountError(FabricError):
     pass
 
 

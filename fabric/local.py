@@ -18,9 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+_T = TypeVar("_T")
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
@@ -250,8 +256,34 @@ class LocalNode:
         self.start()
 
 
+class LocalSequencer:
+    """One sequencer instance process (``python -m sequencer``); one of several is active."""
+
+    def __init__(self, sequencer_id: int, zk_address: str, base_dir: Path, session_timeout_ms: int = 6_000) -> None:
+        self.sequencer_id = sequencer_id
+        argv = [sys.executable, "-m", "sequencer", "--id", str(sequencer_id), "--zk", zk_address,
+                "--session-timeout-ms", str(session_timeout_ms)]
+        self.process = ManagedProcess(f"sequencer{sequencer_id}", argv, base_dir / f"sequencer{sequencer_id}.log")
+
+    def start(self) -> None:
+        self.process.start()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def pause(self) -> None:
+        self.process.pause()
+
+    def resume(self) -> None:
+        self.process.resume()
+
+
 class LocalCluster:
-    """ZooKeeper plus ``node_count`` storage nodes, all real processes on loopback."""
+    """ZooKeeper plus ``node_count`` storage nodes (and ``sequencer_count`` sequencer
+    instances), all real processes on loopback."""
 
     def __init__(
         self,
@@ -262,7 +294,10 @@ class LocalCluster:
         node_args: list[str] | None = None,
         session_timeout_ms: int = 6_000,
         chroot: str | None = None,
+        sequencer_count: int = 0,
     ) -> None:
+        self.sequencer_count = sequencer_count
+        self.sequencers: dict[int, LocalSequencer] = {}
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="fabric-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -296,6 +331,10 @@ class LocalCluster:
             for node_id in range(1, self.node_count + 1):
                 self.add_node(node_id, wait=False)
             self.wait_for_nodes(list(self.nodes))
+            for sequencer_id in range(1, self.sequencer_count + 1):
+                self.add_sequencer(sequencer_id)
+            if self.sequencer_count:
+                self.wait_for_active_sequencer()
         except BaseException:
             self.stop()
             raise
@@ -336,12 +375,60 @@ class LocalCluster:
         finally:
             zkl.close_client(zk)
 
+    def add_sequencer(self, sequencer_id: int) -> LocalSequencer:
+        sequencer = LocalSequencer(sequencer_id, self.zk_address, self.base_dir, self.session_timeout_ms)
+        self.sequencers[sequencer_id] = sequencer
+        sequencer.start()
+        return sequencer
+
+    def active_sequencer(self) -> int | None:
+        """The id of the sequencer instance registered as active, if any."""
+        return self._with_zk(lambda zk: self._read_active_id(zk))
+
+    def wait_for_active_sequencer(self, timeout_s: float = NODE_READY_TIMEOUT_S, *,
+                                  other_than: int | None = None) -> int:
+        """Wait until a running sequencer instance (not ``other_than``) is registered as active."""
+
+        def wait(zk: KazooClient) -> int:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                active = self._read_active_id(zk)
+                sequencer = self.sequencers.get(active) if active is not None else None
+                if active is not None and active != other_than and sequencer is not None \
+                        and sequencer.process.running:
+                    return active
+                time.sleep(0.05)
+            raise RuntimeError(f"no sequencer became active within {timeout_s} s")
+
+        return self._with_zk(wait)
+
+    @staticmethod
+    def _read_active_id(zk: KazooClient) -> int | None:
+        from fabric import sequencer_client
+
+        active = sequencer_client.read_active(zk)
+        return None if active is None else active.sequencer_id
+
+    def _with_zk(self, action: Callable[[KazooClient], _T]) -> _T:
+        from kazoo.client import KazooClient
+
+        from fabric import zk as zkl
+
+        zk = KazooClient(hosts=self.zk_address)
+        zk.start(timeout=30)
+        try:
+            return action(zk)
+        finally:
+            zkl.close_client(zk)
+
     @property
     def bootstrap(self) -> str:
         """A bootstrap string for the SDK: ZooKeeper (the SDK asks it for node addresses)."""
         return f"zk://{self.zk_address}"
 
     def stop(self) -> None:
+        for sequencer in self.sequencers.values():
+            sequencer.stop()
         for node in self.nodes.values():
             node.stop()
         if self.zookeeper is not None:

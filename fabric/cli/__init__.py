@@ -3,6 +3,7 @@
     fabric up                      local cluster: ZooKeeper + 3 nodes, until Ctrl-C
     fabric demo                    the quickstart job: cluster, 100,000+ messages, summary
     fabric node --id N --zk ...    one storage node
+    fabric sequencer --zk ... --id N   one sequencer instance (strict-order topics)
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
     fabric consume TOPIC           records to stdout (--follow to keep going)
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, security, topic
+from fabric.cli import bench, cluster, consume, produce, security, sequencer, status, topic
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -38,6 +39,8 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     produce,
     consume,
     bench,
+    status,
+    sequencer,
     security,
 )
 

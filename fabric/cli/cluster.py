@@ -44,11 +44,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         from fabric import config
 
         config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
-    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args)
+    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=2)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"starting ZooKeeper and {args.nodes} storage nodes ...", flush=True)
+    print(f"starting ZooKeeper, {args.nodes} storage nodes and 2 sequencers ...", flush=True)
     cluster.start()
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -60,6 +60,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"ZooKeeper  {cluster.zk_address}")
         for node_id, address in sorted(nodes.items()):
             print(f"node {node_id}     {address}")
+        print(f"sequencers {sorted(cluster.sequencers)} (active: {cluster.active_sequencer()}; strict-order topics)")
         print(f"bootstrap  {cluster.bootstrap}   (recorded in {STATE_FILE})")
         print(f"data       {cluster.base_dir}")
         print("Ctrl-C stops everything.", flush=True)

@@ -44,13 +44,16 @@ def cmd_topic(args: argparse.Namespace) -> int:
             for name in admin.list_topics():
                 print(name)
         elif args.topic_command == "describe":
+            from fabric.cli.status import describe_range, log_ranges
+
             for desc in admin.describe_topics([args.name] if args.name else None):
                 print(f"topic {desc.name}")
                 for key, value in sorted(desc.configs.items()):
                     print(f"  {key} = {value}")
+                spans = log_ranges(bootstrap(args), desc.name, [p.partition for p in desc.partitions])
                 for p in desc.partitions:
                     print(f"  partition {p.partition}: leader {p.leader} epoch {p.leader_epoch} "
-                          f"replicas {list(p.replicas)} isr {list(p.isr)}")
+                          f"replicas {list(p.replicas)} isr {list(p.isr)} {describe_range(spans[p.partition])}")
         elif args.topic_command == "delete":
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")

@@ -29,6 +29,7 @@ from fabric.protocol.header import (
     encode_response_header,
 )
 from fabric.protocol.schema import Array, Schema, Struct
+from fabric.protocol.sequencer import ALLOCATE_IDS_REQUEST_V0, ALLOCATE_IDS_RESPONSE_V0
 
 
 class ApiKey(IntEnum):
@@ -45,6 +46,8 @@ class ApiKey(IntEnum):
     OFFSETS_FOR_LEADER_EPOCH = 10
     ELECT_LEADERS = 11
     CREATE_PARTITIONS = 12
+    # 20-29: the sequencer (fabric/protocol/sequencer.py)
+    ALLOCATE_IDS = 20
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -239,6 +242,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.OFFSETS_FOR_LEADER_EPOCH, 0): (OFFSETS_FOR_LEADER_EPOCH_REQUEST_V0, OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0),
     (ApiKey.ELECT_LEADERS, 0): (ELECT_LEADERS_REQUEST_V0, ELECT_LEADERS_RESPONSE_V0),
     (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),
+    (ApiKey.ALLOCATE_IDS, 0): (ALLOCATE_IDS_REQUEST_V0, ALLOCATE_IDS_RESPONSE_V0),
 }
 
 

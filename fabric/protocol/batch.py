@@ -64,6 +64,8 @@ CODEC_NONE = 0
 CODEC_LZ4 = 1
 CODEC_MASK = 0x07
 TIMESTAMP_LOG_APPEND = 0x08
+# A control batch (a strict-order tick): counted in offsets, skipped by every consumer.
+ATTRIBUTE_CONTROL = 0x10
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 RECORD_FIXED_BYTES = 14  # 3 x i32 + 1 x u16 per record in the columnar arrays
 CRC_START = 20
@@ -214,6 +216,13 @@ def stamp(buf: bytearray, base_offset: int, leader_epoch: int) -> None:
     """Write the leader's base offset and epoch into a batch in place (CRC unaffected)."""
     _STAMP.pack_into(buf, 0, base_offset)
     _EPOCH.pack_into(buf, 12, leader_epoch)
+
+
+def stamp_global_id(buf: bytearray, global_id_base: int) -> None:
+    """Write a strict-order batch's first global ID in place and recompute the CRC, which
+    covers ``global_id_base`` (the leader stamps it; docs/DESIGN.md, "Strict-order topics")."""
+    _STAMP.pack_into(buf, 60, global_id_base)
+    struct.pack_into("<I", buf, 16, compute_crc(buf))
 
 
 def encode_batch(

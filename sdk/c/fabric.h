@@ -47,7 +47,7 @@ extern "C" {
 #define FABRIC_NODES_MAX 1024        /* node addresses a client keeps sockets for */
 
 /* ---- Error codes ----------------------------------------------------------------------
- * 0..29 are the wire codes of docs/PROTOCOL.md section 7, with the same numbers. Negative
+ * 0..99 are the wire codes of docs/PROTOCOL.md section 7, with the same numbers. Negative
  * codes happen only inside this client. Functions return 0 or one of these. */
 enum fabric_err {
     FABRIC_OK = 0,
@@ -80,6 +80,12 @@ enum fabric_err {
     FABRIC_ERR_NOT_CONTROLLER = 27,
     FABRIC_ERR_OUT_OF_ORDER_SEQUENCE = 28,
     FABRIC_ERR_INVALID_PRODUCER_EPOCH = 29,
+    FABRIC_ERR_NOT_ACTIVE_SEQUENCER = 40,
+    FABRIC_ERR_SEQUENCER_NOT_AVAILABLE = 41,
+    FABRIC_ERR_INVALID_GLOBAL_ID = 42,
+    FABRIC_ERR_STALE_SEQUENCER_EPOCH = 43,
+    FABRIC_ERR_GLOBAL_ID_REGRESSION = 44,
+    FABRIC_ERR_INVALID_ID_COUNT = 45,
     FABRIC_ERR_AUTHORIZATION_FAILED = 80,  /* an ACL does not allow the operation */
     FABRIC_ERR_AUTHENTICATION_FAILED = 81, /* CURVE key not registered, or wrong server key */
     /* client-side only */
@@ -91,7 +97,7 @@ enum fabric_err {
     FABRIC_ERR_BUFFER_FULL = -6,      /* buffer_bytes_max stayed full for max_block_ms */
     FABRIC_ERR_CLOSED = -7            /* destroyed with records still unsent */
 };
-#define FABRIC_WIRE_ERROR_MAX 99 /* wire codes are 0..99 (ranges in docs/PROTOCOL.md) */
+#define FABRIC_WIRE_ERROR_MAX 99 /* wire codes are 0..99; unassigned ones print UNKNOWN */
 
 /* "NOT_LEADER"-style name; "UNKNOWN" for codes outside the table. Never NULL. */
 const char *fabric_err_name(int code);

@@ -69,7 +69,8 @@ enum fabric_api_key {
     FABRIC_API_LIST_OFFSETS = 4,
     FABRIC_API_CREATE_TOPIC = 5,
     FABRIC_API_DELETE_TOPIC = 6,
-    FABRIC_API_DESCRIBE_TOPICS = 7
+    FABRIC_API_DESCRIBE_TOPICS = 7,
+    FABRIC_API_ALLOCATE_IDS = 20 /* to the active sequencer */
 };
 
 typedef struct fabric_frame_header {
@@ -231,6 +232,17 @@ typedef struct fabric_error_body {
     fabric_str_t message;
 } fabric_error_body_t;
 
+/* ALLOCATE_IDS (20), to the active sequencer: count IDs in, a consecutive range out. */
+typedef struct fabric_allocate_ids_request {
+    int32_t count;
+} fabric_allocate_ids_request_t;
+
+typedef struct fabric_allocate_ids_response {
+    int32_t epoch;
+    int64_t first_id;
+    int32_t count;
+} fabric_allocate_ids_response_t;
+
 /* Encoders append to out (check out->err). Decoders take one whole body frame; trailing
  * bytes are MALFORMED_REQUEST. */
 #define FABRIC_DECLARE_BODY(name)                                                              \
@@ -248,6 +260,8 @@ FABRIC_DECLARE_BODY(list_offsets_response)
 FABRIC_DECLARE_BODY(create_topic_request)
 FABRIC_DECLARE_BODY(result_response)
 FABRIC_DECLARE_BODY(error_body)
+FABRIC_DECLARE_BODY(allocate_ids_request)
+FABRIC_DECLARE_BODY(allocate_ids_response)
 #undef FABRIC_DECLARE_BODY
 
 /* Build a fabric_str_t from a C string (no copy). */

@@ -57,6 +57,13 @@ static const error_row_t ERROR_ROWS[] = {
     {27, "NOT_CONTROLLER", 1, "this node is not the controller"},
     {28, "OUT_OF_ORDER_SEQUENCE", 0, "idempotent producer sequence gap"},
     {29, "INVALID_PRODUCER_EPOCH", 0, "a newer producer with the same id fenced this one"},
+    /* 40-49: the sequencer and strict-order topics */
+    {40, "NOT_ACTIVE_SEQUENCER", 1, "this sequencer is standing by or was deposed; find the active one in ZooKeeper"},
+    {41, "SEQUENCER_NOT_AVAILABLE", 1, "no active sequencer granted global IDs in time; nothing written"},
+    {42, "INVALID_GLOBAL_ID", 0, "a producer set global_id_base on a strict-order batch; only the leader stamps it"},
+    {43, "STALE_SEQUENCER_EPOCH", 1, "a grant from a sequencer epoch older than one already seen; refused"},
+    {44, "GLOBAL_ID_REGRESSION", 1, "a grant at or below the last global ID of the partition; refused"},
+    {45, "INVALID_ID_COUNT", 0, "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs"},
     {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
     {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
@@ -749,6 +756,35 @@ int fabric_error_body_decode(const uint8_t *frame, size_t len, fabric_arena_t *a
     rd_t r;
     rd_begin(&r, frame, len, arena, err, err_len);
     out->message = rd_str(&r, "message");
+    return rd_end(&r);
+}
+
+/* ---- ALLOCATE_IDS (the sequencer) ------------------------------------------------------------------ */
+void fabric_allocate_ids_request_encode(const fabric_allocate_ids_request_t *v, fabric_buf_t *out) {
+    PUT_I32(out, v->count);
+}
+
+int fabric_allocate_ids_request_decode(const uint8_t *frame, size_t len, fabric_arena_t *arena,
+                                       fabric_allocate_ids_request_t *out, char *err, size_t err_len) {
+    rd_t r;
+    rd_begin(&r, frame, len, arena, err, err_len);
+    out->count = RD_I32(&r, "count");
+    return rd_end(&r);
+}
+
+void fabric_allocate_ids_response_encode(const fabric_allocate_ids_response_t *v, fabric_buf_t *out) {
+    PUT_I32(out, v->epoch);
+    PUT_I64(out, v->first_id);
+    PUT_I32(out, v->count);
+}
+
+int fabric_allocate_ids_response_decode(const uint8_t *frame, size_t len, fabric_arena_t *arena,
+                                        fabric_allocate_ids_response_t *out, char *err, size_t err_len) {
+    rd_t r;
+    rd_begin(&r, frame, len, arena, err, err_len);
+    out->epoch = RD_I32(&r, "epoch");
+    out->first_id = RD_I64(&r, "first_id");
+    out->count = RD_I32(&r, "count");
     return rd_end(&r);
 }
 

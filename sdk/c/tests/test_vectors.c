@@ -452,6 +452,14 @@ BODY_TEST(create_topic_request, create_topic_request, {
 
 BODY_TEST(error_response, error_body, { J_FIELD_STR("message", v.message); })
 
+BODY_TEST(allocate_ids_request, allocate_ids_request, { J_FIELD_INT("count", v.count); })
+
+BODY_TEST(allocate_ids_response, allocate_ids_response, {
+    J_FIELD_INT("epoch", v.epoch);
+    J_FIELD_INT("first_id", v.first_id);
+    J_FIELD_INT("count", v.count);
+})
+
 /* ---- key hash ------------------------------------------------------------------------------- */
 static void test_keyhash(const char *dir) {
     char path[4096];
@@ -593,6 +601,8 @@ int main(int argc, char **argv) {
     test_list_offsets_response(dir);
     test_create_topic_request(dir);
     test_error_response(dir);
+    test_allocate_ids_request(dir);
+    test_allocate_ids_response(dir);
     test_keyhash(dir);
     if (dump) {
         j_close('}');

@@ -1,0 +1,259 @@
+"""``fabric status``: the cluster on one screen, and an exit code for scripts.
+
+It reads ZooKeeper, the source of truth for membership and partition state, so it works
+while nodes are down (which is when it is needed). Every ZooKeeper call has a timeout.
+
+Exit codes (``fabric status && deploy-next``; a Kubernetes or Nomad health check):
+
+    0  healthy: a controller, every node that holds replicas is up, every partition has a
+       live leader and a full in-sync replica set
+    1  unhealthy: the problems are listed (a node down, partitions offline,
+       under-replicated or below min_insync, no controller)
+    3  the cluster cannot be asked: ZooKeeper did not answer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabric.cli._common import bootstrap, with_bootstrap
+
+ZK_CONNECT_TIMEOUT_S = 5.0
+ZK_CALL_TIMEOUT_S = 5.0
+EXIT_HEALTHY = 0
+EXIT_UNHEALTHY = 1
+EXIT_UNREACHABLE = 3
+LIST_OFFSETS_TIMEOUT_MS = 3_000
+LISTED_PARTITIONS_MAX = 20  # the text screen lists this many problem partitions, then counts the rest
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = with_bootstrap(subparsers.add_parser(
+        "status", help="nodes, controller and partition health on one screen; exit 1 when unhealthy"))
+    status.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
+    status.add_argument("--timeout", type=float, default=ZK_CONNECT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"how long to wait for ZooKeeper (default {ZK_CONNECT_TIMEOUT_S:g})")
+    status.set_defaults(run=cmd_status)
+
+
+@dataclass
+class Status:
+    """What ``collect`` found; ``problems`` empty means healthy."""
+
+    zookeeper: str
+    controller: int | None = None
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    topics: int = 0
+    partitions: int = 0
+    offline: list[dict[str, Any]] = field(default_factory=list)
+    under_replicated: list[dict[str, Any]] = field(default_factory=list)
+    below_min_insync: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def as_json(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "zookeeper": self.zookeeper, "controller": self.controller,
+                "nodes": self.nodes, "topics": self.topics, "partitions": self.partitions,
+                "offline_partitions": self.offline, "under_replicated_partitions": self.under_replicated,
+                "below_min_insync_partitions": self.below_min_insync, "problems": self.problems}
+
+
+def _zk_hosts(bootstrap_value: str) -> str:
+    parts = [p.strip() for p in bootstrap_value.split(",") if p.strip()]
+    if not parts or not parts[0].startswith("zk://"):
+        raise SystemExit("fabric status reads ZooKeeper: pass --bootstrap zk://HOST:PORT[/chroot] "
+                         f"(got {bootstrap_value!r})")
+    return ",".join(p.removeprefix("zk://") for p in parts)
+
+
+def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> Status:
+    """Read membership, the controller and every partition state; decide what is wrong."""
+    from kazoo.exceptions import NoNodeError
+
+    from fabric import zk as zkl
+
+    def get(path: str) -> bytes | None:
+        try:
+            raw, _stat = zk.get_async(path).get(timeout=timeout_s)
+            return bytes(raw)
+        except NoNodeError:
+            return None
+
+    def children(path: str) -> list[str]:
+        try:
+            return sorted(zk.get_children_async(path).get(timeout=timeout_s))
+        except NoNodeError:
+            return []
+
+    status = Status(zookeeper)
+    live: dict[int, zkl.NodeInfo] = {}
+    for child in children(zkl.NODES):
+        raw = get(zkl.node_path(int(child)))
+        if raw is not None:
+            live[int(child)] = zkl.NodeInfo.decode(raw)
+    raw_controller = get(zkl.CONTROLLER)
+    status.controller = int(raw_controller) if raw_controller else None
+
+    leaders: dict[int, int] = {}
+    replicas: dict[int, int] = {}
+    for topic in children(zkl.TOPICS):
+        raw_config = get(zkl.topic_path(topic))
+        if raw_config is None:
+            continue  # deleted while we looked
+        config = zkl.TopicConfig.decode(raw_config)
+        status.topics += 1
+        for child in children(zkl.partitions_path(topic)):
+            raw_state = get(zkl.partition_path(topic, int(child)))
+            if raw_state is None:
+                continue
+            state = zkl.PartitionState.decode(int(child), raw_state)
+            status.partitions += 1
+            for replica in state.replicas:
+                replicas[replica] = replicas.get(replica, 0) + 1
+            row = {"topic": topic, "partition": state.partition, "leader": state.leader,
+                   "leader_epoch": state.leader_epoch, "replicas": list(state.replicas), "isr": list(state.isr),
+                   "min_insync": config.min_insync}
+            if state.leader < 0 or state.leader not in live:
+                status.offline.append(row)
+            else:
+                leaders[state.leader] = leaders.get(state.leader, 0) + 1
+            if len(state.isr) < len(state.replicas):
+                status.under_replicated.append({**row, "missing": sorted(set(state.replicas) - set(state.isr))})
+            if len(state.isr) < config.min_insync:
+                status.below_min_insync.append(row)
+
+    now_ms = int(time.time() * 1000)
+    for node_id in sorted(set(live) | set(replicas)):
+        info = live.get(node_id)
+        status.nodes.append({
+            "id": node_id, "up": info is not None, "address": info.address if info else None,
+            "pid": info.pid if info else None, "leaders": leaders.get(node_id, 0),
+            "replicas": replicas.get(node_id, 0),
+            "uptime_s": round((now_ms - info.started_ms) / 1000) if info and info.started_ms else None,
+            "controller": node_id == status.controller,
+        })
+
+    if status.controller is None:
+        status.problems.append("no controller elected (no node can fail partitions over)")
+    elif status.controller not in live:
+        status.problems.append(f"controller {status.controller} is not a live node")
+    for node in status.nodes:
+        if not node["up"]:
+            status.problems.append(f"node {node['id']} is down (it holds replicas of {node['replicas']} partitions)")
+    if status.offline:
+        status.problems.append(f"{len(status.offline)} partition(s) offline (no live leader): reads and writes fail")
+    if status.under_replicated:
+        status.problems.append(f"{len(status.under_replicated)} partition(s) under-replicated")
+    if status.below_min_insync:
+        status.problems.append(f"{len(status.below_min_insync)} partition(s) below min_insync: acks=all writes "
+                               "are refused")
+    if not live:
+        status.problems.append("no storage node is up")
+    return status
+
+
+def _uptime(seconds: int | None) -> str:
+    if seconds is None:
+        return "-"
+    hours, rest = divmod(max(0, seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _partition_lines(title: str, rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = [f"{title} ({len(rows)}):"]
+    for row in rows[:LISTED_PARTITIONS_MAX]:
+        extra = f" missing {row['missing']}" if "missing" in row else ""
+        lines.append(f"  {row['topic']}/{row['partition']}  leader {row['leader']}  epoch {row['leader_epoch']}  "
+                     f"replicas {row['replicas']}  isr {row['isr']}{extra}")
+    if len(rows) > LISTED_PARTITIONS_MAX:
+        lines.append(f"  ... and {len(rows) - LISTED_PARTITIONS_MAX} more (--json lists all)")
+    return lines
+
+
+def render(status: Status) -> str:
+    up = sum(1 for n in status.nodes if n["up"])
+    verdict = "HEALTHY" if status.healthy else f"UNHEALTHY ({len(status.problems)} problem(s))"
+    lines = [
+        f"cluster     zk://{status.zookeeper}   {verdict}",
+        f"controller  {'node ' + str(status.controller) if status.controller is not None else 'none'}",
+        f"nodes       {up} up, {len(status.nodes) - up} down",
+        f"  {'id':>4}  {'state':<5}  {'address':<28}  {'leaders':>7}  {'replicas':>8}  {'uptime':>8}",
+    ]
+    for n in status.nodes:
+        lines.append(f"  {n['id']:>4}  {'up' if n['up'] else 'DOWN':<5}  {n['address'] or '-':<28}  "
+                     f"{n['leaders']:>7}  {n['replicas']:>8}  {_uptime(n['uptime_s']):>8}"
+                     f"{'  (controller)' if n['controller'] else ''}")
+    lines.append(f"partitions  {status.partitions} in {status.topics} topic(s): {len(status.offline)} offline, "
+                 f"{len(status.under_replicated)} under-replicated, {len(status.below_min_insync)} below min_insync")
+    lines += _partition_lines("offline", status.offline)
+    lines += _partition_lines("under-replicated", status.under_replicated)
+    lines += _partition_lines("below min_insync", status.below_min_insync)
+    if status.problems:
+        lines.append("problems:")
+        lines += [f"  - {p}" for p in status.problems]
+    return "\n".join(lines)
+
+
+def log_ranges(bootstrap_value: str, topic: str, partitions: list[int],
+               timeout_ms: int = LIST_OFFSETS_TIMEOUT_MS) -> dict[int, tuple[int, int] | None]:
+    """Each partition's log start offset and end offset (the high watermark: what consumers
+    can read), from its leader; None where the leader did not answer."""
+    from fabric import errors
+    from sdk import Consumer, TopicPartition
+
+    out: dict[int, tuple[int, int] | None] = {}
+    with Consumer(bootstrap_value, request_timeout_ms=timeout_ms) as consumer:
+        for p in partitions:
+            tp = TopicPartition(topic, p)
+            try:
+                out[p] = (consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp])
+            except errors.FabricError:
+                out[p] = None
+    return out
+
+
+def describe_range(span: tuple[int, int] | None) -> str:
+    if span is None:
+        return "log ? (leader did not answer)"
+    start, end = span
+    return f"log {start}..{end} ({end - start:,} records)"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import logging
+
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from fabric import zk as zkl
+
+    # kazoo's own connection warnings would repeat what the exit code and message say.
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    hosts = _zk_hosts(bootstrap(args))
+    zk = KazooClient(hosts=hosts, timeout=max(args.timeout, 1.0), connection_retry={"max_tries": 1})
+    try:
+        try:
+            zk.start(timeout=args.timeout)
+            status = collect(zk, hosts, timeout_s=args.timeout)
+        except (KazooTimeoutError, KazooException, TimeoutError) as exc:
+            reason = f"ZooKeeper at {hosts} did not answer within {args.timeout:g} s ({type(exc).__name__})"
+            if args.json:
+                print(json.dumps({"healthy": False, "zookeeper": hosts, "problems": [reason]}))
+            else:
+                print(f"error: {reason}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+    finally:
+        zkl.close_client(zk)
+    print(json.dumps(status.as_json()) if args.json else render(status))
+    return EXIT_HEALTHY if status.healthy else EXIT_UNHEALTHY

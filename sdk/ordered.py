@@ -1,0 +1,226 @@
+"""Ordered consumption of strict-order topics: one total order by global ID.
+
+Every record of a strict-order topic carries a global ID stamped by its partition's
+leader from a sequencer grant (docs/DESIGN.md, "Strict-order topics"). IDs increase
+along every partition's log. So once a reader has fetched, from partition ``p``, a
+record (or a tick, the leader's one-record control batch for idle partitions) with ID
+``last[p]``, every record ``p`` will ever add has a higher ID. The watermark
+
+    W = min over the topic's partitions of last[p]
+
+is therefore final: every record with ID <= W has been fetched, and delivering them in
+ID order never has to be undone. Every reader applies the same rule to the same logs,
+so every ordered reader of a topic sees the same sequence. ``OrderedMerge`` is that rule,
+pure (no sockets, an injected clock); ``OrderedConsumer`` feeds it from a ``Consumer``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+from fabric import errors
+from fabric.protocol import batch as batch_format
+from sdk._client import TopicPartition
+from sdk.consumer import Consumer, Record
+
+# Records held back until the watermark passes them. Past this, the partitions that run
+# ahead are shed (dropped here and fetched again later), so memory stays bounded even
+# while one partition stalls.
+PENDING_RECORDS_MAX_DEFAULT = 500_000
+NO_ID = 0  # IDs start at 1 (fabric.protocol.sequencer.FIRST_GLOBAL_ID)
+
+T = TypeVar("T")
+
+
+class OrderedRecord(Record):
+    """A record of a strict-order topic, with its global ID."""
+
+    __slots__ = ("global_id",)
+
+    def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
+                 value: bytes | None, headers: list[tuple[str, bytes | None]], global_id: int) -> None:
+        super().__init__(topic, partition, offset, timestamp, key, value, headers)
+        self.global_id = global_id
+
+    def __repr__(self) -> str:
+        return (f"OrderedRecord(#{self.global_id} {self.topic}/{self.partition}@{self.offset} "
+                f"key={self.key!r} value={self.value!r:.60})")
+
+
+class OrderedMerge(Generic[T]):
+    """The merge rule of the module docstring, over items of type ``T`` tagged with
+    (partition, global ID, offset). Pure: the caller pushes what it fetched and pops what
+    is final."""
+
+    def __init__(self, partitions: Iterable[int], *, clock: Callable[[], float] = time.monotonic,
+                 pending_records_max: int = PENDING_RECORDS_MAX_DEFAULT) -> None:
+        self.clock = clock
+        self.pending_records_max = pending_records_max
+        self.last_id: dict[int, int] = dict.fromkeys(partitions, NO_ID)
+        if not self.last_id:
+            raise ValueError("an ordered merge needs at least one partition")
+        self.pending: dict[int, deque[tuple[int, int, T]]] = {p: deque() for p in self.last_id}
+        self.pending_count = 0
+        self.delivered_id = NO_ID
+        self.delivered_count = 0
+        self.ignored_count = 0  # items at or below their partition's last ID (a re-read)
+        self._watermark = NO_ID
+        self._watermark_moved_at = clock()
+        self.longest_stall_s = 0.0
+
+    # -- input -----------------------------------------------------------------------------
+    def push(self, partition: int, global_id: int, offset: int, item: T) -> None:
+        """A fetched record, in its partition's log order."""
+        if global_id <= self.last_id[partition]:
+            self.ignored_count += 1
+            return
+        self.last_id[partition] = global_id
+        self.pending[partition].append((global_id, offset, item))
+        self.pending_count += 1
+
+    def advance(self, partition: int, global_id: int) -> None:
+        """A tick (or any control batch): no record, but nothing below ``global_id`` will follow."""
+        if global_id > self.last_id[partition]:
+            self.last_id[partition] = global_id
+
+    # -- output ----------------------------------------------------------------------------
+    @property
+    def watermark(self) -> int:
+        return min(self.last_id.values())
+
+    def pop_ready(self, max_items: int) -> list[tuple[int, T]]:
+        """Up to ``max_items`` (global ID, item) pairs with ID <= watermark, in ID order."""
+        watermark = self.watermark
+        now = self.clock()
+        if watermark != self._watermark:
+            self._watermark = watermark
+            self._watermark_moved_at = now
+        elif self.pending_count:
+            self.longest_stall_s = max(self.longest_stall_s, now - self._watermark_moved_at)
+        heads = [(q[0][0], p) for p, q in self.pending.items() if q and q[0][0] <= watermark]
+        heapq.heapify(heads)
+        out: list[tuple[int, T]] = []
+        while heads and len(out) < max_items:
+            global_id, partition = heapq.heappop(heads)
+            queue = self.pending[partition]
+            _gid, _offset, item = queue.popleft()
+            if global_id <= self.delivered_id:
+                # Two partitions holding one ID means a sequencer issued it twice: refuse to
+                # hide that, whatever it costs the reader.
+                raise errors.InvalidGlobalIdError(
+                    f"global ID {global_id} in partition {partition} is not above the last delivered "
+                    f"{self.delivered_id}")
+            self.delivered_id = global_id
+            out.append((global_id, item))
+            if queue and queue[0][0] <= watermark:
+                heapq.heappush(heads, (queue[0][0], partition))
+        self.pending_count -= len(out)
+        self.delivered_count += len(out)
+        return out
+
+    def stalled_s(self) -> float:
+        """How long records have waited for the watermark to move (0 when nothing waits)."""
+        if not self.pending_count or self.watermark != self._watermark:
+            return 0.0
+        return self.clock() - self._watermark_moved_at
+
+    # -- bounding memory -------------------------------------------------------------------
+    def over_limit(self) -> bool:
+        return self.pending_count > self.pending_records_max
+
+    def shed(self) -> dict[int, int]:
+        """Drop the held records of every partition that is ahead of the watermark and
+        return {partition: offset to fetch again from}. Its ``last_id`` falls back to just
+        below its first dropped record, which is still a true bound (the re-fetch brings
+        that record again)."""
+        watermark = self.watermark
+        seek_to: dict[int, int] = {}
+        for partition, queue in self.pending.items():
+            if not queue or self.last_id[partition] <= watermark:
+                continue
+            ahead = [entry for entry in queue if entry[0] > watermark]
+            if not ahead:
+                continue
+            first_id, first_offset, _item = ahead[0]
+            for _ in range(len(ahead)):
+                queue.pop()
+            self.pending_count -= len(ahead)
+            self.last_id[partition] = first_id - 1
+            seek_to[partition] = first_offset
+        return seek_to
+
+
+class OrderedConsumer:
+    """Reads every partition of one strict-order topic and yields its records in global-ID
+    order (``record.global_id``). Every OrderedConsumer of the topic that starts from the
+    beginning sees the identical sequence.
+
+    ``poll`` returns what is final; records of a partition whose leader died wait until a
+    new leader ticks (the bound is in docs/DESIGN.md, "Strict-order topics").
+    """
+
+    def __init__(self, bootstrap: str, topic: str, *, from_beginning: bool = True,
+                 pending_records_max: int = PENDING_RECORDS_MAX_DEFAULT,
+                 clock: Callable[[], float] = time.monotonic, **consumer_options: Any) -> None:
+        self.topic = topic
+        self.consumer = Consumer(bootstrap, auto_offset_reset="earliest" if from_beginning else "latest",
+                                 **consumer_options)
+        try:
+            meta = self.consumer._meta.topic(topic)
+            if not meta.strict_order:
+                raise errors.InvalidRequestError(
+                    f"topic {topic!r} is not strict-order; create it with strict_order=True to read it in order")
+            self.partitions = self.consumer.subscribe_all_partitions(topic)
+        except BaseException:
+            self.consumer.close()
+            raise
+        self.merge: OrderedMerge[OrderedRecord] = OrderedMerge(
+            [tp.partition for tp in self.partitions], clock=clock, pending_records_max=pending_records_max)
+
+    @property
+    def watermark(self) -> int:
+        return self.merge.watermark
+
+    def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[OrderedRecord]:
+        """Up to ``max_records`` final records in global-ID order, waiting at most ``timeout_ms``."""
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        while True:
+            ready = self.merge.pop_ready(max_records)
+            if ready:
+                return [record for _gid, record in ready]
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return []
+            if self.merge.over_limit():
+                for partition, offset in self.merge.shed().items():
+                    self.consumer.seek(TopicPartition(self.topic, partition), offset)
+            for raw in self.consumer.poll_raw_batches(timeout_ms=min(remaining_ms, 100)):
+                self._feed(raw.partition, raw.buf, raw.skip)
+
+    def _feed(self, partition: int, buf: Any, skip: int) -> None:
+        header = batch_format.read_header(buf)
+        if header.global_id_base < 0:
+            raise errors.InvalidGlobalIdError(
+                f"{self.topic}/{partition}@{header.base_offset}: a batch without global IDs in a strict-order topic")
+        if header.attributes & batch_format.ATTRIBUTE_CONTROL:
+            self.merge.advance(partition, header.global_id_base + header.record_count - 1)
+            return
+        decoded = batch_format.decode_batch(buf, check_crc=self.consumer.check_crc)
+        base_id, base_offset, topic = header.global_id_base, header.base_offset, self.topic
+        for i in range(skip, header.record_count):
+            self.merge.push(partition, base_id + i, base_offset + i, OrderedRecord(
+                topic, partition, base_offset + i, decoded.timestamps[i], decoded.keys[i], decoded.values[i],
+                decoded.headers[i], base_id + i))
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> OrderedConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,5 @@
+import sys
+
+from sequencer.service import main
+
+sys.exit(main())

@@ -1,0 +1,357 @@
+"""One sequencer instance: stands by, or, while it holds ``/fabric/sequencer/active``,
+grants global IDs over ZeroMQ (ALLOCATE_IDS, docs/PROTOCOL.md).
+
+States (decided in ``_set_state`` only)::
+
+    STANDBY --created the active znode and reserved a range--> ACTIVE
+    ACTIVE  --session lost / znode not ours / reservation write refused--> STANDBY
+    any     --stop()--> STOPPED
+
+Safety (see ``sequencer/allocator.py``): IDs come only from ranges reserved in
+ZooKeeper with a version-checked write before they are granted, so they are unique across
+any failover; answers go out only while the session lease is valid, so an instance paused
+past its session answers nothing after it wakes before confirming it is still active.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import zmq
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.limits import REQUEST_FRAMES_MAX
+from fabric.protocol import apis
+from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import Header
+from fabric.protocol.sequencer import check_count
+from fabric.sequencer_client import (
+    SEQUENCER_ACTIVE,
+    SEQUENCER_ROOT,
+    SEQUENCER_STATE,
+    ZK_CALL_TIMEOUT_S,
+    ActiveSequencer,
+)
+from sequencer.allocator import (
+    RESERVATION_BLOCK_IDS_DEFAULT,
+    IdAllocator,
+    Lease,
+    Reservation,
+    takeover,
+)
+
+log = logging.getLogger("sequencer")
+
+STANDBY, ACTIVE, STOPPED = "standby", "active", "stopped"
+POLL_INTERVAL_MS = 50
+STANDBY_RETRY_S = 1.0  # also woken at once by the watch on the active znode
+REQUESTS_PER_TURN_MAX = 1_000
+SOCKET_HWM = 10_000
+TAKEOVER_ATTEMPTS_MAX = 5
+
+
+class SequencerService:
+    def __init__(self, zk_hosts: str, sequencer_id: int, *, host: str = "127.0.0.1", port: int = 0,
+                 session_timeout_ms: int = 6_000, block_ids: int = RESERVATION_BLOCK_IDS_DEFAULT) -> None:
+        self.zk_hosts = zk_hosts
+        self.sequencer_id = sequencer_id
+        self.host = host
+        self.port = port
+        self.session_timeout_ms = session_timeout_ms
+        self.block_ids = block_ids
+        self.lease = Lease(session_timeout_ms)
+        self.state = STANDBY
+        self.allocator: IdAllocator | None = None
+        self.state_version = -1  # znode version of /fabric/sequencer/state as we last wrote it
+        self.address = ""
+        self.granted_requests = 0
+        self.granted_ids = 0
+        self._stop = threading.Event()
+        self._active_changed = threading.Event()
+        self._session_lost = threading.Event()
+        self._lock = threading.Lock()  # guards state changes against the lease thread
+        self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_ms / 1000.0)
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self._renewer: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.zk.add_listener(self._on_zk_state)
+        self.zk.start(timeout=30)
+        try:
+            self.zk.ensure_path(SEQUENCER_ROOT)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.setsockopt(zmq.SNDHWM, SOCKET_HWM)
+            self.router.setsockopt(zmq.RCVHWM, SOCKET_HWM)
+            self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            if self.port:
+                self.router.bind(f"tcp://{self.host}:{self.port}")
+            else:
+                self.port = self.router.bind_to_random_port(f"tcp://{self.host}")
+            self.address = f"tcp://{self.host}:{self.port}"
+            log.info("sequencer %d listening on %s, standing by", self.sequencer_id, self.address)
+            self.zk.DataWatch(SEQUENCER_ACTIVE, self._on_active_znode)
+            self._renewer = threading.Thread(target=self._renew_lease, name="lease", daemon=True)
+            self._renewer.start()
+            self._loop()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        was_active = self.state == ACTIVE
+        self._set_state(STOPPED, "stopping")
+        if self._renewer is not None:
+            self._renewer.join(timeout=ZK_CALL_TIMEOUT_S + 1)
+        if was_active:
+            self._delete_own_active_znode()  # hand over at once instead of after the session timeout
+        self.router.close(linger=0)
+        self.ctx.term()
+        zkl.close_client(self.zk)
+
+    # -- ZooKeeper events (kazoo's thread: set flags only) ---------------------------------
+    def _on_zk_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._session_lost.set()
+        self._active_changed.set()
+
+    def _on_active_znode(self, data: bytes | None, _stat: Any, _event: Any = None) -> bool | None:
+        self._active_changed.set()
+        return False if self._stop.is_set() else None
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        next_standby_try = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self._session_lost.is_set():
+                self._session_lost.clear()
+                if self.state == ACTIVE:
+                    self._set_state(STANDBY, "ZooKeeper session lost")
+            if self.state == STANDBY and (self._active_changed.is_set() or now >= next_standby_try):
+                self._active_changed.clear()
+                next_standby_try = now + STANDBY_RETRY_S
+                self._try_become_active()
+            elif self.state == ACTIVE:
+                self._reserve_ahead()
+            if poller.poll(POLL_INTERVAL_MS):
+                self._serve_requests()
+
+    def _serve_requests(self) -> None:
+        for _ in range(REQUESTS_PER_TURN_MAX):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) >= 2 and len(frames[1]) == 0:  # REQ peers add an empty delimiter
+                envelope, message = frames[:2], frames[2:]
+            else:
+                envelope, message = frames[:1], frames[1:]
+            header: Header | None = None
+            try:
+                if len(message) > REQUEST_FRAMES_MAX:
+                    raise errors.MalformedRequestError(f"{len(message)} frames exceed {REQUEST_FRAMES_MAX}")
+                request = apis.decode_request(message)
+                header = request.header
+                self._send(envelope, self._answer(request))
+            except errors.FabricError as exc:
+                header = header or getattr(exc, "header", None)
+                correlation_id = exc.fields.get("correlation_id", 0)
+                request_header = header or Header(0, 0, correlation_id if isinstance(correlation_id, int) else 0)
+                self._send(envelope, apis.encode_error_response(request_header, exc.code, exc.message))
+            except Exception as exc:  # never let one request take the instance down
+                log.exception("request failed")
+                request_header = header or Header(0, 0, 0)
+                self._send(envelope, apis.encode_error_response(
+                    request_header, errors.UnknownServerError.code, f"sequencer failed: {exc}"))
+
+    def _answer(self, request: apis.Message) -> list[Any]:
+        api = request.header.api_key
+        if api == ApiKey.API_VERSIONS:
+            return apis.encode_response(request.header, {"apis": [
+                {"api_key": ApiKey.API_VERSIONS, "min_version": 0, "max_version": 0},
+                {"api_key": ApiKey.ALLOCATE_IDS, "min_version": 0, "max_version": 0}]})
+        if api != ApiKey.ALLOCATE_IDS:
+            raise errors.UnknownApiError(f"a sequencer serves API_VERSIONS and ALLOCATE_IDS, not {ApiKey(api).name}")
+        count = check_count(request.body["count"])
+        if not self._may_answer():
+            raise errors.NotActiveSequencerError(
+                f"sequencer {self.sequencer_id} is {self.state}; the active one is registered at {SEQUENCER_ACTIVE}")
+        allocator = self.allocator
+        if allocator is None:
+            raise errors.NotActiveSequencerError(f"sequencer {self.sequencer_id} has no range")
+        reservation = allocator.reservation_for(count)
+        if reservation is not None and not self._write_reservation(allocator, reservation):
+            raise errors.NotActiveSequencerError(f"sequencer {self.sequencer_id} lost its reservation; deposed")
+        grant = allocator.grant(count)
+        # Checked again right before the bytes leave: the reservation write above may have
+        # taken long enough for the lease to run out.
+        if not self.lease.valid(time.monotonic()):
+            raise errors.NotActiveSequencerError(f"sequencer {self.sequencer_id}: lease ran out while granting")
+        self.granted_requests += 1
+        self.granted_ids += count
+        return apis.encode_response(request.header, grant.to_body())
+
+    def _send(self, envelope: list[Any], frames: list[Any]) -> None:
+        try:
+            self.router.send_multipart(envelope + frames, zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("reply dropped: peer's queue is full")
+
+    # -- becoming active, staying active -----------------------------------------------------
+    def _set_state(self, state: str, why: str) -> None:
+        with self._lock:
+            if state == self.state:
+                return
+            log.info("sequencer %d: %s -> %s (%s)", self.sequencer_id, self.state, state, why)
+            self.state = state
+            if state != ACTIVE:
+                self.lease.revoke()
+                self.allocator = None
+
+    def _try_become_active(self) -> None:
+        me = ActiveSequencer(self.sequencer_id, self.address, os.getpid(), int(time.time() * 1000))
+        started = time.monotonic()
+        try:
+            self.zk.create_async(SEQUENCER_ACTIVE, me.encode(), ephemeral=True).get(timeout=ZK_CALL_TIMEOUT_S)
+        except NodeExistsError:
+            return
+        except Exception as exc:
+            log.warning("could not register as active: %s", exc)
+            return
+        # The create succeeded at or after ``started``: our session is alive until at least
+        # started + session timeout, so the lease may begin there.
+        self.lease.confirmed(started)
+        for _ in range(TAKEOVER_ATTEMPTS_MAX):
+            try:
+                try:
+                    raw, stat = self.zk.get_async(SEQUENCER_STATE).get(timeout=ZK_CALL_TIMEOUT_S)
+                except NoNodeError:
+                    self.zk.create_async(SEQUENCER_STATE, Reservation.decode(None).encode()).get(
+                        timeout=ZK_CALL_TIMEOUT_S)
+                    continue
+                previous = Reservation.decode(raw)
+                new, start = takeover(previous, self.block_ids)
+                written = self.zk.set_async(SEQUENCER_STATE, new.encode(), version=stat.version).get(
+                    timeout=ZK_CALL_TIMEOUT_S)
+            except (BadVersionError, NodeExistsError):
+                continue  # a deposed instance's last reservation raced ours: read again
+            except Exception as exc:
+                log.warning("takeover failed: %s", exc)
+                break
+            with self._lock:
+                self.allocator = IdAllocator(new.epoch, start, new.reserved_end, self.block_ids)
+                self.state_version = written.version
+            self._set_state(ACTIVE, f"epoch {new.epoch}, IDs from {start}")
+            return
+        self._delete_own_active_znode()
+        self.lease.revoke()
+
+    def _write_reservation(self, allocator: IdAllocator, reservation: Reservation) -> bool:
+        try:
+            written = self.zk.set_async(SEQUENCER_STATE, reservation.encode(), version=self.state_version).get(
+                timeout=ZK_CALL_TIMEOUT_S)
+        except BadVersionError:
+            self._set_state(STANDBY, "reservation znode changed under us: a successor took over")
+            return False
+        except Exception as exc:
+            log.warning("reservation write failed: %s", exc)
+            return False
+        self.state_version = written.version
+        allocator.reserved(reservation)
+        return True
+
+    def _reserve_ahead(self) -> None:
+        allocator = self.allocator
+        if allocator is not None and allocator.remaining < allocator.block_ids // 2:
+            reservation = allocator.reservation_for(1)
+            if reservation is not None:
+                self._write_reservation(allocator, reservation)
+
+    def _confirm(self) -> bool | None:
+        """Is our ephemeral still ours? True (lease extended), False (it is not: deposed),
+        None (could not tell: connection trouble; the lease just runs down)."""
+        started = time.monotonic()
+        try:
+            self.zk.sync_async(SEQUENCER_ACTIVE).get(timeout=ZK_CALL_TIMEOUT_S)
+            stat = self.zk.exists_async(SEQUENCER_ACTIVE).get(timeout=ZK_CALL_TIMEOUT_S)
+        except Exception:
+            return None
+        session_id = self.zk.client_id[0] if self.zk.client_id else None
+        if stat is None or stat.ephemeralOwner != session_id:
+            return False
+        self.lease.confirmed(started)
+        return True
+
+    def _may_answer(self) -> bool:
+        if self.state != ACTIVE:
+            return False
+        if self.lease.valid(time.monotonic()):
+            return True
+        # The lease ran out: typically this process was paused (SIGSTOP, swap) or ZooKeeper
+        # was unreachable. Confirm before answering; a deposed instance learns it here.
+        confirmed = self._confirm()
+        if confirmed is False:
+            self._set_state(STANDBY, "the active znode is no longer ours")
+        return bool(confirmed) and self.lease.valid(time.monotonic())
+
+    def _renew_lease(self) -> None:
+        interval_s = self.lease.length_s / 4
+        while not self._stop.wait(interval_s):
+            if self.state != ACTIVE:
+                continue
+            if self._confirm() is False:
+                self._session_lost.set()  # the loop steps down; this thread only reports
+
+    def _delete_own_active_znode(self) -> None:
+        try:
+            stat = self.zk.exists_async(SEQUENCER_ACTIVE).get(timeout=ZK_CALL_TIMEOUT_S)
+            session_id = self.zk.client_id[0] if self.zk.client_id else None
+            if stat is not None and stat.ephemeralOwner == session_id:
+                self.zk.delete_async(SEQUENCER_ACTIVE, version=stat.version).get(timeout=ZK_CALL_TIMEOUT_S)
+        except Exception as exc:
+            log.debug("could not delete the active znode: %s", exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="fabric sequencer",
+                                     description="Run one sequencer instance (one of them is active).")
+    parser.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
+    parser.add_argument("--id", type=int, default=1, dest="sequencer_id", help="this instance's id, for logs")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="port for ALLOCATE_IDS; 0 picks a free one")
+    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format=f"%(asctime)s sequencer{args.sequencer_id} %(levelname)s %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    service = SequencerService(args.zk, args.sequencer_id, host=args.host, port=args.port,
+                               session_timeout_ms=args.session_timeout_ms)
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        service.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        service.run()
+    except Exception as exc:  # no traceback for a user: say what failed
+        log.error("sequencer %d stopped: %s", args.sequencer_id, exc)
+        return 1
+    return 0

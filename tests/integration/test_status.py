@@ -1,0 +1,86 @@
+"""``fabric status`` exit codes against real clusters: healthy, a dead node, ZooKeeper
+down; and ``fabric topic describe`` showing each partition's log range."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fabric.local import LocalCluster, LocalZooKeeper
+from sdk import Admin, Producer
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI_TIMEOUT_S = 60
+SHRINK_WAIT_S = 30.0
+
+
+def fabric(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("FABRIC_BOOTSTRAP", None)
+    return subprocess.run([sys.executable, "-m", "fabric", *argv], env=env, capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S, check=False)
+
+
+def status_json(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
+    result = fabric("status", "--json", "-b", cluster.bootstrap)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_healthy_then_a_dead_node(fresh_cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(fresh_cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=3, replication_factor=3)
+    code, status = status_json(fresh_cluster)
+    assert code == 0 and status["healthy"] and status["problems"] == []
+    assert [(n["id"], n["up"]) for n in status["nodes"]] == [(1, True), (2, True), (3, True)]
+    assert sum(n["leaders"] for n in status["nodes"]) == 3 and status["partitions"] == 3
+    assert status["controller"] in (1, 2, 3)
+    screen = fabric("status", "-b", fresh_cluster.bootstrap)
+    assert screen.returncode == 0 and "HEALTHY" in screen.stdout
+
+    fresh_cluster.nodes[3].kill()
+    deadline = time.monotonic() + SHRINK_WAIT_S
+    while True:
+        code, status = status_json(fresh_cluster)
+        if status["under_replicated_partitions"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert code == 1 and not status["healthy"]
+    assert [(n["id"], n["up"]) for n in status["nodes"]] == [(1, True), (2, True), (3, False)]
+    assert any("node 3 is down" in p for p in status["problems"])
+    assert status["under_replicated_partitions"], "the ISR never shrank after node 3 died"
+    assert all(row["missing"] == [3] for row in status["under_replicated_partitions"])
+    assert status["offline_partitions"] == [] and status["controller"] in (1, 2)
+    screen = fabric("status", "-b", fresh_cluster.bootstrap)
+    assert screen.returncode == 1 and "UNHEALTHY" in screen.stdout and "DOWN" in screen.stdout
+
+
+def test_zookeeper_down_exits_3(tmp_path: Path) -> None:
+    zookeeper = LocalZooKeeper(tmp_path)
+    zookeeper.start()
+    zookeeper.stop()  # the address a cluster used, with nothing answering any more
+    result = fabric("status", "-b", f"zk://{zookeeper.address}", "--timeout", "2")
+    assert result.returncode == 3
+    assert f"ZooKeeper at {zookeeper.address} did not answer within 2 s" in result.stderr
+    assert "Traceback" not in result.stderr
+    as_json = fabric("status", "--json", "-b", f"zk://{zookeeper.address}", "--timeout", "2")
+    assert as_json.returncode == 3 and json.loads(as_json.stdout)["healthy"] is False
+
+
+def test_topic_describe_shows_log_range(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, replication_factor=3)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(10):
+            producer.send(topic_name, b"%d" % i, partition=0)
+        producer.flush(30)
+    result = fabric("topic", "describe", topic_name, "-b", cluster.bootstrap)
+    assert result.returncode == 0, result.stderr
+    lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if "partition " in line}
+    assert "log 0..10 (10 records)" in lines["partition 0"]
+    assert "log 0..0 (0 records)" in lines["partition 1"]
