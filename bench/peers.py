@@ -147,10 +147,20 @@ def _row(label: str, durability: str) -> dict[str, Any]:
     return {"label": label, "durability": durability, "status": "ok"}
 
 
-def run_fabric(runner: Runner, base: Path, rows: dict[str, dict[str, Any]], partitions: int) -> None:
+def run_fabric(runner: Runner, base: Path, rows: dict[str, dict[str, Any]], rr: dict[str, dict[str, Any]],
+               partitions: int) -> None:
     from fabric.local import LocalCluster
 
+    missing = request_reply.direct_plane_missing()
+    rr["fabric_direct"] = {"label": "Fabric direct plane", "status": missing or "ok"}
     with LocalCluster(3, base / "fabric", node_args=FABRIC_NODE_ARGS) as cluster:
+        if missing is None:
+            try:
+                rr["fabric_direct"]["latency"] = runner.request_reply(
+                    "fabric direct", request_reply.direct_responder, cluster.zk_address,
+                    request_reply.direct_requests)
+            except Exception as exc:
+                rr["fabric_direct"]["status"] = f"error: {exc}"
         for key, label, replication_factor, acks in FABRIC_ROWS:
             rows[key] = _row(label, fabric_durability(replication_factor, acks))
             spec = {"system": "fabric", "bootstrap": cluster.bootstrap, "acks": acks,
@@ -266,13 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             runner.console.log(f"[bold]{system}[/bold]")
             if system == "fabric":
-                run_fabric(runner, base, rows, args.fabric_partitions)
+                run_fabric(runner, base, rows, rr, args.fabric_partitions)
             elif system == "nats":
                 run_nats(runner, base, rows, rr)
             elif system == "redis":
                 run_redis(runner, base, rows)
         run_zmq_baseline(runner, rr)
-        rr["fabric_direct"] = {"label": "Fabric direct plane", "status": request_reply.direct_plane_missing()}
     written = write_outputs(figures, out_dir)
     print(report.markdown(figures))
     print("\n".join(f"wrote {path}" for path in written))

@@ -29,10 +29,20 @@ Hierarchy::
     │   └── NotControllerError
     ├── OutOfOrderSequenceError      idempotent producer saw a sequence gap
     ├── InvalidProducerEpochError    a newer producer with the same id fenced this one
+    ├── consumer groups (60-69): UnknownMemberIdError, FencedMemberEpochError,
+    │   GroupNotEmptyError, InvalidGroupIdError, GroupIdNotFoundError,
+    │   UnreleasedInstanceIdError, GroupMaxSizeReachedError; retriable:
+    │   NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError
     ├── UnknownServerError           anything else the node could not classify
     ├── sequencer (40-49): NotActiveSequencerError, SequencerNotAvailableError,
     │   StaleSequencerEpochError, GlobalIdRegressionError (retriable);
     │   InvalidGlobalIdError, InvalidIdCountError
+    ├── direct plane (codes 50-59, sdk.direct)
+    │   ├── NoServiceAvailable       no live instance of the service is known
+    │   ├── RequestTimeout           no reply within timeout_ms (outcome unknown)
+    │   ├── RemoteError              the handler raised; carries remote_type and remote_message
+    │   ├── ServiceOverloaded        the instance's queue is full; it did not run the handler
+    │   └── ServiceStopping          the instance is draining; it did not run the handler
     ├── AuthorizationFailedError     an ACL does not allow the operation (security, 80-89)
     ├── AuthenticationFailedError    CURVE handshake refused: unknown or wrong key
     └── client-side only (no wire code, code = -1):
@@ -272,8 +282,86 @@ class GlobalIdRegressionError(RetriableError):
     pass
 
 
-@_wire(45, "INVALID_ID_COUNT", "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs")
+@_wire(45, "INVALID_ID_COUNT", "an ID request for a count outside 0..SEQUENCER_GRANT_IDS_MAX or an unknown kind")
 class InvalidIdCountError(FabricError):
+    pass
+
+
+# The direct plane (sdk.direct, docs/DIRECT.md): codes 50-59.
+@_wire(50, "NO_SERVICE_AVAILABLE", "no live instance of the service is registered or reachable")
+class NoServiceAvailable(FabricError):
+    pass
+
+
+@_wire(51, "REQUEST_TIMEOUT", "no reply within timeout_ms; the handler may or may not have run")
+class RequestTimeout(FabricError):
+    pass
+
+
+@_wire(52, "REMOTE_ERROR", "the service's handler raised; remote_type and remote_message say what")
+class RemoteError(FabricError):
+    remote_type: str = ""
+    remote_message: str = ""
+
+
+@_wire(53, "SERVICE_OVERLOADED", "the instance's request queue is full; the handler did not run")
+class ServiceOverloaded(RetriableError):
+    pass
+
+
+@_wire(54, "SERVICE_STOPPING", "the instance is draining before it stops; the handler did not run")
+class ServiceStopping(RetriableError):
+    pass
+
+
+# Consumer groups (60-69): see docs/GROUPS.md.
+@_wire(60, "UNKNOWN_MEMBER_ID", "the group coordinator does not know this member; rejoin")
+class UnknownMemberIdError(FabricError):
+    pass
+
+
+@_wire(61, "FENCED_MEMBER_EPOCH", "the member epoch is stale; the member lost its partitions and must rejoin")
+class FencedMemberEpochError(FabricError):
+    pass
+
+
+@_wire(62, "GROUP_NOT_EMPTY", "the group has live members; stop them first")
+class GroupNotEmptyError(FabricError):
+    pass
+
+
+@_wire(63, "NOT_COORDINATOR", "this node does not coordinate that group; find the coordinator again")
+class NotCoordinatorError(RetriableError):
+    pass
+
+
+@_wire(64, "COORDINATOR_NOT_AVAILABLE", "the group's coordinator partition has no leader right now")
+class CoordinatorNotAvailableError(RetriableError):
+    pass
+
+
+@_wire(65, "COORDINATOR_LOAD_IN_PROGRESS", "the coordinator is still reading the group's state")
+class CoordinatorLoadInProgressError(RetriableError):
+    pass
+
+
+@_wire(66, "INVALID_GROUP_ID", "group id empty, too long or with characters outside [A-Za-z0-9._-]")
+class InvalidGroupIdError(FabricError):
+    pass
+
+
+@_wire(67, "GROUP_ID_NOT_FOUND", "no such group")
+class GroupIdNotFoundError(FabricError):
+    pass
+
+
+@_wire(68, "UNRELEASED_INSTANCE_ID", "a live member already uses this group_instance_id")
+class UnreleasedInstanceIdError(FabricError):
+    pass
+
+
+@_wire(69, "GROUP_MAX_SIZE_REACHED", "the group already has GROUP_MEMBERS_MAX members")
+class GroupMaxSizeReachedError(FabricError):
     pass
 
 

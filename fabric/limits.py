@@ -12,6 +12,9 @@ HEADER_BYTES: Final[int] = 16
 REQUEST_FRAMES_MAX: Final[int] = 4097  # header + body + up to 4,095 batches
 REQUEST_BYTES_MAX: Final[int] = 128 * 1024 * 1024
 STRING_BYTES_MAX: Final[int] = 65_535
+# Error messages on the wire are cut to this (UTF-8 bytes), so an answer that quotes a
+# client's 65,535-byte name still encodes.
+MESSAGE_TEXT_BYTES_MAX: Final[int] = 1_024
 ARRAY_ITEMS_MAX: Final[int] = 1_000_000
 
 # Record batches.

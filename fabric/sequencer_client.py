@@ -26,7 +26,7 @@ from kazoo.client import KazooClient
 
 from fabric import errors
 from fabric.protocol.apis import ApiKey
-from fabric.protocol.sequencer import Grant, check_count
+from fabric.protocol.sequencer import ID_KIND_RECORDS, Grant, check_count
 from fabric.transport import Connections
 from fabric.zk import ROOT
 
@@ -101,9 +101,11 @@ class SequencerClient:
         with self._lock:
             return self._active
 
-    def allocate(self, count: int, timeout_ms: int = ALLOCATE_TIMEOUT_MS_DEFAULT) -> Grant:
-        """``count`` consecutive IDs, or SequencerNotAvailableError after ``timeout_ms``."""
-        check_count(count)
+    def allocate(self, count: int, timeout_ms: int = ALLOCATE_TIMEOUT_MS_DEFAULT, *,
+                 kind: int = ID_KIND_RECORDS) -> Grant:
+        """``count`` consecutive IDs (0: none, only ``records_end``), or
+        SequencerNotAvailableError after ``timeout_ms``."""
+        check_count(count, allow_zero=True)
         deadline = time.monotonic() + timeout_ms / 1000.0
         self.connections.drain()  # late replies to requests we gave up on: discard
         last_problem = "no sequencer registered in ZooKeeper"
@@ -119,9 +121,12 @@ class SequencerClient:
                     time.sleep(RETRY_BACKOFF_S)
                     continue
             try:
+                # Bounded by the caller's deadline, connecting included: a paused instance
+                # accepts the TCP connection but never finishes the ZeroMQ handshake.
+                try_ms = max(1, min(self.request_timeout_ms, remaining_ms))
                 message = self.connections.request(
-                    active.address, ApiKey.ALLOCATE_IDS, {"count": count},
-                    timeout_ms=max(1, min(self.request_timeout_ms, remaining_ms)))
+                    active.address, ApiKey.ALLOCATE_IDS, {"count": count, "kind": kind},
+                    timeout_ms=try_ms, wait_connect_ms=try_ms)
             except (errors.NotActiveSequencerError, errors.RequestTimedOutError, errors.NodeNotReadyError) as exc:
                 last_problem = f"sequencer {active.sequencer_id} at {active.address}: {exc}"
                 with self._lock:

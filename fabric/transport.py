@@ -159,11 +159,12 @@ class Connections:
         return out
 
     def request(self, address: str, api_key: int, body: dict[str, Any], *, timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
-                batches: list[bytes] | None = None) -> Message:
+                batches: list[bytes] | None = None, wait_connect_ms: int = 1_000) -> Message:
         """One synchronous request. Replies to other requests that arrive meanwhile are
         kept and handed out by the next poll() or drain()."""
         correlation_id = self.next_id()
-        self.send(address, apis.encode_request(api_key, body, correlation_id, batches=batches))
+        self.send(address, apis.encode_request(api_key, body, correlation_id, batches=batches),
+                  wait_connect_ms=wait_connect_ms)
         deadline = time.monotonic() + timeout_ms / 1000.0
         sock = self.sockets[address]
         while True:

@@ -1,4 +1,6 @@
-"""Controller decisions: pure functions from (partition state, live nodes) to a new state.
+"""The controller: decisions as pure functions, and the controller's duties in the loop.
+
+Decisions (``elect``, ``prefer``) map (partition state, live nodes) to a new state.
 
 One node is the controller (it holds the ephemeral ``/fabric/controller`` znode). When a
 leader's ephemeral node disappears, or an offline partition's ISR member comes back, the
@@ -10,10 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.protocol import apis
 from fabric.zk import PartitionState
+from nodes.state import Envelope, NodeState
 
 log = logging.getLogger("fabric.controller")
+
+CONTROLLER_RECONCILE_INTERVAL_S = 2.0
 
 
 def elect(state: PartitionState, live: set[int], *, unclean: bool = False) -> PartitionState | None:
@@ -53,3 +64,114 @@ def prefer(state: PartitionState, live: set[int]) -> PartitionState | None:
     if state.leader == preferred or preferred not in state.isr or preferred not in live:
         return None
     return dataclasses.replace(state, leader=preferred, leader_epoch=state.leader_epoch + 1)
+
+
+# -- the controller's duties in the node loop ----------------------------------------------
+def tick(node: NodeState, _now: float) -> None:
+    """A loop duty: run a controller round (claim the role if free, then reconcile
+    leaders) on the ZooKeeper worker, one round at a time."""
+    if not node.session_ok() or "controller" in node.jobs:
+        return  # dirty stays set: the next round runs when this one is done
+    node.controller_dirty = False
+    was_controller = node.is_controller
+    try:
+        node.zk_worker.submit(lambda: _round(node, was_controller), lambda r, e: _round_done(node, r, e))
+    except errors.NodeNotReadyError:
+        node.controller_dirty = True
+        return
+    node.jobs.add("controller")
+
+
+def _round(node: NodeState, is_controller: bool) -> bool:
+    """On the worker: claim the controller znode if it is free, then reconcile."""
+    if node.routing.controller_id < 0 and not is_controller:
+        try:
+            zkl.create(node.zk, zkl.CONTROLLER, str(node.node_id).encode(), ephemeral=True)
+            is_controller = True
+            log.info("node %d is the controller", node.node_id)
+        except NodeExistsError:
+            pass
+    elif is_controller and node.routing.controller_id not in (-1, node.node_id):
+        is_controller = False
+    if is_controller:
+        reconcile_leaders(node)
+    return is_controller
+
+
+def _round_done(node: NodeState, is_controller: Any, error: BaseException | None) -> None:
+    node.jobs.discard("controller")
+    if error is not None:
+        log.warning("controller round failed (will retry): %s", error)
+        node.controller_dirty = True
+        return
+    node.is_controller = bool(is_controller) and not node.session_lost
+
+
+def is_due(node: NodeState) -> bool:
+    """Run the controller duty now, before its interval: the routing map changed."""
+    return node.controller_dirty
+
+
+def reconcile_leaders(node: NodeState) -> None:
+    """Elect a leader wherever the current one is gone (or an offline ISR member is back).
+
+    Runs on the ZooKeeper worker: it reads the routing cache (thread-safe snapshots),
+    writes ZooKeeper with version checks and only flips the loop's dirty flags."""
+    live = set(node.routing.nodes())
+    for name, route in node.routing.topics().items():
+        for p, cached in route.partitions.items():
+            if elect(cached, live, unclean=route.config.unclean_leader_election) is None:
+                continue
+            try:
+                raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
+                state = zkl.PartitionState.decode(p, raw, stat.version)
+                live = set(zkl.live_nodes(node.zk))
+                new_state = elect(state, live, unclean=route.config.unclean_leader_election)
+                if new_state is None:
+                    continue
+                written = zkl.write_partition_state(node.zk, name, new_state)
+            except (BadVersionError, NoNodeError):
+                node.controller_dirty = True
+                continue
+            except Exception as exc:
+                log.warning("leader election for %s/%d failed: %s", name, p, exc)
+                node.controller_dirty = True
+                continue
+            node.routing.apply_partition_state(name, written)
+            node.routing_dirty = True
+            log.info("controller: %s/%d leader %d -> %d, epoch %d, isr %s",
+                     name, p, state.leader, written.leader, written.leader_epoch, list(written.isr))
+
+
+def handle_elect_leaders(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    """ELECT_LEADERS: move leadership back to the preferred replicas (controller only),
+    on the ZooKeeper worker."""
+    topics: list[str] = request.body["topics"]
+    if not node.is_controller:
+        # In the body, as docs/PROTOCOL.md section 5.11 says: the request was well formed.
+        node.send_response(envelope, request.header, {
+            "error": errors.NotControllerError.code, "moved": 0,
+            "message": f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})"})
+        return
+    node.answer_later(envelope, request.header, lambda: _elect_preferred(node, topics))
+
+
+def _elect_preferred(node: NodeState, topics: list[str]) -> dict[str, Any]:
+    live = set(zkl.live_nodes(node.zk))
+    moved = 0
+    for name, route in node.routing.topics().items():
+        if topics and name not in topics:
+            continue
+        for p in route.partitions:
+            try:
+                raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
+                new_state = prefer(zkl.PartitionState.decode(p, raw, stat.version), live)
+                if new_state is None:
+                    continue
+                written = zkl.write_partition_state(node.zk, name, new_state)
+            except (BadVersionError, NoNodeError):
+                continue
+            node.routing.apply_partition_state(name, written)
+            node.routing_dirty = True
+            moved += 1
+    return {"error": 0, "message": "", "moved": moved}

@@ -31,6 +31,7 @@ import rocksdict
 from fabric.errors import OffsetOutOfRangeError, StorageError
 from fabric.protocol import batch as batch_format
 from nodes.producer_state import ProducerStates
+from nodes.retention import batches_to_delete
 
 _U64 = struct.Struct(">Q")
 # record_count, batch_bytes, max_timestamp, append_ms, leader_epoch, producer_id, producer_epoch, base_sequence
@@ -284,21 +285,9 @@ class PartitionLog:
         return deleted
 
     def apply_retention(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int:
-        """Delete whole batches older than retention_ms (by the time the leader appended
-        them, so a producer's wrong clock can neither pin data forever nor delete it early)
-        or beyond retention_bytes. Returns the number of records deleted."""
-        drop = 0
-        if retention_ms >= 0:
-            cutoff = now_ms - retention_ms
-            while drop < len(self.entries) and self.entries[drop].append_ms < cutoff:
-                drop += 1
-        if retention_bytes >= 0:
-            excess = self.total_bytes - retention_bytes
-            freed = sum(e.batch_bytes for e in self.entries[:drop])
-            while drop < len(self.entries) and freed < excess:
-                freed += self.entries[drop].batch_bytes
-                drop += 1
-        return self.delete_before(drop)
+        """Delete whole batches older than retention_ms or beyond retention_bytes (the
+        rule is ``nodes.retention.batches_to_delete``). Returns the number of records deleted."""
+        return self.delete_before(batches_to_delete(self.entries, self.total_bytes, retention_ms, retention_bytes, now_ms))
 
     def wipe(self) -> None:
         wb = self.store.new_write_batch()
@@ -327,6 +316,11 @@ class PartitionLog:
         index = bisect.bisect_right(self.bases, offset) - 1
         if index < 0:
             index = 0
+        elif self.entries[index].next_offset <= offset:
+            # ``offset`` is the log end: the batch before it holds nothing at or above it.
+            # Returning it would make a fetch at the end answer with old data at once
+            # instead of waiting (docs/PROTOCOL.md section 5.3).
+            index += 1
         out: list[bytes] = []
         total = 0
         db = self.store.db

@@ -6,6 +6,14 @@
         admin.create_topic("events", partitions=6)
     with Producer("zk://127.0.0.1:2181", acks=1) as producer:
         producer.send("events", b"hello", key=b"user-1").result(timeout=10)
+
+One entry point over both planes, asyncio first (``sdk.aio``, ``sdk.direct``)::
+
+    client = await sdk.connect("zk://127.0.0.1:2181")
+    await client.serve("echo", lambda request: request.payload)
+    reply = await client.request("echo", b"hi", timeout_ms=500)
+
+and the same with blocking calls: ``sdk.Client("zk://127.0.0.1:2181")``.
 """
 
 from fabric.auth.curve import ClientSecurity
@@ -13,14 +21,39 @@ from fabric.errors import FabricError
 from sdk._client import TopicPartition
 from sdk.accumulator import RecordFuture, RecordMetadata
 from sdk.admin import Admin, TopicDescription
+from sdk.aio import AsyncClient, AsyncConsumer, AsyncProducer, connect
+from sdk.client import Client
 from sdk.consumer import Consumer, RawBatch, Record, RecordBatch
+from sdk.direct import (
+    GatherResult,
+    Message,
+    NoServiceAvailable,
+    RemoteError,
+    Reply,
+    Request,
+    RequestTimeout,
+)
+from sdk.ordered import OrderedConsumer
 from sdk.producer import Producer
 
 __all__ = [
     "Admin",
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "Client",
+    "GatherResult",
+    "Message",
+    "NoServiceAvailable",
+    "RemoteError",
+    "Reply",
+    "Request",
+    "RequestTimeout",
+    "connect",
     "ClientSecurity",
     "Consumer",
     "FabricError",
+    "OrderedConsumer",
     "Producer",
     "RawBatch",
     "Record",

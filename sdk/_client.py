@@ -82,6 +82,12 @@ class Bootstrap:
         if parts[0].startswith("zk://"):
             self.zk = ",".join(p.removeprefix("zk://") for p in parts)
         else:
+            for part in parts:
+                scheme = part.split("://", 1)[0] if "://" in part else "tcp"
+                if scheme not in ("tcp", "ipc", "inproc"):
+                    raise ValueError(
+                        f"bootstrap {part!r}: use zk://HOST:PORT for ZooKeeper or tcp://HOST:PORT for nodes"
+                    )
             self.addresses = [p if "://" in p else f"tcp://{p}" for p in parts]
 
     def node_addresses(self) -> list[str]:
@@ -135,8 +141,11 @@ class MetadataClient:
         raise errors.NoBrokersAvailableError(f"no node answered a metadata request (last error: {last})")
 
     def _rediscover(self) -> list[str]:
+        # Forget the cached node addresses only once the bootstrap answered: while
+        # ZooKeeper is away, the routing map we have is the best there is.
+        known = self.bootstrap.node_addresses()
         self.metadata.nodes.clear()
-        self._known = self.bootstrap.node_addresses()
+        self._known = known
         return list(self._known)
 
     def _parse(self, body: dict[str, Any], *, merge: bool) -> ClusterMetadata:

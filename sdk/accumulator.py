@@ -14,10 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fabric import errors
-
 RECORD_OVERHEAD_BYTES = 14  # the columnar per-record arrays (3 x i32 + u16)
 Headers = list[tuple[str, bytes | None]]
+
+
+def headers_bytes(headers: Headers) -> int:
+    """Bytes the headers of one record take in the records section (u16 + name + i32 + value)."""
+    return sum(6 + len(n.encode("utf-8")) + (len(v) if v is not None else 0) for n, v in headers)
 
 
 class BatchResult:
@@ -192,15 +195,14 @@ class RecordAccumulator:
         """
         size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
         if headers:
-            size += sum(6 + len(n) + (len(v) if v is not None else 0) for n, v in headers)
-        if size > self.batch_bytes_max:
-            raise errors.MessageTooLargeError(
-                f"record of {size} bytes exceeds batch_bytes_max={self.batch_bytes_max}", record_bytes=size
-            )
+            size += headers_bytes(headers)
         tp = (topic, partition)
         batch = self.open.get(tp)
         full = False
         created = False
+        # batch_bytes_max is a target, as Kafka's batch.size: a record larger than it gets a
+        # batch of its own (sealed below), and the topic's message_bytes_max, which the
+        # producer checks before calling here, is the real limit on one record.
         if batch is None or batch.size_bytes + size > self.batch_bytes_max:
             created = True
             if batch is not None:
@@ -260,6 +262,26 @@ class RecordAccumulator:
                 at = max(head.created_s + self.linger_s, head.retry_after_s) if not head.sealed else head.retry_after_s
                 deadline = at if deadline is None else min(deadline, at)
         return deadline
+
+    def expire(self, now_s: float, timeout_s: float) -> list[ProducerBatch]:
+        """Remove and return every queued batch created ``timeout_s`` or more before
+        ``now_s``, open ones included: the delivery timeout holds whether or not a batch
+        could be sent (no leader, no producer id, no answer)."""
+        out: list[ProducerBatch] = []
+        for key, queue in self.batches.items():
+            if not queue or now_s - queue[0].created_s < timeout_s:
+                continue  # batches are queued oldest first
+            keep = deque(b for b in queue if now_s - b.created_s < timeout_s)
+            out.extend(b for b in queue if now_s - b.created_s >= timeout_s)
+            self.batches[key] = keep
+            open_batch = self.open.get(key)
+            if open_batch is not None and open_batch not in keep:
+                open_batch.sealed = True
+                del self.open[key]
+        return out
+
+    def pending_records(self) -> int:
+        return sum(b.record_count for q in self.batches.values() for b in q)
 
     def pending_batches(self) -> int:
         return sum(len(q) for q in self.batches.values())

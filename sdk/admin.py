@@ -13,6 +13,7 @@ from fabric.auth.curve import ClientSecurity
 from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
+from sdk._group_admin import GroupAdmin
 
 TOPIC_READY_TIMEOUT_S = 30.0
 
@@ -24,7 +25,7 @@ class TopicDescription:
     partitions: tuple[PartitionMetadata, ...]
 
 
-class Admin:
+class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_group_admin.py
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None,
                  security: ClientSecurity | None = None) -> None:
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY.
@@ -48,9 +49,15 @@ class Admin:
         replication_factor: int = 3,
         config: dict[str, Any] | None = None,
         *,
+        strict_order: bool = False,
         wait: bool = True,
     ) -> None:
-        """Create a topic; with ``wait`` return only once every partition has a serving leader."""
+        """Create a topic; with ``wait`` return only once every partition has a serving leader.
+
+        ``strict_order=True``: every record gets a global ID from the sequencer and
+        ``sdk.OrderedConsumer`` reads all partitions in one total order."""
+        if strict_order:
+            config = {**(config or {}), "strict_order": True}
         configs = [{"key": k, "value": str(v).lower() if isinstance(v, bool) else str(v)} for k, v in (config or {}).items()]
         body = self._call(ApiKey.CREATE_TOPIC, {"name": name, "partitions": partitions,
                                                 "replication_factor": replication_factor, "configs": configs})

@@ -22,8 +22,10 @@ from fabric.auth.curve import ClientSecurity
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
+from fabric.protocol.tags import TagFilter, record_tags
 from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient, TopicPartition
+from sdk._group import ConsumerRebalanceListener, GroupMember
 
 log = logging.getLogger("fabric.consumer")
 
@@ -32,10 +34,11 @@ FETCH_GRACE_MS = 1_000  # a fetch this late past its max_wait makes us check for
 
 
 class Record:
-    __slots__ = ("headers", "key", "offset", "partition", "timestamp", "topic", "value")
+    __slots__ = ("global_id", "headers", "key", "offset", "partition", "timestamp", "topic", "value")
 
     def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
-                 value: bytes | None, headers: list[tuple[str, bytes | None]]) -> None:
+                 value: bytes | None, headers: list[tuple[str, bytes | None]], global_id: int = -1) -> None:
+        self.global_id = global_id  # strict-order topics: the record's global ID; else -1
         self.topic = topic
         self.partition = partition
         self.offset = offset
@@ -63,6 +66,7 @@ class RecordBatch:
     values: list[bytes | None]
     headers: list[list[tuple[str, bytes | None]]]
     timestamp_type: int = 0
+    global_id_base: int = -1  # strict-order topics: the global ID of values[0]; else -1
 
     def __len__(self) -> int:
         return len(self.values)
@@ -72,9 +76,9 @@ class RecordBatch:
         return self.base_offset + len(self.values)
 
     def records(self) -> Iterator[Record]:
-        t, p, base = self.topic, self.partition, self.base_offset
+        t, p, base, gid = self.topic, self.partition, self.base_offset, self.global_id_base
         for i, (ts, k, v, h) in enumerate(zip(self.timestamps, self.keys, self.values, self.headers, strict=False)):
-            yield Record(t, p, base + i, ts, k, v, h)
+            yield Record(t, p, base + i, ts, k, v, h, gid + i if gid >= 0 else -1)
 
 
 class RawBatch:
@@ -104,6 +108,12 @@ class Consumer:
     ``auto_offset_reset``: where to start a partition with no position, or whose position
     fell out of the log (retention): ``earliest``, ``latest`` or ``none`` (raise
     OffsetOutOfRangeError).
+
+    With ``group_id`` the consumer can ``subscribe()`` and share partitions with the other
+    members of the group (docs/GROUPS.md); committed offsets are kept by the cluster. With
+    ``enable_auto_commit`` the positions of records already handed out by ``poll()`` are
+    committed every ``auto_commit_interval_ms``, before partitions are revoked, and on
+    ``close()``. ``assign()`` keeps working without a group, or with one for commits only.
     """
 
     def __init__(
@@ -118,6 +128,13 @@ class Consumer:
         request_timeout_ms: int = 30_000,
         check_crc: bool = True,
         context: zmq.Context[Any] | None = None,
+        group_id: str | None = None,
+        group_instance_id: str | None = None,
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5_000,
+        session_timeout_ms: int = 45_000,
+        heartbeat_interval_ms: int = 3_000,
+        tag_filter: str | None = None,
         security: ClientSecurity | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
@@ -142,11 +159,25 @@ class Consumer:
         self._refresh_needed = True
         self._last_recheck_s = 0.0
         self._closed = False
+        self.enable_auto_commit = enable_auto_commit and group_id is not None
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000.0
+        self._committed_positions: dict[TopicPartition, int] = {}
+        self._group: GroupMember | None = None
+        self._tag_filter: TagFilter | None = None
+        self.filtered_bytes = 0  # bytes the nodes left out for our tag filter (never sent)
+        self.set_tag_filter(tag_filter)
+        if group_id is not None:
+            self._group = GroupMember(self, group_id, instance_id=group_instance_id,
+                                      session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms)
+        # Strict-order ticks are skipped; sdk.OrderedConsumer turns this off to see them.
+        self.skip_control_batches = True
 
     # -- assignment and positions -----------------------------------------------------------
-    def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+    def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
         tps = [_as_tp(p) for p in partitions]
-        self._meta.refresh(sorted({tp.topic for tp in tps}))
+        if refresh or any(tp.topic not in self._meta.metadata.topics for tp in tps):
+            self._meta.refresh(sorted({tp.topic for tp in tps}))
         for tp in tps:
             meta = self._meta.topic(tp.topic)
             if not 0 <= tp.partition < meta.partition_count:
@@ -161,6 +192,106 @@ class Consumer:
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
+
+    # -- consumer groups (the machinery is in sdk/_group.py) ----------------------------------
+    def set_tag_filter(self, tag_filter: str | None) -> None:
+        """Deliver only records whose tags match, e.g. ``"paid || refunded"`` (grammar in
+        docs/GROUPS.md). Nodes skip batches that cannot match; ``poll()`` filters exactly.
+        Positions and commits still move past filtered-out records."""
+        self._tag_filter = TagFilter(tag_filter) if tag_filter else None
+
+    def subscribe(self, topics: Iterable[str] | None = None, *, pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None, tag_filter: str | None = None) -> None:
+        """Join the group and read the partitions it gives this member: ``topics`` by name
+        and/or every topic whose whole name matches ``pattern`` (a Python regex). New topics
+        and partitions are picked up. ``listener`` hears of revoked/assigned/lost partitions."""
+        group = self._require_group("subscribe()")
+        if tag_filter is not None:
+            self.set_tag_filter(tag_filter)
+        if isinstance(topics, str):
+            topics = [topics]
+        group.subscribe(topics, pattern, listener)
+        group.tick()
+
+    def commit(self, offsets: dict[TopicPartition, int] | dict[TopicPartition, tuple[int, str]] | None = None) -> None:
+        """Commit ``offsets`` (next offset to read, optionally with a metadata string), or the
+        positions of everything ``poll()`` has handed out. Returns once the commit is durable."""
+        group = self._require_group("commit()")
+        if offsets is None:
+            wanted = {tp: (pos, "") for tp, pos in self._positions.items() if tp in set(self._assigned)}
+        else:
+            wanted = {_as_tp(tp): (v if isinstance(v, tuple) else (int(v), "")) for tp, v in offsets.items()}
+        group.commit(wanted, in_group=bool(group.subscribed and group.member_id))
+        for tp, (offset, _meta) in wanted.items():
+            self._committed_positions[tp] = offset
+
+    def commit_async(self, offsets: dict[TopicPartition, int] | None = None,
+                     callback: Any = None) -> None:
+        """Commit without raising: errors go to ``callback(offsets, exception)`` (or the log).
+        Requests on a consumer are sequential, so this returns once the node answered."""
+        try:
+            self.commit(offsets)
+        except errors.FabricError as exc:
+            if callback is None:
+                log.warning("async commit failed: %s", exc)
+            else:
+                callback(offsets, exc)
+            return
+        if callback is not None:
+            callback(offsets, None)
+
+    def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
+        """The group's committed offset for the partition (None if never committed)."""
+        tp = _as_tp(partition)
+        found = self._require_group("committed()").committed([tp]).get(tp)
+        return None if found is None else found[0]
+
+    def _require_group(self, what: str) -> GroupMember:
+        if self._group is None:
+            raise errors.InvalidRequestError(f"{what} needs a consumer created with group_id=...")
+        return self._group
+
+    def _commit_before_revoke(self, tps: list[TopicPartition]) -> None:
+        """Group hook: with auto commit, commit what was handed out of partitions about to go."""
+        if self.enable_auto_commit:
+            self._auto_commit(force=True, only=set(tps))
+
+    def _drop(self, tps: list[TopicPartition]) -> None:
+        """Group hook: stop reading ``tps`` and forget their buffered data."""
+        gone = set(tps)
+        self.assign([tp for tp in self._assigned if tp not in gone], refresh=False)
+        for tp in gone:
+            self._committed_positions.pop(tp, None)
+
+    def _add(self, tps: list[TopicPartition]) -> None:
+        """Group hook: start reading ``tps`` at the group's committed offsets (read first:
+        if that fails nothing changes, and the caller retries)."""
+        committed = self._require_group("a group assignment").committed(tps)
+        self._refresh_needed = True
+        self.assign([*self._assigned, *tps], refresh=False)
+        for tp in tps:
+            found = committed.get(tp)
+            if found is not None:
+                self.seek(tp, found[0])
+                self._committed_positions[tp] = found[0]
+
+    def _auto_commit(self, *, force: bool = False, only: set[TopicPartition] | None = None) -> None:
+        if not self.enable_auto_commit or self._group is None:
+            return
+        now = time.monotonic()
+        if not force and now < self._next_auto_commit_s:
+            return
+        self._next_auto_commit_s = now + self.auto_commit_interval_ms / 1000.0
+        # Only positions poll() has handed out, and only those that moved.
+        wanted = {tp: pos for tp, pos in self._positions.items()
+                  if tp in set(self._assigned) and (only is None or tp in only)
+                  and self._committed_positions.get(tp) != pos}
+        if not wanted:
+            return
+        try:
+            self.commit(wanted)
+        except errors.FabricError as exc:
+            log.warning("auto commit failed: %s", exc)
 
     def subscribe_all_partitions(self, topic: str) -> list[TopicPartition]:
         """Assign every partition of ``topic`` (no group coordination; that is a later feature)."""
@@ -243,6 +374,11 @@ class Consumer:
     # -- polling ----------------------------------------------------------------------------
     def poll_batches(self, timeout_ms: int = 1000, max_records: int = 1_000_000) -> list[RecordBatch]:
         """Whole decoded batches (columns), the fastest way to read. Positions advance past them."""
+        if self._tag_filter is not None:
+            raise errors.InvalidRequestError("with a tag filter read records with poll(): batches are not filtered")
+        return self._poll_batches(timeout_ms, max_records)
+
+    def _poll_batches(self, timeout_ms: int, max_records: int) -> list[RecordBatch]:
         if not self._wait_for_data(timeout_ms):
             return []
         taken = self._take(max_records)
@@ -253,10 +389,14 @@ class Consumer:
         """Keep fetches going until something is buffered or ``timeout_ms`` passes."""
         if self._closed:
             raise errors.ClientClosedError("poll after close()")
-        if not self._assigned:
-            raise errors.InvalidRequestError("no partitions assigned; call assign() first")
+        group = self._group
+        if not self._assigned and (group is None or not group.subscribed):
+            raise errors.InvalidRequestError("no partitions assigned; call assign() or subscribe() first")
         deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        self._auto_commit()
         while True:
+            if group is not None:
+                group.tick()
             self._send_fetches()
             if self._buffer:
                 return True
@@ -272,6 +412,8 @@ class Consumer:
         Positions advance past each batch handed out, as with the other poll methods; the
         caller checks the CRC and decompresses (``batch.column_view`` does both).
         """
+        if self._tag_filter is not None:
+            raise errors.InvalidRequestError("with a tag filter read records with poll(): raw batches are not filtered")
         if not self._wait_for_data(timeout_ms):
             return []
         out: list[RawBatch] = []
@@ -290,9 +432,17 @@ class Consumer:
     def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first."""
         out: list[Record] = []
-        for batch in self.poll_batches(timeout_ms, max_records):
-            out.extend(batch.records())
-        return out
+        tag_filter = self._tag_filter
+        if tag_filter is None:
+            for batch in self._poll_batches(timeout_ms, max_records):
+                out.extend(batch.records())
+            return out
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        while True:
+            for batch in self._poll_batches(max(0, int((deadline - time.monotonic()) * 1000)), max_records):
+                out.extend(r for r in batch.records() if tag_filter.matches(record_tags(r.headers)))
+            if out or time.monotonic() >= deadline:
+                return out
 
     def __iter__(self) -> Iterator[Record]:
         while not self._closed:
@@ -306,11 +456,13 @@ class Consumer:
             batch = entry if isinstance(entry, RecordBatch) else self._decode(entry)
             room = max_records - taken
             if len(batch) > room:
+                gid = batch.global_id_base
                 head = RecordBatch(batch.topic, batch.partition, batch.base_offset, batch.timestamps[:room],
-                                   batch.keys[:room], batch.values[:room], batch.headers[:room])
+                                   batch.keys[:room], batch.values[:room], batch.headers[:room],
+                                   batch.timestamp_type, gid)
                 self._buffer[0] = RecordBatch(batch.topic, batch.partition, batch.base_offset + room,
                                               batch.timestamps[room:], batch.keys[room:], batch.values[room:],
-                                              batch.headers[room:])
+                                              batch.headers[room:], batch.timestamp_type, gid + room if gid >= 0 else -1)
                 batch = head
             else:
                 self._buffer.popleft()
@@ -323,11 +475,13 @@ class Consumer:
         decoded = batch_format.decode_batch(raw.buf, check_crc=self.check_crc)
         skip = raw.skip
         timestamp_type = 1 if decoded.header.attributes & batch_format.TIMESTAMP_LOG_APPEND else 0
+        gid = decoded.header.global_id_base
         if not skip:
             return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset, decoded.timestamps,
-                               decoded.keys, decoded.values, decoded.headers, timestamp_type)
+                               decoded.keys, decoded.values, decoded.headers, timestamp_type, gid)
         return RecordBatch(raw.topic, raw.partition, decoded.header.base_offset + skip, decoded.timestamps[skip:],
-                           decoded.keys[skip:], decoded.values[skip:], decoded.headers[skip:], timestamp_type)
+                           decoded.keys[skip:], decoded.values[skip:], decoded.headers[skip:], timestamp_type,
+                           gid + skip if gid >= 0 else -1)
 
     def _send_fetches(self) -> None:
         if self._refresh_needed:
@@ -368,8 +522,12 @@ class Consumer:
                 ],
             }
             correlation_id = self._conns.next_id()
+            version = 0
+            if self._tag_filter is not None:
+                body["tag_filter"] = self._tag_filter.text  # FETCH v1: the node skips batches that cannot match
+                version = 1
             try:
-                self._conns.send(address, apis.encode_request(ApiKey.FETCH, body, correlation_id))
+                self._conns.send(address, apis.encode_request(ApiKey.FETCH, body, correlation_id, api_version=version))
             except errors.FabricError:
                 self._refresh_needed = True
                 continue
@@ -421,8 +579,23 @@ class Consumer:
                 skip = position - header.base_offset
                 if skip >= header.record_count:
                     continue
+                if header.attributes & batch_format.ATTRIBUTE_CONTROL and self.skip_control_batches:
+                    # A strict-order tick: takes an offset, holds no record. With nothing of
+                    # this partition waiting for the caller, the caller's position moves past
+                    # it too, so "position >= end offset" still means "read everything".
+                    position = header.next_offset
+                    if not any(b.partition == tp.partition and b.topic == tp.topic for b in self._buffer):
+                        self._positions[tp] = position
+                    continue
                 self._buffer.append(RawBatch(tp.topic, tp.partition, buf, max(skip, 0)))
                 position = header.next_offset
+            skipped_to = result.get("next_fetch_offset", -1)
+            self.filtered_bytes += result.get("filtered_bytes", 0)
+            if skipped_to > position:
+                # The node left out batches that cannot match our tag filter: an empty marker
+                # moves the position (and so commits and lag) past them once we get there.
+                self._buffer.append(RecordBatch(tp.topic, tp.partition, skipped_to, [], [], [], []))
+                position = skipped_to
             self._fetch_positions[tp] = position
 
     def _check_timeouts(self) -> None:
@@ -450,6 +623,16 @@ class Consumer:
         return self._high_watermarks.get(_as_tp(partition), -1)
 
     def close(self) -> None:
+        """Commit (with auto commit), leave the group at once, and close the sockets."""
+        if self._closed:
+            return
+        if self._group is not None:
+            try:
+                if self._group.subscribed and self._group.owned:
+                    self._auto_commit(force=True)
+                self._group.leave()
+            except errors.FabricError as exc:
+                log.warning("leaving the group failed: %s", exc)
         self._closed = True
         self._conns.close()
 

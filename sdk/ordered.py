@@ -36,21 +36,6 @@ NO_ID = 0  # IDs start at 1 (fabric.protocol.sequencer.FIRST_GLOBAL_ID)
 T = TypeVar("T")
 
 
-class OrderedRecord(Record):
-    """A record of a strict-order topic, with its global ID."""
-
-    __slots__ = ("global_id",)
-
-    def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
-                 value: bytes | None, headers: list[tuple[str, bytes | None]], global_id: int) -> None:
-        super().__init__(topic, partition, offset, timestamp, key, value, headers)
-        self.global_id = global_id
-
-    def __repr__(self) -> str:
-        return (f"OrderedRecord(#{self.global_id} {self.topic}/{self.partition}@{self.offset} "
-                f"key={self.key!r} value={self.value!r:.60})")
-
-
 class OrderedMerge(Generic[T]):
     """The merge rule of the module docstring, over items of type ``T`` tagged with
     (partition, global ID, offset). Pure: the caller pushes what it fetched and pops what
@@ -169,6 +154,7 @@ class OrderedConsumer:
         self.topic = topic
         self.consumer = Consumer(bootstrap, auto_offset_reset="earliest" if from_beginning else "latest",
                                  **consumer_options)
+        self.consumer.skip_control_batches = False  # ticks move the watermark
         try:
             meta = self.consumer._meta.topic(topic)
             if not meta.strict_order:
@@ -178,14 +164,14 @@ class OrderedConsumer:
         except BaseException:
             self.consumer.close()
             raise
-        self.merge: OrderedMerge[OrderedRecord] = OrderedMerge(
+        self.merge: OrderedMerge[Record] = OrderedMerge(
             [tp.partition for tp in self.partitions], clock=clock, pending_records_max=pending_records_max)
 
     @property
     def watermark(self) -> int:
         return self.merge.watermark
 
-    def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[OrderedRecord]:
+    def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
         """Up to ``max_records`` final records in global-ID order, waiting at most ``timeout_ms``."""
         deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
         while True:
@@ -212,7 +198,7 @@ class OrderedConsumer:
         decoded = batch_format.decode_batch(buf, check_crc=self.consumer.check_crc)
         base_id, base_offset, topic = header.global_id_base, header.base_offset, self.topic
         for i in range(skip, header.record_count):
-            self.merge.push(partition, base_id + i, base_offset + i, OrderedRecord(
+            self.merge.push(partition, base_id + i, base_offset + i, Record(
                 topic, partition, base_offset + i, decoded.timestamps[i], decoded.keys[i], decoded.values[i],
                 decoded.headers[i], base_id + i))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +19,10 @@ import zmq
 
 from fabric import errors
 from fabric.auth.curve import ClientSecurity
+from fabric.limits import BATCH_HEADER_BYTES, MESSAGE_BYTES_MAX_DEFAULT
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
+from fabric.protocol import tags as tags_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
 from fabric.transport import unique_inproc_endpoint
@@ -29,6 +33,7 @@ from sdk.accumulator import (
     ProducerBatch,
     RecordAccumulator,
     RecordFuture,
+    headers_bytes,
 )
 
 log = logging.getLogger("fabric.producer")
@@ -36,6 +41,10 @@ log = logging.getLogger("fabric.producer")
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
+# A producer that is garbage-collected, or still open when the interpreter exits, without
+# close(): it flushes what it holds for at most this long, then logs how many records
+# were lost (kafka-python flushes at exit, librdkafka warns; we do both, within a bound).
+UNCLOSED_FLUSH_S_MAX = 10.0
 
 
 def _as_bytes(value: Any, what: str) -> bytes | None:
@@ -55,8 +64,8 @@ class _InFlight:
     sent_s: float
 
 
-class Producer:
-    """Send records to topics.
+class _ProducerCore:
+    """Send records to topics (see ``Producer``, the handle users hold).
 
     ``acks``: 0 (fire and forget), 1 (the leader wrote it) or ``"all"``/-1 (every in-sync
     replica has it; the default). ``enable_idempotence`` (default: on with acks=all)
@@ -120,6 +129,7 @@ class Producer:
         self._space = threading.Condition(self._lock)
         self._metadata_ready = threading.Condition(self._lock)
         self._partition_counts: dict[str, int] = {}
+        self._message_bytes_max: dict[str, int] = {}
         self._unknown_topics: dict[str, BaseException] = {}
         self._wanted_topics: set[str] = set()
         self._sticky: dict[str, int] = {}
@@ -152,11 +162,17 @@ class Producer:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         callback: Any = None,
+        tags: Iterable[str] | None = None,
     ) -> RecordFuture:
-        """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset)."""
+        """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset).
+
+        ``tags`` (e.g. ``("paid", "eu")``) go in the ``fabric.tags`` header and the batch's
+        tag bloom, for consumers with a ``tag_filter`` (docs/GROUPS.md, "Tag filters")."""
         value_b = value if value.__class__ is bytes else _as_bytes(value, "value")
         key_b = key if key is None or key.__class__ is bytes else _as_bytes(key, "key")
         header_list = self._normalize_headers(headers) if headers else None
+        if tags:
+            header_list = [*(header_list or []), (tags_format.TAGS_HEADER, tags_format.encode_tags(tags))]
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         with self._lock:
             if self._refusal is not None:
@@ -194,6 +210,17 @@ class Producer:
                 if callback is not None:
                     future.add_callback(callback)
                 return future
+            if header_list is not None:
+                size += headers_bytes(header_list)
+            if size > acc.batch_bytes_max - RECORD_OVERHEAD_BYTES:
+                limit = self._message_bytes_max.get(topic, MESSAGE_BYTES_MAX_DEFAULT)
+                if size + BATCH_HEADER_BYTES > limit:
+                    raise errors.MessageTooLargeError(
+                        f"record of {size} bytes (key, value, headers and {RECORD_OVERHEAD_BYTES} bytes of lengths) "
+                        f"does not fit topic {topic!r}'s message_bytes_max={limit} with the "
+                        f"{BATCH_HEADER_BYTES}-byte batch header",
+                        record_bytes=size, limit_bytes=limit,
+                    )
             if acc.buffered_bytes + size > acc.buffer_bytes_max and not acc.has_room(size):
                 deadline = time.monotonic() + self.max_block_s
                 while not self._acc.has_room(size):
@@ -216,8 +243,17 @@ class Producer:
 
     @staticmethod
     def _normalize_headers(headers: Headers | dict[str, bytes | str | None]) -> Headers:
+        """A dict or a list of (name, value) pairs; anything else is refused, not guessed at
+        (``["ab", "cd"]`` would otherwise unpack into the headers a=b and c=d)."""
         items = headers.items() if isinstance(headers, dict) else headers
-        return [(str(name), _as_bytes(value, "header value")) for name, value in items]
+        out: Headers = []
+        for item in items:
+            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
+                raise TypeError(
+                    f"headers must be a dict or a list of (str, bytes) pairs; got the item {item!r:.80}"
+                )
+            out.append((item[0], _as_bytes(item[1], f"header {item[0]!r} value")))
+        return out
 
     def _await_topic(self, topic: str) -> int:
         """Ask the sender thread for this topic's metadata; called with the lock held."""
@@ -263,6 +299,10 @@ class Producer:
         with self._lock:
             if self._closed:
                 return
+        if threading.current_thread() is self._thread:
+            # Dropped from a callback on the sender thread: that thread cannot join itself.
+            threading.Thread(target=self.close, args=(timeout,), name="fabric-producer-close", daemon=True).start()
+            return
         try:
             self.flush(timeout)
         except TimeoutError:
@@ -282,11 +322,25 @@ class Producer:
             self._in_flight.clear()
         self._wake_push.close(linger=0)
 
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def close_unattended(self) -> None:
+        """What a producer that nobody closed does when it is collected or the interpreter
+        exits: flush within UNCLOSED_FLUSH_S_MAX, then say how many records were lost."""
+        with self._lock:
+            if self._closed:
+                return
+            pending = [(b.result, b.record_count) for q in self._acc.batches.values() for b in q]
+            pending += [(b.result, b.record_count) for f in self._in_flight.values() for b in f.batches]
+        if not pending:
+            self.close(0)
+            return
+        self.close(UNCLOSED_FLUSH_S_MAX)
+        lost = sum(count for result, count in pending if result.exception is not None)
+        if lost:
+            log.error(
+                "producer was not closed: %d of %d records were not delivered (flushed for up to "
+                "UNCLOSED_FLUSH_S_MAX=%.0f s at exit or garbage collection); call flush() or close()",
+                lost, sum(count for _, count in pending), UNCLOSED_FLUSH_S_MAX,
+            )
 
     def partitions_for(self, topic: str) -> int:
         with self._lock:
@@ -323,15 +377,16 @@ class Producer:
         if self.idempotent and self.producer_id < 0:
             self._init_producer_id(conns, meta)
             if self.producer_id < 0:
+                self._expire_queued(time.monotonic())  # the delivery timeout holds here too
                 return
+        self._expire_queued(now)
         with self._lock:
             ready = self._acc.ready(now, self._in_flight_keys)
-            self._expire(ready, now)
-            ready = [b for b in ready if not b.result.done]
         by_node: dict[str, list[ProducerBatch]] = {}
         for batch in ready:
             address = meta.metadata.leader_address(batch.topic, batch.partition)
             if address is None:
+                self._refresh_needed = True  # the map names no (reachable) leader: ask again
                 self._retry(batch, errors.LeaderNotAvailableError(f"no leader known for {batch.topic}/{batch.partition}"), now)
                 continue
             by_node.setdefault(address, []).append(batch)
@@ -374,6 +429,7 @@ class Producer:
         with self._lock:
             for name, topic_meta in metadata.topics.items():
                 self._partition_counts[name] = topic_meta.partition_count
+                self._message_bytes_max[name] = topic_meta.message_bytes_max
             for topic in wanted:
                 if topic not in metadata.topics:
                     self._unknown_topics[topic] = errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
@@ -382,10 +438,16 @@ class Producer:
 
     def _init_producer_id(self, conns: Connections, meta: MetadataClient) -> None:
         """Ask any node for a producer id (nodes hand them out from blocks reserved in ZooKeeper)."""
+        with self._lock:
+            oldest = min((q[0].created_s for q in self._acc.batches.values() if q), default=None)
+        timeout_ms = self.request_timeout_ms
+        if oldest is not None:  # do not wait past the oldest record's delivery deadline
+            left_ms = (oldest + self.delivery_timeout_s - time.monotonic()) * 1000
+            timeout_ms = int(min(timeout_ms, max(left_ms, self.retry_backoff_s * 1000)))
         for address in meta.candidates():
             try:
                 body = conns.request(address, ApiKey.INIT_PRODUCER_ID, {"client_id": "python"},
-                                     timeout_ms=self.request_timeout_ms).body
+                                     timeout_ms=timeout_ms).body
                 errors.raise_for_code(body["error"], "init producer id")
             except errors.FabricError as exc:
                 log.warning("init producer id via %s failed: %s", address, exc)
@@ -406,7 +468,7 @@ class Producer:
             batch.encoded = batch_format.encode_batch(
                 timestamps, keys, values, headers,
                 codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                base_sequence=base_sequence,
+                base_sequence=base_sequence, tag_bloom=tags_format.batch_bloom(headers),
             )
         return batch.encoded
 
@@ -491,11 +553,14 @@ class Producer:
         batch.encoded = None
         batch.result.complete(base_offset, exc)
 
-    def _expire(self, batches: list[ProducerBatch], now: float) -> None:
-        for batch in batches:
-            if now - batch.created_s >= self.delivery_timeout_s:
+    def _expire_queued(self, now: float) -> None:
+        """Fail every queued batch older than delivery_timeout_ms, sendable or not."""
+        with self._lock:
+            for batch in self._acc.expire(now, self.delivery_timeout_s):
+                why = "no producer id yet" if self.idempotent and self.producer_id < 0 else "not acknowledged"
                 self._finish(batch, -1, errors.DeliveryTimeoutError(
-                    f"{batch.topic}/{batch.partition}: not sent within delivery_timeout_ms"))
+                    f"{batch.topic}/{batch.partition}: {why} within delivery_timeout_ms="
+                    f"{int(self.delivery_timeout_s * 1000)} after {batch.attempts} attempts"))
 
     def _check_timeouts(self, conns: Connections, meta: MetadataClient) -> None:
         now = time.monotonic()
@@ -522,3 +587,75 @@ class Producer:
             timeout = errors.RequestTimedOutError(f"no answer from {flight.address} (timed out or leader moved)")
             for batch in flight.batches:
                 self._retry_or_fail(batch, timeout, now)
+
+
+class Producer:
+    """Send records to topics.
+
+    ``acks``: 0 (fire and forget), 1 (the leader wrote it) or ``"all"``/-1 (every in-sync
+    replica has it; the default). ``enable_idempotence`` (default: on with acks=all)
+    stamps batches with a producer id and sequences so that retries never duplicate.
+    ``linger_ms``: how long a batch waits to fill. ``batch_bytes_max``: the batch closes
+    at this many bytes of records (a target: a larger record gets a batch of its own, up
+    to the topic's ``message_bytes_max``, 8 MiB by default). ``buffer_bytes_max``: memory
+    for unsent records; ``send()`` blocks up to ``max_block_ms`` when it is full, then
+    raises BufferFullError. Retriable errors are retried until ``delivery_timeout_ms``,
+    which holds in every state (no leader, no producer id, no answer).
+
+    Call ``close()`` (or use ``with``). A producer that is garbage-collected, or still
+    open when the interpreter exits, flushes for up to ``UNCLOSED_FLUSH_S_MAX`` seconds
+    and logs how many records it could not deliver.
+
+    This is a thin handle: the sender thread holds the ``_ProducerCore`` behind it, not
+    the handle, so dropping the last reference to a Producer really collects it (and
+    runs that bounded flush) instead of leaving a thread running forever.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        acks: int | str = "all",
+        linger_ms: float = 5,
+        batch_bytes_max: int = 256 * 1024,
+        compression: str = "lz4",
+        buffer_bytes_max: int = 64 * 1024 * 1024,
+        max_block_ms: int = 60_000,
+        delivery_timeout_ms: int = 120_000,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        metadata_max_age_ms: int = 300_000,
+        enable_idempotence: bool | None = None,
+        producer_id: int | None = None,
+        producer_epoch: int = 0,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        core = _ProducerCore(
+            bootstrap, acks=acks, linger_ms=linger_ms, batch_bytes_max=batch_bytes_max, compression=compression,
+            buffer_bytes_max=buffer_bytes_max, max_block_ms=max_block_ms, delivery_timeout_ms=delivery_timeout_ms,
+            request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
+            metadata_max_age_ms=metadata_max_age_ms, enable_idempotence=enable_idempotence,
+            producer_id=producer_id, producer_epoch=producer_epoch, context=context,
+        )
+        self._core = core
+        # Bound methods of the core: send() on the handle costs no extra call.
+        self.send = core.send
+        self.flush = core.flush
+        self.partitions_for = core.partitions_for
+        # finalize holds the core, never the handle; it also runs at interpreter exit.
+        self._finalizer = weakref.finalize(self, core.close_unattended)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError."""
+        self._finalizer.detach()
+        self._core.close(timeout)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Settings and state (acks, producer_id, ...) live on the core.
+        return getattr(self._core, name)

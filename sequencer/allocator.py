@@ -23,7 +23,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from fabric.protocol.sequencer import FIRST_GLOBAL_ID, SEQUENCER_GRANT_IDS_MAX, Grant, check_count
+from fabric.protocol.sequencer import (
+    FIRST_GLOBAL_ID,
+    ID_KIND_RECORDS,
+    SEQUENCER_GRANT_IDS_MAX,
+    Grant,
+    check_count,
+)
 
 # One ZooKeeper write reserves this many IDs. At a million IDs per write, 2^63 IDs last
 # longer than anyone's cluster, and a reservation is rare enough to be free.
@@ -71,6 +77,8 @@ class IdAllocator:
         self.next_id = start_id
         self.reserved_end = reserved_end
         self.block_ids = block_ids
+        # An earlier epoch may have granted record IDs up to start_id - 1: assume it did.
+        self.records_end = start_id
 
     @property
     def remaining(self) -> int:
@@ -80,7 +88,7 @@ class IdAllocator:
         """The reservation to write before ``count`` more IDs can be granted, or None when
         the current range covers them. Also asks early, once less than half a block is
         left, so the write seldom sits in front of a request."""
-        check_count(count)
+        check_count(count, allow_zero=True)
         if self.remaining >= max(count, self.block_ids // 2):
             return None
         return Reservation(self.epoch, max(self.reserved_end, self.next_id + count) + self.block_ids)
@@ -91,14 +99,17 @@ class IdAllocator:
             raise ValueError(f"reservation {reservation} does not extend epoch {self.epoch} up to {self.reserved_end}")
         self.reserved_end = reservation.reserved_end
 
-    def grant(self, count: int) -> Grant:
-        check_count(count)
+    def grant(self, count: int, kind: int = ID_KIND_RECORDS) -> Grant:
+        """``count`` IDs (0: none, just the state). Record grants move ``records_end``."""
+        check_count(count, allow_zero=True)
         if self.next_id + count > self.reserved_end:
             # A programming error in the service (it must reserve first), never bad input.
             raise RuntimeError(f"grant of {count} from {self.next_id} passes reserved_end={self.reserved_end}")
-        grant = Grant(self.epoch, self.next_id, count)
+        first = self.next_id
         self.next_id += count
-        return grant
+        if kind == ID_KIND_RECORDS and count:
+            self.records_end = self.next_id
+        return Grant(self.epoch, first, count, self.records_end)
 
 
 class Lease:

@@ -31,7 +31,7 @@ from fabric.limits import REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import Header
-from fabric.protocol.sequencer import check_count
+from fabric.protocol.sequencer import check_count, check_kind
 from fabric.sequencer_client import (
     SEQUENCER_ACTIVE,
     SEQUENCER_ROOT,
@@ -185,7 +185,8 @@ class SequencerService:
                 {"api_key": ApiKey.ALLOCATE_IDS, "min_version": 0, "max_version": 0}]})
         if api != ApiKey.ALLOCATE_IDS:
             raise errors.UnknownApiError(f"a sequencer serves API_VERSIONS and ALLOCATE_IDS, not {ApiKey(api).name}")
-        count = check_count(request.body["count"])
+        count = check_count(request.body["count"], allow_zero=True)
+        kind = check_kind(request.body["kind"])
         if not self._may_answer():
             raise errors.NotActiveSequencerError(
                 f"sequencer {self.sequencer_id} is {self.state}; the active one is registered at {SEQUENCER_ACTIVE}")
@@ -195,7 +196,7 @@ class SequencerService:
         reservation = allocator.reservation_for(count)
         if reservation is not None and not self._write_reservation(allocator, reservation):
             raise errors.NotActiveSequencerError(f"sequencer {self.sequencer_id} lost its reservation; deposed")
-        grant = allocator.grant(count)
+        grant = allocator.grant(count, kind)
         # Checked again right before the bytes leave: the reservation write above may have
         # taken long enough for the lease to run out.
         if not self.lease.valid(time.monotonic()):

@@ -30,7 +30,13 @@ from pyspark.sql.types import (
 )
 
 from fabric import errors
-from fabric.protocol.batch import TIMESTAMP_LOG_APPEND, ColumnView, column_view
+from fabric.protocol.batch import (
+    ATTRIBUTE_CONTROL,
+    TIMESTAMP_LOG_APPEND,
+    ColumnView,
+    column_view,
+    read_header,
+)
 from sdk import Admin, Consumer, TopicPartition
 from spark_connector._options import (
     EARLIEST,
@@ -56,7 +62,7 @@ HEADERS_TYPE = ArrayType(
 )
 
 
-def read_schema(include_headers: bool) -> StructType:
+def read_schema(include_headers: bool, include_global_id: bool = False) -> StructType:
     fields = [
         StructField("key", BinaryType(), True),
         StructField("value", BinaryType(), True),
@@ -68,14 +74,16 @@ def read_schema(include_headers: bool) -> StructType:
     ]
     if include_headers:
         fields.append(StructField("headers", HEADERS_TYPE, True))
+    if include_global_id:  # strict-order topics: the record's global ID (null elsewhere)
+        fields.append(StructField("global_id", LongType(), True))
     return StructType(fields)
 
 
-def arrow_schema(include_headers: bool) -> pa.Schema:
+def arrow_schema(include_headers: bool, include_global_id: bool = False) -> pa.Schema:
     # Spark checks a returned batch against exactly this conversion of the declared schema.
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(read_schema(include_headers), timezone="UTC")
+    return to_arrow_schema(read_schema(include_headers, include_global_id), timezone="UTC")
 
 
 class FabricInputPartition(InputPartition):
@@ -93,8 +101,10 @@ class FabricInputPartition(InputPartition):
         include_headers: bool,
         fail_on_data_loss: bool,
         poll_timeout_ms: int,
+        include_global_id: bool = False,
     ) -> None:
         super().__init__(None)
+        self.include_global_id = include_global_id
         self.topic = topic
         self.partition = partition
         self.start = start
@@ -209,6 +219,7 @@ def plan_partitions(
     poll_timeout_ms: int,
     max_records_per_partition: int,
     min_partitions: int | None,
+    include_global_id: bool = False,
 ) -> list[FabricInputPartition]:
     """One input partition per range, large ranges split so no task gets a giant range."""
     total = sum(max(0, end - start) for start, end in ranges.values())
@@ -222,6 +233,7 @@ def plan_partitions(
             out.append(FabricInputPartition(
                 tp.topic, tp.partition, s, e, bootstrap=bootstrap, node_addresses=node_addresses,
                 include_headers=include_headers, fail_on_data_loss=fail_on_data_loss, poll_timeout_ms=poll_timeout_ms,
+                include_global_id=include_global_id,
             ))
     return out
 
@@ -262,8 +274,8 @@ class _Chunk:
     (zero-copy), the key and value bytes are one contiguous region each.
     """
 
-    __slots__ = ("base_offset", "count", "first_timestamp", "headers_start", "key_lengths", "keys", "n",
-                 "records", "skip", "timestamp_deltas", "timestamp_type", "value_lengths", "values")
+    __slots__ = ("base_offset", "count", "first_timestamp", "global_id_base", "headers_start", "key_lengths", "keys",
+                 "n", "records", "skip", "timestamp_deltas", "timestamp_type", "value_lengths", "values")
 
     def __init__(self, view: ColumnView, skip: int, count: int) -> None:
         header = view.header
@@ -277,6 +289,7 @@ class _Chunk:
         self.skip = skip
         self.count = count
         self.base_offset = header.base_offset
+        self.global_id_base = header.global_id_base
         self.first_timestamp = header.first_timestamp
         self.timestamp_type = TIMESTAMP_TYPE_LOG_APPEND if header.attributes & TIMESTAMP_LOG_APPEND \
             else TIMESTAMP_TYPE_CREATE
@@ -405,6 +418,8 @@ class _ArrowBuilder:
         ]
         if self.part.include_headers:
             columns.append(self._headers(chunks))
+        if getattr(self.part, "include_global_id", False):
+            columns.append(_global_ids(chunks))
         out = pa.RecordBatch.from_arrays(columns, schema=self.schema)
         self.chunks, self.rows, self.data_bytes = [], 0, 0
         return out
@@ -426,13 +441,25 @@ class _ArrowBuilder:
         return pa.ListArray.from_arrays(pa.array(list_offsets), items, type=list_type)
 
 
+def _global_ids(chunks: list[_Chunk]) -> pa.Array:
+    """Record i of a chunk has global ID global_id_base + i; null where the batch has none."""
+    parts: list[pa.Array] = []
+    for c in chunks:
+        if c.global_id_base >= 0:
+            parts.append(pa.array(np.arange(c.global_id_base + c.skip, c.global_id_base + c.count, dtype=np.int64)))
+        else:
+            parts.append(pa.nulls(c.rows, pa.int64()))
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+
+
 def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
     """Fetch [start, end) of one partition and yield it as Arrow record batches."""
     if not isinstance(part, FabricInputPartition) or part.end <= part.start:
         return
-    schema = arrow_schema(part.include_headers)
+    schema = arrow_schema(part.include_headers, getattr(part, "include_global_id", False))
     tp = TopicPartition(part.topic, part.partition)
     consumer = _open_consumer(part)
+    consumer.skip_control_batches = False  # seen here, so a strict-order tick is not taken for lost data
     try:
         position = part.start
         first = consumer.beginning_offsets([tp])[tp]
@@ -467,6 +494,12 @@ def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
                 continue
             idle_deadline = time.monotonic() + part.poll_timeout_ms / 1000.0
             for raw in batches:
+                control = read_header(raw.buf)
+                if control.attributes & ATTRIBUTE_CONTROL:  # a strict-order tick: an offset, no record
+                    if control.base_offset + raw.skip > position:
+                        _report_data_loss(part, f"offsets {position}..{control.base_offset + raw.skip - 1} of {tp} are missing")
+                    position = min(control.next_offset, part.end)
+                    continue
                 view = column_view(raw.buf, check_crc=CHECK_CRC)
                 base = view.header.base_offset
                 first_new = base + raw.skip

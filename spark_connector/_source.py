@@ -53,6 +53,7 @@ class _ReadConfig:
             if self.ending == "earliest" or (isinstance(self.ending, dict) and _has(self.ending, opts.EARLIEST)):
                 raise opts.FabricOptionError("endingOffsets earliest (-2) is not allowed in a batch query: it would read nothing")
         self.include_headers = opts.parse_bool(options, "includeHeaders", False)
+        self.include_global_id = opts.parse_bool(options, "includeGlobalId", False)
         self.fail_on_data_loss = opts.parse_bool(options, "failOnDataLoss", True)
         self.max_offsets_per_trigger = opts.parse_optional_int(options, "maxOffsetsPerTrigger")
         self.max_records_per_partition = opts.parse_int(
@@ -65,7 +66,7 @@ class _ReadConfig:
             ranges, bootstrap=self.bootstrap, node_addresses=view.node_addresses() if ranges else (),
             include_headers=self.include_headers, fail_on_data_loss=self.fail_on_data_loss,
             poll_timeout_ms=self.poll_timeout_ms, max_records_per_partition=self.max_records_per_partition,
-            min_partitions=self.min_partitions,
+            min_partitions=self.min_partitions, include_global_id=self.include_global_id,
         )
 
 
@@ -81,7 +82,8 @@ class FabricDataSource(DataSource):
         return "fabric"
 
     def schema(self) -> StructType:
-        return read_schema(opts.parse_bool(self.options, "includeHeaders", False))
+        return read_schema(opts.parse_bool(self.options, "includeHeaders", False),
+                           opts.parse_bool(self.options, "includeGlobalId", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return FabricBatchReader(self.options, schema)

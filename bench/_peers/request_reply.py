@@ -14,13 +14,17 @@ from bench._peers.workloads import REQUEST_TIMEOUT_S, VALUE, Progress
 
 RESPONDER_READY_TIMEOUT_S = 30.0
 SUBJECT = "bench.echo"
+SERVICE = "bench-echo"
+DISCOVERY_TIMEOUT_S = 15.0  # the new instance must appear in the requester's registry view
 
 
 def direct_plane_missing() -> str | None:
     """Why the Fabric direct-plane row cannot run, or None."""
     if importlib.util.find_spec("sdk.direct") is None:
         return "not built yet (sdk/direct is not on main)"
-    return "sdk.direct exists but this benchmark has no adapter for it yet"
+    if not hasattr(importlib.import_module("sdk.direct"), "DirectClient"):
+        return "sdk.direct has no DirectClient"
+    return None
 
 
 # -- responders (run in spawned processes until stop is set) ------------------------------
@@ -59,6 +63,25 @@ def zmq_responder(endpoint: str, ready: Any, stop: Any) -> None:
     finally:
         rep.close()
         ctx.term()
+
+
+def direct_responder(zk_address: str, ready: Any, stop: Any) -> None:
+    async def run() -> None:
+        direct: Any = importlib.import_module("sdk.direct")
+
+        async def echo(request: Any) -> bytes:
+            return bytes(request.payload)
+
+        client = await direct.DirectClient.connect(zk_address)
+        try:
+            await client.serve(SERVICE, echo)
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
 
 
 # -- requesters ---------------------------------------------------------------------------
@@ -105,3 +128,30 @@ def zmq_requests(endpoint: str, count: int, progress: Progress) -> list[int]:
     finally:
         req.close()
         ctx.term()
+
+
+def direct_requests(zk_address: str, count: int, progress: Progress) -> list[int]:
+    async def run() -> list[int]:
+        direct: Any = importlib.import_module("sdk.direct")
+        client = await direct.DirectClient.connect(zk_address)
+        try:
+            deadline = time.monotonic() + DISCOVERY_TIMEOUT_S
+            while True:  # warm-up; the first requests may precede discovery of the instance
+                try:
+                    await client.request(SERVICE, VALUE)
+                    break
+                except direct.NoServiceAvailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+            out: list[int] = []
+            for _ in range(count):
+                started = time.perf_counter_ns()
+                await client.request(SERVICE, VALUE)
+                out.append(time.perf_counter_ns() - started)
+                progress(1)
+            return out
+        finally:
+            await client.close()
+
+    return asyncio.run(run())

@@ -6,7 +6,10 @@
     fabric sequencer --zk ... --id N   one sequencer instance (strict-order topics)
     fabric topic create|list|describe|delete
     fabric produce TOPIC           lines from stdin or --file
-    fabric consume TOPIC           records to stdout (--follow to keep going)
+    fabric consume TOPIC           records to stdout (--follow to keep going, --group G to join a group)
+    fabric service list            direct-plane services and their instances
+    fabric request NAME PAYLOAD    one direct-plane request (also: subscribe, publish)
+    fabric group list|describe|reset-offsets|delete   consumer groups
     fabric bench                   the produce/consume benchmark (python -m bench)
     fabric keys|principal|acl      CURVE keys, principals, access rules (docs/SECURITY.md)
 
@@ -24,13 +27,24 @@ module to ``COMMAND_GROUPS`` below. Nothing else changes.
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from types import ModuleType
 
-from fabric import errors
-from fabric.cli import bench, cluster, consume, produce, security, sequencer, status, topic
+from fabric import __version__, errors
+from fabric.cli import bench, cluster, consume, group, produce, security, sequencer, service, status, topic
+from fabric.cli._common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    Parser,
+    one_line,
+    quiet_libraries,
+)
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -38,18 +52,26 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     topic,
     produce,
     consume,
+    service,
+    group,
     bench,
     status,
     sequencer,
     security,
 )
 
+EPILOG = """exit codes: 0 success, 1 error from the cluster or the environment, 2 usage error,
+3 partial success (some records delivered, some not), 130 interrupted.
+FABRIC_DEBUG=1 shows tracebacks and the client libraries' log messages."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fabric", description="Fabric messaging: local cluster, topics, produce, consume.")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for group in COMMAND_GROUPS:
-        group.register(subparsers)
+    parser = Parser(prog="fabric", description="Fabric messaging: local cluster, topics, produce, consume.",
+                    epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"fabric {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for module in COMMAND_GROUPS:
+        module.register(subparsers)
     return parser
 
 
@@ -64,12 +86,44 @@ def main(argv: list[str] | None = None) -> int:
         return run_argv(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    debug = os.environ.get("FABRIC_DEBUG", "") not in ("", "0")
+    quiet_libraries(debug)
     run: Callable[[argparse.Namespace], int] = args.run
+    return run_guarded(run, args, debug)
+
+
+def run_guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace, debug: bool) -> int:
+    """The one place an exception becomes a message: one line on stderr and an exit code
+    (docs/PROTOCOL.md section 13). A traceback only with FABRIC_DEBUG=1."""
     try:
         return run(args)
-    except errors.FabricError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`fabric consume t | head`): not an error. Point stdout at
+        # /dev/null so the interpreter's final flush does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        prefix, message, code = describe_error(exc, args)
+        print(f"{prefix}: error: {one_line(message)}", file=sys.stderr)
+        return code
+
+
+def describe_error(exc: Exception, args: argparse.Namespace) -> tuple[str, str, int]:
+    """(prefix, message, exit code) for an exception that reached the top."""
+    if isinstance(exc, CliError):
+        prefix = f"fabric {args.command}" if exc.exit_code == EXIT_USAGE else "fabric"
+        return prefix, exc.message, exc.exit_code
+    if isinstance(exc, errors.ConfigError):  # a bad option value, from a flag or a file named by one
+        return "fabric", str(exc), EXIT_USAGE
+    if isinstance(exc, errors.FabricError):
+        return "fabric", str(exc), EXIT_ERROR
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return "fabric", f"{exc.strerror or exc}{where}", EXIT_ERROR
+    # A bug: still one line, and the way to see more.
+    return "fabric", f"internal error {type(exc).__name__}: {exc} (run with FABRIC_DEBUG=1 for the traceback)", EXIT_ERROR

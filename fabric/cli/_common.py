@@ -1,38 +1,234 @@
-"""What several command groups share: finding the cluster, and a progress line."""
+"""What several command groups share: argument parsing with one-line errors, finding and
+checking the cluster, errors with exit codes, and a progress line.
+
+Exit codes (docs/PROTOCOL.md section 13): 0 success, 1 an error from the cluster or the
+environment, 2 a usage error, 3 partial success, 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 STATE_FILE = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "local.json"
 PROGRESS_INTERVAL_S = 1.0
+REACH_TIMEOUT_S = 2.0  # a TCP connect to a bootstrap address that takes longer counts as unreachable
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_PARTIAL = 3
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """An error the CLI reports as one line and an exit code, never as a traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+def usage_error(message: str) -> CliError:
+    return CliError(message, EXIT_USAGE)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none to show (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with defaults in --help and a usage error as one line (exit 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+# -- argument types: each refuses a bad value with a message naming what is allowed ----------
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is not >= 0")
+    return value
+
+
+def key_value(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
 
 
 def with_bootstrap(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``--bootstrap`` option every cluster-talking command takes."""
-    parser.add_argument("--bootstrap", "-b", help="zk://host:port or tcp://node,tcp://node")
+    parser.add_argument(
+        "--bootstrap", "-b",
+        help="zk://HOST:PORT[/chroot] (ZooKeeper) or tcp://HOST:PORT,... (nodes); "
+             "default: $FABRIC_BOOTSTRAP, else the cluster `fabric up` recorded",
+    )
     return parser
 
 
-def bootstrap(args: argparse.Namespace) -> str:
-    """The cluster to talk to: ``--bootstrap``, else ``$FABRIC_BOOTSTRAP``, else ``fabric up``'s record."""
+def bootstrap(args: argparse.Namespace, *, check: bool = True) -> str:
+    """The cluster to talk to: ``--bootstrap``, else ``$FABRIC_BOOTSTRAP``, else ``fabric up``'s
+    record; checked for form and (with ``check``) reachability, so a bad address fails at
+    once with one line. A command with its own answer to "unreachable" (``fabric status``
+    exits 3) passes ``check=False``."""
     if getattr(args, "bootstrap", None):
-        return str(args.bootstrap)
-    env = os.environ.get("FABRIC_BOOTSTRAP")
-    if env:
-        return env
+        spec, origin = str(args.bootstrap), "argument --bootstrap"
+    elif os.environ.get("FABRIC_BOOTSTRAP"):
+        spec, origin = os.environ["FABRIC_BOOTSTRAP"], "$FABRIC_BOOTSTRAP"
+    else:
+        spec, origin = _recorded_cluster(), f"the cluster recorded in {STATE_FILE}"
+    endpoints, is_zk = parse_bootstrap(spec, origin)
+    if check:
+        check_reachable(spec, endpoints, is_zk)
+    return spec
+
+
+def _recorded_cluster() -> str:
     try:
-        return str(json.loads(STATE_FILE.read_text())["bootstrap"])
-    except (OSError, ValueError, KeyError):
-        raise SystemExit(
+        state = json.loads(STATE_FILE.read_text())
+        spec = str(state["bootstrap"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CliError(
             "no cluster given: pass --bootstrap zk://HOST:PORT (or node addresses), set FABRIC_BOOTSTRAP, "
             "or start one with `fabric up`"
         ) from None
+    pid = state.get("pid")
+    if isinstance(pid, int) and not _process_alive(pid):
+        raise CliError(
+            f"the cluster recorded in {STATE_FILE} (`fabric up`, pid {pid}) is not running: "
+            "start it with `fabric up`, or pass --bootstrap"
+        )
+    return spec
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def parse_bootstrap(spec: str, origin: str = "argument --bootstrap") -> tuple[list[tuple[str, int]], bool]:
+    """(host, port) pairs and whether they are ZooKeeper. Pure; raises a usage error."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise usage_error(f"{origin}: empty; give zk://HOST:PORT or tcp://HOST:PORT")
+    is_zk = parts[0].startswith("zk://")
+    endpoints: list[tuple[str, int]] = []
+    for index, part in enumerate(parts):
+        rest = part
+        if is_zk and index == 0:
+            rest = part.removeprefix("zk://")
+        elif "://" in part:
+            scheme = part.split("://", 1)[0]
+            if scheme != "tcp" or is_zk:
+                raise usage_error(
+                    f"{origin}: {part!r} is not an address Fabric speaks: use zk://HOST:PORT for ZooKeeper "
+                    "or tcp://HOST:PORT (or HOST:PORT) for nodes"
+                )
+            rest = part.split("://", 1)[1]
+        if is_zk and index == len(parts) - 1 and "/" in rest:
+            rest = rest.split("/", 1)[0]  # the chroot
+        host, colon, port_text = rest.rpartition(":")
+        if not colon or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise usage_error(f"{origin}: {part!r} is not HOST:PORT (zk://HOST:PORT or tcp://HOST:PORT)")
+        endpoints.append((host.strip("[]"), int(port_text)))
+    return endpoints, is_zk
+
+
+def check_reachable(spec: str, endpoints: list[tuple[str, int]], is_zk: bool) -> None:
+    """Fail fast, with one line, when the bootstrap cannot work: no address accepts a TCP
+    connection (a ZeroMQ connect to a dead address would otherwise just wait), or node
+    addresses that are not Fabric nodes (ZooKeeper given without zk://). A ZeroMQ peer
+    sends its greeting (first byte 0xFF) as soon as a connection opens; ZooKeeper waits for
+    the client to speak first, so silence tells them apart without any extra round trip
+    in the good case."""
+    reasons: list[str] = []
+    silent: list[str] = []
+    for host, port in endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=REACH_TIMEOUT_S) as conn:
+                if is_zk:
+                    return
+                try:
+                    first = conn.recv(1)
+                except TimeoutError:
+                    first = b""
+                if first == b"\xff":
+                    return
+                silent.append(f"{host}:{port}")
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or exc}")
+    if silent:
+        raise CliError(
+            f"{', '.join(silent)} accepted a connection but is not a Fabric node (it sent no ZeroMQ greeting); "
+            f"if it is ZooKeeper, write zk://{silent[0]}"
+        )
+    if is_zk:
+        raise CliError(f"cannot reach ZooKeeper at {', '.join(reasons)} (is the cluster running? `fabric up` starts one)")
+    raise CliError(f"cannot reach any Fabric node: {', '.join(reasons)} (is the cluster running? `fabric up` starts one)")
+
+
+def quiet_libraries(debug: bool) -> None:
+    """Client libraries log their retries; the CLI reports the outcome itself, once."""
+    import logging
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not debug:
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+        for name in ("fabric.producer", "fabric.consumer", "fabric.admin"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+Handler = Callable[[argparse.Namespace], int]
 
 
 class Progress:

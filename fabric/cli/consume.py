@@ -1,32 +1,93 @@
-"""``fabric consume TOPIC``: records to stdout."""
+"""``fabric consume TOPIC``: records to stdout, one line each.
+
+Line format (docs/PROTOCOL.md section 13)::
+
+    [PARTITION:OFFSET<TAB>][TIMESTAMP<TAB>][KEY<TAB>][HEADERS<TAB>]VALUE<LF>
+
+each optional field present only with its --print-* flag; null shows as --null-text.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from fabric.cli._common import Progress, bootstrap, with_bootstrap
+from fabric.cli._common import (
+    CliError,
+    Progress,
+    bootstrap,
+    non_negative_int,
+    positive_int,
+    with_bootstrap,
+)
+
+POLL_TIMEOUT_MS = 500
+
+
+def from_offset(text: str) -> str | int:
+    """``earliest``, ``latest`` or an offset >= 0; anything else is a usage error."""
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not earliest, latest or an offset >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; use earliest, latest or an offset >= 0")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    consume = with_bootstrap(subparsers.add_parser("consume", help="print messages to stdout"))
-    consume.add_argument("topic")
-    consume.add_argument("--partition", type=int)
-    consume.add_argument("--from-offset", default="earliest", help="earliest, latest or an offset")
+    consume = with_bootstrap(subparsers.add_parser(
+        "consume", help="print messages to stdout",
+        description="Print records, one line each: [PARTITION:OFFSET\\t][TIMESTAMP\\t][KEY\\t][HEADERS\\t]VALUE. "
+                    "Without --follow, stop at the end offsets seen at the start.",
+    ))
+    consume.add_argument("topic", help="topic to read")
+    consume.add_argument("--partition", type=non_negative_int, help="read only this partition (default: all)")
+    consume.add_argument("--from-offset", type=from_offset, default="earliest",
+                         help="earliest, latest or an offset N (past a partition's end: an error)")
     consume.add_argument("--follow", action="store_true", help="keep waiting for new messages")
-    consume.add_argument("--max-messages", type=int)
-    consume.add_argument("--print-offset", action="store_true")
-    consume.add_argument("--print-key", action="store_true")
-    consume.add_argument("--progress", action="store_true")
+    consume.add_argument("--max-messages", type=positive_int, help="stop after this many")
+    consume.add_argument("--print-offset", action="store_true", help="start each line with PARTITION:OFFSET")
+    consume.add_argument("--print-timestamp", action="store_true", help="print the timestamp (ms since the epoch)")
+    consume.add_argument("--print-key", action="store_true", help="print the key")
+    consume.add_argument("--print-headers", action="store_true", help="print headers as name=value,name=value")
+    consume.add_argument("--null-text", default="(null)", help="what a null key, value or header value prints as")
+    consume.add_argument("--progress", action="store_true", help="a progress line on stderr")
+    consume.add_argument("--group", help="join this consumer group: share partitions, resume at committed offsets")
+    consume.add_argument("--tags", help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
     consume.set_defaults(run=cmd_consume)
+
+
+def format_record(record: Any, args: argparse.Namespace) -> bytes:
+    """One output line. Pure, so the format is tested without a cluster."""
+    null = args.null_text.encode()
+    parts: list[bytes] = []
+    if args.print_offset:
+        parts.append(b"%d:%d" % (record.partition, record.offset))
+    if args.print_timestamp:
+        parts.append(b"%d" % record.timestamp)
+    if args.print_key:
+        parts.append(null if record.key is None else record.key)
+    if args.print_headers:
+        parts.append(b",".join(name.encode() + b"=" + (null if value is None else value)
+                               for name, value in record.headers))
+    parts.append(null if record.value is None else record.value)
+    return b"\t".join(parts) + b"\n"
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
+    if args.group:
+        from fabric.cli.group import consume_in_group
+
+        return consume_in_group(args)
     out = sys.stdout.buffer
     progress = Progress("consumed", enabled=args.progress)
-    with Consumer(bootstrap(args)) as consumer:
+    with Consumer(bootstrap(args), tag_filter=args.tags) as consumer:
         if args.partition is None:
             tps = consumer.subscribe_all_partitions(args.topic)
         else:
@@ -37,20 +98,17 @@ def cmd_consume(args: argparse.Namespace) -> int:
         elif args.from_offset == "latest":
             consumer.seek_to_end()
         else:
-            for tp in tps:
-                consumer.seek(tp, int(args.from_offset))
+            _seek_checked(consumer, tps, args.from_offset)
         ends = None if args.follow else consumer.end_offsets(tps)
         remaining = args.max_messages
         while True:
-            records = consumer.poll(timeout_ms=500)
+            if ends is not None and all(consumer.position(tp) >= ends[tp] for tp in tps):
+                break
+            records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
             for r in records:
                 if ends is not None and r.offset >= ends[TopicPartition(r.topic, r.partition)]:
                     continue
-                if args.print_offset:
-                    out.write(f"{r.partition}:{r.offset}\t".encode())
-                if args.print_key:
-                    out.write((r.key or b"") + b"\t")
-                out.write((r.value or b"") + b"\n")
+                out.write(format_record(r, args))
                 progress.add(1)
                 if remaining is not None:
                     remaining -= 1
@@ -58,7 +116,21 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         out.flush()
                         return 0
             out.flush()
-            if ends is not None and all(consumer.position(tp) >= ends[tp] for tp in tps):
-                break
     progress.done()
     return 0
+
+
+def _seek_checked(consumer: Any, tps: list[Any], offset: int) -> None:
+    """Seek every partition to ``offset``, refusing one outside a partition's log rather
+    than letting the consumer's reset policy silently replay from the start."""
+    starts = consumer.beginning_offsets(tps)
+    ends = consumer.end_offsets(tps)
+    outside = [f"{tp} holds offsets {starts[tp]} to {ends[tp]}" for tp in tps
+               if not starts[tp] <= offset <= ends[tp]]
+    if outside:
+        raise CliError(
+            f"--from-offset {offset} is outside the log: {'; '.join(outside)} "
+            "(an offset equal to the end waits for new records; `--from-offset latest` does that for every partition)"
+        )
+    for tp in tps:
+        consumer.seek(tp, offset)

@@ -29,7 +29,8 @@ EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREACHABLE = 3
 LIST_OFFSETS_TIMEOUT_MS = 3_000
-LISTED_PARTITIONS_MAX = 20  # the text screen lists this many problem partitions, then counts the rest
+LISTED_PARTITIONS_MAX = 20
+GROUPS_DESCRIBED_MAX = 50  # beyond this, `fabric group list` is the tool  # the text screen lists this many problem partitions, then counts the rest
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
     status.add_argument("--timeout", type=float, default=ZK_CONNECT_TIMEOUT_S, metavar="SECONDS",
                         help=f"how long to wait for ZooKeeper (default {ZK_CONNECT_TIMEOUT_S:g})")
+    status.add_argument("--no-groups", action="store_true", help="skip consumer groups (asked from the nodes)")
     status.set_defaults(run=cmd_status)
 
 
@@ -47,6 +49,9 @@ class Status:
 
     zookeeper: str
     controller: int | None = None
+    sequencer: dict[str, Any] | None = None  # the active instance, from ZooKeeper
+    sequencer_epoch: int | None = None
+    strict_order_topics: int = 0
     nodes: list[dict[str, Any]] = field(default_factory=list)
     topics: int = 0
     partitions: int = 0
@@ -54,6 +59,8 @@ class Status:
     under_replicated: list[dict[str, Any]] = field(default_factory=list)
     below_min_insync: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    groups: list[dict[str, Any]] | None = None  # None: not asked (no live node)
+    groups_error: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -61,9 +68,11 @@ class Status:
 
     def as_json(self) -> dict[str, Any]:
         return {"healthy": self.healthy, "zookeeper": self.zookeeper, "controller": self.controller,
+                "sequencer": self.sequencer, "sequencer_epoch": self.sequencer_epoch,
                 "nodes": self.nodes, "topics": self.topics, "partitions": self.partitions,
                 "offline_partitions": self.offline, "under_replicated_partitions": self.under_replicated,
-                "below_min_insync_partitions": self.below_min_insync, "problems": self.problems}
+                "below_min_insync_partitions": self.below_min_insync, "groups": self.groups,
+                "groups_error": self.groups_error, "problems": self.problems}
 
 
 def _zk_hosts(bootstrap_value: str) -> str:
@@ -79,6 +88,7 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
     from kazoo.exceptions import NoNodeError
 
     from fabric import zk as zkl
+    from fabric.sequencer_client import SEQUENCER_ACTIVE, SEQUENCER_STATE
 
     def get(path: str) -> bytes | None:
         try:
@@ -101,6 +111,10 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
             live[int(child)] = zkl.NodeInfo.decode(raw)
     raw_controller = get(zkl.CONTROLLER)
     status.controller = int(raw_controller) if raw_controller else None
+    raw_sequencer = get(SEQUENCER_ACTIVE)
+    status.sequencer = json.loads(raw_sequencer) if raw_sequencer else None
+    raw_sequencer_state = get(SEQUENCER_STATE)
+    status.sequencer_epoch = json.loads(raw_sequencer_state).get("epoch") if raw_sequencer_state else None
 
     leaders: dict[int, int] = {}
     replicas: dict[int, int] = {}
@@ -110,6 +124,7 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
             continue  # deleted while we looked
         config = zkl.TopicConfig.decode(raw_config)
         status.topics += 1
+        status.strict_order_topics += config.strict_order
         for child in children(zkl.partitions_path(topic)):
             raw_state = get(zkl.partition_path(topic, int(child)))
             if raw_state is None:
@@ -157,7 +172,48 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
                                "are refused")
     if not live:
         status.problems.append("no storage node is up")
+    if status.strict_order_topics and status.sequencer is None:
+        status.problems.append(f"no active sequencer: writes to {status.strict_order_topics} strict-order "
+                               "topic(s) fail")
     return status
+
+
+def add_groups(status: Status, bootstrap_value: str, timeout_ms: int = LIST_OFFSETS_TIMEOUT_MS) -> None:
+    """Consumer groups with their lag, from the nodes that coordinate them. Lag is shown,
+    not judged: a consumer that is behind is not a cluster fault."""
+    from fabric import errors
+    from sdk import Admin
+
+    if not any(n["up"] for n in status.nodes):
+        return
+    try:
+        with Admin(bootstrap_value, request_timeout_ms=timeout_ms) as admin:
+            listings = admin.list_groups()
+            status.groups = []
+            for listing in listings[:GROUPS_DESCRIBED_MAX]:
+                row: dict[str, Any] = {"group_id": listing.group_id, "state": listing.state,
+                                       "members": listing.members, "lag": None}
+                try:
+                    described = admin.describe_group(listing.group_id)
+                    row["lag"] = sum(max(0, o.lag) for o in described.offsets)
+                    row["partitions"] = len(described.offsets)
+                except errors.FabricError as exc:
+                    row["error"] = exc.message
+                status.groups.append(row)
+            if len(listings) > GROUPS_DESCRIBED_MAX:
+                status.groups_error = f"{len(listings) - GROUPS_DESCRIBED_MAX} more groups not described"
+    except errors.FabricError as exc:
+        status.groups_error = f"groups unavailable: {exc.message}"
+
+
+def _group_lines(status: Status) -> list[str]:
+    if status.groups is None:
+        return []
+    lines = [f"groups      {len(status.groups)}" + (f" ({status.groups_error})" if status.groups_error else "")]
+    for g in status.groups:
+        lag = "?" if g["lag"] is None else f"{g['lag']:,}"
+        lines.append(f"  {g['group_id']:<28}  {g['state']:<11}  members {g['members']:>3}  lag {lag}")
+    return lines
 
 
 def _uptime(seconds: int | None) -> str:
@@ -180,12 +236,21 @@ def _partition_lines(title: str, rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _sequencer_line(status: Status) -> str:
+    if status.sequencer is None:
+        return "none active" + (f" (strict-order topics: {status.strict_order_topics})" if status.strict_order_topics
+                                else " (needed only by strict-order topics)")
+    return (f"instance {status.sequencer.get('sequencer_id')} at {status.sequencer.get('address')}, "
+            f"epoch {status.sequencer_epoch}")
+
+
 def render(status: Status) -> str:
     up = sum(1 for n in status.nodes if n["up"])
     verdict = "HEALTHY" if status.healthy else f"UNHEALTHY ({len(status.problems)} problem(s))"
     lines = [
         f"cluster     zk://{status.zookeeper}   {verdict}",
         f"controller  {'node ' + str(status.controller) if status.controller is not None else 'none'}",
+        f"sequencer   {_sequencer_line(status)}",
         f"nodes       {up} up, {len(status.nodes) - up} down",
         f"  {'id':>4}  {'state':<5}  {'address':<28}  {'leaders':>7}  {'replicas':>8}  {'uptime':>8}",
     ]
@@ -198,6 +263,7 @@ def render(status: Status) -> str:
     lines += _partition_lines("offline", status.offline)
     lines += _partition_lines("under-replicated", status.under_replicated)
     lines += _partition_lines("below min_insync", status.below_min_insync)
+    lines += _group_lines(status)
     if status.problems:
         lines.append("problems:")
         lines += [f"  - {p}" for p in status.problems]
@@ -240,7 +306,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     # kazoo's own connection warnings would repeat what the exit code and message say.
     logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-    hosts = _zk_hosts(bootstrap(args))
+    hosts = _zk_hosts(bootstrap(args, check=False))
     zk = KazooClient(hosts=hosts, timeout=max(args.timeout, 1.0), connection_retry={"max_tries": 1})
     try:
         try:
@@ -255,5 +321,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             return EXIT_UNREACHABLE
     finally:
         zkl.close_client(zk)
+    if not args.no_groups:
+        add_groups(status, bootstrap(args))
     print(json.dumps(status.as_json()) if args.json else render(status))
     return EXIT_HEALTHY if status.healthy else EXIT_UNHEALTHY

@@ -5,26 +5,31 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fabric.cli._common import bootstrap, with_bootstrap
+from fabric.cli._common import bootstrap, key_value, positive_int, with_bootstrap
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     topic = subparsers.add_parser("topic", help="create, list, describe and delete topics")
     topic.set_defaults(run=cmd_topic)
     tsub = topic.add_subparsers(dest="topic_command", required=True)
-    create = with_bootstrap(tsub.add_parser("create"))
-    create.add_argument("name")
-    create.add_argument("--partitions", "-p", type=int, default=1)
-    create.add_argument("--replication-factor", "-r", type=int, default=3)
-    create.add_argument("--config", "-c", action="append", help="key=value, e.g. retention_ms=86400000")
-    with_bootstrap(tsub.add_parser("list"))
-    describe = with_bootstrap(tsub.add_parser("describe"))
-    describe.add_argument("name", nargs="?")
-    delete = with_bootstrap(tsub.add_parser("delete"))
-    delete.add_argument("name")
+    create = with_bootstrap(tsub.add_parser("create", help="create a topic"))
+    create.add_argument("name", help="1 to 200 characters of [A-Za-z0-9._-]")
+    create.add_argument("--partitions", "-p", type=positive_int, default=1, help="number of partitions")
+    create.add_argument("--replication-factor", "-r", type=positive_int, default=3,
+                        help="copies of each partition (at most the number of live nodes)")
+    create.add_argument("--config", "-c", action="append", type=key_value, default=[], metavar="KEY=VALUE",
+                        help="topic config, repeatable: retention_ms, retention_bytes, message_bytes_max, "
+                             "min_insync, unclean_leader_election")
+    create.add_argument("--strict-order", action="store_true",
+                        help="one total order across partitions: records get global IDs from the sequencer")
+    with_bootstrap(tsub.add_parser("list", help="list topic names"))
+    describe = with_bootstrap(tsub.add_parser("describe", help="configs and partitions of a topic (default: all)"))
+    describe.add_argument("name", nargs="?", help="topic (default: every topic)")
+    delete = with_bootstrap(tsub.add_parser("delete", help="delete a topic and its data"))
+    delete.add_argument("name", help="topic")
     grow = with_bootstrap(tsub.add_parser("add-partitions", help="grow a topic to N partitions"))
-    grow.add_argument("name")
-    grow.add_argument("--partitions", "-p", type=int, required=True, help="the new total")
+    grow.add_argument("name", help="topic")
+    grow.add_argument("--partitions", "-p", type=positive_int, required=True, help="the new total")
     elect = with_bootstrap(tsub.add_parser("elect-leaders", help="move leaders back to the preferred replicas"))
     elect.add_argument("names", nargs="*", help="topics (default: all)")
 
@@ -34,12 +39,11 @@ def cmd_topic(args: argparse.Namespace) -> int:
 
     with Admin(bootstrap(args)) as admin:
         if args.topic_command == "create":
-            config: dict[str, Any] = {}
-            for item in args.config or []:
-                key, _, value = item.partition("=")
-                config[key] = value
-            admin.create_topic(args.name, args.partitions, args.replication_factor, config)
-            print(f"created topic {args.name} with {args.partitions} partitions")
+            config: dict[str, Any] = dict(args.config)
+            admin.create_topic(args.name, args.partitions, args.replication_factor, config,
+                               strict_order=args.strict_order)
+            kind = " (strict order)" if args.strict_order else ""
+            print(f"created topic {args.name} with {args.partitions} partitions{kind}")
         elif args.topic_command == "list":
             for name in admin.list_topics():
                 print(name)

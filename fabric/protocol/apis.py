@@ -21,6 +21,7 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 from fabric.errors import MalformedRequestError, UnknownApiError, UnsupportedVersionError
+from fabric.protocol import groups as _groups
 from fabric.protocol import schema as s
 from fabric.protocol.header import (
     Header,
@@ -48,6 +49,14 @@ class ApiKey(IntEnum):
     CREATE_PARTITIONS = 12
     # 20-29: the sequencer (fabric/protocol/sequencer.py)
     ALLOCATE_IDS = 20
+    # Consumer groups (30-39), schemas in fabric/protocol/groups.py.
+    FIND_COORDINATOR = 30
+    CONSUMER_GROUP_HEARTBEAT = 31
+    OFFSET_COMMIT = 32
+    OFFSET_FETCH = 33
+    LIST_GROUPS = 34
+    DESCRIBE_GROUPS = 35
+    DELETE_GROUPS = 36
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -66,7 +75,7 @@ PARTITION_STATE: Schema = (
     ("isr", Array("i32")),
 )
 CONFIG_ENTRY: Schema = (("key", "str"), ("value", "str"))
-ERROR_BODY: Schema = (("message", "str"),)
+ERROR_BODY: Schema = (("message", "text"),)
 
 API_VERSIONS_REQUEST_V0: Schema = ()
 API_VERSIONS_RESPONSE_V0: Schema = (
@@ -109,7 +118,7 @@ PRODUCE_RESPONSE_V0: Schema = (
                     ("error", "i16"),
                     ("base_offset", "i64"),
                     ("log_start_offset", "i64"),
-                    ("message", "str"),
+                    ("message", "text"),
                 )
             )
         ),
@@ -155,6 +164,25 @@ FETCH_RESPONSE_V0: Schema = (
     ),
 )
 
+# Version 1 adds a tag filter (fabric/protocol/tags.py): the node leaves out whole batches
+# whose tag bloom proves no record can match, and says where the client should continue
+# (``next_fetch_offset``, past skipped batches) and how many bytes it left out.
+FETCH_REQUEST_V1: Schema = (*FETCH_REQUEST_V0, ("tag_filter", "str"))
+FETCH_RESPONSE_V1: Schema = (
+    (
+        "partitions",
+        Array(
+            Struct(
+                (
+                    *FETCH_RESPONSE_V0[0][1].item.fields,  # type: ignore[union-attr]
+                    ("next_fetch_offset", "i64"),  # -1: continue after the last batch returned
+                    ("filtered_bytes", "i64"),
+                )
+            )
+        ),
+    ),
+)
+
 LIST_OFFSETS_REQUEST_V0: Schema = (
     ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("timestamp", "i64"))))),
 )
@@ -181,7 +209,7 @@ CREATE_TOPIC_REQUEST_V0: Schema = (
     ("replication_factor", "i16"),
     ("configs", Array(Struct(CONFIG_ENTRY))),
 )
-RESULT_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"))
+RESULT_RESPONSE_V0: Schema = (("error", "i16"), ("message", "text"))
 DELETE_TOPIC_REQUEST_V0: Schema = (("name", "str"),)
 DESCRIBE_TOPICS_REQUEST_V0: Schema = (("names", Array("str")),)
 DESCRIBE_TOPICS_RESPONSE_V0: Schema = (
@@ -225,7 +253,7 @@ OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0: Schema = (
 )
 # Admin -> controller: move leadership back to each partition's preferred (first) replica.
 ELECT_LEADERS_REQUEST_V0: Schema = (("topics", Array("str")),)
-ELECT_LEADERS_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"), ("moved", "i32"))
+ELECT_LEADERS_RESPONSE_V0: Schema = (("error", "i16"), ("message", "text"), ("moved", "i32"))
 
 # (api_key, api_version) -> (request schema, response schema)
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
@@ -233,6 +261,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.METADATA, 0): (METADATA_REQUEST_V0, METADATA_RESPONSE_V0),
     (ApiKey.PRODUCE, 0): (PRODUCE_REQUEST_V0, PRODUCE_RESPONSE_V0),
     (ApiKey.FETCH, 0): (FETCH_REQUEST_V0, FETCH_RESPONSE_V0),
+    (ApiKey.FETCH, 1): (FETCH_REQUEST_V1, FETCH_RESPONSE_V1),
     (ApiKey.LIST_OFFSETS, 0): (LIST_OFFSETS_REQUEST_V0, LIST_OFFSETS_RESPONSE_V0),
     (ApiKey.CREATE_TOPIC, 0): (CREATE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
     (ApiKey.DELETE_TOPIC, 0): (DELETE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
@@ -244,6 +273,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),
     (ApiKey.ALLOCATE_IDS, 0): (ALLOCATE_IDS_REQUEST_V0, ALLOCATE_IDS_RESPONSE_V0),
 }
+SCHEMAS.update(_groups.SCHEMAS)
 
 
 def supported_versions() -> dict[int, tuple[int, int]]:
@@ -327,8 +357,7 @@ def encode_response(request: Header, body: dict[str, Any], batches: list[Any] | 
 
 
 def encode_error_response(request: Header, error_code: int, message: str) -> list[bytes]:
-    raw = message.encode("utf-8")[:60_000].decode("utf-8", "ignore")
-    return [encode_response_header(request, error_code), s.encode(ERROR_BODY, {"message": raw})]
+    return [encode_response_header(request, error_code), s.encode(ERROR_BODY, {"message": message})]
 
 
 def decode_response(frames: list[Any]) -> Message:

@@ -8,14 +8,15 @@ Header layout (little-endian)::
     12     4    leader_epoch     i32  stamped by the leader; producers send -1
     16     4    crc              u32  CRC-32 (zlib/IEEE, poly 0xEDB88320) of bytes [20, batch_length)
     20     1    magic            u8   1
-    21     1    attributes       u8   bits 0-2 codec (0 none, 1 lz4); bit 3 timestamp type
-    22     2    reserved         u16  0
+    21     1    attributes       u8   bits 0-2 codec (0 none, 1 lz4); bit 3 timestamp type;
+                                      bit 4 control batch; bit 5 tag bloom present
+    22     2    tag_bloom_low    u16  with bit 5: low half of the tag bloom (tags.py), else 0
     24     4    record_count     i32  >= 1
     28     8    first_timestamp  i64  ms since the epoch, of record 0
     36     8    max_timestamp    i64  ms, the largest record timestamp
     44     8    producer_id      i64  -1 when not idempotent
     52     2    producer_epoch   i16  -1 when not idempotent
-    54     2    reserved2        i16  0
+    54     2    tag_bloom_high   u16  with bit 5: high half of the tag bloom, else 0
     56     4    base_sequence    i32  -1 when not idempotent
     60     8    global_id_base   i64  sequencer ID of record 0 on strict-order topics, else -1
     68     4    records_bytes    i32  size of the records section before compression
@@ -66,6 +67,7 @@ CODEC_MASK = 0x07
 TIMESTAMP_LOG_APPEND = 0x08
 # A control batch (a strict-order tick): counted in offsets, skipped by every consumer.
 ATTRIBUTE_CONTROL = 0x10
+TAG_BLOOM_PRESENT = 0x20  # bytes 22-23 (low half) and 54-55 (high half) hold the batch's tag bloom
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 RECORD_FIXED_BYTES = 14  # 3 x i32 + 1 x u16 per record in the columnar arrays
 CRC_START = 20
@@ -145,15 +147,26 @@ def read_header(buf: bytes | bytearray | memoryview) -> BatchHeader:
     return BatchHeader(f[0], f[1], f[2], f[3], f[4], f[5], f[7], f[8], f[9], f[10], f[11], f[13], f[14], f[15])
 
 
+def tag_bloom(buf: bytes | bytearray | memoryview) -> int | None:
+    """The batch's 32-bit tag bloom, or None if the producer wrote none (attribute bit 4)."""
+    if len(buf) < BATCH_HEADER_BYTES or not buf[21] & TAG_BLOOM_PRESENT:
+        return None
+    low, high = _U16.unpack_from(buf, 22)[0], _U16.unpack_from(buf, 54)[0]
+    return int(low | (high << 16))
+
+
 def compute_crc(buf: bytes | bytearray | memoryview) -> int:
     return zlib.crc32(memoryview(buf)[CRC_START:]) & 0xFFFFFFFF
 
 
-def validate(buf: bytes | bytearray | memoryview, message_bytes_max: int) -> BatchHeader:
-    """Everything a node checks before it appends a batch, without decompressing it.
+def validate(buf: bytes | bytearray | memoryview, message_bytes_max: int, *, contents: bool = True) -> BatchHeader:
+    """Everything a node checks before it appends a batch.
 
     Checks the size limit first (cheapest, and it bounds the CRC work), then the header's
-    self-consistency, then the CRC, then the lz4 frame's own size claim.
+    self-consistency, then the CRC, then the lz4 frame's own size claim, and last (with
+    ``contents``, the default) that the records section decodes: a batch with a valid CRC
+    but junk inside would otherwise be acknowledged, stored and then refused by every
+    reader of the partition. ``contents=False`` is for bytes a leader already checked.
     """
     if len(buf) > message_bytes_max:
         raise MessageTooLargeError(
@@ -190,7 +203,39 @@ def validate(buf: bytes | bytearray | memoryview, message_bytes_max: int) -> Bat
         _check_lz4_claim(memoryview(buf)[BATCH_HEADER_BYTES:], header.records_bytes)
     else:
         raise UnsupportedCompressionError(f"compression codec {codec} is not supported (0 none, 1 lz4)")
+    if contents:
+        check_records(header, records_section(buf, header))
     return header
+
+
+def check_records(header: BatchHeader, records: bytes) -> None:
+    """Check that an uncompressed records section holds exactly ``record_count`` records.
+
+    The columns' lengths must add up to the section's size, every header must parse, and
+    nothing may follow the last header, so that whatever passes here decodes later. Costs
+    one ``struct.unpack_from`` and a few C-speed sums; only headers take a Python loop
+    (per header, not per record, and only for records that have headers).
+    """
+    n = header.record_count
+    arrays_bytes = RECORD_FIXED_BYTES * n
+    if len(records) < arrays_bytes:
+        raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
+    # The timestamp deltas need no check; key and value lengths are checked as one column
+    # (one min, one sum, one count: this runs for every batch a node accepts).
+    columns = struct.unpack_from(f"<{2 * n}i{n}H", records, 4 * n)
+    lengths, header_counts = columns[: 2 * n], columns[2 * n :]
+    if min(lengths) < -1:
+        raise CorruptMessageError("negative key or value length")
+    # Lengths are >= -1, so adding back one per null gives the sum of the real lengths.
+    headers_start = arrays_bytes + sum(lengths) + lengths.count(-1)
+    if headers_start > len(records):
+        raise CorruptMessageError(
+            f"key and value lengths add up to {headers_start - arrays_bytes} bytes, "
+            f"the records section has {len(records) - arrays_bytes} after its length arrays"
+        )
+    end = _decode_headers(records, headers_start, header_counts)[1] if any(header_counts) else headers_start
+    if end != len(records):
+        raise CorruptMessageError(f"records section has {len(records) - end} bytes after the last record")
 
 
 def _check_lz4_claim(payload: memoryview, records_bytes: int) -> None:
@@ -239,6 +284,7 @@ def encode_batch(
     base_offset: int = 0,
     leader_epoch: int = -1,
     lz4_level: int = 0,
+    tag_bloom: int | None = None,
 ) -> bytes:
     """Encode one batch. All per-record work is list comprehensions and one struct.pack."""
     n = len(values)
@@ -284,10 +330,16 @@ def encode_batch(
     else:
         raise UnsupportedCompressionError(f"compression codec {codec} is not supported")
     length = BATCH_HEADER_BYTES + len(payload)
+    attributes, bloom_low, bloom_high = codec, 0, 0
+    if tag_bloom is not None:
+        # The tag bloom (fabric/protocol/tags.py) in the two reserved fields, inside the CRC.
+        attributes |= TAG_BLOOM_PRESENT
+        bloom_low, bloom_high = tag_bloom & 0xFFFF, (tag_bloom >> 16) & 0xFFFF
     head = bytearray(
         _HEADER.pack(
-            base_offset, length, leader_epoch, 0, BATCH_MAGIC, codec, 0, n, first_ts, max_ts,
-            producer_id, producer_epoch, 0, base_sequence, global_id_base, len(records),
+            base_offset, length, leader_epoch, 0, BATCH_MAGIC, attributes, bloom_low, n, first_ts, max_ts,
+            producer_id, producer_epoch, bloom_high - 0x10000 if bloom_high >= 0x8000 else bloom_high,
+            base_sequence, global_id_base, len(records),
         )
     )
     crc = zlib.crc32(payload, zlib.crc32(memoryview(head)[CRC_START:])) & 0xFFFFFFFF

@@ -79,8 +79,23 @@ def decode_header(frame: bytes | memoryview) -> Header:
         raise MalformedRequestError(f"header frame is {len(frame)} bytes, expected {HEADER_BYTES}")
     _magic, version, flags, api_key, api_version, error_code, correlation_id = _HEADER.unpack(frame)
     if version != PROTOCOL_VERSION:
-        raise UnsupportedVersionError(
+        # The 16-byte layout is the same in every protocol version, so the rest of the
+        # header is still meaningful: the refusal echoes it (docs/PROTOCOL.md section 2).
+        exc = UnsupportedVersionError(
             f"protocol version {version}, this peer speaks {PROTOCOL_VERSION}",
             correlation_id=correlation_id,
         )
+        exc.header = Header(api_key, api_version, correlation_id, error_code, flags, version)  # type: ignore[attr-defined]
+        raise exc
     return Header(api_key, api_version, correlation_id, error_code, flags, version)
+
+
+def readable_header(frame: bytes | memoryview) -> Header | None:
+    """The header of a request that is refused anyway (too many frames, say), if it reads:
+    the refusal then echoes it. None when even the header is unreadable."""
+    try:
+        return decode_header(frame)
+    except UnsupportedVersionError as exc:
+        return getattr(exc, "header", None)
+    except (InvalidMagicError, MalformedRequestError):
+        return None

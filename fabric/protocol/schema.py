@@ -4,6 +4,9 @@ Types and their encodings (all little-endian, no padding)::
 
     i8 i16 i32 i64 u8 u16 u32   fixed-width integers
     str                         u16 byte length, then UTF-8 bytes (no terminator)
+    text                        a str on the wire; the encoder cuts it to MESSAGE_TEXT_BYTES_MAX
+                                (error messages: they may quote a 65,535-byte name and must
+                                still fit, so a bad request can never break its own reply)
     bytes                       i32 byte length (-1 = null), then the bytes
     Array(T)                    u32 item count, then the items
     Struct(schema)              the fields in order
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fabric.errors import MalformedRequestError
-from fabric.limits import ARRAY_ITEMS_MAX, STRING_BYTES_MAX
+from fabric.limits import ARRAY_ITEMS_MAX, MESSAGE_TEXT_BYTES_MAX, STRING_BYTES_MAX
 
 _INTS: dict[str, struct.Struct] = {
     "i8": struct.Struct("<b"),
@@ -60,6 +63,19 @@ FieldType = str | Array | Struct
 Schema = tuple[tuple[str, FieldType], ...]
 
 
+TEXT_CUT_MARK = " [...]"
+
+
+def bounded_text(text: str, bytes_max: int = MESSAGE_TEXT_BYTES_MAX) -> str:
+    """``text`` if its UTF-8 fits ``bytes_max``; else its longest prefix that fits with
+    a cut mark, cut at a character boundary. Pure; the result always encodes."""
+    raw = text.encode("utf-8", "replace")  # a lone surrogate becomes "?" rather than an error
+    if len(raw) <= bytes_max:
+        return raw.decode("utf-8")
+    mark = TEXT_CUT_MARK.encode()
+    return raw[: max(0, bytes_max - len(mark))].decode("utf-8", "ignore") + TEXT_CUT_MARK
+
+
 def encode(schema: Schema, values: dict[str, Any]) -> bytes:
     out: list[bytes] = []
     _encode_struct(schema, values, out)
@@ -77,7 +93,11 @@ def _encode_struct(schema: Schema, values: dict[str, Any], out: list[bytes]) -> 
 
 def _encode_value(ftype: FieldType, value: Any, out: list[bytes]) -> None:
     if isinstance(ftype, str):
-        if ftype == "str":
+        if ftype == "text":
+            raw = bounded_text(str(value)).encode("utf-8")
+            out.append(_U16.pack(len(raw)))
+            out.append(raw)
+        elif ftype == "str":
             raw = value.encode("utf-8")
             if len(raw) > STRING_BYTES_MAX:
                 raise ValueError(f"string of {len(raw)} bytes exceeds STRING_BYTES_MAX={STRING_BYTES_MAX}")
@@ -125,7 +145,7 @@ def _decode_struct(schema: Schema, view: memoryview, pos: int) -> tuple[dict[str
 
 def _decode_value(ftype: FieldType, view: memoryview, pos: int, name: str) -> tuple[Any, int]:
     if isinstance(ftype, str):
-        if ftype == "str":
+        if ftype == "str" or ftype == "text":
             _need(view, pos, 2, name)
             (length,) = _U16.unpack_from(view, pos)
             pos += 2

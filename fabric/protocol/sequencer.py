@@ -2,8 +2,12 @@
 
 ALLOCATE_IDS (20), version 0::
 
-    request   count i32                          how many consecutive IDs, 1..SEQUENCER_GRANT_IDS_MAX
-    response  epoch i32, first_id i64, count i32 IDs first_id .. first_id + count - 1
+    request   count i32, kind i8                 how many consecutive IDs, 0..SEQUENCER_GRANT_IDS_MAX;
+                                                 kind 0: for records, 1: for ticks (control batches)
+    response  epoch i32, first_id i64, count i32, records_end i64
+                                                 IDs first_id .. first_id + count - 1; records_end:
+                                                 one past the highest ID ever granted for records
+                                                 (count 0 asks only for records_end)
 
 The sequencer answers a standby or deposed instance's request with the request-level
 error NOT_ACTIVE_SEQUENCER (40) and a count outside the range with INVALID_ID_COUNT
@@ -24,8 +28,11 @@ ALLOCATE_IDS_KEY = 20
 FIRST_GLOBAL_ID = 1
 SEQUENCER_GRANT_IDS_MAX = 1_000_000
 
-ALLOCATE_IDS_REQUEST_V0: Schema = (("count", "i32"),)
-ALLOCATE_IDS_RESPONSE_V0: Schema = (("epoch", "i32"), ("first_id", "i64"), ("count", "i32"))
+ID_KIND_RECORDS = 0
+ID_KIND_TICKS = 1
+
+ALLOCATE_IDS_REQUEST_V0: Schema = (("count", "i32"), ("kind", "i8"))
+ALLOCATE_IDS_RESPONSE_V0: Schema = (("epoch", "i32"), ("first_id", "i64"), ("count", "i32"), ("records_end", "i64"))
 
 
 class Grant(NamedTuple):
@@ -34,6 +41,9 @@ class Grant(NamedTuple):
     epoch: int
     first_id: int
     id_count: int  # "count" on the wire; a NamedTuple cannot have a field named count
+    # One past the highest ID granted for records (not ticks), as the sequencer knows it: a
+    # partition whose last ID is below records_end - 1 needs a tick so readers can pass it.
+    records_end: int = 0
 
     @property
     def end_id(self) -> int:
@@ -41,17 +51,25 @@ class Grant(NamedTuple):
         return self.first_id + self.id_count
 
     def to_body(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "first_id": self.first_id, "count": self.id_count}
+        return {"epoch": self.epoch, "first_id": self.first_id, "count": self.id_count,
+                "records_end": self.records_end}
 
     @classmethod
     def from_body(cls, body: dict[str, int]) -> Grant:
-        return cls(int(body["epoch"]), int(body["first_id"]), int(body["count"]))
+        return cls(int(body["epoch"]), int(body["first_id"]), int(body["count"]), int(body["records_end"]))
 
 
-def check_count(count: int) -> int:
+def check_count(count: int, *, allow_zero: bool = False) -> int:
     """The requested count, or INVALID_ID_COUNT quoting the limit."""
-    if not 1 <= count <= SEQUENCER_GRANT_IDS_MAX:
+    low = 0 if allow_zero else 1
+    if not low <= count <= SEQUENCER_GRANT_IDS_MAX:
         raise InvalidIdCountError(
-            f"asked for {count} IDs; a request takes 1..{SEQUENCER_GRANT_IDS_MAX} (SEQUENCER_GRANT_IDS_MAX)"
+            f"asked for {count} IDs; a request takes {low}..{SEQUENCER_GRANT_IDS_MAX} (SEQUENCER_GRANT_IDS_MAX)"
         )
     return count
+
+
+def check_kind(kind: int) -> int:
+    if kind not in (ID_KIND_RECORDS, ID_KIND_TICKS):
+        raise InvalidIdCountError(f"kind={kind}: 0 (IDs for records) or 1 (IDs for ticks)")
+    return kind

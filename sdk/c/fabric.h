@@ -86,6 +86,22 @@ enum fabric_err {
     FABRIC_ERR_STALE_SEQUENCER_EPOCH = 43,
     FABRIC_ERR_GLOBAL_ID_REGRESSION = 44,
     FABRIC_ERR_INVALID_ID_COUNT = 45,
+    FABRIC_ERR_NO_SERVICE_AVAILABLE = 50,
+    FABRIC_ERR_REQUEST_TIMEOUT = 51,
+    FABRIC_ERR_REMOTE_ERROR = 52,
+    FABRIC_ERR_SERVICE_OVERLOADED = 53,
+    FABRIC_ERR_SERVICE_STOPPING = 54,
+    /* consumer groups (docs/GROUPS.md) */
+    FABRIC_ERR_UNKNOWN_MEMBER_ID = 60,
+    FABRIC_ERR_FENCED_MEMBER_EPOCH = 61,
+    FABRIC_ERR_GROUP_NOT_EMPTY = 62,
+    FABRIC_ERR_NOT_COORDINATOR = 63,
+    FABRIC_ERR_COORDINATOR_NOT_AVAILABLE = 64,
+    FABRIC_ERR_COORDINATOR_LOAD_IN_PROGRESS = 65,
+    FABRIC_ERR_INVALID_GROUP_ID = 66,
+    FABRIC_ERR_GROUP_ID_NOT_FOUND = 67,
+    FABRIC_ERR_UNRELEASED_INSTANCE_ID = 68,
+    FABRIC_ERR_GROUP_MAX_SIZE_REACHED = 69,
     FABRIC_ERR_AUTHORIZATION_FAILED = 80,  /* an ACL does not allow the operation */
     FABRIC_ERR_AUTHENTICATION_FAILED = 81, /* CURVE key not registered, or wrong server key */
     /* client-side only */
@@ -143,7 +159,7 @@ typedef struct fabric_delivery {
 typedef void (*fabric_delivery_cb)(const fabric_delivery_t *delivery, void *opaque);
 
 typedef struct fabric_producer_config {
-    int acks;                /* 0, 1 or -1 (all in-sync replicas); default 1 */
+    int acks;                /* 0, 1 or -1 (all in-sync replicas); default -1, as the Python SDK */
     int linger_ms;           /* how long an open batch waits to fill; default 5 */
     size_t batch_bytes_max;  /* a batch closes at this many record bytes; default 256 KiB */
     int compression;         /* FABRIC_CODEC_NONE or FABRIC_CODEC_LZ4 (default) */

@@ -234,13 +234,15 @@ typedef struct fabric_error_body {
 
 /* ALLOCATE_IDS (20), to the active sequencer: count IDs in, a consecutive range out. */
 typedef struct fabric_allocate_ids_request {
-    int32_t count;
+    int32_t count; /* 0..1,000,000; 0 asks only for records_end */
+    int8_t kind;   /* 0: IDs for records, 1: IDs for ticks */
 } fabric_allocate_ids_request_t;
 
 typedef struct fabric_allocate_ids_response {
     int32_t epoch;
     int64_t first_id;
     int32_t count;
+    int64_t records_end; /* one past the highest ID granted for records */
 } fabric_allocate_ids_response_t;
 
 /* Encoders append to out (check out->err). Decoders take one whole body frame; trailing
@@ -271,6 +273,7 @@ fabric_str_t fabric_str(const char *s);
 #define FABRIC_BATCH_MAGIC 1
 #define FABRIC_CODEC_MASK 0x07
 #define FABRIC_TIMESTAMP_LOG_APPEND 0x08
+#define FABRIC_BATCH_CONTROL 0x10 /* a strict-order tick: takes an offset, holds no record */
 #define FABRIC_BATCH_CRC_START 20
 
 typedef struct fabric_batch_header {

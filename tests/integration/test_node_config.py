@@ -46,3 +46,14 @@ def test_bad_option_stops_the_node_with_a_clear_message(tmp_path: Path) -> None:
     assert "environment FABRIC_NODE_FSYNC_INTERVAL_MS: fsync_interval_ms must be an integer (ms), got 'soon'" \
         in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "d").exists()
+
+
+def test_fabric_up_refuses_a_bad_config_before_starting_anything(tmp_path: Path) -> None:
+    bad = tmp_path / "node.toml"
+    bad.write_text("fsync = \"sometimes\"\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FABRIC_HOME": str(tmp_path / "home")}
+    result = subprocess.run([sys.executable, "-m", "fabric", "up", "--config", str(bad)], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "fsync must be one of none, interval, every-batch" in result.stderr
+    assert "Traceback" not in result.stderr and "starting" not in result.stdout

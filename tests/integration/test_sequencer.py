@@ -120,7 +120,7 @@ def test_an_instance_paused_past_its_session_grants_nothing_after_waking(
             sock.connect(old.address)
             sent = [1, 2, 3]
             for correlation_id in sent:
-                sock.send_multipart(apis.encode_request(ApiKey.ALLOCATE_IDS, {"count": 10}, correlation_id))
+                sock.send_multipart(apis.encode_request(ApiKey.ALLOCATE_IDS, {"count": 10, "kind": 0}, correlation_id))
             time.sleep(0.2)
         finally:
             sequencers.sequencers[active].resume()
@@ -144,16 +144,20 @@ def test_bad_requests_get_errors_and_the_sequencer_keeps_serving(sequencers: Loc
     assert active is not None
     conns = Connections(zmq.Context.instance())
     try:
-        for count in (0, -5, 2_000_000):
+        for count, kind in ((-5, 0), (2_000_000, 0), (5, 7)):
             with pytest.raises(errors.InvalidIdCountError):
-                conns.request(active.address, ApiKey.ALLOCATE_IDS, {"count": count}, timeout_ms=5_000)
+                conns.request(active.address, ApiKey.ALLOCATE_IDS, {"count": count, "kind": kind}, timeout_ms=5_000)
         with pytest.raises(errors.UnknownApiError):
             conns.request(active.address, ApiKey.METADATA, {"topics": []}, timeout_ms=5_000)
         sock = conns.socket(active.address)
         sock.send_multipart([b"garbage", b"more"])
         reply = apis.decode_response(sock.recv_multipart())
         assert reply.header.error_code == errors.InvalidMagicError.code
-        grant = Grant.from_body(conns.request(active.address, ApiKey.ALLOCATE_IDS, {"count": 7}).body)
-        assert grant.id_count == 7 and grant.first_id >= 1
+        grant = Grant.from_body(conns.request(active.address, ApiKey.ALLOCATE_IDS, {"count": 7, "kind": 0}).body)
+        assert grant.id_count == 7 and grant.first_id >= 1 and grant.records_end == grant.end_id
+        tick = Grant.from_body(conns.request(active.address, ApiKey.ALLOCATE_IDS, {"count": 2, "kind": 1}).body)
+        assert tick.first_id == grant.end_id and tick.records_end == grant.end_id  # ticks do not move it
+        peek = Grant.from_body(conns.request(active.address, ApiKey.ALLOCATE_IDS, {"count": 0, "kind": 0}).body)
+        assert peek.id_count == 0 and peek.records_end == grant.end_id
     finally:
         conns.close()

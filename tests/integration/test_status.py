@@ -8,11 +8,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk import Admin, Producer
+from tests.conftest import make_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 60
@@ -32,7 +36,18 @@ def status_json(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
     return result.returncode, json.loads(result.stdout)
 
 
-def test_healthy_then_a_dead_node(fresh_cluster: LocalCluster, topic_name: str) -> None:
+@pytest.fixture
+def cluster_with_sequencer(zk_server: LocalZooKeeper, tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = make_cluster(zk_server, tmp_path / "cluster", sequencer_count=1)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_healthy_then_a_dead_node(cluster_with_sequencer: LocalCluster, topic_name: str) -> None:
+    fresh_cluster = cluster_with_sequencer
     with Admin(fresh_cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=3, replication_factor=3)
     code, status = status_json(fresh_cluster)
@@ -40,8 +55,17 @@ def test_healthy_then_a_dead_node(fresh_cluster: LocalCluster, topic_name: str) 
     assert [(n["id"], n["up"]) for n in status["nodes"]] == [(1, True), (2, True), (3, True)]
     assert sum(n["leaders"] for n in status["nodes"]) == 3 and status["partitions"] == 3
     assert status["controller"] in (1, 2, 3)
+    assert status["sequencer"]["sequencer_id"] == fresh_cluster.active_sequencer()
+    with Producer(fresh_cluster.bootstrap) as producer:
+        for i in range(10):
+            producer.send(topic_name, b"%d" % i, partition=0)
+        producer.flush(30)
+    with Admin(fresh_cluster.bootstrap) as admin:
+        admin.reset_offsets("status-group", topic_name, to="earliest")
+    code, status = status_json(fresh_cluster)
+    assert code == 0 and [(g["group_id"], g["lag"]) for g in status["groups"]] == [("status-group", 10)]
     screen = fabric("status", "-b", fresh_cluster.bootstrap)
-    assert screen.returncode == 0 and "HEALTHY" in screen.stdout
+    assert screen.returncode == 0 and "HEALTHY" in screen.stdout and "status-group" in screen.stdout
 
     fresh_cluster.nodes[3].kill()
     deadline = time.monotonic() + SHRINK_WAIT_S

@@ -75,9 +75,33 @@ def test_buffer_accounting_and_release() -> None:
     assert acc.buffered_bytes == 0 and acc.has_room(94)
 
 
-def test_record_larger_than_a_batch_is_refused() -> None:
-    with pytest.raises(errors.MessageTooLargeError):
-        make(batch_bytes_max=100).append("t", 0, 1, None, b"x" * 200, None, now_s=0.0)
+def test_record_larger_than_a_batch_gets_a_batch_of_its_own() -> None:
+    # batch_bytes_max is a target; the topic's message_bytes_max (checked by the producer)
+    # is the limit on one record.
+    acc = make(linger_ms=1_000, batch_bytes_max=100, buffer_bytes_max=1_000)
+    acc.append("t", 0, 1, None, b"small", None, now_s=0.0)
+    _, full, created = acc.append("t", 0, 2, None, b"x" * 200, None, now_s=0.0)
+    assert full and created
+    acc.append("t", 0, 3, None, b"after", None, now_s=0.0)
+    ready = acc.ready(0.0, set())
+    assert [b.records[0][2] for b in ready] == [b"small"]  # the head batch went first
+    big = acc.batches[("t", 0)][0]
+    assert big.sealed and [r[2] for r in big.records] == [b"x" * 200]
+
+
+def test_expire_takes_every_old_batch_sent_or_not() -> None:
+    acc = make(linger_ms=60_000, batch_bytes_max=100)
+    acc.append("t", 0, 1, None, b"x" * 80, None, now_s=0.0)  # sealed soon: a second batch opens
+    acc.append("t", 0, 2, None, b"y" * 80, None, now_s=5.0)
+    acc.append("t", 1, 3, None, b"z", None, now_s=9.0)
+    assert acc.pending_records() == 3
+    expired = acc.expire(10.0, 6.0)
+    assert [b.records[0][2] for b in expired] == [b"x" * 80]
+    expired = acc.expire(12.0, 6.0)
+    assert [b.records[0][2] for b in expired] == [b"y" * 80]
+    assert ("t", 0) not in acc.open and acc.pending_records() == 1
+    acc.append("t", 0, 4, None, b"new", None, now_s=12.0)  # the partition takes records again
+    assert acc.pending_records() == 2
 
 
 def test_futures_resolve_to_offsets_within_the_batch() -> None:

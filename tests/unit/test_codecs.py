@@ -8,7 +8,7 @@ import lz4.frame
 import pytest
 
 from fabric import errors
-from fabric.limits import BATCH_HEADER_BYTES
+from fabric.limits import BATCH_HEADER_BYTES, MESSAGE_TEXT_BYTES_MAX
 from fabric.protocol import apis, batch, schema
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import decode_header, encode_request_header
@@ -197,3 +197,78 @@ def test_unknown_api_and_version() -> None:
         apis.decode_request([encode_request_header(999, 0, 1), b""])
     with pytest.raises(errors.UnsupportedVersionError, match=r"supported 0\.\.0"):
         apis.decode_request([encode_request_header(ApiKey.METADATA, 7, 1), b""])
+
+
+def _two_records() -> bytes:
+    good = batch.encode_batch([1, 2], [None, b"k"], [b"a", b"b"], [[("h", b"v")], None])
+    return batch.records_section(good, batch.read_header(good))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["junk after the lz4 frame", "garbage lz4 block", "lz4 frame without its end mark",
+     "column lengths short of the section", "uncompressed section with a trailing byte",
+     "key length past the end", "header count past the end"],
+)
+def test_batch_whose_records_do_not_decode_is_refused_on_produce(name: str) -> None:
+    # Each of these has a valid CRC and a consistent header: only a look inside finds them.
+    recs = _two_records()
+    frame = lz4.frame.compress(recs, store_size=True, content_checksum=False)
+    key_past = bytearray(recs)
+    struct.pack_into("<i", key_past, 12, 1_000)  # record 1's key length
+    headers_past = bytearray(recs)
+    struct.pack_into("<H", headers_past, 26, 3)  # record 1 claims three headers
+    raw = {
+        "junk after the lz4 frame": forge(len(recs), frame + b"junk", count=2),
+        "garbage lz4 block": forge(len(recs), frame[:15] + bytes(len(frame) - 15), count=2),
+        "lz4 frame without its end mark": forge(len(recs), frame[:-4], count=2),
+        "column lengths short of the section": forge(len(recs) + 3, lz4.frame.compress(recs + b"xyz", store_size=True), count=2),
+        "uncompressed section with a trailing byte": forge(len(recs) + 1, recs + b"x", codec=batch.CODEC_NONE, count=2),
+        "key length past the end": forge(len(recs), bytes(key_past), codec=batch.CODEC_NONE, count=2),
+        "header count past the end": forge(len(recs), bytes(headers_past), codec=batch.CODEC_NONE, count=2),
+    }[name]
+    batch.validate(raw, 1 << 20, contents=False)  # the cheap checks alone pass it
+    with pytest.raises(errors.CorruptMessageError):
+        batch.validate(raw, 1 << 20)
+    with pytest.raises(errors.CorruptMessageError):
+        batch.decode_batch(raw)
+
+
+@pytest.mark.parametrize("codec", [batch.CODEC_NONE, batch.CODEC_LZ4])
+def test_whatever_passes_validation_decodes(codec: int) -> None:
+    recs = _two_records()
+    payload = recs if codec == batch.CODEC_NONE else lz4.frame.compress(recs, store_size=True)
+    raw = forge(len(recs), payload, codec=codec, count=2)
+    batch.validate(raw, 1 << 20)
+    assert batch.decode_batch(raw).values == [b"a", b"b"]
+    assert batch.validate(sample(codec), 1 << 20).record_count == 50
+
+
+def test_error_text_is_bounded_so_a_reply_always_encodes() -> None:
+    # A reply that quotes a 65,535-byte topic name must still fit its str field.
+    name = "é" * 32_767 + "x"
+    assert len(name.encode()) == 65_535
+    message = f"unknown topic {name!r}"
+    for text in (message, "\udcff" * 10, "short"):
+        cut = schema.bounded_text(text)
+        assert len(cut.encode("utf-8")) <= MESSAGE_TEXT_BYTES_MAX
+    assert schema.bounded_text("short") == "short"
+    assert schema.bounded_text(message).endswith(schema.TEXT_CUT_MARK)
+    body = schema.encode(apis.PRODUCE_RESPONSE_V0, {"results": [
+        {"topic": name, "partition": 0, "error": 7, "base_offset": -1, "log_start_offset": -1, "message": message}]})
+    decoded = schema.decode(apis.PRODUCE_RESPONSE_V0, body)["results"][0]
+    assert decoded["topic"] == name and decoded["message"].startswith("unknown topic 'éé")
+    header = decode_header(encode_request_header(ApiKey.PRODUCE, 0, 5))
+    frames = apis.encode_error_response(header, errors.MalformedRequestError.code, message)
+    assert apis.decode_response(frames).body["message"] == schema.bounded_text(message)
+
+
+def test_unknown_protocol_version_keeps_the_header_for_the_answer() -> None:
+    raw = bytearray(encode_request_header(ApiKey.METADATA, 0, 4242))
+    raw[4] = 9
+    with pytest.raises(errors.UnsupportedVersionError) as caught:
+        decode_header(bytes(raw))
+    header = caught.value.header  # type: ignore[attr-defined]
+    assert (header.api_key, header.api_version, header.correlation_id) == (ApiKey.METADATA, 0, 4242)
+    answer = decode_header(apis.encode_error_response(header, errors.UnsupportedVersionError.code, "v9")[0])
+    assert (answer.api_key, answer.correlation_id, answer.protocol_version, answer.is_response) == (1, 4242, 1, True)

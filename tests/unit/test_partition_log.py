@@ -108,3 +108,17 @@ def test_producer_state_rebuilt_from_index(tmp_path: Path) -> None:
     again = PartitionLog(store, "t", 0, incarnation=1)
     assert again.producers.check(9, 0, 0, 2) == ("duplicate", 0)
     store.close()
+
+
+def test_read_at_the_log_end_returns_nothing(tmp_path: Path) -> None:
+    # A fetch at the end must find no batch (and so wait), not the last batch again.
+    store = Store(str(tmp_path / "db"))
+    log = PartitionLog(store, "t", 0, incarnation=1)
+    assert log.read(0, 1 << 20, log.log_end_offset) == []
+    append(log, store, [b"a", b"b"])
+    append(log, store, [b"c"])
+    assert log.log_end_offset == 3
+    assert log.read(3, 1 << 20, 3) == []
+    assert [batch.decode_batch(b).values for b in log.read(2, 1 << 20, 3)] == [[b"c"]]
+    assert [batch.decode_batch(b).values for b in log.read(1, 1 << 20, 3)] == [[b"a", b"b"], [b"c"]]
+    store.close()

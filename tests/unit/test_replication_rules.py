@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fabric.zk import PartitionState
 from nodes import controller
-from nodes.replication import FOLLOWER, LEADER, NONE, LeaderReplica, decide_role
+from nodes.leader import LeaderReplica
+from nodes.roles import FOLLOWER, LEADER, NONE, decide_role
 
 
 def state(leader: int, isr: tuple[int, ...], replicas: tuple[int, ...] = (1, 2, 3), epoch: int = 4) -> PartitionState:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from fabric import errors
-from fabric.protocol.sequencer import FIRST_GLOBAL_ID, SEQUENCER_GRANT_IDS_MAX, Grant
+from fabric.protocol.sequencer import (
+    FIRST_GLOBAL_ID,
+    ID_KIND_RECORDS,
+    ID_KIND_TICKS,
+    SEQUENCER_GRANT_IDS_MAX,
+    Grant,
+)
 from sequencer.allocator import IdAllocator, Lease, Reservation, takeover
 
 BLOCK = SEQUENCER_GRANT_IDS_MAX
@@ -61,10 +67,20 @@ def test_reservation_is_asked_before_the_range_runs_out() -> None:
         IdAllocator(1, 1, 5, BLOCK).grant(10)
 
 
-@pytest.mark.parametrize("count", [0, -1, SEQUENCER_GRANT_IDS_MAX + 1])
+@pytest.mark.parametrize("count", [-1, SEQUENCER_GRANT_IDS_MAX + 1])
 def test_bad_counts_are_refused(count: int) -> None:
     with pytest.raises(errors.InvalidIdCountError):
         IdAllocator(1, 1, 1 + BLOCK, BLOCK).grant(count)
+
+
+def test_records_end_moves_with_record_grants_only() -> None:
+    allocator = IdAllocator(2, 500, 500 + BLOCK, BLOCK)
+    assert allocator.grant(0).records_end == 500  # a new epoch assumes the old one used all below
+    records = allocator.grant(10, ID_KIND_RECORDS)
+    assert records.records_end == 510
+    ticks = allocator.grant(3, ID_KIND_TICKS)
+    assert (ticks.first_id, ticks.records_end) == (510, 510)
+    assert allocator.grant(0).records_end == 510 and allocator.next_id == 513
 
 
 def test_reservation_round_trip() -> None:

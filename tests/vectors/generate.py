@@ -68,8 +68,9 @@ BODIES: dict[str, tuple[int, bool, dict[str, Any]]] = {
     "create_topic_request": (ApiKey.CREATE_TOPIC, False, {
         "name": "events", "partitions": 6, "replication_factor": 3,
         "configs": [{"key": "retention_ms", "value": "86400000"}]}),
-    "allocate_ids_request": (ApiKey.ALLOCATE_IDS, False, {"count": 1000}),
-    "allocate_ids_response": (ApiKey.ALLOCATE_IDS, True, {"epoch": 3, "first_id": 2000001, "count": 1000}),
+    "allocate_ids_request": (ApiKey.ALLOCATE_IDS, False, {"count": 1000, "kind": 0}),
+    "allocate_ids_response": (ApiKey.ALLOCATE_IDS, True, {"epoch": 3, "first_id": 2000001, "count": 1000,
+                                                           "records_end": 2001001}),
     "error_response": (-1, True, {"message": "header magic 0x00000000, expected 0x31524246 (FBR1)"}),
 }
 

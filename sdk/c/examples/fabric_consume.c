@@ -27,10 +27,22 @@ static void on_signal(int sig) {
     stopping = 1;
 }
 
+/* A zk:// bootstrap is ZooKeeper, which the C client does not speak: say so plainly, with
+ * where to find node addresses, instead of a bare INVALID_ARGUMENT. */
+static int refuse_zookeeper(const char *prog, const char *bootstrap) {
+    if (strstr(bootstrap, "zk://") == NULL) return 0;
+    fprintf(stderr,
+            "%s: %s is a ZooKeeper address; the C client needs node addresses (tcp://HOST:PORT,...): "
+            "`fabric up` prints them, or run python3 -c \"from sdk import Admin; "
+            "print(','.join(Admin('%s').nodes().values()))\"\n",
+            prog, bootstrap, bootstrap);
+    return 1;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: fabric-consume -b BOOTSTRAP -t TOPIC -p PARTITION [options]\n"
-            "  -b, --bootstrap ADDRS   node addresses, tcp://host:port[,...]\n"
+            "  -b, --bootstrap ADDRS   node addresses, tcp://host:port[,...] (not zk://)\n"
             "  -t, --topic NAME\n"
             "  -p, --partition N\n"
             "  -o, --offset OFF        beginning (default), end, or an offset\n"
@@ -158,6 +170,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (refuse_zookeeper("fabric-consume", bootstrap)) return 2;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 

@@ -45,17 +45,29 @@ static void on_delivery(const fabric_delivery_t *d, void *opaque) {
     }
 }
 
+/* A zk:// bootstrap is ZooKeeper, which the C client does not speak: say so plainly, with
+ * where to find node addresses, instead of a bare INVALID_ARGUMENT. */
+static int refuse_zookeeper(const char *prog, const char *bootstrap) {
+    if (strstr(bootstrap, "zk://") == NULL) return 0;
+    fprintf(stderr,
+            "%s: %s is a ZooKeeper address; the C client needs node addresses (tcp://HOST:PORT,...): "
+            "`fabric up` prints them, or run python3 -c \"from sdk import Admin; "
+            "print(','.join(Admin('%s').nodes().values()))\"\n",
+            prog, bootstrap, bootstrap);
+    return 1;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: fabric-produce -b BOOTSTRAP -t TOPIC [options] < lines\n"
-            "  -b, --bootstrap ADDRS     node addresses, tcp://host:port[,...]\n"
+            "  -b, --bootstrap ADDRS     node addresses, tcp://host:port[,...] (not zk://)\n"
             "  -t, --topic NAME          topic to produce to\n"
             "  -p, --partition N         fixed partition (default: by key, sticky without key)\n"
             "  -k, --key-sep SEP         each line is KEY SEP VALUE\n"
             "  -K, --key KEY             the same key for every record\n"
             "  -H, --header NAME=VALUE   a header on every record (repeatable)\n"
             "      --line-headers        with -k: fields after the value are NAME=VALUE headers\n"
-            "  -a, --acks 0|1|-1|all     default 1\n"
+            "  -a, --acks 0|1|-1|all     default all (as `fabric produce` and the Python SDK)\n"
             "  -z, --compression lz4|none  default lz4\n"
             "  -l, --linger-ms N         default 5\n"
             "  -s, --batch-bytes N       default 262144\n"
@@ -198,6 +210,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (refuse_zookeeper("fabric-produce", bootstrap)) return 2;
     if (cfg.buffer_bytes_max < cfg.batch_bytes_max) cfg.buffer_bytes_max = 4 * cfg.batch_bytes_max;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

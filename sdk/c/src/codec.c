@@ -63,7 +63,24 @@ static const error_row_t ERROR_ROWS[] = {
     {42, "INVALID_GLOBAL_ID", 0, "a producer set global_id_base on a strict-order batch; only the leader stamps it"},
     {43, "STALE_SEQUENCER_EPOCH", 1, "a grant from a sequencer epoch older than one already seen; refused"},
     {44, "GLOBAL_ID_REGRESSION", 1, "a grant at or below the last global ID of the partition; refused"},
-    {45, "INVALID_ID_COUNT", 0, "an ID request for fewer than 1 or more than SEQUENCER_GRANT_IDS_MAX IDs"},
+    {45, "INVALID_ID_COUNT", 0, "an ID request for a count outside 0..SEQUENCER_GRANT_IDS_MAX or an unknown kind"},
+    /* 50-59: the direct plane (docs/PROTOCOL.md section 10) */
+    {50, "NO_SERVICE_AVAILABLE", 0, "no live instance of the service is registered or reachable"},
+    {51, "REQUEST_TIMEOUT", 0, "no reply within timeout_ms; the handler may or may not have run"},
+    {52, "REMOTE_ERROR", 0, "the service's handler raised; remote_type and remote_message say what"},
+    {53, "SERVICE_OVERLOADED", 1, "the instance's request queue is full; the handler did not run"},
+    {54, "SERVICE_STOPPING", 1, "the instance is draining before it stops; the handler did not run"},
+    /* 60-69: consumer groups */
+    {60, "UNKNOWN_MEMBER_ID", 0, "the group coordinator does not know this member; rejoin"},
+    {61, "FENCED_MEMBER_EPOCH", 0, "the member epoch is stale; the member lost its partitions and must rejoin"},
+    {62, "GROUP_NOT_EMPTY", 0, "the group has live members; stop them first"},
+    {63, "NOT_COORDINATOR", 1, "this node does not coordinate that group; find the coordinator again"},
+    {64, "COORDINATOR_NOT_AVAILABLE", 1, "the group's coordinator partition has no leader right now"},
+    {65, "COORDINATOR_LOAD_IN_PROGRESS", 1, "the coordinator is still reading the group's state"},
+    {66, "INVALID_GROUP_ID", 0, "group id empty, too long or with characters outside [A-Za-z0-9._-]"},
+    {67, "GROUP_ID_NOT_FOUND", 0, "no such group"},
+    {68, "UNRELEASED_INSTANCE_ID", 0, "a live member already uses this group_instance_id"},
+    {69, "GROUP_MAX_SIZE_REACHED", 0, "the group already has GROUP_MEMBERS_MAX members"},
     {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
     {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
@@ -762,6 +779,7 @@ int fabric_error_body_decode(const uint8_t *frame, size_t len, fabric_arena_t *a
 /* ---- ALLOCATE_IDS (the sequencer) ------------------------------------------------------------------ */
 void fabric_allocate_ids_request_encode(const fabric_allocate_ids_request_t *v, fabric_buf_t *out) {
     PUT_I32(out, v->count);
+    PUT_I8(out, v->kind);
 }
 
 int fabric_allocate_ids_request_decode(const uint8_t *frame, size_t len, fabric_arena_t *arena,
@@ -769,6 +787,7 @@ int fabric_allocate_ids_request_decode(const uint8_t *frame, size_t len, fabric_
     rd_t r;
     rd_begin(&r, frame, len, arena, err, err_len);
     out->count = RD_I32(&r, "count");
+    out->kind = RD_I8(&r, "kind");
     return rd_end(&r);
 }
 
@@ -776,6 +795,7 @@ void fabric_allocate_ids_response_encode(const fabric_allocate_ids_response_t *v
     PUT_I32(out, v->epoch);
     PUT_I64(out, v->first_id);
     PUT_I32(out, v->count);
+    PUT_I64(out, v->records_end);
 }
 
 int fabric_allocate_ids_response_decode(const uint8_t *frame, size_t len, fabric_arena_t *arena,
@@ -785,6 +805,7 @@ int fabric_allocate_ids_response_decode(const uint8_t *frame, size_t len, fabric
     out->epoch = RD_I32(&r, "epoch");
     out->first_id = RD_I64(&r, "first_id");
     out->count = RD_I32(&r, "count");
+    out->records_end = RD_I64(&r, "records_end");
     return rd_end(&r);
 }
 

@@ -378,6 +378,14 @@ static int next_batch(fabric_consumer_t *c) {
                          (long long)p->position, err);
         return rc;
     }
+    if (c->batch->header.attributes & FABRIC_BATCH_CONTROL) {
+        /* A strict-order tick: consumers skip it, but it takes offsets. */
+        int64_t next = c->batch->header.base_offset + c->batch->header.record_count;
+        if (next > p->position) p->position = next;
+        fabric_batch_free(c->batch);
+        c->batch = NULL;
+        return 0;
+    }
     c->batch_part = p;
     c->record_index = 0;
     return 0;

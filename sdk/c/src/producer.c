@@ -85,7 +85,7 @@ struct fabric_producer {
 
 void fabric_producer_config_init(fabric_producer_config_t *c) {
     memset(c, 0, sizeof *c);
-    c->acks = 1;
+    c->acks = -1; /* all in-sync replicas: the same default as the Python SDK and `fabric produce` */
     c->linger_ms = 5;
     c->batch_bytes_max = 256 * 1024;
     c->compression = FABRIC_CODEC_LZ4;

@@ -452,12 +452,16 @@ BODY_TEST(create_topic_request, create_topic_request, {
 
 BODY_TEST(error_response, error_body, { J_FIELD_STR("message", v.message); })
 
-BODY_TEST(allocate_ids_request, allocate_ids_request, { J_FIELD_INT("count", v.count); })
+BODY_TEST(allocate_ids_request, allocate_ids_request, {
+    J_FIELD_INT("count", v.count);
+    J_FIELD_INT("kind", v.kind);
+})
 
 BODY_TEST(allocate_ids_response, allocate_ids_response, {
     J_FIELD_INT("epoch", v.epoch);
     J_FIELD_INT("first_id", v.first_id);
     J_FIELD_INT("count", v.count);
+    J_FIELD_INT("records_end", v.records_end);
 })
 
 /* ---- key hash ------------------------------------------------------------------------------- */

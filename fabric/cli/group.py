@@ -1,0 +1,139 @@
+"""``fabric group list|describe|reset-offsets|delete``: consumer-group administration."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+
+from fabric.cli._common import bootstrap, with_bootstrap
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = subparsers.add_parser("group", help="consumer groups: list, describe (lag), reset offsets, delete")
+    actions = group.add_subparsers(dest="group_command", required=True)
+    with_bootstrap(actions.add_parser("list", help="every group and its state")).set_defaults(run=cmd_list)
+    describe = with_bootstrap(actions.add_parser("describe", help="members, assignment, committed offsets and lag"))
+    describe.add_argument("group_id")
+    describe.set_defaults(run=cmd_describe)
+    reset = with_bootstrap(actions.add_parser("reset-offsets", help="move committed offsets (group must be inactive)"))
+    reset.add_argument("group_id")
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--to", required=True, choices=("earliest", "latest", "datetime", "offset"))
+    reset.add_argument("--offset", type=int, help="with --to offset")
+    reset.add_argument("--datetime", help="with --to datetime: ISO 8601, e.g. 2026-11-22T20:00:00Z")
+    reset.add_argument("--partition", type=int, action="append", help="only these partitions (repeatable)")
+    reset.set_defaults(run=cmd_reset)
+    delete = with_bootstrap(actions.add_parser("delete", help="delete a group and its offsets (must be inactive)"))
+    delete.add_argument("group_id")
+    delete.set_defaults(run=cmd_delete)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from sdk import Admin
+
+    with Admin(bootstrap(args)) as admin:
+        groups = admin.list_groups()
+    print(f"{'GROUP':<40} {'STATE':<12} MEMBERS")
+    for g in groups:
+        print(f"{g.group_id:<40} {g.state:<12} {g.members}")
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from sdk import Admin
+
+    with Admin(bootstrap(args)) as admin:
+        desc = admin.describe_group(args.group_id)
+    print(f"group {desc.group_id}: {desc.state}, epoch {desc.group_epoch}, {len(desc.members)} members")
+    for m in desc.members:
+        subscription = ",".join(m.subscribed_topics) or ""
+        if m.subscribed_pattern:
+            subscription += f" /{m.subscribed_pattern}/"
+        static = f" instance={m.instance_id}" if m.instance_id else ""
+        parts = " ".join(str(tp) for tp in m.assignment) or "-"
+        revoking = f" revoking: {' '.join(str(tp) for tp in m.revoking)}" if m.revoking else ""
+        print(f"  member {m.member_id} epoch={m.member_epoch}{static} subscribed={subscription}: {parts}{revoking}")
+    print(f"{'TOPIC':<30} {'PART':>4} {'COMMITTED':>12} {'LOG-END':>12} {'LAG':>10}  MEMBER")
+    for p in desc.offsets:
+        committed = "-" if p.committed < 0 else str(p.committed)
+        print(f"{p.topic:<30} {p.partition:>4} {committed:>12} {p.log_end:>12} {p.lag:>10}  {p.member_id or '-'}")
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    from sdk import Admin
+
+    timestamp_ms = None
+    if args.to == "datetime":
+        if not args.datetime:
+            raise SystemExit("--to datetime needs --datetime (ISO 8601)")
+        try:
+            moment = datetime.fromisoformat(args.datetime.replace("Z", "+00:00"))
+        except ValueError:
+            raise SystemExit(f"--datetime {args.datetime!r} is not ISO 8601") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        timestamp_ms = int(moment.timestamp() * 1000)
+    if args.to == "offset" and (args.offset is None or args.offset < 0):
+        raise SystemExit("--to offset needs --offset N (N >= 0)")
+    with Admin(bootstrap(args)) as admin:
+        done = admin.reset_offsets(args.group_id, args.topic, to=args.to, offset=args.offset,
+                                   timestamp_ms=timestamp_ms, partitions=args.partition)
+    for tp, offset in sorted(done.items(), key=lambda kv: kv[0].partition):
+        print(f"{tp}\t{offset}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from sdk import Admin
+
+    with Admin(bootstrap(args)) as admin:
+        admin.delete_group(args.group_id)
+    print(f"deleted group {args.group_id}")
+    return 0
+
+
+GROUP_IDLE_EXIT_S = 2.0  # without --follow, a group consumer stops after this long with nothing new
+
+
+def consume_in_group(args: argparse.Namespace) -> int:
+    """``fabric consume T --group G``: a member of G; commits exactly what it printed."""
+    import sys
+    import time
+
+    from sdk import Consumer, TopicPartition
+
+    if args.partition is not None:
+        raise SystemExit("--group and --partition exclude each other: the group assigns partitions")
+    reset = args.from_offset if args.from_offset in ("earliest", "latest") else None
+    if reset is None:
+        raise SystemExit("with --group, --from-offset is where a partition without a committed offset starts: "
+                         "earliest or latest")
+    out = sys.stdout.buffer
+    remaining = args.max_messages
+    with Consumer(bootstrap(args), group_id=args.group, auto_offset_reset=reset, enable_auto_commit=False,
+                  tag_filter=args.tags) as consumer:
+        consumer.subscribe([args.topic])
+        last_data = time.monotonic()
+        while True:
+            records = consumer.poll(timeout_ms=500)
+            if remaining is not None:
+                records = records[:remaining]
+            printed: dict[TopicPartition, int] = {}
+            for r in records:
+                if args.print_offset:
+                    out.write(f"{r.partition}:{r.offset}\t".encode())
+                if args.print_key:
+                    out.write((r.key or b"") + b"\t")
+                out.write((r.value or b"") + b"\n")
+                printed[TopicPartition(r.topic, r.partition)] = r.offset + 1
+            out.flush()
+            if printed:
+                consumer.commit_async(printed)
+                last_data = time.monotonic()
+                if remaining is not None:
+                    remaining -= len(records)
+                    if remaining <= 0:
+                        return 0
+            elif not args.follow and consumer.assignment() and time.monotonic() - last_data > GROUP_IDLE_EXIT_S:
+                return 0

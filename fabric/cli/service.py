@@ -1,0 +1,160 @@
+"""The direct plane from the command line, for debugging (docs/DIRECT.md)::
+
+    fabric service list                      instances, address, load, version
+    fabric request NAME PAYLOAD              one request; the reply on stdout
+    fabric subscribe PATTERN                 messages matching a pattern (orders.*, orders.>)
+    fabric publish SUBJECT PAYLOAD           one message to the current subscribers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from fabric import errors
+from fabric.cli._common import bootstrap, with_bootstrap
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    service = subparsers.add_parser("service", help="direct-plane services: list instances")
+    actions = service.add_subparsers(dest="service_command", required=True)
+    listing = with_bootstrap(actions.add_parser("list", help="registered services and their instances"))
+    listing.add_argument("name", nargs="?", help="only this service")
+    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    listing.set_defaults(run=cmd_service_list)
+
+    request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"))
+    request.add_argument("name")
+    request.add_argument("payload", help="the request body (UTF-8); '-' reads stdin")
+    request.add_argument("--timeout-ms", type=int, default=5_000)
+    request.add_argument("--idempotent", action="store_true", help="allow retries on another instance")
+    request.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    request.add_argument("--show-instance", action="store_true", help="print the answering instance on stderr")
+    request.set_defaults(run=cmd_request)
+
+    subscribe = with_bootstrap(subparsers.add_parser("subscribe", help="print direct-plane messages matching a pattern"))
+    subscribe.add_argument("pattern", help="subject pattern: tokens split by '.', '*' one token, '>' the rest")
+    subscribe.add_argument("--max-messages", type=int)
+    subscribe.add_argument("--timeout-ms", type=int, help="stop after this long without a message")
+    subscribe.set_defaults(run=cmd_subscribe)
+
+    publish = with_bootstrap(subparsers.add_parser("publish", help="publish one direct-plane message"))
+    publish.add_argument("subject")
+    publish.add_argument("payload")
+    publish.add_argument("--wait-ms", type=int, default=500,
+                         help="wait this long for subscribers to connect first (PUB/SUB drops until then)")
+    publish.set_defaults(run=cmd_publish)
+
+
+def _zk(args: argparse.Namespace) -> str:
+    import logging
+
+    from sdk._client import Bootstrap
+
+    # kazoo's connection warnings would repeat what the exit code and the message say.
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+
+    spec = Bootstrap(bootstrap(args))
+    if spec.zk is None:
+        raise errors.NoServiceAvailable("the direct plane needs a ZooKeeper bootstrap: --bootstrap zk://HOST:PORT")
+    return spec.zk
+
+
+def cmd_service_list(args: argparse.Namespace) -> int:
+    from fabric.zk import close_client
+    from sdk.direct import _registry as registry
+
+    zk = registry.start_client(_zk(args))
+    try:
+        services = registry.list_services(zk)
+    finally:
+        close_client(zk)
+    if args.name:
+        services = {args.name: services.get(args.name, {})}
+    if args.json:
+        print(json.dumps({name: {z: i.__dict__ for z, i in inst.items()} for name, inst in services.items()},
+                         indent=2, sort_keys=True))
+        return 0
+    if not any(services.values()):
+        print("no services registered")
+        return 0
+    print(f"{'SERVICE':<24} {'INSTANCE':<22} {'ADDRESS':<24} {'LOAD':>5} {'VERSION':<10} {'HOST':<16} PID  UP")
+    now_ms = int(time.time() * 1000)
+    for name, instances in services.items():
+        for znode, info in instances.items():
+            up_s = max(0, now_ms - info.started_ms) // 1000
+            print(f"{name:<24} {znode:<22} {info.address:<24} {info.load:>5} {info.version or '-':<10} "
+                  f"{info.host:<16} {info.pid} {up_s}s")
+    return 0
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    from sdk.direct import SyncDirect
+
+    payload = sys.stdin.buffer.read() if args.payload == "-" else args.payload.encode()
+    headers: dict[str, bytes | str] = {}
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise errors.InvalidRequestError(f"--header {item!r}: expected NAME=VALUE")
+        headers[name] = value
+    client = SyncDirect(_zk(args))
+    try:
+        reply = client.request(args.name, payload, timeout_ms=args.timeout_ms, headers=headers or None,
+                               idempotent=args.idempotent)
+    finally:
+        client.close()
+    if args.show_instance:
+        print(f"instance: {reply.instance}", file=sys.stderr)
+    for name, value in reply.headers.items():
+        print(f"{name}: {value.decode(errors='replace')}", file=sys.stderr)
+    sys.stdout.buffer.write(reply.payload + b"\n")
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    from sdk.direct import SyncDirect
+
+    client = SyncDirect(_zk(args))
+    out = sys.stdout.buffer
+    count = 0
+    lost = 0
+    try:
+        subscription = client.subscribe(args.pattern)
+        try:
+            while args.max_messages is None or count < args.max_messages:
+                message = subscription.next(args.timeout_ms if args.timeout_ms is not None else 1_000)
+                if message is None:
+                    if args.timeout_ms is not None:
+                        break
+                    continue
+                out.write(message.subject.encode() + b"\t" + message.payload + b"\n")
+                out.flush()
+                count += 1
+        except KeyboardInterrupt:
+            pass
+        lost = subscription.lost
+    finally:
+        client.close()
+    if lost:
+        print(f"{lost} messages lost (dropped or gaps)", file=sys.stderr)
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from sdk.direct import SyncDirect
+
+    client = SyncDirect(_zk(args))
+    try:
+        # Subscribers connect once the publisher is registered and drop what was sent
+        # before (PUB/SUB's slow joiner), hence register first, then wait, then send.
+        client.start_publisher()
+        time.sleep(args.wait_ms / 1000)
+        client.publish(args.subject, args.payload)
+        time.sleep(0.1)  # let ZeroMQ hand the message to the kernel before the socket closes
+    finally:
+        client.close()
+    return 0

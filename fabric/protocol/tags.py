@@ -1,0 +1,197 @@
+"""Record tags and tag filters: the header, the per-batch bloom, and the filter grammar.
+
+A record's tags travel in one record header, ``fabric.tags``, whose value is the tags
+joined by commas (UTF-8). A tag is 1 to ``TAG_BYTES_MAX`` characters of
+``[A-Za-z0-9._:/-]``. A producer also ORs every tag of a batch into a 32-bit bloom and
+stores it in the batch header's reserved fields (docs/PROTOCOL.md 4.1), with attribute bit
+5 saying it is there. Both live inside the CRC, so nobody can change them in transit, and
+the node reads them without decompressing.
+
+Filter grammar (``!`` binds tighter than ``&&``, which binds tighter than ``||``)::
+
+    filter := or
+    or     := and ( "||" and )*
+    and    := unary ( "&&" unary )*
+    unary  := "!" unary | "(" filter ")" | TAG
+
+The client applies the filter exactly to every record. The node can only skip a whole
+batch whose bloom proves that no record in it can match: it treats every negation as
+"may match", so it skips on positive terms only (``paid`` or ``paid && eu`` skip batches;
+``!paid`` never does). A batch without a bloom (an old producer, or no tags at all) is never
+skipped by the node when the filter could match an untagged record, and is skipped when the
+filter needs a tag, since a batch without a bloom carries no tags.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from fabric.errors import InvalidRequestError
+
+TAGS_HEADER: Final[str] = "fabric.tags"
+TAG_BYTES_MAX: Final[int] = 64
+TAGS_PER_RECORD_MAX: Final[int] = 32
+FILTER_BYTES_MAX: Final[int] = 1_000
+BLOOM_BITS: Final[int] = 32
+_TAG = re.compile(r"^[A-Za-z0-9._:/-]+$")
+_TOKEN = re.compile(r"\s*(\|\||&&|!|\(|\)|[A-Za-z0-9._:/-]+)")
+
+Node = tuple[Any, ...]  # ("tag", name) | ("not", node) | ("and"|"or", node, node)
+
+
+def check_tags(tags: Iterable[str]) -> list[str]:
+    out = []
+    for tag in tags:
+        if not isinstance(tag, str) or not _TAG.match(tag) or len(tag.encode()) > TAG_BYTES_MAX:
+            raise ValueError(f"tag {tag!r} must be 1 to {TAG_BYTES_MAX} characters of [A-Za-z0-9._:/-]")
+        out.append(tag)
+    if len(out) > TAGS_PER_RECORD_MAX:
+        raise ValueError(f"{len(out)} tags on one record exceed TAGS_PER_RECORD_MAX={TAGS_PER_RECORD_MAX}")
+    return out
+
+
+def encode_tags(tags: Iterable[str]) -> bytes:
+    return ",".join(check_tags(tags)).encode("utf-8")
+
+
+def record_tags(headers: Sequence[tuple[str, bytes | None]] | None) -> frozenset[str]:
+    """The tags of one record, from its ``fabric.tags`` header (empty if none)."""
+    if headers:
+        for name, value in headers:
+            if name == TAGS_HEADER and value:
+                return frozenset(value.decode("utf-8", "replace").split(","))
+    return frozenset()
+
+
+def tag_bits(tag: str) -> int:
+    """Two bits of the 32-bit bloom for one tag, from its CRC-32 (k = 2)."""
+    h = zlib.crc32(tag.encode("utf-8")) & 0xFFFFFFFF
+    return (1 << (h & 31)) | (1 << ((h >> 5) & 31))
+
+
+def bloom_of(tags: Iterable[str]) -> int:
+    bloom = 0
+    for tag in tags:
+        bloom |= tag_bits(tag)
+    return bloom
+
+
+def batch_bloom(headers: Sequence[Sequence[tuple[str, bytes | None]] | None] | None) -> int | None:
+    """The bloom of a batch's records (None when no record has tags: no bloom is written)."""
+    if not headers:
+        return None
+    bloom = 0
+    found = False
+    for record_headers in headers:
+        tags = record_tags(record_headers)
+        if tags:
+            found = True
+            bloom |= bloom_of(tags)
+    return bloom if found else None
+
+
+class TagFilter:
+    """A parsed filter: ``matches(tags)`` exactly, ``may_match(bloom)`` conservatively."""
+
+    def __init__(self, text: str) -> None:
+        if len(text.encode("utf-8")) > FILTER_BYTES_MAX:
+            raise InvalidRequestError(f"tag filter longer than FILTER_BYTES_MAX={FILTER_BYTES_MAX} bytes")
+        self.text = text
+        self._tokens = _tokenize(text)
+        self._pos = 0
+        self.tree = self._or()
+        if self._pos != len(self._tokens):
+            raise InvalidRequestError(f"tag filter {text!r}: unexpected {self._tokens[self._pos]!r}")
+
+    def __repr__(self) -> str:
+        return f"TagFilter({self.text!r})"
+
+    # -- parser (recursive descent, depth bounded by FILTER_BYTES_MAX) ------------------------
+    def _peek(self) -> str | None:
+        return self._tokens[self._pos] if self._pos < len(self._tokens) else None
+
+    def _take(self) -> str:
+        token = self._peek()
+        if token is None:
+            raise InvalidRequestError(f"tag filter {self.text!r} ends too early")
+        self._pos += 1
+        return token
+
+    def _or(self) -> Node:
+        node = self._and()
+        while self._peek() == "||":
+            self._take()
+            node = ("or", node, self._and())
+        return node
+
+    def _and(self) -> Node:
+        node = self._unary()
+        while self._peek() == "&&":
+            self._take()
+            node = ("and", node, self._unary())
+        return node
+
+    def _unary(self) -> Node:
+        token = self._take()
+        if token == "!":
+            return ("not", self._unary())
+        if token == "(":
+            node = self._or()
+            if self._take() != ")":
+                raise InvalidRequestError(f"tag filter {self.text!r}: missing ')'")
+            return node
+        if token in ("||", "&&", ")"):
+            raise InvalidRequestError(f"tag filter {self.text!r}: expected a tag, '!' or '(' before {token!r}")
+        return ("tag", token)
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def matches(self, tags: frozenset[str]) -> bool:
+        return _eval(self.tree, tags)
+
+    def may_match(self, bloom: int | None) -> bool:
+        """False only if no record of a batch with this bloom can match (None: no tags at all)."""
+        if bloom is None:
+            return True  # a producer that writes no bloom may still have tagged its records
+        return _maybe(self.tree, bloom)
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise InvalidRequestError(f"tag filter {text!r}: cannot read {text[pos:pos + 10]!r}")
+        tokens.append(m.group(1))
+        pos = m.end()
+    if not tokens:
+        raise InvalidRequestError("tag filter is empty")
+    return tokens
+
+
+def _eval(node: Node, tags: frozenset[str]) -> bool:
+    kind = node[0]
+    if kind == "tag":
+        return node[1] in tags
+    if kind == "not":
+        return not _eval(node[1], tags)
+    if kind == "and":
+        return _eval(node[1], tags) and _eval(node[2], tags)
+    return _eval(node[1], tags) or _eval(node[2], tags)
+
+
+def _maybe(node: Node, bloom: int) -> bool:
+    """An over-approximation: could some record of the batch satisfy ``node``?"""
+    kind = node[0]
+    if kind == "tag":
+        bits = tag_bits(node[1])
+        return bloom & bits == bits
+    if kind == "not":
+        return True  # the bloom cannot prove a tag absent from every record
+    if kind == "and":
+        return _maybe(node[1], bloom) and _maybe(node[2], bloom)
+    return _maybe(node[1], bloom) or _maybe(node[2], bloom)

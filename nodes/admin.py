@@ -1,0 +1,148 @@
+"""Admin and metadata answers: metadata, describe, list offsets, API versions, topic admin,
+producer ids. Each handler takes the node state and one request and returns the body."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.protocol import apis
+from nodes.state import Envelope, NodeState
+
+
+def _partition_state_body(state: zkl.PartitionState) -> dict[str, Any]:
+    return {
+        "partition": state.partition,
+        "error": 0,
+        "leader": state.leader,
+        "leader_epoch": state.leader_epoch,
+        "replicas": list(state.replicas),
+        "isr": list(state.isr),
+    }
+
+
+def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    node.check_routing_current()
+    names: list[str] = request.body["topics"]
+    topics = node.routing.topics()
+    wanted = names or sorted(topics)
+    out = []
+    for name in wanted:
+        route = topics.get(name)
+        if route is None:
+            out.append({"error": errors.UnknownTopicOrPartitionError.code, "name": name, "strict_order": 0,
+                        "message_bytes_max": 0, "partitions": []})
+            continue
+        out.append({
+            "error": 0,
+            "name": name,
+            "strict_order": int(route.config.strict_order),
+            "message_bytes_max": route.config.message_bytes_max,
+            "partitions": [_partition_state_body(route.partitions[p]) for p in sorted(route.partitions)],
+        })
+    nodes = [{"node_id": n.node_id, "address": n.address} for n in sorted(node.routing.nodes().values(), key=lambda n: n.node_id)]
+    return {"controller_id": node.routing.controller_id, "nodes": nodes, "topics": out}
+
+
+def handle_describe_topics(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    node.check_routing_current()
+    names: list[str] = request.body["names"]
+    topics = node.routing.topics()
+    out = []
+    for name in names or sorted(topics):
+        route = topics.get(name)
+        if route is None:
+            out.append({"error": errors.UnknownTopicOrPartitionError.code, "name": name, "configs": [], "partitions": []})
+            continue
+        out.append({
+            "error": 0,
+            "name": name,
+            "configs": [{"key": k, "value": v} for k, v in sorted(route.config.as_strings().items())],
+            "partitions": [_partition_state_body(route.partitions[p]) for p in sorted(route.partitions)],
+        })
+    return {"topics": out}
+
+
+def handle_list_offsets(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    out = []
+    for p in request.body["partitions"]:
+        result = {"topic": p["topic"], "partition": p["partition"], "error": 0, "timestamp": -1, "offset": -1}
+        try:
+            plog, _leader, _config = node.leader_log(p["topic"], p["partition"])
+            ts = p["timestamp"]
+            if ts == apis.LATEST_TIMESTAMP:
+                result["offset"] = plog.high_watermark
+            elif ts == apis.EARLIEST_TIMESTAMP:
+                result["offset"] = plog.log_start_offset
+            elif ts < 0:
+                raise errors.InvalidRequestError(f"timestamp {ts}: use -1 (latest), -2 (earliest) or ms >= 0")
+            else:
+                offset, found_ts = plog.offset_for_timestamp(ts)
+                if offset >= plog.high_watermark:
+                    offset, found_ts = -1, -1
+                result["offset"], result["timestamp"] = offset, found_ts
+        except errors.FabricError as exc:
+            result["error"] = exc.code
+        out.append(result)
+    return {"partitions": out}
+
+
+def handle_api_versions(_node: NodeState, _envelope: Envelope, _request: apis.Message) -> dict[str, Any]:
+    return {
+        "apis": [
+            {"api_key": k, "min_version": lo, "max_version": hi}
+            for k, (lo, hi) in sorted(apis.supported_versions().items())
+        ]
+    }
+
+
+def handle_init_producer_id(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
+    # Ids come from ZooKeeper in blocks, so two nodes never hand out the same one; a new
+    # block is reserved on the ZooKeeper worker, never in the loop.
+    if node.producer_ids_next < node.producer_ids_end:
+        return _take_producer_id(node)
+
+    def with_block(block: tuple[int, int]) -> dict[str, Any]:
+        if node.producer_ids_next >= node.producer_ids_end:
+            node.producer_ids_next, node.producer_ids_end = block
+        return _take_producer_id(node)
+
+    node.answer_later(envelope, request.header, lambda: zkl.allocate_producer_id_block(node.zk), with_block)
+    return None
+
+
+def _take_producer_id(node: NodeState) -> dict[str, Any]:
+    producer_id = node.producer_ids_next
+    node.producer_ids_next += 1
+    return {"error": 0, "producer_id": producer_id, "producer_epoch": 0}
+
+
+def _admin_result(action: Callable[[], object]) -> dict[str, Any]:
+    """Topic admin answers carry their error in the body, not in the response header."""
+    try:
+        action()
+    except errors.FabricError as exc:
+        return {"error": exc.code, "message": exc.message}
+    return {"error": 0, "message": ""}
+
+
+# Topic changes are ZooKeeper transactions: they run on the ZooKeeper worker and are
+# answered when it is done (refused at once, retriably, while ZooKeeper is away).
+def handle_create_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    body = request.body
+    configs = {c["key"]: c["value"] for c in body["configs"]}
+    node.answer_later(envelope, request.header, lambda: _admin_result(
+        lambda: zkl.create_topic(node.zk, body["name"], body["partitions"], body["replication_factor"], configs)))
+
+
+def handle_delete_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    name = request.body["name"]
+    node.answer_later(envelope, request.header, lambda: _admin_result(lambda: zkl.delete_topic(node.zk, name)))
+
+
+def handle_create_partitions(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    body = request.body
+    node.answer_later(envelope, request.header, lambda: _admin_result(
+        lambda: zkl.add_partitions(node.zk, body["name"], body["partitions"])))

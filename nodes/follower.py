@@ -1,0 +1,276 @@
+"""The follower side of replication: the leader's stream, catch-up fetches, truncation.
+
+Each followed partition runs a small state machine (``FollowerReplica.mode``)::
+
+    TRUNCATING --(leader says where our last epoch ends; truncate)--> FETCHING
+    FETCHING   --(a fetch brought us level with the leader)--> STREAMING
+    FETCHING   --(fetched batch does not continue our log)--> TRUNCATING
+    STREAMING  --(gap in the PUB stream, or no progress while the leader is ahead)--> FETCHING
+    any        --(new leader or epoch: nodes/roles.py makes a new FollowerReplica)--> TRUNCATING
+
+The leader publishes each appended batch on PUB; PUB/SUB drops silently (slow joiner,
+high-water mark, reconnects), so a follower checks that every batch starts exactly at its
+log end and falls back to FETCH over DEALER/ROUTER otherwise (the Clone pattern).
+Requests to the leader go through ``node.sockets.replica_conns``, on the loop's poller;
+their replies come back through ``handle_replies``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from fabric import errors
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
+from fabric.protocol.apis import ApiKey
+from nodes.leader import STREAM_META
+from nodes.state import NodeState, TopicPartition
+
+log = logging.getLogger("fabric.node")
+
+TRUNCATING = "truncating"
+FETCHING = "fetching"
+STREAMING = "streaming"
+
+SUB_MESSAGES_MAX = 512  # replicated batches applied per loop turn before acking
+REPLICA_ACK_INTERVAL_S = 0.1  # followers report their log end at least this often
+REPLICA_STALL_S = 0.3  # no stream progress this long while the leader is ahead: fetch instead
+REPLICA_REQUEST_TIMEOUT_S = 2.0  # a truncation or fetch request to the leader is resent after this
+REPLICA_FETCH_BYTES_MAX = 8 * 1024 * 1024
+
+
+@dataclass
+class FollowerReplica:
+    leader_id: int
+    epoch: int
+    mode: str = TRUNCATING
+    request_in_flight: int = 0  # correlation id of the truncation or fetch request, 0 = none
+    request_sent_s: float = 0.0
+    leader_log_end: int = -1
+    last_progress_s: float = 0.0
+    acked_log_end: int = -1  # what we last told the leader
+
+
+def set_mode(tp: TopicPartition, f: FollowerReplica, mode: str, why: str) -> None:
+    if f.mode != mode:
+        log.info("follower of %s/%d (leader %d epoch %d): %s -> %s: %s", *tp, f.leader_id, f.epoch, f.mode, mode, why)
+        f.mode = mode
+
+
+def _leader_addresses(node: NodeState, leader_id: int) -> tuple[str, str] | None:
+    info = node.routing.nodes().get(leader_id)
+    if info is None:
+        return None
+    if info.replication_address and info.replication_address not in node.sub_connected:
+        node.sockets.sub.connect(info.replication_address)
+        node.sub_connected.add(info.replication_address)
+    return info.address, info.replication_address
+
+
+def _request(node: NodeState, address: str, api_key: int, body: dict[str, Any], kind: str, context: Any) -> int:
+    conns = node.sockets.replica_conns
+    correlation_id = conns.next_id()
+    try:
+        conns.send(address, apis.encode_request(api_key, body, correlation_id), wait_connect_ms=0)
+    except errors.FabricError:
+        return 0
+    node.replica_requests[correlation_id] = (kind, context)
+    return correlation_id
+
+
+def tick(node: NodeState, now: float) -> None:
+    """A loop duty: time out requests, start truncation or fetches, and ack the leaders."""
+    acks: dict[int, list[dict[str, Any]]] = {}
+    for tp, f in node.followers.items():
+        plog = node.logs[tp]
+        if f.request_in_flight and now - f.request_sent_s > REPLICA_REQUEST_TIMEOUT_S:
+            node.replica_requests.pop(f.request_in_flight, None)
+            f.request_in_flight = 0
+        addresses = _leader_addresses(node, f.leader_id)
+        if addresses is None:
+            continue
+        address = addresses[0]
+        if f.mode == TRUNCATING and not f.request_in_flight:
+            last_epoch = plog.latest_epoch()
+            if last_epoch < 0:
+                set_mode(tp, f, FETCHING, "empty log: nothing to truncate")
+            else:
+                body = {"replica_id": node.node_id, "partitions": [
+                    {"topic": tp[0], "partition": tp[1], "current_leader_epoch": f.epoch, "leader_epoch": last_epoch}]}
+                f.request_in_flight = _request(node, address, ApiKey.OFFSETS_FOR_LEADER_EPOCH, body, "epoch", (tp, f.epoch))
+                f.request_sent_s = now
+        if f.mode == STREAMING and f.leader_log_end > plog.log_end_offset and now - f.last_progress_s > REPLICA_STALL_S:
+            set_mode(tp, f, FETCHING, f"stream stalled below the leader's end {f.leader_log_end}")
+        if f.mode == FETCHING and not f.request_in_flight:
+            body = {"replica_id": node.node_id, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": REPLICA_FETCH_BYTES_MAX,
+                    "partitions": [{"topic": tp[0], "partition": tp[1], "fetch_offset": plog.log_end_offset,
+                                    "partition_bytes_max": REPLICA_FETCH_BYTES_MAX, "current_leader_epoch": f.epoch}]}
+            f.request_in_flight = _request(node, address, ApiKey.FETCH, body, "fetch", (tp, f.epoch))
+            f.request_sent_s = now
+        if f.mode == STREAMING and (plog.log_end_offset != f.acked_log_end or now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S):
+            acks.setdefault(f.leader_id, []).append(
+                {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
+            f.acked_log_end = plog.log_end_offset
+    for leader_id, partitions in acks.items():
+        addresses = _leader_addresses(node, leader_id)
+        if addresses is not None:
+            _request(node, addresses[0], ApiKey.REPLICA_ACK, {"replica_id": node.node_id, "partitions": partitions}, "ack", None)
+    if now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S:
+        node.last_ack_sent_s = now
+
+
+def drain_stream(node: NodeState) -> None:
+    """Apply batches from leaders' PUB streams that continue our logs exactly."""
+    wb = None
+    now = time.monotonic()
+    now_ms = int(time.time() * 1000)
+    for _ in range(SUB_MESSAGES_MAX):
+        try:
+            pkey, meta, data = node.sockets.sub.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        except ValueError:
+            continue  # not three frames: not from a Fabric leader
+        tp = node.pkeys.get(pkey)
+        if tp is None:
+            continue
+        f = node.followers.get(tp)
+        if f is None or f.mode != STREAMING or len(meta) != STREAM_META.size:
+            continue
+        epoch, leader_id = STREAM_META.unpack(meta)
+        if epoch != f.epoch or leader_id != f.leader_id:
+            continue  # fenced: not the leader we follow
+        plog = node.logs[tp]
+        try:
+            header = batch_format.read_header(data)
+        except errors.FabricError:
+            continue
+        if header.next_offset <= plog.log_end_offset:
+            continue  # already have it
+        if header.base_offset != plog.log_end_offset:
+            set_mode(tp, f, FETCHING, f"gap in the stream: batch at {header.base_offset}, log end {plog.log_end_offset}")
+            continue
+        try:
+            # contents=False: the leader checked the records; the CRC shows these are its bytes.
+            batch_format.validate(data, len(data), contents=False)
+        except errors.FabricError as exc:
+            set_mode(tp, f, FETCHING, f"bad batch from leader {leader_id}: {exc}")
+            continue
+        if wb is None:
+            wb = node.store.new_write_batch()
+        plog.append(wb, bytearray(data), header, header.leader_epoch, now_ms, stamp=False)
+        f.last_progress_s = now
+    if wb is not None:
+        node.store.write(wb)
+        tick(node, now)  # ack at once: the leader's HW waits on us
+
+
+def handle_replies(node: NodeState) -> None:
+    """Route the leaders' replies to our truncation, fetch and ack requests."""
+    for _address, frames in node.sockets.replica_conns.drain():
+        try:
+            message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
+        except errors.FabricError as exc:
+            log.warning("undecodable reply from a leader: %s", exc)
+            continue
+        request = node.replica_requests.pop(message.header.correlation_id, None)
+        if request is None or message.header.error_code:
+            continue
+        kind, context = request
+        if kind == "ack":
+            _on_ack_reply(node, message.body)
+            continue
+        tp, epoch = context
+        f = node.followers.get(tp)
+        if f is None or f.epoch != epoch or f.request_in_flight != message.header.correlation_id:
+            continue
+        f.request_in_flight = 0
+        if kind == "epoch":
+            _on_epoch_reply(node, tp, f, message.body["partitions"][0])
+        elif kind == "fetch":
+            _on_fetch_reply(node, tp, f, message.body["partitions"][0], message.batches)
+
+
+def _on_ack_reply(node: NodeState, body: dict[str, Any]) -> None:
+    for p in body["partitions"]:
+        tp = (p["topic"], p["partition"])
+        f = node.followers.get(tp)
+        if f is None or p["error"]:
+            continue
+        f.leader_log_end = p["log_end_offset"]
+        plog = node.logs[tp]
+        plog.high_watermark = max(plog.high_watermark, min(p["high_watermark"], plog.log_end_offset))
+
+
+def truncation_target(leader_epoch: int, leader_end: int, our_end_for_that_epoch: int, log_start_offset: int) -> int:
+    """Where a follower cuts its log (KIP-101/279): never the high watermark.
+
+    ``leader_epoch``/``leader_end``: the leader's answer for our last epoch (its largest
+    epoch not above ours, and where that epoch ends in its log). ``our_end_for_that_epoch``:
+    where that epoch ends in our own log (-1 if we never had it).
+    """
+    if leader_epoch < 0:
+        return log_start_offset  # the leader has nothing as old as our history
+    # Cut at the end of the last epoch both logs share, as it is in ours.
+    return min(leader_end, our_end_for_that_epoch) if our_end_for_that_epoch >= 0 else log_start_offset
+
+
+def _on_epoch_reply(node: NodeState, tp: TopicPartition, f: FollowerReplica, result: dict[str, Any]) -> None:
+    if result["error"]:
+        return  # the leader does not know its epoch yet, or moved on: ask again later
+    plog = node.logs[tp]
+    leader_epoch, leader_end = result["leader_epoch"], result["end_offset"]
+    our_end = plog.end_offset_for_epoch(leader_epoch)[1] if leader_epoch >= 0 else -1
+    target = truncation_target(leader_epoch, leader_end, our_end, plog.log_start_offset)
+    if target < plog.log_end_offset:
+        log.warning("truncating %s/%d from %d to %d (leader %d epoch %d)",
+                    *tp, plog.log_end_offset, target, f.leader_id, f.epoch)
+        plog.truncate_to(target)
+    if plog.log_end_offset < result["log_start_offset"]:
+        plog.reset_to(result["log_start_offset"])
+    set_mode(tp, f, FETCHING, f"truncation done at {plog.log_end_offset}")
+
+
+def _on_fetch_reply(node: NodeState, tp: TopicPartition, f: FollowerReplica, result: dict[str, Any], batches: list[Any]) -> None:
+    plog = node.logs[tp]
+    error = result["error"]
+    if error == errors.OffsetOutOfRangeError.code:
+        if plog.log_end_offset < result["log_start_offset"]:
+            plog.reset_to(result["log_start_offset"])
+        elif plog.log_end_offset > result["log_end_offset"] >= 0:
+            set_mode(tp, f, TRUNCATING, "we hold more than the leader: find the divergence again")
+        return
+    if error:
+        return
+    f.leader_log_end = result["log_end_offset"]
+    wb = None
+    now_ms = int(time.time() * 1000)
+    for data in batches:
+        raw = bytes(data)
+        header = batch_format.read_header(raw)
+        if header.next_offset <= plog.log_end_offset:
+            continue
+        if header.base_offset != plog.log_end_offset:
+            set_mode(tp, f, TRUNCATING, f"fetched batch at {header.base_offset}, log end {plog.log_end_offset}")
+            return
+        batch_format.validate(raw, len(raw), contents=False)  # the leader checked the records
+        if wb is None:
+            wb = node.store.new_write_batch()
+        plog.append(wb, bytearray(raw), header, header.leader_epoch, now_ms, stamp=False)
+    if wb is not None:
+        node.store.write(wb)
+        f.last_progress_s = time.monotonic()
+    plog.high_watermark = max(plog.high_watermark, min(result["high_watermark"], plog.log_end_offset))
+    if plog.log_end_offset >= result["log_end_offset"]:
+        # Level with the leader as of this reply: the stream carries us from here. (Not
+        # "an empty fetch": under steady writes a fetch is never empty. Anything the
+        # leader published meanwhile is queued on our SUB socket, or, if it was
+        # dropped, shows up as a gap and sends us back to fetching.)
+        set_mode(tp, f, STREAMING, f"level with the leader at {plog.log_end_offset}")
+        f.last_progress_s = time.monotonic()
+        f.acked_log_end = -1  # report our log end right away

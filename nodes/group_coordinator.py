@@ -1,0 +1,490 @@
+"""Group coordination on a storage node: the leader of partition ``crc32(group) % N`` of
+``__consumer_offsets`` coordinates the group.
+
+The coordinator is a client of its own node. It writes group records with an ordinary
+PRODUCE (acks=all) to its own address and rebuilds state after a leadership change with
+ordinary FETCHes of the partition, so it needs nothing from the node's internals: the
+routing map (to know what it leads), a way to send a reply, and a turn of the loop
+(``tick``). That also means every byte it keeps goes through the tested replication path.
+
+Answers wait for durability. A heartbeat or commit that changed state is answered only
+after its record is committed (acks=all); an answer that changed nothing waits behind the
+writes already in flight on that partition, so no client ever acts on state that a
+failover could forget. If a write fails, the partition's state is thrown away and read
+again from the log (which holds exactly what was committed).
+
+Everything here runs on the node's loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import zmq
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
+from fabric.protocol import groups as gp
+from fabric.protocol.apis import ApiKey
+from fabric.transport import Connections
+from nodes.group_state import GroupState
+
+log = logging.getLogger("fabric.groups")
+
+GROUP_APIS: Final[frozenset[int]] = frozenset(key for key, _ in gp.SCHEMAS)
+WRITE_TIMEOUT_MS: Final[int] = 10_000  # acks=all wait for one group record
+LOAD_FETCH_BYTES_MAX: Final[int] = 4 * 1024 * 1024
+EXPIRE_INTERVAL_S: Final[float] = 0.1
+RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load fetch or topic creation is retried after this
+REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to our own node unanswered this long is abandoned
+PENDING_ANSWERS_MAX: Final[int] = 10_000  # answers parked behind writes, per partition
+LOADING: Final[str] = "loading"
+ACTIVE: Final[str] = "active"
+
+Send = Callable[[list[Any], list[Any]], None]
+
+
+@dataclass
+class _Write:
+    on_done: list[Callable[[int, str], None]] = field(default_factory=list)
+
+
+@dataclass
+class _Partition:
+    partition: int
+    leader_epoch: int
+    mode: str = LOADING
+    groups: dict[str, GroupState] = field(default_factory=dict)
+    load_offset: int = 0
+    load_in_flight: bool = False
+    next_load_s: float = 0.0
+    writes: deque[_Write] = field(default_factory=deque)  # in flight, in log order
+
+
+class GroupCoordinator:
+    def __init__(self, node_id: int, address: str, routing: zkl.RoutingCache, send: Send,
+                 context: zmq.Context[Any], poller: zmq.Poller, *, serving: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.node_id = node_id
+        self.address = address
+        self.routing = routing
+        self._send = send
+        self._serving = serving  # False while the node is unsure of its ZooKeeper session
+        self._clock = clock
+        # Requests to our own node share the node's poller, so their replies wake its loop.
+        self._conns = Connections(context, poller=poller)
+        self._partitions: dict[int, _Partition] = {}
+        self._requests: dict[int, tuple[float, Callable[[apis.Message | None], None]]] = {}
+        self._creating_topic_until = 0.0
+        self._last_expire_s = 0.0
+
+    # -- the node's hooks ------------------------------------------------------------------
+    @staticmethod
+    def handles(api_key: int) -> bool:
+        return api_key in GROUP_APIS
+
+    def handle(self, envelope: list[Any], request: apis.Message) -> None:
+        """Answer a group API request now or once the writes it depends on are committed."""
+        api = request.header.api_key
+        body = request.body
+        try:
+            if api == ApiKey.FIND_COORDINATOR:
+                self._reply(envelope, request, self._find_coordinator(body["group_id"]))
+            elif api == ApiKey.LIST_GROUPS:
+                self._reply(envelope, request, self._list_groups())
+            elif api == ApiKey.DESCRIBE_GROUPS:
+                self._reply(envelope, request, self._describe_groups(body["group_ids"]))
+            elif api == ApiKey.DELETE_GROUPS:
+                self._delete_groups(envelope, request)
+            elif api == ApiKey.CONSUMER_GROUP_HEARTBEAT:
+                self._heartbeat(envelope, request)
+            elif api == ApiKey.OFFSET_COMMIT:
+                self._offset_commit(envelope, request)
+            elif api == ApiKey.OFFSET_FETCH:
+                self._offset_fetch(envelope, request)
+            else:
+                raise errors.UnknownApiError(f"api {api} is not a group api")
+        except errors.FabricError as exc:
+            self._send(envelope, apis.encode_error_response(request.header, exc.code, exc.message))
+
+    def tick(self) -> None:
+        """One loop turn: take replies from our own node, follow leadership, load, expire."""
+        now = self._clock()
+        for _address, frames in self._conns.drain():
+            try:
+                message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
+            except errors.FabricError as exc:
+                log.warning("undecodable reply from our own node: %s", exc)
+                continue
+            entry = self._requests.pop(message.header.correlation_id, None)
+            if entry is not None:
+                entry[1](message)
+        for correlation_id, (sent, callback) in list(self._requests.items()):
+            if now - sent > REQUEST_TIMEOUT_S:
+                del self._requests[correlation_id]
+                self._conns.drop(self.address)
+                callback(None)
+        self._follow_leadership()
+        for part in list(self._partitions.values()):
+            if part.mode == LOADING and not part.load_in_flight and now >= part.next_load_s:
+                self._load_step(part)
+        if now - self._last_expire_s >= EXPIRE_INTERVAL_S:
+            self._last_expire_s = now
+            self._expire_members()
+
+    def close(self) -> None:
+        self._conns.close()
+
+    # -- leadership and loading --------------------------------------------------------------
+    def _follow_leadership(self) -> None:
+        route = self.routing.topic(gp.OFFSETS_TOPIC)
+        led: dict[int, int] = {}
+        if route is not None and self._serving():
+            led = {p: s.leader_epoch for p, s in route.partitions.items() if s.leader == self.node_id}
+        for p, part in list(self._partitions.items()):
+            if led.get(p) != part.leader_epoch:
+                self._drop_partition(part, "leadership moved")
+        for p, epoch in led.items():
+            if p not in self._partitions:
+                self._partitions[p] = _Partition(p, epoch)
+                log.info("coordinating %s/%d (epoch %d): loading", gp.OFFSETS_TOPIC, p, epoch)
+
+    def _drop_partition(self, part: _Partition, why: str) -> None:
+        self._partitions.pop(part.partition, None)
+        log.info("stopped coordinating %s/%d: %s", gp.OFFSETS_TOPIC, part.partition, why)
+        for write in part.writes:
+            for callback in write.on_done:
+                callback(errors.NotCoordinatorError.code, why)
+        part.writes.clear()
+
+    def _reload(self, part: _Partition, why: str) -> None:
+        """Forget memory and read the log again: it holds exactly what was committed."""
+        log.warning("reloading %s/%d: %s", gp.OFFSETS_TOPIC, part.partition, why)
+        self._drop_partition(part, why)
+        self._partitions[part.partition] = _Partition(part.partition, part.leader_epoch,
+                                                      next_load_s=self._clock() + RETRY_INTERVAL_S)
+
+    def _load_step(self, part: _Partition) -> None:
+        body = {"replica_id": apis.CONSUMER_REPLICA_ID, "max_wait_ms": 0, "min_bytes": 0,
+                "max_bytes": LOAD_FETCH_BYTES_MAX,
+                "partitions": [{"topic": gp.OFFSETS_TOPIC, "partition": part.partition,
+                                "fetch_offset": part.load_offset, "partition_bytes_max": LOAD_FETCH_BYTES_MAX,
+                                "current_leader_epoch": part.leader_epoch}]}
+        part.load_in_flight = True
+
+        def on_reply(message: apis.Message | None) -> None:
+            part.load_in_flight = False
+            if self._partitions.get(part.partition) is not part:
+                return
+            if message is None or message.header.error_code:
+                part.next_load_s = self._clock() + RETRY_INTERVAL_S
+                return
+            result = message.body["partitions"][0]
+            if result["error"] == errors.OffsetOutOfRangeError.code and part.load_offset < result["log_start_offset"]:
+                part.load_offset = result["log_start_offset"]
+                return
+            if result["error"]:
+                part.next_load_s = self._clock() + RETRY_INTERVAL_S  # e.g. the role is not applied yet
+                return
+            now_ms = self._now_ms()
+            for buf in message.batches:
+                decoded = batch_format.decode_batch(buf)
+                base = decoded.header.base_offset
+                for i, (key, value) in enumerate(zip(decoded.keys, decoded.values, strict=True)):
+                    if base + i >= part.load_offset and key is not None:
+                        self._apply_record(part, key, value, now_ms)
+                part.load_offset = max(part.load_offset, decoded.header.next_offset)
+            # Done when we have read everything and everything we read is committed: a new
+            # leader's high watermark can lag its log for a moment after an election.
+            if part.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:
+                part.mode = ACTIVE
+                log.info("coordinating %s/%d: loaded %d groups up to offset %d", gp.OFFSETS_TOPIC,
+                         part.partition, len(part.groups), part.load_offset)
+            elif not message.batches:
+                part.next_load_s = self._clock() + 0.02  # waiting for the high watermark
+
+        self._request(ApiKey.FETCH, body, on_reply)
+
+    def _apply_record(self, part: _Partition, key: bytes, value: bytes | None, now_ms: int) -> None:
+        try:
+            decoded = gp.decode_record(key, value)
+        except errors.FabricError as exc:
+            log.warning("skipping an unreadable group record: %s", exc)
+            return
+        if decoded is None:
+            return
+        kind, fields = decoded
+        if kind == "offset":
+            group_id, topic, partition, offset_value = fields
+            group = part.groups.setdefault(group_id, GroupState(group_id))
+            if offset_value is None:
+                group.offsets.pop((topic, partition), None)
+            else:
+                group.offsets[(topic, partition)] = (offset_value["offset"], offset_value["metadata"],
+                                                     offset_value["commit_ms"])
+        else:
+            group_id, group_value = fields
+            group = part.groups.setdefault(group_id, GroupState(group_id))
+            group.load_record(group_value, now_ms)
+            if group_value is None and not group.offsets:
+                del part.groups[group_id]
+
+    # -- writing -------------------------------------------------------------------------
+    def _write(self, part: _Partition, records: list[tuple[bytes, bytes | None]],
+               on_done: Callable[[int, str], None]) -> None:
+        """Append records to our partition with acks=all; ``on_done(error, message)`` after."""
+        now_ms = int(time.time() * 1000)
+        batch = batch_format.encode_batch([now_ms] * len(records), [k for k, _ in records], [v for _, v in records])
+        write = _Write([on_done])
+        part.writes.append(write)
+        body = {"acks": -1, "timeout_ms": WRITE_TIMEOUT_MS,
+                "entries": [{"topic": gp.OFFSETS_TOPIC, "partition": part.partition}]}
+
+        def on_reply(message: apis.Message | None) -> None:
+            if self._partitions.get(part.partition) is not part:
+                return  # dropped: its callbacks were already told NOT_COORDINATOR
+            if message is None:
+                code, text = errors.RequestTimedOutError.code, "group record write timed out"
+            elif message.header.error_code:
+                code, text = message.header.error_code, message.body.get("message", "")
+            else:
+                result = message.body["results"][0]
+                code, text = result["error"], result["message"]
+            # Writes complete in log order; a failed one means memory is ahead of the log.
+            while part.writes:
+                done = part.writes.popleft()
+                for callback in done.on_done:
+                    callback(code, text)
+                if done is write:
+                    break
+            if code:
+                self._reload(part, f"group record write failed: {text or code}")
+
+        self._request(ApiKey.PRODUCE, body, on_reply, batches=[batch])
+
+    def _after_writes(self, part: _Partition, callback: Callable[[int, str], None]) -> None:
+        """Run ``callback`` once every write in flight on ``part`` is committed (now if none)."""
+        if not part.writes:
+            callback(0, "")
+            return
+        if sum(len(w.on_done) for w in part.writes) >= PENDING_ANSWERS_MAX:
+            raise errors.CoordinatorLoadInProgressError("too many answers waiting for group writes; retry")
+        part.writes[-1].on_done.append(callback)
+
+    def _request(self, api_key: int, body: dict[str, Any], callback: Callable[[apis.Message | None], None], *,
+                 batches: list[bytes] | None = None) -> None:
+        correlation_id = self._conns.next_id()
+        try:
+            self._conns.send(self.address, apis.encode_request(api_key, body, correlation_id, batches=batches),
+                             wait_connect_ms=0)
+        except errors.FabricError:
+            callback(None)
+            return
+        self._requests[correlation_id] = (self._clock(), callback)
+
+    # -- API handlers -----------------------------------------------------------------------
+    def _reply(self, envelope: list[Any], request: apis.Message, body: dict[str, Any]) -> None:
+        self._send(envelope, apis.encode_response(request.header, body))
+
+    def _reply_after(self, part: _Partition, envelope: list[Any], request: apis.Message, body: dict[str, Any],
+                     error_body: Callable[[int, str], dict[str, Any]]) -> None:
+        def answer(code: int, text: str) -> None:
+            self._reply(envelope, request, body if code == 0 else error_body(code, text))
+        self._after_writes(part, answer)
+
+    def _find_coordinator(self, group_id: str) -> dict[str, Any]:
+        gp.check_group_id(group_id)
+        partition = gp.coordinator_partition(group_id)
+        route = self.routing.topic(gp.OFFSETS_TOPIC)
+        if route is None:
+            self._create_offsets_topic()
+            return {"error": errors.CoordinatorNotAvailableError.code, "message": "creating the offsets topic",
+                    "node_id": -1, "address": "", "partition": partition}
+        state = route.partitions.get(partition)
+        node = self.routing.nodes().get(state.leader) if state is not None else None
+        if node is None:
+            return {"error": errors.CoordinatorNotAvailableError.code, "message": "no leader for the group's partition",
+                    "node_id": -1, "address": "", "partition": partition}
+        return {"error": 0, "message": "", "node_id": node.node_id, "address": node.address, "partition": partition}
+
+    def _create_offsets_topic(self) -> None:
+        now = self._clock()
+        if now < self._creating_topic_until:
+            return
+        self._creating_topic_until = now + 1.0
+        replicas = max(1, min(3, len(self.routing.nodes())))
+        body = {"name": gp.OFFSETS_TOPIC, "partitions": gp.OFFSETS_TOPIC_PARTITIONS, "replication_factor": replicas,
+                "configs": [{"key": "retention_ms", "value": "-1"},
+                            {"key": "min_insync", "value": str(min(2, replicas))}]}
+
+        def on_reply(message: apis.Message | None) -> None:
+            if message is not None and not message.header.error_code and message.body["error"] not in (
+                    0, errors.TopicAlreadyExistsError.code):
+                log.warning("creating %s failed: %s", gp.OFFSETS_TOPIC, message.body["message"])
+
+        self._request(ApiKey.CREATE_TOPIC, body, on_reply)
+
+    def _partition_for(self, group_id: str) -> _Partition:
+        gp.check_group_id(group_id)
+        part = self._partitions.get(gp.coordinator_partition(group_id))
+        if part is None:
+            raise errors.NotCoordinatorError(f"node {self.node_id} does not coordinate group {group_id!r}")
+        if part.mode != ACTIVE:
+            raise errors.CoordinatorLoadInProgressError(f"node {self.node_id} is still loading group {group_id!r}")
+        return part
+
+    def _topic_partitions(self) -> dict[str, int]:
+        return {name: len(route.partitions) for name, route in self.routing.topics().items()}
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _heartbeat(self, envelope: list[Any], request: apis.Message) -> None:
+        body = request.body
+        part = self._partition_for(body["group_id"])
+        group = part.groups.get(body["group_id"]) or GroupState(body["group_id"])
+        result = group.heartbeat(body, self._now_ms(), self._topic_partitions())
+        if result.changed:
+            part.groups[group.group_id] = group
+
+        def error_body(code: int, text: str) -> dict[str, Any]:
+            return {"error": code, "message": text, "member_id": body["member_id"], "member_epoch": -1,
+                    "heartbeat_interval_ms": 0, "assignment": []}
+
+        if result.changed:
+            self._write(part, [(gp.group_key(group.group_id), group.to_record())], lambda _c, _t: None)
+        self._reply_after(part, envelope, request, result.response, error_body)
+
+    def _offset_commit(self, envelope: list[Any], request: apis.Message) -> None:
+        body = request.body
+        part = self._partition_for(body["group_id"])
+        group = part.groups.get(body["group_id"]) or GroupState(body["group_id"])
+        tps = [(o["topic"], o["partition"]) for o in body["offsets"]]
+        codes = group.check_commit(body["member_id"], body["member_epoch"], tps)
+        topics = self._topic_partitions()
+        records: list[tuple[bytes, bytes | None]] = []
+        commit_ms = int(time.time() * 1000)
+        results = []
+        for entry, code in zip(body["offsets"], codes, strict=True):
+            tp = (entry["topic"], entry["partition"])
+            if code == 0 and not 0 <= entry["partition"] < topics.get(entry["topic"], 0):
+                code = errors.UnknownTopicOrPartitionError.code
+            if code == 0 and entry["offset"] < 0:
+                code = errors.InvalidRequestError.code
+            if code == 0:
+                records.append((gp.offset_key(group.group_id, *tp),
+                                gp.encode_offset_value(entry["offset"], entry["metadata"], commit_ms)))
+                group.offsets[tp] = (entry["offset"], entry["metadata"], commit_ms)
+            results.append({"topic": tp[0], "partition": tp[1], "error": code})
+        part.groups[group.group_id] = group
+        response = {"error": 0, "message": "", "results": results}
+
+        def error_body(code: int, text: str) -> dict[str, Any]:
+            return {"error": code, "message": text, "results": [dict(r, error=code) for r in results]}
+
+        if records:
+            self._write(part, records, lambda _c, _t: None)
+        self._reply_after(part, envelope, request, response, error_body)
+
+    def _offset_fetch(self, envelope: list[Any], request: apis.Message) -> None:
+        body = request.body
+        part = self._partition_for(body["group_id"])
+        group = part.groups.get(body["group_id"])
+        committed = group.offsets if group is not None else {}
+        wanted = [(p["topic"], p["partition"]) for p in body["partitions"]] or sorted(committed)
+        offsets = []
+        for tp in wanted:
+            offset, metadata, commit_ms = committed.get(tp, (-1, "", -1))
+            offsets.append({"topic": tp[0], "partition": tp[1], "offset": offset, "metadata": metadata,
+                            "commit_ms": commit_ms})
+        response = {"error": 0, "message": "", "offsets": offsets}
+        self._reply_after(part, envelope, request, response,
+                          lambda code, text: {"error": code, "message": text, "offsets": []})
+
+    def _list_groups(self) -> dict[str, Any]:
+        groups = []
+        for part in self._partitions.values():
+            if part.mode != ACTIVE:
+                continue
+            for group in part.groups.values():
+                groups.append({"group_id": group.group_id, "state": group.state(), "members": len(group.members)})
+        return {"error": 0, "groups": sorted(groups, key=lambda g: g["group_id"])}
+
+    def _describe_groups(self, group_ids: list[str]) -> dict[str, Any]:
+        out = []
+        for group_id in group_ids:
+            try:
+                part = self._partition_for(group_id)
+            except errors.FabricError as exc:
+                out.append({"error": exc.code, "group_id": group_id, "state": "", "group_epoch": -1, "members": []})
+                continue
+            group = part.groups.get(group_id)
+            if group is None:
+                out.append({"error": errors.GroupIdNotFoundError.code, "group_id": group_id, "state": "",
+                            "group_epoch": -1, "members": []})
+            else:
+                out.append(group.describe())
+        return {"groups": out}
+
+    def _delete_groups(self, envelope: list[Any], request: apis.Message) -> None:
+        results: list[dict[str, Any]] = []
+        waits: list[_Partition] = []
+        for group_id in request.body["group_ids"]:
+            try:
+                part = self._partition_for(group_id)
+            except errors.FabricError as exc:
+                results.append({"group_id": group_id, "error": exc.code, "message": exc.message})
+                continue
+            group = part.groups.get(group_id)
+            if group is None:
+                results.append({"group_id": group_id, "error": errors.GroupIdNotFoundError.code, "message": ""})
+                continue
+            if not group.is_empty():
+                results.append({"group_id": group_id, "error": errors.GroupNotEmptyError.code,
+                                "message": f"group {group_id!r} has {len(group.members)} live members"})
+                continue
+            records: list[tuple[bytes, bytes | None]] = [(gp.offset_key(group_id, *tp), None) for tp in group.offsets]
+            records.append((gp.group_key(group_id), None))
+            del part.groups[group_id]
+            self._write(part, records, lambda _c, _t: None)
+            results.append({"group_id": group_id, "error": 0, "message": ""})
+            waits.append(part)
+        self._answer_after_all(envelope, request, {"results": results}, waits)
+
+    def _answer_after_all(self, envelope: list[Any], request: apis.Message, body: dict[str, Any],
+                          parts: list[_Partition]) -> None:
+        remaining = [len(parts)]
+        failed: list[tuple[int, str]] = []
+
+        def one_done(code: int, text: str) -> None:
+            if code:
+                failed.append((code, text))
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                if failed:
+                    self._send(envelope, apis.encode_error_response(request.header, failed[0][0], failed[0][1]))
+                else:
+                    self._reply(envelope, request, body)
+
+        if not parts:
+            self._reply(envelope, request, body)
+        for part in parts:
+            self._after_writes(part, one_done)
+
+    def _expire_members(self) -> None:
+        now_ms = self._now_ms()
+        for part in list(self._partitions.values()):
+            if part.mode != ACTIVE:
+                continue
+            for group in list(part.groups.values()):
+                gone = group.expire(now_ms)
+                if gone:
+                    log.info("group %s: session expired for %s", group.group_id, ", ".join(gone))
+                    self._write(part, [(gp.group_key(group.group_id), group.to_record())], lambda _c, _t: None)

@@ -1,0 +1,240 @@
+"""The leader side of replication: follower progress, the ISR, the high watermark.
+
+Pure rules first (``LeaderReplica``, no sockets, no clock of its own): follower progress,
+the in-sync replica set as committed in ZooKeeper, the high watermark (HW = the lowest
+log end among the ISR, the leader included), and the ISR shrink/expand decision. Then
+what the node does with them: publish each appended batch on the replication stream,
+answer followers' REPLICA_ACK and OFFSETS_FOR_LEADER_EPOCH, count a follower's fetch as
+an ack, and write ISR changes to ZooKeeper (version-checked) before using them, so an
+acknowledgement never rests on an ISR the controller has not seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from kazoo.exceptions import BadVersionError
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.protocol import apis
+from fabric.zk import PartitionState
+from nodes.log import partition_key
+from nodes.state import Envelope, NodeState, TopicPartition
+
+log = logging.getLogger("fabric.node")
+
+ISR_CHECK_INTERVAL_S = 0.1
+# The replication stream's frames are [partition key, STREAM_META, batch bytes]; the
+# meta frame lets a follower ignore a deposed leader's stream.
+STREAM_META = struct.Struct("<ii")  # leader epoch, leader node id
+
+
+# -- pure rules ----------------------------------------------------------------------------
+@dataclass
+class FollowerProgress:
+    """What the leader knows of one follower."""
+
+    log_end_offset: int = -1  # -1: not heard from since this leader's epoch began
+    caught_up_at_s: float = 0.0  # last time its log end reached the leader's
+    last_ack_at_s: float = 0.0
+    leader_end_at_last_ack: int = 0
+
+
+@dataclass
+class LeaderReplica:
+    node_id: int
+    epoch: int
+    epoch_start_offset: int
+    isr: set[int]
+    followers: dict[int, FollowerProgress] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, node_id: int, state: PartitionState, log_end_offset: int, now_s: float) -> LeaderReplica:
+        followers = {r: FollowerProgress(caught_up_at_s=now_s, last_ack_at_s=now_s) for r in state.replicas if r != node_id}
+        return cls(node_id, state.leader_epoch, log_end_offset, set(state.isr) | {node_id}, followers)
+
+    def record_follower(self, replica_id: int, log_end_offset: int, leader_end: int, now_s: float) -> None:
+        """A follower reported (by ack or fetch) that it holds everything below ``log_end_offset``.
+
+        Caught-up time follows Kafka: if the follower reached the leader's log end as it was
+        at the follower's previous report, it was caught up at that previous report.
+        """
+        progress = self.followers.get(replica_id)
+        if progress is None:
+            return
+        if log_end_offset >= leader_end:
+            progress.caught_up_at_s = now_s
+        elif log_end_offset >= progress.leader_end_at_last_ack:
+            progress.caught_up_at_s = max(progress.caught_up_at_s, progress.last_ack_at_s)
+        progress.log_end_offset = max(progress.log_end_offset, log_end_offset) if progress.log_end_offset >= 0 else log_end_offset
+        progress.last_ack_at_s = now_s
+        progress.leader_end_at_last_ack = leader_end
+
+    def high_watermark(self, leader_end: int) -> int:
+        hw = leader_end
+        for replica in self.isr:
+            if replica == self.node_id:
+                continue
+            progress = self.followers.get(replica)
+            hw = min(hw, progress.log_end_offset if progress is not None else -1)
+        return hw
+
+    def isr_change(self, leader_end: int, high_watermark: int, now_s: float, lag_max_s: float) -> set[int] | None:
+        """The ISR this leader wants now, or None if it is fine as it is."""
+        wanted = {self.node_id}
+        for replica, progress in self.followers.items():
+            if replica in self.isr:
+                if now_s - progress.caught_up_at_s <= lag_max_s:
+                    wanted.add(replica)
+            elif (
+                progress.log_end_offset >= 0
+                and progress.log_end_offset >= high_watermark
+                and progress.log_end_offset >= self.epoch_start_offset
+                and now_s - progress.caught_up_at_s <= lag_max_s
+            ):
+                wanted.add(replica)  # caught up again: back in
+        return None if wanted == self.isr else wanted
+
+
+def epoch_error(leader: LeaderReplica | None, epoch: int) -> int:
+    """The error code for a follower's request at ``epoch`` (0 if it may proceed)."""
+    if leader is None:
+        return errors.NotLeaderError.code
+    if epoch < leader.epoch:
+        return errors.FencedLeaderEpochError.code
+    if epoch > leader.epoch:
+        return errors.UnknownLeaderEpochError.code
+    return 0
+
+
+# -- the node's leader duties --------------------------------------------------------------
+def publish(node: NodeState, tp: TopicPartition, data: bytes) -> None:
+    """Send one stamped batch to the followers' SUB sockets (best effort: they detect gaps)."""
+    leader = node.leaders.get(tp)
+    if leader is None or not leader.followers:
+        return
+    try:
+        node.sockets.pub.send_multipart([partition_key(*tp), STREAM_META.pack(leader.epoch, node.node_id), data], zmq.NOBLOCK)
+    except zmq.Again:
+        pass  # PUB is full; followers see the gap and fetch
+
+
+def update_high_watermark(node: NodeState, tp: TopicPartition) -> bool:
+    """Move the HW of a partition this node leads; True if it moved."""
+    leader = node.leaders.get(tp)
+    if leader is None:
+        return False
+    plog = node.logs[tp]
+    hw = min(leader.high_watermark(plog.log_end_offset), plog.log_end_offset)
+    if hw > plog.high_watermark:
+        plog.high_watermark = hw
+        return True
+    return False
+
+
+def record_replica_fetch(node: NodeState, body: dict[str, Any]) -> None:
+    """A follower's fetch offset is its log end: count it like an ack."""
+    now = time.monotonic()
+    changed: set[TopicPartition] = set()
+    for p in body["partitions"]:
+        tp = (p["topic"], p["partition"])
+        leader = node.leaders.get(tp)
+        if leader is None or p["current_leader_epoch"] != leader.epoch:
+            continue
+        leader.record_follower(body["replica_id"], p["fetch_offset"], node.logs[tp].log_end_offset, now)
+        if update_high_watermark(node, tp):
+            changed.add(tp)
+    node.partitions_changed(changed)
+
+
+def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    body = request.body
+    now = time.monotonic()
+    changed: set[TopicPartition] = set()
+    out = []
+    for p in body["partitions"]:
+        tp = (p["topic"], p["partition"])
+        result = {"topic": tp[0], "partition": tp[1], "error": 0, "high_watermark": -1, "log_end_offset": -1}
+        leader = node.leaders.get(tp)
+        result["error"] = epoch_error(leader, p["leader_epoch"])
+        if leader is not None and not result["error"]:
+            plog = node.logs[tp]
+            leader.record_follower(body["replica_id"], p["log_end_offset"], plog.log_end_offset, now)
+            if update_high_watermark(node, tp):
+                changed.add(tp)
+            result["high_watermark"] = plog.high_watermark
+            result["log_end_offset"] = plog.log_end_offset
+        out.append(result)
+    node.partitions_changed(changed)
+    return {"partitions": out}
+
+
+def handle_offsets_for_leader_epoch(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    out = []
+    for p in request.body["partitions"]:
+        tp = (p["topic"], p["partition"])
+        result = {"topic": tp[0], "partition": tp[1], "error": 0, "leader_epoch": -1, "end_offset": -1,
+                  "log_start_offset": -1}
+        leader = node.leaders.get(tp)
+        result["error"] = epoch_error(leader, p["current_leader_epoch"])
+        if leader is not None and not result["error"]:
+            plog = node.logs[tp]
+            result["leader_epoch"], result["end_offset"] = plog.end_offset_for_epoch(p["leader_epoch"])
+            result["log_start_offset"] = plog.log_start_offset
+        out.append(result)
+    return {"partitions": out}
+
+
+def check_isr(node: NodeState, now: float) -> None:
+    """Shrink the ISR by lag and grow it by catch-up, writing ZooKeeper before acting."""
+    if not node.session_ok():
+        return  # without ZooKeeper the ISR cannot change: acks=all waits for all of it
+    lag_max_s = node.config.replica_lag_max_ms / 1000.0
+    for tp, leader in list(node.leaders.items()):
+        if tp in node.isr_jobs:
+            continue
+        plog = node.logs[tp]
+        wanted = leader.isr_change(plog.log_end_offset, plog.high_watermark, now, lag_max_s)
+        if wanted is None:
+            continue
+        state = node.states[tp]
+        new_state = zkl.PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch,
+                                       tuple(r for r in state.replicas if r in wanted), state.version)
+        try:
+            node.zk_worker.submit(functools.partial(zkl.write_partition_state, node.zk, tp[0], new_state),
+                                  functools.partial(_isr_written, node, tp, leader.epoch))
+        except errors.NodeNotReadyError:
+            return
+        node.isr_jobs.add(tp)
+
+
+def _isr_written(node: NodeState, tp: TopicPartition, epoch: int, written: Any, error: BaseException | None) -> None:
+    """Back on the loop: use the new ISR only now that ZooKeeper has it."""
+    node.isr_jobs.discard(tp)
+    if isinstance(error, BadVersionError):
+        # Someone (the controller) changed this partition: re-read before acting.
+        node.routing_dirty = True
+        node.resync_soon()
+        return
+    if error is not None:  # connection trouble: the next check tries again
+        log.warning("ISR update of %s/%d failed: %s", *tp, error)
+        return
+    leader = node.leaders.get(tp)
+    if leader is None or leader.epoch != epoch:
+        return  # we moved on meanwhile; the routing map will show what was written
+    log.info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(written.isr))
+    node.states[tp] = written
+    node.routing.apply_partition_state(tp[0], written)
+    leader.isr = set(written.isr) | {node.node_id}
+    # An acks=all wait completes only once the HW passes it, so nothing new can be
+    # answered unless the HW moved (a shrink can move it; the count of in-sync
+    # replicas is read when the wait completes).
+    if update_high_watermark(node, tp):
+        node.partitions_changed({tp})

@@ -1,0 +1,171 @@
+"""PRODUCE: validation, group commit, pending acks, the high watermark they wait for.
+
+A produce request is staged (``stage``) into the loop turn's one RocksDB WriteBatch; the
+server writes the batch once for every request of the turn, then calls ``commit`` with
+all of them: publish the batches to followers, move the high watermarks, answer acks=0/1
+producers and park acks=all producers (``PendingProduce``) until the high watermark
+passes their batches, their ``timeout_ms`` ends, or this node stops leading.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fabric import errors
+from fabric.limits import PRODUCE_TIMEOUT_MS_MAX
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
+from fabric.protocol.header import Header
+from nodes import leader as leader_side
+from nodes import strict_order
+from nodes.producer_state import DUPLICATE
+from nodes.state import Envelope, NodeState, TopicPartition
+
+
+@dataclass
+class ProduceOutcome:
+    results: list[dict[str, Any]] = field(default_factory=list)
+    appended: list[tuple[TopicPartition, bytes]] = field(default_factory=list)  # to publish
+    waits: dict[int, tuple[TopicPartition, int]] = field(default_factory=dict)  # result index -> (tp, end offset)
+
+
+@dataclass
+class PendingProduce:
+    """An acks=all produce waiting for the high watermark to pass its batches."""
+
+    envelope: Envelope
+    header: Header
+    results: list[dict[str, Any]]
+    waits: dict[int, tuple[TopicPartition, int]]  # result index -> (tp, offset the HW must reach)
+    deadline: float
+
+
+def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) -> ProduceOutcome:
+    """Validate and stage every batch of one request (a request-level error raises)."""
+    body = request.body
+    acks = body["acks"]
+    if acks not in (0, 1, -1):
+        raise errors.InvalidRequestError(f"acks={acks} must be 0, 1 or -1 (all)")
+    if not 0 <= body["timeout_ms"] <= PRODUCE_TIMEOUT_MS_MAX:
+        raise errors.InvalidRequestError(f"timeout_ms={body['timeout_ms']} outside [0, {PRODUCE_TIMEOUT_MS_MAX}]")
+    now_ms = int(time.time() * 1000)
+    outcome = ProduceOutcome()
+    results = outcome.results
+    ids = strict_order.RequestIds(node, request)
+    for entry, frame in zip(body["entries"], request.batches, strict=True):
+        topic, partition = entry["topic"], entry["partition"]
+        result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
+        try:
+            plog, leader, config = node.leader_log(topic, partition)
+            node.check_write_allowed(acks)
+            header = batch_format.validate(frame, config.message_bytes_max)
+            if config.strict_order:
+                strict_order.check_producer_batch(header, topic, partition)
+            if acks == -1 and len(leader.isr) < config.min_insync:
+                raise errors.NotEnoughReplicasError(
+                    f"{topic}/{partition}: {len(leader.isr)} in-sync replicas {sorted(leader.isr)} < min_insync={config.min_insync}"
+                )
+            verdict, original_offset = plog.producers.check(
+                header.producer_id, header.producer_epoch, header.base_sequence, header.record_count
+            )
+            if verdict == DUPLICATE:
+                # A retry of a batch we already have: answer as the first time, write
+                # nothing (and for acks=all, wait until that first copy is replicated).
+                result["base_offset"] = original_offset
+                end = original_offset + header.record_count if original_offset >= 0 else plog.log_end_offset
+            else:
+                buf = bytearray(frame)
+                # Stamped only here, after the duplicate check: a retry is never stamped twice.
+                global_id = ids.stamp((topic, partition), leader.epoch, buf, header.record_count) \
+                    if config.strict_order else -1
+                result["base_offset"] = plog.append(wb, buf, header, leader.epoch, now_ms)
+                if config.strict_order:
+                    ids.appended((topic, partition), leader.epoch, global_id, header.record_count)
+                outcome.appended.append(((topic, partition), bytes(buf)))
+                end = result["base_offset"] + header.record_count
+            if acks == -1:
+                outcome.waits[len(results)] = ((topic, partition), end)
+            result["log_start_offset"] = plog.log_start_offset
+        except errors.FabricError as exc:
+            result["error"] = exc.code
+            result["message"] = exc.message
+        results.append(result)
+    return outcome
+
+
+def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOutcome]]) -> None:
+    """After the turn's write: publish the batches, then answer or park each producer."""
+    touched: set[TopicPartition] = set()
+    for _envelope, _request, outcome in staged:
+        for tp, data in outcome.appended:
+            touched.add(tp)
+            leader_side.publish(node, tp, data)
+    for tp in touched:
+        leader_side.update_high_watermark(node, tp)
+    now = time.monotonic()
+    for envelope, request, outcome in staged:
+        acks = request.body["acks"]
+        if acks == 0:
+            continue
+        if acks == 1 or not outcome.waits:
+            node.send_response(envelope, request.header, {"results": outcome.results})
+            continue
+        deadline = now + request.body["timeout_ms"] / 1000.0
+        node.pending.append(PendingProduce(envelope, request.header, outcome.results, outcome.waits, deadline))
+        touched.update(tp for tp, _end in outcome.waits.values())
+    node.partitions_changed(touched)
+
+
+def complete_pending(node: NodeState, tps: set[TopicPartition]) -> None:
+    """A change listener: answer the acks=all produces the high watermark has passed.
+
+    Also called when this node stops leading a partition: those waits fail with
+    NOT_LEADER (the write may or may not survive; the producer retries idempotently).
+    """
+    if not node.pending or not tps:
+        return
+    still: list[PendingProduce] = []
+    for pending in node.pending:
+        for index, (tp, required) in list(pending.waits.items()):
+            if tp not in tps:
+                continue
+            leader = node.leaders.get(tp)
+            result = pending.results[index]
+            if leader is None:
+                result["error"] = errors.NotLeaderError.code
+                result["message"] = f"node {node.node_id} lost leadership of {tp[0]}/{tp[1]} before the write was replicated"
+            elif node.logs[tp].high_watermark >= required:
+                config = node.configs[tp[0]]
+                if len(leader.isr) < config.min_insync:
+                    result["error"] = errors.NotEnoughReplicasAfterAppendError.code
+                    result["message"] = f"written, but only {len(leader.isr)} in-sync replicas remain"
+            else:
+                continue
+            del pending.waits[index]
+        if pending.waits:
+            still.append(pending)
+        else:
+            node.send_response(pending.envelope, pending.header, {"results": pending.results})
+    node.pending = still
+
+
+def expire_pending(node: NodeState, now: float) -> None:
+    """A loop duty: answer REQUEST_TIMED_OUT for the waits ``timeout_ms`` has ended."""
+    if not node.pending:
+        return
+    still: list[PendingProduce] = []
+    for pending in node.pending:
+        if pending.deadline > now:
+            still.append(pending)
+            continue
+        for index, (tp, _required) in pending.waits.items():
+            pending.results[index]["error"] = errors.RequestTimedOutError.code
+            pending.results[index]["message"] = f"not replicated to the ISR of {tp[0]}/{tp[1]} within timeout_ms"
+        node.send_response(pending.envelope, pending.header, {"results": pending.results})
+    node.pending = still
+
+
+def next_deadline(node: NodeState) -> float | None:
+    return min((pending.deadline for pending in node.pending), default=None)

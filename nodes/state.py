@@ -1,0 +1,306 @@
+"""What every room of the node shares: its configuration, its state and its sockets.
+
+One ``NodeState`` is built by ``nodes/server.py`` and passed to every handler and duty.
+The loop thread alone reads and writes it; kazoo's threads only flip the flags marked
+below and call ``wake()``. Modules keep their own state here too (the parked fetches of
+``nodes/fetch.py``, the pending acks of ``nodes/produce.py``), so nothing holds a
+reference back to a node object and a handler's inputs are visible in its signature.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import zmq
+from kazoo.client import KazooClient
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.limits import FSYNC_INTERVAL_MS_DEFAULT, RETENTION_CHECK_INTERVAL_MS_DEFAULT
+from fabric.protocol import apis
+from fabric.protocol.header import Header
+from fabric.transport import Connections
+from nodes.lease import SessionLease
+from nodes.log import PartitionLog, Store
+
+if TYPE_CHECKING:
+    from nodes.fetch import ParkedFetch
+    from nodes.follower import FollowerReplica
+    from nodes.group_coordinator import GroupCoordinator
+    from nodes.leader import LeaderReplica
+    from nodes.produce import PendingProduce
+    from nodes.strict_order import StrictOrder
+
+log = logging.getLogger("fabric.node")
+
+PUB_HWM_MESSAGES = 1_000  # beyond this PUB drops; followers notice the gap and fetch
+
+TopicPartition = tuple[str, int]
+Envelope = list[Any]  # the ROUTER identity frame(s) a reply goes back through
+
+
+@dataclass
+class NodeConfig:
+    node_id: int
+    zk: str
+    data_dir: str
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 picks a free port and publishes it in ZooKeeper
+    replication_port: int = 0
+    fsync: str = "none"
+    fsync_interval_ms: int = FSYNC_INTERVAL_MS_DEFAULT
+    retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT
+    session_timeout_ms: int = 6_000
+    replica_lag_max_ms: int = 5_000
+    replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
+    replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
+
+
+def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
+    """The node's command line (``nodes/launch.py`` spells every option out) and its log level."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fabric node", description="Run one Fabric storage node.")
+    parser.add_argument("--id", type=int, required=True, dest="node_id")
+    parser.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="client port; 0 picks a free one")
+    parser.add_argument("--replication-port", type=int, default=0, help="replication PUB port; 0 picks a free one")
+    parser.add_argument("--replica-lag-max-ms", type=int, default=5_000,
+                        help="a follower this far behind leaves the in-sync replicas")
+    parser.add_argument("--replication-hwm", type=int, default=PUB_HWM_MESSAGES,
+                        help="batches queued per follower before the replication stream drops (it then fetches)")
+    parser.add_argument("--replication-buffer-bytes", type=int, default=0,
+                        help="kernel buffer of the replication sockets; 0 lets the OS size it")
+    parser.add_argument("--fsync", choices=("none", "interval", "every-batch"), default="none")
+    parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
+    parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
+    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    config = NodeConfig(
+        node_id=args.node_id,
+        zk=args.zk,
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        replication_port=args.replication_port,
+        replica_lag_max_ms=args.replica_lag_max_ms,
+        replication_hwm=args.replication_hwm,
+        replication_buffer_bytes=args.replication_buffer_bytes,
+        fsync=args.fsync,
+        fsync_interval_ms=args.fsync_interval_ms,
+        retention_check_interval_ms=args.retention_check_interval_ms,
+        session_timeout_ms=args.session_timeout_ms,
+    )
+    return config, str(args.log_level)
+
+
+@dataclass
+class Sockets:
+    """The node's sockets, bound by ``nodes/server.py``."""
+
+    router: zmq.Socket[Any]  # clients and followers' requests
+    pub: zmq.Socket[Any]  # the replication stream this node publishes as a leader
+    sub: zmq.Socket[Any]  # the leaders' streams this node follows
+    wake_pull: zmq.Socket[Any]
+    wake_push: zmq.Socket[Any]
+    poller: zmq.Poller
+    replica_conns: Connections  # follower -> leader requests, on the same poller
+
+
+@dataclass
+class NodeState:
+    config: NodeConfig
+    store: Store
+    zk: KazooClient
+    routing: zkl.RoutingCache
+    sockets: Sockets
+    address: str = ""
+    replication_address: str = ""
+
+    # Partitions hosted here, and this node's role in each (changed only by nodes/roles.py).
+    logs: dict[TopicPartition, PartitionLog] = field(default_factory=dict)
+    configs: dict[str, zkl.TopicConfig] = field(default_factory=dict)
+    states: dict[TopicPartition, zkl.PartitionState] = field(default_factory=dict)
+    leaders: dict[TopicPartition, LeaderReplica] = field(default_factory=dict)
+    followers: dict[TopicPartition, FollowerReplica] = field(default_factory=dict)
+    pkeys: dict[bytes, TopicPartition] = field(default_factory=dict)  # stream topic frame -> partition
+    known_topics: set[str] = field(default_factory=set)
+
+    # Requests waiting for something: long-poll fetches (nodes/fetch.py), acks=all
+    # produces (nodes/produce.py), follower requests to leaders (nodes/follower.py).
+    parked: list[ParkedFetch] = field(default_factory=list)
+    pending: list[PendingProduce] = field(default_factory=list)
+    replica_requests: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    subscribed: set[bytes] = field(default_factory=set)
+    sub_connected: set[str] = field(default_factory=set)
+    last_ack_sent_s: float = 0.0
+
+    # Flags kazoo's threads may flip (then they call wake()); everything else is loop-only.
+    stopping: threading.Event = field(default_factory=threading.Event)
+    zk_ok: threading.Event = field(default_factory=threading.Event)
+    routing_dirty: bool = True
+    controller_dirty: bool = True
+    session_lost: bool = False
+    verify_session: bool = False  # set after a stall: answer nobody until ZooKeeper confirms us
+
+    is_controller: bool = False
+    groups: GroupCoordinator | None = None  # consumer groups this node coordinates (set by nodes/server.py)
+    producer_ids_next: int = 0
+    producer_ids_end: int = 0
+    strict_order: StrictOrder | None = None  # made on first use by nodes/strict_order.py
+
+    # What this node may do while ZooKeeper is in doubt (nodes/lease.py); kazoo's thread
+    # sets its state, heartbeat answers its last contact (a float each, GIL-atomic).
+    lease: SessionLease = field(init=False)
+    heartbeat_due_s: float = 0.0
+    heartbeat_sent_s: float = 0.0  # 0 when no heartbeat is in flight
+    # Blocking ZooKeeper work runs on this worker (admin calls, producer-id blocks, the
+    # controller's rounds, ISR writes, registering again); results come back to the loop.
+    zk_worker: zkl.Worker = field(init=False)
+    jobs: set[str] = field(default_factory=set)  # one-at-a-time worker jobs in flight
+    isr_jobs: set[TopicPartition] = field(default_factory=set)  # ISR writes in flight
+
+    # Called with the partitions whose high watermark moved or that took new data, so
+    # whatever waits on them (pending acks, parked fetches, later group or queue waits)
+    # can answer. Registered by nodes/server.py.
+    change_listeners: list[Callable[[NodeState, set[TopicPartition]], None]] = field(default_factory=list)
+    _wake_lock: threading.Lock = field(default_factory=threading.Lock)
+    session_file_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.lease = SessionLease(self.config.session_timeout_ms / 1000.0, time.monotonic())
+        self.zk_worker = zkl.Worker(self.wake)
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    def wake(self) -> None:
+        """Wake the loop from another thread (kazoo's) or a signal handler."""
+        with self._wake_lock:
+            try:
+                self.sockets.wake_push.send(b"w", zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # a wake is already queued, or we are closing
+
+    def session_ok(self) -> bool:
+        """Connected with a session we hold: metadata changes may be attempted."""
+        return self.zk_ok.is_set() and not self.verify_session and not self.session_lost
+
+    def check_write_allowed(self, acks: int) -> None:
+        """The lease rule (nodes/lease.py): acks=all while the ISR holds, acks=0/1 only while
+        our session cannot have expired, nothing after a stall until ZooKeeper confirms us."""
+        if self.session_lost or self.verify_session or not self.lease.replicated_writes_allowed():
+            raise errors.NodeNotReadyError(f"node {self.node_id} cannot confirm its ZooKeeper session")
+        now = time.monotonic()
+        if acks != -1 and not self.lease.within_lease(now):
+            raise errors.NodeNotReadyError(
+                f"node {self.node_id} is out of touch with ZooKeeper ({self.lease.describe(now)}): acks=0/1 "
+                f"writes wait until it is back, so a leader that may have been replaced takes none")
+
+    def check_routing_current(self) -> None:
+        """METADATA and DESCRIBE_TOPICS only within the lease: past it our map may be stale
+        (a new leader elected without us seeing it), so send the client to another node."""
+        now = time.monotonic()
+        if self.session_lost or not self.lease.within_lease(now):
+            raise errors.NodeNotReadyError(
+                f"node {self.node_id} is out of touch with ZooKeeper ({self.lease.describe(now)}); "
+                f"its routing map may be stale: ask another node")
+
+    def resync_soon(self) -> None:
+        """Re-read the routing map on the ZooKeeper worker (one at a time)."""
+        if "resync" in self.jobs:
+            return
+
+        def done(_result: Any, error: BaseException | None) -> None:
+            self.jobs.discard("resync")
+            if error is not None:
+                log.warning("re-reading the routing map failed: %s", error)
+            self.routing_dirty = True
+            self.controller_dirty = True
+
+        try:
+            self.zk_worker.submit(self.routing.resync, done)
+        except errors.NodeNotReadyError:
+            return
+        self.jobs.add("resync")
+
+    def check_session_ok(self) -> None:
+        if not self.session_ok():
+            raise errors.NodeNotReadyError(
+                f"node {self.node_id} cannot reach ZooKeeper ({self.lease.describe(time.monotonic())}): "
+                f"metadata changes wait until it is back; reads and writes go on")
+
+    def answer_later(self, envelope: Envelope, header: Header, job: Callable[[], Any],
+                     to_body: Callable[[Any], dict[str, Any]] | None = None) -> None:
+        """Run ``job`` (ZooKeeper work) on the worker; answer the request with
+        ``to_body(result)`` back on the loop. Refused at once without ZooKeeper."""
+        self.check_session_ok()
+        api = header.api_key
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if isinstance(error, errors.FabricError):
+                self.send_error(envelope, header, error)
+            elif error is not None:
+                log.warning("request %s failed: %s: %s", api, type(error).__name__, error)
+                self.send_error(envelope, header, errors.RequestTimedOutError(
+                    f"ZooKeeper did not complete the request: {type(error).__name__}: {error}"))
+            else:
+                self.send_response(envelope, header, to_body(result) if to_body is not None else result)
+
+        self.zk_worker.submit(job, done)
+
+    def partitions_changed(self, tps: set[TopicPartition]) -> None:
+        if tps:
+            for listener in self.change_listeners:
+                listener(self, tps)
+
+    # -- answering -------------------------------------------------------------------------
+    def send(self, envelope: Envelope, frames: list[Any]) -> None:
+        try:
+            self.sockets.router.send_multipart(envelope + frames, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            # The client went away (EHOSTUNREACH) or stopped reading (EAGAIN): it will
+            # time out and retry; the write itself, if any, is already durable.
+            log.debug("dropping a reply: %s", exc)
+
+    def send_response(self, envelope: Envelope, header: Header, body: dict[str, Any], batches: list[Any] | None = None) -> None:
+        self.send(envelope, apis.encode_response(header, body, batches))
+
+    def send_error(self, envelope: Envelope, header: Header | None, exc: errors.FabricError) -> None:
+        # Without a decodable header we still answer, with api 0 and correlation id 0, so
+        # a confused client sees why instead of waiting for its timeout.
+        correlation_id = exc.fields.get("correlation_id", 0)
+        request_header = header or Header(0, 0, correlation_id if isinstance(correlation_id, int) else 0)
+        self.send(envelope, apis.encode_error_response(request_header, exc.code, exc.message))
+
+    # -- lookups ---------------------------------------------------------------------------
+    def leader_log(self, topic: str, partition: int) -> tuple[PartitionLog, LeaderReplica, zkl.TopicConfig]:
+        """The log this node leads for ``topic/partition``, or the error that says why not."""
+        tp = (topic, partition)
+        leader = self.leaders.get(tp)
+        if leader is not None:
+            return self.logs[tp], leader, self.configs[topic]
+        route = self.routing.topic(topic)
+        if route is None:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        state = route.partitions.get(partition)
+        if state is None:
+            if 0 <= partition < route.config.partitions:
+                raise errors.LeaderNotAvailableError(f"{topic}/{partition} has no state yet")
+            raise errors.UnknownTopicOrPartitionError(
+                f"topic {topic!r} has no partition {partition} (it has {route.config.partitions})"
+            )
+        if state.leader == self.node_id:
+            raise errors.NodeNotReadyError(f"{topic}/{partition} is becoming led by node {self.node_id}")
+        if state.leader < 0:
+            raise errors.LeaderNotAvailableError(f"{topic}/{partition} has no live in-sync replica to lead it")
+        raise errors.NotLeaderError(f"node {self.node_id} does not lead {topic}/{partition} (leader {state.leader})")

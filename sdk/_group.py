@@ -1,0 +1,270 @@
+"""Group membership for the consumer: find the coordinator, heartbeat, reconcile, commit.
+
+The member side of the protocol in docs/GROUPS.md (KIP-848's shape). It runs on the
+consumer's thread, inside ``poll()``: a heartbeat is one short request when it is due, so
+there is no second thread touching the consumer's sockets. The price is Kafka's
+``max.poll.interval.ms`` rule in another form: an application that does not call
+``poll()`` for longer than the session timeout is removed from the group. The member then
+treats its partitions as lost before it hands out another record (it checks its own
+session clock), so a paused process never reads a partition that moved.
+
+Reconciling an assignment is done in this order, which is what keeps a partition from
+ever being read by two members: revoke first (commit its position, call
+``on_partitions_revoked``, drop its buffered data), then report the smaller ownership in
+the next heartbeat, sent at once; only then can the coordinator give it to someone else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+from fabric import errors
+from fabric.protocol import groups as gp
+from fabric.protocol.apis import ApiKey
+from sdk._client import TopicPartition
+
+if TYPE_CHECKING:
+    from sdk.consumer import Consumer
+
+log = logging.getLogger("fabric.group")
+
+COORDINATOR_RETRY_MS: Final[int] = 100
+GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one commit or offset fetch
+HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
+
+
+class ConsumerRebalanceListener:
+    """Override what you need. Called on the consumer's thread, inside ``poll()``.
+
+    ``on_partitions_revoked`` runs before the partitions go to another member (commit or
+    flush there); ``on_partitions_lost`` when the member was removed (session expired,
+    fenced): another member may already own them, so do not commit.
+    """
+
+    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        pass
+
+    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        pass
+
+    def on_partitions_lost(self, lost: list[TopicPartition]) -> None:
+        self.on_partitions_revoked(lost)
+
+
+class GroupMember:
+    def __init__(self, consumer: Consumer, group_id: str, *, instance_id: str | None, session_timeout_ms: int,
+                 heartbeat_interval_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
+        gp.check_group_id(group_id)
+        if heartbeat_interval_ms <= 0 or heartbeat_interval_ms >= session_timeout_ms:
+            raise ValueError(f"heartbeat_interval_ms={heartbeat_interval_ms} must be > 0 and below "
+                             f"session_timeout_ms={session_timeout_ms}")
+        self.consumer = consumer
+        self.group_id = group_id
+        self.instance_id = instance_id or ""
+        self.session_timeout_ms = session_timeout_ms
+        # One heartbeat waits at most this long (then the next is sent to a coordinator
+        # found again): a request lost to a dying node must not block poll() for a session.
+        self.heartbeat_timeout_ms = max(HEARTBEAT_TIMEOUT_MS_MIN, min(heartbeat_interval_ms, session_timeout_ms // 4))
+        # The member gives its partitions up this much before the coordinator could expire
+        # it, so records already handed out have time to be processed before anyone else
+        # may get the partition (the coordinator counts from when it saw the heartbeat,
+        # which is after we sent it; we count from the send).
+        self.fence_margin_ms = min(session_timeout_ms // 5, 2 * heartbeat_interval_ms)
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self._clock = clock
+        self.member_id = ""
+        self.member_epoch = gp.JOIN_EPOCH
+        self.owned: set[TopicPartition] = set()
+        self.topics: list[str] = []
+        self.pattern = ""
+        self.listener = ConsumerRebalanceListener()
+        self.subscribed = False
+        self._coordinator: str | None = None
+        self._next_heartbeat_s = 0.0
+        self._last_ok_s = clock()
+
+    # -- subscription --------------------------------------------------------------------
+    def subscribe(self, topics: Iterable[str] | None, pattern: str | None,
+                  listener: ConsumerRebalanceListener | None) -> None:
+        if pattern:
+            try:
+                gp.compile_topic_pattern(pattern)
+            except errors.InvalidRequestError as exc:
+                raise ValueError(exc.message) from None
+        self.topics = sorted(set(topics or ()))
+        self.pattern = pattern or ""
+        if not self.topics and not self.pattern:
+            raise ValueError("subscribe() needs topics or a pattern")
+        self.listener = listener or ConsumerRebalanceListener()
+        self.subscribed = True
+        self._next_heartbeat_s = 0.0  # tell the coordinator now
+
+    # -- the heartbeat loop ------------------------------------------------------------------
+    def tick(self) -> None:
+        """Called from poll(): heartbeat if due, and apply what the coordinator says."""
+        if not self.subscribed:
+            return
+        now = self._clock()
+        if self.owned and (now - self._last_ok_s) * 1000 > self.session_timeout_ms - self.fence_margin_ms:
+            # We have not been heard for (nearly) a whole session: the coordinator may give
+            # our partitions away. Drop them before another record is handed out.
+            log.warning("group %s: no heartbeat answered for %d ms; partitions lost", self.group_id,
+                        self.session_timeout_ms - self.fence_margin_ms)
+            self._lose()
+        if now < self._next_heartbeat_s:
+            return
+        self._heartbeat(now)
+
+    def _heartbeat(self, now: float) -> None:
+        body = {"group_id": self.group_id, "member_id": self.member_id, "member_epoch": self.member_epoch,
+                "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
+                "subscribed_topics": self.topics, "subscribed_topic_regex": self.pattern,
+                "owned": gp.tp_list((tp.topic, tp.partition) for tp in self.owned)}
+        try:
+            response = self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=1, timeout_ms=self.heartbeat_timeout_ms)
+        except errors.FabricError as exc:
+            if not exc.retriable and not isinstance(exc, errors.NoBrokersAvailableError):
+                raise
+            self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
+            return
+        code = response["error"]
+        if code in (errors.UnknownMemberIdError.code, errors.FencedMemberEpochError.code):
+            log.warning("group %s: %s; rejoining", self.group_id, response["message"])
+            self._lose()
+            self._next_heartbeat_s = 0.0
+            return
+        if code:
+            cls = errors.error_for_code(code)
+            if cls.retriable:
+                self._coordinator = None
+                self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
+                return
+            raise cls(response["message"])
+        self._last_ok_s = now
+        self.member_id = response["member_id"]
+        self.member_epoch = response["member_epoch"]
+        target = {TopicPartition(t, p) for t, p in gp.tp_set(response["assignment"])}
+        revoked = self.owned - target
+        added = target - self.owned
+        interval_ms = min(self.heartbeat_interval_ms, max(0, response["heartbeat_interval_ms"]))
+        self._next_heartbeat_s = now + interval_ms / 1000.0
+        if revoked:
+            # Commit, tell the application (it may commit too), then stop reading them.
+            ordered = sorted(revoked, key=str)
+            self.consumer._commit_before_revoke(ordered)
+            self.listener.on_partitions_revoked(ordered)
+            self.consumer._drop(ordered)
+            self.owned -= revoked
+            self._next_heartbeat_s = 0.0  # confirm the revocation at once: someone is waiting
+        if added:
+            ordered = sorted(added, key=str)
+            try:
+                self.consumer._add(ordered)
+            except errors.FabricError as exc:
+                # Without the committed offsets we must not start reading (auto_offset_reset
+                # would re-read or skip): take them at the next heartbeat instead.
+                log.warning("group %s: could not read committed offsets (%s); retrying", self.group_id, exc)
+                self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
+                return
+            self.owned |= added
+            self.listener.on_partitions_assigned(ordered)
+
+    def _lose(self) -> None:
+        lost = sorted(self.owned, key=str)
+        self.owned = set()
+        self.member_id = "" if not self.instance_id else self.member_id
+        self.member_epoch = gp.JOIN_EPOCH
+        if lost:
+            self.consumer._drop(lost)
+            self.listener.on_partitions_lost(lost)
+
+    def leave(self) -> None:
+        """Leave the group now (a static member keeps its partitions for the session)."""
+        if not self.subscribed or not self.member_id:
+            return
+        if self.owned:
+            # As Kafka's close(): the application hears that it no longer reads these.
+            self.listener.on_partitions_revoked(sorted(self.owned, key=str))
+        epoch = gp.STATIC_LEAVE_EPOCH if self.instance_id else gp.LEAVE_EPOCH
+        body = {"group_id": self.group_id, "member_id": self.member_id, "member_epoch": epoch,
+                "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
+                "subscribed_topics": self.topics, "subscribed_topic_regex": self.pattern, "owned": []}
+        try:
+            self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=2, timeout_ms=self.heartbeat_timeout_ms)
+        except errors.FabricError as exc:
+            log.info("group %s: leave not acknowledged (%s); the session timeout will end it", self.group_id, exc)
+        self.subscribed = False
+        self.owned = set()
+
+    # -- offsets ----------------------------------------------------------------------------
+    def commit(self, offsets: dict[TopicPartition, tuple[int, str]], *, in_group: bool) -> None:
+        if not offsets:
+            return
+        body = {"group_id": self.group_id,
+                "member_id": self.member_id if in_group else "",
+                "member_epoch": self.member_epoch if in_group else -1,
+                "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": off, "metadata": meta}
+                            for tp, (off, meta) in sorted(offsets.items(), key=lambda kv: str(kv[0]))]}
+        response = self._call(ApiKey.OFFSET_COMMIT, body)
+        errors.raise_for_code(response["error"], response["message"])
+        for result in response["results"]:
+            if result["error"]:
+                errors.raise_for_code(result["error"], f"commit of {result['topic']}/{result['partition']} refused",
+                                      topic=result["topic"], partition=result["partition"])
+
+    def committed(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str] | None]:
+        body = {"group_id": self.group_id, "partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in tps]}
+        response = self._call(ApiKey.OFFSET_FETCH, body)
+        errors.raise_for_code(response["error"], response["message"])
+        return {TopicPartition(o["topic"], o["partition"]): None if o["offset"] < 0 else (o["offset"], o["metadata"])
+                for o in response["offsets"]}
+
+    # -- finding the coordinator ------------------------------------------------------------
+    def _call(self, api_key: int, body: dict[str, Any], *, attempts: int = 0,
+              timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS) -> dict[str, Any]:
+        """One request to the coordinator; retriable failures re-find it, until the request
+        timeout (or ``attempts``) runs out. Returns the body, which may carry an error."""
+        deadline = self._clock() + self.consumer.request_timeout_ms / 1000.0
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                address = self._coordinator or self._find_coordinator(timeout_ms)
+                response = self.consumer._conns.request(address, api_key, body, timeout_ms=timeout_ms).body
+                code = response.get("error", 0)
+                if code and errors.error_for_code(code).retriable and api_key != ApiKey.CONSUMER_GROUP_HEARTBEAT:
+                    raise errors.error_for_code(code)(response.get("message", ""))
+                if code in (errors.NotCoordinatorError.code, errors.CoordinatorNotAvailableError.code):
+                    self._coordinator = None
+                return response
+            except errors.FabricError as exc:
+                if not exc.retriable and not isinstance(exc, errors.NoBrokersAvailableError):
+                    raise
+                self._coordinator = None
+                if (attempts and tries >= attempts) or self._clock() > deadline:
+                    raise
+                time.sleep(COORDINATOR_RETRY_MS / 1000.0)
+
+    def _find_coordinator(self, timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS) -> str:
+        meta = self.consumer._meta
+        last: errors.FabricError | None = None
+        for address in meta.candidates():
+            try:
+                response = self.consumer._conns.request(
+                    address, ApiKey.FIND_COORDINATOR, {"group_id": self.group_id}, timeout_ms=timeout_ms
+                ).body
+            except errors.FabricError as exc:
+                last = exc
+                continue
+            if response["error"]:
+                errors.raise_for_code(response["error"], response["message"])
+            self._coordinator = response["address"]
+            return response["address"]
+        try:
+            meta.refresh()
+        except errors.FabricError:
+            pass
+        raise errors.CoordinatorNotAvailableError(f"no node answered FIND_COORDINATOR for {self.group_id!r}: {last}")

@@ -1,0 +1,196 @@
+"""Consumer-group administration, mixed into ``sdk.Admin``: list, describe (with lag),
+reset offsets, delete. The coordinator refuses resets and deletes while members are live."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from fabric import errors
+from fabric.protocol import apis
+from fabric.protocol import groups as gp
+from fabric.protocol.apis import ApiKey
+from sdk._client import TopicPartition
+
+if TYPE_CHECKING:
+    from sdk._client import Connections, MetadataClient
+
+GROUP_ADMIN_RETRY_S: Final[float] = 0.1
+RESET_TARGETS: Final[tuple[str, ...]] = ("earliest", "latest", "datetime", "offset")
+
+
+@dataclass(frozen=True)
+class GroupListing:
+    group_id: str
+    state: str  # empty, stable or reconciling
+    members: int
+
+
+@dataclass(frozen=True)
+class MemberDescription:
+    member_id: str
+    instance_id: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    subscribed_pattern: str
+    assignment: tuple[TopicPartition, ...]
+    revoking: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True)
+class PartitionOffset:
+    topic: str
+    partition: int
+    committed: int  # -1 if the group never committed this partition
+    log_end: int
+    lag: int  # log_end - committed (the whole log end when nothing is committed)
+    metadata: str
+    member_id: str  # who reads it now ("" if nobody)
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group_id: str
+    state: str
+    group_epoch: int
+    members: tuple[MemberDescription, ...]
+    offsets: tuple[PartitionOffset, ...]
+
+
+def _tps(entries: list[dict[str, Any]]) -> tuple[TopicPartition, ...]:
+    return tuple(sorted((TopicPartition(t, p) for t, p in gp.tp_set(entries)), key=lambda tp: (tp.topic, tp.partition)))
+
+
+class GroupAdmin:
+    _conns: Connections
+    _meta: MetadataClient
+    request_timeout_ms: int
+
+    def list_groups(self) -> list[GroupListing]:
+        """Every group any node coordinates (each node answers for its own)."""
+        found: dict[str, GroupListing] = {}
+        for address in self._meta.refresh().nodes.values():
+            try:
+                body = self._conns.request(address, ApiKey.LIST_GROUPS, {}, timeout_ms=self.request_timeout_ms).body
+            except errors.RetriableError:
+                continue
+            for g in body["groups"]:
+                found[g["group_id"]] = GroupListing(g["group_id"], g["state"], g["members"])
+        return [found[k] for k in sorted(found)]
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """Members, assignment, and per partition the committed offset, log end and lag."""
+        body = self._group_call(group_id, ApiKey.DESCRIBE_GROUPS, {"group_ids": [group_id]})
+        g = body["groups"][0]
+        errors.raise_for_code(g["error"], f"describe group {group_id!r}")
+        members = tuple(MemberDescription(m["member_id"], m["instance_id"], m["member_epoch"],
+                                          tuple(m["subscribed_topics"]), m["subscribed_topic_regex"],
+                                          _tps(m["assignment"]), _tps(m["revoking"])) for m in g["members"])
+        reader = {tp: m.member_id for m in members for tp in m.assignment}
+        fetched = self._group_call(group_id, ApiKey.OFFSET_FETCH, {"group_id": group_id, "partitions": []})
+        errors.raise_for_code(fetched["error"], fetched["message"])
+        committed = {TopicPartition(o["topic"], o["partition"]): (o["offset"], o["metadata"]) for o in fetched["offsets"]}
+        tps = sorted(set(committed) | set(reader), key=lambda tp: (tp.topic, tp.partition))
+        ends = self._list_offsets(tps, apis.LATEST_TIMESTAMP)
+        offsets = []
+        for tp in tps:
+            offset, metadata = committed.get(tp, (-1, ""))
+            end = ends.get(tp, -1)
+            lag = max(0, end - max(offset, 0)) if end >= 0 else -1
+            offsets.append(PartitionOffset(tp.topic, tp.partition, offset, end, lag, metadata, reader.get(tp, "")))
+        return GroupDescription(g["group_id"], g["state"], g["group_epoch"], members, tuple(offsets))
+
+    def reset_offsets(self, group_id: str, topic: str, *, to: str, offset: int | None = None,
+                      timestamp_ms: int | None = None, partitions: list[int] | None = None) -> dict[TopicPartition, int]:
+        """Set the group's committed offsets of ``topic`` to ``earliest``, ``latest``, the first
+        record at or after ``timestamp_ms`` (``datetime``) or ``offset``. Refused with
+        GroupNotEmptyError while the group has live members. Returns what was committed."""
+        if to not in RESET_TARGETS:
+            raise ValueError(f"to must be one of {', '.join(RESET_TARGETS)}, got {to!r}")
+        if to == "offset" and (offset is None or offset < 0):
+            raise ValueError("to='offset' needs offset >= 0")
+        if to == "datetime" and timestamp_ms is None:
+            raise ValueError("to='datetime' needs timestamp_ms")
+        meta = self._meta.refresh([topic]).topics.get(topic)
+        if meta is None:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        tps = [TopicPartition(topic, p) for p in (partitions if partitions is not None else range(meta.partition_count))]
+        earliest = self._list_offsets(tps, apis.EARLIEST_TIMESTAMP)
+        latest = self._list_offsets(tps, apis.LATEST_TIMESTAMP)
+        if to == "earliest":
+            wanted = earliest
+        elif to == "latest":
+            wanted = latest
+        elif to == "datetime":
+            assert timestamp_ms is not None  # checked above
+            found = self._list_offsets(tps, timestamp_ms)
+            wanted = {tp: found[tp] if found[tp] >= 0 else latest[tp] for tp in tps}
+        else:
+            assert offset is not None  # checked above
+            wanted = {tp: min(max(offset, earliest[tp]), latest[tp]) for tp in tps}
+        body = {"group_id": group_id, "member_id": "", "member_epoch": -1,
+                "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": off, "metadata": ""}
+                            for tp, off in wanted.items()]}
+        response = self._group_call(group_id, ApiKey.OFFSET_COMMIT, body)
+        errors.raise_for_code(response["error"], response["message"])
+        for r in response["results"]:
+            errors.raise_for_code(r["error"], f"group {group_id!r}: reset of {r['topic']}/{r['partition']} refused")
+        return dict(wanted)
+
+    def delete_group(self, group_id: str) -> None:
+        """Delete the group and its committed offsets (refused while members are live)."""
+        body = self._group_call(group_id, ApiKey.DELETE_GROUPS, {"group_ids": [group_id]})
+        result = body["results"][0]
+        errors.raise_for_code(result["error"], result["message"] or f"delete group {group_id!r}")
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _group_call(self, group_id: str, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
+        gp.check_group_id(group_id)
+        deadline = time.monotonic() + self.request_timeout_ms / 1000.0
+        while True:
+            try:
+                address = self._find_coordinator(group_id)
+                reply = self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms).body
+                code = reply.get("error", 0)
+                if not code and api_key == ApiKey.DESCRIBE_GROUPS:
+                    code = reply["groups"][0]["error"]
+                if not code and api_key == ApiKey.DELETE_GROUPS:
+                    code = reply["results"][0]["error"]
+                if code and errors.error_for_code(code).retriable:
+                    raise errors.error_for_code(code)(reply.get("message", ""))
+                return reply
+            except errors.RetriableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(GROUP_ADMIN_RETRY_S)
+
+    def _find_coordinator(self, group_id: str) -> str:
+        last: Exception | None = None
+        for address in self._meta.candidates():
+            try:
+                body = self._conns.request(address, ApiKey.FIND_COORDINATOR, {"group_id": group_id},
+                                           timeout_ms=self.request_timeout_ms).body
+            except errors.RetriableError as exc:
+                last = exc
+                continue
+            errors.raise_for_code(body["error"], body["message"])
+            return str(body["address"])
+        raise errors.CoordinatorNotAvailableError(f"no node answered FIND_COORDINATOR: {last}")
+
+    def _list_offsets(self, tps: list[TopicPartition], timestamp: int) -> dict[TopicPartition, int]:
+        out: dict[TopicPartition, int] = {}
+        if not tps:
+            return out
+        metadata = self._meta.refresh(sorted({tp.topic for tp in tps}))
+        for tp in tps:
+            address = metadata.leader_address(tp.topic, tp.partition)
+            if address is None:
+                out[tp] = -1
+                continue
+            body = self._conns.request(address, ApiKey.LIST_OFFSETS, {"partitions": [
+                {"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp}]},
+                timeout_ms=self.request_timeout_ms).body
+            result = body["partitions"][0]
+            out[tp] = result["offset"] if result["error"] == 0 else -1
+        return out

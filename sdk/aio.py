@@ -1,0 +1,232 @@
+"""One asyncio entry point over both planes::
+
+    import sdk
+
+    client = await sdk.connect("zk://127.0.0.1:2181")
+    producer = client.producer(linger_ms=5)
+    metadata = await producer.send("events", b"clicked", key=b"user-1")
+    consumer = await client.consumer(["events"])
+    async for record in consumer:
+        ...
+    await client.serve("pricing", handler)                     # the direct plane
+    reply = await client.request("pricing", b"AAPL", timeout_ms=200, idempotent=True)
+    await client.close()
+
+The durable plane's asyncio flavour wraps the threaded Producer and Consumer: a send
+returns an asyncio future bridged from the producer's own future (no thread per send); a
+consumer runs its blocking polls on one dedicated worker thread, because its ZeroMQ
+sockets must stay on one thread. Queues (another part of the SDK) will hang off this
+client the same way (``client.queue_consumer(...)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
+
+from fabric import errors
+from sdk._client import Bootstrap, TopicPartition
+from sdk.accumulator import RecordMetadata
+from sdk.consumer import Consumer, Record
+from sdk.direct._client import DirectClient
+from sdk.direct._pubsub import Subscription
+from sdk.direct._server import Service
+from sdk.direct._types import GatherResult, Reply
+from sdk.producer import Producer
+
+__all__ = ["AsyncClient", "AsyncConsumer", "AsyncProducer", "connect"]
+
+T = TypeVar("T")
+CLOSE_TIMEOUT_S = 30.0
+
+
+class AsyncProducer:
+    """``await producer.send(...)`` gives the RecordMetadata once the write is acknowledged;
+    keep the futures to pipeline: ``await asyncio.gather(*[producer.send(...) ...])``."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+        self._loop = asyncio.get_running_loop()
+
+    def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
+             headers: dict[str, bytes | str | None] | None = None, partition: int | None = None,
+             timestamp_ms: int | None = None) -> asyncio.Future[RecordMetadata]:
+        """Appends to the producer's buffer now (blocking only while the buffer is full, at
+        most ``max_block_ms``) and returns a future for the acknowledgement."""
+        loop = self._loop
+        future: asyncio.Future[RecordMetadata] = loop.create_future()
+        record_future = self.producer.send(topic, value, key=key, headers=headers, partition=partition,
+                                           timestamp_ms=timestamp_ms)
+
+        def settle(metadata: RecordMetadata | None, exc: BaseException | None) -> None:
+            if not future.done():
+                if exc is not None:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(metadata)  # type: ignore[arg-type]
+
+        def done(metadata: RecordMetadata | None, exc: BaseException | None) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(settle, metadata, exc)
+
+        record_future.add_callback(done)
+        return future
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        await asyncio.to_thread(self.producer.flush, timeout_s)
+
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        await asyncio.to_thread(self.producer.close, timeout_s)
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncConsumer:
+    """``async for record in consumer``: records of the assigned partitions, in offset
+    order per partition, until ``close()``."""
+
+    def __init__(self, worker: concurrent.futures.ThreadPoolExecutor, consumer: Consumer, poll_timeout_ms: int) -> None:
+        self._worker = worker
+        self.consumer = consumer
+        self.poll_timeout_ms = poll_timeout_ms
+        self._closed = False
+
+    @classmethod
+    async def create(cls, bootstrap: str, *, poll_timeout_ms: int = 500, **config: Any) -> AsyncConsumer:
+        worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-consumer")
+        loop = asyncio.get_running_loop()
+        try:
+            consumer = await loop.run_in_executor(worker, lambda: Consumer(bootstrap, **config))
+        except BaseException:
+            worker.shutdown(wait=False)
+            raise
+        return cls(worker, consumer, poll_timeout_ms)
+
+    async def _call(self, fn: Callable[[Consumer], T]) -> T:
+        if self._closed:
+            raise errors.ClientClosedError("consumer is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, self.consumer)
+
+    async def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        items = list(partitions)
+        await self._call(lambda c: c.assign(items))
+
+    async def subscribe_all_partitions(self, topic: str) -> list[TopicPartition]:
+        return await self._call(lambda c: c.subscribe_all_partitions(topic))
+
+    async def seek(self, partition: TopicPartition | tuple[str, int], offset: int) -> None:
+        await self._call(lambda c: c.seek(partition, offset))
+
+    async def seek_to_beginning(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        await self._call(lambda c: c.seek_to_beginning(*partitions))
+
+    async def seek_to_end(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        await self._call(lambda c: c.seek_to_end(*partitions))
+
+    async def position(self, partition: TopicPartition | tuple[str, int]) -> int:
+        return await self._call(lambda c: c.position(partition))
+
+    async def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
+        return await self._call(lambda c: c.poll(timeout_ms=timeout_ms, max_records=max_records))
+
+    def __aiter__(self) -> AsyncIterator[Record]:
+        return self._records()
+
+    async def _records(self) -> AsyncIterator[Record]:
+        while not self._closed:
+            for record in await self.poll(self.poll_timeout_ms):
+                yield record
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self._call(lambda c: c.close())
+        self._closed = True
+        self._worker.shutdown(wait=True)
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncClient:
+    """Topics and direct services from one place. Make one with ``await sdk.connect()``."""
+
+    def __init__(self, bootstrap: str, direct: DirectClient | None) -> None:
+        self.bootstrap = bootstrap
+        self._direct = direct
+        self._producers: list[AsyncProducer] = []
+        self._consumers: list[AsyncConsumer] = []
+
+    @property
+    def direct(self) -> DirectClient:
+        if self._direct is None:
+            raise errors.NoServiceAvailable(
+                "the direct plane finds services through ZooKeeper: connect with a zk://host:port bootstrap")
+        return self._direct
+
+    # The durable plane.
+    def producer(self, **config: Any) -> AsyncProducer:
+        producer = AsyncProducer(Producer(self.bootstrap, **config))
+        self._producers.append(producer)
+        return producer
+
+    async def consumer(self, topics: Iterable[str] = (), **config: Any) -> AsyncConsumer:
+        """A consumer of ``topics``: with ``group_id=...`` in ``config`` it joins that group
+        (partitions shared with the other members, offsets committed); without, it reads
+        every partition itself (``auto_offset_reset`` decides where it starts)."""
+        consumer = await AsyncConsumer.create(self.bootstrap, **config)
+        names = list(topics)
+        if names and config.get("group_id") is not None:
+            await consumer._call(lambda c: c.subscribe(names))
+        else:
+            for topic in names:
+                await consumer.subscribe_all_partitions(topic)
+        self._consumers.append(consumer)
+        return consumer
+
+    # The direct plane (sdk.direct.DirectClient has the full documentation).
+    async def request(self, name: str, payload: bytes | str, **options: Any) -> Reply:
+        return await self.direct.request(name, payload, **options)
+
+    async def gather(self, name: str, payload: bytes | str, **options: Any) -> GatherResult:
+        return await self.direct.gather(name, payload, **options)
+
+    async def serve(self, name: str, handler: Callable[..., Any], **options: Any) -> Service:
+        return await self.direct.serve(name, handler, **options)
+
+    async def publish(self, subject: str, payload: bytes | str, **options: Any) -> None:
+        await self.direct.publish(subject, payload, **options)
+
+    async def subscribe(self, pattern: str, handler: Callable[..., Any] | None = None, **options: Any) -> Subscription:
+        return await self.direct.subscribe(pattern, handler, **options)
+
+    async def close(self) -> None:
+        """Services deregister and drain first, then producers flush, then the rest closes."""
+        if self._direct is not None:
+            await self._direct.close()
+        for producer in self._producers:
+            await producer.close()
+        for consumer in self._consumers:
+            await consumer.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def connect(bootstrap: str, **direct_options: Any) -> AsyncClient:
+    """``zk://host:port[/chroot]`` gives both planes; node addresses give topics only."""
+    spec = Bootstrap(bootstrap)
+    direct = await DirectClient.connect(spec.zk, **direct_options) if spec.zk is not None else None
+    return AsyncClient(bootstrap, direct)

@@ -1,0 +1,110 @@
+"""Decisions of the direct-plane client, free of sockets and clocks: which instance takes a
+request, whether a retry is allowed, whether a peer is still alive. The caller passes the
+time in (``now`` in monotonic seconds) so unit tests drive these with a fake clock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+
+# Paranoid Pirate timing (the ZeroMQ guide, ppqueue.py): a ping every interval; a peer
+# silent for LIVENESS intervals is dead. 200 ms x 4 detects a dead or SIGSTOPped instance in
+# well under a second, long before a ZooKeeper session (typically 10-30 s) expires.
+HEARTBEAT_INTERVAL_MS = 200
+HEARTBEAT_LIVENESS = 4
+
+CONNECTING = "connecting"  # registered, no PONG yet: not picked, so nothing queues to it
+ALIVE = "alive"
+DEAD = "dead"  # silent too long: not picked; pinged still, and alive again on its next PONG
+
+
+class PeerHealth:
+    """One peer's liveness, from the traffic received from it."""
+
+    def __init__(self, now: float, *, interval_ms: int = HEARTBEAT_INTERVAL_MS,
+                 liveness: int = HEARTBEAT_LIVENESS) -> None:
+        if interval_ms <= 0 or liveness <= 0:
+            raise ValueError("heartbeat interval_ms and liveness must be positive")
+        self.interval_s = interval_ms / 1000.0
+        self.silence_limit_s = self.interval_s * liveness
+        self.state = CONNECTING
+        self.created_s = now
+        self.last_heard_s = now
+        self.last_ping_s = float("-inf")
+
+    def heard(self, now: float) -> bool:
+        """Any frame from the peer. Returns True when this revives or first admits it."""
+        self.last_heard_s = now
+        if self.state != ALIVE:
+            self.state = ALIVE
+            return True
+        return False
+
+    def check(self, now: float) -> bool:
+        """Returns True when the peer just turned dead (its in-flight requests are lost)."""
+        if self.state == ALIVE and now - self.last_heard_s > self.silence_limit_s:
+            self.state = DEAD
+            return True
+        return False
+
+    def ping_due(self, now: float) -> bool:
+        if now - self.last_ping_s >= self.interval_s:
+            self.last_ping_s = now
+            return True
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self.state == ALIVE
+
+
+def pick_instance(outstanding: Mapping[str, int], *, exclude: Iterable[str] = (),
+                  rng: random.Random | None = None) -> str | None:
+    """Least outstanding requests among the candidates (instance -> requests in flight),
+    ties broken at random so equal instances share the load. Instances in ``exclude``
+    (already tried by this call) are used only when nothing else is left."""
+    if not outstanding:
+        return None
+    excluded = set(exclude)
+    pool = [name for name in outstanding if name not in excluded] or list(outstanding)
+    fewest = min(outstanding[name] for name in pool)
+    best = [name for name in pool if outstanding[name] == fewest]
+    if len(best) == 1:
+        return best[0]
+    return (rng or random).choice(best)
+
+
+class RetryBudget:
+    """Retries allowed as a share of recent requests (Finagle's RetryBudget): every request
+    deposits ``ratio`` of a token, every retry withdraws one; a floor of
+    ``min_retries_per_s`` keeps a quiet client able to retry. Bounded at ``tokens_max`` so a
+    long calm period cannot bank a retry storm."""
+
+    def __init__(self, *, ratio: float = 0.2, min_retries_per_s: float = 10.0, tokens_max: float = 100.0,
+                 now: float = 0.0) -> None:
+        if not 0.0 <= ratio <= 1.0 or min_retries_per_s < 0 or tokens_max < 1:
+            raise ValueError("retry budget: ratio in [0, 1], min_retries_per_s >= 0, tokens_max >= 1")
+        self.ratio = ratio
+        self.min_retries_per_s = min_retries_per_s
+        self.tokens_max = tokens_max
+        self.tokens = min(tokens_max, max(1.0, min_retries_per_s))
+        self._refilled_s = now
+        self.retries_refused = 0
+
+    def _refill(self, now: float) -> None:
+        elapsed = max(0.0, now - self._refilled_s)
+        self._refilled_s = now
+        self.tokens = min(self.tokens_max, self.tokens + elapsed * self.min_retries_per_s)
+
+    def on_request(self, now: float) -> None:
+        self._refill(now)
+        self.tokens = min(self.tokens_max, self.tokens + self.ratio)
+
+    def try_retry(self, now: float) -> bool:
+        self._refill(now)
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        self.retries_refused += 1
+        return False

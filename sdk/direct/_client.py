@@ -1,0 +1,481 @@
+"""The direct plane's asyncio core: find instances through ZooKeeper, talk to them peer to
+peer. One DEALER per instance, correlation ids for pipelining, PING/PONG heartbeats,
+least-outstanding selection, Lazy-Pirate retries for idempotent calls only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+from typing import Any
+
+import zmq
+from kazoo.client import KazooClient
+
+from fabric import errors
+from fabric.protocol import direct as wire
+from fabric.zk import close_client
+from sdk.direct import _balance as balance
+from sdk.direct import _registry as registry
+from sdk.direct._io import SocketReader, make_socket
+from sdk.direct._pubsub import PENDING_MAX_DEFAULT, MessageHandler, Publisher, Subscription
+from sdk.direct._server import CONCURRENCY_DEFAULT, Handler, Service
+from sdk.direct._types import GatherResult, Reply, as_bytes, as_headers
+
+log = logging.getLogger("fabric.direct")
+
+TIMEOUT_MS_DEFAULT = 5_000
+ATTEMPTS_MAX_DEFAULT = 3
+TIMEOUT_MS_MAX = 24 * 3600 * 1000  # fits the header's u32 with room to spare
+DISCOVERY_WAIT_MS = 2_000  # how long a first request waits for a registered instance to answer a PING
+
+
+class _PeerLost(Exception):
+    """The instance stopped answering (heartbeats) or left the registry with this request in flight."""
+
+
+class _Peer:
+    def __init__(self, client: DirectClient, znode: str, info: registry.InstanceInfo, now: float) -> None:
+        self.znode = znode
+        self.info = info
+        self.health = balance.PeerHealth(now, interval_ms=client.heartbeat_interval_ms,
+                                         liveness=client.heartbeat_liveness)
+        self.pending: dict[int, asyncio.Future[list[bytes]]] = {}
+        self.leaving = False  # gone from the registry: finish what is in flight, take nothing new
+        self.draining = False  # answered SERVICE_STOPPING: take nothing new
+        self.remote_load = 0
+        self._client = client
+        self.sock = make_socket(client.ctx, zmq.DEALER)
+        self.sock.connect(info.address)
+        self.reader = SocketReader(client.loop, self.sock, self._on_message)
+
+    @property
+    def pickable(self) -> bool:
+        return self.health.alive and not self.leaving and not self.draining
+
+    def send(self, frames: list[bytes]) -> bool:
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False  # the high-water mark is full: nothing was queued
+        self.reader.kick()
+        return True
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        if self.health.heard(time.monotonic()):
+            self._client._peer_ready(self)
+        try:
+            header = wire.decode_header(frames[0])
+        except errors.FabricError:
+            return
+        if header.type == wire.PONG:
+            self.remote_load = header.aux
+            return
+        if header.type == wire.PING:
+            self.send(wire.pong_frames(0))
+            return
+        future = self.pending.pop(header.correlation_id, None)
+        if future is not None and not future.done():
+            future.set_result(frames)
+
+    def fail_all(self, reason: str) -> None:
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(_PeerLost(reason))
+
+    def close(self) -> None:
+        self.fail_all(f"instance {self.znode} closed")
+        self.reader.close()
+        self.sock.close(linger=0)
+
+
+class _ServiceView:
+    """What this client knows of one service: its instances and their health."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.peers: dict[str, _Peer] = {}
+        self.known = asyncio.Event()  # the registry answered at least once
+        self.changed = asyncio.Event()  # set whenever a peer becomes pickable
+        self.watch: registry.RegistryWatch | None = None
+
+    def pickable(self) -> dict[str, _Peer]:
+        return {z: p for z, p in self.peers.items() if p.pickable}
+
+
+class DirectClient:
+    """Request-reply, scatter-gather, pub/sub and serving, on the running asyncio loop.
+
+    Create with ``await DirectClient.connect("zk://host:port")`` (or through
+    ``sdk.connect``); every method must be called on that loop."""
+
+    def __init__(self, zk: KazooClient, *, own_zk: bool = True,
+                 heartbeat_interval_ms: int = balance.HEARTBEAT_INTERVAL_MS,
+                 heartbeat_liveness: int = balance.HEARTBEAT_LIVENESS,
+                 retry_ratio: float = 0.2, min_retries_per_s: float = 10.0) -> None:
+        self.zk = zk
+        self._own_zk = own_zk
+        self.loop = asyncio.get_running_loop()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.heartbeat_liveness = heartbeat_liveness
+        self.retry_budget = balance.RetryBudget(ratio=retry_ratio, min_retries_per_s=min_retries_per_s,
+                                                now=time.monotonic())
+        self._views: dict[str, _ServiceView] = {}
+        self._ids = itertools.count(1)
+        self._services: list[Service] = []
+        self._subscriptions: list[Subscription] = []
+        self._publisher: Publisher | None = None
+        self._publisher_lock = asyncio.Lock()
+        self._closed = False
+        self._rng = random.Random()
+        self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
+
+    @classmethod
+    async def connect(cls, zk_hosts: str, **options: Any) -> DirectClient:
+        zk = await asyncio.to_thread(registry.start_client, zk_hosts)
+        return cls(zk, own_zk=True, **options)
+
+    # -- discovery ---------------------------------------------------------------------
+
+    async def _view(self, name: str) -> _ServiceView:
+        if self._closed:
+            raise errors.ClientClosedError("direct client is closed")
+        view = self._views.get(name)
+        if view is None:
+            registry.validate_service_name(name)
+            view = _ServiceView(name)
+            self._views[name] = view
+            loop = self.loop
+            view.watch = registry.RegistryWatch(
+                self.zk, registry.service_path(name),
+                lambda found: loop.call_soon_threadsafe(self._instances_changed, view, found))
+            try:
+                await asyncio.to_thread(view.watch.start)
+            except Exception as exc:
+                del self._views[name]
+                raise errors.NoServiceAvailable(f"service {name!r}: registry unreadable: {exc}") from exc
+        if not view.known.is_set():
+            await view.known.wait()
+        return view
+
+    def _instances_changed(self, view: _ServiceView, found: dict[str, registry.InstanceInfo]) -> None:
+        if self._closed:
+            return
+        now = time.monotonic()
+        for znode, peer in view.peers.items():
+            if znode not in found:
+                peer.leaving = True  # closed by the heartbeat loop once nothing is in flight
+        for znode, info in found.items():
+            if znode not in view.peers:
+                peer = _Peer(self, znode, info, now)
+                view.peers[znode] = peer
+                peer.health.ping_due(now)
+                peer.send(wire.ping_frames())  # admitted as soon as it answers
+        view.known.set()
+
+    def _peer_ready(self, peer: _Peer) -> None:
+        for view in self._views.values():
+            if view.peers.get(peer.znode) is peer:
+                view.changed.set()
+
+    async def _heartbeat_loop(self) -> None:
+        interval_s = self.heartbeat_interval_ms / 1000 / 2
+        while not self._closed:
+            await asyncio.sleep(interval_s)
+            now = time.monotonic()
+            for view in self._views.values():
+                for znode, peer in list(view.peers.items()):
+                    if peer.leaving and not peer.pending:
+                        del view.peers[znode]
+                        peer.close()
+                        continue
+                    if peer.health.check(now):
+                        log.info("instance %s of %s silent for %.0f ms: marked dead", znode, view.name,
+                                 peer.health.silence_limit_s * 1000)
+                        peer.fail_all(f"instance {znode} stopped answering heartbeats")
+                        if peer.leaving:
+                            del view.peers[znode]
+                            peer.close()
+                            continue
+                    if peer.health.ping_due(now):
+                        peer.send(wire.ping_frames())
+
+    async def _wait_pickable(self, view: _ServiceView, deadline: float) -> dict[str, _Peer]:
+        """Instances ready to take a request; waits briefly for registered ones to answer."""
+        limit = min(deadline, time.monotonic() + DISCOVERY_WAIT_MS / 1000)
+        while True:
+            ready = view.pickable()
+            if ready:
+                return ready
+            remaining = limit - time.monotonic()
+            if remaining <= 0 or not any(not p.leaving for p in view.peers.values()):
+                registered = len(view.peers)
+                raise errors.NoServiceAvailable(
+                    f"no live instance of service {view.name!r} ({registered} registered, none answering)"
+                    if registered else f"no instance of service {view.name!r} is registered")
+            view.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(view.changed.wait(), remaining)
+
+    # -- request-reply -----------------------------------------------------------------
+
+    async def request(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
+                      headers: dict[str, bytes | str] | None = None, idempotent: bool = False,
+                      attempts_max: int = ATTEMPTS_MAX_DEFAULT) -> Reply:
+        """Send to one instance (least outstanding requests) and wait for its reply.
+
+        ``idempotent=True`` allows Lazy-Pirate retries on another instance after a timeout
+        of one attempt or a dead peer, up to ``attempts_max`` attempts and within the retry
+        budget. A non-idempotent request is sent once: if its instance dies or the time runs
+        out it fails with RequestTimeout (outcome unknown), never sent twice. Requests an
+        instance refused without running them (overloaded, stopping) are retried either way.
+        """
+        if not 0 < timeout_ms <= TIMEOUT_MS_MAX:
+            raise errors.InvalidRequestError(f"timeout_ms={timeout_ms} must be within (0, {TIMEOUT_MS_MAX}]")
+        if attempts_max < 1:
+            raise errors.InvalidRequestError("attempts_max must be at least 1")
+        body = as_bytes(payload, "payload")
+        wire_headers = as_headers(headers)
+        view = self._views.get(name)
+        if view is None or not view.known.is_set():
+            view = await self._view(name)
+        loop = self.loop
+        start = time.monotonic()
+        deadline = start + timeout_ms / 1000
+        self.retry_budget.on_request(start)
+        tried: list[str] = []
+        attempt = 0
+        last_problem = ""
+        while True:
+            attempt += 1
+            ready = view.pickable()
+            if not ready:
+                ready = await self._wait_pickable(view, deadline)
+            znode = balance.pick_instance({z: len(p.pending) for z, p in ready.items()}, exclude=tried, rng=self._rng)
+            assert znode is not None
+            peer = ready[znode]
+            tried.append(znode)
+            cid = next(self._ids) & wire.U32_MAX
+            now = time.monotonic()
+            remaining_s = deadline - now
+            attempts_left = attempts_max - attempt + 1 if idempotent else 1
+            attempt_s = remaining_s / attempts_left
+            frames = wire.request_frames(cid, body, timeout_ms=max(1, int(attempt_s * 1000)), idempotent=idempotent,
+                                         headers=wire_headers)
+            future: asyncio.Future[list[bytes]] = loop.create_future()
+            peer.pending[cid] = future
+            retry_safe = False  # may this attempt be repeated elsewhere without running twice?
+            if not peer.send(frames):
+                peer.pending.pop(cid, None)
+                retry_safe = True
+                last_problem = f"instance {znode} send queue full"
+            else:
+                timer = loop.call_later(attempt_s, _expire, future)
+                try:
+                    response = await future
+                except _PeerLost as exc:
+                    last_problem = str(exc)
+                except asyncio.TimeoutError:
+                    peer.pending.pop(cid, None)
+                    last_problem = f"no reply from instance {znode} within {attempt_s * 1000:.0f} ms"
+                else:
+                    result = self._decode_response(response, znode)
+                    if isinstance(result, Reply):
+                        return result
+                    if not (isinstance(result, (errors.ServiceOverloaded, errors.ServiceStopping))):
+                        raise result
+                    if isinstance(result, errors.ServiceStopping):
+                        peer.draining = True
+                    retry_safe = True
+                    last_problem = str(result)
+                finally:
+                    timer.cancel()
+            now = time.monotonic()
+            can_repeat = retry_safe or idempotent
+            if not can_repeat or attempt >= attempts_max or now >= deadline or not self.retry_budget.try_retry(now):
+                elapsed_ms = (now - start) * 1000
+                if retry_safe:
+                    raise errors.NoServiceAvailable(
+                        f"service {name!r}: no instance took the request after {attempt} attempt(s): {last_problem}",
+                        attempts=attempt)
+                outcome = "" if idempotent else " (sent once, not retried: the handler may or may not have run)"
+                raise errors.RequestTimeout(
+                    f"service {name!r}: {last_problem} after {attempt} attempt(s), {elapsed_ms:.0f} ms{outcome}",
+                    attempts=attempt, service=name)
+
+    @staticmethod
+    def _decode_response(frames: list[bytes], znode: str) -> Reply | errors.FabricError:
+        try:
+            header = wire.decode_header(frames[0])
+            if len(frames) - 1 != wire.expected_frames(header):
+                raise errors.MalformedRequestError(f"{wire.TYPE_NAMES[header.type]} with {len(frames) - 1} body frames")
+            if header.type == wire.REPLY:
+                headers = wire.decode_headers(frames[2]) if header.has_headers else {}
+                return Reply(frames[1], headers, znode)
+            if header.type != wire.ERROR:
+                raise errors.MalformedRequestError(f"unexpected {wire.TYPE_NAMES[header.type]} for a request")
+            body = wire.decode_error(frames[1])
+        except errors.FabricError as exc:
+            return exc
+        cls = errors.error_for_code(body.code)
+        if cls is errors.RemoteError or body.code == errors.RemoteError.code:
+            return errors.RemoteError(f"{body.type_name}: {body.message} (instance {znode})",
+                                      remote_type=body.type_name, remote_message=body.message, instance=znode)
+        return cls(body.message, remote_type=body.type_name, instance=znode)
+
+    # -- scatter-gather ----------------------------------------------------------------
+
+    async def gather(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
+                     headers: dict[str, bytes | str] | None = None, min_replies: int | None = None) -> GatherResult:
+        """Ask every live instance once; return what came back within ``timeout_ms`` and
+        name the instances that did not answer. With ``min_replies``, fewer replies than
+        that raise RequestTimeout (carrying the partial result as ``result``)."""
+        if not 0 < timeout_ms <= TIMEOUT_MS_MAX:
+            raise errors.InvalidRequestError(f"timeout_ms={timeout_ms} must be within (0, {TIMEOUT_MS_MAX}]")
+        body = as_bytes(payload, "payload")
+        wire_headers = as_headers(headers)
+        view = await self._view(name)
+        deadline = time.monotonic() + timeout_ms / 1000
+        await self._wait_pickable(view, deadline)
+        # Every instance not known dead is asked, also those that have not answered their
+        # first PING yet (their request waits in the DEALER queue until the connection is
+        # up); dead ones are reported missing rather than skipped.
+        targets = {z: p for z, p in view.peers.items()
+                   if not p.leaving and not p.draining and p.health.state != balance.DEAD}
+        missing = [z for z, p in view.peers.items() if z not in targets and not p.leaving]
+        futures: dict[str, asyncio.Future[list[bytes]]] = {}
+        sent: dict[str, tuple[_Peer, int]] = {}
+        for znode, peer in targets.items():
+            cid = next(self._ids) & wire.U32_MAX
+            future: asyncio.Future[list[bytes]] = self.loop.create_future()
+            peer.pending[cid] = future
+            frames = wire.request_frames(cid, body, timeout_ms=timeout_ms, idempotent=True, headers=wire_headers)
+            if peer.send(frames):
+                futures[znode] = future
+                sent[znode] = (peer, cid)
+            else:
+                peer.pending.pop(cid, None)
+                missing.append(znode)
+        if futures:
+            await asyncio.wait(list(futures.values()), timeout=max(0.0, deadline - time.monotonic()))
+        replies: list[Reply] = []
+        failed: dict[str, errors.FabricError] = {}
+        for znode, future in futures.items():
+            peer, cid = sent[znode]
+            if not future.done():
+                peer.pending.pop(cid, None)
+                future.cancel()
+                missing.append(znode)
+                continue
+            if future.exception() is not None:
+                missing.append(znode)
+                continue
+            result = self._decode_response(future.result(), znode)
+            if isinstance(result, Reply):
+                replies.append(result)
+            else:
+                failed[znode] = result
+        gathered = GatherResult(replies, sorted(missing), failed)
+        if min_replies is not None and len(replies) < min_replies:
+            raise errors.RequestTimeout(
+                f"service {name!r}: {len(replies)} of {min_replies} required replies within {timeout_ms} ms "
+                f"(missing: {', '.join(gathered.missing) or '-'})", result=gathered)
+        return gathered
+
+    # -- serving -----------------------------------------------------------------------
+
+    async def serve(self, name: str, handler: Handler, *, concurrency: int = CONCURRENCY_DEFAULT,
+                    version: str = "", metadata: dict[str, Any] | None = None,
+                    bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None) -> Service:
+        """Bind, register and answer requests for ``name`` until ``service.stop()`` (or
+        this client's close). Sync handlers run on a pool of ``concurrency`` threads."""
+        if self._closed:
+            raise errors.ClientClosedError("direct client is closed")
+        service = Service(self.zk, self.ctx, name, handler, concurrency=concurrency, version=version,
+                          metadata=metadata, bind=bind, queue_max=queue_max)
+        await service.start()
+        self._services.append(service)
+        return service
+
+    # -- pub/sub -----------------------------------------------------------------------
+
+    async def start_publisher(self) -> Publisher:
+        """Bind and register this client's PUB socket now rather than on the first publish
+        (subscribers connect only after that, and PUB/SUB drops what comes before)."""
+        if self._publisher is None:
+            async with self._publisher_lock:
+                if self._publisher is None:
+                    if self._closed:
+                        raise errors.ClientClosedError("direct client is closed")
+                    fresh = Publisher(self.zk, self.ctx)
+                    await fresh.start()
+                    self._publisher = fresh
+        return self._publisher
+
+    async def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:
+        """At most once, to every current subscriber; never blocks on a slow one."""
+        publisher = self._publisher or await self.start_publisher()
+        publisher.publish(subject, as_bytes(payload, "payload"), as_headers(headers))
+
+    def publisher(self) -> Publisher | None:
+        return self._publisher
+
+    async def subscribe(self, pattern: str, handler: MessageHandler | None = None, *,
+                        pending_max: int = PENDING_MAX_DEFAULT) -> Subscription:
+        if self._closed:
+            raise errors.ClientClosedError("direct client is closed")
+        subscription = Subscription(self.zk, self.ctx, pattern, handler, pending_max=pending_max)
+        await subscription.start()
+        self._subscriptions.append(subscription)
+        return subscription
+
+    # -- introspection and shutdown ----------------------------------------------------
+
+    async def services(self) -> dict[str, dict[str, registry.InstanceInfo]]:
+        """Every registered service and its instances, read from ZooKeeper now."""
+        return await asyncio.to_thread(registry.list_services, self.zk)
+
+    def instances(self, name: str) -> dict[str, str]:
+        """This client's view: instance -> health (connecting, alive, dead, leaving)."""
+        view = self._views.get(name)
+        if view is None:
+            return {}
+        return {z: ("leaving" if p.leaving else p.health.state) for z, p in view.peers.items()}
+
+    async def close(self, *, drain_timeout_ms: int = 10_000) -> None:
+        if self._closed:
+            return
+        for service in self._services:
+            await service.stop(drain_timeout_ms=drain_timeout_ms)
+        for subscription in self._subscriptions:
+            await subscription.close()
+        if self._publisher is not None:
+            await self._publisher.close()
+        self._closed = True
+        self._heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._heartbeat
+        for view in self._views.values():
+            if view.watch is not None:
+                view.watch.close()
+            for peer in view.peers.values():
+                peer.close()
+        self._views.clear()
+        if self._own_zk:
+            await asyncio.to_thread(close_client, self.zk)
+
+    async def __aenter__(self) -> DirectClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _expire(future: asyncio.Future[list[bytes]]) -> None:
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())

@@ -1,0 +1,239 @@
+"""Ephemeral pub/sub: at-most-once, peer to peer, never blocking the publisher.
+
+A process publishes through one PUB socket registered under ``/fabric/publishers``;
+each subscription is one SUB socket connected to every registered publisher, filtering on
+the pattern's literal prefix in ZeroMQ and matching the wildcards exactly here. Losses are
+counted, never hidden: ``dropped`` counts messages this subscriber threw away because its
+queue was full, ``gaps`` counts messages missing from a publisher's sequence (dropped at a
+high-water mark on the way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import logging
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import zmq
+from kazoo.client import KazooClient
+
+from fabric import errors
+from fabric.protocol import direct as wire
+from sdk.direct import _registry as registry
+from sdk.direct._io import SocketReader, make_socket
+from sdk.direct._types import Message
+
+log = logging.getLogger("fabric.direct")
+
+PUB_HWM = 10_000  # messages queued per subscriber at the publisher before ZeroMQ drops
+SUB_HWM = 10_000
+PENDING_MAX_DEFAULT = 10_000  # messages a subscription queues for its handler
+
+MessageHandler = Callable[[Message], Awaitable[None] | None]
+
+
+class Publisher:
+    """This process's PUB socket (one per DirectClient, bound lazily on first publish)."""
+
+    def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], *, bind: str = "tcp://127.0.0.1:*") -> None:
+        self._zk = zk
+        self._ctx = ctx
+        self._bind = bind
+        self._sock: zmq.Socket[Any] | None = None
+        self._znode: str | None = None
+        self.publisher_id = random.getrandbits(32)
+        self._sequence = 0
+        self.address = ""
+        self.published = 0
+        self.dropped = 0  # sends refused locally (never: PUB drops silently at its HWM)
+
+    async def start(self) -> None:
+        sock = make_socket(self._ctx, zmq.PUB, hwm=PUB_HWM)
+        base = self._bind.rsplit(":", 1)[0]
+        port = sock.bind_to_random_port(base) if self._bind.endswith(("*", ":0")) else None
+        if port is None:
+            sock.bind(self._bind)
+            self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self.address = f"{base}:{port}"
+        self._sock = sock
+        info = registry.InstanceInfo.here(self.address, metadata={"publisher_id": self.publisher_id})
+        self._znode = await asyncio.to_thread(registry.register, self._zk, registry.PUBLISHERS,
+                                              registry.PUBLISHER_PREFIX, info)
+
+    def publish(self, subject: str, payload: bytes, headers: dict[str, bytes] | None = None) -> None:
+        """Never blocks: a PUB socket drops messages for a subscriber whose queue is full."""
+        if self._sock is None:
+            raise errors.ClientClosedError("publisher is closed")
+        self._sequence = (self._sequence + 1) & wire.U32_MAX
+        frames = wire.publish_frames(subject, self.publisher_id, self._sequence, payload, headers)
+        try:
+            self._sock.send_multipart(frames, zmq.NOBLOCK)
+            self.published += 1
+        except zmq.Again:
+            self.dropped += 1
+
+    async def close(self) -> None:
+        if self._znode is not None and self._zk.connected:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(registry.deregister, self._zk, self._znode)
+            self._znode = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+
+class Subscription:
+    """Messages matching ``pattern`` from every registered publisher. Either give a handler
+    (called one message at a time, sync handlers on a worker thread) or iterate with
+    ``async for``; not both."""
+
+    def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], pattern: str,
+                 handler: MessageHandler | None = None, *, pending_max: int = PENDING_MAX_DEFAULT) -> None:
+        self.pattern = pattern
+        self._tokens = wire.validate_pattern(pattern)
+        if pending_max < 1:
+            raise errors.InvalidRequestError("pending_max must be at least 1")
+        self.pending_max = pending_max
+        self._zk = zk
+        self._ctx = ctx
+        self._handler = handler
+        self._queue: deque[Message] = deque()
+        self._ready = asyncio.Event()
+        self._sock: zmq.Socket[Any] | None = None
+        self._reader: SocketReader | None = None
+        self._watch: registry.RegistryWatch | None = None
+        self._connected: dict[str, str] = {}  # znode -> address
+        self._last_sequence: dict[int, int] = {}  # publisher id -> last sequence seen
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.received = 0
+        self.dropped = 0
+        self.gaps = 0
+        self.handler_errors = 0
+
+    @property
+    def lost(self) -> int:
+        """Every message this subscriber knows it missed: its own drops plus sequence gaps."""
+        return self.dropped + self.gaps
+
+    @property
+    def publishers(self) -> int:
+        return len(self._connected)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        sock = make_socket(self._ctx, zmq.SUB, hwm=SUB_HWM)
+        sock.setsockopt(zmq.SUBSCRIBE, wire.pattern_prefix(self.pattern))
+        self._sock = sock
+        self._reader = SocketReader(self._loop, sock, self._on_message)
+        loop = self._loop
+        self._watch = registry.RegistryWatch(
+            self._zk, registry.PUBLISHERS, lambda found: loop.call_soon_threadsafe(self._publishers_changed, found))
+        await asyncio.to_thread(self._watch.start)
+        if self._handler is not None:
+            if not (inspect.iscoroutinefunction(self._handler)):
+                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-sub")
+            self._dispatcher = asyncio.ensure_future(self._dispatch())
+
+    def _publishers_changed(self, found: dict[str, registry.InstanceInfo]) -> None:
+        if self._sock is None:
+            return
+        for znode in set(self._connected) - set(found):
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disconnect(self._connected.pop(znode))
+        for znode, info in found.items():
+            if znode not in self._connected:
+                self._sock.connect(info.address)
+                self._connected[znode] = info.address
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) < 3:
+            return
+        try:
+            subject = frames[0].decode()
+            header = wire.decode_header(frames[1])
+            headers = wire.decode_headers(frames[3]) if header.has_headers and len(frames) > 3 else {}
+        except (errors.FabricError, UnicodeDecodeError):
+            return  # not ours or damaged: at-most-once means we skip it
+        if header.type != wire.PUBLISH or not wire.subject_matches(self._tokens, subject):
+            return
+        last = self._last_sequence.get(header.aux)
+        if last is not None:
+            missing = (header.correlation_id - last - 1) & wire.U32_MAX
+            if missing < 0x80000000:  # a restarted publisher (smaller number) is not a gap
+                self.gaps += missing
+        self._last_sequence[header.aux] = header.correlation_id
+        self.received += 1
+        if len(self._queue) >= self.pending_max:
+            self.dropped += 1  # the slow subscriber loses; the publisher never waits
+            return
+        self._queue.append(Message(subject, frames[2], headers, header.aux, header.correlation_id))
+        self._ready.set()
+
+    async def next(self, timeout_ms: int | None = None) -> Message | None:
+        """The next message, or None after ``timeout_ms`` (None waits until closed)."""
+        while not self._queue:
+            if self._closed:
+                return None
+            self._ready.clear()
+            try:
+                await asyncio.wait_for(self._ready.wait(), None if timeout_ms is None else timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                return None
+        return self._queue.popleft()
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Message]:
+        while True:
+            message = await self.next()
+            if message is None:
+                return
+            yield message
+
+    async def _dispatch(self) -> None:
+        handler = self._handler
+        assert handler is not None and self._loop is not None
+        while not self._closed:
+            message = await self.next()
+            if message is None:
+                return
+            try:
+                if self._executor is None:
+                    await handler(message)  # type: ignore[misc]
+                else:
+                    await self._loop.run_in_executor(self._executor, handler, message)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.handler_errors += 1
+                log.exception("subscriber handler for %r failed", self.pattern)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._ready.set()
+        if self._watch is not None:
+            self._watch.close()
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._dispatcher
+        if self._reader is not None:
+            self._reader.close()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,186 @@
+"""The direct plane's registry in ZooKeeper (docs/ZOOKEEPER.md)::
+
+    /fabric/services/<name>/instance-<seq>    ephemeral sequential, JSON InstanceInfo
+    /fabric/publishers/publisher-<seq>        ephemeral sequential, JSON InstanceInfo
+
+Callers keep what a watch last delivered: when ZooKeeper is unreachable no watch fires, so
+the cached instances keep serving requests (their own heartbeats say who is alive).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from fabric import errors
+from fabric.zk import ROOT, close_client
+
+SERVICES = f"{ROOT}/services"
+PUBLISHERS = f"{ROOT}/publishers"
+INSTANCE_PREFIX = "instance-"
+PUBLISHER_PREFIX = "publisher-"
+ZK_TIMEOUT_S = 5.0  # one ZooKeeper call
+ZK_CONNECT_TIMEOUT_S = 15.0  # a first connection (a loaded machine answers slowly)
+SERVICE_NAME_BYTES_MAX = 200
+_SERVICE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+log = logging.getLogger("fabric.direct")
+
+
+def validate_service_name(name: str) -> None:
+    if not name or len(name.encode()) > SERVICE_NAME_BYTES_MAX or not _SERVICE_NAME.match(name) or name in (".", ".."):
+        raise errors.InvalidRequestError(
+            f"invalid service name {name!r}: 1 to {SERVICE_NAME_BYTES_MAX} characters of [A-Za-z0-9._-]")
+
+
+def service_path(name: str) -> str:
+    return f"{SERVICES}/{name}"
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    address: str  # the instance's ROUTER (or a publisher's PUB) endpoint, tcp://host:port
+    version: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    load: int = 0  # requests in flight when last written (refreshed every few seconds)
+    host: str = ""
+    pid: int = 0
+    started_ms: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> InstanceInfo:
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def here(cls, address: str, *, version: str = "", metadata: dict[str, Any] | None = None) -> InstanceInfo:
+        return cls(address, version, dict(metadata or {}), 0, socket.gethostname(), os.getpid(),
+                   int(time.time() * 1000))
+
+
+def _ensure_chroot(hosts: str) -> None:
+    """kazoo refuses a chroot that does not exist yet; the direct plane creates its own."""
+    servers, slash, chroot = hosts.partition("/")
+    if not slash or not chroot.strip("/"):
+        return
+    client = KazooClient(hosts=servers, timeout=ZK_TIMEOUT_S)
+    try:
+        client.start(timeout=ZK_CONNECT_TIMEOUT_S)
+        client.ensure_path_async("/" + chroot.strip("/")).get(timeout=ZK_TIMEOUT_S)
+    finally:
+        close_client(client)
+
+
+def start_client(hosts: str, *, session_timeout_s: float = 10.0) -> KazooClient:
+    try:
+        _ensure_chroot(hosts)
+    except Exception as exc:
+        raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_CONNECT_TIMEOUT_S:.0f} s: {exc}") from exc
+    client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+    try:
+        client.start(timeout=ZK_CONNECT_TIMEOUT_S)
+    except Exception as exc:
+        close_client(client)
+        raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_CONNECT_TIMEOUT_S:.0f} s: {exc}") from exc
+    return client
+
+
+def register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo) -> str:
+    """Create the ephemeral sequential znode; returns its path."""
+    path: str = zk.create_async(f"{parent}/{prefix}", info.encode(), ephemeral=True, sequence=True,
+                                makepath=True).get(timeout=ZK_TIMEOUT_S)
+    return path
+
+
+def update(zk: KazooClient, path: str, info: InstanceInfo) -> None:
+    zk.set_async(path, info.encode()).get(timeout=ZK_TIMEOUT_S)
+
+
+def deregister(zk: KazooClient, path: str) -> None:
+    try:
+        zk.delete_async(path).get(timeout=ZK_TIMEOUT_S)
+    except NoNodeError:
+        pass
+
+
+def read_instances(zk: KazooClient, parent: str) -> dict[str, InstanceInfo]:
+    """znode name -> info, for every child of ``parent`` (none if the path is missing)."""
+    try:
+        children = zk.get_children_async(parent).get(timeout=ZK_TIMEOUT_S)
+    except NoNodeError:
+        return {}
+    out: dict[str, InstanceInfo] = {}
+    for child in sorted(children):
+        try:
+            raw, _ = zk.get_async(f"{parent}/{child}").get(timeout=ZK_TIMEOUT_S)
+            out[child] = InstanceInfo.decode(raw)
+        except NoNodeError:
+            continue
+        except (ValueError, TypeError) as exc:  # a foreign or broken znode: skip it, say so
+            log.warning("ignoring unreadable registry entry %s/%s: %s", parent, child, exc)
+    return out
+
+
+def list_services(zk: KazooClient) -> dict[str, dict[str, InstanceInfo]]:
+    try:
+        names = zk.get_children_async(SERVICES).get(timeout=ZK_TIMEOUT_S)
+    except NoNodeError:
+        return {}
+    return {name: read_instances(zk, service_path(name)) for name in sorted(names)}
+
+
+class RegistryWatch:
+    """Keeps ``on_change(instances)`` told about the children of ``parent``.
+
+    Kazoo calls the watch on its own thread; ``on_change`` must be quick (the asyncio client
+    posts the snapshot to its loop). Reads of the children's data happen here, on kazoo's
+    thread, never on the caller's loop."""
+
+    def __init__(self, zk: KazooClient, parent: str, on_change: Callable[[dict[str, InstanceInfo]], object]) -> None:
+        self._zk = zk
+        self._parent = parent
+        self._on_change = on_change
+        self._closed = threading.Event()
+        self._known: dict[str, InstanceInfo] = {}
+
+    def start(self) -> None:
+        self._zk.ensure_path_async(self._parent).get(timeout=ZK_TIMEOUT_S)
+        self._zk.ChildrenWatch(self._parent, self._children_changed)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _children_changed(self, children: list[str]) -> bool | None:
+        if self._closed.is_set():
+            return False
+        fresh: dict[str, InstanceInfo] = {}
+        for child in children:
+            info = self._known.get(child)  # ephemeral sequential names are never reused
+            if info is None:
+                try:
+                    raw, _ = self._zk.get_async(f"{self._parent}/{child}").get(timeout=ZK_TIMEOUT_S)
+                    info = InstanceInfo.decode(raw)
+                except NoNodeError:
+                    continue
+                except Exception as exc:  # unreadable or ZooKeeper gone mid-read: keep the rest
+                    log.warning("registry entry %s/%s unreadable: %s", self._parent, child, exc)
+                    continue
+            fresh[child] = info
+        self._known = fresh
+        self._on_change(dict(fresh))
+        return None

@@ -1,0 +1,326 @@
+"""One service instance: a ROUTER bound on a port, a znode in the registry, a bounded set of
+handler calls in flight. Runs on the caller's asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import inspect
+import logging
+import time
+import types
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import zmq
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState
+
+from fabric import errors
+from fabric.protocol import direct as wire
+from sdk.direct import _registry as registry
+from sdk.direct._io import SocketReader, make_socket
+from sdk.direct._types import Reply, Request, as_bytes
+
+log = logging.getLogger("fabric.direct")
+
+HandlerResult = bytes | bytearray | memoryview | str | Reply | None
+Handler = Callable[[Request], HandlerResult | Awaitable[HandlerResult]]
+
+CONCURRENCY_DEFAULT = 16
+QUEUE_PER_SLOT = 64  # requests waiting per concurrency slot before SERVICE_OVERLOADED
+DRAIN_TIMEOUT_MS_DEFAULT = 10_000
+LOAD_REPORT_INTERVAL_S = 2.0
+
+
+def _is_async(handler: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))  # noqa: B004
+
+
+@types.coroutine
+def _resume(coro: Any, yielded: Any) -> Any:
+    """Continue a coroutine that already ran to its first suspension (``yielded`` is what
+    it awaited), inside a Task: the same hand-over ``yield from`` does."""
+    while True:
+        try:
+            try:
+                sent = yield yielded
+            except BaseException as exc:
+                yielded = coro.throw(exc)
+            else:
+                yielded = coro.send(sent)
+        except StopIteration as done:
+            return done.value
+
+
+class Service:
+    """Serve ``name`` with ``handler`` until ``stop()``. Created by ``DirectClient.serve``."""
+
+    def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], name: str, handler: Handler, *,
+                 concurrency: int = CONCURRENCY_DEFAULT, version: str = "", metadata: dict[str, Any] | None = None,
+                 bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None) -> None:
+        registry.validate_service_name(name)
+        if concurrency < 1:
+            raise errors.InvalidRequestError(f"concurrency={concurrency} must be at least 1")
+        self.name = name
+        self.concurrency = concurrency
+        self.version = version
+        self.metadata = dict(metadata or {})
+        self.queue_max = concurrency * QUEUE_PER_SLOT if queue_max is None else queue_max
+        self._zk = zk
+        self._ctx = ctx
+        self._bind = bind
+        self._handler = handler
+        self._async = _is_async(handler)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # async handlers that suspended
+        self._running = 0
+        self._waiting: collections.deque[tuple[bytes, int, Request, float]] = collections.deque()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._sock: zmq.Socket[Any] | None = None
+        self._reader: SocketReader | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._znode: str | None = None
+        self._info: registry.InstanceInfo | None = None
+        self._stopping = False
+        self._reported_load = -1
+        self._background: asyncio.Task[None] | None = None
+        self._session_lost = False
+        self.address = ""
+        self.handled = 0
+        self.failed = 0
+        self.refused = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Handler calls running plus requests waiting for a slot."""
+        return self._running + len(self._waiting)
+
+    @property
+    def znode(self) -> str | None:
+        return self._znode
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if not self._async:
+            self._executor = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"svc-{self.name}")
+        sock = make_socket(self._ctx, zmq.ROUTER)
+        try:
+            if self._bind.endswith(":*") or self._bind.endswith(":0"):
+                base = self._bind.rsplit(":", 1)[0]
+                port = sock.bind_to_random_port(base)
+                self.address = f"{base}:{port}"
+            else:
+                sock.bind(self._bind)
+                self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise errors.InvalidRequestError(f"service {self.name!r} cannot bind {self._bind}: {exc}") from None
+        self._sock = sock
+        self._reader = SocketReader(self._loop, sock, self._on_message)
+        self._info = registry.InstanceInfo.here(self.address, version=self.version, metadata=self.metadata)
+        try:
+            self._znode = await asyncio.to_thread(
+                registry.register, self._zk, registry.service_path(self.name), registry.INSTANCE_PREFIX, self._info)
+        except Exception:
+            self._close_socket()
+            raise
+        self._zk.add_listener(self._zk_state)
+        self._background = asyncio.ensure_future(self._report_load())
+
+    # ZooKeeper: a lost session deletes the ephemeral znode; register again on reconnect.
+    def _zk_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._session_lost = True
+        elif state == KazooState.CONNECTED and self._session_lost and self._loop is not None:
+            self._session_lost = False
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._reregister()))
+
+    async def _reregister(self) -> None:
+        if self._stopping or self._info is None:
+            return
+        try:
+            self._znode = await asyncio.to_thread(
+                registry.register, self._zk, registry.service_path(self.name), registry.INSTANCE_PREFIX, self._info)
+            log.info("service %s re-registered as %s after a lost ZooKeeper session", self.name, self._znode)
+        except Exception as exc:
+            log.warning("service %s could not re-register: %s", self.name, exc)
+
+    async def _report_load(self) -> None:
+        """The registry's load figure is for `fabric service list`; callers balance on their
+        own counts and on PONGs, so a few seconds of staleness is fine."""
+        while not self._stopping:
+            await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
+            load = self.in_flight
+            if load == self._reported_load or self._znode is None or self._info is None:
+                continue
+            info = registry.InstanceInfo(**{**self._info.__dict__, "load": load})
+            try:
+                await asyncio.to_thread(registry.update, self._zk, self._znode, info)
+                self._reported_load = load
+            except Exception as exc:  # ZooKeeper away: the service keeps serving
+                log.debug("service %s load report failed: %s", self.name, exc)
+
+    def _send(self, identity: bytes, frames: list[bytes]) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            # A ROUTER never blocks: a reply to a caller that left is dropped, which is what
+            # we want (it gave up on the request).
+            sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        if self._reader is not None:
+            self._reader.kick()
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        identity = frames[0]
+        try:
+            header = wire.decode_header(frames[1])
+        except errors.FabricError as exc:
+            self._send(identity, wire.error_frames(0, exc.code, type(exc).__name__, exc.message))
+            return
+        if header.type == wire.PING:
+            self._send(identity, wire.pong_frames(self.in_flight))
+            return
+        if header.type != wire.REQUEST:
+            return  # PONGs and strays: nothing to answer
+        cid = header.correlation_id
+        if len(frames) - 2 != wire.expected_frames(header):
+            self._send(identity, wire.error_frames(cid, errors.MalformedRequestError.code, "MalformedRequestError",
+                                                   f"REQUEST with {len(frames) - 2} body frames"))
+            return
+        if self._stopping:
+            self.refused += 1
+            self._send(identity, wire.error_frames(cid, errors.ServiceStopping.code, "ServiceStopping",
+                                                   f"instance {self._znode} of {self.name!r} is stopping"))
+            return
+        if self._running >= self.concurrency and len(self._waiting) >= self.queue_max:
+            self.refused += 1
+            self._send(identity, wire.error_frames(cid, errors.ServiceOverloaded.code, "ServiceOverloaded",
+                                                   f"{self.in_flight} requests queued or running"))
+            return
+        try:
+            headers = wire.decode_headers(frames[3]) if header.has_headers else {}
+        except errors.FabricError as exc:
+            self._send(identity, wire.error_frames(cid, exc.code, type(exc).__name__, exc.message))
+            return
+        request = Request(frames[2], headers, header.idempotent, header.aux, self.name)
+        if self._running < self.concurrency:
+            self._start(identity, cid, request)
+        else:
+            self._waiting.append((identity, cid, request, time.monotonic()))
+
+    # Dispatch. At most ``concurrency`` handler calls run; the rest wait in a bounded deque
+    # (``queue_max``). An async handler starts *eagerly*, inside the receive callback: a
+    # handler that completes without suspending is answered with no task and no extra
+    # loop turn (the request path the benchmark measures); one that suspends continues in a
+    # task. Sync handlers go to the thread pool and answer from its future's callback.
+
+    def _start(self, identity: bytes, cid: int, request: Request) -> None:
+        self._running += 1
+        self._idle.clear()
+        if not self._async:
+            assert self._loop is not None and self._executor is not None
+            future = self._loop.run_in_executor(self._executor, self._handler, request)
+            future.add_done_callback(lambda f: self._finish_future(identity, cid, f))
+            return
+        try:
+            coro = self._handler(request)
+            yielded = coro.send(None)  # type: ignore[union-attr]
+        except StopIteration as done:
+            self._finish(identity, cid, done.value, None)
+            return
+        except Exception as exc:
+            self._finish(identity, cid, None, exc)
+            return
+        task = asyncio.ensure_future(_resume(coro, yielded))
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._finish_future(identity, cid, t))
+
+    def _finish_future(self, identity: bytes, cid: int, future: asyncio.Future[Any]) -> None:
+        self._tasks.discard(future)
+        if future.cancelled():
+            self._finish(identity, cid, None, errors.ServiceStopping("the instance stopped before the handler finished"))
+        else:
+            self._finish(identity, cid, None if future.exception() else future.result(), future.exception())
+
+    def _finish(self, identity: bytes, cid: int, result: Any, exc: BaseException | None) -> None:
+        self._running -= 1
+        if exc is None:
+            try:
+                if isinstance(result, Reply):
+                    frames = wire.reply_frames(cid, result.payload, result.headers or None)
+                else:
+                    frames = wire.reply_frames(cid, as_bytes(result, "handler result"))
+                self.handled += 1
+            except errors.FabricError as bad:
+                exc = bad
+        if exc is not None:
+            self.failed += 1
+            code = exc.code if isinstance(exc, errors.FabricError) and exc.code > 0 else errors.RemoteError.code
+            message = exc.message if isinstance(exc, errors.FabricError) else str(exc)
+            frames = wire.error_frames(cid, code, type(exc).__name__, message)
+        self._send(identity, frames)
+        self._start_waiting()
+        if self._running == 0 and not self._waiting:
+            self._idle.set()
+
+    def _start_waiting(self) -> None:
+        now = time.monotonic()
+        while self._waiting and self._running < self.concurrency:
+            identity, cid, request, received_s = self._waiting.popleft()
+            if request.timeout_ms and (now - received_s) * 1000 > request.timeout_ms:
+                # The caller gave up while this waited for a slot: skip the work.
+                self._send(identity, wire.error_frames(cid, errors.RequestTimeout.code, "RequestTimeout",
+                                                       "expired while queued at the instance"))
+                continue
+            self._start(identity, cid, request)
+
+    async def stop(self, *, drain_timeout_ms: int = DRAIN_TIMEOUT_MS_DEFAULT) -> None:
+        """Deregister first (callers stop picking this instance), refuse new requests with
+        SERVICE_STOPPING (callers retry those elsewhere: nothing ran), let the requests in
+        flight finish for up to ``drain_timeout_ms``, then close."""
+        if self._stopping:
+            return
+        self._zk.remove_listener(self._zk_state)
+        if self._znode is not None and not self._zk.connected:
+            log.warning("service %s: ZooKeeper unreachable; %s goes when its session expires", self.name, self._znode)
+        elif self._znode is not None:
+            try:
+                await asyncio.to_thread(registry.deregister, self._zk, self._znode)
+            except Exception as exc:  # ZooKeeper away: the session's expiry removes it
+                log.warning("service %s could not deregister %s: %s", self.name, self._znode, exc)
+        self._stopping = True
+        if self._background is not None:
+            self._background.cancel()
+        try:
+            await asyncio.wait_for(self._idle.wait(), drain_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            log.warning("service %s: %d requests still running after %d ms; cancelling", self.name,
+                        self.in_flight, drain_timeout_ms)
+            while self._waiting:
+                identity, cid, _request, _received = self._waiting.popleft()
+                self._send(identity, wire.error_frames(cid, errors.ServiceStopping.code, "ServiceStopping",
+                                                       "the instance stopped before running the request"))
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.sleep(0)
+        self._close_socket()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _close_socket(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.close(linger=0)
+            self._sock = None

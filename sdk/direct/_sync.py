@@ -1,0 +1,161 @@
+"""The blocking API: the asyncio core on one background loop thread per client.
+
+Every call hands a coroutine to that loop and waits for it with a bound (the call's own
+timeout plus a margin), so a wedged loop surfaces as an error, not a hang. ``close()``
+stops services (deregister, drain), subscriptions and the loop, and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from fabric import errors
+from sdk.direct._client import TIMEOUT_MS_DEFAULT, DirectClient
+from sdk.direct._pubsub import PENDING_MAX_DEFAULT, Subscription
+from sdk.direct._server import CONCURRENCY_DEFAULT, DRAIN_TIMEOUT_MS_DEFAULT, Service
+from sdk.direct._types import GatherResult, Message, Reply
+
+T = TypeVar("T")
+CALL_MARGIN_S = 10.0  # on top of a call's own timeout: ZooKeeper reads, loop scheduling
+STOP_JOIN_S = 30.0
+
+
+class LoopThread:
+    """An asyncio loop running on its own daemon thread."""
+
+    def __init__(self, name: str = "fabric-direct") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            # The worker threads of asyncio.to_thread (ZooKeeper calls) end with the loop.
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a blocking Fabric call from inside the client's own loop (use the asyncio API there)")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise errors.RequestTimeout(f"the client's loop did not finish the call within {timeout_s:.1f} s") from None
+
+    def call_soon(self, fn: Callable[[], Any]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def stop(self) -> None:
+        if self.loop.is_closed() or not self._thread.is_alive():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(STOP_JOIN_S)
+
+
+class SyncService:
+    """A running service, for the blocking API."""
+
+    def __init__(self, loop: LoopThread, service: Service) -> None:
+        self._loop = loop
+        self.service = service
+
+    @property
+    def address(self) -> str:
+        return self.service.address
+
+    @property
+    def znode(self) -> str | None:
+        return self.service.znode
+
+    def stop(self, *, drain_timeout_ms: int = DRAIN_TIMEOUT_MS_DEFAULT) -> None:
+        self._loop.run(self.service.stop(drain_timeout_ms=drain_timeout_ms), drain_timeout_ms / 1000 + CALL_MARGIN_S)
+
+
+class SyncSubscription:
+    """A subscription, for the blocking API: ``next(timeout_ms)`` or a handler."""
+
+    def __init__(self, loop: LoopThread, subscription: Subscription) -> None:
+        self._loop = loop
+        self.subscription = subscription
+
+    def next(self, timeout_ms: int = 1_000) -> Message | None:
+        return self._loop.run(self.subscription.next(timeout_ms), timeout_ms / 1000 + CALL_MARGIN_S)
+
+    @property
+    def received(self) -> int:
+        return self.subscription.received
+
+    @property
+    def dropped(self) -> int:
+        return self.subscription.dropped
+
+    @property
+    def gaps(self) -> int:
+        return self.subscription.gaps
+
+    @property
+    def lost(self) -> int:
+        return self.subscription.lost
+
+    def close(self) -> None:
+        self._loop.run(self.subscription.close(), CALL_MARGIN_S)
+
+
+class SyncDirect:
+    """The direct plane with blocking calls (``sdk.Client`` exposes these)."""
+
+    def __init__(self, zk_hosts: str, **options: Any) -> None:
+        self._loop = LoopThread()
+        try:
+            self.direct: DirectClient = self._loop.run(DirectClient.connect(zk_hosts, **options), 30.0)
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def request(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
+                headers: dict[str, bytes | str] | None = None, idempotent: bool = False,
+                attempts_max: int = 3) -> Reply:
+        return self._loop.run(self.direct.request(name, payload, timeout_ms=timeout_ms, headers=headers,
+                                                  idempotent=idempotent, attempts_max=attempts_max),
+                              timeout_ms / 1000 + CALL_MARGIN_S)
+
+    def gather(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
+               headers: dict[str, bytes | str] | None = None, min_replies: int | None = None) -> GatherResult:
+        return self._loop.run(self.direct.gather(name, payload, timeout_ms=timeout_ms, headers=headers,
+                                                 min_replies=min_replies), timeout_ms / 1000 + CALL_MARGIN_S)
+
+    def serve(self, name: str, handler: Callable[..., Any], *, concurrency: int = CONCURRENCY_DEFAULT,
+              version: str = "", metadata: dict[str, Any] | None = None, bind: str = "tcp://127.0.0.1:*",
+              queue_max: int | None = None) -> SyncService:
+        service = self._loop.run(self.direct.serve(name, handler, concurrency=concurrency, version=version,
+                                                   metadata=metadata, bind=bind, queue_max=queue_max), CALL_MARGIN_S)
+        return SyncService(self._loop, service)
+
+    def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:
+        self._loop.run(self.direct.publish(subject, payload, headers=headers), CALL_MARGIN_S)
+
+    def start_publisher(self) -> None:
+        self._loop.run(self.direct.start_publisher(), CALL_MARGIN_S)
+
+    def subscribe(self, pattern: str, handler: Callable[[Message], Any] | None = None, *,
+                  pending_max: int = PENDING_MAX_DEFAULT) -> SyncSubscription:
+        subscription = self._loop.run(self.direct.subscribe(pattern, handler, pending_max=pending_max), CALL_MARGIN_S)
+        return SyncSubscription(self._loop, subscription)
+
+    def services(self) -> dict[str, Any]:
+        return self._loop.run(self.direct.services(), CALL_MARGIN_S)
+
+    def close(self, *, drain_timeout_ms: int = DRAIN_TIMEOUT_MS_DEFAULT) -> None:
+        try:
+            self._loop.run(self.direct.close(drain_timeout_ms=drain_timeout_ms), drain_timeout_ms / 1000 + CALL_MARGIN_S)
+        finally:
+            self._loop.stop()

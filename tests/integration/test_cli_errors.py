@@ -1,0 +1,206 @@
+"""Every bad input from issue 10 through the real `fabric` command (a subprocess): one line
+on stderr, the documented exit code (docs/PROTOCOL.md section 13), no traceback, no hang.
+Then the new flags doing their job: headers, timestamps, nulls, large records, offsets."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fabric.local import LocalCluster, LocalZooKeeper
+from sdk import Admin, Producer
+
+REPO = Path(__file__).resolve().parents[2]
+COMMAND_TIMEOUT_S = 60.0  # generous for a loaded machine; a hang is what this catches
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: bytes
+    stderr: str
+
+
+Fabric = Callable[..., Result]
+
+
+@pytest.fixture
+def fabric(cluster: LocalCluster, tmp_path: Path) -> Fabric:
+    env = {**os.environ, "FABRIC_BOOTSTRAP": cluster.bootstrap, "FABRIC_HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env.pop("FABRIC_DEBUG", None)
+
+    def run(*args: str, stdin: bytes = b"", extra_env: dict[str, str] | None = None) -> Result:
+        done = subprocess.run([sys.executable, "-m", "fabric", *args], input=stdin, cwd=tmp_path,
+                              env={**env, **(extra_env or {})}, capture_output=True, timeout=COMMAND_TIMEOUT_S,
+                              check=False)
+        return Result(done.returncode, done.stdout, done.stderr.decode(errors="replace"))
+
+    return run
+
+
+def assert_one_line_error(result: Result, code: int, *needles: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.code == code, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fabric"), lines[0]
+    assert ": error: " in lines[0]
+    assert "Traceback" not in result.stderr and "kazoo" not in result.stderr.lower()
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def topic(cluster: LocalCluster) -> str:
+    name = f"cli-errors-{os.getpid()}"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(name, partitions=2)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(5):
+            producer.send(name, b"v%d" % i, partition=0)
+    return name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- usage errors: exit 2 ---------------------------------------------------------------------
+@pytest.mark.parametrize(("args", "needle"), [
+    (("consume", "T", "--from-offset", "yesterday"), "--from-offset: 'yesterday' is not earliest, latest or an offset"),
+    (("consume", "T", "--from-offset", "-5"), "--from-offset"),
+    (("consume", "T", "--max-messages", "0"), "--max-messages"),
+    (("consume", "T", "--partition", "x"), "--partition"),
+    (("produce", "T", "--acks", "2"), "--acks"),
+    (("produce", "T", "--linger-ms", "soon"), "--linger-ms"),
+    (("produce", "T", "--header", "novalue"), "--header: 'novalue' is not NAME=VALUE"),
+    (("produce", "T", "--batch-bytes-max", "-1"), "--batch-bytes-max"),
+    (("produce", "T", "--file", "/nope"), "--file: cannot open '/nope'"),
+    (("produce", "T", "--key-sep", ""), "--key-sep"),
+    (("produce", "T", "-b", "http://x"), "'http://x' is not an address Fabric speaks"),
+    (("consume", "T", "-b", "node-without-port"), "is not HOST:PORT"),
+    (("topic", "create", "x", "--partitions", "0"), "--partitions"),
+    (("topic", "create", "x", "-c", "retention_ms"), "'retention_ms' is not NAME=VALUE"),
+    (("topic", "frobnicate"), "invalid choice"),
+    (("nonsense",), "invalid choice"),
+    (("consume",), "required"),
+])
+def test_bad_flag_values_are_usage_errors(fabric: Fabric, topic: str, args: tuple[str, ...], needle: str) -> None:
+    args = tuple(topic if a == "T" else a for a in args)
+    assert_one_line_error(fabric(*args), 2, needle)
+
+
+def test_http_bootstrap_with_input_fails_fast(fabric: Fabric, topic: str) -> None:
+    started = time.monotonic()
+    assert_one_line_error(fabric("produce", topic, "-b", "http://x", stdin=b"one line\n"), 2, "http://x")
+    assert time.monotonic() - started < COMMAND_TIMEOUT_S
+
+
+# -- cluster and environment errors: exit 1 ---------------------------------------------------
+def test_consume_past_the_end_is_an_error_not_a_replay(fabric: Fabric, topic: str) -> None:
+    result = fabric("consume", topic, "--partition", "0", "--from-offset", "99999")
+    assert_one_line_error(result, 1, "99999 is outside the log", f"{topic}/0 holds offsets 0 to 5")
+    assert result.stdout == b""
+
+
+def test_consume_from_the_end_offset_is_allowed(fabric: Fabric, topic: str) -> None:
+    result = fabric("consume", topic, "--partition", "0", "--from-offset", "5")
+    assert (result.code, result.stdout, result.stderr) == (0, b"", "")
+    result = fabric("consume", topic, "--partition", "0", "--from-offset", "3")
+    assert result.code == 0 and result.stdout == b"v3\nv4\n"
+
+
+def test_zookeeper_address_without_scheme_is_plainly_refused(fabric: Fabric, zk_server: LocalZooKeeper,
+                                                             topic: str) -> None:
+    address = zk_server.address.removeprefix("zk://")
+    result = fabric("consume", topic, "-b", address)
+    assert_one_line_error(result, 1, "not a Fabric node", f"zk://{address}")
+
+
+def test_zookeeper_down_is_one_line(fabric: Fabric, topic: str) -> None:
+    result = fabric("consume", topic, "-b", f"zk://127.0.0.1:{free_port()}")
+    assert_one_line_error(result, 1, "cannot reach ZooKeeper")
+
+
+def test_node_down_is_one_line(fabric: Fabric, topic: str) -> None:
+    result = fabric("produce", topic, "-b", f"tcp://127.0.0.1:{free_port()}", stdin=b"x\n")
+    assert_one_line_error(result, 1, "cannot reach any Fabric node")
+
+
+def test_recorded_cluster_that_is_gone(fabric: Fabric, topic: str, tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "local.json").write_text(json.dumps({"bootstrap": "zk://127.0.0.1:1", "pid": 2**22 + 7}))
+    result = fabric("topic", "list", extra_env={"FABRIC_HOME": str(tmp_path / "home"), "FABRIC_BOOTSTRAP": ""})
+    assert_one_line_error(result, 1, "is not running")
+
+
+def test_unknown_topic_and_partition(fabric: Fabric, topic: str) -> None:
+    assert_one_line_error(fabric("produce", "no-such-topic", stdin=b"x\n"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
+    assert_one_line_error(fabric("consume", "no-such-topic"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
+    assert_one_line_error(fabric("produce", topic, "--partition", "9", stdin=b"x\n"), 1, "no partition 9")
+
+
+def test_refused_topic_names(fabric: Fabric) -> None:
+    assert_one_line_error(fabric("topic", "create", "bad name!"), 1, "INVALID_TOPIC")
+    assert_one_line_error(fabric("topic", "create", "x" * 300), 1, "INVALID_TOPIC")
+
+
+def test_partial_success_is_exit_3(fabric: Fabric, topic: str) -> None:
+    result = fabric("produce", topic, "--partition", "1", "--record-bytes-max", "10", stdin=b"short\n" + b"y" * 50 + b"\n")
+    assert_one_line_error(result, 3, "longer than --record-bytes-max=10", "1 of 1 records delivered")
+
+
+def test_debug_shows_the_traceback(fabric: Fabric) -> None:
+    result = fabric("consume", "t", "-b", f"zk://127.0.0.1:{free_port()}", extra_env={"FABRIC_DEBUG": "1"})
+    assert result.code == 1 and "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("fabric: error: cannot reach ZooKeeper")
+
+
+# -- what works now ---------------------------------------------------------------------------
+def test_version_and_defaults_in_help(fabric: Fabric) -> None:
+    result = fabric("--version")
+    assert result.code == 0 and result.stdout.decode().startswith("fabric ")
+    help_text = fabric("consume", "--help").stdout.decode()
+    assert "(default: earliest)" in help_text and "(default: (null))" in help_text
+    help_text = fabric("produce", "--help").stdout.decode()
+    assert "(default: all)" in help_text and "(default: 262144)" in help_text
+    assert "exit codes" in fabric("--help").stdout.decode()
+
+
+def test_headers_timestamps_keys_and_nulls_round_trip(fabric: Fabric, cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    result = fabric("produce", topic_name, "--key-sep", ":", "--header", "src=cli", "--header", "v=2",
+                    stdin=b"k1:hello\nno key here\n")
+    assert (result.code, result.stderr) == (0, "")
+    with Producer(cluster.bootstrap) as producer:
+        producer.send(topic_name, None, key=None, headers=[("n", None)], timestamp_ms=1_700_000_000_000).result(10)
+    out = fabric("consume", topic_name, "--print-offset", "--print-timestamp", "--print-key", "--print-headers")
+    assert out.code == 0, out.stderr
+    lines = out.stdout.split(b"\n")
+    first = lines[0].split(b"\t")
+    assert first[0] == b"0:0" and int(first[1]) > 1_600_000_000_000
+    assert first[2:] == [b"k1", b"src=cli,v=2", b"hello"]
+    assert lines[1].split(b"\t")[2:] == [b"(null)", b"src=cli,v=2", b"no key here"]
+    assert lines[2] == b"0:2\t1700000000000\t(null)\tn=(null)\t(null)"
+    out = fabric("consume", topic_name, "--null-text", "NULL")
+    assert out.stdout == b"hello\nno key here\nNULL\n"
+
+
+def test_one_megabyte_line(fabric: Fabric, cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    line = b"m" * 1_000_000
+    result = fabric("produce", topic_name, stdin=b"small\n" + line + b"\n")
+    assert (result.code, result.stderr) == (0, "")
+    assert fabric("consume", topic_name).stdout == b"small\n" + line + b"\n"

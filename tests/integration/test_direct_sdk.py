@@ -1,0 +1,159 @@
+"""The SDK's entry points over both planes: ``sdk.connect`` (asyncio) and ``sdk.Client``
+(blocking), sync handlers with bounded concurrency, and a client that keeps working on its
+cached registry while ZooKeeper is down."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import sdk
+from fabric import errors
+from fabric.local import LocalCluster, LocalZooKeeper
+from sdk.direct import DirectClient, Request
+
+
+def test_async_client_reaches_topics_and_services(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    with sdk.Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2)
+
+    async def run() -> tuple[list[int], list[bytes], bytes]:
+        client = await sdk.connect(bootstrap)
+        try:
+            producer = client.producer(linger_ms=1)
+            metadata = await asyncio.gather(*[producer.send(topic_name, f"v{n}", partition=0) for n in range(20)])
+            consumer = await client.consumer([topic_name])
+            seen: list[bytes] = []
+            async for record in consumer:
+                seen.append(record.value or b"")
+                if len(seen) == 20:
+                    break
+            await client.serve("upper", lambda request: request.payload.upper())
+            reply = await client.request("upper", b"abc", timeout_ms=5_000)
+            return [m.offset for m in metadata], seen, reply.payload
+        finally:
+            await client.close()
+
+    offsets, seen, upper = asyncio.run(run())
+    assert offsets == list(range(20))
+    assert seen == [f"v{n}".encode() for n in range(20)]
+    assert upper == b"ABC"
+
+
+def test_sync_client_with_sync_handlers_and_concurrency(zk_server: LocalZooKeeper) -> None:
+    bootstrap = f"zk://{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def slow_handler(request: Request) -> bytes:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        if request.payload == b"bad":
+            raise KeyError("missing")
+        return request.payload + request.headers.get("suffix", b"")
+
+    with sdk.Client(bootstrap) as server, sdk.Client(bootstrap) as client:
+        server.serve("slow", slow_handler, concurrency=3, version="2.1", metadata={"zone": "a"})
+        results: list[bytes] = []
+
+        def call(n: int) -> None:
+            results.append(client.request("slow", f"r{n}", headers={"suffix": "!"}, timeout_ms=10_000).payload)
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(results) == sorted(f"r{n}!".encode() for n in range(12))
+        assert peak == 3  # the concurrency bound held, and was used
+        with pytest.raises(errors.RemoteError) as caught:
+            client.request("slow", "bad")
+        assert caught.value.remote_type == "KeyError"  # type: ignore[attr-defined]
+        (instances,) = client.services()["slow"].values()
+        assert (instances.version, instances.metadata) == ("2.1", {"zone": "a"})
+
+
+def test_overloaded_instance_refuses_without_running(zk_server: LocalZooKeeper) -> None:
+    hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+
+    async def run() -> tuple[int, int]:
+        server = await DirectClient.connect(hosts)
+        client = await DirectClient.connect(hosts)
+        ran = 0
+
+        async def handler(request: Request) -> bytes:
+            nonlocal ran
+            ran += 1
+            await asyncio.sleep(0.3)
+            return b"ok"
+
+        try:
+            await server.serve("tiny", handler, concurrency=1, queue_max=1)
+            calls = [client.request("tiny", b"x", timeout_ms=5_000, attempts_max=1) for _ in range(4)]
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            refused = sum(isinstance(o, errors.NoServiceAvailable) and "SERVICE_OVERLOADED" in str(o) for o in outcomes)
+            return refused, ran
+        finally:
+            await client.close()
+            await server.close()
+
+    refused, ran = asyncio.run(run())
+    assert refused == 2 and ran == 2  # one running, one queued, two refused and never run
+
+
+def test_cached_registry_serves_while_zookeeper_is_down(tmp_path: Path) -> None:
+    zookeeper = LocalZooKeeper(tmp_path / "zk")
+    zookeeper.start()
+    try:
+        async def run() -> list[bytes]:
+            server = await DirectClient.connect(zookeeper.address)
+            client = await DirectClient.connect(zookeeper.address)
+            try:
+                await server.serve("quotes", lambda request: b"q:" + request.payload)
+                replies = [(await client.request("quotes", b"1", timeout_ms=5_000)).payload]
+                await asyncio.to_thread(zookeeper.stop)
+                for n in range(2, 6):  # ZooKeeper is gone: the cached instances keep answering
+                    replies.append((await client.request("quotes", str(n), timeout_ms=5_000)).payload)
+                    await asyncio.sleep(0.3)
+                return replies
+            finally:
+                await client.close(drain_timeout_ms=1_000)
+                await server.close(drain_timeout_ms=1_000)
+
+        assert asyncio.run(run()) == [b"q:1", b"q:2", b"q:3", b"q:4", b"q:5"]
+    finally:
+        zookeeper.stop()
+
+
+def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> None:
+    with sdk.Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2)
+
+    async def run() -> list[bytes]:
+        client = await sdk.connect(cluster.bootstrap)
+        try:
+            producer = client.producer(linger_ms=1)
+            await asyncio.gather(*[producer.send(topic_name, f"g{n}", key=f"k{n}") for n in range(10)])
+            consumer = await client.consumer([topic_name], group_id=f"group-{topic_name}")
+            seen: list[bytes] = []
+            async for record in consumer:
+                seen.append(record.value or b"")
+                if len(seen) == 10:
+                    break
+            return seen
+        finally:
+            await client.close()
+
+    assert sorted(asyncio.run(run())) == sorted(f"g{n}".encode() for n in range(10))

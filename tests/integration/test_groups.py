@@ -1,0 +1,334 @@
+"""Consumer groups on a real cluster: coordinator on a node, committed offsets, rebalancing."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fabric import errors
+from fabric.local import LocalCluster
+from sdk import Admin, Consumer, Producer, TopicPartition
+from sdk._group import ConsumerRebalanceListener
+
+FAST = {"session_timeout_ms": 6_000, "heartbeat_interval_ms": 500}
+
+
+def _produce(bootstrap: str, topic: str, count: int, partitions: int, start: int = 0) -> None:
+    with Producer(bootstrap, linger_ms=1) as producer:
+        futures = [producer.send(topic, f"v{i}".encode(), partition=i % partitions) for i in range(start, start + count)]
+        for f in futures:
+            f.result(timeout=30)
+
+
+def _poll_until(consumers: list[Consumer], done: Callable[[], bool], timeout_s: float = 30.0,
+                sink: dict[int, list[Any]] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        for i, c in enumerate(consumers):
+            records = c.poll(timeout_ms=50)
+            if sink is not None:
+                sink.setdefault(i, []).extend(records)
+
+
+def test_commit_close_and_resume_at_committed_offset(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, replication_factor=3)
+    _produce(bootstrap, topic_name, 20, 2)
+    got: list[Any] = []
+    with Consumer(bootstrap, group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST) as c:
+        c.subscribe([topic_name])
+        deadline = time.monotonic() + 30
+        while len(got) < 20 and time.monotonic() < deadline:
+            got.extend(c.poll(timeout_ms=200))
+        assert sorted(r.value for r in got) == sorted(f"v{i}".encode() for i in range(20))
+        assert set(c.assignment()) == {TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)}
+        c.commit({TopicPartition(topic_name, 0): 4, TopicPartition(topic_name, 1): 10})
+        assert c.committed(TopicPartition(topic_name, 0)) == 4
+    # A new member of the group starts where the group committed: partition 0 at offset 4.
+    again: list[Any] = []
+    with Consumer(bootstrap, group_id=f"g-{topic_name}", **FAST) as c:
+        c.subscribe([topic_name])
+        deadline = time.monotonic() + 30
+        while len(again) < 6 and time.monotonic() < deadline:
+            again.extend(c.poll(timeout_ms=200))
+        assert sorted((r.partition, r.offset) for r in again) == [(0, o) for o in range(4, 10)]
+        time.sleep(0.2)
+        assert c.poll(timeout_ms=300) == []
+
+
+def test_two_then_three_members_split_partitions(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=6, replication_factor=3)
+    members = [Consumer(bootstrap, group_id=group, **FAST) for _ in range(3)]
+    try:
+        members[0].subscribe([topic_name])
+        members[1].subscribe([topic_name])
+
+        def split(n: int) -> bool:
+            owned = [set(m.assignment()) for m in members[:n]]
+            union = set().union(*owned)
+            return sum(len(o) for o in owned) == 6 and len(union) == 6 and all(len(o) == 6 // n for o in owned)
+
+        _poll_until(members[:2], lambda: split(2))
+        members[2].subscribe([topic_name])
+        _poll_until(members, lambda: split(3))
+        with Admin(bootstrap) as admin:
+            desc = admin.describe_group(group)
+        assert desc.state == "stable" and len(desc.members) == 3
+        # The last one leaves at close(): the other two take its partitions.
+        members.pop().close()
+        _poll_until(members, lambda: split(2))
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_no_partition_read_by_two_members_during_rebalance(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=6, replication_factor=3)
+    _produce(bootstrap, topic_name, 600, 6)
+    events: list[tuple[str, int, str, TopicPartition]] = []
+    lock = threading.Lock()
+
+    class Recorder(ConsumerRebalanceListener):
+        def __init__(self, name: int) -> None:
+            self.name = name
+
+        def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+            with lock:
+                events.extend((str(self.name), time.monotonic_ns(), "+", tp) for tp in assigned)  # type: ignore[misc]
+
+        def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+            with lock:
+                events.extend((str(self.name), time.monotonic_ns(), "-", tp) for tp in revoked)  # type: ignore[misc]
+
+    members = [Consumer(bootstrap, group_id=group, **FAST) for _ in range(3)]
+    seen: dict[int, list[Any]] = {}
+    try:
+        for i, m in enumerate(members):
+            m.subscribe([topic_name], listener=Recorder(i))
+            end = time.monotonic() + 1.0  # read a while before the next one joins
+            _poll_until(members[: i + 1], lambda end=end: time.monotonic() > end, sink=seen)  # type: ignore[misc]
+        _poll_until(members, lambda: sum(len(v) for v in seen.values()) >= 600, sink=seen)
+    finally:
+        for m in members:
+            m.close()
+    # Replay the callbacks in time order: a partition is never held by two members at once.
+    holder: dict[TopicPartition, str] = {}
+    for name, _t, kind, tp in sorted(events, key=lambda e: e[1]):
+        if kind == "+":
+            assert tp not in holder, f"{tp} given to {name} while {holder.get(tp)} held it"
+            holder[tp] = name
+        else:
+            assert holder.pop(tp) == name
+    values = sorted(r.value for rs in seen.values() for r in rs)
+    assert set(values) == {f"v{i}".encode() for i in range(600)}
+
+
+def test_static_member_restart_keeps_partitions(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=4, replication_factor=3)
+    # A session long enough for a restart on a loaded machine (a new consumer bootstraps
+    # through ZooKeeper); the point is that the restart gets the same partitions back.
+    static = {"session_timeout_ms": 20_000, "heartbeat_interval_ms": 500}
+    a = Consumer(bootstrap, group_id=group, group_instance_id="host-a", **static)
+    b = Consumer(bootstrap, group_id=group, group_instance_id="host-b", **static)
+    try:
+        a.subscribe([topic_name])
+        b.subscribe([topic_name])
+        _poll_until([a, b], lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2)
+        a_parts = set(a.assignment())
+        b_parts = set(b.assignment())
+        a.close()
+        # b keeps polling for a while: it must not take a's partitions.
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            b.poll(timeout_ms=100)
+        assert set(b.assignment()) == b_parts
+        a = Consumer(bootstrap, group_id=group, group_instance_id="host-a", **static)
+        a.subscribe([topic_name])
+        _poll_until([a, b], lambda: set(a.assignment()) == a_parts)
+        assert set(b.assignment()) == b_parts
+    finally:
+        a.close()
+        b.close()
+
+
+def test_pattern_subscription_picks_up_new_topic(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(f"{topic_name}.a", partitions=1, replication_factor=3)
+        with Consumer(bootstrap, group_id=f"g-{topic_name}", **FAST) as c:
+            c.subscribe(pattern=rf"{topic_name}\..*")
+            _poll_until([c], lambda: set(c.assignment()) == {TopicPartition(f"{topic_name}.a", 0)})
+            admin.create_topic(f"{topic_name}.b", partitions=2, replication_factor=3)
+            want = {TopicPartition(f"{topic_name}.a", 0), TopicPartition(f"{topic_name}.b", 0),
+                    TopicPartition(f"{topic_name}.b", 1)}
+            _poll_until([c], lambda: set(c.assignment()) == want)
+            _produce(bootstrap, f"{topic_name}.b", 4, 2)
+            got: list[Any] = []
+            _poll_until([c], lambda: len(got) >= 4, sink={0: got})
+
+
+def test_reset_offsets_list_describe_delete(cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, replication_factor=3)
+        _produce(bootstrap, topic_name, 10, 2)
+        c = Consumer(bootstrap, group_id=group, **FAST)
+        try:
+            c.subscribe([topic_name])
+            got: list[Any] = []
+            _poll_until([c], lambda: len(got) >= 10, sink={0: got})
+            c.commit()
+            with pytest.raises(errors.GroupNotEmptyError):
+                admin.reset_offsets(group, topic_name, to="earliest")
+            with pytest.raises(errors.GroupNotEmptyError):
+                admin.delete_group(group)
+            desc = admin.describe_group(group)
+            assert [p.lag for p in desc.offsets] == [0, 0]
+            assert group in {g.group_id for g in admin.list_groups()}
+        finally:
+            c.close()
+        admin.reset_offsets(group, topic_name, to="earliest")
+        assert [p.committed for p in admin.describe_group(group).offsets] == [0, 0]
+        admin.reset_offsets(group, topic_name, to="offset", offset=2)
+        assert [p.lag for p in admin.describe_group(group).offsets] == [3, 3]
+        admin.reset_offsets(group, topic_name, to="latest")
+        assert [p.lag for p in admin.describe_group(group).offsets] == [0, 0]
+        admin.delete_group(group)
+        with pytest.raises(errors.GroupIdNotFoundError):
+            admin.describe_group(group)
+
+
+def test_cli_consume_in_group_describe_reset_delete(cluster: LocalCluster, topic_name: str,
+                                                    capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    from fabric.cli import main
+
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    _produce(bootstrap, topic_name, 5, 1)
+    assert main(["consume", topic_name, "-b", bootstrap, "--group", group, "--max-messages", "3"]) == 0
+    assert capsysbinary.readouterr().out == b"v0\nv1\nv2\n"
+    assert main(["group", "describe", group, "-b", bootstrap]) == 0
+    out = capsysbinary.readouterr().out.decode()
+    assert f"group {group}: empty" in out and "3            5          2" in out
+    # The next member resumes after what the first one printed.
+    assert main(["consume", topic_name, "-b", bootstrap, "--group", group, "--max-messages", "2"]) == 0
+    assert capsysbinary.readouterr().out == b"v3\nv4\n"
+    assert main(["group", "reset-offsets", group, "-b", bootstrap, "--topic", topic_name, "--to", "offset",
+                 "--offset", "1"]) == 0
+    assert main(["group", "list", "-b", bootstrap]) == 0
+    assert group in capsysbinary.readouterr().out.decode()
+    assert main(["group", "delete", group, "-b", bootstrap]) == 0
+    capsysbinary.readouterr()
+    assert main(["group", "describe", group, "-b", bootstrap]) == 1  # a cluster error (usage errors are 2)
+    assert b"GROUP_ID_NOT_FOUND" in capsysbinary.readouterr().err
+
+
+def test_tag_filter_exact_delivery_and_bytes_saved(cluster: LocalCluster, topic_name: str,
+                                                   capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    bootstrap = cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    # One tag per batch (flush between them) so the node can skip whole batches, plus one
+    # mixed batch that the node must send and the client must filter record by record.
+    plan = ["refunded", "other", "paid", "other", "mixed", "paid"]
+    expected: list[bytes] = []
+    with Producer(bootstrap, linger_ms=50) as producer:
+        for b, tag in enumerate(plan):
+            for i in range(100):
+                tags = (("paid", "eu") if i % 2 else ("other",)) if tag == "mixed" else (tag,)
+                value = f"{b}-{i}-{'|'.join(tags)}-".encode() + os.urandom(100).hex().encode()
+                producer.send(topic_name, value, partition=0, tags=tags)
+                if "paid" in tags or "refunded" in tags:
+                    expected.append(value)
+            producer.flush(timeout=30)
+    with Consumer(bootstrap, group_id=group, tag_filter="paid || refunded", **FAST) as c:
+        c.subscribe([topic_name])
+        got: list[Any] = []
+        _poll_until([c], lambda: c.assignment() != [] and c.position(TopicPartition(topic_name, 0)) >= 600,
+                    sink={0: got})
+        assert [r.value for r in got] == expected
+        assert all({"paid", "refunded"} & set(r.headers[0][1].decode().split(",")) for r in got)
+        c.commit()
+        print(f"\ntag filter: {len(got)} of 600 records delivered; node left out {c.filtered_bytes:,} bytes")
+        # The two "other" batches (100 records of ~220 random-ish bytes each) never crossed the wire.
+        assert c.filtered_bytes >= 2 * 100 * 100
+    with Admin(bootstrap) as admin:
+        # The group's committed offset is past the filtered-out records: lag 0.
+        assert [(p.committed, p.lag) for p in admin.describe_group(group).offsets] == [(600, 0)]
+    # assign()-style consumers filter too; a filter with a negation is applied by the client.
+    with Consumer(bootstrap, tag_filter="!other") as c:
+        c.assign([TopicPartition(topic_name, 0)])
+        got = []
+        _poll_until([c], lambda: c.position(TopicPartition(topic_name, 0)) >= 600, sink={0: got})
+        assert [r.value for r in got] == expected
+    from fabric.cli import main
+
+    capsysbinary.readouterr()
+    assert main(["consume", topic_name, "-b", bootstrap, "--tags", "refunded"]) == 0
+    assert capsysbinary.readouterr().out.splitlines() == [v for v in expected if b"refunded" in v]
+
+
+def test_committed_offsets_and_membership_survive_coordinator_node_loss(fresh_cluster: LocalCluster,
+                                                                        topic_name: str) -> None:
+    bootstrap = fresh_cluster.bootstrap
+    group = f"g-{topic_name}"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=4, replication_factor=3)
+    _produce(bootstrap, topic_name, 40, 4)
+    # The session must outlast a node failover (ZooKeeper session 6 s + election + load):
+    # a member not heard for a whole session gives its partitions up, by design.
+    slow = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 500}
+    a = Consumer(bootstrap, group_id=group, enable_auto_commit=False, **slow)
+    b = Consumer(bootstrap, group_id=group, enable_auto_commit=False, **slow)
+    try:
+        a.subscribe([topic_name])
+        b.subscribe([topic_name])
+        _poll_until([a, b], lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2)
+        before = {c: set(c.assignment()) for c in (a, b)}
+        a.commit({tp: 7 for tp in a.assignment()})
+        with Admin(bootstrap) as admin:
+            coordinator = admin._find_coordinator(group)
+            node_id = next(n for n, address in admin.nodes().items() if address == coordinator)
+        fresh_cluster.nodes[node_id].kill()
+        # The group carries on with a new coordinator: same members, same partitions, and
+        # the commit made before the kill is there.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Admin(bootstrap, request_timeout_ms=5_000) as admin:
+                    if admin._find_coordinator(group) != coordinator:
+                        break
+            except errors.FabricError:
+                pass
+            assert time.monotonic() < deadline, "no new coordinator"
+            time.sleep(0.5)
+        end = time.monotonic() + 3.0
+        _poll_until([a, b], lambda: time.monotonic() > end)
+        assert {c: set(c.assignment()) for c in (a, b)} == before
+        assert all(a.committed(tp) == 7 for tp in before[a])
+        b.commit({tp: 9 for tp in b.assignment()})
+        assert all(b.committed(tp) == 9 for tp in before[b])
+    finally:
+        a.close()
+        b.close()

@@ -1,0 +1,71 @@
+"""Instance selection, the retry budget and heartbeat liveness, with an injected clock."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from sdk.direct import _balance as balance
+
+
+def test_least_outstanding_wins() -> None:
+    assert balance.pick_instance({"a": 3, "b": 0, "c": 1}) == "b"
+
+
+def test_ties_are_shared_not_round_robin_order() -> None:
+    rng = random.Random(7)
+    counts = collections.Counter(balance.pick_instance({"a": 1, "b": 1, "c": 1}, rng=rng) for _ in range(3000))
+    assert set(counts) == {"a", "b", "c"} and min(counts.values()) > 800
+
+
+def test_excluded_instances_are_a_last_resort() -> None:
+    assert balance.pick_instance({"a": 0, "b": 5}, exclude=["a"]) == "b"
+    assert balance.pick_instance({"a": 0}, exclude=["a"]) == "a"
+    assert balance.pick_instance({}) is None
+
+
+def test_retry_budget_is_a_share_of_requests() -> None:
+    budget = balance.RetryBudget(ratio=0.25, min_retries_per_s=0.0, tokens_max=10, now=0.0)
+    budget.tokens = 0.0
+    for _ in range(60):
+        budget.on_request(0.0)
+    granted = sum(budget.try_retry(0.0) for _ in range(50))
+    assert granted == 10  # 60 requests x 0.25 = 15, capped at tokens_max
+    assert budget.retries_refused == 40
+
+
+def test_retry_budget_refills_with_time_and_is_capped() -> None:
+    budget = balance.RetryBudget(ratio=0.0, min_retries_per_s=2.0, tokens_max=3, now=0.0)
+    while budget.try_retry(0.0):
+        pass
+    assert not budget.try_retry(0.2)  # 0.4 tokens: not yet
+    assert budget.try_retry(0.5)  # 1.0 token after half a second
+    assert sum(budget.try_retry(1000.0) for _ in range(10)) == 3  # a long calm banks at most tokens_max
+
+
+def test_retry_budget_refuses_nonsense() -> None:
+    with pytest.raises(ValueError):
+        balance.RetryBudget(ratio=2.0)
+
+
+def test_peer_is_admitted_on_first_traffic_and_dies_on_silence() -> None:
+    health = balance.PeerHealth(now=0.0, interval_ms=100, liveness=3)
+    assert health.state == balance.CONNECTING and not health.alive
+    assert not health.check(10.0)  # never heard: stays connecting, never "dies"
+    assert health.heard(10.0) and health.alive
+    assert not health.heard(10.1)  # already alive
+    assert not health.check(10.35)  # 250 ms of silence < 300 ms
+    assert health.check(10.41) and health.state == balance.DEAD
+    assert not health.check(10.5)  # reported once
+    assert health.heard(11.0) and health.alive  # a paused peer that resumes is used again
+
+
+def test_pings_follow_the_interval() -> None:
+    health = balance.PeerHealth(now=0.0, interval_ms=200)
+    assert health.ping_due(0.0)
+    assert not health.ping_due(0.1)
+    assert health.ping_due(0.2)
+    with pytest.raises(ValueError):
+        balance.PeerHealth(now=0.0, interval_ms=0)

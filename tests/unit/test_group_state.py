@@ -1,0 +1,244 @@
+"""The coordinator's member state machine, fed heartbeats with an injected clock; no sockets."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+from fabric import errors
+from fabric.protocol import groups as gp
+from nodes.group_state import (
+    HEARTBEAT_INTERVAL_MS_DEFAULT,
+    HEARTBEAT_INTERVAL_MS_RECONCILING,
+    GroupState,
+    Member,
+)
+
+TOPICS = {"t": 6}
+
+
+def _group() -> GroupState:
+    ids = itertools.count(1)
+    return GroupState("g", new_member_id=lambda: f"m{next(ids)}")
+
+
+def _hb(group: GroupState, member_id: str, epoch: int, owned: set[tuple[str, int]], now_ms: int = 0, *,
+        instance_id: str = "", topics: dict[str, int] | None = None, subscribed: list[str] | None = None,
+        regex: str = "") -> dict[str, Any]:
+    request = {"group_id": "g", "member_id": member_id, "member_epoch": epoch, "instance_id": instance_id,
+               "session_timeout_ms": 45_000, "subscribed_topics": subscribed if subscribed is not None else ["t"],
+               "subscribed_topic_regex": regex, "owned": gp.tp_list(owned)}
+    return group.heartbeat(request, now_ms, topics or TOPICS).response
+
+
+class SimMember:
+    """A well-behaved member: holds what it was given, revokes at once, reports what it holds."""
+
+    def __init__(self, group: GroupState, instance_id: str = "") -> None:
+        self.group = group
+        self.instance_id = instance_id
+        response = _hb(group, "", 0, set(), instance_id=instance_id)
+        assert response["error"] == 0, response
+        self.member_id = response["member_id"]
+        self.epoch = response["member_epoch"]
+        self.owned = gp.tp_set(response["assignment"])
+        self.interval_ms = response["heartbeat_interval_ms"]
+
+    def beat(self, now_ms: int = 0) -> dict[str, Any]:
+        response = _hb(self.group, self.member_id, self.epoch, self.owned, now_ms, instance_id=self.instance_id)
+        if response["error"] == 0:
+            self.epoch = response["member_epoch"]
+            self.owned = gp.tp_set(response["assignment"])
+            self.interval_ms = response["heartbeat_interval_ms"]
+        return response
+
+
+def _never_shared(members: list[SimMember]) -> None:
+    held = [tp for m in members for tp in m.owned]
+    assert len(held) == len(set(held)), f"a partition held by two members: {sorted(held)}"
+
+
+def _settle(members: list[SimMember], rounds: int = 10) -> None:
+    for _ in range(rounds):
+        for m in members:
+            m.beat()
+            _never_shared(members)
+
+
+def test_first_member_gets_all_partitions() -> None:
+    group = _group()
+    a = SimMember(group)
+    assert a.owned == {("t", p) for p in range(6)}
+    assert a.epoch >= 1 and a.interval_ms == HEARTBEAT_INTERVAL_MS_DEFAULT
+    assert group.state() == "stable"
+
+
+def test_join_revokes_before_assigning() -> None:
+    group = _group()
+    a = SimMember(group)
+    b = SimMember(group)
+    # b joins while a holds everything: b gets nothing yet and is told to come back soon.
+    assert b.owned == set() and b.interval_ms == HEARTBEAT_INTERVAL_MS_RECONCILING
+    b.beat()
+    assert b.owned == set()
+    # a is told to give up three partitions; until it confirms, b still gets none.
+    a_before = set(a.owned)
+    response = _hb(group, a.member_id, a.epoch, a.owned)
+    revoked = a_before - gp.tp_set(response["assignment"])
+    assert len(revoked) == 3 and group.members[a.member_id].revoking == revoked
+    a.epoch, a.owned = response["member_epoch"], gp.tp_set(response["assignment"])
+    # a's other partitions never stopped: it keeps three throughout.
+    assert len(a.owned) == 3 and a.owned <= a_before
+    b.beat()
+    assert b.owned == set(), "b got a partition a has not confirmed revoking"
+    a.beat()  # confirms: it no longer reports the revoked partitions
+    b.beat()
+    assert b.owned == revoked
+    _never_shared([a, b])
+    assert group.state() == "stable"
+
+
+def test_leave_frees_partitions_for_the_rest() -> None:
+    group = _group()
+    members = [SimMember(group) for _ in range(3)]
+    _settle(members)
+    assert sorted(len(m.owned) for m in members) == [2, 2, 2]
+    gone = members.pop()
+    response = _hb(group, gone.member_id, gp.LEAVE_EPOCH, gone.owned)
+    assert response["error"] == 0
+    _settle(members)
+    assert sorted(len(m.owned) for m in members) == [3, 3]
+
+
+def test_session_expiry_removes_member() -> None:
+    group = _group()
+    a = SimMember(group)
+    b = SimMember(group)
+    _settle([a, b])
+    a.beat(now_ms=40_000)
+    assert group.expire(now_ms=46_000) == [b.member_id]
+    a.beat(now_ms=46_000)
+    assert len(a.owned) == 6
+    response = b.beat(now_ms=47_000)
+    assert response["error"] == errors.UnknownMemberIdError.code
+
+
+def test_stale_epoch_is_fenced_but_previous_epoch_tolerated() -> None:
+    group = _group()
+    a = SimMember(group)
+    b = SimMember(group)
+    _settle([a, b])
+    # A response lost in transit: resending with the previous epoch is accepted while
+    # the member reports nothing beyond what it holds.
+    member = group.members[a.member_id]
+    assert _hb(group, a.member_id, member.previous_epoch, a.owned)["error"] == 0
+    assert _hb(group, a.member_id, a.epoch + 7, a.owned)["error"] == errors.FencedMemberEpochError.code
+
+
+def test_static_member_restart_keeps_partitions() -> None:
+    group = _group()
+    a = SimMember(group, instance_id="host-a")
+    b = SimMember(group, instance_id="host-b")
+    _settle([a, b])
+    a_partitions = set(a.owned)
+    assert _hb(group, a.member_id, gp.STATIC_LEAVE_EPOCH, a.owned, instance_id="host-a")["error"] == 0
+    # While a is away, b does not take its partitions.
+    b.beat(now_ms=1_000)
+    assert not (b.owned & a_partitions)
+    a2 = SimMember(group, instance_id="host-a")
+    assert a2.owned == a_partitions and a2.member_id != a.member_id
+    # The old identity is fenced.
+    assert _hb(group, a.member_id, a.epoch, set())["error"] == errors.UnknownMemberIdError.code
+
+
+def test_static_member_that_does_not_return_expires() -> None:
+    group = _group()
+    a = SimMember(group, instance_id="host-a")
+    b = SimMember(group)
+    _settle([a, b])
+    _hb(group, a.member_id, gp.STATIC_LEAVE_EPOCH, a.owned, instance_id="host-a")
+    b.beat(now_ms=30_000)
+    assert group.expire(now_ms=46_000) == [a.member_id]
+    b.beat(now_ms=46_000)
+    assert len(b.owned) == 6
+
+
+def test_pattern_picks_up_new_topic() -> None:
+    group = _group()
+    response = _hb(group, "", 0, set(), subscribed=[], regex=r"orders\..*", topics={"orders.eu": 2, "other": 3})
+    member_id, epoch = response["member_id"], response["member_epoch"]
+    assert gp.tp_set(response["assignment"]) == {("orders.eu", 0), ("orders.eu", 1)}
+    response = _hb(group, member_id, epoch, gp.tp_set(response["assignment"]), subscribed=[], regex=r"orders\..*",
+                   topics={"orders.eu": 2, "orders.us": 1, "other": 3, "__consumer_offsets": 8})
+    assert gp.tp_set(response["assignment"]) == {("orders.eu", 0), ("orders.eu", 1), ("orders.us", 0)}
+
+
+def test_bad_requests_change_nothing() -> None:
+    group = _group()
+    bad = {"group_id": "g", "member_id": "", "member_epoch": 0, "instance_id": "", "session_timeout_ms": 10,
+           "subscribed_topics": ["t"], "subscribed_topic_regex": "", "owned": []}
+    assert group.heartbeat(bad, 0, TOPICS).response["error"] == errors.InvalidRequestError.code
+    bad.update(session_timeout_ms=45_000, subscribed_topic_regex="(")
+    assert group.heartbeat(bad, 0, TOPICS).response["error"] == errors.InvalidRequestError.code
+    bad.update(subscribed_topic_regex="", subscribed_topics=[])
+    assert group.heartbeat(bad, 0, TOPICS).response["error"] == errors.InvalidRequestError.code
+    assert group.is_empty() and group.group_epoch == 0
+
+
+def test_commit_checks() -> None:
+    group = _group()
+    assert group.check_commit("", -1, [("t", 0)]) == [0]
+    a = SimMember(group)
+    b = SimMember(group)
+    _settle([a, b])
+    assert group.check_commit("", -1, [("t", 0)]) == [errors.GroupNotEmptyError.code]
+    mine = sorted(a.owned)[0]
+    theirs = sorted(b.owned)[0]
+    assert group.check_commit(a.member_id, a.epoch, [mine, theirs]) == [0, errors.FencedMemberEpochError.code]
+    assert group.check_commit("nobody", 1, [mine]) == [errors.UnknownMemberIdError.code]
+
+
+def test_record_round_trip() -> None:
+    group = _group()
+    members = [SimMember(group, instance_id=f"i{i}") for i in range(2)]
+    _settle(members)
+    decoded = gp.decode_record(gp.group_key("g"), group.to_record())
+    assert decoded is not None and decoded[0] == "group"
+    loaded = GroupState("g")
+    loaded.load_record(decoded[1][1], now_ms=5)
+    assert {m: (v.assignment, v.member_epoch, v.previous_epoch) for m, v in loaded.members.items()} == {
+        m: (v.assignment, v.member_epoch, v.previous_epoch) for m, v in group.members.items()}
+    assert all(isinstance(m, Member) and m.deadline_ms == 5 + 45_000 for m in loaded.members.values())
+
+
+def test_random_membership_never_shares_a_partition() -> None:
+    rng = random.Random(7)
+    group = _group()
+    members: list[SimMember] = []
+    for _step in range(300):
+        roll = rng.random()
+        if roll < 0.15 or not members:
+            members.append(SimMember(group))
+        elif roll < 0.25 and members:
+            m = members.pop(rng.randrange(len(members)))
+            _hb(group, m.member_id, gp.LEAVE_EPOCH, m.owned)
+        else:
+            rng.choice(members).beat()
+        _never_shared(members)
+    _settle(members, rounds=20)
+    held = {tp for m in members for tp in m.owned}
+    assert held == {("t", p) for p in range(6)}
+    counts = sorted(len(m.owned) for m in members)
+    assert counts[-1] - counts[0] <= 1
+
+
+def test_patterns_are_re2_linear_time() -> None:
+    # A pattern that makes a backtracking engine take exponential time is harmless here.
+    group = _group()
+    topics = {("a" * 40) + "!": 1, "orders.eu": 1}
+    response = _hb(group, "", 0, set(), subscribed=[], regex=r"(a+)+$", topics=topics)
+    assert response["error"] == 0 and response["assignment"] == []
+    # Backreferences are not RE2: refused as a bad request, nothing changes.
+    response = _hb(group, "", 0, set(), subscribed=[], regex=r"(a)\1", topics=topics)
+    assert response["error"] == errors.InvalidRequestError.code

@@ -1,0 +1,96 @@
+"""Tag filters: the grammar, exact matching, the batch bloom and the node's batch skipping."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabric import errors
+from fabric.protocol import batch as batch_format
+from fabric.protocol import tags as t
+from nodes.tag_filter import read_filtered
+
+
+@pytest.mark.parametrize(("text", "tags", "expected"), [
+    ("paid", {"paid"}, True),
+    ("paid", {"eu"}, False),
+    ("paid || refunded", {"refunded"}, True),
+    ("paid && eu", {"paid"}, False),
+    ("paid && eu", {"paid", "eu"}, True),
+    ("!paid", set(), True),
+    ("!paid", {"paid"}, False),
+    ("paid || refunded && eu", {"refunded"}, False),  # && binds tighter than ||
+    ("(paid || refunded) && eu", {"refunded", "eu"}, True),
+    ("!(paid || refunded)", {"eu"}, True),
+    ("!!paid", {"paid"}, True),
+    ("  paid||x:y/z-1.2  ", {"x:y/z-1.2"}, True),
+])
+def test_grammar_and_exact_match(text: str, tags: set[str], expected: bool) -> None:
+    assert t.TagFilter(text).matches(frozenset(tags)) is expected
+
+
+@pytest.mark.parametrize("text", ["", "paid ||", "&& paid", "(paid", "paid)", "paid eu", "pa$d", "!", "()"])
+def test_bad_filters_are_refused(text: str) -> None:
+    with pytest.raises(errors.InvalidRequestError):
+        t.TagFilter(text)
+
+
+def test_bad_tags_are_refused() -> None:
+    for tag in ["", "a,b", "x" * 65, "sp ace"]:
+        with pytest.raises(ValueError):
+            t.encode_tags([tag])
+    assert t.encode_tags(["paid", "eu"]) == b"paid,eu"
+    assert t.record_tags([("x", b"1"), (t.TAGS_HEADER, b"paid,eu")]) == {"paid", "eu"}
+
+
+def test_bloom_never_skips_a_match() -> None:
+    # Whatever the tags, a batch whose bloom came from records that match is never skipped.
+    universe = [f"tag{i}" for i in range(200)]
+    filters = [t.TagFilter(f) for f in ("tag1", "tag2 || tag77", "tag3 && tag4", "!tag5", "tag6 && !tag7")]
+    for i in range(0, 200, 3):
+        record = frozenset(universe[i : i + 3])
+        bloom = t.bloom_of(record)
+        for f in filters:
+            if f.matches(record):
+                assert f.may_match(bloom)
+    # Positive terms do skip: most single-tag batches cannot match an unrelated tag.
+    skipped = sum(not t.TagFilter("tag1").may_match(t.bloom_of([tag])) for tag in universe)
+    assert skipped > 150
+    assert t.TagFilter("!tag1").may_match(t.bloom_of(["tag1"]))
+    assert t.TagFilter("tag1").may_match(None)  # no bloom: never skipped
+
+
+def test_batch_carries_bloom_inside_crc() -> None:
+    headers = [[(t.TAGS_HEADER, b"paid")], None, [(t.TAGS_HEADER, b"eu,paid")]]
+    bloom = t.batch_bloom(headers)
+    assert bloom == t.bloom_of(["paid", "eu"])
+    buf = batch_format.encode_batch([1, 2, 3], [None] * 3, [b"a", b"b", b"c"], headers, tag_bloom=bloom)
+    header = batch_format.validate(buf, 1 << 20)
+    assert header.codec == batch_format.CODEC_LZ4
+    assert batch_format.tag_bloom(buf) == bloom
+    corrupted = bytearray(buf)
+    corrupted[54] ^= 1
+    with pytest.raises(errors.CorruptMessageError):
+        batch_format.validate(bytes(corrupted), 1 << 20)
+    plain = batch_format.encode_batch([1], [None], [b"a"])
+    assert batch_format.tag_bloom(plain) is None
+    assert t.batch_bloom([None, []]) is None
+
+
+def test_node_skips_batches_that_cannot_match() -> None:
+    def make(base: int, tag: str, n: int = 5) -> bytes:
+        headers = [[(t.TAGS_HEADER, tag.encode())]] * n
+        buf = bytearray(batch_format.encode_batch([0] * n, [None] * n, [b"v"] * n, headers,
+                                                  tag_bloom=t.batch_bloom(headers)))
+        batch_format.stamp(buf, base, 0)
+        return bytes(buf)
+
+    log = [make(0, "refunded"), make(5, "other"), make(10, "paid"), make(15, "other")]
+
+    def read(offset: int, bytes_max: int, limit: int) -> list[bytes]:
+        return [b for b in log if batch_format.read_header(b).next_offset > offset][:1]
+
+    kept, next_offset, filtered = read_filtered(read, 20, 0, 1 << 20, t.TagFilter("paid"))
+    assert [batch_format.read_header(b).base_offset for b in kept] == [10]
+    assert next_offset == 15 and filtered == len(log[0]) + len(log[1])
+    kept, next_offset, filtered = read_filtered(read, 20, 15, 1 << 20, t.TagFilter("paid"))
+    assert kept == [] and next_offset == 20 and filtered == len(log[3])
