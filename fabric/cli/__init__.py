@@ -34,7 +34,18 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import __version__, errors
-from fabric.cli import bench, cluster, consume, group, produce, security, sequencer, service, status, topic
+from fabric.cli import (
+    bench,
+    cluster,
+    consume,
+    group,
+    produce,
+    security,
+    sequencer,
+    service,
+    status,
+    topic,
+)
 from fabric.cli._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,

