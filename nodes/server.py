@@ -208,7 +208,7 @@ class Node:
             poller.register(sock, zmq.POLLIN)
         # Follower -> leader requests (truncation, catch-up fetch, acks) share the poller,
         # so a leader's reply wakes this loop like a client request does.
-        replica_conns = Connections(self.ctx, poller=poller)
+        replica_conns = Connections(self.ctx, poller=poller, security=None)  # never a user's $FABRIC_KEY_FILE
         return Sockets(router, pub, sub, wake_pull, wake_push, poller, replica_conns)
 
     def _bind_socket(self, sock: zmq.Socket[Any], port: int) -> str:
