@@ -148,7 +148,11 @@ def handle_elect_leaders(node: NodeState, envelope: Envelope, request: apis.Mess
     on the ZooKeeper worker."""
     topics: list[str] = request.body["topics"]
     if not node.is_controller:
-        raise errors.NotControllerError(f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})")
+        # In the body, as docs/PROTOCOL.md section 5.11 says: the request was well formed.
+        node.send_response(envelope, request.header, {
+            "error": errors.NotControllerError.code, "moved": 0,
+            "message": f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})"})
+        return
     node.answer_later(envelope, request.header, lambda: _elect_preferred(node, topics))
 
 

@@ -40,6 +40,7 @@ from fabric.limits import (
 )
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import readable_header
 from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import (
     admin,
@@ -317,6 +318,10 @@ class Node:
             except errors.FabricError as exc:
                 node.send_error(envelope, getattr(exc, "header", None), exc)
                 continue
+            except Exception as exc:  # a decoder bug must not stop the node: answer and go on
+                log.exception("decoding a request failed")
+                node.send_error(envelope, None, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
+                continue
             handler = self.handlers.get(request.header.api_key)
             if isinstance(handler, GroupCommit):
                 if wb is None:
@@ -325,6 +330,9 @@ class Node:
                     staged.setdefault(handler, []).append((envelope, request, handler.stage(node, wb, envelope, request)))
                 except errors.FabricError as exc:
                     node.send_error(envelope, request.header, exc)
+                except Exception as exc:  # a handler bug: this request fails, the node keeps serving
+                    log.exception("request %s failed", ApiKey(request.header.api_key).name)
+                    node.send_error(envelope, request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
                 continue
             if wb is not None:
                 # Reads and admin calls must see what earlier requests in this turn wrote.
@@ -341,7 +349,9 @@ class Node:
         else:
             envelope, message = frames[:1], frames[1:]
         if len(message) > REQUEST_FRAMES_MAX:
-            self.state.send_error(envelope, None, errors.MalformedRequestError(f"{len(message)} frames exceed {REQUEST_FRAMES_MAX}"))
+            # Echo the client's header when it reads, so the refusal matches its request.
+            self.state.send_error(envelope, readable_header(message[0].bytes), errors.MalformedRequestError(
+                f"{len(message)} frames exceed REQUEST_FRAMES_MAX={REQUEST_FRAMES_MAX}"))
             return envelope, None
         return envelope, message
 
