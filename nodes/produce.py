@@ -59,9 +59,7 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
         result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
         try:
             plog, leader, config = node.leader_log(topic, partition)
-            if not node.session_ok():
-                # SUSPENDED or unverified after a stall: a deposed leader must not take writes.
-                raise errors.NodeNotReadyError(f"node {node.node_id} cannot confirm its ZooKeeper session")
+            node.check_write_allowed(acks)
             header = batch_format.validate(frame, config.message_bytes_max)
             if config.strict_order:
                 strict_order.check_producer_batch(header, topic, partition)

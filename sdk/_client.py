@@ -141,8 +141,11 @@ class MetadataClient:
         raise errors.NoBrokersAvailableError(f"no node answered a metadata request (last error: {last})")
 
     def _rediscover(self) -> list[str]:
+        # Forget the cached node addresses only once the bootstrap answered: while
+        # ZooKeeper is away, the routing map we have is the best there is.
+        known = self.bootstrap.node_addresses()
         self.metadata.nodes.clear()
-        self._known = self.bootstrap.node_addresses()
+        self._known = known
         return list(self._known)
 
     def _parse(self, body: dict[str, Any], *, merge: bool) -> ClusterMetadata:

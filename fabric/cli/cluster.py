@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up = subparsers.add_parser("up", help="run ZooKeeper and storage nodes locally until Ctrl-C")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--data-dir", help="keep data here (default: a temporary dir, removed on exit)")
+    up.add_argument("--zk-servers", type=int, default=1, choices=(1, 3, 5),
+                    help="ZooKeeper servers: 1, or an ensemble of 3 or 5 (default: 1)")
     up.add_argument("--config", metavar="NODE.toml",
                     help="node options for every node (docs/OPERATIONS.md); id, zk and data_dir are set per node")
     up.set_defaults(run=cmd_up)
@@ -45,11 +47,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         from fabric import config
 
         config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
-    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=2)
+    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=2, zk_servers=args.zk_servers)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"starting ZooKeeper, {args.nodes} storage nodes and 2 sequencers ...", flush=True)
+    zookeeper = "ZooKeeper" if args.zk_servers == 1 else f"a {args.zk_servers}-server ZooKeeper ensemble"
+    print(f"starting {zookeeper}, {args.nodes} storage nodes and 2 sequencers ...", flush=True)
     cluster.start()
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -64,12 +67,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"sequencers {sorted(cluster.sequencers)} (active: {cluster.active_sequencer()}; strict-order topics)")
         print(f"bootstrap  {cluster.bootstrap}   (recorded in {STATE_FILE})")
         print(f"data       {cluster.base_dir}")
-        print("Ctrl-C stops everything.", flush=True)
+        print("A process that dies is restarted with backoff (see docs/OPERATIONS.md). Ctrl-C stops everything.",
+              flush=True)
         while not stop.wait(1.0):
-            dead = [n for n, node in cluster.nodes.items() if not node.process.running]
-            if dead:
-                print(f"node(s) {dead} exited; see {cluster.base_dir}/node*.log", file=sys.stderr)
-                return 1
+            # Keep the cluster running: a node killed (kill -9, a crash) is reported and
+            # restarted, so a user can rehearse a failover on it.
+            for line in cluster.supervise():
+                print(f"{time.strftime('%H:%M:%S')} {line} (logs: {cluster.base_dir})", file=sys.stderr, flush=True)
     finally:
         print("stopping ...", flush=True)
         cluster.stop()

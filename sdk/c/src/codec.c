@@ -81,6 +81,8 @@ static const error_row_t ERROR_ROWS[] = {
     {67, "GROUP_ID_NOT_FOUND", 0, "no such group"},
     {68, "UNRELEASED_INSTANCE_ID", 0, "a live member already uses this group_instance_id"},
     {69, "GROUP_MAX_SIZE_REACHED", 0, "the group already has GROUP_MEMBERS_MAX members"},
+    {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
+    {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
     {-2, "NO_MEMORY", 0, "out of memory or a buffer limit reached (client-side)"},
     {-3, "TRANSPORT", 0, "a ZeroMQ call failed (client-side)"},
