@@ -180,6 +180,7 @@ class NodeInfo:
     host: str = "127.0.0.1"
     pid: int = 0
     started_ms: int = 0
+    metrics_address: str = ""  # the node's Prometheus endpoint (nodes/metrics.py); "" when off
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

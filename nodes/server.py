@@ -22,6 +22,7 @@ the leaders' streams and replies (``nodes/follower.py``), then the duties.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -48,6 +49,7 @@ from nodes import (
     fetch,
     follower,
     leader,
+    metrics,
     produce,
     retention,
     roles,
@@ -148,6 +150,7 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("controller", controller.tick, controller.CONTROLLER_RECONCILE_INTERVAL_S, is_due=controller.is_due),
         Duty("retention", retention.run, config.retention_check_interval_ms / 1000.0),
         Duty("storage sync", sync_storage, config.fsync_interval_ms / 1000.0),
+        Duty("metrics snapshot", metrics.snapshot_duty, metrics.SNAPSHOT_INTERVAL_S),
         Duty("strict-order ticks", strict_order.tick, strict_order.TICK_CHECK_INTERVAL_S),
     ]
 
@@ -167,7 +170,7 @@ class Node:
         self.state.change_listeners.extend(CHANGE_LISTENERS)
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.session_ok)
-        self.handlers = dict(DISPATCH)
+        self.handlers = metrics.instrument(dict(DISPATCH))
         all_duties = duties(config)
         self.duties = all_duties
         self.duties_before = [d for d in all_duties if d.before_requests]
@@ -205,7 +208,7 @@ class Node:
             poller.register(sock, zmq.POLLIN)
         # Follower -> leader requests (truncation, catch-up fetch, acks) share the poller,
         # so a leader's reply wakes this loop like a client request does.
-        replica_conns = Connections(self.ctx, poller=poller)
+        replica_conns = Connections(self.ctx, poller=poller, security=None)  # never a user's $FABRIC_KEY_FILE
         return Sockets(router, pub, sub, wake_pull, wake_push, poller, replica_conns)
 
     def _bind_socket(self, sock: zmq.Socket[Any], port: int) -> str:
@@ -284,10 +287,8 @@ class Node:
         log.info("node %d stopping", node.node_id)
         node.routing.close()
         node.zk_worker.stop()
-        try:
+        with contextlib.suppress(Exception):  # already gone; nothing to clean
             zkl.close_client(node.zk)
-        except Exception:  # already gone; nothing to clean
-            pass
         node.sockets.replica_conns.close()
         if node.groups is not None:
             node.groups.close()

@@ -24,7 +24,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from fabric import errors
 from fabric import zk as zkl
-from nodes import roles
+from nodes import metrics, roles
 from nodes.lease import CONNECTED, LOST, SUSPENDED
 from nodes.log import PartitionLog
 from nodes.state import NodeState
@@ -93,6 +93,7 @@ def start(node: NodeState) -> None:
     zkl.ensure_layout(node.zk)
     reconcile_local_data(node)
     node.routing.start()
+    node.metrics = metrics.serve(node)  # before register(), which publishes its address
     register(node)
 
 
@@ -104,6 +105,7 @@ def register(node: NodeState) -> None:
         host=node.config.host,
         pid=os.getpid(),
         started_ms=int(time.time() * 1000),
+        metrics_address=node.metrics.address if node.metrics is not None else "",
     )
     deadline = time.monotonic() + REGISTER_WAIT_S
     while True:

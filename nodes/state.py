@@ -27,6 +27,7 @@ from fabric.protocol.header import Header
 from fabric.transport import Connections
 from nodes.lease import SessionLease
 from nodes.log import PartitionLog, Store
+from nodes.metrics import NodeMetrics, frames_bytes, response_error_codes
 
 if TYPE_CHECKING:
     from nodes.fetch import ParkedFetch
@@ -59,6 +60,7 @@ class NodeConfig:
     replica_lag_max_ms: int = 5_000
     replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
     replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
+    metrics_port: int = 0  # Prometheus endpoint; 0 picks a free port, -1 turns it off
 
 
 def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
@@ -82,6 +84,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
     parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint; 0 picks a free port, -1 off")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     config = NodeConfig(
@@ -98,6 +101,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
         fsync_interval_ms=args.fsync_interval_ms,
         retention_check_interval_ms=args.retention_check_interval_ms,
         session_timeout_ms=args.session_timeout_ms,
+        metrics_port=args.metrics_port,
     )
     return config, str(args.log_level)
 
@@ -152,6 +156,7 @@ class NodeState:
     verify_session: bool = False  # set after a stall: answer nobody until ZooKeeper confirms us
 
     is_controller: bool = False
+    metrics: NodeMetrics | None = None  # counts requests and serves /metrics (nodes/metrics.py)
     groups: GroupCoordinator | None = None  # consumer groups this node coordinates (set by nodes/server.py)
     producer_ids_next: int = 0
     producer_ids_end: int = 0
@@ -273,14 +278,20 @@ class NodeState:
             log.debug("dropping a reply: %s", exc)
 
     def send_response(self, envelope: Envelope, header: Header, body: dict[str, Any], batches: list[Any] | None = None) -> None:
-        self.send(envelope, apis.encode_response(header, body, batches))
+        frames = apis.encode_response(header, body, batches)
+        if self.metrics is not None:
+            self.metrics.observe_response(header.api_key, response_error_codes(body), frames_bytes(frames))
+        self.send(envelope, frames)
 
     def send_error(self, envelope: Envelope, header: Header | None, exc: errors.FabricError) -> None:
         # Without a decodable header we still answer, with api 0 and correlation id 0, so
         # a confused client sees why instead of waiting for its timeout.
         correlation_id = exc.fields.get("correlation_id", 0)
         request_header = header or Header(0, 0, correlation_id if isinstance(correlation_id, int) else 0)
-        self.send(envelope, apis.encode_error_response(request_header, exc.code, exc.message))
+        frames = apis.encode_error_response(request_header, exc.code, exc.message)
+        if self.metrics is not None:
+            self.metrics.observe_response(request_header.api_key, [exc.code], frames_bytes(frames))
+        self.send(envelope, frames)
 
     # -- lookups ---------------------------------------------------------------------------
     def leader_log(self, topic: str, partition: int) -> tuple[PartitionLog, LeaderReplica, zkl.TopicConfig]:
