@@ -213,7 +213,8 @@ def _submit_session_job(node: NodeState, job: Any, done: Any) -> None:
 def register_again(node: NodeState) -> None:
     """On the worker, after a lost session: one attempt to register (the loop retries)."""
     info = zkl.NodeInfo(node_id=node.node_id, address=node.address, replication_address=node.replication_address,
-                        host=node.config.host, pid=os.getpid(), started_ms=int(time.time() * 1000))
+                        host=node.config.host, pid=os.getpid(), started_ms=int(time.time() * 1000),
+                        metrics_address=node.metrics.address if node.metrics is not None else "")
     try:
         zkl.create(node.zk, zkl.node_path(node.node_id), info.encode(), ephemeral=True, makepath=True)
     except NodeExistsError:

@@ -96,10 +96,11 @@ class Network:
             raise
         return self
 
-    def isolate(self, node_id: int) -> None:
-        """Cut node ``node_id`` off from ZooKeeper and from every other node (both ways)."""
+    def isolate(self, node_id: int, *, from_nodes: bool = True) -> None:
+        """Cut node ``node_id`` off from ZooKeeper and (``from_nodes``) from every other
+        node, both ways."""
         ns = self.namespace(node_id)
-        peers = [self.zk_ip] + [self.ip(n) for n in self.node_ids if n != node_id]
+        peers = [self.zk_ip] + ([self.ip(n) for n in self.node_ids if n != node_id] if from_nodes else [])
         for peer in peers:
             _run("ip", "netns", "exec", ns, "iptables", "-A", "INPUT", "-s", peer, "-j", "DROP")
             _run("ip", "netns", "exec", ns, "iptables", "-A", "OUTPUT", "-d", peer, "-j", "DROP")
