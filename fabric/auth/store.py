@@ -38,7 +38,7 @@ from fabric import errors
 from fabric.auth.acl import AclEntry, Authorizer, Principal, Role, decode_acls, encode_acls
 from fabric.auth.keys import validate_name, validate_public_key
 from fabric.auth.quota import DEFAULT_PRINCIPAL, Quota, decode_quotas, encode_quotas
-from fabric.zk import ROOT
+from fabric.zk import ROOT, close_client, make_client
 
 log = logging.getLogger("fabric.auth")
 
@@ -303,6 +303,10 @@ def zk_digest_from_env() -> str | None:
 
 
 def connect(hosts: str, digest: str | None = None, timeout_s: float = ZK_TIMEOUT_S) -> KazooClient:
-    zk = KazooClient(hosts=hosts, timeout=timeout_s, **secure_zk_kwargs(digest))
-    zk.start(timeout=timeout_s)
+    zk = make_client(hosts, session_timeout_s=timeout_s, **secure_zk_kwargs(digest))
+    try:
+        zk.start(timeout=timeout_s)
+    except Exception:
+        close_client(zk)  # a client left running would retry in the background forever
+        raise
     return zk

@@ -152,6 +152,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         strict = _strict_order_demo(cluster.bootstrap, args.partitions, min(3, args.nodes))
         summary.update(strict)
         ok = ok and bool(strict["strict_order_ok"])
+        group = _group_demo(cluster.bootstrap, topic, args.partitions, count)
+        summary.update(group)
+        ok = ok and bool(group["group_ok"])
+        direct = _direct_demo(cluster.bootstrap)
+        summary.update(direct)
+        ok = ok and bool(direct["direct_ok"])
         print("== summary")
         print(f"  produced  {n:,} messages in {produce_s:.2f} s: {summary['produce_msgs_per_s']:,} msg/s, {summary['produce_mb_per_s']} MB/s")
         print(f"  consumed  {count:,} messages in {consume_s:.2f} s: {summary['consume_msgs_per_s']:,} msg/s, {summary['consume_mb_per_s']} MB/s")
@@ -159,8 +165,78 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  strict    {strict['strict_order_records']:,} records from 4 producers into a strict-order topic; "
               f"2 ordered readers: same sequence {'OK' if strict['strict_order_readers_agree'] else 'MISMATCH'}, "
               f"global IDs increasing {'OK' if strict['strict_order_ids_increasing'] else 'MISMATCH'}")
+        print(f"  group     2 members of group demo-billing split {args.partitions} partitions "
+              f"{group['group_assignment']}, read {group['group_records']:,} records, committed offsets "
+              f"at the log end {'OK' if group['group_committed_at_end'] else 'MISMATCH'}")
+        print(f"  direct    {direct['direct_requests']:,} requests to 2 instances of service 'demo-echo', "
+              f"p50 {direct['direct_p50_us']} us, p99 {direct['direct_p99_us']} us, per instance {direct['direct_per_instance']}; "
+              f"gather: {direct['direct_gather_replies']} replies {'OK' if direct['direct_ok'] else 'MISMATCH'}")
         print(json.dumps(summary))
     return 0 if ok else 1
+
+
+def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, object]:
+    """Two members of one consumer group share the topic's partitions and commit as they go."""
+    from sdk import Admin, Consumer
+
+    group_id = "demo-billing"
+    print(f"== consumer group: 2 members of {group_id} read {topic}", flush=True)
+    members = [Consumer(bootstrap, group_id=group_id, auto_offset_reset="earliest", heartbeat_interval_ms=500,
+                        session_timeout_ms=10_000) for _ in range(2)]
+    seen = 0
+    assignment: list[list[int]] = [[], []]
+    try:
+        for member in members:
+            member.subscribe([topic])
+        # Read until everything is in and both members hold partitions: the second member's
+        # share moves to it by cooperative rebalancing while the first keeps reading.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (seen < expected or not all(assignment)):
+            for index, member in enumerate(members):
+                seen += sum(len(batch) for batch in member.poll_batches(timeout_ms=100))
+                assignment[index] = sorted(tp.partition for tp in member.assignment())
+        for member in members:
+            member.commit()
+    finally:
+        for member in members:
+            member.close()
+    with Admin(bootstrap) as admin:
+        description = admin.describe_group(group_id)
+    lag = sum(max(0, p.lag) for p in description.offsets)
+    at_end = lag == 0 and seen >= expected
+    shared = all(assignment) and sorted(assignment[0] + assignment[1]) == list(range(partitions))
+    return {"group_records": seen, "group_assignment": assignment, "group_committed_at_end": at_end,
+            "group_ok": at_end and shared}
+
+
+def _direct_demo(bootstrap: str) -> dict[str, object]:
+    """Two instances of a service on the direct plane: requests go peer to peer, no node in the path."""
+    from sdk import Client
+
+    requests = 2_000
+    print(f"== direct plane: {requests:,} requests to 2 instances of demo-echo, then a scatter-gather", flush=True)
+    with Client(bootstrap) as client:
+        services = [client.serve("demo-echo", lambda request: request.payload, concurrency=16) for _ in range(2)]
+        try:
+            latencies_us: list[float] = []
+            per_instance: dict[str, int] = {}
+            wrong = 0
+            for i in range(requests):
+                payload = b"ping-%d" % i
+                start = time.perf_counter()
+                reply = client.request("demo-echo", payload, timeout_ms=2_000, idempotent=True)
+                latencies_us.append((time.perf_counter() - start) * 1e6)
+                wrong += reply.payload != payload
+                per_instance[reply.instance] = per_instance.get(reply.instance, 0) + 1
+            gathered = client.gather("demo-echo", b"health", timeout_ms=2_000)
+        finally:
+            for service in services:
+                service.stop()
+    latencies_us.sort()
+    return {"direct_requests": requests, "direct_p50_us": round(latencies_us[len(latencies_us) // 2]),
+            "direct_p99_us": round(latencies_us[int(len(latencies_us) * 0.99)]),
+            "direct_per_instance": sorted(per_instance.values()), "direct_gather_replies": len(gathered.replies),
+            "direct_ok": wrong == 0 and len(gathered.replies) == 2}
 
 
 def _strict_order_demo(bootstrap: str, partitions: int, replication_factor: int) -> dict[str, object]:
