@@ -121,6 +121,8 @@ NODE_OPTIONS: tuple[Option, ...] = (
            "how often retention deletes old batches", minimum=1),
     Option("session_timeout_ms", int, 6_000, "ms", "ZooKeeper session timeout: how long a dead node "
            "keeps its partitions before failover", minimum=1),
+    Option("metrics_port", int, 0, "", "Prometheus endpoint (`/metrics` on `host`); 0 picks a free port "
+           "(published in the node's znode), -1 turns it off", minimum=-1, maximum=PORT_MAX),
     Option("log_level", str, "INFO", "", "DEBUG, INFO, WARNING, ERROR", choices=LOG_LEVELS),
     Option("log_format", str, "text", "", "`text` for people, `json` for log pipelines (one object per line)",
            choices=LOG_FORMATS),

@@ -46,6 +46,8 @@ Hierarchy::
     │   ├── RemoteError              the handler raised; carries remote_type and remote_message
     │   ├── ServiceOverloaded        the instance's queue is full; it did not run the handler
     │   └── ServiceStopping          the instance is draining; it did not run the handler
+    ├── AuthorizationFailedError     an ACL does not allow the operation (security, 80-89)
+    ├── AuthenticationFailedError    CURVE handshake refused: unknown or wrong key
     └── client-side only (no wire code, code = -1):
         ├── BufferFullError          the producer buffer stayed full for max_block_ms
         ├── DeliveryTimeoutError     a batch was not acknowledged within delivery_timeout_ms
@@ -399,6 +401,16 @@ class InvalidPriorityError(FabricError):
 
 @_wire(76, "INVALID_RECEIVE_WAIT", "receive wait_ms outside 0..RECEIVE_WAIT_MS_MAX (20 s)")
 class InvalidReceiveWaitError(FabricError):
+    pass
+
+
+@_wire(80, "AUTHORIZATION_FAILED", "the principal may not perform that operation on that resource")
+class AuthorizationFailedError(FabricError):
+    """Carries ``principal``, ``operation`` and ``resource`` (strings) when the node sent them."""
+
+
+@_wire(81, "AUTHENTICATION_FAILED", "the peer's CURVE key is not registered, or the server key is wrong")
+class AuthenticationFailedError(FabricError):
     pass
 
 

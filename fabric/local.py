@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -22,6 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, TypeVar
+
+from kazoo.exceptions import NoNodeError
+
+from fabric import errors
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -136,43 +141,57 @@ class ManagedProcess:
 
 
 class LocalZooKeeper:
-    """One ZooKeeper server on a free port with a temporary data dir (never 2181 by default)."""
+    """One ZooKeeper server on a free port with a temporary data dir (never 2181 by default).
 
-    def __init__(self, base_dir: Path, port: int | None = None, tick_ms: int = 200) -> None:
+    As a member of an ensemble (``ZooKeeperEnsemble``) it also gets a ``server_id`` (its
+    ``myid``) and the ``server.N=host:peerPort:electionPort`` lines of every member.
+    """
+
+    def __init__(self, base_dir: Path, port: int | None = None, tick_ms: int = 200, *, host: str = "127.0.0.1",
+                 server_id: int = 0, peers: list[str] | None = None, netns: str | None = None) -> None:
         self.base_dir = base_dir
+        self.host = host
         self.port = port or free_port()
         self.tick_ms = tick_ms
-        self.data_dir = base_dir / "zookeeper"
+        self.server_id = server_id
+        self.peers = peers or []
+        self.netns = netns
+        suffix = f"-{server_id}" if server_id else ""
+        self.name = f"zookeeper{suffix}"
+        self.data_dir = base_dir / self.name
+        self.cfg_path = base_dir / f"zoo{suffix}.cfg"
         self.process: ManagedProcess | None = None
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
+        """Start (or restart, keeping its data) the server; ``wait`` for it to serve."""
         if not zookeeper_available():
             raise RuntimeError(
                 "ZooKeeper is not installed: apt-get install -y zookeeper default-jre-headless "
                 "(the README's first command does this)"
             )
+        if self.process is not None and self.process.running:
+            return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cfg = self.base_dir / "zoo.cfg"
-        cfg.write_text(
-            "\n".join(
-                [
-                    f"tickTime={self.tick_ms}",
-                    f"dataDir={self.data_dir}",
-                    f"clientPort={self.port}",
-                    "clientPortAddress=127.0.0.1",
-                    "admin.enableServer=false",
-                    # Sessions from 2 ticks to 60 s, so tests can use short sessions.
-                    f"minSessionTimeout={2 * self.tick_ms}",
-                    "maxSessionTimeout=60000",
-                    "4lw.commands.whitelist=ruok,srvr",
-                    "",
-                ]
-            )
-        )
+        lines = [
+            f"tickTime={self.tick_ms}",
+            f"dataDir={self.data_dir}",
+            f"clientPort={self.port}",
+            f"clientPortAddress={self.host}",
+            "admin.enableServer=false",
+            # Sessions from 2 ticks to 60 s, so tests can use short sessions.
+            f"minSessionTimeout={2 * self.tick_ms}",
+            "maxSessionTimeout=60000",
+            "4lw.commands.whitelist=ruok,srvr",
+        ]
+        if self.peers:
+            (self.data_dir / "myid").write_text(f"{self.server_id}\n")
+            # Followers get 10 ticks to connect to a leader and 5 to stay in sync with it.
+            lines += ["initLimit=10", "syncLimit=5", "reconfigEnabled=false", *self.peers]
+        self.cfg_path.write_text("\n".join([*lines, ""]))
         classpath = ":".join([ZOOKEEPER_CONF_DIR, *ZOOKEEPER_JARS])
         argv = [
             "java",
@@ -182,37 +201,95 @@ class LocalZooKeeper:
             "-cp",
             classpath,
             "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-            str(cfg),
+            str(self.cfg_path),
         ]
-        self.process = ManagedProcess("zookeeper", argv, self.base_dir / "zookeeper.log")
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns, *argv]  # exec, not fork: the pid stays the server's
+        self.process = ManagedProcess(self.name, argv, self.base_dir / f"{self.name}.log")
         self.process.start()
-        self._wait_ready()
+        if wait:
+            self.wait_ready()
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + ZOOKEEPER_READY_TIMEOUT_S
+    def mode(self) -> str:
+        """``standalone``, ``leader`` or ``follower`` from the ``srvr`` command; "" if it does not serve."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1.0) as sock:
+                sock.sendall(b"srvr")
+                reply = b""
+                while chunk := sock.recv(4096):
+                    reply += chunk
+        except OSError:
+            return ""
+        for line in reply.decode(errors="replace").splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return ""  # "This ZooKeeper instance is not currently serving requests"
+
+    def wait_ready(self, timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and not self.process.running:
                 raise RuntimeError(f"ZooKeeper exited during start:\n{self.process.log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as sock:
-                    sock.sendall(b"ruok")
-                    if sock.recv(16) == b"imok":
-                        return
-            except OSError:
-                pass
+            if self.mode() in ("standalone", "leader", "follower"):
+                return
             time.sleep(0.1)
-        raise RuntimeError(f"ZooKeeper did not answer on {self.address} within {ZOOKEEPER_READY_TIMEOUT_S} s")
+        raise RuntimeError(f"ZooKeeper did not serve on {self.address} within {timeout_s} s")
+
+    # Fault injection, as on nodes.
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+    def pause(self) -> None:
+        if self.process is not None:
+            self.process.pause()
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.resume()
 
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
 
 
+class ZooKeeperEnsemble:
+    """``count`` ZooKeeper servers forming one quorum (a majority must run for it to serve)."""
+
+    def __init__(self, base_dir: Path, count: int = 3, tick_ms: int = 200, *, host: str = "127.0.0.1",
+                 netns: list[str | None] | None = None, hosts: list[str] | None = None) -> None:
+        if count < 1:
+            raise ValueError(f"a ZooKeeper ensemble needs at least 1 server, not {count}")
+        hosts = hosts or [host] * count
+        peer_ports = [(free_port(), free_port()) for _ in range(count)]
+        peers = [f"server.{i + 1}={hosts[i]}:{p}:{e}" for i, (p, e) in enumerate(peer_ports)]
+        spaces = netns or [None] * count
+        self.servers = [
+            LocalZooKeeper(base_dir, tick_ms=tick_ms, host=hosts[i], server_id=i + 1, peers=peers, netns=spaces[i])
+            for i in range(count)
+        ]
+
+    @property
+    def address(self) -> str:
+        return ",".join(server.address for server in self.servers)
+
+    def start(self) -> None:
+        # All at once: a server alone cannot serve until a majority has joined the election.
+        for server in self.servers:
+            server.start(wait=False)
+        for server in self.servers:
+            server.wait_ready()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
 class LocalNode:
     """One storage node process (``python -m nodes``)."""
 
     def __init__(self, node_id: int, zk_address: str, base_dir: Path, extra_args: list[str] | None = None,
-                 session_timeout_ms: int = 6_000, env: dict[str, str] | None = None) -> None:
+                 session_timeout_ms: int = 6_000, env: dict[str, str] | None = None, netns: str | None = None) -> None:
         self.node_id = node_id
         self.zk_address = zk_address
         self.data_dir = base_dir / f"node{node_id}"
@@ -231,6 +308,9 @@ class LocalNode:
             str(session_timeout_ms),
             *(extra_args or []),
         ]
+        if netns:
+            # `ip netns exec` enters the namespace and execs: the pid we signal stays the node's.
+            argv = ["ip", "netns", "exec", netns, *argv]
         # Extra environment, e.g. LD_PRELOAD of libfaketime for a skewed clock. (A wrapper
         # command like `faketime` would fork, and then the pid we signal is not the node's.)
         self.process = ManagedProcess(f"node{node_id}", argv, base_dir / f"node{node_id}.log",
@@ -281,6 +361,61 @@ class LocalSequencer:
         self.process.resume()
 
 
+RESTART_DELAY_S = 1.0  # the first automatic restart of a dead node waits this long ...
+RESTART_DELAY_MAX_S = 30.0  # ... doubling per crash up to this
+RESTARTS_MAX = 5  # crashes within RESTART_WINDOW_S before supervision gives up on a process
+RESTART_WINDOW_S = 300.0
+
+
+class Supervisor:
+    """Restarts dead child processes with exponential backoff, a bounded number of times.
+
+    ``fabric up`` calls ``check()`` once a second: a node (or ZooKeeper server) that died
+    is reported, restarted after RESTART_DELAY_S (doubling up to RESTART_DELAY_MAX_S), and
+    given up on after RESTARTS_MAX crashes within RESTART_WINDOW_S. Processes stopped on
+    purpose (``LocalCluster.stop_node``) are left alone. The clock is a parameter, so the
+    policy is testable without sleeping.
+    """
+
+    def __init__(self) -> None:
+        self.crashes: dict[str, list[float]] = {}
+        self.due: dict[str, float] = {}  # name -> when to restart it
+        self.given_up: set[str] = set()
+
+    def check(self, processes: dict[str, tuple[bool, Callable[[], None]]], now: float | None = None) -> list[str]:
+        """``processes``: name -> (running, restart). Returns what happened, one line each."""
+        now = time.monotonic() if now is None else now
+        said: list[str] = []
+        for name, (running, restart) in processes.items():
+            if running or name in self.given_up:
+                if running:
+                    self.due.pop(name, None)
+                continue
+            if name not in self.due:
+                recent = [t for t in self.crashes.get(name, []) if now - t < RESTART_WINDOW_S]
+                recent.append(now)
+                self.crashes[name] = recent
+                if len(recent) > RESTARTS_MAX:
+                    self.given_up.add(name)
+                    said.append(f"{name} died {len(recent)} times within {RESTART_WINDOW_S:.0f} s; "
+                                f"not restarting it again (its log says why)")
+                    continue
+                delay = min(RESTART_DELAY_S * 2 ** (len(recent) - 1), RESTART_DELAY_MAX_S)
+                self.due[name] = now + delay
+                said.append(f"{name} exited; restarting it in {delay:.0f} s "
+                            f"(crash {len(recent)} of at most {RESTARTS_MAX} within {RESTART_WINDOW_S:.0f} s)")
+                continue
+            if now >= self.due[name]:
+                del self.due[name]
+                try:
+                    restart()
+                except Exception as exc:  # a restart that fails counts as the next crash
+                    said.append(f"{name} did not restart: {exc}")
+                    continue
+                said.append(f"{name} restarted")
+        return said
+
+
 class LocalCluster:
     """ZooKeeper plus ``node_count`` storage nodes (and ``sequencer_count`` sequencer
     instances), all real processes on loopback."""
@@ -294,6 +429,7 @@ class LocalCluster:
         node_args: list[str] | None = None,
         session_timeout_ms: int = 6_000,
         chroot: str | None = None,
+        zk_servers: int = 1,
         sequencer_count: int = 0,
     ) -> None:
         self.sequencer_count = sequencer_count
@@ -301,7 +437,13 @@ class LocalCluster:
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="fabric-"))
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.zookeeper: LocalZooKeeper | None = None
+        self.zookeeper: LocalZooKeeper | None = None  # a single server (zk_servers=1)
+        self.ensemble: ZooKeeperEnsemble | None = None  # or an ensemble (zk_servers>1)
+        if zk_servers < 1:
+            raise ValueError(f"zk_servers must be at least 1, not {zk_servers}")
+        self.zk_servers = zk_servers
+        self.supervisor = Supervisor()
+        self._stopped_on_purpose: set[int] = set()
         self._external_zk = zk_address
         self.chroot = chroot
         self.node_count = node_count
@@ -312,22 +454,27 @@ class LocalCluster:
     @property
     def zk_address(self) -> str:
         base = self._external_zk or (self.zookeeper.address if self.zookeeper else "")
+        if self.ensemble is not None:
+            base = self.ensemble.address
         return base + (self.chroot or "")
 
     def start(self) -> LocalCluster:
         try:
-            if self._external_zk is None:
+            if self._external_zk is None and self.zk_servers > 1:
+                self.ensemble = ZooKeeperEnsemble(self.base_dir, self.zk_servers)
+                self.ensemble.start()
+            elif self._external_zk is None:
                 self.zookeeper = LocalZooKeeper(self.base_dir)
                 self.zookeeper.start()
             if self.chroot:
-                from kazoo.client import KazooClient
-
                 from fabric import zk as zkl
 
-                zk = KazooClient(hosts=self._external_zk or self.zookeeper.address)  # type: ignore[union-attr]
+                zk = zkl.make_client(self.zk_address.removesuffix(self.chroot))
                 zk.start(timeout=30)
-                zk.ensure_path(self.chroot)
-                zkl.close_client(zk)
+                try:
+                    zkl.ensure_path(zk, self.chroot)
+                finally:
+                    zkl.close_client(zk)
             for node_id in range(1, self.node_count + 1):
                 self.add_node(node_id, wait=False)
             self.wait_for_nodes(list(self.nodes))
@@ -340,8 +487,12 @@ class LocalCluster:
             raise
         return self
 
-    def add_node(self, node_id: int, *, wait: bool = True, env: dict[str, str] | None = None) -> LocalNode:
-        node = LocalNode(node_id, self.zk_address, self.base_dir, self.node_args, self.session_timeout_ms, env)
+    def add_node(self, node_id: int, *, wait: bool = True, env: dict[str, str] | None = None,
+                 netns: str | None = None, extra_args: list[str] | None = None) -> LocalNode:
+        """Start node ``node_id``; ``netns`` runs it inside that network namespace (give it a
+        ``--host`` reachable there in ``extra_args``)."""
+        node = LocalNode(node_id, self.zk_address, self.base_dir, [*self.node_args, *(extra_args or [])],
+                         self.session_timeout_ms, env, netns)
         self.nodes[node_id] = node
         node.start()
         if wait:
@@ -350,11 +501,9 @@ class LocalCluster:
 
     def wait_for_nodes(self, node_ids: list[int], timeout_s: float = NODE_READY_TIMEOUT_S) -> None:
         """Wait until each node's process registered its current pid in ZooKeeper."""
-        from kazoo.client import KazooClient
-
         from fabric import zk as zkl
 
-        zk = KazooClient(hosts=self.zk_address)
+        zk = zkl.make_client(self.zk_address)
         zk.start(timeout=30)
         try:
             deadline = time.monotonic() + timeout_s
@@ -364,10 +513,14 @@ class LocalCluster:
                     node = self.nodes[node_id]
                     if not node.process.running:
                         raise RuntimeError(f"node {node_id} exited during start:\n{node.process.log_tail()}")
-                    if zk.exists(zkl.node_path(node_id)):
-                        raw, _ = zk.get(zkl.node_path(node_id))
-                        if zkl.NodeInfo.decode(raw).pid == node.process.pid:
-                            pending.discard(node_id)
+                    try:
+                        raw, _ = zkl.get(zk, zkl.node_path(node_id))
+                    except NoNodeError:
+                        continue
+                    except errors.RequestTimedOutError:
+                        continue  # ZooKeeper is slow (or between leaders): ask again
+                    if zkl.NodeInfo.decode(raw).pid == node.process.pid:
+                        pending.discard(node_id)
                 if pending:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"nodes {sorted(pending)} did not register within {timeout_s} s")
@@ -410,11 +563,9 @@ class LocalCluster:
         return None if active is None else active.sequencer_id
 
     def _with_zk(self, action: Callable[[KazooClient], _T]) -> _T:
-        from kazoo.client import KazooClient
-
         from fabric import zk as zkl
 
-        zk = KazooClient(hosts=self.zk_address)
+        zk = zkl.make_client(self.zk_address)
         zk.start(timeout=30)
         try:
             return action(zk)
@@ -426,13 +577,42 @@ class LocalCluster:
         """A bootstrap string for the SDK: ZooKeeper (the SDK asks it for node addresses)."""
         return f"zk://{self.zk_address}"
 
+    def zookeeper_servers(self) -> list[LocalZooKeeper]:
+        """The ZooKeeper servers this cluster started (none with an external ZooKeeper)."""
+        if self.ensemble is not None:
+            return list(self.ensemble.servers)
+        return [self.zookeeper] if self.zookeeper is not None else []
+
+    def stop_node(self, node_id: int) -> None:
+        """Stop a node on purpose: supervision leaves it stopped until ``start_node``."""
+        self._stopped_on_purpose.add(node_id)
+        self.nodes[node_id].stop()
+
+    def start_node(self, node_id: int) -> None:
+        self._stopped_on_purpose.discard(node_id)
+        self.nodes[node_id].start()
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Restart whatever died (nodes, sequencers, ZooKeeper servers) by the Supervisor's policy;
+        returns one line per event for the caller to print."""
+        processes: dict[str, tuple[bool, Callable[[], None]]] = {}
+        for server in self.zookeeper_servers():
+            if server.process is not None:
+                processes[server.name] = (server.process.running, functools.partial(server.start, wait=False))
+        for node_id, node in self.nodes.items():
+            if node_id not in self._stopped_on_purpose:
+                processes[f"node {node_id}"] = (node.process.running, node.start)
+        for sequencer_id, sequencer in self.sequencers.items():
+            processes[f"sequencer {sequencer_id}"] = (sequencer.process.running, sequencer.start)
+        return self.supervisor.check(processes, now)
+
     def stop(self) -> None:
         for sequencer in self.sequencers.values():
             sequencer.stop()
         for node in self.nodes.values():
             node.stop()
-        if self.zookeeper is not None:
-            self.zookeeper.stop()
+        for server in self.zookeeper_servers():
+            server.stop()
         if self._own_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 

@@ -12,8 +12,10 @@ import time
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from fabric import errors
+from fabric.auth.curve import ClientSecurity
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey, Message
 
@@ -27,13 +29,24 @@ def unique_inproc_endpoint(prefix: str) -> str:
     (an unclosed producer's thread keeps its own)."""
     return f"inproc://{prefix}-{next(_INPROC_NAMES)}"
 SOCKET_HWM = 10_000
+# Handshake failures a socket monitor reports: a CURVE key the node refused, a plaintext
+# client meeting a CURVE node (mechanism mismatch), or a wrong server key.
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+FROM_ENV: Any = object()  # Connections(security=FROM_ENV): $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY, else plaintext
 
 
 class Connections:
     """DEALER sockets by node address, with correlation ids and a poller."""
 
-    def __init__(self, context: zmq.Context[Any] | None = None, poller: zmq.Poller | None = None) -> None:
+    def __init__(self, context: zmq.Context[Any] | None = None, poller: zmq.Poller | None = None,
+                 security: ClientSecurity | None = FROM_ENV) -> None:
         self.ctx = context or zmq.Context.instance()
+        self.security: ClientSecurity | None = ClientSecurity.from_env() if security is FROM_ENV else security
+        # One monitor per socket, watching only for failed handshakes, so that a refused
+        # key or a plaintext/CURVE mismatch is reported as such instead of as a timeout.
+        self._monitors: dict[str, zmq.Socket[Any]] = {}
+        self._handshake_errors: dict[str, str] = {}
         self.sockets: dict[str, zmq.Socket[Any]] = {}
         self.by_socket: dict[zmq.Socket[Any], str] = {}
         self.poller = poller or zmq.Poller()
@@ -57,6 +70,14 @@ class Connections:
             # Without IMMEDIATE a DEALER queues to a peer that is not there; with it a
             # send to a dead node fails fast and we try another route.
             sock.setsockopt(zmq.IMMEDIATE, 1)
+            if self.security is not None:
+                self.security.apply(sock)
+            monitor_address = unique_inproc_endpoint("handshake-monitor")
+            sock.monitor(monitor_address, _HANDSHAKE_FAILED)
+            monitor = self.ctx.socket(zmq.PAIR)
+            monitor.setsockopt(zmq.LINGER, 0)
+            monitor.connect(monitor_address)
+            self._monitors[address] = monitor
             sock.connect(address)
             self.sockets[address] = sock
             self.by_socket[sock] = address
@@ -73,8 +94,25 @@ class Connections:
                 return
             except zmq.Again:
                 if time.monotonic() >= deadline:
+                    self.raise_handshake_error(address)
                     raise errors.NodeNotReadyError(f"node {address} is not reachable") from None
                 time.sleep(0.005)
+
+    def handshake_error(self, address: str) -> str | None:
+        """Why the last handshake with ``address`` failed, if a failure was reported."""
+        monitor = self._monitors.get(address)
+        while monitor is not None:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._handshake_errors[address] = _describe_handshake_failure(event, self.security is not None)
+        return self._handshake_errors.get(address)
+
+    def raise_handshake_error(self, address: str) -> None:
+        why = self.handshake_error(address)
+        if why is not None:
+            raise errors.AuthenticationFailedError(f"node {address} refused the connection: {why}")
 
     def drop(self, address: str) -> None:
         """Close a socket, discarding anything queued on it (after a timeout)."""
@@ -82,7 +120,15 @@ class Connections:
         if sock is not None:
             self.by_socket.pop(sock, None)
             self.poller.unregister(sock)
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
             sock.close(linger=0)
+        monitor = self._monitors.pop(address, None)
+        if monitor is not None:
+            monitor.close(linger=0)
+        self._handshake_errors.pop(address, None)
 
     def drain(self) -> list[tuple[str, list[Any]]]:
         """Every reply already waiting on any socket, without blocking."""
@@ -124,6 +170,7 @@ class Connections:
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
+                self.raise_handshake_error(address)
                 self.drop(address)
                 raise errors.RequestTimedOutError(f"{ApiKey(api_key).name} to {address} timed out after {timeout_ms} ms")
             if not sock.poll(remaining_ms):
@@ -140,3 +187,13 @@ class Connections:
     def close(self) -> None:
         for address in list(self.sockets):
             self.drop(address)
+
+
+def _describe_handshake_failure(event: Any, secure: bool) -> str:
+    kind = event.get("event")
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "the node does not know this client's key (register it: fabric principal add)"
+    if not secure:
+        return "the node requires CURVE; set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY (docs/SECURITY.md)"
+    return ("the CURVE handshake failed: wrong server key, or the node is not secure "
+            f"(zmq event {kind}, value {event.get('value')})")

@@ -13,6 +13,7 @@ routing map from the METADATA API of any node and never need to read ZooKeeper.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -25,7 +26,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, WatchedEvent
+from kazoo.retry import KazooRetry
 
 from fabric import errors
 from fabric.limits import (
@@ -43,6 +47,88 @@ PRODUCER_IDS = f"{ROOT}/producer_ids"
 PRODUCER_ID_BLOCK = 1000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+log = logging.getLogger("fabric.zk")
+
+# -- how long anything waits for ZooKeeper ------------------------------------------------
+# kazoo's defaults back off reconnects up to an hour and let a synchronous call wait for
+# ever. A ZooKeeper that paused for 15 s then left a node asleep in a 25 s backoff, past its
+# session, while its loop sat in a call without a timeout. These are the deliberate values.
+#
+# Reconnect: never give up (a node must come back whenever ZooKeeper does), but never
+# sleep more than ZK_RECONNECT_DELAY_MAX_S between attempts, so a returning server is seen
+# within about a second, well inside any session timeout.
+ZK_RECONNECT_DELAY_S = 0.1  # first pause between connection attempts
+ZK_RECONNECT_BACKOFF = 2.0  # each failed attempt doubles the pause ...
+ZK_RECONNECT_DELAY_MAX_S = 1.0  # ... up to this
+ZK_RECONNECT_JITTER = 0.4  # +-40 % so a cluster's nodes do not reconnect in lockstep
+# Commands (kazoo's recipes retry through connection loss with this policy): a few tries
+# within a deadline, then the error reaches the caller, which retries on its own schedule.
+ZK_COMMAND_TRIES_MAX = 3
+ZK_COMMAND_DELAY_S = 0.1
+ZK_COMMAND_DELAY_MAX_S = 1.0
+ZK_COMMAND_DEADLINE_S = 5.0
+# Every call this module makes waits at most this long for its answer.
+ZK_OP_TIMEOUT_S = 5.0
+# How long a client process waits for its first connection.
+ZK_START_TIMEOUT_S = 15.0
+
+
+def connection_retry() -> KazooRetry:
+    return KazooRetry(max_tries=-1, delay=ZK_RECONNECT_DELAY_S, backoff=ZK_RECONNECT_BACKOFF,
+                      max_jitter=ZK_RECONNECT_JITTER, max_delay=ZK_RECONNECT_DELAY_MAX_S)
+
+
+def command_retry() -> KazooRetry:
+    return KazooRetry(max_tries=ZK_COMMAND_TRIES_MAX, delay=ZK_COMMAND_DELAY_S, backoff=2.0,
+                      max_jitter=ZK_RECONNECT_JITTER, max_delay=ZK_COMMAND_DELAY_MAX_S, deadline=ZK_COMMAND_DEADLINE_S)
+
+
+def make_client(hosts: str, session_timeout_s: float = 10.0, **kwargs: Any) -> KazooClient:
+    """A kazoo client with Fabric's retry policy (not kazoo's hour-long backoff)."""
+    return KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=connection_retry(),
+                       command_retry=command_retry(), **kwargs)
+
+
+def wait(result: IAsyncResult, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:
+    """The value of an async kazoo call, waiting at most ``timeout_s``.
+
+    kazoo's own errors (NoNodeError, BadVersionError, ConnectionLoss, SessionExpiredError)
+    pass through; a call ZooKeeper did not answer in time raises RequestTimedOutError (retriable).
+    """
+    try:
+        return result.get(timeout=timeout_s)
+    except KazooTimeoutError:
+        raise errors.RequestTimedOutError(f"ZooKeeper did not answer {what} within {timeout_s:g} s") from None
+
+
+def get(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> tuple[bytes, Any]:
+    return wait(zk.get_async(path), f"get {path}", timeout_s)
+
+
+def get_children(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[str]:
+    return wait(zk.get_children_async(path), f"get_children {path}", timeout_s)
+
+
+def exists(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:
+    return wait(zk.exists_async(path), f"exists {path}", timeout_s)
+
+
+def set_data(zk: KazooClient, path: str, data: bytes, version: int = -1, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:
+    return wait(zk.set_async(path, data, version=version), f"set {path}", timeout_s)
+
+
+def create(zk: KazooClient, path: str, data: bytes = b"", *, ephemeral: bool = False, makepath: bool = False,
+           timeout_s: float = ZK_OP_TIMEOUT_S) -> str:
+    return wait(zk.create_async(path, data, ephemeral=ephemeral, makepath=makepath),
+                f"create {path}", timeout_s)
+
+
+def ensure_path(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> None:
+    wait(zk.ensure_path_async(path), f"ensure_path {path}", timeout_s)
+
+
+def commit(tx: Any, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[Any]:
+    return wait(tx.commit_async(), what, timeout_s)
 
 
 class _QuietClose(logging.Filter):
@@ -94,6 +180,7 @@ class NodeInfo:
     host: str = "127.0.0.1"
     pid: int = 0
     started_ms: int = 0
+    metrics_address: str = ""  # the node's Prometheus endpoint (nodes/metrics.py); "" when off
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -219,14 +306,14 @@ def validate_topic_name(name: str) -> None:
 
 def ensure_layout(zk: KazooClient) -> None:
     for path in (ROOT, NODES, TOPICS):
-        zk.ensure_path(path)
+        ensure_path(zk, path)
 
 
 def live_nodes(zk: KazooClient) -> dict[int, NodeInfo]:
     out: dict[int, NodeInfo] = {}
-    for child in zk.get_children(NODES):
+    for child in get_children(zk, NODES):
         try:
-            raw, _ = zk.get(node_path(int(child)))
+            raw, _ = get(zk, node_path(int(child)))
         except NoNodeError:
             continue
         info = NodeInfo.decode(raw)
@@ -261,7 +348,7 @@ def create_topic(
     for p, replicas in enumerate(assignment):
         state = PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas))
         tx.create(partition_path(name, p), state.encode())
-    results = tx.commit()
+    results = commit(tx, f"topic {name!r} transaction")
     failures = [r for r in results if isinstance(r, Exception)]
     if failures:
         if any(isinstance(r, NodeExistsError) for r in failures):
@@ -278,7 +365,7 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
 
     validate_topic_name(name)
     try:
-        raw, stat = zk.get(topic_path(name))
+        raw, stat = get(zk, topic_path(name))
     except NoNodeError:
         raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
     config = TopicConfig.decode(raw)
@@ -294,7 +381,7 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     for p in range(config.partitions, total):
         replicas = assignment[p]
         tx.create(partition_path(name, p), PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas)).encode())
-    failures = [r for r in tx.commit() if isinstance(r, Exception)]
+    failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]
     if failures:
         raise errors.InvalidPartitionsError(f"topic {name!r} changed while adding partitions; try again: {failures[0]!r}")
     return grown
@@ -303,7 +390,7 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
 def delete_topic(zk: KazooClient, name: str) -> None:
     validate_topic_name(name)
     try:
-        children = zk.get_children(partitions_path(name))
+        children = get_children(zk, partitions_path(name))
     except NoNodeError:
         raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
     tx = zk.transaction()
@@ -311,7 +398,7 @@ def delete_topic(zk: KazooClient, name: str) -> None:
         tx.delete(f"{partitions_path(name)}/{child}")
     tx.delete(partitions_path(name))
     tx.delete(topic_path(name))
-    results = tx.commit()
+    results = commit(tx, f"topic {name!r} transaction")
     failures = [r for r in results if isinstance(r, Exception)]
     if failures:
         if any(isinstance(r, NoNodeError) for r in failures):
@@ -321,7 +408,7 @@ def delete_topic(zk: KazooClient, name: str) -> None:
 
 def write_partition_state(zk: KazooClient, topic: str, state: PartitionState) -> PartitionState:
     """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``."""
-    stat = zk.set(partition_path(topic, state.partition), state.encode(), version=state.version)
+    stat = set_data(zk, partition_path(topic, state.partition), state.encode(), version=state.version)
     return PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch, state.isr, stat.version)
 
 
@@ -333,12 +420,12 @@ def allocate_producer_id_block(zk: KazooClient) -> tuple[int, int]:
     """
     from kazoo.exceptions import BadVersionError
 
-    zk.ensure_path(PRODUCER_IDS)
+    ensure_path(zk, PRODUCER_IDS)
     for _ in range(100):
-        raw, stat = zk.get(PRODUCER_IDS)
+        raw, stat = get(zk, PRODUCER_IDS)
         start = int(json.loads(raw)["next"]) if raw else 0
         try:
-            zk.set(PRODUCER_IDS, json.dumps({"next": start + PRODUCER_ID_BLOCK}).encode(), version=stat.version)
+            set_data(zk, PRODUCER_IDS, json.dumps({"next": start + PRODUCER_ID_BLOCK}).encode(), version=stat.version)
         except BadVersionError:
             continue
         return start, start + PRODUCER_ID_BLOCK
@@ -363,6 +450,11 @@ class RoutingCache:
         self.controller_id = -1
         self.generation = 0
         self._closed = False
+        # Set when a watch callback could not read what changed (connection lost halfway):
+        # the owner calls resync() once ZooKeeper answers again. A callback that raised
+        # would lose that event, so callbacks never raise.
+        self.needs_resync = False
+        self._partition_watches: dict[str, set[int]] = {}
 
     def start(self) -> None:
         ensure_layout(self._zk)
@@ -388,19 +480,40 @@ class RoutingCache:
             return dict(self._nodes)
 
     def resync(self) -> None:
-        """Re-read every topic and partition state now (after a pause or a lost session,
-        when watch events may have been missed). Newer versions replace cached ones."""
-        names = set(self._zk.get_children(TOPICS))
+        """Re-read the live nodes, the controller, every topic and partition state now
+        (after a pause, a lost session or a failed watch callback, when events may have
+        been missed). Newer versions replace cached ones."""
+        self.needs_resync = False
+        try:
+            nodes = live_nodes(self._zk)
+            raw_controller, _ = get(self._zk, CONTROLLER)
+            controller_id = int(raw_controller) if raw_controller else -1
+        except NoNodeError:
+            controller_id = -1
+        except Exception:
+            self.needs_resync = True
+            raise
+        with self._lock:
+            self._nodes = nodes
+        self.controller_id = controller_id
+        try:
+            self._resync_topics()
+        except Exception:
+            self.needs_resync = True
+            raise
+
+    def _resync_topics(self) -> None:
+        names = set(get_children(self._zk, TOPICS))
         fresh: dict[str, TopicRoute] = {}
         for name in names:
             try:
-                raw, _ = self._zk.get(topic_path(name))
+                raw, _ = get(self._zk, topic_path(name))
             except NoNodeError:
                 continue
             route = TopicRoute(name, TopicConfig.decode(raw))
             for p in range(route.config.partitions):
                 try:
-                    raw_state, stat = self._zk.get(partition_path(name, p))
+                    raw_state, stat = get(self._zk, partition_path(name, p))
                 except NoNodeError:
                     continue
                 route.partitions[p] = PartitionState.decode(p, raw_state, stat.version)
@@ -418,6 +531,9 @@ class RoutingCache:
                         cached.partitions[p] = state
             for gone in set(self._topics) - names:
                 del self._topics[gone]
+        self._watch_topics(names)
+        for name, route in fresh.items():
+            self._watch_partitions(name, route.config.partitions)
         self._changed("resync")
 
     def apply_partition_state(self, topic: str, state: PartitionState) -> None:
@@ -438,10 +554,19 @@ class RoutingCache:
         if self._closed:
             return False
         nodes: dict[int, NodeInfo] = {}
+        with self._lock:
+            previous = dict(self._nodes)
         for child in children:
             try:
-                raw, _ = self._zk.get(node_path(int(child)))
+                raw, _ = get(self._zk, node_path(int(child)))
             except (NoNodeError, ValueError):
+                continue
+            except Exception as exc:  # connection lost halfway: keep what we knew, re-read later
+                log.warning("could not read node %s (%s); will re-read the routing map", child, exc)
+                self.needs_resync = True
+                with contextlib.suppress(ValueError):
+                    if int(child) in previous:
+                        nodes[int(child)] = previous[int(child)]
                 continue
             info = NodeInfo.decode(raw)
             nodes[info.node_id] = info
@@ -467,16 +592,40 @@ class RoutingCache:
         with self._lock:
             for gone in set(self._topics) - names:
                 del self._topics[gone]
-            new = names - self._watched_topics
-            self._watched_topics |= new
-            self._watched_topics &= names | new
-        for name in sorted(new):
-            self._zk.DataWatch(topic_path(name), self._make_topic_watch(name))
+            self._watched_topics &= names
+        self._watch_topics(names)
         self._changed("topics")
         return None
 
+    def _watch_topics(self, names: set[str]) -> None:
+        """Watch every topic in ``names`` not yet watched (a failed attempt is retried by
+        the next resync)."""
+        with self._lock:
+            new = names - self._watched_topics
+            self._watched_topics |= new
+        for name in sorted(new):
+            try:
+                self._zk.DataWatch(topic_path(name), self._make_topic_watch(name))
+            except Exception as exc:  # connection lost: watch it on the next resync
+                log.warning("could not watch topic %s (%s); will re-read the routing map", name, exc)
+                with self._lock:
+                    self._watched_topics.discard(name)
+                self.needs_resync = True
+
+    def _watch_partitions(self, name: str, count: int) -> None:
+        watched = self._partition_watches.setdefault(name, set())
+        for p in range(count):
+            if p in watched:
+                continue
+            try:
+                self._zk.DataWatch(partition_path(name, p), self._make_partition_watch(name, p))
+            except Exception as exc:  # connection lost: the next resync tries again
+                log.warning("could not watch %s/%d (%s); will re-read the routing map", name, p, exc)
+                self.needs_resync = True
+                continue
+            watched.add(p)
+
     def _make_topic_watch(self, name: str) -> Callable[..., bool | None]:
-        partition_watches: set[int] = set()
 
         def topic_data(data: bytes | None, stat: Any, event: WatchedEvent | None = None) -> bool | None:
             if self._closed:
@@ -485,6 +634,7 @@ class RoutingCache:
                 with self._lock:
                     self._topics.pop(name, None)
                     self._watched_topics.discard(name)
+                self._partition_watches.pop(name, None)
                 self._changed(f"topic:{name}")
                 return False  # stop watching; a re-created topic gets a fresh watch
             config = TopicConfig.decode(data)
@@ -494,10 +644,7 @@ class RoutingCache:
                     self._topics[name] = TopicRoute(name, config)
                 else:
                     route.config = config
-            for p in range(config.partitions):
-                if p not in partition_watches:
-                    partition_watches.add(p)
-                    self._zk.DataWatch(partition_path(name, p), self._make_partition_watch(name, p))
+            self._watch_partitions(name, config.partitions)
             self._changed(f"topic:{name}")
             return None
 
@@ -528,3 +675,80 @@ class RoutingCache:
             return None
 
         return partition_data
+
+
+ZK_WORK_QUEUE_MAX = 1_000  # ZooKeeper jobs waiting for the worker before submit() refuses more
+
+
+class Worker:
+    """Runs blocking ZooKeeper work off an event loop, and hands the results back to it.
+
+    The loop calls ``submit(job, done)``: ``job()`` runs on this worker's thread (it may make
+    bounded ZooKeeper calls); ``done(result, error)`` runs later on the loop's own thread,
+    when the loop calls ``run_completions()``, so it may touch loop-owned state. ``wake`` is
+    called after each job (the node posts to its inproc wake socket). The queue is bounded
+    (ZK_WORK_QUEUE_MAX): a full queue refuses at once rather than growing; ``stop()`` ends
+    the thread within ``timeout_s`` plus the job it is in (each call is bounded).
+    """
+
+    def __init__(self, wake: Callable[[], None], name: str = "zk-worker", queue_max: int = ZK_WORK_QUEUE_MAX) -> None:
+        import queue
+
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]] | None] = (
+            queue.Queue(maxsize=queue_max))
+        self._done: list[tuple[Callable[[Any, BaseException | None], None], Any, BaseException | None]] = []
+        self._done_lock = threading.Lock()
+        self._wake = wake
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, job: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        """Queue ``job``; raises NodeNotReadyError (retriable) if the queue is full."""
+        import queue
+
+        try:
+            self._jobs.put_nowait((job, done))
+        except queue.Full:
+            raise errors.NodeNotReadyError(
+                f"{self._jobs.maxsize} ZooKeeper operations already queued (ZK_WORK_QUEUE_MAX); try again"
+            ) from None
+
+    def run_completions(self) -> int:
+        """On the loop's thread: call ``done`` for every finished job. Returns how many."""
+        with self._done_lock:
+            finished, self._done = self._done, []
+        for done, result, error in finished:
+            done(result, error)
+        return len(finished)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, done = item
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = job()
+            except Exception as exc:  # handed to the loop, which decides what it means
+                error = exc
+            with self._done_lock:
+                self._done.append((done, result, error))
+            self._wake()
+
+    def stop(self, timeout_s: float = ZK_OP_TIMEOUT_S) -> None:
+        import queue
+
+        while True:  # make room for the sentinel: queued jobs are dropped, their callers gone
+            try:
+                self._jobs.put_nowait(None)
+                break
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self._jobs.get_nowait()
+        self._thread.join(timeout_s)

@@ -24,6 +24,7 @@ def _partition_state_body(state: zkl.PartitionState) -> dict[str, Any]:
 
 
 def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    node.check_routing_current()
     names: list[str] = request.body["topics"]
     topics = node.routing.topics()
     wanted = names or sorted(topics)
@@ -46,6 +47,7 @@ def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message)
 
 
 def handle_describe_topics(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    node.check_routing_current()
     names: list[str] = request.body["names"]
     topics = node.routing.topics()
     out = []
@@ -96,10 +98,22 @@ def handle_api_versions(_node: NodeState, _envelope: Envelope, _request: apis.Me
     }
 
 
-def handle_init_producer_id(node: NodeState, _envelope: Envelope, _request: apis.Message) -> dict[str, Any]:
-    # Ids come from ZooKeeper in blocks, so two nodes never hand out the same one.
-    if node.producer_ids_next >= node.producer_ids_end:
-        node.producer_ids_next, node.producer_ids_end = zkl.allocate_producer_id_block(node.zk)
+def handle_init_producer_id(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
+    # Ids come from ZooKeeper in blocks, so two nodes never hand out the same one; a new
+    # block is reserved on the ZooKeeper worker, never in the loop.
+    if node.producer_ids_next < node.producer_ids_end:
+        return _take_producer_id(node)
+
+    def with_block(block: tuple[int, int]) -> dict[str, Any]:
+        if node.producer_ids_next >= node.producer_ids_end:
+            node.producer_ids_next, node.producer_ids_end = block
+        return _take_producer_id(node)
+
+    node.answer_later(envelope, request.header, lambda: zkl.allocate_producer_id_block(node.zk), with_block)
+    return None
+
+
+def _take_producer_id(node: NodeState) -> dict[str, Any]:
     producer_id = node.producer_ids_next
     node.producer_ids_next += 1
     return {"error": 0, "producer_id": producer_id, "producer_epoch": 0}
@@ -114,16 +128,21 @@ def _admin_result(action: Callable[[], object]) -> dict[str, Any]:
     return {"error": 0, "message": ""}
 
 
-def handle_create_topic(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+# Topic changes are ZooKeeper transactions: they run on the ZooKeeper worker and are
+# answered when it is done (refused at once, retriably, while ZooKeeper is away).
+def handle_create_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
     body = request.body
     configs = {c["key"]: c["value"] for c in body["configs"]}
-    return _admin_result(lambda: zkl.create_topic(node.zk, body["name"], body["partitions"], body["replication_factor"], configs))
+    node.answer_later(envelope, request.header, lambda: _admin_result(
+        lambda: zkl.create_topic(node.zk, body["name"], body["partitions"], body["replication_factor"], configs)))
 
 
-def handle_delete_topic(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
-    return _admin_result(lambda: zkl.delete_topic(node.zk, request.body["name"]))
+def handle_delete_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    name = request.body["name"]
+    node.answer_later(envelope, request.header, lambda: _admin_result(lambda: zkl.delete_topic(node.zk, name)))
 
 
-def handle_create_partitions(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+def handle_create_partitions(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
     body = request.body
-    return _admin_result(lambda: zkl.add_partitions(node.zk, body["name"], body["partitions"]))
+    node.answer_later(envelope, request.header, lambda: _admin_result(
+        lambda: zkl.add_partitions(node.zk, body["name"], body["partitions"])))

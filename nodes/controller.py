@@ -68,23 +68,43 @@ def prefer(state: PartitionState, live: set[int]) -> PartitionState | None:
 
 # -- the controller's duties in the node loop ----------------------------------------------
 def tick(node: NodeState, _now: float) -> None:
-    """A loop duty: take the controller role if it is free, then reconcile leaders."""
+    """A loop duty: run a controller round (claim the role if free, then reconcile
+    leaders) on the ZooKeeper worker, one round at a time."""
+    if not node.session_ok() or "controller" in node.jobs:
+        return  # dirty stays set: the next round runs when this one is done
     node.controller_dirty = False
-    if not node.session_ok():
+    was_controller = node.is_controller
+    try:
+        node.zk_worker.submit(lambda: _round(node, was_controller), lambda r, e: _round_done(node, r, e))
+    except errors.NodeNotReadyError:
+        node.controller_dirty = True
         return
-    if node.routing.controller_id < 0 and not node.is_controller:
+    node.jobs.add("controller")
+
+
+def _round(node: NodeState, is_controller: bool) -> bool:
+    """On the worker: claim the controller znode if it is free, then reconcile."""
+    if node.routing.controller_id < 0 and not is_controller:
         try:
-            node.zk.create(zkl.CONTROLLER, str(node.node_id).encode(), ephemeral=True)
-            node.is_controller = True
+            zkl.create(node.zk, zkl.CONTROLLER, str(node.node_id).encode(), ephemeral=True)
+            is_controller = True
             log.info("node %d is the controller", node.node_id)
         except NodeExistsError:
             pass
-        except Exception as exc:
-            log.warning("controller election failed: %s", exc)
-    elif node.is_controller and node.routing.controller_id not in (-1, node.node_id):
-        node.is_controller = False
-    if node.is_controller:
+    elif is_controller and node.routing.controller_id not in (-1, node.node_id):
+        is_controller = False
+    if is_controller:
         reconcile_leaders(node)
+    return is_controller
+
+
+def _round_done(node: NodeState, is_controller: Any, error: BaseException | None) -> None:
+    node.jobs.discard("controller")
+    if error is not None:
+        log.warning("controller round failed (will retry): %s", error)
+        node.controller_dirty = True
+        return
+    node.is_controller = bool(is_controller) and not node.session_lost
 
 
 def is_due(node: NodeState) -> bool:
@@ -93,14 +113,17 @@ def is_due(node: NodeState) -> bool:
 
 
 def reconcile_leaders(node: NodeState) -> None:
-    """Elect a leader wherever the current one is gone (or an offline ISR member is back)."""
+    """Elect a leader wherever the current one is gone (or an offline ISR member is back).
+
+    Runs on the ZooKeeper worker: it reads the routing cache (thread-safe snapshots),
+    writes ZooKeeper with version checks and only flips the loop's dirty flags."""
     live = set(node.routing.nodes())
     for name, route in node.routing.topics().items():
         for p, cached in route.partitions.items():
             if elect(cached, live, unclean=route.config.unclean_leader_election) is None:
                 continue
             try:
-                raw, stat = node.zk.get(zkl.partition_path(name, p))
+                raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
                 state = zkl.PartitionState.decode(p, raw, stat.version)
                 live = set(zkl.live_nodes(node.zk))
                 new_state = elect(state, live, unclean=route.config.unclean_leader_election)
@@ -120,11 +143,20 @@ def reconcile_leaders(node: NodeState) -> None:
                      name, p, state.leader, written.leader, written.leader_epoch, list(written.isr))
 
 
-def handle_elect_leaders(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
-    """ELECT_LEADERS: move leadership back to the preferred replicas (controller only)."""
+def handle_elect_leaders(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    """ELECT_LEADERS: move leadership back to the preferred replicas (controller only),
+    on the ZooKeeper worker."""
     topics: list[str] = request.body["topics"]
     if not node.is_controller:
-        raise errors.NotControllerError(f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})")
+        # In the body, as docs/PROTOCOL.md section 5.11 says: the request was well formed.
+        node.send_response(envelope, request.header, {
+            "error": errors.NotControllerError.code, "moved": 0,
+            "message": f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})"})
+        return
+    node.answer_later(envelope, request.header, lambda: _elect_preferred(node, topics))
+
+
+def _elect_preferred(node: NodeState, topics: list[str]) -> dict[str, Any]:
     live = set(zkl.live_nodes(node.zk))
     moved = 0
     for name, route in node.routing.topics().items():
@@ -132,7 +164,7 @@ def handle_elect_leaders(node: NodeState, _envelope: Envelope, request: apis.Mes
             continue
         for p in route.partitions:
             try:
-                raw, stat = node.zk.get(zkl.partition_path(name, p))
+                raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
                 new_state = prefer(zkl.PartitionState.decode(p, raw, stat.version), live)
                 if new_state is None:
                     continue

@@ -36,10 +36,11 @@ class ParkedFetch:
 def fetch_ready(*, final: bool, any_error: bool, bytes_found: int, min_bytes: int) -> bool:
     """Answer now (True) or keep the fetch parked (False).
 
-    An error, the deadline (``final``) or enough bytes answers; an empty fetch with
-    ``min_bytes=0`` still waits for one byte, so a consumer at the log end long-polls.
+    An error, the deadline (``final``) or ``min_bytes`` answers. ``min_bytes=0`` asks for
+    an answer at once, even an empty one (docs/PROTOCOL.md section 5.3, as Kafka); a
+    consumer that wants to long-poll at the log end sends ``min_bytes=1``.
     """
-    return final or any_error or bytes_found >= max(min_bytes, 1)
+    return final or any_error or bytes_found >= min_bytes
 
 
 def read_limit(replica_id: int, high_watermark: int, log_end_offset: int, fetch_offset: int) -> int | None:

@@ -79,7 +79,7 @@ class GroupCoordinator:
         self._serving = serving  # False while the node is unsure of its ZooKeeper session
         self._clock = clock
         # Requests to our own node share the node's poller, so their replies wake its loop.
-        self._conns = Connections(context, poller=poller)
+        self._conns = Connections(context, poller=poller, security=None)  # node-side: never a user's key from the env
         self._partitions: dict[int, _Partition] = {}
         self._requests: dict[int, tuple[float, Callable[[apis.Message | None], None]]] = {}
         self._creating_topic_until = 0.0

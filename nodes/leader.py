@@ -11,6 +11,7 @@ acknowledgement never rests on an ISR the controller has not seen.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import time
@@ -194,9 +195,11 @@ def handle_offsets_for_leader_epoch(node: NodeState, _envelope: Envelope, reques
 def check_isr(node: NodeState, now: float) -> None:
     """Shrink the ISR by lag and grow it by catch-up, writing ZooKeeper before acting."""
     if not node.session_ok():
-        return
+        return  # without ZooKeeper the ISR cannot change: acks=all waits for all of it
     lag_max_s = node.config.replica_lag_max_ms / 1000.0
     for tp, leader in list(node.leaders.items()):
+        if tp in node.isr_jobs:
+            continue
         plog = node.logs[tp]
         wanted = leader.isr_change(plog.log_end_offset, plog.high_watermark, now, lag_max_s)
         if wanted is None:
@@ -205,21 +208,33 @@ def check_isr(node: NodeState, now: float) -> None:
         new_state = zkl.PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch,
                                        tuple(r for r in state.replicas if r in wanted), state.version)
         try:
-            written = zkl.write_partition_state(node.zk, tp[0], new_state)
-        except BadVersionError:
-            # Someone (the controller) changed this partition: re-read before acting.
-            node.routing_dirty = True
-            node.routing.resync()
-            continue
-        except Exception as exc:  # connection trouble: try again next check
-            log.warning("ISR update of %s/%d failed: %s", *tp, exc)
-            continue
-        log.info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(wanted))
-        node.states[tp] = written
-        node.routing.apply_partition_state(tp[0], written)
-        leader.isr = set(written.isr) | {node.node_id}
-        # An acks=all wait completes only once the HW passes it, so nothing new can be
-        # answered unless the HW moved (a shrink can move it; the count of in-sync
-        # replicas is read when the wait completes).
-        if update_high_watermark(node, tp):
-            node.partitions_changed({tp})
+            node.zk_worker.submit(functools.partial(zkl.write_partition_state, node.zk, tp[0], new_state),
+                                  functools.partial(_isr_written, node, tp, leader.epoch))
+        except errors.NodeNotReadyError:
+            return
+        node.isr_jobs.add(tp)
+
+
+def _isr_written(node: NodeState, tp: TopicPartition, epoch: int, written: Any, error: BaseException | None) -> None:
+    """Back on the loop: use the new ISR only now that ZooKeeper has it."""
+    node.isr_jobs.discard(tp)
+    if isinstance(error, BadVersionError):
+        # Someone (the controller) changed this partition: re-read before acting.
+        node.routing_dirty = True
+        node.resync_soon()
+        return
+    if error is not None:  # connection trouble: the next check tries again
+        log.warning("ISR update of %s/%d failed: %s", *tp, error)
+        return
+    leader = node.leaders.get(tp)
+    if leader is None or leader.epoch != epoch:
+        return  # we moved on meanwhile; the routing map will show what was written
+    log.info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(written.isr))
+    node.states[tp] = written
+    node.routing.apply_partition_state(tp[0], written)
+    leader.isr = set(written.isr) | {node.node_id}
+    # An acks=all wait completes only once the HW passes it, so nothing new can be
+    # answered unless the HW moved (a shrink can move it; the count of in-sync
+    # replicas is read when the wait completes).
+    if update_high_watermark(node, tp):
+        node.partitions_changed({tp})

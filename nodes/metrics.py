@@ -17,7 +17,7 @@ Series (names per the Prometheus conventions: ``_total`` counters, ``_seconds``,
     fabric_requests_total{api}                           requests answered or parked
     fabric_request_errors_total{api,error}               error responses by wire error name
     fabric_request_duration_seconds{api}                 histogram: loop time spent on a request
-    fabric_received_bytes_total / fabric_sent_bytes_total   request and response bytes
+    fabric_received_bytes_total / fabric_sent_bytes_total   record-batch bytes in, response bytes out
     fabric_partition_log_start_offset{topic,partition}   each hosted replica
     fabric_partition_log_end_offset{topic,partition}
     fabric_partition_high_watermark{topic,partition}
@@ -41,7 +41,9 @@ which is how ``fabric status`` and a Prometheus file-SD script find every node's
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +61,7 @@ SNAPSHOT_INTERVAL_S = 1.0
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                      1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 HTTP_STOP_TIMEOUT_S = 5.0
+STOP_CHECK_INTERVAL_S = 1.0  # the stop watcher's wait on the node's stopping flag
 
 
 def api_name(api_key: int) -> str:
@@ -134,6 +137,49 @@ def response_error_codes(body: dict[str, Any]) -> list[int]:
 
 def frames_bytes(frames: list[Any]) -> int:
     return sum(len(frame) for frame in frames)
+
+
+def serve(node: Any) -> NodeMetrics | None:
+    """The node's metrics with their endpoint started (None with ``metrics_port`` -1). A
+    watcher thread stops the endpoint when the node stops."""
+    config = node.config
+    if config.metrics_port < 0:
+        return None
+    metrics = NodeMetrics(config.node_id, os.path.join(config.data_dir, "rocksdb"))
+    metrics.client_address = node.address
+    metrics.start_http(config.host, config.metrics_port)
+
+    def stop_with_the_node() -> None:
+        while not node.stopping.wait(STOP_CHECK_INTERVAL_S):
+            pass
+        metrics.stop()
+
+    threading.Thread(target=stop_with_the_node, name="metrics-stop", daemon=True).start()
+    return metrics
+
+
+def instrument(handlers: dict[int, Any]) -> dict[int, Any]:
+    """The dispatch table with each handler timed and counted: a plain handler around its
+    call, a group commit around its ``stage`` (the write itself is shared by the turn)."""
+
+    def timed(run: Any) -> Any:
+        def call(node: Any, *args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return run(node, *args)
+            finally:
+                if node.metrics is not None:
+                    request = args[-1]
+                    node.metrics.observe_request(request.header.api_key, time.perf_counter() - started,
+                                                 frames_bytes(request.batches))
+        return call
+
+    def wrap(handler: Any) -> Any:
+        if hasattr(handler, "stage"):  # a GroupCommit (a frozen dataclass)
+            return dataclasses.replace(handler, stage=timed(handler.stage))
+        return timed(handler)
+
+    return {key: wrap(handler) for key, handler in handlers.items()}
 
 
 def snapshot_duty(node: Any, now_s: float) -> None:

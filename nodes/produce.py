@@ -19,6 +19,7 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.header import Header
 from nodes import leader as leader_side
+from nodes import strict_order
 from nodes.producer_state import DUPLICATE
 from nodes.state import Envelope, NodeState, TopicPartition
 
@@ -52,15 +53,16 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
     now_ms = int(time.time() * 1000)
     outcome = ProduceOutcome()
     results = outcome.results
+    ids = strict_order.RequestIds(node, request)
     for entry, frame in zip(body["entries"], request.batches, strict=True):
         topic, partition = entry["topic"], entry["partition"]
         result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
         try:
             plog, leader, config = node.leader_log(topic, partition)
-            if not node.session_ok():
-                # SUSPENDED or unverified after a stall: a deposed leader must not take writes.
-                raise errors.NodeNotReadyError(f"node {node.node_id} cannot confirm its ZooKeeper session")
+            node.check_write_allowed(acks)
             header = batch_format.validate(frame, config.message_bytes_max)
+            if config.strict_order:
+                strict_order.check_producer_batch(header, topic, partition)
             if acks == -1 and len(leader.isr) < config.min_insync:
                 raise errors.NotEnoughReplicasError(
                     f"{topic}/{partition}: {len(leader.isr)} in-sync replicas {sorted(leader.isr)} < min_insync={config.min_insync}"
@@ -75,7 +77,12 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
                 end = original_offset + header.record_count if original_offset >= 0 else plog.log_end_offset
             else:
                 buf = bytearray(frame)
+                # Stamped only here, after the duplicate check: a retry is never stamped twice.
+                global_id = ids.stamp((topic, partition), leader.epoch, buf, header.record_count) \
+                    if config.strict_order else -1
                 result["base_offset"] = plog.append(wb, buf, header, leader.epoch, now_ms)
+                if config.strict_order:
+                    ids.appended((topic, partition), leader.epoch, global_id, header.record_count)
                 outcome.appended.append(((topic, partition), bytes(buf)))
                 end = result["base_offset"] + header.record_count
             if acks == -1:
@@ -102,6 +109,8 @@ def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOu
         acks = request.body["acks"]
         if acks == 0:
             continue
+        if acks == 1:
+            withhold_if_lease_ended(node, outcome.results)
         if acks == 1 or not outcome.waits:
             node.send_response(envelope, request.header, {"results": outcome.results})
             continue
@@ -109,6 +118,19 @@ def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOu
         node.pending.append(PendingProduce(envelope, request.header, outcome.results, outcome.waits, deadline))
         touched.update(tp for tp, _end in outcome.waits.values())
     node.partitions_changed(touched)
+
+
+def withhold_if_lease_ended(node: NodeState, results: list[dict[str, Any]]) -> None:
+    """Check the lease again just before an acks=1 answer, not only at ``stage``: a process
+    stopped between the two wakes up with the turn half done, and must not acknowledge
+    what a new leader may not have. The write stays in the log, unacknowledged; the
+    producer's retry is deduplicated if this node still leads."""
+    try:
+        node.check_write_allowed(1)
+    except errors.NodeNotReadyError as exc:
+        for result in results:
+            if result["error"] == 0:
+                result["error"], result["message"] = exc.code, exc.message
 
 
 def complete_pending(node: NodeState, tps: set[TopicPartition]) -> None:

@@ -22,6 +22,7 @@ the leaders' streams and replies (``nodes/follower.py``), then the duties.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -40,8 +41,21 @@ from fabric.limits import (
 )
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import readable_header
 from fabric.transport import Connections, unique_inproc_endpoint
-from nodes import admin, controller, fetch, follower, leader, produce, retention, roles, session
+from nodes import (
+    admin,
+    controller,
+    fetch,
+    follower,
+    leader,
+    metrics,
+    produce,
+    retention,
+    roles,
+    session,
+    strict_order,
+)
 from nodes.group_coordinator import GROUP_APIS, GroupCoordinator
 from nodes.log import Store
 from nodes.state import Envelope, NodeConfig, NodeState, Sockets, parse_node_args
@@ -136,6 +150,8 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("controller", controller.tick, controller.CONTROLLER_RECONCILE_INTERVAL_S, is_due=controller.is_due),
         Duty("retention", retention.run, config.retention_check_interval_ms / 1000.0),
         Duty("storage sync", sync_storage, config.fsync_interval_ms / 1000.0),
+        Duty("metrics snapshot", metrics.snapshot_duty, metrics.SNAPSHOT_INTERVAL_S),
+        Duty("strict-order ticks", strict_order.tick, strict_order.TICK_CHECK_INTERVAL_S),
     ]
 
 
@@ -146,7 +162,7 @@ class Node:
         self.config = config
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
-        zk = KazooClient(hosts=config.zk, timeout=config.session_timeout_ms / 1000.0)
+        zk: KazooClient = zkl.make_client(config.zk, config.session_timeout_ms / 1000.0)
         routing = zkl.RoutingCache(zk, on_change=lambda what: session.on_routing_change(self.state, what))
         self.state = NodeState(config, store, zk, routing, self._bind())
         self.state.address = self._bind_socket(self.state.sockets.router, config.port)
@@ -154,7 +170,7 @@ class Node:
         self.state.change_listeners.extend(CHANGE_LISTENERS)
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.session_ok)
-        self.handlers = dict(DISPATCH)
+        self.handlers = metrics.instrument(dict(DISPATCH))
         all_duties = duties(config)
         self.duties = all_duties
         self.duties_before = [d for d in all_duties if d.before_requests]
@@ -192,7 +208,7 @@ class Node:
             poller.register(sock, zmq.POLLIN)
         # Follower -> leader requests (truncation, catch-up fetch, acks) share the poller,
         # so a leader's reply wakes this loop like a client request does.
-        replica_conns = Connections(self.ctx, poller=poller)
+        replica_conns = Connections(self.ctx, poller=poller, security=None)  # never a user's $FABRIC_KEY_FILE
         return Sockets(router, pub, sub, wake_pull, wake_push, poller, replica_conns)
 
     def _bind_socket(self, sock: zmq.Socket[Any], port: int) -> str:
@@ -226,8 +242,11 @@ class Node:
                             sockets.wake_pull.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                session.check(node)
-                if node.routing_dirty:
+                node.zk_worker.run_completions()
+                session.check(node, now)
+                if node.routing_dirty and not node.session_lost:
+                    # (While the session is lost the cached map may still name us leader:
+                    # registering again re-reads it first.)
                     roles.apply_roles(node)
                 self._run_duties(self.duties_before, time.monotonic())
                 if sockets.router in events:
@@ -267,13 +286,13 @@ class Node:
         node = self.state
         log.info("node %d stopping", node.node_id)
         node.routing.close()
-        try:
+        node.zk_worker.stop()
+        with contextlib.suppress(Exception):  # already gone; nothing to clean
             zkl.close_client(node.zk)
-        except Exception:  # already gone; nothing to clean
-            pass
         node.sockets.replica_conns.close()
         if node.groups is not None:
             node.groups.close()
+        strict_order.close(node)
         s = node.sockets
         for sock in (s.router, s.pub, s.sub, s.wake_pull, s.wake_push):
             sock.close(linger=0)
@@ -300,6 +319,10 @@ class Node:
             except errors.FabricError as exc:
                 node.send_error(envelope, getattr(exc, "header", None), exc)
                 continue
+            except Exception as exc:  # a decoder bug must not stop the node: answer and go on
+                log.exception("decoding a request failed")
+                node.send_error(envelope, None, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
+                continue
             handler = self.handlers.get(request.header.api_key)
             if isinstance(handler, GroupCommit):
                 if wb is None:
@@ -308,6 +331,9 @@ class Node:
                     staged.setdefault(handler, []).append((envelope, request, handler.stage(node, wb, envelope, request)))
                 except errors.FabricError as exc:
                     node.send_error(envelope, request.header, exc)
+                except Exception as exc:  # a handler bug: this request fails, the node keeps serving
+                    log.exception("request %s failed", ApiKey(request.header.api_key).name)
+                    node.send_error(envelope, request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
                 continue
             if wb is not None:
                 # Reads and admin calls must see what earlier requests in this turn wrote.
@@ -324,7 +350,9 @@ class Node:
         else:
             envelope, message = frames[:1], frames[1:]
         if len(message) > REQUEST_FRAMES_MAX:
-            self.state.send_error(envelope, None, errors.MalformedRequestError(f"{len(message)} frames exceed {REQUEST_FRAMES_MAX}"))
+            # Echo the client's header when it reads, so the refusal matches its request.
+            self.state.send_error(envelope, readable_header(message[0].bytes), errors.MalformedRequestError(
+                f"{len(message)} frames exceed REQUEST_FRAMES_MAX={REQUEST_FRAMES_MAX}"))
             return envelope, None
         return envelope, message
 

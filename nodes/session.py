@@ -3,9 +3,13 @@
 Kazoo calls ``on_zk_state`` and ``on_routing_change`` on its own thread: they only flip
 flags on the ``NodeState`` and wake the loop. The loop then calls ``check`` first thing
 every turn, which decides, in one place, what a lost, reconnected or doubtful session
-means: SUSPENDED stops writes (``NodeState.session_ok``), LOST steps down from every
-leadership and re-registers once kazoo has a new session, and a turn that starts late
-(the process was stopped) confirms the session with ZooKeeper before anything is answered.
+means, by the rule in ``nodes/lease.py``: SUSPENDED stops metadata changes and, once the
+lease has run out, acks=0/1 writes and METADATA answers (acks=all goes on while the ISR
+holds); LOST steps down from every leadership and re-registers once kazoo has a new
+session; a turn that starts late (the process was stopped) confirms the session with
+ZooKeeper before anything is answered. Whatever waits for ZooKeeper (registering again,
+confirming the session, re-reading the routing map) runs on the ZooKeeper worker, never
+in the loop; a heartbeat keeps the lease's last contact fresh.
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from fabric import errors
 from fabric import zk as zkl
-from nodes import roles
+from nodes import metrics, roles
+from nodes.lease import CONNECTED, LOST, SUSPENDED
 from nodes.log import PartitionLog
-from nodes.state import ZK_OP_TIMEOUT_S, NodeState
+from nodes.state import NodeState
 
 log = logging.getLogger("fabric.node")
 
@@ -38,13 +45,21 @@ def on_routing_change(node: NodeState, what: str) -> None:
 
 def on_zk_state(node: NodeState, state: str) -> None:
     # Runs on kazoo's thread: only flip flags and wake the loop.
+    now = time.monotonic()
     if state == KazooState.CONNECTED:
         node.zk_ok.set()
+        node.lease.set_state(CONNECTED, now)
+        node.heartbeat_due_s = 0.0  # renew the lease now: CONNECTED alone does not
         record_session(node)
     else:
         node.zk_ok.clear()
         if state == KazooState.LOST:
             node.session_lost = True
+            node.lease.set_state(LOST, now)
+        else:
+            node.lease.set_state(SUSPENDED, now)
+            log.warning("ZooKeeper connection lost: acks=0/1 writes for %.1f s more, acks=all while the ISR "
+                        "holds, no metadata changes", max(0.0, node.lease.lease_end_s() - now))
     node.wake()
 
 
@@ -79,7 +94,10 @@ def start(node: NodeState) -> None:
     zkl.ensure_layout(node.zk)
     reconcile_local_data(node)
     node.routing.start()
+    node.metrics = metrics.serve(node)  # before register(), which publishes its address
+    sent = time.monotonic()
     register(node)
+    node.lease.contact(sent)  # the server heard us at or after ``sent``: the first lease
 
 
 def register(node: NodeState) -> None:
@@ -90,16 +108,17 @@ def register(node: NodeState) -> None:
         host=node.config.host,
         pid=os.getpid(),
         started_ms=int(time.time() * 1000),
+        metrics_address=node.metrics.address if node.metrics is not None else "",
     )
     deadline = time.monotonic() + REGISTER_WAIT_S
     while True:
         try:
-            node.zk.create(zkl.node_path(node.node_id), info.encode(), ephemeral=True, makepath=True)
+            zkl.create(node.zk, zkl.node_path(node.node_id), info.encode(), ephemeral=True, makepath=True)
             return
         except NodeExistsError:
             # Our previous incarnation's session has not expired yet; it will.
             try:
-                _, stat = node.zk.get(zkl.node_path(node.node_id))
+                _, stat = zkl.get(node.zk, zkl.node_path(node.node_id))
                 if stat.owner_session_id == node.zk.client_id[0]:
                     return
             except NoNodeError:
@@ -112,9 +131,9 @@ def register(node: NodeState) -> None:
 def reconcile_local_data(node: NodeState) -> None:
     """At startup, wipe partitions whose topic was deleted (or re-created) while away."""
     topics: dict[str, zkl.TopicConfig] = {}
-    for name in node.zk.get_children(zkl.TOPICS):
+    for name in zkl.get_children(node.zk, zkl.TOPICS):
         try:
-            raw, _ = node.zk.get(zkl.topic_path(name))
+            raw, _ = zkl.get(node.zk, zkl.topic_path(name))
         except NoNodeError:
             continue
         topics[name] = zkl.TopicConfig.decode(raw)
@@ -147,29 +166,92 @@ def note_turn(node: NodeState, now: float, last_turn: float, timeout_ms: int) ->
         node.verify_session = True
 
 
-def check(node: NodeState) -> None:
+def check(node: NodeState, now: float) -> None:
     """Act on the session's state; run first every turn, before any request is handled."""
+    heartbeat(node, now)
     if node.session_lost:
         roles.step_down_everywhere(node, "ZooKeeper session lost")
         node.is_controller = False
-        if node.zk_ok.is_set():
-            # kazoo reconnected with a new session: register again and re-read everything.
-            node.session_lost = False
-            node.verify_session = False
-            register(node)
-            node.routing.resync()
-            node.routing_dirty = True
+        if node.zk_ok.is_set() and "session" not in node.jobs:
+            # kazoo reconnected with a new session: register again and re-read
+            # everything, on the worker; until then this node leads nothing.
+            _submit_session_job(node, lambda: register_again(node), lambda r, e: registered_again(node, e))
         return
-    if node.verify_session and node.zk_ok.is_set():
-        try:
-            _, stat = node.zk.get_async(zkl.node_path(node.node_id)).get(timeout=ZK_OP_TIMEOUT_S)
-            owned = stat.owner_session_id == node.zk.client_id[0]
-        except Exception as exc:  # expired session, connection loss, timeout: all mean "not sure"
-            log.warning("session check failed: %s", exc)
-            owned = False
-        if owned:
-            node.routing.resync()
-            node.verify_session = False
-            node.routing_dirty = True
-        else:
-            roles.step_down_everywhere(node, "could not confirm our ZooKeeper session after a stall")
+    if node.verify_session and node.zk_ok.is_set() and "session" not in node.jobs:
+        _submit_session_job(node, lambda: owns_session(node), lambda r, e: session_verified(node, r, e))
+        return
+    if node.routing.needs_resync and node.session_ok():
+        node.resync_soon()
+
+
+def heartbeat(node: NodeState, now: float) -> None:
+    """Keep the lease fresh: a cheap request whose answer proves the server heard us."""
+    lease = node.lease
+    if node.heartbeat_sent_s and now - node.heartbeat_sent_s > lease.session_timeout_s:
+        node.heartbeat_sent_s = 0.0  # lost with a dropped connection: send another
+    if lease.state != CONNECTED or node.heartbeat_sent_s or now < node.heartbeat_due_s:
+        return
+    node.heartbeat_sent_s = sent = now
+    node.heartbeat_due_s = now + lease.heartbeat_interval_s
+
+    def answered(result: Any) -> None:  # on kazoo's thread: a float and a flag
+        if result.successful():
+            lease.contact(sent)
+        node.heartbeat_sent_s = 0.0
+
+    node.zk.exists_async(zkl.node_path(node.node_id)).rawlink(answered)
+
+
+def _submit_session_job(node: NodeState, job: Any, done: Any) -> None:
+    try:
+        node.zk_worker.submit(job, done)
+    except errors.NodeNotReadyError:
+        return  # the worker is full: the next turn tries again
+    node.jobs.add("session")
+
+
+def register_again(node: NodeState) -> None:
+    """On the worker, after a lost session: one attempt to register (the loop retries)."""
+    info = zkl.NodeInfo(node_id=node.node_id, address=node.address, replication_address=node.replication_address,
+                        host=node.config.host, pid=os.getpid(), started_ms=int(time.time() * 1000),
+                        metrics_address=node.metrics.address if node.metrics is not None else "")
+    try:
+        zkl.create(node.zk, zkl.node_path(node.node_id), info.encode(), ephemeral=True, makepath=True)
+    except NodeExistsError:
+        _, stat = zkl.get(node.zk, zkl.node_path(node.node_id))
+        if stat.owner_session_id != node.zk.client_id[0]:
+            raise errors.NodeNotReadyError("our previous session's znode has not expired yet") from None
+    node.routing.resync()
+
+
+def registered_again(node: NodeState, error: BaseException | None) -> None:
+    node.jobs.discard("session")
+    if error is not None:
+        log.warning("registering again after a lost session failed (will retry): %s", error)
+        return
+    log.info("registered again with a new ZooKeeper session")
+    node.session_lost = False
+    node.verify_session = False
+    node.routing_dirty = True
+    node.controller_dirty = True
+
+
+def owns_session(node: NodeState) -> bool:
+    """On the worker: is our ephemeral znode still ours? Then re-read the routing map."""
+    _, stat = zkl.get(node.zk, zkl.node_path(node.node_id))
+    if stat.owner_session_id != node.zk.client_id[0]:
+        return False
+    node.routing.resync()
+    return True
+
+
+def session_verified(node: NodeState, owned: Any, error: BaseException | None) -> None:
+    node.jobs.discard("session")
+    if error is not None:  # expired session, connection loss, timeout: all mean "not sure"
+        log.warning("session check failed: %s", error)
+        owned = False
+    if owned:
+        node.verify_session = False
+        node.routing_dirty = True
+    else:
+        roles.step_down_everywhere(node, "could not confirm our ZooKeeper session after a stall")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,9 @@ from fabric.limits import FSYNC_INTERVAL_MS_DEFAULT, RETENTION_CHECK_INTERVAL_MS
 from fabric.protocol import apis
 from fabric.protocol.header import Header
 from fabric.transport import Connections
+from nodes.lease import SessionLease
 from nodes.log import PartitionLog, Store
+from nodes.metrics import NodeMetrics, frames_bytes, response_error_codes
 
 if TYPE_CHECKING:
     from nodes.fetch import ParkedFetch
@@ -32,11 +35,11 @@ if TYPE_CHECKING:
     from nodes.group_coordinator import GroupCoordinator
     from nodes.leader import LeaderReplica
     from nodes.produce import PendingProduce
+    from nodes.strict_order import StrictOrder
 
 log = logging.getLogger("fabric.node")
 
 PUB_HWM_MESSAGES = 1_000  # beyond this PUB drops; followers notice the gap and fetch
-ZK_OP_TIMEOUT_S = 5.0
 
 TopicPartition = tuple[str, int]
 Envelope = list[Any]  # the ROUTER identity frame(s) a reply goes back through
@@ -57,6 +60,7 @@ class NodeConfig:
     replica_lag_max_ms: int = 5_000
     replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
     replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
+    metrics_port: int = 0  # Prometheus endpoint; 0 picks a free port, -1 turns it off
 
 
 def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
@@ -80,6 +84,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
     parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint; 0 picks a free port, -1 off")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     config = NodeConfig(
@@ -96,6 +101,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
         fsync_interval_ms=args.fsync_interval_ms,
         retention_check_interval_ms=args.retention_check_interval_ms,
         session_timeout_ms=args.session_timeout_ms,
+        metrics_port=args.metrics_port,
     )
     return config, str(args.log_level)
 
@@ -150,9 +156,22 @@ class NodeState:
     verify_session: bool = False  # set after a stall: answer nobody until ZooKeeper confirms us
 
     is_controller: bool = False
+    metrics: NodeMetrics | None = None  # counts requests and serves /metrics (nodes/metrics.py)
     groups: GroupCoordinator | None = None  # consumer groups this node coordinates (set by nodes/server.py)
     producer_ids_next: int = 0
     producer_ids_end: int = 0
+    strict_order: StrictOrder | None = None  # made on first use by nodes/strict_order.py
+
+    # What this node may do while ZooKeeper is in doubt (nodes/lease.py); kazoo's thread
+    # sets its state, heartbeat answers its last contact (a float each, GIL-atomic).
+    lease: SessionLease = field(init=False)
+    heartbeat_due_s: float = 0.0
+    heartbeat_sent_s: float = 0.0  # 0 when no heartbeat is in flight
+    # Blocking ZooKeeper work runs on this worker (admin calls, producer-id blocks, the
+    # controller's rounds, ISR writes, registering again); results come back to the loop.
+    zk_worker: zkl.Worker = field(init=False)
+    jobs: set[str] = field(default_factory=set)  # one-at-a-time worker jobs in flight
+    isr_jobs: set[TopicPartition] = field(default_factory=set)  # ISR writes in flight
 
     # Called with the partitions whose high watermark moved or that took new data, so
     # whatever waits on them (pending acks, parked fetches, later group or queue waits)
@@ -160,6 +179,10 @@ class NodeState:
     change_listeners: list[Callable[[NodeState, set[TopicPartition]], None]] = field(default_factory=list)
     _wake_lock: threading.Lock = field(default_factory=threading.Lock)
     session_file_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.lease = SessionLease(self.config.session_timeout_ms / 1000.0, time.monotonic())
+        self.zk_worker = zkl.Worker(self.wake)
 
     @property
     def node_id(self) -> int:
@@ -174,7 +197,71 @@ class NodeState:
                 pass  # a wake is already queued, or we are closing
 
     def session_ok(self) -> bool:
+        """Connected with a session we hold: metadata changes may be attempted."""
         return self.zk_ok.is_set() and not self.verify_session and not self.session_lost
+
+    def check_write_allowed(self, acks: int) -> None:
+        """The lease rule (nodes/lease.py): acks=all while the ISR holds, acks=0/1 only while
+        our session cannot have expired, nothing after a stall until ZooKeeper confirms us."""
+        if self.session_lost or self.verify_session or not self.lease.replicated_writes_allowed():
+            raise errors.NodeNotReadyError(f"node {self.node_id} cannot confirm its ZooKeeper session")
+        now = time.monotonic()
+        if acks != -1 and not self.lease.within_lease(now):
+            raise errors.NodeNotReadyError(
+                f"node {self.node_id} is out of touch with ZooKeeper ({self.lease.describe(now)}): acks=0/1 "
+                f"writes wait until it is back, so a leader that may have been replaced takes none")
+
+    def check_routing_current(self) -> None:
+        """METADATA and DESCRIBE_TOPICS only within the lease: past it our map may be stale
+        (a new leader elected without us seeing it), so send the client to another node."""
+        now = time.monotonic()
+        if self.session_lost or not self.lease.within_lease(now):
+            raise errors.NodeNotReadyError(
+                f"node {self.node_id} is out of touch with ZooKeeper ({self.lease.describe(now)}); "
+                f"its routing map may be stale: ask another node")
+
+    def resync_soon(self) -> None:
+        """Re-read the routing map on the ZooKeeper worker (one at a time)."""
+        if "resync" in self.jobs:
+            return
+
+        def done(_result: Any, error: BaseException | None) -> None:
+            self.jobs.discard("resync")
+            if error is not None:
+                log.warning("re-reading the routing map failed: %s", error)
+            self.routing_dirty = True
+            self.controller_dirty = True
+
+        try:
+            self.zk_worker.submit(self.routing.resync, done)
+        except errors.NodeNotReadyError:
+            return
+        self.jobs.add("resync")
+
+    def check_session_ok(self) -> None:
+        if not self.session_ok():
+            raise errors.NodeNotReadyError(
+                f"node {self.node_id} cannot reach ZooKeeper ({self.lease.describe(time.monotonic())}): "
+                f"metadata changes wait until it is back; reads and writes go on")
+
+    def answer_later(self, envelope: Envelope, header: Header, job: Callable[[], Any],
+                     to_body: Callable[[Any], dict[str, Any]] | None = None) -> None:
+        """Run ``job`` (ZooKeeper work) on the worker; answer the request with
+        ``to_body(result)`` back on the loop. Refused at once without ZooKeeper."""
+        self.check_session_ok()
+        api = header.api_key
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if isinstance(error, errors.FabricError):
+                self.send_error(envelope, header, error)
+            elif error is not None:
+                log.warning("request %s failed: %s: %s", api, type(error).__name__, error)
+                self.send_error(envelope, header, errors.RequestTimedOutError(
+                    f"ZooKeeper did not complete the request: {type(error).__name__}: {error}"))
+            else:
+                self.send_response(envelope, header, to_body(result) if to_body is not None else result)
+
+        self.zk_worker.submit(job, done)
 
     def partitions_changed(self, tps: set[TopicPartition]) -> None:
         if tps:
@@ -191,14 +278,20 @@ class NodeState:
             log.debug("dropping a reply: %s", exc)
 
     def send_response(self, envelope: Envelope, header: Header, body: dict[str, Any], batches: list[Any] | None = None) -> None:
-        self.send(envelope, apis.encode_response(header, body, batches))
+        frames = apis.encode_response(header, body, batches)
+        if self.metrics is not None:
+            self.metrics.observe_response(header.api_key, response_error_codes(body), frames_bytes(frames))
+        self.send(envelope, frames)
 
     def send_error(self, envelope: Envelope, header: Header | None, exc: errors.FabricError) -> None:
         # Without a decodable header we still answer, with api 0 and correlation id 0, so
         # a confused client sees why instead of waiting for its timeout.
         correlation_id = exc.fields.get("correlation_id", 0)
         request_header = header or Header(0, 0, correlation_id if isinstance(correlation_id, int) else 0)
-        self.send(envelope, apis.encode_error_response(request_header, exc.code, exc.message))
+        frames = apis.encode_error_response(request_header, exc.code, exc.message)
+        if self.metrics is not None:
+            self.metrics.observe_response(request_header.api_key, [exc.code], frames_bytes(frames))
+        self.send(envelope, frames)
 
     # -- lookups ---------------------------------------------------------------------------
     def leader_log(self, topic: str, partition: int) -> tuple[PartitionLog, LeaderReplica, zkl.TopicConfig]:

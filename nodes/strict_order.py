@@ -19,18 +19,34 @@ loop call them. The sequencer is reached through ``grant_source`` (in the node,
 
 from __future__ import annotations
 
+import functools
+import logging
 import struct
+import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from fabric import errors
+from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
-from fabric.protocol.sequencer import Grant
+from fabric.protocol.sequencer import ID_KIND_RECORDS, ID_KIND_TICKS, SEQUENCER_GRANT_IDS_MAX, Grant
+from fabric.sequencer_client import SequencerClient
+
+if TYPE_CHECKING:
+    from nodes.state import NodeState
+
+log = logging.getLogger("fabric.node")
 
 STRICT_ORDER_TICK_MS_DEFAULT = 50
 # How long a produce request may wait for its grant before it is refused with the
 # retriable SEQUENCER_NOT_AVAILABLE (the producer retries). Short, because the node's loop
 # waits with it; a sequencer failover is absorbed by producer retries, not by this wait.
 GRANT_TIMEOUT_MS_DEFAULT = 500
+TICK_CHECK_INTERVAL_S = 0.01  # how often the loop looks for idle strict-order partitions
+GRANT_REQUEST_TIMEOUT_MS = 250  # one try at one sequencer instance, then ZooKeeper again
+# After a failed grant, fail fast for this long instead of holding the loop again: the
+# producers' retries (100 ms backoff) find the sequencer when it is back.
+GRANT_RETRY_BACKOFF_S = 0.2
 NO_GLOBAL_ID = -1
 
 TopicPartition = tuple[str, int]
@@ -83,37 +99,58 @@ class StrictOrder:
     """Per node: the last ID of each strict-order partition it leads, the newest sequencer
     epoch it has seen, and when each partition last had an append (for ticks)."""
 
-    def __init__(self, grant_source: Callable[[int], Grant], *, tick_interval_ms: int = STRICT_ORDER_TICK_MS_DEFAULT) -> None:
-        self.grant_source = grant_source
-        self.tick_interval_s = tick_interval_ms / 1000.0
+    def __init__(self, grant_source: Callable[[int, int], Grant], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.grant_source = grant_source  # (count, kind) -> Grant
+        self.clock = clock
         self.highest_epoch = 0
-        self.last_id: dict[TopicPartition, int] = {}
+        # One past the highest ID the sequencer granted for records, as last heard: an idle
+        # partition whose last ID is below records_end - 1 holds readers back and ticks.
+        self.records_end = 0
+        self.asked_records_end_s = float("-inf")
+        # (leader epoch, last ID): a new leader epoch re-reads the last ID from the log.
+        self.last_id: dict[TopicPartition, tuple[int, int]] = {}
         self.last_append_s: dict[TopicPartition, float] = {}
+        self.failed_at = float("-inf")
+        self.close: Callable[[], None] = lambda: None
 
     def forget(self, tp: TopicPartition) -> None:
         """Leadership changed: the last ID is read from the log again when next needed."""
         self.last_id.pop(tp, None)
         self.last_append_s.pop(tp, None)
 
-    def grant(self, count: int) -> GrantPool:
+    def grant(self, count: int, kind: int = ID_KIND_RECORDS) -> GrantPool:
         """One grant for ``count`` IDs (raises SequencerNotAvailableError, retriable)."""
-        grant = self.grant_source(count)
+        if self.clock() - self.failed_at < GRANT_RETRY_BACKOFF_S:
+            raise errors.SequencerNotAvailableError("the sequencer did not answer a moment ago; retry")
+        try:
+            grant = self.grant_source(count, kind)
+        except errors.FabricError:
+            self.failed_at = self.clock()
+            raise
         if grant.epoch < self.highest_epoch:
             raise errors.StaleSequencerEpochError(
                 f"grant {grant} comes from sequencer epoch {grant.epoch}; this node has seen {self.highest_epoch}")
         if grant.id_count < count:
             raise errors.SequencerNotAvailableError(f"grant {grant} is short of the {count} IDs asked for")
+        if grant.epoch > self.highest_epoch:
+            self.records_end = grant.records_end  # a new epoch's view replaces the old one's
         self.highest_epoch = grant.epoch
+        self.records_end = max(self.records_end, grant.records_end)
         return GrantPool(grant)
 
-    def stamp(self, tp: TopicPartition, buf: bytearray, record_count: int, pool: GrantPool,
+    def known_last_id(self, tp: TopicPartition, leader_epoch: int, read_last_batch: Callable[[], bytes | None]) -> int:
+        known = self.last_id.get(tp)
+        if known is None or known[0] != leader_epoch:
+            known = (leader_epoch, last_global_id(read_last_batch()))
+            self.last_id[tp] = known
+        return known[1]
+
+    def stamp(self, tp: TopicPartition, leader_epoch: int, buf: bytearray, record_count: int, pool: GrantPool,
               read_last_batch: Callable[[], bytes | None]) -> int:
         """Stamp ``buf`` with the next IDs of ``pool``; returns its first ID. Call
         ``appended`` once the batch is staged."""
-        last = self.last_id.get(tp)
-        if last is None:
-            last = last_global_id(read_last_batch())
-            self.last_id[tp] = last
+        last = self.known_last_id(tp, leader_epoch, read_last_batch)
         base = pool.take(record_count)
         if base <= last:
             raise errors.GlobalIdRegressionError(
@@ -121,14 +158,142 @@ class StrictOrder:
         batch_format.stamp_global_id(buf, base)
         return base
 
-    def appended(self, tp: TopicPartition, base_id: int, record_count: int, now_s: float) -> None:
-        self.last_id[tp] = base_id + record_count - 1
+    def appended(self, tp: TopicPartition, leader_epoch: int, base_id: int, record_count: int, now_s: float) -> None:
+        self.last_id[tp] = (leader_epoch, base_id + record_count - 1)
         self.last_append_s[tp] = now_s
 
-    def led(self, tp: TopicPartition, now_s: float) -> None:
-        """A strict-order partition this node leads: tick it from now on."""
-        self.last_append_s.setdefault(tp, now_s - self.tick_interval_s)
+    def idle(self, led: Iterable[tuple[TopicPartition, float]], now_s: float) -> list[TopicPartition]:
+        """Of the led strict-order partitions (with their tick interval in seconds), those
+        without an append for a tick interval. A partition just taken over counts as idle
+        at once: its readers have waited for a leader already."""
+        return [tp for tp, interval_s in led if now_s - self.last_append_s.get(tp, float("-inf")) >= interval_s]
 
-    def ticks_due(self, led: Iterable[TopicPartition], now_s: float) -> list[TopicPartition]:
-        """The led strict-order partitions without an append for a tick interval."""
-        return [tp for tp in led if now_s - self.last_append_s.get(tp, float("-inf")) >= self.tick_interval_s]
+    def needs_tick(self, tp: TopicPartition) -> bool:
+        """Readers wait on this partition only if a record elsewhere has a higher ID than its
+        last one. (A tick for every idle interval regardless would fill an idle topic's log
+        with millions of ticks a week.)"""
+        known = self.last_id.get(tp)
+        return known is None or known[1] < self.records_end - 1
+
+
+# -- the node's side: called by nodes/produce.py and as a loop duty (nodes/server.py) ------------
+def for_node(node: NodeState) -> StrictOrder:
+    """The node's StrictOrder, made on first use (a node without strict-order topics never
+    talks to a sequencer)."""
+    existing: StrictOrder | None = node.strict_order
+    if existing is not None:
+        return existing
+    client = SequencerClient(node.zk, request_timeout_ms=GRANT_REQUEST_TIMEOUT_MS)
+    made = StrictOrder(lambda count, kind: client.allocate(count, timeout_ms=GRANT_TIMEOUT_MS_DEFAULT, kind=kind))
+    made.close = client.close
+    node.strict_order = made
+    return made
+
+
+def close(node: NodeState) -> None:
+    if node.strict_order is not None:
+        node.strict_order.close()
+        node.strict_order = None
+
+
+def read_last_batch(node: NodeState, tp: TopicPartition) -> bytes | None:
+    plog = node.logs[tp]
+    if not plog.entries:
+        return None
+    batches = plog.read(plog.entries[-1].base_offset, 1, plog.log_end_offset)
+    return bytes(batches[-1]) if batches else None
+
+
+class RequestIds:
+    """The IDs of one produce request: one grant for all its strict-order records, asked
+    for when its first strict-order batch needs it (or the error that grant ended in)."""
+
+    def __init__(self, node: NodeState, request: apis.Message) -> None:
+        self.node = node
+        self.request = request
+        self.pool: GrantPool | None = None
+        self.failure: errors.FabricError | None = None
+
+    def stamp(self, tp: TopicPartition, leader_epoch: int, buf: bytearray, record_count: int) -> int:
+        order = for_node(self.node)
+        if self.failure is not None:
+            raise self.failure
+        if self.pool is None:
+            try:
+                self.pool = order.grant(self._records_to_stamp())
+            except errors.FabricError as exc:
+                self.failure = exc
+                raise
+        return order.stamp(tp, leader_epoch, buf, record_count, self.pool, lambda: read_last_batch(self.node, tp))
+
+    def appended(self, tp: TopicPartition, leader_epoch: int, base_id: int, record_count: int) -> None:
+        for_node(self.node).appended(tp, leader_epoch, base_id, record_count, time.monotonic())
+
+    def _records_to_stamp(self) -> int:
+        total = 0
+        for entry, frame in zip(self.request.body["entries"], self.request.batches, strict=True):
+            config = self.node.configs.get(entry["topic"])
+            if config is not None and config.strict_order:
+                try:
+                    total += max(0, batch_format.read_header(frame).record_count)
+                except errors.FabricError:
+                    continue  # refused by validation anyway
+        return max(1, min(total, SEQUENCER_GRANT_IDS_MAX))
+
+
+def tick(node: NodeState, now: float) -> None:
+    """A loop duty: append a tick to every led strict-order partition that is idle for its
+    ``strict_order_tick_ms`` and below the sequencer's ``records_end``, with one grant for
+    all of them, one write, then publish. Asks the sequencer for ``records_end`` at most
+    once a tick interval while idle partitions wait."""
+    led = [(tp, node.configs[tp[0]].strict_order_tick_ms / 1000.0) for tp in node.leaders
+           if tp[0] in node.configs and node.configs[tp[0]].strict_order]
+    if not led or not node.session_ok():
+        return
+    order = for_node(node)
+    idle = order.idle(led, now)
+    if not idle:
+        return
+    for tp in idle:
+        order.known_last_id(tp, node.leaders[tp].epoch, functools.partial(read_last_batch, node, tp))
+    due = [tp for tp in idle if order.needs_tick(tp)]
+    interval_s = min(interval for _tp, interval in led)
+    if not due and now - order.asked_records_end_s >= interval_s:
+        order.asked_records_end_s = now
+        try:
+            order.grant(0)  # no IDs: only records_end, to see whether anyone waits on us
+        except errors.FabricError as exc:
+            log.debug("could not ask the sequencer for records_end: %s", exc)
+            return
+        due = [tp for tp in idle if order.needs_tick(tp)]
+    if not due:
+        return
+    try:
+        pool = order.grant(len(due), ID_KIND_TICKS)
+    except errors.FabricError as exc:
+        log.debug("no ticks this turn: %s", exc)
+        return
+    from nodes import leader as leader_side  # the leader's publish/HW rules live there
+
+    wb = node.store.new_write_batch()
+    now_ms = int(time.time() * 1000)
+    staged: list[tuple[TopicPartition, int, bytes]] = []
+    for tp in due:
+        leader = node.leaders[tp]
+        buf = make_tick(now_ms)
+        header = batch_format.read_header(buf)
+        try:
+            base_id = order.stamp(tp, leader.epoch, buf, 1, pool, functools.partial(read_last_batch, node, tp))
+        except errors.FabricError as exc:
+            log.warning("tick of %s/%d refused: %s", tp[0], tp[1], exc)
+            continue
+        node.logs[tp].append(wb, buf, header, leader.epoch, now_ms)
+        staged.append((tp, base_id, bytes(buf)))
+    if not staged:
+        return
+    node.store.write(wb)
+    for tp, base_id, data in staged:
+        order.appended(tp, node.leaders[tp].epoch, base_id, 1, now)
+        leader_side.publish(node, tp, data)
+        leader_side.update_high_watermark(node, tp)
+    node.partitions_changed({tp for tp, _b, _d in staged})

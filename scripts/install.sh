@@ -15,6 +15,8 @@ command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc make)
 command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)  # the network-partition fault test
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)  # peers benchmark
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -16,6 +16,7 @@ One entry point over both planes, asyncio first (``sdk.aio``, ``sdk.direct``)::
 and the same with blocking calls: ``sdk.Client("zk://127.0.0.1:2181")``.
 """
 
+from fabric.auth.curve import ClientSecurity
 from fabric.errors import FabricError
 from sdk._client import TopicPartition
 from sdk.accumulator import RecordFuture, RecordMetadata
@@ -49,6 +50,7 @@ __all__ = [
     "Request",
     "RequestTimeout",
     "connect",
+    "ClientSecurity",
     "Consumer",
     "FabricError",
     "OrderedConsumer",

@@ -93,14 +93,14 @@ class Bootstrap:
     def node_addresses(self) -> list[str]:
         if self.zk is None:
             return list(self.addresses)
-        from kazoo.client import KazooClient
 
         from fabric import zk as zkl
 
-        client = KazooClient(hosts=self.zk)
+        client = zkl.make_client(self.zk)
         try:
             client.start(timeout=METADATA_TIMEOUT_MS / 1000)
         except Exception as exc:
+            zkl.close_client(client)  # a client left running would retry in the background forever
             raise errors.NoBrokersAvailableError(f"ZooKeeper {self.zk} did not answer: {exc}") from exc
         try:
             return [n.address for _, n in sorted(zkl.live_nodes(client).items())]
@@ -141,8 +141,11 @@ class MetadataClient:
         raise errors.NoBrokersAvailableError(f"no node answered a metadata request (last error: {last})")
 
     def _rediscover(self) -> list[str]:
+        # Forget the cached node addresses only once the bootstrap answered: while
+        # ZooKeeper is away, the routing map we have is the best there is.
+        known = self.bootstrap.node_addresses()
         self.metadata.nodes.clear()
-        self._known = self.bootstrap.node_addresses()
+        self._known = known
         return list(self._known)
 
     def _parse(self, body: dict[str, Any], *, merge: bool) -> ClusterMetadata:

@@ -9,7 +9,9 @@ from typing import Any
 import zmq
 
 from fabric import errors
+from fabric.auth.curve import ClientSecurity
 from fabric.protocol.apis import ApiKey
+from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
 from sdk._group_admin import GroupAdmin
 
@@ -24,8 +26,10 @@ class TopicDescription:
 
 
 class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_group_admin.py
-    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None) -> None:
-        self._conns = Connections(context)
+    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None,
+                 security: ClientSecurity | None = None) -> None:
+        # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY.
+        self._conns = Connections(context, security=security or FROM_ENV)
         self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
         self.request_timeout_ms = request_timeout_ms
 

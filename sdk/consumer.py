@@ -18,10 +18,12 @@ from typing import Any
 import zmq
 
 from fabric import errors
+from fabric.auth.curve import ClientSecurity
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.tags import TagFilter, record_tags
+from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient, TopicPartition
 from sdk._group import ConsumerRebalanceListener, GroupMember
 
@@ -133,6 +135,7 @@ class Consumer:
         session_timeout_ms: int = 45_000,
         heartbeat_interval_ms: int = 3_000,
         tag_filter: str | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be earliest, latest or none, got {auto_offset_reset!r}")
@@ -143,7 +146,8 @@ class Consumer:
         self.partition_fetch_bytes_max = partition_fetch_bytes_max
         self.request_timeout_ms = request_timeout_ms
         self.check_crc = check_crc
-        self._conns = Connections(context)
+        # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY.
+        self._conns = Connections(context, security=security or FROM_ENV)
         self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
         self._assigned: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}  # next offset to hand to the caller

@@ -18,6 +18,7 @@ from typing import Any
 import zmq
 
 from fabric import errors
+from fabric.auth.curve import ClientSecurity
 from fabric.limits import BATCH_HEADER_BYTES, MESSAGE_BYTES_MAX_DEFAULT
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
@@ -92,7 +93,11 @@ class _ProducerCore:
         producer_id: int | None = None,
         producer_epoch: int = 0,
         context: zmq.Context[Any] | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
+        # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY
+        # (read here, so a bad key file fails the constructor, not the sender thread).
+        self._security = security or ClientSecurity.from_env()
         self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
         if enable_idempotence is None:
             enable_idempotence = self.acks == -1  # as Kafka: on by default with acks=all
@@ -344,7 +349,7 @@ class _ProducerCore:
 
     # -- sender thread ----------------------------------------------------------------------
     def _run_sender(self) -> None:
-        conns = Connections(self._ctx)
+        conns = Connections(self._ctx, security=self._security)
         meta = MetadataClient(self._bootstrap, conns)
         conns.poller.register(self._wake_pull, zmq.POLLIN)
         try:
@@ -381,6 +386,7 @@ class _ProducerCore:
         for batch in ready:
             address = meta.metadata.leader_address(batch.topic, batch.partition)
             if address is None:
+                self._refresh_needed = True  # the map names no (reachable) leader: ask again
                 self._retry(batch, errors.LeaderNotAvailableError(f"no leader known for {batch.topic}/{batch.partition}"), now)
                 continue
             by_node.setdefault(address, []).append(batch)

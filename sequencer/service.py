@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import zmq
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from fabric import errors
@@ -77,7 +77,7 @@ class SequencerService:
         self._active_changed = threading.Event()
         self._session_lost = threading.Event()
         self._lock = threading.Lock()  # guards state changes against the lease thread
-        self.zk = KazooClient(hosts=zk_hosts, timeout=session_timeout_ms / 1000.0)
+        self.zk = zkl.make_client(zk_hosts, session_timeout_s=session_timeout_ms / 1000.0)
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self._renewer: threading.Thread | None = None

@@ -11,6 +11,7 @@
     fabric request NAME PAYLOAD    one direct-plane request (also: subscribe, publish)
     fabric group list|describe|reset-offsets|delete   consumer groups
     fabric bench                   the produce/consume benchmark (python -m bench)
+    fabric keys|principal|acl      CURVE keys, principals, access rules (docs/SECURITY.md)
 
 Commands that talk to a cluster take ``--bootstrap`` (``zk://host:port`` or node
 addresses); without it they use ``$FABRIC_BOOTSTRAP`` or the cluster that ``fabric up``
@@ -33,7 +34,18 @@ from collections.abc import Callable
 from types import ModuleType
 
 from fabric import __version__, errors
-from fabric.cli import bench, cluster, consume, group, produce, sequencer, service, status, topic
+from fabric.cli import (
+    bench,
+    cluster,
+    consume,
+    group,
+    produce,
+    security,
+    sequencer,
+    service,
+    status,
+    topic,
+)
 from fabric.cli._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -56,6 +68,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     bench,
     status,
     sequencer,
+    security,
 )
 
 EPILOG = """exit codes: 0 success, 1 error from the cluster or the environment, 2 usage error,

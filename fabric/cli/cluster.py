@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -19,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up = subparsers.add_parser("up", help="run ZooKeeper and storage nodes locally until Ctrl-C")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--data-dir", help="keep data here (default: a temporary dir, removed on exit)")
+    up.add_argument("--zk-servers", type=int, default=1, choices=(1, 3, 5),
+                    help="ZooKeeper servers: 1, or an ensemble of 3 or 5 (default: 1)")
     up.add_argument("--config", metavar="NODE.toml",
                     help="node options for every node (docs/OPERATIONS.md); id, zk and data_dir are set per node")
     up.set_defaults(run=cmd_up)
@@ -44,11 +47,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         from fabric import config
 
         config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
-    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=2)
+    cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=2, zk_servers=args.zk_servers)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"starting ZooKeeper, {args.nodes} storage nodes and 2 sequencers ...", flush=True)
+    zookeeper = "ZooKeeper" if args.zk_servers == 1 else f"a {args.zk_servers}-server ZooKeeper ensemble"
+    print(f"starting {zookeeper}, {args.nodes} storage nodes and 2 sequencers ...", flush=True)
     cluster.start()
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -63,12 +67,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"sequencers {sorted(cluster.sequencers)} (active: {cluster.active_sequencer()}; strict-order topics)")
         print(f"bootstrap  {cluster.bootstrap}   (recorded in {STATE_FILE})")
         print(f"data       {cluster.base_dir}")
-        print("Ctrl-C stops everything.", flush=True)
+        print("A process that dies is restarted with backoff (see docs/OPERATIONS.md). Ctrl-C stops everything.",
+              flush=True)
         while not stop.wait(1.0):
-            dead = [n for n, node in cluster.nodes.items() if not node.process.running]
-            if dead:
-                print(f"node(s) {dead} exited; see {cluster.base_dir}/node*.log", file=sys.stderr)
-                return 1
+            # Keep the cluster running: a node killed (kill -9, a crash) is reported and
+            # restarted, so a user can rehearse a failover on it.
+            for line in cluster.supervise():
+                print(f"{time.strftime('%H:%M:%S')} {line} (logs: {cluster.base_dir})", file=sys.stderr, flush=True)
     finally:
         print("stopping ...", flush=True)
         cluster.stop()
@@ -91,8 +96,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     topic = "demo-events"
     print(f"== Fabric demo: ZooKeeper + {args.nodes} storage nodes, {n:,} messages of {args.size} bytes, "
           f"replication factor {min(3, args.nodes)}, acks=all, idempotent producer", flush=True)
-    with LocalCluster(args.nodes) as cluster:
-        print(f"cluster up: ZooKeeper {cluster.zk_address}, nodes {sorted(cluster.nodes)}", flush=True)
+    with LocalCluster(args.nodes, sequencer_count=2) as cluster:
+        print(f"cluster up: ZooKeeper {cluster.zk_address}, nodes {sorted(cluster.nodes)}, "
+              f"sequencers {sorted(cluster.sequencers)}", flush=True)
         with Admin(cluster.bootstrap) as admin:
             admin.create_topic(topic, partitions=args.partitions, replication_factor=min(3, args.nodes))
         filler = b"x" * max(0, args.size - 24)
@@ -143,12 +149,133 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "partitions": args.partitions,
             "nodes": args.nodes,
         }
+        strict = _strict_order_demo(cluster.bootstrap, args.partitions, min(3, args.nodes))
+        summary.update(strict)
+        ok = ok and bool(strict["strict_order_ok"])
+        group = _group_demo(cluster.bootstrap, topic, args.partitions, count)
+        summary.update(group)
+        ok = ok and bool(group["group_ok"])
+        direct = _direct_demo(cluster.bootstrap)
+        summary.update(direct)
+        ok = ok and bool(direct["direct_ok"])
         print("== summary")
         print(f"  produced  {n:,} messages in {produce_s:.2f} s: {summary['produce_msgs_per_s']:,} msg/s, {summary['produce_mb_per_s']} MB/s")
         print(f"  consumed  {count:,} messages in {consume_s:.2f} s: {summary['consume_msgs_per_s']:,} msg/s, {summary['consume_mb_per_s']} MB/s")
         print(f"  verified  count {'OK' if count == n else 'MISMATCH'}, sha256 over per-partition order {'OK' if summary['checksum_match'] else 'MISMATCH'}")
+        print(f"  strict    {strict['strict_order_records']:,} records from 4 producers into a strict-order topic; "
+              f"2 ordered readers: same sequence {'OK' if strict['strict_order_readers_agree'] else 'MISMATCH'}, "
+              f"global IDs increasing {'OK' if strict['strict_order_ids_increasing'] else 'MISMATCH'}")
+        print(f"  group     2 members of group demo-billing split {args.partitions} partitions "
+              f"{group['group_assignment']}, read {group['group_records']:,} records, committed offsets "
+              f"at the log end {'OK' if group['group_committed_at_end'] else 'MISMATCH'}")
+        print(f"  direct    {direct['direct_requests']:,} requests to 2 instances of service 'demo-echo', "
+              f"p50 {direct['direct_p50_us']} us, p99 {direct['direct_p99_us']} us, per instance {direct['direct_per_instance']}; "
+              f"gather: {direct['direct_gather_replies']} replies {'OK' if direct['direct_ok'] else 'MISMATCH'}")
         print(json.dumps(summary))
     return 0 if ok else 1
+
+
+def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, object]:
+    """Two members of one consumer group share the topic's partitions and commit as they go."""
+    from sdk import Admin, Consumer
+
+    group_id = "demo-billing"
+    print(f"== consumer group: 2 members of {group_id} read {topic}", flush=True)
+    members = [Consumer(bootstrap, group_id=group_id, auto_offset_reset="earliest", heartbeat_interval_ms=500,
+                        session_timeout_ms=10_000) for _ in range(2)]
+    seen = 0
+    assignment: list[list[int]] = [[], []]
+    try:
+        for member in members:
+            member.subscribe([topic])
+        # Read until everything is in and both members hold partitions: the second member's
+        # share moves to it by cooperative rebalancing while the first keeps reading.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (seen < expected or not all(assignment)):
+            for index, member in enumerate(members):
+                seen += sum(len(batch) for batch in member.poll_batches(timeout_ms=100))
+                assignment[index] = sorted(tp.partition for tp in member.assignment())
+        for member in members:
+            member.commit()
+    finally:
+        for member in members:
+            member.close()
+    with Admin(bootstrap) as admin:
+        description = admin.describe_group(group_id)
+    lag = sum(max(0, p.lag) for p in description.offsets)
+    at_end = lag == 0 and seen >= expected
+    shared = all(assignment) and sorted(assignment[0] + assignment[1]) == list(range(partitions))
+    return {"group_records": seen, "group_assignment": assignment, "group_committed_at_end": at_end,
+            "group_ok": at_end and shared}
+
+
+def _direct_demo(bootstrap: str) -> dict[str, object]:
+    """Two instances of a service on the direct plane: requests go peer to peer, no node in the path."""
+    from sdk import Client
+
+    requests = 2_000
+    print(f"== direct plane: {requests:,} requests to 2 instances of demo-echo, then a scatter-gather", flush=True)
+    with Client(bootstrap) as client:
+        services = [client.serve("demo-echo", lambda request: request.payload, concurrency=16) for _ in range(2)]
+        try:
+            latencies_us: list[float] = []
+            per_instance: dict[str, int] = {}
+            wrong = 0
+            for i in range(requests):
+                payload = b"ping-%d" % i
+                start = time.perf_counter()
+                reply = client.request("demo-echo", payload, timeout_ms=2_000, idempotent=True)
+                latencies_us.append((time.perf_counter() - start) * 1e6)
+                wrong += reply.payload != payload
+                per_instance[reply.instance] = per_instance.get(reply.instance, 0) + 1
+            gathered = client.gather("demo-echo", b"health", timeout_ms=2_000)
+        finally:
+            for service in services:
+                service.stop()
+    latencies_us.sort()
+    return {"direct_requests": requests, "direct_p50_us": round(latencies_us[len(latencies_us) // 2]),
+            "direct_p99_us": round(latencies_us[int(len(latencies_us) * 0.99)]),
+            "direct_per_instance": sorted(per_instance.values()), "direct_gather_replies": len(gathered.replies),
+            "direct_ok": wrong == 0 and len(gathered.replies) == 2}
+
+
+def _strict_order_demo(bootstrap: str, partitions: int, replication_factor: int) -> dict[str, object]:
+    """A strict-order topic: 4 producers at once, two ordered readers that must agree."""
+    from sdk import Admin, OrderedConsumer, Producer
+
+    topic, producers, per_producer = "demo-ledger", 4, 2_500
+    print(f"== strict order: {producers} producers x {per_producer:,} records into {topic} "
+          f"({partitions} partitions), read back by 2 ordered readers", flush=True)
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=partitions, replication_factor=replication_factor, strict_order=True)
+
+    def produce(index: int) -> None:
+        with Producer(bootstrap, linger_ms=2) as producer:
+            for i in range(per_producer):
+                producer.send(topic, b"producer-%d entry-%d" % (index, i), key=b"account-%d" % (i % 100))
+            producer.flush(timeout=120)
+
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    total = producers * per_producer
+    sequences: list[list[tuple[int, bytes]]] = []
+    for _ in range(2):
+        seen: list[tuple[int, bytes]] = []
+        with OrderedConsumer(bootstrap, topic) as reader:
+            deadline = time.monotonic() + 120
+            while len(seen) < total and time.monotonic() < deadline:
+                seen.extend((r.global_id, r.value or b"") for r in reader.poll(timeout_ms=500))
+        sequences.append(seen)
+    ids = [gid for gid, _ in sequences[0]]
+    agree = sequences[0] == sequences[1] and len(sequences[0]) == total
+    increasing = all(a < b for a, b in itertools.pairwise(ids))
+    if ids:
+        print(f"  first records in global order: {[f'#{g} {v.decode()}' for g, v in sequences[0][:3]]}")
+    return {"strict_order_records": len(sequences[0]), "strict_order_readers_agree": agree,
+            "strict_order_ids_increasing": increasing, "strict_order_ok": agree and increasing}
 
 
 def cmd_node(argv: list[str]) -> int:

@@ -150,6 +150,7 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
         info = live.get(node_id)
         status.nodes.append({
             "id": node_id, "up": info is not None, "address": info.address if info else None,
+            "metrics": (info.metrics_address or None) if info else None,
             "pid": info.pid if info else None, "leaders": leaders.get(node_id, 0),
             "replicas": replicas.get(node_id, 0),
             "uptime_s": round((now_ms - info.started_ms) / 1000) if info and info.started_ms else None,

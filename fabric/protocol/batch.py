@@ -71,6 +71,7 @@ TAG_BLOOM_PRESENT = 0x20  # bytes 22-23 (low half) and 54-55 (high half) hold th
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 RECORD_FIXED_BYTES = 14  # 3 x i32 + 1 x u16 per record in the columnar arrays
 CRC_START = 20
+LZ4_EXPANSION_MAX = 256  # output bytes per compressed byte lz4 can reach, rounded up
 
 _HEADER = struct.Struct("<qiiIBBHiqqqhhiqi")
 _STAMP = struct.Struct("<q")
@@ -219,13 +220,14 @@ def check_records(header: BatchHeader, records: bytes) -> None:
     arrays_bytes = RECORD_FIXED_BYTES * n
     if len(records) < arrays_bytes:
         raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
-    arrays = struct.unpack_from(f"<{n}i{n}i{n}i{n}H", records, 0)
-    key_lengths, value_lengths, header_counts = arrays[n : 2 * n], arrays[2 * n : 3 * n], arrays[3 * n :]
-    if min(key_lengths) < -1 or min(value_lengths) < -1:
+    # The timestamp deltas need no check; key and value lengths are checked as one column
+    # (one min, one sum, one count: this runs for every batch a node accepts).
+    columns = struct.unpack_from(f"<{2 * n}i{n}H", records, 4 * n)
+    lengths, header_counts = columns[: 2 * n], columns[2 * n :]
+    if min(lengths) < -1:
         raise CorruptMessageError("negative key or value length")
     # Lengths are >= -1, so adding back one per null gives the sum of the real lengths.
-    headers_start = (arrays_bytes + sum(key_lengths) + key_lengths.count(-1)
-                     + sum(value_lengths) + value_lengths.count(-1))
+    headers_start = arrays_bytes + sum(lengths) + lengths.count(-1)
     if headers_start > len(records):
         raise CorruptMessageError(
             f"key and value lengths add up to {headers_start - arrays_bytes} bytes, "
@@ -242,6 +244,13 @@ def _check_lz4_claim(payload: memoryview, records_bytes: int) -> None:
     except (RuntimeError, ValueError) as exc:
         raise CorruptMessageError(f"records section is not a valid lz4 frame: {exc}") from exc
     claimed = int(info.get("content_size") or 0)
+    # LZ4 cannot expand more than ~255x (one match byte adds at most 255 output bytes),
+    # and the decompressor allocates its whole output bound up front: without this check
+    # a 100-byte batch claiming 64 MiB makes the node allocate 64 MiB (found by fuzzing).
+    if claimed > LZ4_EXPANSION_MAX * len(payload):
+        raise DecompressionLimitError(
+            f"lz4 frame of {len(payload)} bytes claims {claimed} bytes of content, more than lz4 can expand to"
+        )
     if claimed != records_bytes:
         raise DecompressionLimitError(
             f"lz4 frame claims {claimed} bytes of content, batch header says records_bytes={records_bytes}"

@@ -88,3 +88,14 @@ def decode_header(frame: bytes | memoryview) -> Header:
         exc.header = Header(api_key, api_version, correlation_id, error_code, flags, version)  # type: ignore[attr-defined]
         raise exc
     return Header(api_key, api_version, correlation_id, error_code, flags, version)
+
+
+def readable_header(frame: bytes | memoryview) -> Header | None:
+    """The header of a request that is refused anyway (too many frames, say), if it reads:
+    the refusal then echoes it. None when even the header is unreadable."""
+    try:
+        return decode_header(frame)
+    except UnsupportedVersionError as exc:
+        return getattr(exc, "header", None)
+    except (InvalidMagicError, MalformedRequestError):
+        return None

@@ -17,9 +17,8 @@ Filter grammar (``!`` binds tighter than ``&&``, which binds tighter than ``||``
 The client applies the filter exactly to every record. The node can only skip a whole
 batch whose bloom proves that no record in it can match: it treats every negation as
 "may match", so it skips on positive terms only (``paid`` or ``paid && eu`` skip batches;
-``!paid`` never does). A batch without a bloom (an old producer, or no tags at all) is never
-skipped by the node when the filter could match an untagged record, and is skipped when the
-filter needs a tag, since a batch without a bloom carries no tags.
+``!paid`` never does). A batch without a bloom (no tags at all, or a producer that writes
+no bloom, such as the C client) is never skipped by the node: it may still hold tagged records.
 """
 
 from __future__ import annotations

@@ -102,6 +102,8 @@ enum fabric_err {
     FABRIC_ERR_GROUP_ID_NOT_FOUND = 67,
     FABRIC_ERR_UNRELEASED_INSTANCE_ID = 68,
     FABRIC_ERR_GROUP_MAX_SIZE_REACHED = 69,
+    FABRIC_ERR_AUTHORIZATION_FAILED = 80,  /* an ACL does not allow the operation */
+    FABRIC_ERR_AUTHENTICATION_FAILED = 81, /* CURVE key not registered, or wrong server key */
     /* client-side only */
     FABRIC_ERR_INVALID_ARGUMENT = -1, /* a caller's argument is out of range */
     FABRIC_ERR_NO_MEMORY = -2,        /* malloc failed or a buffer limit was reached */
@@ -168,6 +170,11 @@ typedef struct fabric_producer_config {
     int retry_backoff_ms;    /* wait between retries of a batch; default 100 */
     fabric_delivery_cb on_delivery; /* called once per batch, from the producer's calls */
     void *opaque;                   /* passed to on_delivery */
+    /* Secure clusters (docs/SECURITY.md): the client's NAME.key_secret file and the
+     * cluster's public key (40 Z85 characters, or a cluster.key file). Both NULL: taken
+     * from $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY, else plaintext. */
+    const char *curve_key_file;
+    const char *curve_server_key;
 } fabric_producer_config_t;
 
 typedef struct fabric_producer fabric_producer_t;
@@ -213,6 +220,8 @@ typedef struct fabric_consumer_config {
     int request_timeout_ms;     /* default 30000 */
     int retry_backoff_ms;       /* default 100 */
     int offset_reset;           /* FABRIC_RESET_*; default EARLIEST */
+    const char *curve_key_file;   /* as in fabric_producer_config_t; NULL: $FABRIC_KEY_FILE */
+    const char *curve_server_key; /* NULL: $FABRIC_SERVER_KEY */
 } fabric_consumer_config_t;
 
 typedef struct fabric_consumer fabric_consumer_t;

@@ -274,6 +274,8 @@ fabric_str_t fabric_str(const char *s);
 #define FABRIC_CODEC_MASK 0x07
 #define FABRIC_TIMESTAMP_LOG_APPEND 0x08
 #define FABRIC_BATCH_CONTROL 0x10 /* a strict-order tick: takes an offset, holds no record */
+#define FABRIC_BATCH_TAG_BLOOM 0x20 /* bytes 22-23 (low half) and 54-55 (high half): tag bloom */
+#define FABRIC_TAGS_HEADER "fabric.tags"
 #define FABRIC_BATCH_CRC_START 20
 
 typedef struct fabric_batch_header {
@@ -309,6 +311,10 @@ typedef struct fabric_batch_builder {
     int64_t max_timestamp;
     fabric_buf_t timestamp_deltas, key_lengths, value_lengths, header_counts;
     fabric_buf_t keys, values, headers;
+    /* OR of the tag bits of every record's "fabric.tags" header (fabric/protocol/tags.py);
+     * written into the batch header only when some record had tags. */
+    uint32_t tag_bloom;
+    int has_tag_bloom;
 } fabric_batch_builder_t;
 
 typedef struct fabric_batch_options {

@@ -24,7 +24,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from fabric import errors
-from fabric.zk import ROOT, close_client
+from fabric.zk import ROOT, close_client, make_client
 
 SERVICES = f"{ROOT}/services"
 PUBLISHERS = f"{ROOT}/publishers"
@@ -78,7 +78,7 @@ def _ensure_chroot(hosts: str) -> None:
     servers, slash, chroot = hosts.partition("/")
     if not slash or not chroot.strip("/"):
         return
-    client = KazooClient(hosts=servers, timeout=ZK_TIMEOUT_S)
+    client = make_client(servers, session_timeout_s=ZK_TIMEOUT_S)
     try:
         client.start(timeout=ZK_CONNECT_TIMEOUT_S)
         client.ensure_path_async("/" + chroot.strip("/")).get(timeout=ZK_TIMEOUT_S)
@@ -91,7 +91,7 @@ def start_client(hosts: str, *, session_timeout_s: float = 10.0) -> KazooClient:
         _ensure_chroot(hosts)
     except Exception as exc:
         raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_CONNECT_TIMEOUT_S:.0f} s: {exc}") from exc
-    client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+    client = make_client(hosts, session_timeout_s=session_timeout_s)
     try:
         client.start(timeout=ZK_CONNECT_TIMEOUT_S)
     except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from fabric import zk as zkl
 from fabric.local import LocalCluster
 from nodes.log import partition_key
 from sdk import Admin, Consumer, Producer, TopicPartition
-from tests.fault.history import History
+from tests.fault.history import History, check
 
 WAIT_S = 60.0
 
@@ -188,3 +189,65 @@ def expire_session(zk_address: str, data_dir: Path) -> None:
 def create_replicated_topic(bootstrap: str, topic: str, partitions: int) -> None:
     with Admin(bootstrap) as admin:
         admin.create_topic(topic, partitions=partitions, replication_factor=3, config={"min_insync": 2})
+
+
+LOG_DIR = Path("/tmp/fabric-fault-logs")
+
+
+def keep_logs(cluster: LocalCluster, test_name: str) -> None:
+    """Copy the node logs where the next run will not delete them (pytest keeps only the
+    last three temp dirs), so a failure can be read after the fact."""
+    target = LOG_DIR / test_name
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True, exist_ok=True)
+    for log_file in cluster.base_dir.glob("*.log"):
+        shutil.copy(log_file, target / log_file.name)
+    print(f"node logs: {target}")
+
+
+def start_workload(bootstrap: str, topic: str, partitions: int, rate_per_s: float) -> tuple[History, Writer, Reader]:
+    """One acks=all idempotent writer at a steady rate and one live reader, both running."""
+    history = History()
+    writer = Writer(bootstrap, topic, history, count=10**9, rate_per_s=rate_per_s)
+    reader = Reader(bootstrap, topic, partitions, history)
+    writer.start()
+    reader.start()
+    return history, writer, reader
+
+
+def finish(cluster: LocalCluster, topic: str, partitions: int, history: History, seed: int,
+           writers: list[Writer], readers: list[Reader]) -> None:
+    """Stop the workload, heal, read everything, compare replicas, and judge."""
+    for writer in writers:
+        writer.stop_flag.set()
+    for writer in writers:
+        writer.join(timeout=240)
+        assert not writer.is_alive(), f"writer did not finish (seed={seed})"
+        assert writer.error is None, f"writer failed: {writer.error!r} (seed={seed})"
+    for node in cluster.nodes.values():
+        if not node.process.running:
+            node.start()
+    cluster.wait_for_nodes(list(cluster.nodes))
+    wait_for_full_isr(cluster.bootstrap, topic)
+    read_everything(cluster.bootstrap, topic, partitions, history)
+    for reader in readers:
+        reader.stop_flag.set()
+        reader.join(timeout=30)
+        assert reader.error is None, f"reader failed: {reader.error!r} (seed={seed})"
+    time.sleep(1.0)  # followers ack their last batches
+    collect_replicas(cluster, topic, partitions, history)
+    report = check(history)
+    print(f"seed={seed}: {report.summary()}")
+    assert report.ok(), f"reproduce with FABRIC_FAULT_SEED={seed}: {report.summary()}"
+
+
+def producer_diagnostics(writer: Writer) -> str:
+    """What a stuck writer's producer holds (for a failing test's message only)."""
+    producer = writer.producer
+    now = time.monotonic()
+    queued = {f"{tp[0]}/{tp[1]}": len(q) for tp, q in producer._acc.batches.items() if q}
+    flights = [(f.address, round(now - f.sent_s, 1), sorted({b.partition for b in f.batches}))
+               for f in producer._in_flight.values()]
+    return (f"writer sent {writer.sent}, failures {len(writer.history.failed)} "
+            f"{list(writer.history.failed.values())[:3]}; queued batches {queued}; in flight {flights}; "
+            f"producer id {producer.producer_id}")

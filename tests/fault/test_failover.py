@@ -7,7 +7,6 @@ Every test prints its seed; rerun one with FABRIC_FAULT_SEED=<seed>. They are ma
 from __future__ import annotations
 
 import random
-import shutil
 import statistics
 import time
 from collections.abc import Iterator
@@ -23,19 +22,19 @@ from fabric.protocol.apis import ApiKey
 from sdk import Admin, Producer
 from tests.conftest import make_cluster
 from tests.fault.harness import (
-    Reader,
     Writer,
-    collect_replicas,
     create_replicated_topic,
     describe,
     expire_session,
+    finish,
+    keep_logs,
     leader_of,
-    read_everything,
     seed_from_env,
+    start_workload,
     wait_for_full_isr,
     wait_until,
 )
-from tests.fault.history import History, check
+from tests.fault.history import History
 
 pytestmark = pytest.mark.slow
 
@@ -50,20 +49,6 @@ def seed() -> int:
     return value
 
 
-LOG_DIR = Path("/tmp/fabric-fault-logs")
-
-
-def keep_logs(cluster: LocalCluster, test_name: str) -> None:
-    """Copy the node logs where the next run will not delete them (pytest keeps only the
-    last three temp dirs), so a failure can be read after the fact."""
-    target = LOG_DIR / test_name
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True, exist_ok=True)
-    for log_file in cluster.base_dir.glob("*.log"):
-        shutil.copy(log_file, target / log_file.name)
-    print(f"node logs: {target}")
-
-
 @pytest.fixture
 def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     cluster = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
@@ -73,42 +58,6 @@ def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.Fix
     finally:
         cluster.stop()
         keep_logs(cluster, request.node.name)
-
-
-def start_workload(bootstrap: str, topic: str, partitions: int, rate_per_s: float) -> tuple[History, Writer, Reader]:
-    """One acks=all idempotent writer at a steady rate and one live reader, both running."""
-    history = History()
-    writer = Writer(bootstrap, topic, history, count=10**9, rate_per_s=rate_per_s)
-    reader = Reader(bootstrap, topic, partitions, history)
-    writer.start()
-    reader.start()
-    return history, writer, reader
-
-
-def finish(cluster: LocalCluster, topic: str, partitions: int, history: History, seed: int,
-           writers: list[Writer], readers: list[Reader]) -> None:
-    """Stop the workload, heal, read everything, compare replicas, and judge."""
-    for writer in writers:
-        writer.stop_flag.set()
-    for writer in writers:
-        writer.join(timeout=240)
-        assert not writer.is_alive(), f"writer did not finish (seed={seed})"
-        assert writer.error is None, f"writer failed: {writer.error!r} (seed={seed})"
-    for node in cluster.nodes.values():
-        if not node.process.running:
-            node.start()
-    cluster.wait_for_nodes(list(cluster.nodes))
-    wait_for_full_isr(cluster.bootstrap, topic)
-    read_everything(cluster.bootstrap, topic, partitions, history)
-    for reader in readers:
-        reader.stop_flag.set()
-        reader.join(timeout=30)
-        assert reader.error is None, f"reader failed: {reader.error!r} (seed={seed})"
-    time.sleep(1.0)  # followers ack their last batches
-    collect_replicas(cluster, topic, partitions, history)
-    report = check(history)
-    print(f"seed={seed}: {report.summary()}")
-    assert report.ok(), f"reproduce with FABRIC_FAULT_SEED={seed}: {report.summary()}"
 
 
 def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> None:

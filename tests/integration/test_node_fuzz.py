@@ -97,7 +97,6 @@ def test_batches_that_do_not_decode_are_refused_not_stored(cluster: LocalCluster
     assert_healthy(cluster, topic)
 
 
-@pytest.mark.xfail(strict=True, reason="node side lands with the nodes/ split (issue 10)")
 def test_too_many_frames_is_answered(cluster: LocalCluster, topic: str) -> None:
     address = leader_address(cluster.bootstrap, topic)
     frames = produce_frames(topic, good_batch(), correlation_id=4098)
@@ -119,7 +118,6 @@ def test_unknown_protocol_version_echoes_the_header(cluster: LocalCluster, topic
         errors.UnsupportedVersionError.code, ApiKey.METADATA, 31337)
 
 
-@pytest.mark.xfail(strict=True, reason="node side lands with the nodes/ split (issue 10)")
 def test_not_controller_is_in_the_body(cluster: LocalCluster, topic: str) -> None:
     with Admin(cluster.bootstrap) as admin:
         nodes = admin.nodes()
@@ -138,7 +136,6 @@ def fetch_frames(topic: str, offset: int, *, max_wait_ms: int, min_bytes: int, c
                         "partition_bytes_max": 1 << 20, "current_leader_epoch": -1}]}, correlation_id)
 
 
-@pytest.mark.xfail(strict=True, reason="node side lands with the nodes/ split (issue 10)")
 def test_fetch_at_the_log_end_is_held_not_answered_with_the_last_batch(cluster: LocalCluster, topic: str) -> None:
     address = leader_address(cluster.bootstrap, topic)
     probe = decode(raw_request(address, fetch_frames(topic, 0, max_wait_ms=0, min_bytes=1, correlation_id=1)))

@@ -7,7 +7,8 @@ from nodes.fetch import fetch_ready, read_limit
 
 
 def test_a_fetch_waits_until_min_bytes_an_error_or_its_deadline() -> None:
-    assert not fetch_ready(final=False, any_error=False, bytes_found=0, min_bytes=0)  # at the log end: park
+    assert fetch_ready(final=False, any_error=False, bytes_found=0, min_bytes=0)  # min_bytes=0: answer at once
+    assert not fetch_ready(final=False, any_error=False, bytes_found=0, min_bytes=1)  # at the log end: park
     assert fetch_ready(final=False, any_error=False, bytes_found=1, min_bytes=0)
     assert not fetch_ready(final=False, any_error=False, bytes_found=999, min_bytes=1_000)
     assert fetch_ready(final=False, any_error=False, bytes_found=1_000, min_bytes=1_000)

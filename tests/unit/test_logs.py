@@ -27,29 +27,29 @@ def restore_root() -> Iterator[None]:
 def test_text_lines_carry_process_partition_and_epoch(restore_root: None) -> None:
     out = io.StringIO()
     logs.setup("INFO", "text", process="node2", node_id=2, stream=out)
-    replica = logs.replica_logger(logging.getLogger("fabric.replication"), topic="events", partition=3, epoch=7)
+    replica = logs.replica_logger(logging.getLogger("logtest.replication"), topic="events", partition=3, epoch=7)
     replica.info("truncated to %d", 1200)
     logging.getLogger("fabric.node").debug("not shown at INFO")
     line = out.getvalue().strip()
     assert "\n" not in line
-    assert line.endswith(" node2 INFO fabric.replication [events/3 epoch=7] truncated to 1200")
+    assert line.endswith(" node2 INFO logtest.replication [events/3 epoch=7] truncated to 1200")
     assert line[:4].isdigit() and line[23] == "Z"  # 2026-11-22T20:51:02.114Z
 
 
 def test_json_lines_are_objects_with_context_fields(restore_root: None) -> None:
     out = io.StringIO()
     logs.setup("debug", "json", process="node1", node_id=1, stream=out)
-    replica = logs.replica_logger(logging.getLogger("fabric.replication"), topic="t", partition=0, epoch=4)
+    replica = logs.replica_logger(logging.getLogger("logtest.replication"), topic="t", partition=0, epoch=4)
     replica.warning("follower %d left the ISR", 3, extra={"follower": 3})
     try:
         raise RuntimeError("boom")
     except RuntimeError:
-        logging.getLogger("kazoo.client").exception("third-party line")
+        logging.getLogger("thirdparty.client").exception("third-party line")
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
     assert first["level"] == "WARNING" and first["process"] == "node1" and first["node"] == 1
     assert (first["topic"], first["partition"], first["epoch"], first["follower"]) == ("t", 0, 4, 3)
     assert first["msg"] == "follower 3 left the ISR"
-    assert second["logger"] == "kazoo.client" and "RuntimeError: boom" in second["exc"]
+    assert second["logger"] == "thirdparty.client" and "RuntimeError: boom" in second["exc"]
 
 
 def test_setup_twice_leaves_one_handler(restore_root: None) -> None:

@@ -94,3 +94,20 @@ def test_node_skips_batches_that_cannot_match() -> None:
     assert next_offset == 15 and filtered == len(log[0]) + len(log[1])
     kept, next_offset, filtered = read_filtered(read, 20, 15, 1 << 20, t.TagFilter("paid"))
     assert kept == [] and next_offset == 20 and filtered == len(log[3])
+
+
+def test_producer_batch_with_some_tagged_records_keeps_their_headers() -> None:
+    """A batch opened by untagged records (has_headers false) that later takes a tagged one
+    must hand its headers to the encoder: without the bloom the node would skip the batch
+    for any filter that needs a tag, and its tagged records would never arrive."""
+    from sdk.accumulator import RecordAccumulator
+
+    acc = RecordAccumulator(batch_bytes_max=1 << 16, linger_ms=5, buffer_bytes_max=1 << 20)
+    acc.append("t", 0, 1, None, b"untagged", None, 0.0)
+    acc.append("t", 0, 2, None, b"paid", [(t.TAGS_HEADER, b"paid")], 0.0)
+    acc.append("t", 0, 3, None, b"untagged", None, 0.0)
+    timestamps, keys, values, headers = acc.open[("t", 0)].columns()
+    bloom = t.batch_bloom(headers)
+    assert bloom == t.bloom_of(["paid"])
+    buf = batch_format.encode_batch(timestamps, keys, values, headers, tag_bloom=bloom)
+    assert batch_format.tag_bloom(buf) == bloom

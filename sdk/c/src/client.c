@@ -96,6 +96,53 @@ int client_init(client_t *c, const char *bootstrap) {
     return 0;
 }
 
+/* Copy the 40-character value of `field = "..."` from a zmq certificate file. */
+static int read_cert_field(client_t *c, const char *path, const char *field, char *out) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        client_set_error(c, "cannot open key file %s: %s", path, strerror(errno));
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
+    char text[KEY_FILE_BYTES_MAX + 1];
+    size_t n = fread(text, 1, KEY_FILE_BYTES_MAX, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *at = strstr(text, field);
+    const char *quote = at ? strchr(at, '"') : NULL;
+    if (quote == NULL || strlen(quote + 1) < CURVE_KEY_CHARS + 1 || quote[1 + CURVE_KEY_CHARS] != '"') {
+        client_set_error(c, "key file %s has no %s of %d characters", path, field, CURVE_KEY_CHARS);
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
+    memcpy(out, quote + 1, CURVE_KEY_CHARS);
+    out[CURVE_KEY_CHARS] = '\0';
+    return 0;
+}
+
+int client_set_curve(client_t *c, const char *key_file, const char *server_key) {
+    if (key_file == NULL && server_key == NULL) {
+        key_file = getenv("FABRIC_KEY_FILE");
+        server_key = getenv("FABRIC_SERVER_KEY");
+        if ((key_file == NULL || !*key_file) && (server_key == NULL || !*server_key)) return 0;
+    }
+    if (key_file == NULL || !*key_file || server_key == NULL || !*server_key) {
+        client_set_error(c, "a secure client needs both a key file and the server key");
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
+    int rc = read_cert_field(c, key_file, "public-key", c->curve_public_key);
+    if (rc == 0) rc = read_cert_field(c, key_file, "secret-key", c->curve_secret_key);
+    if (rc) return rc;
+    FILE *probe = strlen(server_key) == CURVE_KEY_CHARS ? fopen(server_key, "r") : NULL;
+    if (strlen(server_key) == CURVE_KEY_CHARS && probe == NULL) {
+        memcpy(c->curve_server_key, server_key, CURVE_KEY_CHARS + 1);
+    } else {
+        if (probe) fclose(probe);
+        rc = read_cert_field(c, server_key, "public-key", c->curve_server_key);
+        if (rc) return rc;
+    }
+    c->curve = 1;
+    return 0;
+}
+
 static void close_socket(void **sock, int linger_ms) {
     if (*sock) {
         zmq_setsockopt(*sock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
@@ -157,6 +204,13 @@ static void *open_socket(client_t *c, const char *address, int linger_ms) {
     /* Without IMMEDIATE a DEALER queues messages for a peer that is not there; with it a
      * send to a dead node fails fast and we try another route (as the Python SDK does). */
     zmq_setsockopt(s, ZMQ_IMMEDIATE, &one, sizeof one);
+    if (c->curve && (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, c->curve_server_key, CURVE_KEY_CHARS + 1) != 0 ||
+                     zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, c->curve_public_key, CURVE_KEY_CHARS + 1) != 0 ||
+                     zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, c->curve_secret_key, CURVE_KEY_CHARS + 1) != 0)) {
+        client_set_error(c, "CURVE keys refused by ZeroMQ (is libzmq built with CURVE?): %s", zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_connect(s, address) != 0) {
         client_set_error(c, "cannot connect to %s: %s", address, zmq_strerror(errno));
         zmq_close(s);
@@ -482,7 +536,8 @@ int fabric_topic_partition_count(const char *bootstrap, const char *topic, int t
     client_t c;
     int rc = client_init(&c, bootstrap);
     if (rc) return rc;
-    rc = client_refresh_metadata(&c, &topic, 1);
+    rc = client_set_curve(&c, NULL, NULL);
+    if (rc == 0) rc = client_refresh_metadata(&c, &topic, 1);
     if (rc == 0) {
         const topic_meta_t *t = client_topic(&c, topic);
         if (t == NULL || t->error) rc = t ? t->error : FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;

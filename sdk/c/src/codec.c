@@ -81,6 +81,8 @@ static const error_row_t ERROR_ROWS[] = {
     {67, "GROUP_ID_NOT_FOUND", 0, "no such group"},
     {68, "UNRELEASED_INSTANCE_ID", 0, "a live member already uses this group_instance_id"},
     {69, "GROUP_MAX_SIZE_REACHED", 0, "the group already has GROUP_MEMBERS_MAX members"},
+    {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
+    {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
     {-2, "NO_MEMORY", 0, "out of memory or a buffer limit reached (client-side)"},
     {-3, "TRANSPORT", 0, "a ZeroMQ call failed (client-side)"},
@@ -997,6 +999,8 @@ void fabric_batch_builder_reset(fabric_batch_builder_t *b) {
     b->record_count = 0;
     b->first_timestamp = 0;
     b->max_timestamp = 0;
+    b->tag_bloom = 0;
+    b->has_tag_bloom = 0;
     fabric_buf_t *bufs[] = {&b->timestamp_deltas, &b->key_lengths, &b->value_lengths,
                             &b->header_counts,    &b->keys,        &b->values,
                             &b->headers};
@@ -1032,6 +1036,27 @@ size_t fabric_record_bytes(int32_t key_len, int32_t value_len, const fabric_head
         if (headers[i].value_len > 0) n += (size_t)headers[i].value_len;
     }
     return n;
+}
+
+/* The tag bloom, as fabric/protocol/tags.py computes it: each comma-separated tag of the
+ * "fabric.tags" header sets two bits of 32, from the low 10 bits of its CRC-32. Without it
+ * the node can never skip a batch for a consumer's tag filter. */
+static void add_tag_bits(fabric_batch_builder_t *b, const fabric_header_t *header) {
+    size_t name_len = sizeof FABRIC_TAGS_HEADER - 1;
+    if (header->name_len != name_len || memcmp(header->name, FABRIC_TAGS_HEADER, name_len) != 0 ||
+        header->value_len <= 0)
+        return;
+    const uint8_t *value = (const uint8_t *)header->value;
+    size_t len = (size_t)header->value_len, start = 0;
+    for (size_t i = 0; i <= len; i++) {
+        if (i < len && value[i] != ',') continue;
+        if (i > start) {
+            uint32_t h = crc32_bytes((uint32_t)crc32(0L, Z_NULL, 0), value + start, i - start);
+            b->tag_bloom |= (1u << (h & 31)) | (1u << ((h >> 5) & 31));
+            b->has_tag_bloom = 1;
+        }
+        start = i + 1;
+    }
 }
 
 int fabric_batch_builder_add(fabric_batch_builder_t *b, int64_t timestamp_ms, const void *key,
@@ -1072,6 +1097,7 @@ int fabric_batch_builder_add(fabric_batch_builder_t *b, int64_t timestamp_ms, co
         fabric_buf_put_u32(&b->headers, (uint32_t)headers[i].value_len);
         if (headers[i].value_len > 0)
             fabric_buf_put(&b->headers, headers[i].value, (size_t)headers[i].value_len);
+        add_tag_bits(b, &headers[i]);
     }
     const fabric_buf_t *bufs[] = {&b->timestamp_deltas, &b->key_lengths, &b->value_lengths,
                                   &b->header_counts,    &b->keys,        &b->values,
@@ -1157,6 +1183,11 @@ int fabric_batch_builder_finish(const fabric_batch_builder_t *b,
     put_le(h + 56, (uint32_t)o->base_sequence, 4);
     put_le(h + 60, (uint64_t)o->global_id_base, 8);
     put_le(h + 68, (uint32_t)records_bytes, 4);
+    if (b->has_tag_bloom) {
+        h[21] |= FABRIC_BATCH_TAG_BLOOM;
+        put_le(h + 22, b->tag_bloom & 0xFFFFu, 2);
+        put_le(h + 54, b->tag_bloom >> 16, 2);
+    }
     put_le(h + 16, fabric_batch_crc(h, length), 4);
     return 0;
 }

@@ -49,6 +49,7 @@ struct fabric_consumer {
 };
 
 void fabric_consumer_config_init(fabric_consumer_config_t *c) {
+    memset(c, 0, sizeof *c);
     c->max_wait_ms = 500;
     c->max_bytes = 16 * 1024 * 1024;
     c->partition_bytes_max = 4 * 1024 * 1024;
@@ -71,6 +72,12 @@ int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
     if (c == NULL) return FABRIC_ERR_NO_MEMORY;
     int rc = client_init(&c->client, bootstrap);
     if (rc) {
+        free(c);
+        return rc;
+    }
+    rc = client_set_curve(&c->client, cfg.curve_key_file, cfg.curve_server_key);
+    if (rc) {
+        client_close(&c->client);
         free(c);
         return rc;
     }

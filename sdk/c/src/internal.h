@@ -18,6 +18,8 @@
 #define ERROR_TEXT_BYTES 512
 #define BOOTSTRAP_ADDRESSES_MAX 64
 #define ADDRESS_BYTES_MAX 1024
+#define CURVE_KEY_CHARS 40       /* a 32-byte CURVE key in Z85 text */
+#define KEY_FILE_BYTES_MAX 4096  /* a zmq certificate file is a few hundred bytes */
 
 typedef struct conn {
     char *address;
@@ -47,6 +49,10 @@ typedef struct client {
     size_t topic_count;
     uint32_t next_correlation_id;
     int data_linger_ms;
+    int curve; /* 1: every socket is a CURVE client with the keys below */
+    char curve_server_key[CURVE_KEY_CHARS + 1];
+    char curve_public_key[CURVE_KEY_CHARS + 1];
+    char curve_secret_key[CURVE_KEY_CHARS + 1];
     char error[ERROR_TEXT_BYTES];
 } client_t;
 
@@ -62,6 +68,8 @@ int64_t now_ms(void);
 void client_set_error(client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 int client_init(client_t *c, const char *bootstrap);
+/* CURVE keys from the arguments, else from $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY; neither: plaintext. */
+int client_set_curve(client_t *c, const char *key_file, const char *server_key);
 void client_close(client_t *c);
 conn_t *client_conn(client_t *c, const char *address);
 /* Close a conn's data socket, discarding what is queued on it; it reopens on next use. */

@@ -116,6 +116,12 @@ int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
         free(p);
         return rc;
     }
+    rc = client_set_curve(&p->client, cfg.curve_key_file, cfg.curve_server_key);
+    if (rc) {
+        client_close(&p->client);
+        free(p);
+        return rc;
+    }
     p->client.data_linger_ms = cfg.acks == 0 ? ACKS0_CLOSE_LINGER_MS : 0;
     p->cfg = cfg;
     fabric_batch_options_init(&p->batch_options);

@@ -400,6 +400,44 @@ static void test_random(unsigned seed, int rounds) {
     fabric_buf_free(&batches[1]);
 }
 
+/* A record's "fabric.tags" header puts the batch's tag bloom in the header, with the values
+ * Python's fabric.protocol.tags.bloom_of gives: paid -> 0x03000000, eu+paid -> 0x03004020. */
+static void test_tag_bloom(void) {
+    fabric_batch_builder_t b;
+    fabric_batch_builder_init(&b);
+    fabric_batch_options_t o;
+    fabric_batch_options_init(&o);
+    fabric_header_t paid = {"fabric.tags", 11, "paid", 4};
+    fabric_header_t eu_paid = {"fabric.tags", 11, "eu,paid", 7};
+    fabric_header_t other = {"trace", 5, "eu", 2};
+    fabric_buf_t out = {0};
+    EXPECT(fabric_batch_builder_add(&b, 1, NULL, -1, "a", 1, NULL, 0), 0, "untagged record");
+    EXPECT(fabric_batch_builder_add(&b, 1, NULL, -1, "b", 1, &paid, 1), 0, "tagged record");
+    EXPECT(fabric_batch_builder_finish(&b, &o, &out), 0, "finish");
+    uint32_t bloom = (uint32_t)out.data[22] | (uint32_t)out.data[23] << 8 |
+                     (uint32_t)out.data[54] << 16 | (uint32_t)out.data[55] << 24;
+    EXPECT((out.data[21] & FABRIC_BATCH_TAG_BLOOM) != 0, 1, "bloom attribute bit");
+    EXPECT(bloom == 0x03000000u, 1, "bloom of paid: %08x", bloom);
+    fabric_batch_t *batch = NULL;
+    char err[256] = "";
+    EXPECT(fabric_batch_decode(out.data, out.len, &batch, err, sizeof err), 0, "decodes: %s", err);
+    fabric_batch_free(batch);
+    fabric_batch_builder_reset(&b);
+    out.len = 0;
+    EXPECT(fabric_batch_builder_add(&b, 1, NULL, -1, "c", 1, &other, 1), 0, "no tags header");
+    EXPECT(fabric_batch_builder_finish(&b, &o, &out), 0, "finish");
+    EXPECT(out.data[21] & FABRIC_BATCH_TAG_BLOOM, 0, "no bloom without tags");
+    fabric_batch_builder_reset(&b);
+    out.len = 0;
+    EXPECT(fabric_batch_builder_add(&b, 1, NULL, -1, "d", 1, &eu_paid, 1), 0, "two tags");
+    EXPECT(fabric_batch_builder_finish(&b, &o, &out), 0, "finish");
+    bloom = (uint32_t)out.data[22] | (uint32_t)out.data[23] << 8 | (uint32_t)out.data[54] << 16 |
+            (uint32_t)out.data[55] << 24;
+    EXPECT(bloom == 0x03004020u, 1, "bloom of eu,paid: %08x", bloom);
+    fabric_buf_free(&out);
+    fabric_batch_builder_free(&b);
+}
+
 int main(int argc, char **argv) {
     unsigned seed = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : (unsigned)time(NULL);
     int rounds = argc > 2 ? atoi(argv[2]) : 20000;
@@ -407,6 +445,7 @@ int main(int argc, char **argv) {
     test_headers_fields();
     test_lz4_lies();
     test_bodies_and_headers();
+    test_tag_bloom();
     test_random(seed, rounds);
     if (failures) {
         fprintf(stderr, "%d of %d checks failed; reproduce with: test_bad_input %u %d\n", failures,

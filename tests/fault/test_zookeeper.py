@@ -1,0 +1,191 @@
+"""Fault tests of the control plane: ZooKeeper paused, a real ensemble losing servers.
+
+ZooKeeper trouble is an outage of metadata changes, not of the data path: leaders keep
+acknowledging writes whose in-sync replicas are unchanged, and once ZooKeeper is back
+acks=all writes flow again within the session timeout plus 5 s. Each test has its own
+ZooKeeper (it pauses or kills it), prints its seed and the time to recover, and ends
+with the history checker (0 lost, 0 divergent).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric.local import LocalCluster
+from tests.fault.harness import (
+    Writer,
+    create_replicated_topic,
+    describe,
+    finish,
+    keep_logs,
+    leader_of,
+    producer_diagnostics,
+    seed_from_env,
+    start_workload,
+    wait_for_full_isr,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+SESSION_TIMEOUT_MS = 3_000
+NODE_ARGS = ["--replica-lag-max-ms", "1500"]
+RECOVERY_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 5.0  # the issue's bound after ZooKeeper returns
+FAILOVER_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 2.0  # the issue's bound for a leader kill
+
+
+@pytest.fixture
+def seed() -> int:
+    value = seed_from_env()
+    print(f"fault test seed={value} (reproduce with FABRIC_FAULT_SEED={value})")
+    return value
+
+
+def first_ack_after(writer: Writer, partition: int, since: float) -> float | None:
+    """Seconds from ``since`` to the acknowledgement of the first write sent after it."""
+    acks = [acked for sent, acked in list(writer.sent_and_acked.get(partition, [])) if sent > since]
+    return min(acks) - since if acks else None
+
+
+def recovery_s(writer: Writer, partitions: int, since: float, what: str) -> float:
+    """Wait until every partition acknowledged a write sent after ``since``; the slowest one."""
+    try:
+        wait_until(lambda: all(first_ack_after(writer, p, since) is not None for p in range(partitions)),
+                   f"an acknowledged write sent after {what} on every partition", timeout_s=120)
+    except TimeoutError:
+        print(f"no recovery after {what}: {producer_diagnostics(writer)}", flush=True)
+        raise
+    return max(first_ack_after(writer, p, since) or 0.0 for p in range(partitions))
+
+
+def longest_ack_gap_s(writer: Writer, partitions: int, start: float, end: float) -> float:
+    gaps = []
+    for p in range(partitions):
+        times = sorted(t for t in writer.ack_times.get(p, []) if start <= t <= end)
+        edges = [start, *times, end]
+        gaps.append(max(b - a for a, b in itertools.pairwise(edges)))
+    return max(gaps)
+
+
+def kill_a_leader(cluster: LocalCluster, writer: Writer, rng: random.Random, partitions: int, topic: str) -> float:
+    """SIGKILL one partition's leader; seconds until a write sent after the kill is acknowledged."""
+    bootstrap = cluster.bootstrap
+    partition = rng.randrange(partitions)
+    victim = leader_of(bootstrap, topic, partition)
+    killed_at = time.monotonic()
+    cluster.nodes[victim].kill()
+    try:
+        wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
+                   "an acknowledged write sent after the kill", timeout_s=FAILOVER_BOUND_S + 1)
+    except TimeoutError:
+        print(f"slow failover of partition {partition}: {producer_diagnostics(writer)}; "
+              f"routing now {[(p.partition, p.leader, p.leader_epoch, p.isr) for p in describe(bootstrap, topic).partitions]}",
+              flush=True)
+        wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
+                   "an acknowledged write sent after the kill", timeout_s=120)
+    took = first_ack_after(writer, partition, killed_at) or 0.0
+    print(f"killed node {victim}, leader of partition {partition}: next ack after {took:.2f} s "
+          f"(bound {FAILOVER_BOUND_S:.1f} s)", flush=True)
+    cluster.nodes[victim].start()
+    cluster.wait_for_nodes([victim])
+    wait_for_full_isr(bootstrap, topic)
+    return took
+
+
+def test_zookeeper_pause_keeps_the_data_path(tmp_path: Path, seed: int) -> None:
+    """SIGSTOP ZooKeeper for 10-15 s under acks=all load, SIGCONT it: writes are acknowledged
+    again within the session timeout + 5 s, a leader kill afterwards costs at most the
+    session timeout + 2 s, and the checker finds nothing lost or divergent."""
+    rng = random.Random(seed)
+    cluster = LocalCluster(3, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
+    try:
+        cluster.start()
+        assert cluster.zookeeper is not None and cluster.zookeeper.process is not None
+        bootstrap, topic, partitions = cluster.bootstrap, "zk-pause", 3
+        create_replicated_topic(bootstrap, topic, partitions)
+        history, writer, reader = start_workload(bootstrap, topic, partitions, rate_per_s=1_000)
+        time.sleep(2.0)
+        for round_ in range(2):
+            pause_s = rng.uniform(10.0, 15.0)
+            paused_at = time.monotonic()
+            cluster.zookeeper.process.pause()
+            time.sleep(pause_s)
+            cluster.zookeeper.process.resume()
+            resumed_at = time.monotonic()
+            took = recovery_s(writer, partitions, resumed_at, "ZooKeeper resumed")
+            gap = longest_ack_gap_s(writer, partitions, paused_at, resumed_at)
+            print(f"round {round_}: ZooKeeper paused {pause_s:.1f} s; longest gap without acks on a partition "
+                  f"while paused {gap:.2f} s; after SIGCONT every partition acknowledged a new write within "
+                  f"{took:.2f} s (bound {RECOVERY_BOUND_S:.1f} s)", flush=True)
+            assert took <= RECOVERY_BOUND_S, f"recovery took {took:.2f} s (seed={seed})"
+            wait_for_full_isr(bootstrap, topic)
+        failover = kill_a_leader(cluster, writer, rng, partitions, topic)
+        assert failover <= FAILOVER_BOUND_S, f"failover after ZooKeeper pauses took {failover:.2f} s (seed={seed})"
+        finish(cluster, topic, partitions, history, seed, [writer], [reader])
+    finally:
+        cluster.stop()
+        keep_logs(cluster, "test_zookeeper_pause_keeps_the_data_path")
+
+
+def test_ensemble_loses_servers_then_its_majority(tmp_path: Path, seed: int) -> None:
+    """A 3-server ensemble under acks=all load: kill each server in turn and pause one (the
+    quorum survives: writes go on), then kill a majority (no quorum) and bring it back:
+    writes are acknowledged again within the session timeout + 5 s; nothing lost."""
+    rng = random.Random(seed)
+    cluster = LocalCluster(3, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS,
+                           zk_servers=3)
+    try:
+        cluster.start()
+        servers = cluster.zookeeper_servers()
+        assert len(servers) == 3
+        bootstrap, topic, partitions = cluster.bootstrap, "zk-ensemble", 3
+        create_replicated_topic(bootstrap, topic, partitions)
+        history, writer, reader = start_workload(bootstrap, topic, partitions, rate_per_s=1_000)
+        time.sleep(2.0)
+        order = list(servers)
+        rng.shuffle(order)
+        for server in order:  # one at a time: a majority always remains
+            started = time.monotonic()
+            server.kill()
+            time.sleep(rng.uniform(2.0, 4.0))
+            server.start()
+            gap = longest_ack_gap_s(writer, partitions, started, time.monotonic())
+            print(f"killed and restarted ZooKeeper server {server.server_id}: longest gap without acks "
+                  f"{gap:.2f} s", flush=True)
+        victim = rng.choice(servers)
+        started = time.monotonic()
+        victim.pause()
+        time.sleep(rng.uniform(3.0, 6.0))
+        victim.resume()
+        print(f"paused ZooKeeper server {victim.server_id}: longest gap without acks "
+              f"{longest_ack_gap_s(writer, partitions, started, time.monotonic()):.2f} s", flush=True)
+        wait_for_full_isr(bootstrap, topic)
+        majority = rng.sample(servers, 2)
+        lost_at = time.monotonic()
+        for server in majority:
+            server.kill()
+        down_s = rng.uniform(8.0, 12.0)
+        time.sleep(down_s)
+        for server in majority:
+            server.start(wait=False)
+        for server in servers:
+            server.wait_ready()
+        back_at = time.monotonic()
+        took = recovery_s(writer, partitions, back_at, "the quorum returned")
+        gap = longest_ack_gap_s(writer, partitions, lost_at, back_at)
+        print(f"killed ZooKeeper servers {sorted(s.server_id for s in majority)} (a majority) for {down_s:.1f} s: "
+              f"longest gap without acks meanwhile {gap:.2f} s; after the quorum returned every partition "
+              f"acknowledged a new write within {took:.2f} s (bound {RECOVERY_BOUND_S:.1f} s)", flush=True)
+        assert took <= RECOVERY_BOUND_S, f"recovery took {took:.2f} s (seed={seed})"
+        wait_for_full_isr(bootstrap, topic)
+        failover = kill_a_leader(cluster, writer, rng, partitions, topic)
+        assert failover <= FAILOVER_BOUND_S, f"failover after losing the quorum took {failover:.2f} s (seed={seed})"
+        finish(cluster, topic, partitions, history, seed, [writer], [reader])
+    finally:
+        cluster.stop()
+        keep_logs(cluster, "test_ensemble_loses_servers_then_its_majority")

@@ -1,0 +1,204 @@
+"""Fuzz targets for every decoder in ``fabric/protocol``: bytes in, a value or a FabricError out.
+
+Each target takes one ``bytes`` input and feeds it to decoders. The property checked is
+the one the protocol promises a node facing a hostile peer: a decoder returns a value or
+raises a ``fabric.errors.FabricError`` subclass, never IndexError, struct.error,
+MemoryError, RecursionError or anything else, and never allocates beyond the limits in
+``fabric.limits`` (the fuzz driver caps the process RSS; see docs/SECURITY.md).
+
+The targets are plain functions with no dependency on atheris, so a crash vector found by
+the fuzzer is replayed by ``tests/unit/test_fuzz_vectors.py`` on any machine.
+
+Multi-frame inputs (a whole request or response) are split with :func:`split_frames`:
+``u16 length, bytes`` repeated, the last frame taking whatever is left. Schemas are read
+from ``fabric.protocol.apis.SCHEMAS`` at import time, so an API added later is fuzzed
+without touching this file.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from fabric.errors import FabricError
+from fabric.protocol import apis, batch
+from fabric.protocol import schema as s
+from fabric.protocol.header import decode_header
+from fabric.protocol.schema import Array, Struct
+
+Target = Callable[[bytes], None]
+
+_U16 = struct.Struct("<H")
+FRAMES_MAX = 8  # a fuzzed message has at most this many frames (enough for header+body+batches)
+
+
+def schema_entries() -> list[tuple[str, s.Schema]]:
+    """Every body schema the protocol declares, requests and responses, in a stable order."""
+    out: list[tuple[str, s.Schema]] = [("ERROR_BODY", apis.ERROR_BODY)]
+    for (key, version), (request, response) in sorted(apis.SCHEMAS.items()):
+        name = apis.ApiKey(key).name if key in apis.ApiKey._value2member_map_ else str(key)
+        out.append((f"{name}.v{version}.request", request))
+        out.append((f"{name}.v{version}.response", response))
+    return out
+
+
+SCHEMA_ENTRIES = schema_entries()
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    frames: list[bytes] = []
+    pos = 0
+    while len(frames) < FRAMES_MAX - 1 and pos + 2 <= len(data):
+        (length,) = _U16.unpack_from(data, pos)
+        pos += 2
+        frames.append(data[pos : pos + length])
+        pos += length
+    if pos < len(data) or not frames:
+        frames.append(data[pos:])
+    return frames
+
+
+def join_frames(frames: list[bytes]) -> bytes:
+    """The inverse of :func:`split_frames` for up to FRAMES_MAX frames of < 64 KiB."""
+    out = bytearray()
+    for frame in frames[:-1]:
+        out += _U16.pack(len(frame)) + frame
+    last = frames[-1]
+    # A last frame must not be readable as a length prefix by itself: prefix it too,
+    # then a trailing empty frame is implied only when the count demands it.
+    out += _U16.pack(len(last)) + last
+    return bytes(out)
+
+
+def _guard(call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except FabricError:
+        pass
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+def fuzz_header(data: bytes) -> None:
+    _guard(lambda: decode_header(data))
+
+
+def fuzz_body(data: bytes) -> None:
+    """First byte picks a schema (request or response of any API, or the error body)."""
+    if not data:
+        return
+    _name, schema = SCHEMA_ENTRIES[data[0] % len(SCHEMA_ENTRIES)]
+    _guard(lambda: s.decode(schema, data[1:]))
+
+
+def fuzz_request(data: bytes) -> None:
+    frames = split_frames(data)
+    _guard(lambda: apis.decode_request(frames))
+
+
+def fuzz_response(data: bytes) -> None:
+    frames = split_frames(data)
+    _guard(lambda: apis.decode_response(frames))
+
+
+def _repair(buf: bytearray, mode: int) -> None:
+    """Optionally make the fuzzed batch self-consistent so the fuzzer gets past the cheap
+    checks (length, CRC) into decompression and the records section."""
+    if len(buf) < batch.BATCH_HEADER_BYTES:
+        return
+    if mode & 0x01:
+        struct.pack_into("<i", buf, 8, len(buf))
+    if mode & 0x02:
+        struct.pack_into("<I", buf, 16, zlib.crc32(memoryview(buf)[batch.CRC_START :]) & 0xFFFFFFFF)
+
+
+def fuzz_batch(data: bytes) -> None:
+    """First byte: bits 0-1 repair (length, CRC), bits 2-3 which reader."""
+    if not data:
+        return
+    mode = data[0]
+    buf = bytearray(data[1:])
+    _repair(buf, mode)
+    reader = (mode >> 2) & 0x03
+    if reader == 0:
+        _guard(lambda: batch.validate(buf, 1 << 30))
+    elif reader == 1:
+        _guard(lambda: batch.decode_batch(buf))
+    elif reader == 2:
+        _guard(lambda: batch.column_view(buf))
+    else:
+        _guard(lambda: batch.decode_batch(bytes(buf), check_crc=False))
+    _guard(lambda: batch.read_header(buf))
+
+
+TARGETS: dict[str, Target] = {
+    "header": fuzz_header,
+    "body": fuzz_body,
+    "request": fuzz_request,
+    "response": fuzz_response,
+    "batch": fuzz_batch,
+}
+
+
+# --- seeds: valid inputs the fuzzer mutates from ------------------------------------------
+
+
+def sample_value(ftype: s.FieldType) -> Any:
+    if isinstance(ftype, Array):
+        return [sample_value(ftype.item), sample_value(ftype.item)]
+    if isinstance(ftype, Struct):
+        return {name: sample_value(t) for name, t in ftype.fields}
+    if ftype == "str":
+        return "events"
+    if ftype == "bytes":
+        return b"\x01\x02"
+    return 1
+
+
+def sample_body(schema: s.Schema) -> bytes:
+    return s.encode(schema, {name: sample_value(t) for name, t in schema})
+
+
+def sample_batches() -> list[bytes]:
+    out = []
+    for codec in (batch.CODEC_NONE, batch.CODEC_LZ4):
+        out.append(batch.encode_batch(
+            [1_700_000_000_000, 1_700_000_000_005, 1_700_000_000_003],
+            [b"key-1", None, b"key"],
+            [b"hello", b"world", None],
+            [[("trace", b"\x01\x02"), ("empty", None)], [], [("h", b"")]],
+            codec=codec, producer_id=77, producer_epoch=3, base_sequence=10,
+        ))
+        out.append(batch.encode_batch([5], [None], [b"x" * 300], codec=codec))
+    return out
+
+
+def seeds(target: str) -> list[bytes]:
+    batches = sample_batches()
+    if target == "header":
+        return [apis.encode_request(apis.ApiKey.METADATA, {"topics": ["a"]}, 7)[0]]
+    if target == "body":
+        return [bytes([i]) + sample_body(schema) for i, (_, schema) in enumerate(SCHEMA_ENTRIES)]
+    if target == "request":
+        out = []
+        for (key, version), (request, _) in sorted(apis.SCHEMAS.items()):
+            body = {name: sample_value(t) for name, t in request}
+            extra = [batches[0]] * len(body["entries"]) if key == apis.ApiKey.PRODUCE else []
+            out.append(join_frames(apis.encode_request(key, body, 9, api_version=version, batches=extra)))
+        return out
+    if target == "response":
+        out = []
+        for (key, version), (request, response) in sorted(apis.SCHEMAS.items()):
+            header = decode_header(apis.encode_request(key, {n: sample_value(t) for n, t in request}, 9,
+                                                       api_version=version)[0])
+            body = {name: sample_value(t) for name, t in response}
+            extra = [batches[1]] * (2 if key == apis.ApiKey.FETCH else 0)
+            out.append(join_frames(apis.encode_response(header, body, extra)))
+            out.append(join_frames(apis.encode_error_response(header, 7, "no such topic")))
+        return out
+    if target == "batch":
+        return [bytes([mode]) + b for b in batches for mode in (0x00, 0x04, 0x08, 0x0C, 0x03, 0x07)]
+    raise KeyError(target)

@@ -1,0 +1,27 @@
+"""The README's main job, `python3 -m fabric demo`, run small: every check in its summary passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fabric.local import zookeeper_available
+
+pytestmark = pytest.mark.skipif(not zookeeper_available(), reason="ZooKeeper is not installed")
+
+
+def test_demo_runs_and_every_check_passes() -> None:
+    result = subprocess.run([sys.executable, "-m", "fabric", "demo", "--messages", "5000"],
+                            capture_output=True, text=True, timeout=400, env=dict(os.environ), check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["messages_consumed"] == summary["messages_produced"] == 5000
+    assert summary["checksum_match"]
+    assert summary["strict_order_ok"]
+    assert summary["group_ok"]
+    assert summary["direct_ok"]
+    assert "Traceback" not in result.stderr

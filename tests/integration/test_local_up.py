@@ -1,0 +1,97 @@
+"""``fabric up`` keeps the cluster running: a node killed with SIGKILL is reported and
+restarted; a 3-server ZooKeeper ensemble; Ctrl-C still stops every process."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric import zk as zkl
+from fabric.local import Supervisor
+
+UP_TIMEOUT_S = 90.0
+
+
+def test_supervisor_backs_off_and_gives_up() -> None:
+    supervisor = Supervisor()
+    restarts: list[float] = []
+    running = False
+    now = 0.0
+    said: list[str] = []
+    for _ in range(2000):  # a process that dies at once after every restart
+        now += 0.5
+        said += supervisor.check({"node 1": (running, lambda t=now: restarts.append(t))}, now)
+    assert len(restarts) == 5, said  # RESTARTS_MAX within the window, then it stays down
+    gaps = [b - a for a, b in itertools.pairwise(restarts)]
+    assert gaps == sorted(gaps), f"backoff must grow: {gaps}"
+    assert "not restarting it again" in said[-1]
+    assert supervisor.check({"node 2": (True, lambda: None)}, now) == []
+
+
+def _wait_for(condition: object, what: str, proc: subprocess.Popen[str], timeout_s: float = UP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"fabric up exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_fabric_up_restarts_a_killed_node_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    env = {**os.environ, "FABRIC_HOME": str(tmp_path / "home")}
+    stderr_path = tmp_path / "up.err"
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "fabric", "up", "--nodes", "2", "--zk-servers", "3",
+                                 "--data-dir", str(tmp_path / "data")],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    zk = None
+    try:
+        state = tmp_path / "home" / "local.json"
+        _wait_for(state.exists, "the cluster to come up", proc)
+        zk_address = json.loads(state.read_text())["zk"]
+        assert zk_address.count(",") == 2, f"expected a 3-server ensemble, got {zk_address}"
+        zk = zkl.make_client(zk_address)
+        zk.start(timeout=30)
+
+        def pid_of(node_id: int) -> int:
+            raw, _ = zkl.get(zk, zkl.node_path(node_id))
+            return zkl.NodeInfo.decode(raw).pid
+
+        victim = pid_of(1)
+        os.kill(victim, signal.SIGKILL)
+
+        def restarted() -> bool:
+            try:
+                return pid_of(1) != victim
+            except Exception:  # not registered yet
+                return False
+
+        _wait_for(restarted, "node 1 to be restarted", proc)
+        said = stderr_path.read_text()
+        assert "node 1 exited; restarting it" in said and "node 1 restarted" in said, said
+        assert proc.poll() is None, "fabric up must keep running"
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "stopped." in out
+        for pid in children:
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(), \
+                f"child {pid} survived Ctrl-C"
+    finally:
+        if zk is not None:
+            zkl.close_client(zk)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -1,0 +1,151 @@
+"""Principals and ACLs in a real ZooKeeper: the CLI, the watched cache, digest ACLs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+
+from fabric.auth import keys, store
+from fabric.auth.acl import Operation, Resource, ResourceType
+from fabric.cli import main as fabric_main
+from fabric.local import LocalZooKeeper
+from fabric.zk import close_client
+
+CHANGE_VISIBLE_S = 1.0  # the issue: ACL changes effective within a second
+
+
+@pytest.fixture
+def zk_url(zk_server: LocalZooKeeper) -> str:
+    chroot = f"/sec-{uuid.uuid4().hex[:10]}"
+    root = store.connect(zk_server.address)
+    try:
+        root.ensure_path(chroot)
+    finally:
+        close_client(root)
+    return f"{zk_server.address}{chroot}"
+
+
+@pytest.fixture
+def zk(zk_url: str) -> Iterator[KazooClient]:
+    client = store.connect(zk_url)
+    try:
+        yield client
+    finally:
+        close_client(client)
+
+
+def wait_until(condition: object, timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if condition():  # type: ignore[operator]
+            return time.monotonic() - start
+        time.sleep(0.01)
+    raise AssertionError(f"not true within {timeout_s} s")
+
+
+def test_cli_principals_and_acls(zk_url: str, zk: KazooClient, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    boot = ["--bootstrap", f"zk://{zk_url}"]
+    assert fabric_main(["keys", "generate", "alice", "--dir", str(tmp_path)]) == 0
+    assert fabric_main(["principal", "add", "alice", "--key", str(tmp_path / "alice.key"), *boot]) == 0
+    assert fabric_main(["principal", "add", "bob", "--key", str(tmp_path / "alice.key"), *boot]) != 0  # same key
+    assert "already registered" in capsys.readouterr().err
+    assert fabric_main(["principal", "list", *boot]) == 0
+    assert "alice\tuser\t" in capsys.readouterr().out
+    assert fabric_main(["acl", "add", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) == 0
+    assert fabric_main(["acl", "add", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) == 0
+    assert fabric_main(["acl", "list", *boot]) == 0
+    out = capsys.readouterr().out
+    assert out.count("alice may produce on topic prefix 'team-a.'") == 3  # added, already there, listed once
+    assert len(store.list_acls(zk)) == 1
+    assert fabric_main(["acl", "remove", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) == 0
+    assert fabric_main(["acl", "remove", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) != 0
+    assert "no such ACL entry" in capsys.readouterr().err
+    assert fabric_main(["principal", "remove", "alice", *boot]) == 0
+    assert store.list_principals(zk) == []
+
+
+def test_cache_sees_changes_within_a_second(zk: KazooClient, tmp_path: Path) -> None:
+    cache = store.SecurityCache(zk)
+    cache.start()
+    try:
+        public, _ = keys.generate_key_pair(tmp_path, "carol")
+        key = keys.load_key_pair(public).public_key
+        store.add_principal(zk, "carol", key)
+        wait_until(lambda: cache.authorizer.principal_for_key(key.decode()) is not None, CHANGE_VISIBLE_S)
+        events = Resource(ResourceType.TOPIC, "events")
+        assert not cache.authorizer.authorize("carol", Operation.CONSUME, events)
+        entry = store.AclEntry.build("carol", "consume", "topic", "events")
+        store.add_acl(zk, entry)
+        wait_until(lambda: cache.authorizer.authorize("carol", Operation.CONSUME, events), CHANGE_VISIBLE_S)
+        store.remove_acl(zk, entry)
+        wait_until(lambda: not cache.authorizer.authorize("carol", Operation.CONSUME, events), CHANGE_VISIBLE_S)
+        store.remove_principal(zk, "carol")
+        wait_until(lambda: cache.authorizer.principal_for_key(key.decode()) is None, CHANGE_VISIBLE_S)
+    finally:
+        cache.close()
+
+
+def test_concurrent_acl_writers_both_land(zk_url: str, zk: KazooClient) -> None:
+    other = store.connect(zk_url)
+    try:
+        entries = [store.AclEntry.build(f"p{i}", "produce", "topic", "t") for i in range(20)]
+        import threading
+
+        threads = [threading.Thread(target=store.add_acl, args=(other if i % 2 else zk, e)) for i, e in enumerate(entries)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert set(store.list_acls(zk)) == set(entries)
+    finally:
+        close_client(other)
+
+
+def test_digest_acls_keep_other_clients_read_only(zk_url: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    digest = store.write_digest(tmp_path / "zk_digest")
+    secure = store.connect(zk_url, digest)
+    plain = store.connect(zk_url)
+    try:
+        store.add_principal(secure, "ops", "b" * 40)
+        store.add_acl(secure, store.AclEntry.build("ops", "admin", "cluster", ""))
+        secure.ensure_path("/fabric/topics/t/partitions")
+        assert store.list_principals(plain)[0].name == "ops"  # the world may read
+        with pytest.raises(NoAuthError):
+            plain.set(store.ACLS, b"{}")
+        with pytest.raises(NoAuthError):
+            plain.create("/fabric/topics/t/partitions/0", b"{}")
+        with pytest.raises(NoAuthError):
+            plain.delete(store.principal_path("ops"))
+        boot = ["--bootstrap", f"zk://{zk_url}"]
+        assert fabric_main(["acl", "add", "-p", "x", "-o", "produce", "--topic", "t", *boot]) != 0
+        assert "zk-digest-file" in capsys.readouterr().err
+        assert fabric_main(["acl", "add", "-p", "x", "-o", "produce", "--topic", "t", *boot,
+                            "--zk-digest-file", str(tmp_path / "zk_digest")]) == 0
+    finally:
+        close_client(secure)
+        close_client(plain)
+
+
+def test_quotas_cli_and_cache(zk_url: str, zk: KazooClient, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = store.SecurityCache(zk)
+    cache.start()
+    try:
+        boot = ["--bootstrap", f"zk://{zk_url}"]
+        assert fabric_main(["quota", "set", "alice", "--produce-bytes-per-s", "1000", *boot]) == 0
+        assert fabric_main(["quota", "set", "*", "--produce-bytes-per-s", "5000", *boot]) == 0
+        assert fabric_main(["quota", "set", "alice", "--produce-bytes-per-s", "0", *boot]) != 0
+        wait_until(lambda: set(cache.quotas) == {"alice", "*"}, CHANGE_VISIBLE_S)
+        assert fabric_main(["quota", "list", *boot]) == 0
+        assert "alice\tproduce_bytes_per_s=1000" in capsys.readouterr().out
+        assert fabric_main(["quota", "remove", "alice", *boot]) == 0
+        wait_until(lambda: set(cache.quotas) == {"*"}, CHANGE_VISIBLE_S)
+    finally:
+        cache.close()

@@ -1,0 +1,185 @@
+"""Strict-order topics on real processes: 3 nodes, 2 sequencers, RF 3, acks=all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fabric import errors
+from fabric.local import LocalCluster, LocalZooKeeper
+from fabric.protocol import apis, batch
+from fabric.protocol.apis import ApiKey
+from nodes.strict_order import make_tick
+from sdk import Admin, OrderedConsumer, Producer
+from tests.conftest import make_cluster
+from tests.integration.helpers import decode, leader_address, raw_request, read_all
+
+PARTITIONS = 6
+PRODUCERS = 4
+PER_PRODUCER = 1_500
+
+
+@pytest.fixture(scope="module")
+def strict_cluster(zk_server: LocalZooKeeper, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = make_cluster(zk_server, tmp_path_factory.mktemp("strict"), sequencer_count=2)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def produce_concurrently(bootstrap: str, topic: str) -> set[bytes]:
+    sent: set[bytes] = set()
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            with Producer(bootstrap, linger_ms=2) as producer:
+                futures = []
+                for i in range(PER_PRODUCER):
+                    value = b"p%d-%d" % (index, i)
+                    futures.append(producer.send(topic, value, key=b"k%d" % (i % 50)))
+                    with lock:
+                        sent.add(value)
+                for future in futures:
+                    future.result(timeout=60)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(PRODUCERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    return sent
+
+
+def read_ordered(bootstrap: str, topic: str, count: int, timeout_s: float = 60.0) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    with OrderedConsumer(bootstrap, topic) as consumer:
+        deadline = time.monotonic() + timeout_s
+        while len(out) < count and time.monotonic() < deadline:
+            out.extend((r.global_id, r.value or b"") for r in consumer.poll(timeout_ms=500))
+    return out
+
+
+def test_four_producers_six_partitions_two_ordered_readers_agree(strict_cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=PARTITIONS, strict_order=True)
+        assert admin.describe_topic(topic_name).configs["strict_order"] == "true"
+    sent = produce_concurrently(bootstrap, topic_name)
+    first = read_ordered(bootstrap, topic_name, len(sent))
+    second = read_ordered(bootstrap, topic_name, len(sent))
+    assert first == second, "two ordered readers saw different sequences"
+    ids = [gid for gid, _ in first]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert {value for _, value in first} == sent and len(first) == len(sent)
+    # A plain consumer sees every record once (ticks skipped), each with its global ID.
+    plain = read_all(bootstrap, topic_name, PARTITIONS, expected=len(sent))
+    assert len(plain) == len(sent) and {r.value for r in plain} == sent
+    by_value = dict((value, gid) for gid, value in first)
+    assert all(r.global_id == by_value[r.value] for r in plain)
+    per_partition: dict[int, list[int]] = {}
+    for r in plain:
+        per_partition.setdefault(r.partition, []).append(r.global_id)
+    assert all(gids == sorted(gids) for gids in per_partition.values()), "IDs must rise along each partition"
+
+
+def test_idle_partitions_tick_so_a_single_record_is_delivered(strict_cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=PARTITIONS, strict_order=True)
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, b"only", partition=2).result(timeout=30)
+    assert [value for _gid, value in read_ordered(bootstrap, topic_name, 1, timeout_s=30)] == [b"only"]
+
+
+def test_forged_ids_and_control_batches_are_refused_and_the_node_keeps_serving(
+        strict_cluster: LocalCluster, topic_name: str) -> None:
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, strict_order=True)
+    address = leader_address(bootstrap, topic_name)
+    forged = batch.encode_batch([1], [None], [b"forged"], global_id_base=12345)
+    cases = [(forged, errors.InvalidGlobalIdError.code), (bytes(make_tick(1)), errors.InvalidRequestError.code)]
+    for frame, code in cases:
+        request = apis.encode_request(ApiKey.PRODUCE, {"acks": -1, "timeout_ms": 10_000,
+                                                       "entries": [{"topic": topic_name, "partition": 0}]}, 7,
+                                      batches=[frame])
+        result = decode(raw_request(address, request)).body["results"][0]
+        assert result["error"] == code, result
+    with Producer(bootstrap) as producer:
+        meta = producer.send(topic_name, b"after", partition=0).result(timeout=30)
+    assert meta.offset >= 0
+    records = read_ordered(bootstrap, topic_name, 1, timeout_s=30)
+    assert [value for _gid, value in records] == [b"after"]
+
+
+def test_a_normal_topic_refuses_an_ordered_reader(strict_cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(strict_cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    with pytest.raises(errors.InvalidRequestError):
+        OrderedConsumer(strict_cluster.bootstrap, topic_name)
+
+
+def test_the_strict_order_flag_in_the_cli(strict_cluster: LocalCluster, topic_name: str) -> None:
+    import subprocess
+    import sys
+
+    # A child process: the CLI quiets library loggers process-wide, which other tests see.
+    run = subprocess.run([sys.executable, "-m", "fabric", "topic", "create", topic_name, "--partitions", "2",
+                          "--strict-order", "--bootstrap", strict_cluster.bootstrap],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "(strict order)" in run.stdout
+    with Admin(strict_cluster.bootstrap) as admin:
+        assert admin.describe_topic(topic_name).configs["strict_order"] == "true"
+
+
+def test_a_plain_consumer_reaches_the_end_offsets_past_ticks(strict_cluster: LocalCluster, topic_name: str) -> None:
+    """Ticks take offsets; a reader that stops at the end offsets must still get there."""
+    from sdk import Consumer, TopicPartition
+
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, strict_order=True)
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, b"one", partition=0).result(timeout=30)
+    time.sleep(0.5)  # idle: both partitions tick
+    with Consumer(bootstrap) as consumer:
+        tps = consumer.subscribe_all_partitions(topic_name)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        assert ends[TopicPartition(topic_name, 1)] > 0, "an idle partition should hold ticks"
+        values = []
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, "the position never passed the ticks"
+            values.extend(r.value for r in consumer.poll(timeout_ms=200))
+    assert values == [b"one"]
+
+
+def test_an_idle_topic_stops_ticking(strict_cluster: LocalCluster, topic_name: str) -> None:
+    """Ticks only while a record elsewhere has a higher ID: an idle topic's logs stay still."""
+    from sdk import Consumer
+
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=PARTITIONS, strict_order=True)
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, b"last words", partition=0).result(timeout=30)
+    with Consumer(bootstrap) as consumer:
+        tps = consumer.subscribe_all_partitions(topic_name)
+        time.sleep(1.0)  # every other partition ticks once, to pass the record
+        before = consumer.end_offsets(tps)
+        time.sleep(1.0)
+        after = consumer.end_offsets(tps)
+    assert before == after, f"idle partitions kept ticking: {before} -> {after}"
+    assert sum(after.values()) <= 2 * PARTITIONS
