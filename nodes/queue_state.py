@@ -128,6 +128,21 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Change:
+    """A state change to persist (replicated, acks=all) before the reply that depends on it.
+
+    The newest change per offset wins on rebuild. Appends are not changes: they are the
+    data log itself, which a new leader replays first.
+    """
+
+    offset: int
+    state: str
+    delivery_count: int
+    visible_at_ms: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Finished:
     """A message that left the queue without an ack: dead-lettered or dropped."""
 
@@ -152,6 +167,8 @@ class ShareState:
         self._bytes = 0
         self.dropped_total = 0
         self.dead_total = 0
+        # Drained by the coordinator after every call; never longer than one call's changes.
+        self._changes: list[Change] = []
 
     # ----- input: records appended to the partition -----
     def check_room(self, size_bytes: int) -> None:
@@ -202,6 +219,7 @@ class ShareState:
             e.state, e.consumer, e.deadline_ms = LEASED, consumer, now_ms + vis
             e.delivery_count += 1
             heapq.heappush(self._leases, (e.deadline_ms, off))
+            self._record(e)
             leases.append(Lease(off, e.delivery_count, e.deadline_ms))
         return leases, finished
 
@@ -214,6 +232,7 @@ class ShareState:
     def ack(self, consumer: str, offset: int, now_ms: int) -> None:
         e = self._held(consumer, offset, now_ms)
         e.state = ACKED
+        self._record(e)
         self._advance()
 
     def nack(self, consumer: str, offset: int, now_ms: int, delay_ms: int = 0, reason: str = REASON_NACK) -> Finished | None:
@@ -224,6 +243,7 @@ class ShareState:
             return self._finish(e, reason)
         e.visible_at_ms = deliver_at(now_ms, delay_ms)
         self._make_available(e, now_ms)
+        self._record(e)
         return None
 
     def extend(self, consumer: str, offset: int, now_ms: int, ms: int) -> int:
@@ -256,6 +276,7 @@ class ShareState:
                 out.append(self._finish(e, REASON_EXPIRED))
             else:
                 self._make_available(e, now_ms)
+                self._record(e)
         while self._delayed and self._delayed[0][0] <= now_ms:
             at, off = heapq.heappop(self._delayed)
             e = self._entries.get(off)
@@ -275,6 +296,36 @@ class ShareState:
         """The earliest time at which ``tick`` would change something (0: none pending)."""
         times = [h[0][0] for h in (self._leases, self._delayed, self._ttl) if h]
         return min(times) if times else 0
+
+    # ----- durability -----
+    def drain_changes(self) -> list[Change]:
+        """The changes since the last drain, oldest first; the caller persists them."""
+        out, self._changes = self._changes, []
+        return out
+
+    def restore(self, change: Change, now_ms: int) -> None:
+        """Apply a persisted change while rebuilding (after the data log is replayed).
+
+        A lease does not survive a new leader: the message becomes visible again with its
+        delivery count kept (at-least-once; the worker's ack would be refused anyway).
+        """
+        e = self._entries.get(change.offset)
+        if e is None or e.state in _DONE:
+            return  # before the start offset, or already done
+        e.delivery_count, e.last_reason = change.delivery_count, change.reason
+        if change.state in _DONE:
+            e.state = change.state
+            if change.state == DEAD:
+                self.dead_total += 1
+            elif change.state == DROPPED:
+                self.dropped_total += 1
+            self._advance()
+        else:
+            e.visible_at_ms = change.visible_at_ms
+            self._make_available(e, now_ms)
+
+    def _record(self, e: Entry) -> None:
+        self._changes.append(Change(e.offset, e.state, e.delivery_count, e.visible_at_ms, e.last_reason))
 
     # ----- reading -----
     def entry(self, offset: int) -> Entry | None:
@@ -323,6 +374,7 @@ class ShareState:
             e.state = DROPPED
             self.dropped_total += 1
         done = Finished(e.offset, e.state, e.delivery_count, reason)
+        self._record(e)
         self._advance()
         return done
 

@@ -12,8 +12,10 @@ and what to do with it, so a worker settles a whole receive in one round trip.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
+from fabric.errors import CorruptMessageError
+from fabric.protocol import schema as s
 from fabric.protocol.schema import Array, Schema, Struct
 
 API_QUEUE_RECEIVE: Final[int] = 40
@@ -122,3 +124,41 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (API_QUEUE_LIST, 0): (LIST_REQUEST_V0, LIST_RESPONSE_V0),
     (API_QUEUE_REDRIVE, 0): (REDRIVE_REQUEST_V0, REDRIVE_RESPONSE_V0),
 }
+
+
+# ----- the replicated share-state log -----
+# Records in ``STATE_TOPIC``: key ``state_key(queue, partition, group)``, value
+# ``STATE_RECORD_V0``. A new leader replays the queue partition, then these records in
+# order; the newest record per offset wins.
+STATE_TOPIC: Final[str] = "__queue_state"
+STATE_RECORD_VERSION: Final[int] = 0
+STATE_CODES: Final[dict[str, int]] = {"available": 0, "delayed": 1, "leased": 2, "acked": 3, "dead": 4, "dropped": 5}
+_STATE_NAMES: Final[dict[int, str]] = {v: k for k, v in STATE_CODES.items()}
+STATE_RECORD_V0: Schema = (
+    ("version", "u8"),
+    ("offset", "i64"),
+    ("state", "i8"),
+    ("delivery_count", "i32"),
+    ("visible_at_ms", "i64"),
+    ("reason", "str"),
+)
+
+
+def state_key(queue: str, partition: int, group: str) -> bytes:
+    return f"{queue}\0{partition}\0{group}".encode()
+
+
+def encode_state_record(offset: int, state: str, delivery_count: int, visible_at_ms: int, reason: str) -> bytes:
+    return s.encode(STATE_RECORD_V0, {
+        "version": STATE_RECORD_VERSION, "offset": offset, "state": STATE_CODES[state],
+        "delivery_count": delivery_count, "visible_at_ms": visible_at_ms, "reason": reason})
+
+
+def decode_state_record(raw: bytes) -> dict[str, Any]:
+    """The record's fields with ``state`` as its name; refuses unknown versions and states."""
+    values = s.decode(STATE_RECORD_V0, raw)
+    if values["version"] != STATE_RECORD_VERSION or values["state"] not in _STATE_NAMES:
+        raise CorruptMessageError(f"queue state record version {values['version']} state {values['state']}")
+    values["state"] = _STATE_NAMES[values.pop("state")]
+    del values["version"]
+    return values
