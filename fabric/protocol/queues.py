@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from fabric.errors import CorruptMessageError
+from fabric.errors import CorruptMessageError, InvalidRequestError
 from fabric.protocol import schema as s
 from fabric.protocol.schema import Array, Schema, Struct
 
@@ -124,6 +124,54 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (API_QUEUE_LIST, 0): (LIST_REQUEST_V0, LIST_RESPONSE_V0),
     (API_QUEUE_REDRIVE, 0): (REDRIVE_REQUEST_V0, REDRIVE_RESPONSE_V0),
 }
+
+
+# ----- record headers -----
+def _int_header(name: str, raw: bytes | None) -> int:
+    try:
+        return int((raw or b"").decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidRequestError(f"header {name} must be a decimal integer, got {raw!r}") from None
+
+
+def send_headers(
+    *, delay_ms: int = 0, deliver_at_ms: int = 0, priority: int | None = None, ttl_ms: int = 0, dedup_id: str = ""
+) -> list[tuple[str, bytes | None]]:
+    """The record headers a producer writes for a queue message (only those set)."""
+    out: list[tuple[str, bytes | None]] = []
+    for name, value in ((HEADER_DELAY_MS, delay_ms), (HEADER_DELIVER_AT_MS, deliver_at_ms), (HEADER_TTL_MS, ttl_ms)):
+        if value:
+            out.append((name, str(value).encode()))
+    if priority is not None:
+        out.append((HEADER_PRIORITY, str(priority).encode()))
+    if dedup_id:
+        out.append((HEADER_DEDUP_ID, dedup_id.encode()))
+    return out
+
+
+def read_headers(headers: list[tuple[str, bytes | None]]) -> dict[str, Any]:
+    """The queue fields of one record's headers: delay_ms, deliver_at_ms, priority (None when
+    absent), ttl_ms, dedup_id. Range checks are the state machine's (it names the bounds)."""
+    out: dict[str, Any] = {"delay_ms": 0, "deliver_at_ms": 0, "priority": None, "ttl_ms": 0, "dedup_id": ""}
+    fields = {HEADER_DELAY_MS: "delay_ms", HEADER_DELIVER_AT_MS: "deliver_at_ms",
+              HEADER_PRIORITY: "priority", HEADER_TTL_MS: "ttl_ms"}
+    for name, raw in headers:
+        if name in fields:
+            out[fields[name]] = _int_header(name, raw)
+        elif name == HEADER_DEDUP_ID:
+            out["dedup_id"] = (raw or b"").decode("utf-8", "replace")
+    return out
+
+
+def dead_letter_headers(queue: str, partition: int, offset: int, delivery_count: int, reason: str) -> list[tuple[str, bytes | None]]:
+    """Headers added to a message moved to the dead-letter topic, naming its origin."""
+    return [
+        (HEADER_DLQ_QUEUE, queue.encode()),
+        (HEADER_DLQ_PARTITION, str(partition).encode()),
+        (HEADER_DLQ_OFFSET, str(offset).encode()),
+        (HEADER_DLQ_COUNT, str(delivery_count).encode()),
+        (HEADER_DLQ_REASON, reason.encode()),
+    ]
 
 
 # ----- the replicated share-state log -----

@@ -47,3 +47,25 @@ def test_queue_keys_are_in_their_range_and_do_not_collide() -> None:
     keys = {key for key, _ in q.SCHEMAS}
     assert keys == set(range(40, 47))
     assert keys.isdisjoint(int(k) for k in apis.ApiKey)
+
+
+def test_send_headers_read_back() -> None:
+    hs = q.send_headers(delay_ms=500, priority=9, ttl_ms=60_000, dedup_id="order-17")
+    assert q.read_headers([*hs, ("other", None)]) == {
+        "delay_ms": 500, "deliver_at_ms": 0, "priority": 9, "ttl_ms": 60_000, "dedup_id": "order-17"}
+    assert q.read_headers([]) == {"delay_ms": 0, "deliver_at_ms": 0, "priority": None, "ttl_ms": 0, "dedup_id": ""}
+
+
+def test_bad_header_is_a_clear_error() -> None:
+    import pytest
+
+    from fabric import errors
+
+    with pytest.raises(errors.InvalidRequestError, match=r"fabric\.priority"):
+        q.read_headers([(q.HEADER_PRIORITY, b"high")])
+
+
+def test_dead_letter_headers_name_the_origin() -> None:
+    hs = dict(q.dead_letter_headers("jobs", 2, 41, 5, "visibility timeout"))
+    assert hs[q.HEADER_DLQ_QUEUE] == b"jobs" and hs[q.HEADER_DLQ_OFFSET] == b"41"
+    assert hs[q.HEADER_DLQ_COUNT] == b"5" and hs[q.HEADER_DLQ_REASON] == b"visibility timeout"
