@@ -237,3 +237,49 @@ def test_state_record_codec_refuses_garbage() -> None:
     raw[9] = 99  # the state byte
     with pytest.raises(errors.CorruptMessageError):
         qp.decode_state_record(bytes(raw))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_seeded_random_workers_keep_the_invariants(seed: int) -> None:
+    """Random receives, acks, nacks, extends and clock jumps: an acked or dead message is
+    never leased again, and every message ends exactly once, acked or dead."""
+    import random
+
+    rng = random.Random(seed)
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=100, max_deliveries=3, dead_letter="dlq"))
+    n, now = 300, 0
+    fill(s, n)
+    acked: set[int] = set()
+    dead: set[int] = set()
+    held: dict[int, str] = {}
+    for _ in range(20_000):
+        if len(acked) + len(dead) == n:
+            break
+        now += rng.choice((0, 1, 5, 50))
+        worker = f"w{rng.randrange(4)}"
+        leases, finished = s.acquire(worker, rng.randrange(1, 5), now)
+        dead |= {f.offset for f in finished}
+        for lease in leases:
+            assert lease.offset not in acked and lease.offset not in dead
+            held[lease.offset] = worker
+        for off, w in list(held.items()):
+            e = s.entry(off)
+            if e is None or e.state != qs.LEASED or e.consumer != w:
+                del held[off]
+                continue
+            roll = rng.random()
+            if roll < 0.5:
+                s.ack(w, off, now)
+                acked.add(off)
+                del held[off]
+            elif roll < 0.6:
+                done = s.nack(w, off, now, delay_ms=rng.choice((0, 20)))
+                if done is not None:
+                    dead.add(done.offset)
+                del held[off]
+            elif roll < 0.65:
+                s.extend(w, off, now, 50)
+        dead |= {f.offset for f in s.tick(now)}
+        s.drain_changes()
+    assert acked | dead == set(range(n)) and not acked & dead
+    assert s.start_offset == n and s.counts()["bytes"] == 0
