@@ -629,13 +629,15 @@ class Producer:
         producer_id: int | None = None,
         producer_epoch: int = 0,
         context: zmq.Context[Any] | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
+        # The same parameters as _ProducerCore (tests/unit/test_producer_handle.py checks it).
         core = _ProducerCore(
             bootstrap, acks=acks, linger_ms=linger_ms, batch_bytes_max=batch_bytes_max, compression=compression,
             buffer_bytes_max=buffer_bytes_max, max_block_ms=max_block_ms, delivery_timeout_ms=delivery_timeout_ms,
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             metadata_max_age_ms=metadata_max_age_ms, enable_idempotence=enable_idempotence,
-            producer_id=producer_id, producer_epoch=producer_epoch, context=context,
+            producer_id=producer_id, producer_epoch=producer_epoch, context=context, security=security,
         )
         self._core = core
         # Bound methods of the core: send() on the handle costs no extra call.
