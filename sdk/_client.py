@@ -93,14 +93,15 @@ class Bootstrap:
     def node_addresses(self) -> list[str]:
         if self.zk is None:
             return list(self.addresses)
+        from kazoo.client import KazooClient
 
         from fabric import zk as zkl
 
-        client = zkl.make_client(self.zk)
+        client = KazooClient(hosts=self.zk)
         try:
             client.start(timeout=METADATA_TIMEOUT_MS / 1000)
         except Exception as exc:
-            zkl.close_client(client)  # a client left running would retry in the background forever
+            zkl.close_client(client)  # a client left running would retry in the background
             raise errors.NoBrokersAvailableError(f"ZooKeeper {self.zk} did not answer: {exc}") from exc
         try:
             return [n.address for _, n in sorted(zkl.live_nodes(client).items())]
