@@ -10,7 +10,8 @@ send to subscribers over PUB -> SUB. Every message starts with one 16-byte heade
     6      1    flags           u8    bit 0 IDEMPOTENT, bit 1 HAS_HEADERS
     7      1    reserved        u8    0
     8      4    correlation_id  u32   request/reply pairing; PUBLISH: the sequence number
-    12     4    aux             u32   REQUEST: timeout_ms; PING/PONG: load;
+    12     4    aux             u32   REQUEST: timeout_ms; PING: the sender's heartbeat
+                                      interval in ms (0: 200); PONG: load;
                                       PUBLISH: the publisher id; else 0
 
 No socket, no clock, no thread here: the SDK, the tests and a C service share this code's
@@ -202,8 +203,9 @@ def error_frames(correlation_id: int, code: int, type_name: str, message: str) -
     return [encode_header(ERROR, correlation_id), encode_error(code, type_name, message)]
 
 
-def ping_frames(load: int = 0) -> list[bytes]:
-    return [encode_header(PING, 0, aux=encode_load(load))]
+def ping_frames(interval_ms: int = 0) -> list[bytes]:
+    """A heartbeat announcing the sender's interval: the receiver holds it to that pace."""
+    return [encode_header(PING, 0, aux=encode_load(interval_ms))]
 
 
 def pong_frames(load: int) -> list[bytes]:

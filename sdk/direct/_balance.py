@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 # well under a second, long before a ZooKeeper session (typically 10-30 s) expires.
 HEARTBEAT_INTERVAL_MS = 200
 HEARTBEAT_LIVENESS = 4
+CALLERS_MAX = 10_000  # callers an instance tracks heartbeats of
 
 CONNECTING = "connecting"  # registered, no PONG yet: not picked, so nothing queues to it
 ALIVE = "alive"
@@ -57,6 +58,45 @@ class PeerHealth:
     @property
     def alive(self) -> bool:
         return self.state == ALIVE
+
+
+class CallerLiveness:
+    """An instance's view of its callers: the other half of Paranoid Pirate. A caller that
+    PINGs is held to its own heartbeat interval (the PING's ``aux``); silent for
+    ``liveness`` of its intervals it is declared gone, and the instance drops what it keeps
+    for it (requests still queued for a handler slot). Callers that never PING (a minimal C
+    caller, a one-shot tool) are not tracked, so silence never costs them a request.
+    Bounded: past ``callers_max`` the longest-silent caller is forgotten first."""
+
+    def __init__(self, *, liveness: int = HEARTBEAT_LIVENESS, callers_max: int = CALLERS_MAX) -> None:
+        if liveness <= 0 or callers_max <= 0:
+            raise ValueError("caller liveness and callers_max must be positive")
+        self.liveness = liveness
+        self.callers_max = callers_max
+        # caller -> the time by which it must be heard again; insertion order is the order
+        # of last contact (a PING moves its caller to the end), so the front is the most silent.
+        self._deadline_s: dict[bytes, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._deadline_s)
+
+    def __contains__(self, caller: object) -> bool:
+        return caller in self._deadline_s
+
+    def heard(self, caller: bytes, now: float, interval_ms: int = 0) -> None:
+        """A PING from ``caller``, announcing its heartbeat interval (0: the default)."""
+        interval_s = (interval_ms or HEARTBEAT_INTERVAL_MS) / 1000.0
+        self._deadline_s.pop(caller, None)
+        self._deadline_s[caller] = now + interval_s * self.liveness
+        while len(self._deadline_s) > self.callers_max:
+            del self._deadline_s[next(iter(self._deadline_s))]
+
+    def expired(self, now: float) -> list[bytes]:
+        """Callers silent past their limit, forgotten as they are returned."""
+        gone = [caller for caller, deadline in self._deadline_s.items() if now > deadline]
+        for caller in gone:
+            del self._deadline_s[caller]
+        return gone
 
 
 def pick_instance(outstanding: Mapping[str, int], *, exclude: Iterable[str] = (),

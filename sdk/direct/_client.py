@@ -20,7 +20,7 @@ from fabric.protocol import direct as wire
 from fabric.zk import close_client
 from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
-from sdk.direct._io import SocketReader, make_socket
+from sdk.direct._io import SocketReader, make_socket, send_frames
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, MessageHandler, Publisher, Subscription
 from sdk.direct._server import CONCURRENCY_DEFAULT, Handler, Service
 from sdk.direct._types import GatherResult, Reply, as_bytes, as_headers
@@ -38,8 +38,10 @@ class _PeerLost(Exception):
 
 
 class _Peer:
-    def __init__(self, client: DirectClient, znode: str, info: registry.InstanceInfo, now: float) -> None:
+    def __init__(self, client: DirectClient, view: _ServiceView, znode: str, info: registry.InstanceInfo,
+                 now: float) -> None:
         self.znode = znode
+        self.view = view
         self.info = info
         self.health = balance.PeerHealth(now, interval_ms=client.heartbeat_interval_ms,
                                          liveness=client.heartbeat_liveness)
@@ -58,7 +60,7 @@ class _Peer:
 
     def send(self, frames: list[bytes]) -> bool:
         try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self.sock, frames)
         except zmq.ZMQError:
             return False  # the high-water mark is full: nothing was queued
         self.reader.kick()
@@ -66,7 +68,7 @@ class _Peer:
 
     def _on_message(self, frames: list[bytes]) -> None:
         if self.health.heard(time.monotonic()):
-            self._client._peer_ready(self)
+            self.view.refresh()
         try:
             header = wire.decode_header(frames[0])
         except errors.FabricError:
@@ -102,9 +104,17 @@ class _ServiceView:
         self.known = asyncio.Event()  # the registry answered at least once
         self.changed = asyncio.Event()  # set whenever a peer becomes pickable
         self.watch: registry.RegistryWatch | None = None
+        # The pickable peers, recomputed on every change of a peer's state rather than on
+        # every request (the request path reads it).
+        self.ready: list[_Peer] = []
+
+    def refresh(self) -> None:
+        self.ready = [p for p in self.peers.values() if p.pickable]
+        if self.ready:
+            self.changed.set()
 
     def pickable(self) -> dict[str, _Peer]:
-        return {z: p for z, p in self.peers.items() if p.pickable}
+        return {p.znode: p for p in self.ready}
 
 
 class DirectClient:
@@ -172,16 +182,12 @@ class DirectClient:
                 peer.leaving = True  # closed by the heartbeat loop once nothing is in flight
         for znode, info in found.items():
             if znode not in view.peers:
-                peer = _Peer(self, znode, info, now)
+                peer = _Peer(self, view, znode, info, now)
                 view.peers[znode] = peer
                 peer.health.ping_due(now)
-                peer.send(wire.ping_frames())  # admitted as soon as it answers
+                peer.send(wire.ping_frames(self.heartbeat_interval_ms))  # admitted as soon as it answers
+        view.refresh()
         view.known.set()
-
-    def _peer_ready(self, peer: _Peer) -> None:
-        for view in self._views.values():
-            if view.peers.get(peer.znode) is peer:
-                view.changed.set()
 
     async def _heartbeat_loop(self) -> None:
         interval_s = self.heartbeat_interval_ms / 1000 / 2
@@ -197,13 +203,14 @@ class DirectClient:
                     if peer.health.check(now):
                         log.info("instance %s of %s silent for %.0f ms: marked dead", znode, view.name,
                                  peer.health.silence_limit_s * 1000)
+                        view.refresh()
                         peer.fail_all(f"instance {znode} stopped answering heartbeats")
                         if peer.leaving:
                             del view.peers[znode]
                             peer.close()
                             continue
                     if peer.health.ping_due(now):
-                        peer.send(wire.ping_frames())
+                        peer.send(wire.ping_frames(self.heartbeat_interval_ms))
 
     async def _wait_pickable(self, view: _ServiceView, deadline: float) -> dict[str, _Peer]:
         """Instances ready to take a request; waits briefly for registered ones to answer."""
@@ -253,12 +260,15 @@ class DirectClient:
         last_problem = ""
         while True:
             attempt += 1
-            ready = view.pickable()
+            ready = view.ready
             if not ready:
-                ready = await self._wait_pickable(view, deadline)
-            znode = balance.pick_instance({z: len(p.pending) for z, p in ready.items()}, exclude=tried, rng=self._rng)
-            assert znode is not None
-            peer = ready[znode]
+                ready = list((await self._wait_pickable(view, deadline)).values())
+            if len(ready) == 1:
+                peer = ready[0]  # the only choice, tried or not
+            else:
+                chosen = balance.pick_instance({p.znode: len(p.pending) for p in ready}, exclude=tried, rng=self._rng)
+                peer = next(p for p in ready if p.znode == chosen)
+            znode = peer.znode
             tried.append(znode)
             cid = next(self._ids) & wire.U32_MAX
             now = time.monotonic()
@@ -291,6 +301,7 @@ class DirectClient:
                         raise result
                     if isinstance(result, errors.ServiceStopping):
                         peer.draining = True
+                        view.refresh()
                     retry_safe = True
                     last_problem = str(result)
                 finally:

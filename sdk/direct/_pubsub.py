@@ -26,7 +26,7 @@ from kazoo.client import KazooClient
 from fabric import errors
 from fabric.protocol import direct as wire
 from sdk.direct import _registry as registry
-from sdk.direct._io import SocketReader, make_socket
+from sdk.direct._io import SocketReader, make_socket, send_frames
 from sdk.direct._types import Message
 
 log = logging.getLogger("fabric.direct")
@@ -74,7 +74,7 @@ class Publisher:
         self._sequence = (self._sequence + 1) & wire.U32_MAX
         frames = wire.publish_frames(subject, self.publisher_id, self._sequence, payload, headers)
         try:
-            self._sock.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self._sock, frames)
             self.published += 1
         except zmq.Again:
             self.dropped += 1

@@ -20,8 +20,9 @@ from kazoo.protocol.states import KazooState
 
 from fabric import errors
 from fabric.protocol import direct as wire
+from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
-from sdk.direct._io import SocketReader, make_socket
+from sdk.direct._io import SocketReader, make_socket, send_frames
 from sdk.direct._types import Reply, Request, as_bytes
 
 log = logging.getLogger("fabric.direct")
@@ -78,8 +79,7 @@ class Service:
         self._tasks: set[asyncio.Task[Any]] = set()  # async handlers that suspended
         self._running = 0
         self._waiting: collections.deque[tuple[bytes, int, Request, float]] = collections.deque()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._idle: asyncio.Future[None] | None = None  # stop() waits on it for the drain
         self._sock: zmq.Socket[Any] | None = None
         self._reader: SocketReader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -89,15 +89,24 @@ class Service:
         self._reported_load = -1
         self._background: asyncio.Task[None] | None = None
         self._session_lost = False
+        self._callers = balance.CallerLiveness()
+        self._caller_watch: asyncio.Task[None] | None = None
         self.address = ""
         self.handled = 0
         self.failed = 0
         self.refused = 0
+        self.callers_lost = 0  # callers that stopped heartbeating (dead or stalled processes)
+        self.requests_dropped = 0  # their queued requests, dropped without running
 
     @property
     def in_flight(self) -> int:
         """Handler calls running plus requests waiting for a slot."""
         return self._running + len(self._waiting)
+
+    @property
+    def callers(self) -> int:
+        """Callers whose heartbeats this instance follows now."""
+        return len(self._callers)
 
     @property
     def znode(self) -> str | None:
@@ -130,6 +139,7 @@ class Service:
             raise
         self._zk.add_listener(self._zk_state)
         self._background = asyncio.ensure_future(self._report_load())
+        self._caller_watch = asyncio.ensure_future(self._watch_callers())
 
     # ZooKeeper: a lost session deletes the ephemeral znode; register again on reconnect.
     def _zk_state(self, state: str) -> None:
@@ -164,6 +174,25 @@ class Service:
             except Exception as exc:  # ZooKeeper away: the service keeps serving
                 log.debug("service %s load report failed: %s", self.name, exc)
 
+    async def _watch_callers(self) -> None:
+        """Paranoid Pirate, instance side: a caller that stopped heartbeating (killed,
+        SIGSTOPped, cut off) is gone; requests of its still waiting for a handler slot are
+        dropped unrun, so a dead caller's backlog never delays the living. Handlers already
+        running finish (they may have side effects); their replies go nowhere."""
+        interval_s = balance.HEARTBEAT_INTERVAL_MS / 1000 / 2
+        while not self._stopping:
+            await asyncio.sleep(interval_s)
+            for caller in self._callers.expired(time.monotonic()):
+                self._drop_caller(caller)
+
+    def _drop_caller(self, caller: bytes) -> None:
+        self.callers_lost += 1
+        kept = collections.deque(item for item in self._waiting if item[0] != caller)
+        dropped = len(self._waiting) - len(kept)
+        self._waiting = kept
+        self.requests_dropped += dropped
+        log.info("service %s: a caller stopped heartbeating; %d of its queued requests dropped", self.name, dropped)
+
     def _send(self, identity: bytes, frames: list[bytes]) -> None:
         sock = self._sock
         if sock is None:
@@ -171,7 +200,7 @@ class Service:
         try:
             # A ROUTER never blocks: a reply to a caller that left is dropped, which is what
             # we want (it gave up on the request).
-            sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+            send_frames(sock, [identity, *frames])
         except zmq.ZMQError:
             pass
         if self._reader is not None:
@@ -187,6 +216,7 @@ class Service:
             self._send(identity, wire.error_frames(0, exc.code, type(exc).__name__, exc.message))
             return
         if header.type == wire.PING:
+            self._callers.heard(identity, time.monotonic(), header.aux)
             self._send(identity, wire.pong_frames(self.in_flight))
             return
         if header.type != wire.REQUEST:
@@ -225,7 +255,6 @@ class Service:
 
     def _start(self, identity: bytes, cid: int, request: Request) -> None:
         self._running += 1
-        self._idle.clear()
         if not self._async:
             assert self._loop is not None and self._executor is not None
             future = self._loop.run_in_executor(self._executor, self._handler, request)
@@ -268,9 +297,10 @@ class Service:
             message = exc.message if isinstance(exc, errors.FabricError) else str(exc)
             frames = wire.error_frames(cid, code, type(exc).__name__, message)
         self._send(identity, frames)
-        self._start_waiting()
-        if self._running == 0 and not self._waiting:
-            self._idle.set()
+        if self._waiting:
+            self._start_waiting()
+        if self._idle is not None and self._running == 0 and not self._waiting and not self._idle.done():
+            self._idle.set_result(None)
 
     def _start_waiting(self) -> None:
         now = time.monotonic()
@@ -298,10 +328,14 @@ class Service:
             except Exception as exc:  # ZooKeeper away: the session's expiry removes it
                 log.warning("service %s could not deregister %s: %s", self.name, self._znode, exc)
         self._stopping = True
-        if self._background is not None:
-            self._background.cancel()
+        for task in (self._background, self._caller_watch):
+            if task is not None:
+                task.cancel()
+        self._idle = asyncio.get_running_loop().create_future()
+        if self._running == 0 and not self._waiting:
+            self._idle.set_result(None)
         try:
-            await asyncio.wait_for(self._idle.wait(), drain_timeout_ms / 1000)
+            await asyncio.wait_for(asyncio.shield(self._idle), drain_timeout_ms / 1000)
         except asyncio.TimeoutError:
             log.warning("service %s: %d requests still running after %d ms; cancelling", self.name,
                         self.in_flight, drain_timeout_ms)

@@ -69,3 +69,28 @@ def test_pings_follow_the_interval() -> None:
     assert health.ping_due(0.2)
     with pytest.raises(ValueError):
         balance.PeerHealth(now=0.0, interval_ms=0)
+
+
+def test_an_instance_forgets_a_caller_that_stops_heartbeating() -> None:
+    callers = balance.CallerLiveness(liveness=4)
+    callers.heard(b"a", 0.0, interval_ms=200)  # must be heard again within 800 ms
+    callers.heard(b"b", 0.0, interval_ms=1000)  # a slower caller: 4 s
+    callers.heard(b"a", 0.7)  # 0: the default interval, 200 ms
+    assert callers.expired(1.4) == []
+    assert callers.expired(1.6) == [b"a"]  # 900 ms after its last PING
+    assert b"a" not in callers and b"b" in callers
+    assert callers.expired(1.7) == []  # reported once
+    assert callers.expired(4.1) == [b"b"]
+    callers.heard(b"a", 5.0)  # a resumed caller is followed again from its next PING
+    assert len(callers) == 1
+
+
+def test_caller_table_is_bounded_and_forgets_the_most_silent_first() -> None:
+    callers = balance.CallerLiveness(callers_max=2)
+    callers.heard(b"a", 0.0)
+    callers.heard(b"b", 0.1)
+    callers.heard(b"a", 0.2)  # a is the most recent now
+    callers.heard(b"c", 0.3)
+    assert b"b" not in callers and b"a" in callers and b"c" in callers
+    with pytest.raises(ValueError):
+        balance.CallerLiveness(callers_max=0)
