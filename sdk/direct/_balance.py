@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping
 
+from fabric import errors
+
 # Paranoid Pirate timing (the ZeroMQ guide, ppqueue.py): a ping every interval; a peer
 # silent for LIVENESS intervals is dead. 200 ms x 4 detects a dead or SIGSTOPped instance in
 # well under a second, long before a ZooKeeper session (typically 10-30 s) expires.
@@ -148,3 +150,48 @@ class RetryBudget:
             return True
         self.retries_refused += 1
         return False
+
+
+class Attempts:
+    """One request's attempts under Lazy Pirate: how long each may take, whether another may
+    follow, and the error when none may. The asyncio and the blocking request paths both
+    drive one of these, so the rules live here once.
+
+    An attempt gets an equal share of the remaining time over the attempts still allowed
+    (one for a non-idempotent call: it is sent once). An attempt may be repeated on another
+    instance when the caller marked the call idempotent, or when the instance refused it
+    without running it (``retry_safe``: overloaded, stopping, send queue full); always
+    within ``attempts_max``, the deadline and the client's retry budget."""
+
+    def __init__(self, *, timeout_ms: int, idempotent: bool, attempts_max: int, budget: RetryBudget,
+                 now: float) -> None:
+        self.start_s = now
+        self.deadline_s = now + timeout_ms / 1000
+        self.idempotent = idempotent
+        self.attempts_max = attempts_max
+        self.attempt = 0
+        self._budget = budget
+        budget.on_request(now)
+
+    def begin(self, now: float) -> float:
+        """Starts the next attempt; returns its share of the time, in seconds."""
+        self.attempt += 1
+        attempts_left = self.attempts_max - self.attempt + 1 if self.idempotent else 1
+        return max(0.0, self.deadline_s - now) / attempts_left
+
+    def may_repeat(self, now: float, *, retry_safe: bool) -> bool:
+        if not (retry_safe or self.idempotent) or self.attempt >= self.attempts_max or now >= self.deadline_s:
+            return False
+        return self._budget.try_retry(now)
+
+    def failure(self, service: str, problem: str, now: float, *, retry_safe: bool) -> errors.FabricError:
+        """The error once no further attempt is allowed."""
+        if retry_safe:
+            return errors.NoServiceAvailable(
+                f"service {service!r}: no instance took the request after {self.attempt} attempt(s): {problem}",
+                attempts=self.attempt)
+        elapsed_ms = (now - self.start_s) * 1000
+        outcome = "" if self.idempotent else " (sent once, not retried: the handler may or may not have run)"
+        return errors.RequestTimeout(
+            f"service {service!r}: {problem} after {self.attempt} attempt(s), {elapsed_ms:.0f} ms{outcome}",
+            attempts=self.attempt, service=service)

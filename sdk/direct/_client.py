@@ -49,6 +49,8 @@ class _Peer:
         self.leaving = False  # gone from the registry: finish what is in flight, take nothing new
         self.draining = False  # answered SERVICE_STOPPING: take nothing new
         self.remote_load = 0
+        self.blocking_outstanding = 0  # requests in flight from the blocking API's threads
+        self.closed = False
         self._client = client
         self.sock = make_socket(client.ctx, zmq.DEALER)
         self.sock.connect(info.address)
@@ -57,6 +59,12 @@ class _Peer:
     @property
     def pickable(self) -> bool:
         return self.health.alive and not self.leaving and not self.draining
+
+    @property
+    def outstanding(self) -> int:
+        """Requests of this client in flight to the instance, from the loop and from
+        blocking callers' threads."""
+        return len(self.pending) + self.blocking_outstanding
 
     def send(self, frames: list[bytes]) -> bool:
         try:
@@ -90,6 +98,7 @@ class _Peer:
                 future.set_exception(_PeerLost(reason))
 
     def close(self) -> None:
+        self.closed = True
         self.fail_all(f"instance {self.znode} closed")
         self.reader.close()
         self.sock.close(linger=0)
@@ -115,6 +124,15 @@ class _ServiceView:
 
     def pickable(self) -> dict[str, _Peer]:
         return {p.znode: p for p in self.ready}
+
+    def pick(self, tried: list[str], rng: random.Random) -> _Peer | None:
+        """Least outstanding requests among the ready peers (this client's count, from any
+        thread); None when no peer is ready."""
+        ready = self.ready
+        if len(ready) <= 1:
+            return ready[0] if ready else None  # the only choice, tried or not
+        chosen = balance.pick_instance({p.znode: p.outstanding for p in ready}, exclude=tried, rng=rng)
+        return next(p for p in ready if p.znode == chosen)
 
 
 class DirectClient:
@@ -252,29 +270,15 @@ class DirectClient:
         if view is None or not view.known.is_set():
             view = await self._view(name)
         loop = self.loop
-        start = time.monotonic()
-        deadline = start + timeout_ms / 1000
-        self.retry_budget.on_request(start)
+        attempts = balance.Attempts(timeout_ms=timeout_ms, idempotent=idempotent, attempts_max=attempts_max,
+                                    budget=self.retry_budget, now=time.monotonic())
         tried: list[str] = []
-        attempt = 0
-        last_problem = ""
         while True:
-            attempt += 1
-            ready = view.ready
-            if not ready:
-                ready = list((await self._wait_pickable(view, deadline)).values())
-            if len(ready) == 1:
-                peer = ready[0]  # the only choice, tried or not
-            else:
-                chosen = balance.pick_instance({p.znode: len(p.pending) for p in ready}, exclude=tried, rng=self._rng)
-                peer = next(p for p in ready if p.znode == chosen)
+            peer = view.pick(tried, self._rng) or await self._pick_waiting(view, tried, attempts.deadline_s)
             znode = peer.znode
             tried.append(znode)
             cid = next(self._ids) & wire.U32_MAX
-            now = time.monotonic()
-            remaining_s = deadline - now
-            attempts_left = attempts_max - attempt + 1 if idempotent else 1
-            attempt_s = remaining_s / attempts_left
+            attempt_s = attempts.begin(time.monotonic())
             frames = wire.request_frames(cid, body, timeout_ms=max(1, int(attempt_s * 1000)), idempotent=idempotent,
                                          headers=wire_headers)
             future: asyncio.Future[list[bytes]] = loop.create_future()
@@ -283,41 +287,46 @@ class DirectClient:
             if not peer.send(frames):
                 peer.pending.pop(cid, None)
                 retry_safe = True
-                last_problem = f"instance {znode} send queue full"
+                problem = f"instance {znode} send queue full"
             else:
                 timer = loop.call_later(attempt_s, _expire, future)
                 try:
                     response = await future
                 except _PeerLost as exc:
-                    last_problem = str(exc)
+                    problem = str(exc)
                 except asyncio.TimeoutError:
                     peer.pending.pop(cid, None)
-                    last_problem = f"no reply from instance {znode} within {attempt_s * 1000:.0f} ms"
+                    problem = f"no reply from instance {znode} within {attempt_s * 1000:.0f} ms"
                 else:
                     result = self._decode_response(response, znode)
                     if isinstance(result, Reply):
                         return result
-                    if not (isinstance(result, (errors.ServiceOverloaded, errors.ServiceStopping))):
-                        raise result
-                    if isinstance(result, errors.ServiceStopping):
-                        peer.draining = True
-                        view.refresh()
-                    retry_safe = True
-                    last_problem = str(result)
+                    retry_safe = self._refused(result, peer)
+                    problem = str(result)
                 finally:
                     timer.cancel()
             now = time.monotonic()
-            can_repeat = retry_safe or idempotent
-            if not can_repeat or attempt >= attempts_max or now >= deadline or not self.retry_budget.try_retry(now):
-                elapsed_ms = (now - start) * 1000
-                if retry_safe:
-                    raise errors.NoServiceAvailable(
-                        f"service {name!r}: no instance took the request after {attempt} attempt(s): {last_problem}",
-                        attempts=attempt)
-                outcome = "" if idempotent else " (sent once, not retried: the handler may or may not have run)"
-                raise errors.RequestTimeout(
-                    f"service {name!r}: {last_problem} after {attempt} attempt(s), {elapsed_ms:.0f} ms{outcome}",
-                    attempts=attempt, service=name)
+            if not attempts.may_repeat(now, retry_safe=retry_safe):
+                raise attempts.failure(name, problem, now, retry_safe=retry_safe)
+
+    async def _pick_waiting(self, view: _ServiceView, tried: list[str], deadline_s: float) -> _Peer:
+        """The slow path of a pick: no instance is ready yet (first use, all dead)."""
+        await self._wait_pickable(view, deadline_s)
+        peer = view.pick(tried, self._rng)
+        if peer is None:
+            raise errors.NoServiceAvailable(f"no live instance of service {view.name!r}")
+        return peer
+
+    @staticmethod
+    def _refused(result: errors.FabricError, peer: _Peer) -> bool:
+        """An ERROR answer: True when the instance refused without running the handler (the
+        request may go elsewhere); any other error is the caller's, raised as it is."""
+        if not isinstance(result, (errors.ServiceOverloaded, errors.ServiceStopping)):
+            raise result
+        if isinstance(result, errors.ServiceStopping):
+            peer.draining = True
+            peer.view.refresh()
+        return True
 
     @staticmethod
     def _decode_response(frames: list[bytes], znode: str) -> Reply | errors.FabricError:

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from fabric import errors
 from sdk.direct import _balance as balance
 
 
@@ -94,3 +95,35 @@ def test_caller_table_is_bounded_and_forgets_the_most_silent_first() -> None:
     assert b"b" not in callers and b"a" in callers and b"c" in callers
     with pytest.raises(ValueError):
         balance.CallerLiveness(callers_max=0)
+
+
+def test_idempotent_attempts_share_the_time_and_retry_within_the_budget() -> None:
+    budget = balance.RetryBudget(ratio=0.0, min_retries_per_s=0.0, now=0.0)  # exactly 1 token
+    attempts = balance.Attempts(timeout_ms=900, idempotent=True, attempts_max=3, budget=budget, now=0.0)
+    assert attempts.begin(0.0) == pytest.approx(0.3)  # a third of 900 ms
+    assert attempts.may_repeat(0.3, retry_safe=False)  # idempotent: a timeout may go elsewhere
+    assert attempts.begin(0.3) == pytest.approx(0.3)  # 600 ms left over 2 attempts
+    assert not attempts.may_repeat(0.6, retry_safe=False)  # the budget's one token is spent
+    error = attempts.failure("svc", "no reply", 0.6, retry_safe=False)
+    assert isinstance(error, errors.RequestTimeout) and "2 attempt(s)" in error.message
+
+
+def test_a_plain_request_is_sent_once_unless_it_was_refused_unrun() -> None:
+    budget = balance.RetryBudget(now=0.0)
+    attempts = balance.Attempts(timeout_ms=1_000, idempotent=False, attempts_max=3, budget=budget, now=0.0)
+    assert attempts.begin(0.0) == pytest.approx(1.0)  # all the time: there is no second try
+    assert not attempts.may_repeat(0.5, retry_safe=False)  # timed out or its instance died: never twice
+    timeout = attempts.failure("svc", "instance died", 0.5, retry_safe=False)
+    assert isinstance(timeout, errors.RequestTimeout) and "may or may not have run" in timeout.message
+    assert attempts.may_repeat(0.5, retry_safe=True)  # refused (overloaded, stopping): nothing ran
+    assert attempts.begin(0.5) == pytest.approx(0.5)
+    assert attempts.may_repeat(0.6, retry_safe=True) and attempts.begin(0.6) > 0
+    assert not attempts.may_repeat(0.7, retry_safe=True)  # attempts_max reached
+    assert isinstance(attempts.failure("svc", "overloaded", 0.7, retry_safe=True), errors.NoServiceAvailable)
+
+
+def test_no_attempt_after_the_deadline() -> None:
+    attempts = balance.Attempts(timeout_ms=100, idempotent=True, attempts_max=5,
+                                budget=balance.RetryBudget(now=0.0), now=0.0)
+    attempts.begin(0.0)
+    assert not attempts.may_repeat(0.1, retry_safe=True)
