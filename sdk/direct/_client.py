@@ -30,6 +30,7 @@ log = logging.getLogger("fabric.direct")
 TIMEOUT_MS_DEFAULT = 5_000
 ATTEMPTS_MAX_DEFAULT = 3
 TIMEOUT_MS_MAX = 24 * 3600 * 1000  # fits the header's u32 with room to spare
+LEAVING_GRACE_S = 5.0  # an instance gone from the registry stays a last resort while it answers
 DISCOVERY_WAIT_MS = 2_000  # how long a first request waits for a registered instance to answer a PING
 
 
@@ -50,6 +51,7 @@ class _Peer:
         self.draining = False  # answered SERVICE_STOPPING: take nothing new
         self.remote_load = 0
         self.blocking_outstanding = 0  # requests in flight from the blocking API's threads
+        self.left_s = 0.0  # when it left the registry
         self.closed = False
         self._client = client
         self.sock = make_socket(client.ctx, zmq.DEALER)
@@ -113,13 +115,21 @@ class _ServiceView:
         self.known = asyncio.Event()  # the registry answered at least once
         self.changed = asyncio.Event()  # set whenever a peer becomes pickable
         self.watch: registry.RegistryWatch | None = None
+        self.error: errors.FabricError | None = None  # the first registry read failed
         # The pickable peers, recomputed on every change of a peer's state rather than on
         # every request (the request path reads it).
         self.ready: list[_Peer] = []
 
     def refresh(self) -> None:
-        self.ready = [p for p in self.peers.values() if p.pickable]
-        if self.ready:
+        ready = [p for p in self.peers.values() if p.pickable]
+        if not ready:
+            # Last resort: instances that left the registry but still answer heartbeats. A
+            # ZooKeeper session that expired and came back removes and re-creates an
+            # instance's znode; this bridges that gap. One that really stops answers
+            # SERVICE_STOPPING (nothing runs, the caller moves on); a dead one goes silent.
+            ready = [p for p in self.peers.values() if p.leaving and p.health.alive and not p.draining]
+        self.ready = ready
+        if ready:
             self.changed.set()
 
     def pickable(self) -> dict[str, _Peer]:
@@ -185,10 +195,14 @@ class DirectClient:
             try:
                 await asyncio.to_thread(view.watch.start)
             except Exception as exc:
-                del self._views[name]
-                raise errors.NoServiceAvailable(f"service {name!r}: registry unreadable: {exc}") from exc
+                del self._views[name]  # the next request tries ZooKeeper again
+                view.error = errors.NoServiceAvailable(f"service {name!r}: registry unreadable: {exc}")
+                view.known.set()  # wakes the requests that waited on this first read
+                raise view.error from exc
         if not view.known.is_set():
             await view.known.wait()
+        if view.error is not None:
+            raise view.error
         return view
 
     def _instances_changed(self, view: _ServiceView, found: dict[str, registry.InstanceInfo]) -> None:
@@ -196,8 +210,9 @@ class DirectClient:
             return
         now = time.monotonic()
         for znode, peer in view.peers.items():
-            if znode not in found:
+            if znode not in found and not peer.leaving:
                 peer.leaving = True  # closed by the heartbeat loop once nothing is in flight
+                peer.left_s = now
         for znode, info in found.items():
             if znode not in view.peers:
                 peer = _Peer(self, view, znode, info, now)
@@ -214,21 +229,29 @@ class DirectClient:
             now = time.monotonic()
             for view in self._views.values():
                 for znode, peer in list(view.peers.items()):
-                    if peer.leaving and not peer.pending:
-                        del view.peers[znode]
-                        peer.close()
-                        continue
                     if peer.health.check(now):
                         log.info("instance %s of %s silent for %.0f ms: marked dead", znode, view.name,
                                  peer.health.silence_limit_s * 1000)
                         view.refresh()
                         peer.fail_all(f"instance {znode} stopped answering heartbeats")
-                        if peer.leaving:
-                            del view.peers[znode]
-                            peer.close()
-                            continue
+                    if peer.leaving and self._may_close(view, peer, now):
+                        del view.peers[znode]
+                        peer.close()
+                        view.refresh()
+                        continue
                     if peer.health.ping_due(now):
                         peer.send(wire.ping_frames(self.heartbeat_interval_ms))
+
+    @staticmethod
+    def _may_close(view: _ServiceView, peer: _Peer, now: float) -> bool:
+        """A peer gone from the registry closes once nothing of ours is in flight to it and
+        it is not the last resort of its view (sdk.direct._ServiceView.refresh) any more:
+        dead, past LEAVING_GRACE_S, or other instances are ready."""
+        if peer.pending or peer.blocking_outstanding:
+            return False
+        if peer not in view.ready or not peer.health.alive or now - peer.left_s > LEAVING_GRACE_S:
+            return True
+        return any(not p.leaving for p in view.ready)
 
     async def _wait_pickable(self, view: _ServiceView, deadline: float) -> dict[str, _Peer]:
         """Instances ready to take a request; waits briefly for registered ones to answer."""

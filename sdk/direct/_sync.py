@@ -1,4 +1,5 @@
-"""The blocking API: the asyncio core on one background loop thread per client.
+"""The blocking API: the asyncio core on one background loop thread per client (requests
+themselves run on the calling thread: sdk.direct._blocking).
 
 Every call hands a coroutine to that loop and waits for it with a bound (the call's own
 timeout plus a margin), so a wedged loop surfaces as an error, not a hang. ``close()``
@@ -13,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from fabric import errors
+from sdk.direct._blocking import BlockingCaller
 from sdk.direct._client import TIMEOUT_MS_DEFAULT, DirectClient
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, Subscription
 from sdk.direct._server import CONCURRENCY_DEFAULT, DRAIN_TIMEOUT_MS_DEFAULT, Service
@@ -50,6 +52,9 @@ class LoopThread:
         except TimeoutError:
             future.cancel()
             raise errors.RequestTimeout(f"the client's loop did not finish the call within {timeout_s:.1f} s") from None
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def call_soon(self, fn: Callable[[], Any]) -> None:
         self.loop.call_soon_threadsafe(fn)
@@ -120,13 +125,14 @@ class SyncDirect:
         except BaseException:
             self._loop.stop()
             raise
+        self._blocking = BlockingCaller(self.direct, self._loop.run, self._loop.on_thread)
 
     def request(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
                 headers: dict[str, bytes | str] | None = None, idempotent: bool = False,
                 attempts_max: int = 3) -> Reply:
-        return self._loop.run(self.direct.request(name, payload, timeout_ms=timeout_ms, headers=headers,
-                                                  idempotent=idempotent, attempts_max=attempts_max),
-                              timeout_ms / 1000 + CALL_MARGIN_S)
+        # On the calling thread, not the loop's (sdk.direct._blocking says why).
+        return self._blocking.request(name, payload, timeout_ms=timeout_ms, headers=headers, idempotent=idempotent,
+                                      attempts_max=attempts_max, margin_s=timeout_ms / 1000 + CALL_MARGIN_S)
 
     def gather(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
                headers: dict[str, bytes | str] | None = None, min_replies: int | None = None) -> GatherResult:
@@ -155,6 +161,7 @@ class SyncDirect:
         return self._loop.run(self.direct.services(), CALL_MARGIN_S)
 
     def close(self, *, drain_timeout_ms: int = DRAIN_TIMEOUT_MS_DEFAULT) -> None:
+        self._blocking.close()
         try:
             self._loop.run(self.direct.close(drain_timeout_ms=drain_timeout_ms), drain_timeout_ms / 1000 + CALL_MARGIN_S)
         finally:

@@ -8,6 +8,7 @@ import collections
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import sdk
 from fabric import errors
 from fabric.local import LocalZooKeeper, ManagedProcess
 from sdk.direct import DirectClient, Message
@@ -129,6 +131,37 @@ def test_failover_kill_pause_and_a_new_instance(instances: list[Instance], tmp_p
     assert all(runs[r] <= 1 for r in plain_ids), "a non-idempotent request ran twice"
     assert sum(outcomes[r] == "ok" for r in plain_ids) > len(plain_ids) // 2
     assert d.handled(), "the new instance took no traffic"
+
+
+def test_blocking_client_threads_ride_over_a_paused_instance(instances: list[Instance], tmp_path: Path,
+                                                             zk_hosts: str) -> None:
+    """The blocking API's requests run on the callers' own threads (sdk.direct._blocking):
+    several threads at once, an instance SIGSTOPped meanwhile, idempotent calls all
+    complete, each exactly answered."""
+    _a, b = start_instances(instances, tmp_path, zk_hosts, "ledger", 2)
+    replies: dict[str, str] = {}
+    with sdk.Client(f"zk://{zk_hosts}") as client:
+        client.gather("ledger", "run:warm", timeout_ms=5_000, min_replies=2)
+
+        def worker(thread: int) -> None:
+            for n in range(40):
+                rid = f"t{thread}-{n}"
+                reply = client.request("ledger", f"run:{rid}", timeout_ms=4_000, idempotent=True)
+                replies[rid] = reply.payload.decode()
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.15)
+        b.process.pause()
+        try:
+            for thread in threads:
+                thread.join(60)
+        finally:
+            b.process.resume()
+    assert len(replies) == 160
+    assert all(reply.startswith(f"{rid}@") for rid, reply in replies.items())
 
 
 def test_new_instance_used_within_one_second(instances: list[Instance], tmp_path: Path, zk_hosts: str) -> None:

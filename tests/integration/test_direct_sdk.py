@@ -137,6 +137,66 @@ def test_cached_registry_serves_while_zookeeper_is_down(tmp_path: Path) -> None:
         zookeeper.stop()
 
 
+def test_cached_registry_serves_while_zookeeper_is_paused(tmp_path: Path) -> None:
+    """SIGSTOP, not a clean stop: connections stay open and simply go silent."""
+    zookeeper = LocalZooKeeper(tmp_path / "zk")
+    zookeeper.start()
+    try:
+        async def run() -> tuple[list[bytes], errors.FabricError | None]:
+            server = await DirectClient.connect(zookeeper.address)
+            client = await DirectClient.connect(zookeeper.address)
+            unknown: errors.FabricError | None = None
+            try:
+                await server.serve("quotes", lambda request: b"q:" + request.payload)
+                replies = [(await client.request("quotes", b"0", timeout_ms=5_000)).payload]
+                zookeeper.pause()
+                try:
+                    for n in range(1, 8):  # 2 s, within the 10 s session: nothing expires
+                        replies.append((await client.request("quotes", str(n), timeout_ms=5_000)).payload)
+                        await asyncio.sleep(0.3)
+                    try:
+                        await client.request("never-seen", b"x", timeout_ms=1_000)
+                    except errors.FabricError as exc:  # a name not cached needs ZooKeeper: a clear error
+                        unknown = exc
+                finally:
+                    zookeeper.resume()
+                return replies, unknown
+            finally:
+                await client.close(drain_timeout_ms=1_000)
+                await server.close(drain_timeout_ms=1_000)
+
+        replies, unknown = asyncio.run(run())
+        assert replies == [f"q:{n}".encode() for n in range(8)]
+        assert isinstance(unknown, errors.NoServiceAvailable)
+    finally:
+        zookeeper.stop()
+
+
+def test_blocking_request_ends_when_the_client_closes(zk_server: LocalZooKeeper) -> None:
+    bootstrap = f"zk://{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+    outcome: list[BaseException] = []
+    with sdk.Client(bootstrap) as server:
+        server.serve("sleepy", lambda request: time.sleep(2.0), concurrency=1)
+        client = sdk.Client(bootstrap)
+
+        def call() -> None:
+            try:
+                client.request("sleepy", b"x", timeout_ms=10_000)
+            except errors.FabricError as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.5)
+        began = time.monotonic()
+        client.close()
+        caller.join(10)
+        assert not caller.is_alive() and time.monotonic() - began < 5.0
+        assert len(outcome) == 1 and isinstance(outcome[0], errors.ClientClosedError)
+        with pytest.raises(errors.ClientClosedError):
+            client.request("sleepy", b"x")
+
+
 def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> None:
     with sdk.Admin(cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=2)

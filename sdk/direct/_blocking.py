@@ -1,0 +1,203 @@
+"""The blocking API's request path: the calling thread sends and waits itself.
+
+Handing each blocking request to the loop thread and back (``run_coroutine_threadsafe``, a
+wake-up of the loop, a wake-up of the caller) cost about 150 us per call on a 2-core
+machine, more than the round trip itself. So a blocking ``request`` talks to the instance
+over DEALER sockets of its own thread (one per instance it called, created on first use)
+and waits on them with ``poll``. What is shared stays on the loop: discovery, the
+instances' health (heartbeats), and the ready list it picks from; this path only reads
+them, plus the per-instance count of blocking requests in flight that least-outstanding
+selection adds to the loop's own.
+
+While it waits, the thread PINGs its instance every heartbeat interval, so the instance
+follows it as a caller (and drops its queued requests if this process stalls).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import zmq
+
+from fabric import errors
+from fabric.protocol import direct as wire
+from sdk.direct import _balance as balance
+from sdk.direct._client import TIMEOUT_MS_MAX, DirectClient, _Peer, _ServiceView
+from sdk.direct._io import make_socket, readable, recv_frames, send_frames
+from sdk.direct._types import Reply, as_bytes, as_headers
+
+RunOnLoop = Callable[[Coroutine[Any, Any, Any], float], Any]
+SOCKETS_PER_THREAD_MAX = 1_024  # past this, sockets of instances that left are closed
+CLOSE_WAIT_S = 5.0  # close() waits this long for blocking requests to notice and return
+
+
+class BlockingCaller:
+    """Request-reply for threads outside the loop. Created by ``SyncDirect``."""
+
+    def __init__(self, direct: DirectClient, run_on_loop: RunOnLoop, loop_thread: Callable[[], bool]) -> None:
+        self._direct = direct
+        self._run_on_loop = run_on_loop
+        self._on_loop_thread = loop_thread
+        self._local = threading.local()
+        self._lock = threading.Lock()  # the socket list, the shared counters and the budget
+        self._sockets: list[zmq.Socket[Any]] = []
+        self._budget = balance.RetryBudget(ratio=direct.retry_budget.ratio,
+                                           min_retries_per_s=direct.retry_budget.min_retries_per_s, now=time.monotonic())
+        self._closed = False
+        self._active = 0  # threads inside request(): their sockets are theirs until they return
+        self._ping = wire.ping_frames(direct.heartbeat_interval_ms)
+        self._interval_s = direct.heartbeat_interval_ms / 1000
+
+    def request(self, name: str, payload: bytes | str, *, timeout_ms: int, headers: dict[str, bytes | str] | None,
+                idempotent: bool, attempts_max: int, margin_s: float) -> Reply:
+        """The rules of ``DirectClient.request``, blocking the calling thread."""
+        if self._on_loop_thread():
+            raise RuntimeError("a blocking Fabric call from inside the client's own loop (use the asyncio API there)")
+        if not 0 < timeout_ms <= TIMEOUT_MS_MAX:
+            raise errors.InvalidRequestError(f"timeout_ms={timeout_ms} must be within (0, {TIMEOUT_MS_MAX}]")
+        if attempts_max < 1:
+            raise errors.InvalidRequestError("attempts_max must be at least 1")
+        body = as_bytes(payload, "payload")
+        wire_headers = as_headers(headers)
+        with self._lock:
+            if self._closed:
+                raise errors.ClientClosedError("direct client is closed")
+            self._active += 1
+        try:
+            return self._request(name, body, timeout_ms, wire_headers, idempotent, attempts_max, margin_s)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def _request(self, name: str, body: bytes, timeout_ms: int, wire_headers: dict[str, bytes] | None,
+                 idempotent: bool, attempts_max: int, margin_s: float) -> Reply:
+        direct = self._direct
+        view = direct._views.get(name)
+        if view is None or not view.known.is_set():
+            view = self._run_on_loop(direct._view(name), margin_s)
+        with self._lock:
+            attempts = balance.Attempts(timeout_ms=timeout_ms, idempotent=idempotent, attempts_max=attempts_max,
+                                        budget=self._budget, now=time.monotonic())
+        tried: list[str] = []
+        while True:
+            peer = view.pick(tried, direct._rng) or self._pick_waiting(view, tried, attempts.deadline_s, margin_s)
+            tried.append(peer.znode)
+            cid = next(direct._ids) & wire.U32_MAX
+            attempt_s = attempts.begin(time.monotonic())
+            frames = wire.request_frames(cid, body, timeout_ms=max(1, int(attempt_s * 1000)), idempotent=idempotent,
+                                         headers=wire_headers)
+            outcome = self._attempt(view, peer, cid, frames, attempt_s)
+            if isinstance(outcome, Reply):
+                return outcome
+            problem, retry_safe = outcome
+            now = time.monotonic()
+            with self._lock:
+                repeat = attempts.may_repeat(now, retry_safe=retry_safe)
+            if not repeat:
+                raise attempts.failure(name, problem, now, retry_safe=retry_safe)
+
+    def _pick_waiting(self, view: _ServiceView, tried: list[str], deadline_s: float, margin_s: float) -> _Peer:
+        """No instance ready (first use, all dead): the loop waits for one, as it does for
+        asyncio callers."""
+        peer: _Peer = self._run_on_loop(self._direct._pick_waiting(view, tried, deadline_s), margin_s)
+        return peer
+
+    def _attempt(self, view: _ServiceView, peer: _Peer, cid: int, frames: list[bytes],
+                 attempt_s: float) -> Reply | tuple[str, bool]:
+        """One attempt: the reply, or (what went wrong, whether it may be repeated safely)."""
+        sock = self._socket(peer)
+        with self._lock:
+            peer.blocking_outstanding += 1
+        try:
+            try:
+                send_frames(sock, frames)
+            except zmq.Again:
+                return f"instance {peer.znode} send queue full", True
+            response = self._wait(sock, peer, cid, time.monotonic() + attempt_s)
+        except zmq.ZMQError as exc:
+            return f"instance {peer.znode}: {exc}", False
+        finally:
+            with self._lock:
+                peer.blocking_outstanding -= 1
+        if isinstance(response, str):
+            return response, False
+        result = DirectClient._decode_response(response, peer.znode)
+        if isinstance(result, Reply):
+            return result
+        if isinstance(result, errors.ServiceStopping):
+            peer.draining = True
+            self._direct.loop.call_soon_threadsafe(view.refresh)  # the view belongs to the loop
+        elif not isinstance(result, errors.ServiceOverloaded):
+            raise result
+        return str(result), True  # refused without running: may go elsewhere
+
+    def _wait(self, sock: zmq.Socket[Any], peer: _Peer, cid: int, deadline_s: float) -> list[bytes] | str:
+        """The reply to ``cid``, or why there is none. Replies to earlier attempts that gave
+        up (other correlation ids) and PONGs are skipped."""
+        while True:
+            if self._closed:
+                raise errors.ClientClosedError("direct client closed during the request")
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                return f"no reply from instance {peer.znode} in time"
+            if peer.health.state == balance.DEAD:
+                return f"instance {peer.znode} stopped answering heartbeats"
+            if sock.poll(max(1, int(min(remaining_s, self._interval_s) * 1000)), zmq.POLLIN):
+                while readable(sock):
+                    frames = recv_frames(sock)
+                    try:
+                        header = wire.decode_header(frames[0])
+                    except errors.FabricError:
+                        continue
+                    if header.type in (wire.REPLY, wire.ERROR) and header.correlation_id == cid:
+                        return frames
+            else:
+                send_frames(sock, self._ping)  # still waiting: keep the instance following us
+
+    def _socket(self, peer: _Peer) -> zmq.Socket[Any]:
+        sockets: dict[int, tuple[_Peer, zmq.Socket[Any]]] | None = getattr(self._local, "sockets", None)
+        if sockets is None:
+            sockets = self._local.sockets = {}
+        entry = sockets.get(id(peer))
+        if entry is not None and entry[0] is peer:
+            return entry[1]
+        if len(sockets) >= SOCKETS_PER_THREAD_MAX:
+            self._forget_closed(sockets)
+        sock = make_socket(self._direct.ctx, zmq.DEALER)
+        sock.connect(peer.info.address)
+        with self._lock:
+            if self._closed:
+                sock.close(linger=0)
+                raise errors.ClientClosedError("direct client is closed")
+            self._sockets.append(sock)
+        sockets[id(peer)] = (peer, sock)
+        return sock
+
+    def _forget_closed(self, sockets: dict[int, tuple[_Peer, zmq.Socket[Any]]]) -> None:
+        for key, (peer, sock) in list(sockets.items()):
+            if peer.closed:
+                del sockets[key]
+                with self._lock:
+                    self._sockets.remove(sock)
+                sock.close(linger=0)
+
+    def close(self) -> None:
+        """Blocking requests still running in other threads fail with ClientClosedError
+        (they look at least every heartbeat interval); then every thread's sockets close.
+        A ZeroMQ socket must not close under a thread that uses it, so if one does not
+        return within CLOSE_WAIT_S its sockets are left to the process (a bug to report)."""
+        with self._lock:
+            self._closed = True
+        deadline_s = time.monotonic() + CLOSE_WAIT_S
+        while self._active and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        if self._active:
+            return
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close(linger=0)
+
