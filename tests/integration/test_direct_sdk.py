@@ -172,6 +172,50 @@ def test_cached_registry_serves_while_zookeeper_is_paused(tmp_path: Path) -> Non
         zookeeper.stop()
 
 
+@pytest.mark.slow
+def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp_path: Path) -> None:
+    """ZooKeeper SIGSTOPped past the 10 s session timeout: on resume the instance's session
+    is expired (its znode deleted) and it registers again under a new name; callers keep
+    using the instance that still answers heartbeats all along."""
+    zookeeper = LocalZooKeeper(tmp_path / "zk")
+    zookeeper.start()
+    try:
+        async def run() -> tuple[int, list[str], str | None, str | None]:
+            server = await DirectClient.connect(zookeeper.address)
+            client = await DirectClient.connect(zookeeper.address)
+            failures: list[str] = []
+            done = 0
+            try:
+                service = await server.serve("quotes", lambda request: b"q:" + request.payload)
+                first_znode = service.znode
+                await client.request("quotes", b"warm", timeout_ms=5_000)
+                zookeeper.pause()
+                paused_at = time.monotonic()
+                resumed = False
+                while time.monotonic() - paused_at < 18.0:
+                    if not resumed and time.monotonic() - paused_at > 13.0:
+                        zookeeper.resume()
+                        resumed = True
+                    try:
+                        await client.request("quotes", b"x", timeout_ms=2_000)
+                        done += 1
+                    except errors.FabricError as exc:
+                        failures.append(f"{time.monotonic() - paused_at:.1f}s {exc}")
+                    await asyncio.sleep(0.1)
+                return done, failures, first_znode, service.znode
+            finally:
+                zookeeper.resume()
+                await client.close(drain_timeout_ms=1_000)
+                await server.close(drain_timeout_ms=1_000)
+
+        done, failures, first, last = asyncio.run(run())
+        assert not failures, failures
+        assert done > 100
+        print(f"{done} requests through the pause; znode {first} -> {last}")
+    finally:
+        zookeeper.stop()
+
+
 def test_blocking_request_ends_when_the_client_closes(zk_server: LocalZooKeeper) -> None:
     bootstrap = f"zk://{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
     outcome: list[BaseException] = []
