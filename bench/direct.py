@@ -1,6 +1,6 @@
 """The direct plane against bare pyzmq, in one run.
 
-    python -m bench.direct [--requests 20000] [--seconds 3] [--payload-bytes 100]
+    python -m bench.direct [--requests 20000] [--seconds 3] [--payload-bytes 100] [--repeats 3]
 
 Each pair is one client process (this one) and one server process:
 
@@ -14,9 +14,11 @@ Each pair is one client process (this one) and one server process:
 3. Scatter-gather: 8 instances of a service (one child process hosting 8 ROUTERs),
    ``await client.gather(...)`` latency to all 8.
 
-Percentiles come from HdrHistogram (PyPI ``hdrhistogram``) when installed, else from
-nearest-rank over the samples. Last line: one JSON object; ``ratio_p50_direct_to_bare``
-is the Fabric p50 over the bare pyzmq p50 from the same run.
+The whole set runs ``--repeats`` times (alternating, so load changes hit every system);
+each run prints its figures and its ratios (Fabric over bare pyzmq, from that run), and
+the end prints the median of every figure and ratio, and the load average. Percentiles
+come from HdrHistogram (PyPI ``hdrhistogram``) when installed, else from nearest-rank
+over the samples. Last line: one JSON object with every run and the medians.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -253,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20_000, help="sequential requests per latency run")
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each 64-in-flight run")
     parser.add_argument("--payload-bytes", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3, help="whole runs; figures are their medians")
     parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--fabric-server", nargs=3, metavar=("ZK", "NAME", "INSTANCES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -265,42 +270,68 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     payload = b"x" * args.payload_bytes
-    results: dict[str, Any] = {"payload_bytes": args.payload_bytes, "requests": args.requests,
-                               "in_flight": IN_FLIGHT}
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-direct-") as tmp:
         zookeeper = LocalZooKeeper(Path(tmp))
         zookeeper.start()
         try:
-            results["bare_pyzmq"] = bare_figures(args.requests, args.seconds, payload)
-            print("bare pyzmq      ", results["bare_pyzmq"], flush=True)
-            results["bare_pyzmq_asyncio"] = asyncio.run(bare_asyncio_figures(args.requests, payload))
-            print("bare zmq.asyncio", results["bare_pyzmq_asyncio"], flush=True)
-            server = spawn("--fabric-server", zookeeper.address, "echo", "1")
-            try:
-                results["direct_async"] = asyncio.run(
-                    direct_async_figures(zookeeper.address, args.requests, args.seconds, payload))
-                print("fabric (asyncio)", results["direct_async"], flush=True)
-                results["direct_sync"] = direct_sync_figures(zookeeper.address, args.requests // 2, payload)
-                print("fabric (sync)   ", results["direct_sync"], flush=True)
-            finally:
-                stop(server)
-            fanout = spawn("--fabric-server", zookeeper.address, "fanout", str(GATHER_INSTANCES))
-            try:
-                results["gather_8"] = asyncio.run(gather_figures(zookeeper.address, args.requests // 10, payload))
-                print("gather to 8     ", results["gather_8"], flush=True)
-            finally:
-                stop(fanout)
+            for repeat in range(args.repeats):
+                print(f"-- run {repeat + 1} of {args.repeats} (load average {load_average()})", flush=True)
+                runs.append(one_run(zookeeper.address, args.requests, args.seconds, payload))
         finally:
             zookeeper.stop()
-    bare, direct = results["bare_pyzmq"], results["direct_async"]
-    results["ratio_p50_direct_to_bare"] = round(direct["p50_us"] / bare["p50_us"], 2)
-    results["ratio_p50_direct_to_bare_asyncio"] = round(direct["p50_us"] / results["bare_pyzmq_asyncio"]["p50_us"], 2)
-    results["ratio_throughput_64_direct_to_bare"] = round(direct["throughput_64_per_s"] / bare["throughput_64_per_s"], 2)
-    print(f"p50: fabric {direct['p50_us']} us vs bare pyzmq {bare['p50_us']} us "
-          f"(x{results['ratio_p50_direct_to_bare']}); 64 in flight: {direct['throughput_64_per_s']}/s vs "
-          f"{bare['throughput_64_per_s']}/s")
+    results = {"payload_bytes": args.payload_bytes, "requests": args.requests, "in_flight": IN_FLIGHT,
+               "repeats": args.repeats, "load_average_end": load_average(), "runs": runs,
+               "median": {key: median_figures([run[key] for run in runs]) for key in runs[0]}}
+    medians = results["median"]
+    print("medians over the runs (each ratio is taken within its run, then the median):")
+    for key in ("bare_pyzmq", "bare_pyzmq_asyncio", "direct_async", "direct_sync", "gather_8"):
+        print(f"  {key:20s}", medians[key])
+    print(f"  ratios: {medians['ratios']}")
     print(json.dumps(results))
     return 0
+
+
+def load_average() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def median_figures(figures: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(f[key] for f in figures) for key in figures[0]}
+
+
+def one_run(zk: str, requests: int, seconds: float, payload: bytes) -> dict[str, Any]:
+    """Every figure once, the bare baselines first, all against the same machine state."""
+    run: dict[str, Any] = {}
+    run["bare_pyzmq"] = bare_figures(requests, seconds, payload)
+    print("bare pyzmq      ", run["bare_pyzmq"], flush=True)
+    run["bare_pyzmq_asyncio"] = asyncio.run(bare_asyncio_figures(requests, payload))
+    print("bare zmq.asyncio", run["bare_pyzmq_asyncio"], flush=True)
+    server = spawn("--fabric-server", zk, "echo", "1")
+    try:
+        run["direct_async"] = asyncio.run(direct_async_figures(zk, requests, seconds, payload))
+        print("fabric (asyncio)", run["direct_async"], flush=True)
+        run["direct_sync"] = direct_sync_figures(zk, requests // 2, payload)
+        print("fabric (sync)   ", run["direct_sync"], flush=True)
+    finally:
+        stop(server)
+    fanout = spawn("--fabric-server", zk, "fanout", str(GATHER_INSTANCES))
+    try:
+        run["gather_8"] = asyncio.run(gather_figures(zk, requests // 10, payload))
+        print("gather to 8     ", run["gather_8"], flush=True)
+    finally:
+        stop(fanout)
+    bare, direct, sync = run["bare_pyzmq"], run["direct_async"], run["direct_sync"]
+    run["ratios"] = {
+        "p50_direct_to_bare": round(direct["p50_us"] / bare["p50_us"], 2),
+        "p50_sync_to_bare": round(sync["p50_us"] / bare["p50_us"], 2),
+        "p50_direct_to_bare_asyncio": round(direct["p50_us"] / run["bare_pyzmq_asyncio"]["p50_us"], 2),
+        "throughput_64_direct_to_bare": round(direct["throughput_64_per_s"] / bare["throughput_64_per_s"], 2),
+    }
+    print(f"p50: fabric asyncio {direct['p50_us']} us, sync {sync['p50_us']} us vs bare pyzmq {bare['p50_us']} us "
+          f"(x{run['ratios']['p50_direct_to_bare']}, x{run['ratios']['p50_sync_to_bare']}); "
+          f"64 in flight: {direct['throughput_64_per_s']}/s vs {bare['throughput_64_per_s']}/s", flush=True)
+    return run
 
 
 if __name__ == "__main__":
