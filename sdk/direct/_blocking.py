@@ -77,7 +77,7 @@ class BlockingCaller:
         direct = self._direct
         view = direct._views.get(name)
         if view is None or not view.known.is_set():
-            view = self._run_on_loop(direct._view(name), margin_s)
+            view = self._run_on_loop(direct._view(name, timeout_ms), margin_s)
         with self._lock:
             attempts = balance.Attempts(timeout_ms=timeout_ms, idempotent=idempotent, attempts_max=attempts_max,
                                         budget=self._budget, now=time.monotonic())

@@ -116,6 +116,7 @@ class _ServiceView:
         self.changed = asyncio.Event()  # set whenever a peer becomes pickable
         self.watch: registry.RegistryWatch | None = None
         self.error: errors.FabricError | None = None  # the first registry read failed
+        self.loading: asyncio.Future[None] | None = None  # the first registry read
         # The pickable peers, recomputed on every change of a peer's state rather than on
         # every request (the request path reads it).
         self.ready: list[_Peer] = []
@@ -180,7 +181,11 @@ class DirectClient:
 
     # -- discovery ---------------------------------------------------------------------
 
-    async def _view(self, name: str) -> _ServiceView:
+    async def _view(self, name: str, timeout_ms: int = TIMEOUT_MS_DEFAULT) -> _ServiceView:
+        """The view of ``name``, after its first registry read. The read belongs to the
+        view, not to the request that started it: a request that runs out of time leaves it
+        running for the others, and a failed read is forgotten so the next request tries
+        ZooKeeper again."""
         if self._closed:
             raise errors.ClientClosedError("direct client is closed")
         view = self._views.get(name)
@@ -188,22 +193,33 @@ class DirectClient:
             registry.validate_service_name(name)
             view = _ServiceView(name)
             self._views[name] = view
-            loop = self.loop
-            view.watch = registry.RegistryWatch(
-                self.zk, registry.service_path(name),
-                lambda found: loop.call_soon_threadsafe(self._instances_changed, view, found))
-            try:
-                await asyncio.to_thread(view.watch.start)
-            except Exception as exc:
-                del self._views[name]  # the next request tries ZooKeeper again
-                view.error = errors.NoServiceAvailable(f"service {name!r}: registry unreadable: {exc}")
-                view.known.set()  # wakes the requests that waited on this first read
-                raise view.error from exc
+            view.loading = asyncio.ensure_future(self._first_read(view))
         if not view.known.is_set():
-            await view.known.wait()
+            assert view.loading is not None
+            try:
+                await asyncio.wait_for(asyncio.shield(view.loading), timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                raise errors.NoServiceAvailable(
+                    f"service {name!r}: the registry did not answer within {timeout_ms} ms") from None
         if view.error is not None:
             raise view.error
         return view
+
+    async def _first_read(self, view: _ServiceView) -> None:
+        loop = self.loop
+        view.watch = registry.RegistryWatch(
+            self.zk, registry.service_path(view.name),
+            lambda found: loop.call_soon_threadsafe(self._instances_changed, view, found))
+        try:
+            await asyncio.to_thread(view.watch.start)
+        except Exception as exc:
+            view.watch.close()
+            if self._views.get(view.name) is view:
+                del self._views[view.name]
+            view.error = errors.NoServiceAvailable(f"service {view.name!r}: registry unreadable: {exc}")
+            view.known.set()
+            return
+        await view.known.wait()  # the watch's first delivery, posted to this loop
 
     def _instances_changed(self, view: _ServiceView, found: dict[str, registry.InstanceInfo]) -> None:
         if self._closed:
@@ -291,7 +307,7 @@ class DirectClient:
         wire_headers = as_headers(headers)
         view = self._views.get(name)
         if view is None or not view.known.is_set():
-            view = await self._view(name)
+            view = await self._view(name, timeout_ms)
         loop = self.loop
         attempts = balance.Attempts(timeout_ms=timeout_ms, idempotent=idempotent, attempts_max=attempts_max,
                                     budget=self.retry_budget, now=time.monotonic())
@@ -382,7 +398,7 @@ class DirectClient:
             raise errors.InvalidRequestError(f"timeout_ms={timeout_ms} must be within (0, {TIMEOUT_MS_MAX}]")
         body = as_bytes(payload, "payload")
         wire_headers = as_headers(headers)
-        view = await self._view(name)
+        view = await self._view(name, timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
         await self._wait_pickable(view, deadline)
         # Every instance not known dead is asked, also those that have not answered their
@@ -504,6 +520,8 @@ class DirectClient:
         with contextlib.suppress(asyncio.CancelledError):
             await self._heartbeat
         for view in self._views.values():
+            if view.loading is not None:
+                view.loading.cancel()
             if view.watch is not None:
                 view.watch.close()
             for peer in view.peers.values():
