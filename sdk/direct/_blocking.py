@@ -25,12 +25,13 @@ import zmq
 from fabric import errors
 from fabric.protocol import direct as wire
 from sdk.direct import _balance as balance
-from sdk.direct._client import TIMEOUT_MS_MAX, DirectClient, _Peer, _ServiceView
+from sdk.direct._client import TIMEOUT_MS_MAX, DirectClient, Response, _Peer, _ServiceView
 from sdk.direct._io import make_socket, readable, recv_frames, send_frames
 from sdk.direct._types import Reply, as_bytes, as_headers
 
 RunOnLoop = Callable[[Coroutine[Any, Any, Any], float], Any]
 SOCKETS_PER_THREAD_MAX = 1_024  # past this, sockets of instances that left are closed
+_POLLIN = int(zmq.POLLIN)
 CLOSE_WAIT_S = 5.0  # close() waits this long for blocking requests to notice and return
 
 
@@ -124,7 +125,7 @@ class BlockingCaller:
                 peer.blocking_outstanding -= 1
         if isinstance(response, str):
             return response, False
-        result = DirectClient._decode_response(response, peer.znode)
+        result = DirectClient._decode_response(*response, peer.znode)
         if isinstance(result, Reply):
             return result
         if isinstance(result, errors.ServiceStopping):
@@ -134,7 +135,7 @@ class BlockingCaller:
             raise result
         return str(result), True  # refused without running: may go elsewhere
 
-    def _wait(self, sock: zmq.Socket[Any], peer: _Peer, cid: int, deadline_s: float) -> list[bytes] | str:
+    def _wait(self, sock: zmq.Socket[Any], peer: _Peer, cid: int, deadline_s: float) -> Response | str:
         """The reply to ``cid``, or why there is none. Replies to earlier attempts that gave
         up (other correlation ids) and PONGs are skipped."""
         while True:
@@ -145,7 +146,7 @@ class BlockingCaller:
                 return f"no reply from instance {peer.znode} in time"
             if peer.health.state == balance.DEAD:
                 return f"instance {peer.znode} stopped answering heartbeats"
-            if sock.poll(max(1, int(min(remaining_s, self._interval_s) * 1000)), zmq.POLLIN):
+            if zmq.zmq_poll([(sock, _POLLIN)], max(1, int(min(remaining_s, self._interval_s) * 1000))):
                 while readable(sock):
                     frames = recv_frames(sock)
                     try:
@@ -153,7 +154,7 @@ class BlockingCaller:
                     except errors.FabricError:
                         continue
                     if header.type in (wire.REPLY, wire.ERROR) and header.correlation_id == cid:
-                        return frames
+                        return header, frames
             else:
                 send_frames(sock, self._ping)  # still waiting: keep the instance following us
 

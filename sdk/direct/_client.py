@@ -34,6 +34,9 @@ LEAVING_GRACE_S = 5.0  # an instance gone from the registry stays a last resort 
 DISCOVERY_WAIT_MS = 2_000  # how long a first request waits for a registered instance to answer a PING
 
 
+Response = tuple[wire.DirectHeader, list[bytes]]  # a REPLY or ERROR, its header decoded once
+
+
 class _PeerLost(Exception):
     """The instance stopped answering (heartbeats) or left the registry with this request in flight."""
 
@@ -46,7 +49,7 @@ class _Peer:
         self.info = info
         self.health = balance.PeerHealth(now, interval_ms=client.heartbeat_interval_ms,
                                          liveness=client.heartbeat_liveness)
-        self.pending: dict[int, asyncio.Future[list[bytes]]] = {}
+        self.pending: dict[int, asyncio.Future[Response]] = {}
         self.leaving = False  # gone from the registry: finish what is in flight, take nothing new
         self.draining = False  # answered SERVICE_STOPPING: take nothing new
         self.remote_load = 0
@@ -91,7 +94,7 @@ class _Peer:
             return
         future = self.pending.pop(header.correlation_id, None)
         if future is not None and not future.done():
-            future.set_result(frames)
+            future.set_result((header, frames))
 
     def fail_all(self, reason: str) -> None:
         pending, self.pending = self.pending, {}
@@ -320,7 +323,7 @@ class DirectClient:
             attempt_s = attempts.begin(time.monotonic())
             frames = wire.request_frames(cid, body, timeout_ms=max(1, int(attempt_s * 1000)), idempotent=idempotent,
                                          headers=wire_headers)
-            future: asyncio.Future[list[bytes]] = loop.create_future()
+            future: asyncio.Future[Response] = loop.create_future()
             peer.pending[cid] = future
             retry_safe = False  # may this attempt be repeated elsewhere without running twice?
             if not peer.send(frames):
@@ -337,7 +340,7 @@ class DirectClient:
                     peer.pending.pop(cid, None)
                     problem = f"no reply from instance {znode} within {attempt_s * 1000:.0f} ms"
                 else:
-                    result = self._decode_response(response, znode)
+                    result = self._decode_response(*response, znode)
                     if isinstance(result, Reply):
                         return result
                     retry_safe = self._refused(result, peer)
@@ -368,9 +371,8 @@ class DirectClient:
         return True
 
     @staticmethod
-    def _decode_response(frames: list[bytes], znode: str) -> Reply | errors.FabricError:
+    def _decode_response(header: wire.DirectHeader, frames: list[bytes], znode: str) -> Reply | errors.FabricError:
         try:
-            header = wire.decode_header(frames[0])
             if len(frames) - 1 != wire.expected_frames(header):
                 raise errors.MalformedRequestError(f"{wire.TYPE_NAMES[header.type]} with {len(frames) - 1} body frames")
             if header.type == wire.REPLY:
@@ -407,11 +409,11 @@ class DirectClient:
         targets = {z: p for z, p in view.peers.items()
                    if not p.leaving and not p.draining and p.health.state != balance.DEAD}
         missing = [z for z, p in view.peers.items() if z not in targets and not p.leaving]
-        futures: dict[str, asyncio.Future[list[bytes]]] = {}
+        futures: dict[str, asyncio.Future[Response]] = {}
         sent: dict[str, tuple[_Peer, int]] = {}
         for znode, peer in targets.items():
             cid = next(self._ids) & wire.U32_MAX
-            future: asyncio.Future[list[bytes]] = self.loop.create_future()
+            future: asyncio.Future[Response] = self.loop.create_future()
             peer.pending[cid] = future
             frames = wire.request_frames(cid, body, timeout_ms=timeout_ms, idempotent=True, headers=wire_headers)
             if peer.send(frames):
@@ -434,7 +436,7 @@ class DirectClient:
             if future.exception() is not None:
                 missing.append(znode)
                 continue
-            result = self._decode_response(future.result(), znode)
+            result = self._decode_response(*future.result(), znode)
             if isinstance(result, Reply):
                 replies.append(result)
             else:
@@ -537,6 +539,6 @@ class DirectClient:
         await self.close()
 
 
-def _expire(future: asyncio.Future[list[bytes]]) -> None:
+def _expire(future: asyncio.Future[Response]) -> None:
     if not future.done():
         future.set_exception(asyncio.TimeoutError())
