@@ -187,10 +187,18 @@ class Service:
 
     def _drop_caller(self, caller: bytes) -> None:
         self.callers_lost += 1
-        kept = collections.deque(item for item in self._waiting if item[0] != caller)
+        kept: collections.deque[tuple[bytes, int, Request, float]] = collections.deque()
+        for item in self._waiting:
+            if item[0] != caller:
+                kept.append(item)
+                continue
+            # Answered, not just forgotten: a dead caller never reads it, but one that was
+            # only slow (a blocked loop) learns that nothing ran and may send it again.
+            self.requests_dropped += 1
+            self._send(caller, wire.error_frames(item[1], errors.ServiceOverloaded.code, "ServiceOverloaded",
+                                                 "not run: the caller stopped heartbeating while it was queued"))
         dropped = len(self._waiting) - len(kept)
         self._waiting = kept
-        self.requests_dropped += dropped
         log.info("service %s: a caller stopped heartbeating; %d of its queued requests dropped", self.name, dropped)
 
     def _send(self, identity: bytes, frames: list[bytes]) -> None:
