@@ -20,7 +20,7 @@ def vectors() -> dict[str, list[bytes]]:
                                                   headers={"trace": b"\x01\x02"}),
         "direct_reply.hex": wire.reply_frames(7, b"world"),
         "direct_error.hex": wire.error_frames(7, 52, "ValueError", "bad input"),
-        "direct_ping.hex": wire.ping_frames(3),
+        "direct_ping.hex": wire.ping_frames(200),  # a caller announcing its 200 ms heartbeat interval
         "direct_pong.hex": wire.pong_frames(12),
         "direct_publish.hex": wire.publish_frames("orders.eu", 0xDEADBEEF, 42, b"px"),
     }
