@@ -20,6 +20,7 @@ from fabric.protocol import direct as wire
 from fabric.zk import close_client
 from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
+from sdk.direct._deadlines import Deadlines
 from sdk.direct._io import SocketReader, make_socket, send_frames
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, MessageHandler, Publisher, Subscription
 from sdk.direct._server import CONCURRENCY_DEFAULT, Handler, Service
@@ -175,6 +176,7 @@ class DirectClient:
         self._publisher_lock = asyncio.Lock()
         self._closed = False
         self._rng = random.Random()
+        self._deadlines = Deadlines(self.loop)
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
 
     @classmethod
@@ -331,7 +333,7 @@ class DirectClient:
                 retry_safe = True
                 problem = f"instance {znode} send queue full"
             else:
-                timer = loop.call_later(attempt_s, _expire, future)
+                self._deadlines.add(future, attempt_s)
                 try:
                     response = await future
                 except _PeerLost as exc:
@@ -345,8 +347,6 @@ class DirectClient:
                         return result
                     retry_safe = self._refused(result, peer)
                     problem = str(result)
-                finally:
-                    timer.cancel()
             now = time.monotonic()
             if not attempts.may_repeat(now, retry_safe=retry_safe):
                 raise attempts.failure(name, problem, now, retry_safe=retry_safe)
@@ -529,6 +529,7 @@ class DirectClient:
             for peer in view.peers.values():
                 peer.close()
         self._views.clear()
+        self._deadlines.close()
         if self._own_zk:
             await asyncio.to_thread(close_client, self.zk)
 
@@ -538,7 +539,3 @@ class DirectClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-
-def _expire(future: asyncio.Future[Response]) -> None:
-    if not future.done():
-        future.set_exception(asyncio.TimeoutError())
