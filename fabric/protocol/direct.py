@@ -21,6 +21,7 @@ rules through the document.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from fabric import errors
@@ -230,6 +231,46 @@ def expected_frames(header: DirectHeader) -> int:
     if header.type == ERROR:
         return 1
     return 2 if header.has_headers else 1
+
+
+class DirectMessage(NamedTuple):
+    """A whole direct-plane message as a receiver reads it."""
+
+    header: DirectHeader
+    payload: bytes  # REQUEST, REPLY, PUBLISH; b"" otherwise
+    headers: dict[str, bytes]
+    error: ErrorBody | None  # ERROR only
+    subject: str  # PUBLISH only
+
+
+def decode_message(frames: Sequence[bytes], *, published: bool = False) -> DirectMessage:
+    """Every frame of one message (after a ROUTER's identity frame; ``published``: as a SUB
+    socket receives it, subject first), checked as a receiver must: the header, the number
+    of frames its type and flags call for, the headers frame, the error body, the subject.
+    Raises a FabricError for anything else, never another exception."""
+    subject = ""
+    if published:
+        if not frames:
+            raise errors.MalformedRequestError("PUBLISH without a subject frame")
+        try:
+            subject = bytes(frames[0]).decode()
+        except UnicodeDecodeError:
+            raise errors.MalformedRequestError("subject is not UTF-8") from None
+        encode_subject(subject)
+        frames = frames[1:]
+    if not frames:
+        raise errors.MalformedRequestError("message without a header frame")
+    header = decode_header(frames[0])
+    if (header.type == PUBLISH) != published:
+        raise errors.MalformedRequestError(f"{TYPE_NAMES[header.type]} where {'PUBLISH' if published else 'no PUBLISH'} belongs")
+    if len(frames) - 1 != expected_frames(header):
+        raise errors.MalformedRequestError(f"{TYPE_NAMES[header.type]} with {len(frames) - 1} body frames")
+    if header.type == ERROR:
+        return DirectMessage(header, b"", {}, decode_error(frames[1]), subject)
+    if header.type in (PING, PONG):
+        return DirectMessage(header, b"", {}, None, subject)
+    headers = decode_headers(frames[2]) if header.has_headers else {}
+    return DirectMessage(header, bytes(frames[1]), headers, None, subject)
 
 
 # Subjects, as NATS spells them: dot-separated tokens; in patterns `*` matches one token

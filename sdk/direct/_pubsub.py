@@ -156,15 +156,12 @@ class Subscription:
                 self._connected[znode] = info.address
 
     def _on_message(self, frames: list[bytes]) -> None:
-        if len(frames) < 3:
-            return
         try:
-            subject = frames[0].decode()
-            header = wire.decode_header(frames[1])
-            headers = wire.decode_headers(frames[3]) if header.has_headers and len(frames) > 3 else {}
-        except (errors.FabricError, UnicodeDecodeError):
+            message = wire.decode_message(frames, published=True)
+        except errors.FabricError:
             return  # not ours or damaged: at-most-once means we skip it
-        if header.type != wire.PUBLISH or not wire.subject_matches(self._tokens, subject):
+        subject, header = message.subject, message.header
+        if not wire.subject_matches(self._tokens, subject):
             return
         last = self._last_sequence.get(header.aux)
         if last is not None:
@@ -176,7 +173,7 @@ class Subscription:
         if len(self._queue) >= self.pending_max:
             self.dropped += 1  # the slow subscriber loses; the publisher never waits
             return
-        self._queue.append(Message(subject, frames[2], headers, header.aux, header.correlation_id))
+        self._queue.append(Message(subject, message.payload, message.headers, header.aux, header.correlation_id))
         self._ready.set()
 
     async def next(self, timeout_ms: int | None = None) -> Message | None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fabric.errors import FabricError
-from fabric.protocol import apis, batch
+from fabric.protocol import apis, batch, direct
 from fabric.protocol import schema as s
 from fabric.protocol.header import decode_header
 from fabric.protocol.schema import Array, Struct
@@ -134,12 +134,22 @@ def fuzz_batch(data: bytes) -> None:
     _guard(lambda: batch.read_header(buf))
 
 
+def fuzz_direct(data: bytes) -> None:
+    """The direct plane's messages (fabric/protocol/direct.py); first byte bit 0: as a SUB
+    socket receives them (subject first) or as a DEALER/ROUTER does."""
+    if not data:
+        return
+    frames = split_frames(data[1:])
+    _guard(lambda: direct.decode_message(frames, published=bool(data[0] & 1)))
+
+
 TARGETS: dict[str, Target] = {
     "header": fuzz_header,
     "body": fuzz_body,
     "request": fuzz_request,
     "response": fuzz_response,
     "batch": fuzz_batch,
+    "direct": fuzz_direct,
 }
 
 
@@ -201,4 +211,10 @@ def seeds(target: str) -> list[bytes]:
         return out
     if target == "batch":
         return [bytes([mode]) + b for b in batches for mode in (0x00, 0x04, 0x08, 0x0C, 0x03, 0x07)]
+    if target == "direct":
+        return [bytes([0]) + join_frames(direct.request_frames(7, b"hi", timeout_ms=1500, idempotent=True,
+                                                               headers={"trace": b"ab"})),
+                bytes([0]) + join_frames(direct.error_frames(7, 52, "ValueError", "bad input")),
+                bytes([0]) + join_frames(direct.ping_frames(200)),
+                bytes([1]) + join_frames(direct.publish_frames("orders.eu", 9, 42, b"px", {"k": b"v"}))]
     raise KeyError(target)

@@ -41,7 +41,7 @@ def test_vector_decodes_or_raises_fabric_error_within_memory(path: Path) -> None
 def test_seeds_are_valid_inputs() -> None:
     """The seeds the fuzzer starts from reach the decoders' success paths (else fuzzing
     would only ever explore the first length check)."""
-    from fabric.protocol import apis, batch
+    from fabric.protocol import apis, batch, direct
     from fabric.protocol import schema as s
 
     for seed in targets.seeds("body"):
@@ -52,6 +52,8 @@ def test_seeds_are_valid_inputs() -> None:
         apis.decode_response(targets.split_frames(seed))
     for seed in targets.seeds("batch"):
         batch.decode_batch(seed[1:])
+    for seed in targets.seeds("direct"):
+        direct.decode_message(targets.split_frames(seed[1:]), published=bool(seed[0] & 1))
 
 
 def test_split_frames_inverts_join_frames() -> None:
