@@ -23,7 +23,12 @@ DEAD = "dead"  # silent too long: not picked; pinged still, and alive again on i
 
 
 class PeerHealth:
-    """One peer's liveness, from the traffic received from it."""
+    """One peer's liveness, from the traffic received from it.
+
+    Silence counts from the first PING the peer has left unanswered, not from the last
+    frame heard: if this process itself stalls (SIGSTOP, a loop blocked by user code), it
+    sent no PINGs meanwhile, so the peer had nothing to answer and is not blamed for the
+    gap. It is dead once a PING has gone ``liveness`` intervals without any frame back."""
 
     def __init__(self, now: float, *, interval_ms: int = HEARTBEAT_INTERVAL_MS,
                  liveness: int = HEARTBEAT_LIVENESS) -> None:
@@ -35,10 +40,12 @@ class PeerHealth:
         self.created_s = now
         self.last_heard_s = now
         self.last_ping_s = float("-inf")
+        self.unanswered_since_s: float | None = None  # the first PING sent since the last frame heard
 
     def heard(self, now: float) -> bool:
         """Any frame from the peer. Returns True when this revives or first admits it."""
         self.last_heard_s = now
+        self.unanswered_since_s = None
         if self.state != ALIVE:
             self.state = ALIVE
             return True
@@ -46,7 +53,8 @@ class PeerHealth:
 
     def check(self, now: float) -> bool:
         """Returns True when the peer just turned dead (its in-flight requests are lost)."""
-        if self.state == ALIVE and now - self.last_heard_s > self.silence_limit_s:
+        since = self.unanswered_since_s
+        if self.state == ALIVE and since is not None and now - since > self.silence_limit_s:
             self.state = DEAD
             return True
         return False
@@ -54,6 +62,8 @@ class PeerHealth:
     def ping_due(self, now: float) -> bool:
         if now - self.last_ping_s >= self.interval_s:
             self.last_ping_s = now
+            if self.unanswered_since_s is None:
+                self.unanswered_since_s = now
             return True
         return False
 

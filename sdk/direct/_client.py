@@ -247,8 +247,10 @@ class DirectClient:
         interval_s = self.heartbeat_interval_ms / 1000 / 2
         while not self._closed:
             await asyncio.sleep(interval_s)
-            now = time.monotonic()
             for view in self._views.values():
+                for peer in list(view.peers.values()):
+                    peer.reader.drain()  # frames that came while this loop was stalled count first
+                now = time.monotonic()
                 for znode, peer in list(view.peers.items()):
                     if peer.health.check(now):
                         log.info("instance %s of %s silent for %.0f ms: marked dead", znode, view.name,

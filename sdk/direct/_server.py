@@ -182,6 +182,10 @@ class Service:
         interval_s = balance.HEARTBEAT_INTERVAL_MS / 1000 / 2
         while not self._stopping:
             await asyncio.sleep(interval_s)
+            if self._reader is not None:
+                # PINGs that arrived while this instance itself was stalled (SIGSTOP, a
+                # blocked loop) count before anyone is judged silent.
+                self._reader.drain()
             for caller in self._callers.expired(time.monotonic()):
                 self._drop_caller(caller)
 

@@ -68,3 +68,34 @@ def test_instance_drops_the_queue_of_a_stalled_caller(zk_hosts: str, tmp_path: P
             await client.close()
 
     asyncio.run(run())
+
+
+def test_a_caller_that_was_paused_still_gets_its_replies(zk_hosts: str, tmp_path: Path) -> None:
+    """The caller itself SIGSTOPped for 2 s with requests in flight: it sent no PINGs
+    meanwhile, so on waking it must not blame the instance for the silence (and fail the
+    requests) before reading the replies waiting in its socket."""
+    caller = ManagedProcess("caller", [sys.executable, "-m", "tests.integration.direct_caller", zk_hosts, "steady",
+                                       "4"],
+                            tmp_path / "caller.log", env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    async def steady(request: Request) -> bytes:
+        await asyncio.sleep(0.5)
+        return b"done"
+
+    async def run() -> str:
+        client = await DirectClient.connect(zk_hosts)
+        try:
+            service = await client.serve("steady", steady, concurrency=8)
+            caller.start()
+            await wait_for(lambda: service.in_flight >= 4, 30, "the caller's requests to arrive")
+            caller.pause()
+            await asyncio.sleep(2.0)
+            caller.resume()
+            await wait_for(lambda: "DONE" in caller.log_tail(), 30, "the caller to finish")
+            return caller.log_tail()
+        finally:
+            caller.kill()
+            await client.close()
+
+    log = asyncio.run(run())
+    assert "DONE ok=4 failures=[]" in log, log

@@ -52,15 +52,31 @@ def test_retry_budget_refuses_nonsense() -> None:
 
 
 def test_peer_is_admitted_on_first_traffic_and_dies_on_silence() -> None:
-    health = balance.PeerHealth(now=0.0, interval_ms=100, liveness=3)
+    health = balance.PeerHealth(now=0.0, interval_ms=125, liveness=3)  # dead 375 ms after an unanswered PING
     assert health.state == balance.CONNECTING and not health.alive
     assert not health.check(10.0)  # never heard: stays connecting, never "dies"
     assert health.heard(10.0) and health.alive
-    assert not health.heard(10.1)  # already alive
-    assert not health.check(10.35)  # 250 ms of silence < 300 ms
-    assert health.check(10.41) and health.state == balance.DEAD
-    assert not health.check(10.5)  # reported once
+    assert not health.heard(10.0625)  # already alive
+    for now in (10.125, 10.25, 10.375):  # PINGs every 125 ms, none answered
+        assert health.ping_due(now)
+        assert not health.check(now + 0.0625)
+    assert not health.check(10.5)  # exactly 375 ms since the first unanswered PING
+    assert health.check(10.5625) and health.state == balance.DEAD
+    assert not health.check(10.625)  # reported once
     assert health.heard(11.0) and health.alive  # a paused peer that resumes is used again
+
+
+def test_our_own_stall_is_not_the_peers_silence() -> None:
+    health = balance.PeerHealth(now=0.0, interval_ms=100, liveness=3)
+    health.heard(0.0)
+    assert health.ping_due(0.1)
+    health.heard(0.101)  # answered
+    # This process stops for 2 s: no PINGs went out, so nothing was left unanswered.
+    assert not health.check(2.1) and health.alive
+    assert health.ping_due(2.1)
+    assert not health.check(2.35)  # 250 ms since that PING
+    health.heard(2.36)
+    assert health.alive
 
 
 def test_pings_follow_the_interval() -> None:
