@@ -42,6 +42,16 @@ def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = SOCKET_HWM) -> z
     return sock
 
 
+def bind(sock: zmq.Socket[Any], endpoint: str) -> str:
+    """Binds ``endpoint`` (port ``*`` or ``0``: a free one); returns what was bound,
+    ``tcp://host:port`` (a wildcard host stays a wildcard: see _registry.advertised_address)."""
+    if endpoint.endswith((":*", ":0")):
+        base = endpoint.rsplit(":", 1)[0]
+        return f"{base}:{sock.bind_to_random_port(base)}"
+    sock.bind(endpoint)
+    return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+
 def send_frames(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
     """One multipart message, without blocking. Raises zmq.Again when the high-water mark
     is reached; ZeroMQ checks it on the first frame only, so nothing was queued then."""

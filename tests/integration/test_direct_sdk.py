@@ -16,6 +16,7 @@ import sdk
 from fabric import errors
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk.direct import DirectClient, Request
+from sdk.direct import _registry as registry
 
 
 def test_async_client_reaches_topics_and_services(cluster: LocalCluster, topic_name: str) -> None:
@@ -239,6 +240,29 @@ def test_blocking_request_ends_when_the_client_closes(zk_server: LocalZooKeeper)
         assert len(outcome) == 1 and isinstance(outcome[0], errors.ClientClosedError)
         with pytest.raises(errors.ClientClosedError):
             client.request("sleepy", b"x")
+
+
+def test_a_wildcard_bind_registers_an_address_others_can_reach(zk_server: LocalZooKeeper) -> None:
+    hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+
+    async def run() -> None:
+        server = await DirectClient.connect(hosts, publisher_bind="tcp://0.0.0.0:*")
+        client = await DirectClient.connect(hosts)
+        try:
+            wide = await server.serve("wide", lambda request: b"wide", bind="tcp://0.0.0.0:*")
+            assert wide.address.startswith("tcp://127.0.0.1:")  # the route to ZooKeeper (on loopback here)
+            named = await server.serve("named", lambda request: b"named", bind="tcp://0.0.0.0:*", advertise="localhost")
+            assert named.address.startswith("tcp://localhost:")
+            assert (await client.request("wide", b"", timeout_ms=5_000)).payload == b"wide"
+            assert (await client.request("named", b"", timeout_ms=5_000)).payload == b"named"
+            publisher = await server.start_publisher()
+            assert publisher.address.startswith("tcp://127.0.0.1:")
+            assert registry.advertised_address("tcp://10.1.2.3:5000", server.zk, "203.0.113.7") == "tcp://203.0.113.7:5000"
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(run())
 
 
 def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> None:
