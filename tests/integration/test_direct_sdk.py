@@ -265,6 +265,19 @@ def test_a_wildcard_bind_registers_an_address_others_can_reach(zk_server: LocalZ
     asyncio.run(run())
 
 
+def test_blocking_requests_from_short_lived_threads_do_not_leak_sockets(zk_server: LocalZooKeeper) -> None:
+    bootstrap = f"zk://{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+    with sdk.Client(bootstrap) as server, sdk.Client(bootstrap) as client:
+        server.serve("echo", lambda request: request.payload)
+        answers: list[bytes] = []
+        for n in range(300):  # a thread per request, as a threading HTTP server does
+            thread = threading.Thread(target=lambda n=n: answers.append(client.request("echo", str(n)).payload))
+            thread.start()
+            thread.join()
+        assert sorted(answers) == sorted(str(n).encode() for n in range(300))
+        assert client.direct._blocking.sockets_open <= 130  # ended threads' sockets are closed
+
+
 def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> None:
     with sdk.Admin(cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=2)
