@@ -20,6 +20,8 @@ from typing import Any, cast
 import zmq
 from zmq.backend import Socket as _CythonSocket
 
+from fabric.protocol import direct as wire
+
 BURST_MAX = 256  # messages read per wake-up before other sockets get a turn
 SOCKET_HWM = 10_000
 
@@ -38,7 +40,7 @@ def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = SOCKET_HWM) -> z
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
-    sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.PAYLOAD_BYTES_MAX)
     return sock
 
 

@@ -278,6 +278,30 @@ def test_blocking_requests_from_short_lived_threads_do_not_leak_sockets(zk_serve
         assert client.direct._blocking.sockets_open <= 130  # ended threads' sockets are closed
 
 
+def test_an_oversized_reply_is_refused_and_the_connection_survives(zk_server: LocalZooKeeper) -> None:
+    """A frame past ZMQ_MAXMSGSIZE would make the caller drop the connection (and every
+    request pipelined on it): the instance answers with an error instead."""
+    from fabric.protocol import direct as wire
+
+    hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+
+    async def run() -> None:
+        server = await DirectClient.connect(hosts)
+        client = await DirectClient.connect(hosts)
+        try:
+            await server.serve("sizes", lambda request: b"x" * int(request.payload))
+            with pytest.raises(errors.InvalidRequestError, match="payload is"):
+                await client.request("sizes", str(wire.PAYLOAD_BYTES_MAX + 1), timeout_ms=10_000)
+            assert (await client.request("sizes", b"3", timeout_ms=5_000)).payload == b"xxx"
+            with pytest.raises(errors.InvalidRequestError):  # and a caller never sends one
+                await client.request("sizes", b"x" * (wire.PAYLOAD_BYTES_MAX + 1), timeout_ms=5_000)
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(run())
+
+
 def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> None:
     with sdk.Admin(cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=2)
