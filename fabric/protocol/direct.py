@@ -49,6 +49,9 @@ HEADER_VALUE_BYTES_MAX = 64 * 1024
 SUBJECT_BYTES_MAX = 255
 TYPE_NAME_BYTES_MAX = 255
 ERROR_MESSAGE_BYTES_MAX = 4096
+# Every direct-plane socket sets ZMQ_MAXMSGSIZE to this; a larger frame makes the receiver
+# drop the whole connection (and every request pipelined on it), so senders refuse first.
+PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 
 _HEADER = struct.Struct("<IBBBBII")
 _ERROR_PREFIX = struct.Struct("<hH")
@@ -185,8 +188,14 @@ def encode_load(load: int) -> int:
 # on send; these functions build and read what comes after it.
 
 
+def _check_payload(payload: bytes) -> None:
+    if len(payload) > PAYLOAD_BYTES_MAX:
+        raise errors.InvalidRequestError(f"payload is {len(payload)} bytes (max {PAYLOAD_BYTES_MAX})")
+
+
 def request_frames(correlation_id: int, payload: bytes, *, timeout_ms: int, idempotent: bool,
                    headers: dict[str, bytes] | None = None) -> list[bytes]:
+    _check_payload(payload)
     flags = FLAG_IDEMPOTENT if idempotent else 0
     if headers:
         flags |= FLAG_HAS_HEADERS
@@ -195,6 +204,7 @@ def request_frames(correlation_id: int, payload: bytes, *, timeout_ms: int, idem
 
 
 def reply_frames(correlation_id: int, payload: bytes, headers: dict[str, bytes] | None = None) -> list[bytes]:
+    _check_payload(payload)
     if headers:
         return [encode_header(REPLY, correlation_id, flags=FLAG_HAS_HEADERS), payload, encode_headers(headers)]
     return [encode_header(REPLY, correlation_id), payload]
@@ -217,6 +227,7 @@ def publish_frames(subject: str, publisher_id: int, sequence: int, payload: byte
                    headers: dict[str, bytes] | None = None) -> list[bytes]:
     """Frame 0 is the subject (ZeroMQ SUB filters on its prefix), then the header."""
     raw_subject = encode_subject(subject)
+    _check_payload(payload)
     flags = FLAG_HAS_HEADERS if headers else 0
     frames = [raw_subject, encode_header(PUBLISH, sequence, flags=flags, aux=publisher_id), payload]
     if headers:

@@ -30,7 +30,7 @@ from sdk.direct._io import make_socket, readable, recv_frames, send_frames
 from sdk.direct._types import Reply, as_bytes, as_headers
 
 RunOnLoop = Callable[[Coroutine[Any, Any, Any], float], Any]
-SOCKETS_PER_THREAD_MAX = 1_024  # past this, sockets of instances that left are closed
+SWEEP_MIN = 64  # sockets of all threads before those of ended threads are looked for
 _POLLIN = int(zmq.POLLIN)
 CLOSE_WAIT_S = 5.0  # close() waits this long for blocking requests to notice and return
 
@@ -44,7 +44,8 @@ class BlockingCaller:
         self._on_loop_thread = loop_thread
         self._local = threading.local()
         self._lock = threading.Lock()  # the socket list, the shared counters and the budget
-        self._sockets: list[zmq.Socket[Any]] = []
+        self._sockets: list[tuple[threading.Thread, zmq.Socket[Any]]] = []  # every thread's, with its owner
+        self._sweep_at = SWEEP_MIN
         self._budget = balance.RetryBudget(ratio=direct.retry_budget.ratio,
                                            min_retries_per_s=direct.retry_budget.min_retries_per_s, now=time.monotonic())
         self._closed = False
@@ -159,31 +160,46 @@ class BlockingCaller:
                 send_frames(sock, self._ping)  # still waiting: keep the instance following us
 
     def _socket(self, peer: _Peer) -> zmq.Socket[Any]:
+        """This thread's DEALER to ``peer``, created on first use. Creation is rare (a new
+        instance, a new thread), so it is also when sockets that are no use any more are
+        closed: this thread's to instances that are gone, and every socket of threads
+        that have ended (a thread per request would otherwise leak them)."""
         sockets: dict[int, tuple[_Peer, zmq.Socket[Any]]] | None = getattr(self._local, "sockets", None)
         if sockets is None:
             sockets = self._local.sockets = {}
         entry = sockets.get(id(peer))
         if entry is not None and entry[0] is peer:
             return entry[1]
-        if len(sockets) >= SOCKETS_PER_THREAD_MAX:
-            self._forget_closed(sockets)
+        for key, (known, old) in list(sockets.items()):
+            if known.closed:
+                del sockets[key]
+                self._discard(old)
         sock = make_socket(self._direct.ctx, zmq.DEALER)
         sock.connect(peer.info.address)
         with self._lock:
             if self._closed:
                 sock.close(linger=0)
                 raise errors.ClientClosedError("direct client is closed")
-            self._sockets.append(sock)
+            self._sockets.append((threading.current_thread(), sock))
+            orphans: list[zmq.Socket[Any]] = []
+            if len(self._sockets) > self._sweep_at:
+                orphans = [old for thread, old in self._sockets if not thread.is_alive()]
+                self._sockets = [(thread, old) for thread, old in self._sockets if thread.is_alive()]
+                self._sweep_at = max(SWEEP_MIN, 2 * len(self._sockets))
+        for old in orphans:
+            old.close(linger=0)  # its thread has ended: nobody else uses it
         sockets[id(peer)] = (peer, sock)
         return sock
 
-    def _forget_closed(self, sockets: dict[int, tuple[_Peer, zmq.Socket[Any]]]) -> None:
-        for key, (peer, sock) in list(sockets.items()):
-            if peer.closed:
-                del sockets[key]
-                with self._lock:
-                    self._sockets.remove(sock)
-                sock.close(linger=0)
+    @property
+    def sockets_open(self) -> int:
+        """DEALER sockets of the blocking path, all threads together."""
+        return len(self._sockets)
+
+    def _discard(self, sock: zmq.Socket[Any]) -> None:
+        with self._lock:
+            self._sockets = [(thread, old) for thread, old in self._sockets if old is not sock]
+        sock.close(linger=0)
 
     def close(self) -> None:
         """Blocking requests still running in other threads fail with ClientClosedError
@@ -199,6 +215,6 @@ class BlockingCaller:
             return
         with self._lock:
             sockets, self._sockets = self._sockets, []
-        for sock in sockets:
+        for _thread, sock in sockets:
             sock.close(linger=0)
 

@@ -159,13 +159,19 @@ class DirectClient:
     def __init__(self, zk: KazooClient, *, own_zk: bool = True,
                  heartbeat_interval_ms: int = balance.HEARTBEAT_INTERVAL_MS,
                  heartbeat_liveness: int = balance.HEARTBEAT_LIVENESS,
-                 retry_ratio: float = 0.2, min_retries_per_s: float = 10.0) -> None:
+                 retry_ratio: float = 0.2, min_retries_per_s: float = 10.0,
+                 publisher_bind: str = "tcp://127.0.0.1:*", advertise: str | None = None) -> None:
         self.zk = zk
         self._own_zk = own_zk
         self.loop = asyncio.get_running_loop()
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.heartbeat_liveness = heartbeat_liveness
+        # Sockets bind to loopback unless told otherwise; with a wildcard bind
+        # (tcp://0.0.0.0:*) the registry gets ``advertise`` or the host's address toward
+        # ZooKeeper (sdk.direct._registry.advertised_address).
+        self.publisher_bind = publisher_bind
+        self.advertise = advertise
         self.retry_budget = balance.RetryBudget(ratio=retry_ratio, min_retries_per_s=min_retries_per_s,
                                                 now=time.monotonic())
         self._views: dict[str, _ServiceView] = {}
@@ -454,13 +460,14 @@ class DirectClient:
 
     async def serve(self, name: str, handler: Handler, *, concurrency: int = CONCURRENCY_DEFAULT,
                     version: str = "", metadata: dict[str, Any] | None = None,
-                    bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None) -> Service:
+                    bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None,
+                    advertise: str | None = None) -> Service:
         """Bind, register and answer requests for ``name`` until ``service.stop()`` (or
         this client's close). Sync handlers run on a pool of ``concurrency`` threads."""
         if self._closed:
             raise errors.ClientClosedError("direct client is closed")
         service = Service(self.zk, self.ctx, name, handler, concurrency=concurrency, version=version,
-                          metadata=metadata, bind=bind, queue_max=queue_max)
+                          metadata=metadata, bind=bind, queue_max=queue_max, advertise=advertise or self.advertise)
         await service.start()
         self._services.append(service)
         return service
@@ -475,7 +482,7 @@ class DirectClient:
                 if self._publisher is None:
                     if self._closed:
                         raise errors.ClientClosedError("direct client is closed")
-                    fresh = Publisher(self.zk, self.ctx)
+                    fresh = Publisher(self.zk, self.ctx, bind=self.publisher_bind, advertise=self.advertise)
                     await fresh.start()
                     self._publisher = fresh
         return self._publisher

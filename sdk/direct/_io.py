@@ -20,6 +20,8 @@ from typing import Any, cast
 import zmq
 from zmq.backend import Socket as _CythonSocket
 
+from fabric.protocol import direct as wire
+
 BURST_MAX = 256  # messages read per wake-up before other sockets get a turn
 SOCKET_HWM = 10_000
 
@@ -38,8 +40,18 @@ def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = SOCKET_HWM) -> z
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
-    sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024 * 1024)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.PAYLOAD_BYTES_MAX)
     return sock
+
+
+def bind(sock: zmq.Socket[Any], endpoint: str) -> str:
+    """Binds ``endpoint`` (port ``*`` or ``0``: a free one); returns what was bound,
+    ``tcp://host:port`` (a wildcard host stays a wildcard: see _registry.advertised_address)."""
+    if endpoint.endswith((":*", ":0")):
+        base = endpoint.rsplit(":", 1)[0]
+        return f"{base}:{sock.bind_to_random_port(base)}"
+    sock.bind(endpoint)
+    return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
 def send_frames(sock: zmq.Socket[Any], frames: list[bytes]) -> None:

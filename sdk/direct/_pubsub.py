@@ -27,6 +27,7 @@ from fabric import errors
 from fabric.protocol import direct as wire
 from sdk.direct import _registry as registry
 from sdk.direct._io import SocketReader, make_socket, send_frames
+from sdk.direct._io import bind as bind_socket
 from sdk.direct._types import Message
 
 log = logging.getLogger("fabric.direct")
@@ -41,10 +42,12 @@ MessageHandler = Callable[[Message], Awaitable[None] | None]
 class Publisher:
     """This process's PUB socket (one per DirectClient, bound lazily on first publish)."""
 
-    def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], *, bind: str = "tcp://127.0.0.1:*") -> None:
+    def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], *, bind: str = "tcp://127.0.0.1:*",
+                 advertise: str | None = None) -> None:
         self._zk = zk
         self._ctx = ctx
         self._bind = bind
+        self._advertise = advertise
         self._sock: zmq.Socket[Any] | None = None
         self._znode: str | None = None
         self.publisher_id = random.getrandbits(32)
@@ -55,13 +58,11 @@ class Publisher:
 
     async def start(self) -> None:
         sock = make_socket(self._ctx, zmq.PUB, hwm=PUB_HWM)
-        base = self._bind.rsplit(":", 1)[0]
-        port = sock.bind_to_random_port(base) if self._bind.endswith(("*", ":0")) else None
-        if port is None:
-            sock.bind(self._bind)
-            self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        else:
-            self.address = f"{base}:{port}"
+        try:
+            self.address = registry.advertised_address(bind_socket(sock, self._bind), self._zk, self._advertise)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise errors.InvalidRequestError(f"publisher cannot bind {self._bind}: {exc}") from None
         self._sock = sock
         info = registry.InstanceInfo.here(self.address, metadata={"publisher_id": self.publisher_id})
         self._znode = await asyncio.to_thread(registry.register, self._zk, registry.PUBLISHERS,

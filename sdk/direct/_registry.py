@@ -73,6 +73,35 @@ class InstanceInfo:
                    int(time.time() * 1000))
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
+
+
+def reachable_host(zk: KazooClient) -> str:
+    """The local address this host uses toward ZooKeeper: the interface the other machines
+    of the cluster most likely reach it at (no packet is sent: a UDP connect only picks
+    the route). The host name when that cannot be found."""
+    try:
+        host, port = zk.hosts[0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))
+            return str(probe.getsockname()[0])
+    except (OSError, IndexError, ValueError, TypeError):
+        return socket.gethostname()
+
+
+def advertised_address(bound: str, zk: KazooClient, advertise: str | None = None) -> str:
+    """The address to register for a socket bound at ``bound``, which other processes
+    connect to: ``advertise`` when given (a NAT, a DNS name), else the bound host, except
+    that a wildcard (all interfaces, e.g. ``tcp://0.0.0.0:*``) becomes reachable_host()."""
+    scheme_host, _, port = bound.rpartition(":")
+    scheme, _, host = scheme_host.partition("://")
+    if advertise:
+        host = advertise
+    elif host in WILDCARD_HOSTS:
+        host = reachable_host(zk)
+    return f"{scheme}://{host}:{port}"
+
+
 def _ensure_chroot(hosts: str) -> None:
     """kazoo refuses a chroot that does not exist yet; the direct plane creates its own."""
     servers, slash, chroot = hosts.partition("/")

@@ -22,7 +22,7 @@ from fabric import errors
 from fabric.protocol import direct as wire
 from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
-from sdk.direct._io import SocketReader, make_socket, send_frames
+from sdk.direct._io import SocketReader, bind, make_socket, send_frames
 from sdk.direct._types import Reply, Request, as_bytes
 
 log = logging.getLogger("fabric.direct")
@@ -61,7 +61,7 @@ class Service:
 
     def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], name: str, handler: Handler, *,
                  concurrency: int = CONCURRENCY_DEFAULT, version: str = "", metadata: dict[str, Any] | None = None,
-                 bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None) -> None:
+                 bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None, advertise: str | None = None) -> None:
         registry.validate_service_name(name)
         if concurrency < 1:
             raise errors.InvalidRequestError(f"concurrency={concurrency} must be at least 1")
@@ -73,6 +73,7 @@ class Service:
         self._zk = zk
         self._ctx = ctx
         self._bind = bind
+        self._advertise = advertise
         self._handler = handler
         self._async = _is_async(handler)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -118,13 +119,7 @@ class Service:
             self._executor = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"svc-{self.name}")
         sock = make_socket(self._ctx, zmq.ROUTER)
         try:
-            if self._bind.endswith(":*") or self._bind.endswith(":0"):
-                base = self._bind.rsplit(":", 1)[0]
-                port = sock.bind_to_random_port(base)
-                self.address = f"{base}:{port}"
-            else:
-                sock.bind(self._bind)
-                self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.address = registry.advertised_address(bind(sock, self._bind), self._zk, self._advertise)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             raise errors.InvalidRequestError(f"service {self.name!r} cannot bind {self._bind}: {exc}") from None

@@ -141,9 +141,10 @@ class SyncDirect:
 
     def serve(self, name: str, handler: Callable[..., Any], *, concurrency: int = CONCURRENCY_DEFAULT,
               version: str = "", metadata: dict[str, Any] | None = None, bind: str = "tcp://127.0.0.1:*",
-              queue_max: int | None = None) -> SyncService:
+              queue_max: int | None = None, advertise: str | None = None) -> SyncService:
         service = self._loop.run(self.direct.serve(name, handler, concurrency=concurrency, version=version,
-                                                   metadata=metadata, bind=bind, queue_max=queue_max), CALL_MARGIN_S)
+                                                   metadata=metadata, bind=bind, queue_max=queue_max,
+                                                   advertise=advertise), CALL_MARGIN_S)
         return SyncService(self._loop, service)
 
     def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:

@@ -16,6 +16,7 @@ import sdk
 from fabric import errors
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk.direct import DirectClient, Request
+from sdk.direct import _registry as registry
 
 
 def test_async_client_reaches_topics_and_services(cluster: LocalCluster, topic_name: str) -> None:
@@ -239,6 +240,66 @@ def test_blocking_request_ends_when_the_client_closes(zk_server: LocalZooKeeper)
         assert len(outcome) == 1 and isinstance(outcome[0], errors.ClientClosedError)
         with pytest.raises(errors.ClientClosedError):
             client.request("sleepy", b"x")
+
+
+def test_a_wildcard_bind_registers_an_address_others_can_reach(zk_server: LocalZooKeeper) -> None:
+    hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+
+    async def run() -> None:
+        server = await DirectClient.connect(hosts, publisher_bind="tcp://0.0.0.0:*")
+        client = await DirectClient.connect(hosts)
+        try:
+            wide = await server.serve("wide", lambda request: b"wide", bind="tcp://0.0.0.0:*")
+            assert wide.address.startswith("tcp://127.0.0.1:")  # the route to ZooKeeper (on loopback here)
+            named = await server.serve("named", lambda request: b"named", bind="tcp://0.0.0.0:*", advertise="localhost")
+            assert named.address.startswith("tcp://localhost:")
+            assert (await client.request("wide", b"", timeout_ms=5_000)).payload == b"wide"
+            assert (await client.request("named", b"", timeout_ms=5_000)).payload == b"named"
+            publisher = await server.start_publisher()
+            assert publisher.address.startswith("tcp://127.0.0.1:")
+            assert registry.advertised_address("tcp://10.1.2.3:5000", server.zk, "203.0.113.7") == "tcp://203.0.113.7:5000"
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(run())
+
+
+def test_blocking_requests_from_short_lived_threads_do_not_leak_sockets(zk_server: LocalZooKeeper) -> None:
+    bootstrap = f"zk://{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+    with sdk.Client(bootstrap) as server, sdk.Client(bootstrap) as client:
+        server.serve("echo", lambda request: request.payload)
+        answers: list[bytes] = []
+        for n in range(300):  # a thread per request, as a threading HTTP server does
+            thread = threading.Thread(target=lambda n=n: answers.append(client.request("echo", str(n)).payload))
+            thread.start()
+            thread.join()
+        assert sorted(answers) == sorted(str(n).encode() for n in range(300))
+        assert client.direct._blocking.sockets_open <= 130  # ended threads' sockets are closed
+
+
+def test_an_oversized_reply_is_refused_and_the_connection_survives(zk_server: LocalZooKeeper) -> None:
+    """A frame past ZMQ_MAXMSGSIZE would make the caller drop the connection (and every
+    request pipelined on it): the instance answers with an error instead."""
+    from fabric.protocol import direct as wire
+
+    hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+
+    async def run() -> None:
+        server = await DirectClient.connect(hosts)
+        client = await DirectClient.connect(hosts)
+        try:
+            await server.serve("sizes", lambda request: b"x" * int(request.payload))
+            with pytest.raises(errors.InvalidRequestError, match="payload is"):
+                await client.request("sizes", str(wire.PAYLOAD_BYTES_MAX + 1), timeout_ms=10_000)
+            assert (await client.request("sizes", b"3", timeout_ms=5_000)).payload == b"xxx"
+            with pytest.raises(errors.InvalidRequestError):  # and a caller never sends one
+                await client.request("sizes", b"x" * (wire.PAYLOAD_BYTES_MAX + 1), timeout_ms=5_000)
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(run())
 
 
 def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> None:

@@ -143,3 +143,4 @@ def test_no_attempt_after_the_deadline() -> None:
                                 budget=balance.RetryBudget(now=0.0), now=0.0)
     attempts.begin(0.0)
     assert not attempts.may_repeat(0.1, retry_safe=True)
+

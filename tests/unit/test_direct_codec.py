@@ -118,3 +118,14 @@ def test_bad_patterns_are_refused(pattern: str) -> None:
 def test_published_subjects_have_no_wildcards(subject: str) -> None:
     with pytest.raises(errors.InvalidRequestError):
         wire.encode_subject(subject)
+
+
+def test_payloads_past_the_socket_limit_are_refused_before_sending() -> None:
+    big = b"x" * (wire.PAYLOAD_BYTES_MAX + 1)
+    with pytest.raises(errors.InvalidRequestError, match="max 67108864"):
+        wire.request_frames(1, big, timeout_ms=10, idempotent=False)
+    with pytest.raises(errors.InvalidRequestError):
+        wire.reply_frames(1, big)
+    with pytest.raises(errors.InvalidRequestError):
+        wire.publish_frames("a.b", 1, 1, big)
+    assert len(wire.reply_frames(1, big[:-1])[1]) == wire.PAYLOAD_BYTES_MAX
