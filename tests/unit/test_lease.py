@@ -11,9 +11,16 @@ from fabric import zk as zkl
 from nodes.lease import CONNECTED, LEASE_FRACTION, LOST, SUSPENDED, SessionLease
 
 
-def test_connected_allows_everything() -> None:
+def test_connected_allows_acks1_only_within_the_lease_too() -> None:
+    # kazoo still says CONNECTED right after a SIGSTOP longer than the session ends: only
+    # the clock knows the session may be gone (the paused-leader fault test).
     lease = SessionLease(6.0, now=100.0)
-    assert lease.within_lease(1e9) and lease.replicated_writes_allowed()
+    assert lease.within_lease(100.0) and lease.replicated_writes_allowed()
+    assert not lease.within_lease(100.0 + 6.0 * LEASE_FRACTION)
+    assert "last ZooKeeper contact" in lease.describe(100.0 + 6.0 * LEASE_FRACTION)
+    lease.contact(110.0)  # a heartbeat answered after waking renews it
+    assert lease.within_lease(110.0 + 6.0 * LEASE_FRACTION - 0.01)
+    assert lease.replicated_writes_allowed()  # acks=all never needed the lease
 
 
 def test_suspended_allows_acks1_only_until_the_session_could_have_expired() -> None:
@@ -25,6 +32,8 @@ def test_suspended_allows_acks1_only_until_the_session_could_have_expired() -> N
     assert not lease.within_lease(103.0 + 6.0 * LEASE_FRACTION)
     assert lease.replicated_writes_allowed()  # acks=all waits for the ISR, which cannot shrink
     lease.set_state(CONNECTED, 120.0)
+    assert not lease.within_lease(120.0)  # reconnecting is not a round trip we timed ...
+    lease.contact(120.0)  # ... the heartbeat sent at once on reconnection is
     assert lease.within_lease(120.0)
 
 
