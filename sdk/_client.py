@@ -20,6 +20,9 @@ __all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "Bootstrap", "ClusterMetadata", "Connec
            "PartitionMetadata", "TopicMetadata", "TopicPartition"]
 
 METADATA_TIMEOUT_MS = 5_000
+# A node that did not answer is asked last for this long: a killed node stays in the
+# routing map until its session expires, and asking it first cost every refresh a wait.
+UNANSWERED_LAST_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -117,18 +120,25 @@ class MetadataClient:
         self.connections = connections
         self.metadata = ClusterMetadata()
         self._known: list[str] = []
+        self._unanswered: dict[str, float] = {}  # address -> when it last failed to answer
 
-    def candidates(self) -> list[str]:
+    def candidates(self, avoid: Iterable[str] = ()) -> list[str]:
+        """Addresses to ask, those that recently failed to answer (or are in ``avoid``) last."""
         seen = list(dict.fromkeys([*self.metadata.nodes.values(), *self._known]))
         if not seen:
             self._known = self.bootstrap.node_addresses()
             seen = list(self._known)
-        return seen
+        now = time.monotonic()
+        suspects = set(avoid) | {a for a, t in self._unanswered.items() if now - t < UNANSWERED_LAST_S}
+        return sorted(seen, key=lambda a: a in suspects)  # stable: the map's order otherwise
 
-    def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS) -> ClusterMetadata:
+    def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
+                avoid: Iterable[str] = ()) -> ClusterMetadata:
+        """The routing map from the first node that answers; ``avoid``: addresses suspected
+        dead (a leader that stopped answering), asked only if no other node answers."""
         last: Exception | None = None
         for attempt in range(2):
-            candidates = self.candidates() if attempt == 0 else self._rediscover()
+            candidates = self.candidates(avoid) if attempt == 0 else self._rediscover()
             for address in candidates:
                 try:
                     message = self.connections.request(
@@ -136,7 +146,9 @@ class MetadataClient:
                     )
                 except errors.FabricError as exc:
                     last = exc
+                    self._unanswered[address] = time.monotonic()
                     continue
+                self._unanswered.pop(address, None)
                 self.metadata = self._parse(message.body, merge=bool(topics))
                 return self.metadata
         raise errors.NoBrokersAvailableError(f"no node answered a metadata request (last error: {last})")

@@ -40,6 +40,9 @@ log = logging.getLogger("fabric.producer")
 
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
+# ... and then ask again this often while it stays unanswered: a new leader is named about
+# a session timeout after a kill, and every interval here is added to the failover.
+LEADER_RECHECK_INTERVAL_S = 0.2
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
 # A producer that is garbage-collected, or still open when the interpreter exits, without
 # close(): it flushes what it holds for at most this long, then logs how many records
@@ -410,12 +413,12 @@ class _ProducerCore:
                 break
         self._check_timeouts(conns, meta)
 
-    def _refresh_metadata(self, meta: MetadataClient) -> None:
+    def _refresh_metadata(self, meta: MetadataClient, avoid: set[str] | None = None) -> None:
         with self._lock:
             wanted = set(self._wanted_topics)
             known = set(self._partition_counts)
         try:
-            metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None)
+            metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None, avoid=avoid or ())
         except errors.FabricError as exc:
             log.warning("metadata refresh failed: %s", exc)
             with self._lock:
@@ -566,12 +569,13 @@ class _ProducerCore:
         now = time.monotonic()
         expired: list[tuple[int, _InFlight]] = []
         slow = [f for f in self._in_flight.values() if now - f.sent_s >= LEADER_RECHECK_S]
-        if slow and now - self._last_recheck_s >= LEADER_RECHECK_S:
+        if slow and now - self._last_recheck_s >= LEADER_RECHECK_INTERVAL_S:
             # A killed or paused leader never answers. Rather than wait request_timeout_ms,
-            # ask where the partitions are led now; requests to a moved leader are resent
-            # (the idempotent producer makes the resend harmless if the first one landed).
+            # ask where the partitions are led now (not the silent leader itself); requests
+            # to a moved leader are resent (the idempotent producer makes the resend
+            # harmless if the first one landed).
             self._last_recheck_s = now
-            self._refresh_metadata(meta)
+            self._refresh_metadata(meta, avoid={f.address for f in slow})
         moved = {
             cid for cid, f in self._in_flight.items()
             if now - f.sent_s >= LEADER_RECHECK_S
