@@ -67,7 +67,10 @@ def _leader_addresses(node: NodeState, leader_id: int) -> tuple[str, str] | None
     if info is None:
         return None
     if info.replication_address and info.replication_address not in node.sub_connected:
-        node.sockets.sub.connect(info.replication_address)
+        if info.replication_address in node.sub_disconnect_pending:
+            node.sub_disconnect_pending.discard(info.replication_address)  # never disconnected
+        else:
+            node.sockets.sub.connect(info.replication_address)
         node.sub_connected.add(info.replication_address)
     return info.address, info.replication_address
 
@@ -165,9 +168,29 @@ def drain_stream(node: NodeState) -> None:
             wb = node.store.new_write_batch()
         plog.append(wb, bytearray(data), header, header.leader_epoch, now_ms, stamp=False)
         f.last_progress_s = now
+    disconnect_streams(node)
     if wb is not None:
         node.store.write(wb)
         tick(node, now)  # ack at once: the leader's HW waits on us
+
+
+def disconnect_streams(node: NodeState) -> None:
+    """Disconnect the SUB from replication streams of processes that are gone.
+
+    Only here, right after ``recv_multipart`` has taken whatever the last poll pre-read:
+    polling a SUB reads the first frame of its next message ahead (libzmq's
+    ``xsub_t::xhas_in``), and disconnecting that message's pipe before its other frames
+    are read makes libzmq abort the whole process (``Assertion failed: !_more
+    (src/fq.cpp:80)``; reproduced with bare pyzmq 27.3 / libzmq 4.3.5). A node that
+    disconnected in ``apply_roles`` between its poll and its drain died that way when a
+    peer's session expired (tests/unit/test_stream_disconnect.py).
+    """
+    for address in node.sub_disconnect_pending:
+        try:
+            node.sockets.sub.disconnect(address)
+        except zmq.ZMQError:
+            pass
+    node.sub_disconnect_pending.clear()
 
 
 def handle_replies(node: NodeState) -> None:

@@ -204,12 +204,11 @@ def apply_roles(node: NodeState) -> None:
     # Stop reconnecting to replication streams of processes that are gone (a restarted
     # node publishes on a new port).
     live = {n.replication_address for n in node.routing.nodes().values()}
+    # Only marked here: the SUB is disconnected after the stream is next drained (see
+    # follower.disconnect_streams for why it cannot happen now).
     for address in node.sub_connected - live:
-        try:
-            node.sockets.sub.disconnect(address)
-        except zmq.ZMQError:
-            pass
         node.sub_connected.discard(address)
+        node.sub_disconnect_pending.add(address)
 
 
 def step_down_everywhere(node: NodeState, why: str) -> None:

@@ -251,7 +251,7 @@ class Node:
                 self._run_duties(self.duties_before, time.monotonic())
                 if sockets.router in events:
                     self._drain_requests()
-                if sockets.sub in events:
+                if sockets.sub in events or node.sub_disconnect_pending:
                     follower.drain_stream(node)
                 follower.handle_replies(node)
                 self._run_duties(self.duties_after, time.monotonic())

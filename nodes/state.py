@@ -145,6 +145,7 @@ class NodeState:
     replica_requests: dict[int, tuple[str, Any]] = field(default_factory=dict)
     subscribed: set[bytes] = field(default_factory=set)
     sub_connected: set[str] = field(default_factory=set)
+    sub_disconnect_pending: set[str] = field(default_factory=set)  # see follower.disconnect_streams
     last_ack_sent_s: float = 0.0
 
     # Flags kazoo's threads may flip (then they call wake()); everything else is loop-only.
