@@ -23,6 +23,8 @@ METADATA_TIMEOUT_MS = 5_000
 # A node that did not answer is asked last for this long: a killed node stays in the
 # routing map until its session expires, and asking it first cost every refresh a wait.
 UNANSWERED_LAST_S = 30.0
+METADATA_QUICK_CONNECT_MS = 100  # the first pass of a refresh: how long one node may take to accept
+METADATA_CONNECT_MS = 1_000  # the later passes (Connections.send's own default)
 
 
 @dataclass(frozen=True)
@@ -137,12 +139,18 @@ class MetadataClient:
         """The routing map from the first node that answers; ``avoid``: addresses suspected
         dead (a leader that stopped answering), asked only if no other node answers."""
         last: Exception | None = None
-        for attempt in range(2):
-            candidates = self.candidates(avoid) if attempt == 0 else self._rediscover()
-            for address in candidates:
+        # Any live node can answer, so the first pass gives each one only a short while to
+        # take the request: a dead node (the usual reason for a refresh) must not cost a
+        # whole connect wait before the next one is asked. Then the patient passes.
+        passes = ((lambda: self.candidates(avoid), METADATA_QUICK_CONNECT_MS),
+                  (lambda: self.candidates(avoid), METADATA_CONNECT_MS),
+                  (self._rediscover, METADATA_CONNECT_MS))
+        for candidates_of, wait_connect_ms in passes:
+            for address in candidates_of():
                 try:
                     message = self.connections.request(
-                        address, ApiKey.METADATA, {"topics": topics or []}, timeout_ms=timeout_ms
+                        address, ApiKey.METADATA, {"topics": topics or []}, timeout_ms=timeout_ms,
+                        wait_connect_ms=wait_connect_ms,
                     )
                 except errors.FabricError as exc:
                     last = exc

@@ -40,9 +40,9 @@ log = logging.getLogger("fabric.producer")
 
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
-# ... and then ask again this often while it stays unanswered: a new leader is named about
-# a session timeout after a kill, and every interval here is added to the failover.
-LEADER_RECHECK_INTERVAL_S = 0.2
+# ...and then ask again this often while it stays unanswered: a dead leader is replaced one
+# ZooKeeper session timeout after it died, and each recheck interval is added to failover.
+LEADER_RECHECK_INTERVAL_S = 0.25
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
 # A producer that is garbage-collected, or still open when the interpreter exits, without
 # close(): it flushes what it holds for at most this long, then logs how many records
