@@ -9,7 +9,8 @@ ZooKeeper trouble is an outage of metadata changes, not of the data path. The ru
   counts as committed only once every member of it has the batch. Any new leader comes
   from that ISR and already holds every such batch (followers acknowledge only what they
   appended, and stop acknowledging the old leader as soon as they follow the new one).
-* **acks=1** (and METADATA answers, which steer clients) only within the *lease*: the
+* **acks=1** (and METADATA answers, which steer clients) only within the *lease*, in
+  every state, CONNECTED included (a heartbeat renews it several times a lease): the
   session cannot have expired before ``last_contact + session_timeout``, where
   ``last_contact`` is when a ZooKeeper request that was answered was *sent* (the server
   heard from us at or after that moment). Past the lease a new leader may exist, and an
@@ -62,17 +63,20 @@ class SessionLease:
         return self.last_contact_s + self.session_timeout_s * LEASE_FRACTION
 
     def within_lease(self, now: float) -> bool:
-        """acks=1 writes and METADATA answers are allowed now."""
-        if self.state == CONNECTED:
-            return True
-        return self.state == SUSPENDED and now < self.lease_end_s()
+        """acks=1 writes and METADATA answers are allowed now.
+
+        CONNECTED is not enough: kazoo reports a dead session only once its own thread
+        runs again after a stop, so a process that was SIGSTOPped past its session still
+        reads CONNECTED for a while after waking. The monotonic clock kept counting while
+        it was stopped, so the lease has run out by then whatever the state says."""
+        return self.state != LOST and now < self.lease_end_s()
 
     def replicated_writes_allowed(self) -> bool:
         """acks=all writes (acknowledged only once the whole ISR has them) are allowed."""
         return self.state != LOST
 
     def describe(self, now: float) -> str:
-        if self.state == CONNECTED:
+        if self.state == CONNECTED and now < self.lease_end_s():
             return "connected to ZooKeeper"
         return (f"{self.state} for {now - self.since_s:.1f} s; last ZooKeeper contact "
                 f"{now - self.last_contact_s:.1f} s ago (session timeout {self.session_timeout_s:g} s)")

@@ -109,6 +109,8 @@ def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOu
         acks = request.body["acks"]
         if acks == 0:
             continue
+        if acks == 1:
+            withhold_if_lease_ended(node, outcome.results)
         if acks == 1 or not outcome.waits:
             node.send_response(envelope, request.header, {"results": outcome.results})
             continue
@@ -116,6 +118,19 @@ def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOu
         node.pending.append(PendingProduce(envelope, request.header, outcome.results, outcome.waits, deadline))
         touched.update(tp for tp, _end in outcome.waits.values())
     node.partitions_changed(touched)
+
+
+def withhold_if_lease_ended(node: NodeState, results: list[dict[str, Any]]) -> None:
+    """Check the lease again just before an acks=1 answer, not only at ``stage``: a process
+    stopped between the two wakes up with the turn half done, and must not acknowledge
+    what a new leader may not have. The write stays in the log, unacknowledged; the
+    producer's retry is deduplicated if this node still leads."""
+    try:
+        node.check_write_allowed(1)
+    except errors.NodeNotReadyError as exc:
+        for result in results:
+            if result["error"] == 0:
+                result["error"], result["message"] = exc.code, exc.message
 
 
 def complete_pending(node: NodeState, tps: set[TopicPartition]) -> None:

@@ -49,6 +49,7 @@ def on_zk_state(node: NodeState, state: str) -> None:
     if state == KazooState.CONNECTED:
         node.zk_ok.set()
         node.lease.set_state(CONNECTED, now)
+        node.heartbeat_due_s = 0.0  # renew the lease now: CONNECTED alone does not
         record_session(node)
     else:
         node.zk_ok.clear()
@@ -94,7 +95,9 @@ def start(node: NodeState) -> None:
     reconcile_local_data(node)
     node.routing.start()
     node.metrics = metrics.serve(node)  # before register(), which publishes its address
+    sent = time.monotonic()
     register(node)
+    node.lease.contact(sent)  # the server heard us at or after ``sent``: the first lease
 
 
 def register(node: NodeState) -> None:

@@ -20,6 +20,8 @@ __all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "Bootstrap", "ClusterMetadata", "Connec
            "PartitionMetadata", "TopicMetadata", "TopicPartition"]
 
 METADATA_TIMEOUT_MS = 5_000
+METADATA_QUICK_CONNECT_MS = 100  # the first pass of a refresh: how long one node may take to accept
+METADATA_CONNECT_MS = 1_000  # the later passes (Connections.send's own default)
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,17 @@ class MetadataClient:
 
     def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS) -> ClusterMetadata:
         last: Exception | None = None
-        for attempt in range(2):
-            candidates = self.candidates() if attempt == 0 else self._rediscover()
-            for address in candidates:
+        # Any live node can answer, so the first pass gives each one only a short while to
+        # take the request: a dead node (the usual reason for a refresh) must not cost a
+        # whole connect wait before the next one is asked. Then the patient passes.
+        passes = ((self.candidates, METADATA_QUICK_CONNECT_MS), (self.candidates, METADATA_CONNECT_MS),
+                  (self._rediscover, METADATA_CONNECT_MS))
+        for candidates_of, wait_connect_ms in passes:
+            for address in candidates_of():
                 try:
                     message = self.connections.request(
-                        address, ApiKey.METADATA, {"topics": topics or []}, timeout_ms=timeout_ms
+                        address, ApiKey.METADATA, {"topics": topics or []}, timeout_ms=timeout_ms,
+                        wait_connect_ms=wait_connect_ms,
                     )
                 except errors.FabricError as exc:
                     last = exc

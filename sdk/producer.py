@@ -40,6 +40,9 @@ log = logging.getLogger("fabric.producer")
 
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
+# ...and then ask again this often while it stays unanswered: a dead leader is replaced one
+# ZooKeeper session timeout after it died, and each recheck interval is added to failover.
+LEADER_RECHECK_INTERVAL_S = 0.25
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
 # A producer that is garbage-collected, or still open when the interpreter exits, without
 # close(): it flushes what it holds for at most this long, then logs how many records
@@ -566,7 +569,7 @@ class _ProducerCore:
         now = time.monotonic()
         expired: list[tuple[int, _InFlight]] = []
         slow = [f for f in self._in_flight.values() if now - f.sent_s >= LEADER_RECHECK_S]
-        if slow and now - self._last_recheck_s >= LEADER_RECHECK_S:
+        if slow and now - self._last_recheck_s >= LEADER_RECHECK_INTERVAL_S:
             # A killed or paused leader never answers. Rather than wait request_timeout_ms,
             # ask where the partitions are led now; requests to a moved leader are resent
             # (the idempotent producer makes the resend harmless if the first one landed).

@@ -49,7 +49,7 @@ class Publisher:
         self._bind = bind
         self._advertise = advertise
         self._sock: zmq.Socket[Any] | None = None
-        self._znode: str | None = None
+        self._registration: registry.Registration | None = None
         self.publisher_id = random.getrandbits(32)
         self._sequence = 0
         self.address = ""
@@ -65,8 +65,15 @@ class Publisher:
             raise errors.InvalidRequestError(f"publisher cannot bind {self._bind}: {exc}") from None
         self._sock = sock
         info = registry.InstanceInfo.here(self.address, metadata={"publisher_id": self.publisher_id})
-        self._znode = await asyncio.to_thread(registry.register, self._zk, registry.PUBLISHERS,
-                                              registry.PUBLISHER_PREFIX, info)
+        registration = registry.Registration(self._zk, registry.PUBLISHERS, registry.PUBLISHER_PREFIX, info,
+                                             "publisher")
+        try:
+            await asyncio.to_thread(registration.start)
+        except Exception:
+            sock.close(linger=0)
+            self._sock = None
+            raise
+        self._registration = registration
 
     def publish(self, subject: str, payload: bytes, headers: dict[str, bytes] | None = None) -> None:
         """Never blocks: a PUB socket drops messages for a subscriber whose queue is full."""
@@ -81,10 +88,9 @@ class Publisher:
             self.dropped += 1
 
     async def close(self) -> None:
-        if self._znode is not None and self._zk.connected:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(registry.deregister, self._zk, self._znode)
-            self._znode = None
+        if self._registration is not None:
+            await asyncio.to_thread(self._registration.close)
+            self._registration = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None

@@ -22,6 +22,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import KazooState
 
 from fabric import errors
 from fabric.zk import ROOT, close_client, make_client
@@ -145,6 +146,71 @@ def deregister(zk: KazooClient, path: str) -> None:
         zk.delete_async(path).get(timeout=ZK_TIMEOUT_S)
     except NoNodeError:
         pass
+
+
+class Registration:
+    """An ephemeral sequential znode kept registered for as long as its owner runs.
+
+    ZooKeeper deletes an ephemeral znode when the session that created it expires (a
+    network cut or a ZooKeeper pause longer than the session timeout); when the client
+    connects again under a new session, this creates the znode again (a new name, the same
+    data). Kazoo reports session states on its connection thread, which must not block, so
+    the re-creation runs on a thread of kazoo's handler. The blocking methods are for
+    ``asyncio.to_thread``."""
+
+    def __init__(self, zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, what: str) -> None:
+        self._zk = zk
+        self._parent = parent
+        self._prefix = prefix
+        self.info = info
+        self._what = what  # for log lines: "service pricing", "publisher"
+        self.path: str | None = None
+        self._session_lost = False
+        self._closed = False
+
+    def start(self) -> str:
+        self.path = register(self._zk, self._parent, self._prefix, self.info)
+        self._zk.add_listener(self._state_changed)
+        return self.path
+
+    def update(self, info: InstanceInfo) -> None:
+        self.info = info
+        if self.path is not None:
+            update(self._zk, self.path, info)
+
+    def close(self) -> None:
+        """Deletes the znode (when ZooKeeper is reachable; else its session's expiry will)."""
+        self._closed = True
+        self._zk.remove_listener(self._state_changed)
+        path, self.path = self.path, None
+        if path is None:
+            return
+        if not self._zk.connected:
+            log.warning("%s: ZooKeeper unreachable; %s goes when its session expires", self._what, path)
+            return
+        try:
+            deregister(self._zk, path)
+        except Exception as exc:
+            log.warning("%s could not deregister %s: %s", self._what, path, exc)
+
+    def _state_changed(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._session_lost = True
+        elif state == KazooState.CONNECTED and self._session_lost and not self._closed:
+            self._session_lost = False
+            self._zk.handler.spawn(self._register_again)
+
+    def _register_again(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.path = register(self._zk, self._parent, self._prefix, self.info)
+            if self._closed:  # closed meanwhile: do not leave it behind
+                self.close()
+                return
+            log.info("%s registered again as %s after a lost ZooKeeper session", self._what, self.path)
+        except Exception as exc:
+            log.warning("%s could not register again: %s", self._what, exc)
 
 
 def read_instances(zk: KazooClient, parent: str) -> dict[str, InstanceInfo]:

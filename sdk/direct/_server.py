@@ -16,7 +16,6 @@ from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
-from kazoo.protocol.states import KazooState
 
 from fabric import errors
 from fabric.protocol import direct as wire
@@ -84,12 +83,10 @@ class Service:
         self._sock: zmq.Socket[Any] | None = None
         self._reader: SocketReader | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._znode: str | None = None
-        self._info: registry.InstanceInfo | None = None
+        self._registration: registry.Registration | None = None
         self._stopping = False
         self._reported_load = -1
         self._background: asyncio.Task[None] | None = None
-        self._session_lost = False
         self._callers = balance.CallerLiveness()
         self._caller_watch: asyncio.Task[None] | None = None
         self.address = ""
@@ -111,7 +108,7 @@ class Service:
 
     @property
     def znode(self) -> str | None:
-        return self._znode
+        return self._registration.path if self._registration is not None else None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -125,34 +122,17 @@ class Service:
             raise errors.InvalidRequestError(f"service {self.name!r} cannot bind {self._bind}: {exc}") from None
         self._sock = sock
         self._reader = SocketReader(self._loop, sock, self._on_message)
-        self._info = registry.InstanceInfo.here(self.address, version=self.version, metadata=self.metadata)
+        info = registry.InstanceInfo.here(self.address, version=self.version, metadata=self.metadata)
+        registration = registry.Registration(self._zk, registry.service_path(self.name), registry.INSTANCE_PREFIX,
+                                             info, f"service {self.name}")
         try:
-            self._znode = await asyncio.to_thread(
-                registry.register, self._zk, registry.service_path(self.name), registry.INSTANCE_PREFIX, self._info)
+            await asyncio.to_thread(registration.start)
         except Exception:
             self._close_socket()
             raise
-        self._zk.add_listener(self._zk_state)
+        self._registration = registration
         self._background = asyncio.ensure_future(self._report_load())
         self._caller_watch = asyncio.ensure_future(self._watch_callers())
-
-    # ZooKeeper: a lost session deletes the ephemeral znode; register again on reconnect.
-    def _zk_state(self, state: str) -> None:
-        if state == KazooState.LOST:
-            self._session_lost = True
-        elif state == KazooState.CONNECTED and self._session_lost and self._loop is not None:
-            self._session_lost = False
-            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._reregister()))
-
-    async def _reregister(self) -> None:
-        if self._stopping or self._info is None:
-            return
-        try:
-            self._znode = await asyncio.to_thread(
-                registry.register, self._zk, registry.service_path(self.name), registry.INSTANCE_PREFIX, self._info)
-            log.info("service %s re-registered as %s after a lost ZooKeeper session", self.name, self._znode)
-        except Exception as exc:
-            log.warning("service %s could not re-register: %s", self.name, exc)
 
     async def _report_load(self) -> None:
         """The registry's load figure is for `fabric service list`; callers balance on their
@@ -160,11 +140,12 @@ class Service:
         while not self._stopping:
             await asyncio.sleep(LOAD_REPORT_INTERVAL_S)
             load = self.in_flight
-            if load == self._reported_load or self._znode is None or self._info is None:
+            registration = self._registration
+            if load == self._reported_load or registration is None:
                 continue
-            info = registry.InstanceInfo(**{**self._info.__dict__, "load": load})
+            info = registry.InstanceInfo(**{**registration.info.__dict__, "load": load})
             try:
-                await asyncio.to_thread(registry.update, self._zk, self._znode, info)
+                await asyncio.to_thread(registration.update, info)
                 self._reported_load = load
             except Exception as exc:  # ZooKeeper away: the service keeps serving
                 log.debug("service %s load report failed: %s", self.name, exc)
@@ -236,7 +217,7 @@ class Service:
         if self._stopping:
             self.refused += 1
             self._send(identity, wire.error_frames(cid, errors.ServiceStopping.code, "ServiceStopping",
-                                                   f"instance {self._znode} of {self.name!r} is stopping"))
+                                                   f"instance {self.znode} of {self.name!r} is stopping"))
             return
         if self._running >= self.concurrency and len(self._waiting) >= self.queue_max:
             self.refused += 1
@@ -326,14 +307,8 @@ class Service:
         flight finish for up to ``drain_timeout_ms``, then close."""
         if self._stopping:
             return
-        self._zk.remove_listener(self._zk_state)
-        if self._znode is not None and not self._zk.connected:
-            log.warning("service %s: ZooKeeper unreachable; %s goes when its session expires", self.name, self._znode)
-        elif self._znode is not None:
-            try:
-                await asyncio.to_thread(registry.deregister, self._zk, self._znode)
-            except Exception as exc:  # ZooKeeper away: the session's expiry removes it
-                log.warning("service %s could not deregister %s: %s", self.name, self._znode, exc)
+        if self._registration is not None:
+            await asyncio.to_thread(self._registration.close)  # never raises: ZooKeeper may be away
         self._stopping = True
         for task in (self._background, self._caller_watch):
             if task is not None:

@@ -15,7 +15,7 @@ import pytest
 import sdk
 from fabric import errors
 from fabric.local import LocalCluster, LocalZooKeeper
-from sdk.direct import DirectClient, Request
+from sdk.direct import DirectClient, Request, Subscription
 from sdk.direct import _registry as registry
 
 
@@ -177,10 +177,18 @@ def test_cached_registry_serves_while_zookeeper_is_paused(tmp_path: Path) -> Non
 def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp_path: Path) -> None:
     """ZooKeeper SIGSTOPped past the 10 s session timeout: on resume the instance's session
     is expired (its znode deleted) and it registers again under a new name; callers keep
-    using the instance that still answers heartbeats all along."""
+    using the instance that still answers heartbeats all along. The publisher registers
+    again too, so its subscribers find it again."""
     zookeeper = LocalZooKeeper(tmp_path / "zk")
     zookeeper.start()
     try:
+        async def published_and_received(server: DirectClient, subscription: Subscription) -> bool:
+            for n in range(100):  # PUB/SUB drops what comes before the connection: retry
+                await server.publish("ticks.now", str(n))
+                if await subscription.next(timeout_ms=100) is not None:
+                    return True
+            return False
+
         async def run() -> tuple[int, list[str], str | None, str | None]:
             server = await DirectClient.connect(zookeeper.address)
             client = await DirectClient.connect(zookeeper.address)
@@ -190,6 +198,9 @@ def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp
                 service = await server.serve("quotes", lambda request: b"q:" + request.payload)
                 first_znode = service.znode
                 await client.request("quotes", b"warm", timeout_ms=5_000)
+                subscription = await client.subscribe("ticks.>")
+                await server.start_publisher()
+                assert await published_and_received(server, subscription)
                 zookeeper.pause()
                 paused_at = time.monotonic()
                 resumed = False
@@ -203,6 +214,10 @@ def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp
                     except errors.FabricError as exc:
                         failures.append(f"{time.monotonic() - paused_at:.1f}s {exc}")
                     await asyncio.sleep(0.1)
+                while await subscription.next(timeout_ms=10) is not None:
+                    pass  # what came through before the expiry was noticed
+                await asyncio.sleep(1.0)  # the subscriber's watch sees the publisher's new znode
+                assert await published_and_received(server, subscription), "the publisher never came back"
                 return done, failures, first_znode, service.znode
             finally:
                 zookeeper.resume()
@@ -215,6 +230,58 @@ def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp
         print(f"{done} requests through the pause; znode {first} -> {last}")
     finally:
         zookeeper.stop()
+
+
+def test_services_and_publishers_register_again_after_their_session_expires(zk_server: LocalZooKeeper) -> None:
+    """A real session expiry, forced as kazoo's test harness does (join the session with its
+    id and password, then close it): ZooKeeper deletes the ephemeral znodes; the service
+    and the publisher create theirs again, and callers and subscribers carry on."""
+    from kazoo.client import KazooClient
+
+    from fabric.zk import close_client
+
+    hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+
+    async def published_and_received(server: DirectClient, subscription: Subscription) -> bool:
+        for n in range(100):  # PUB/SUB drops what comes before the connection: retry
+            await server.publish("ticks.now", str(n))
+            if await subscription.next(timeout_ms=100) is not None:
+                return True
+        return False
+
+    def expire(zk: KazooClient) -> None:
+        hijack = KazooClient(hosts=hosts, client_id=zk.client_id)
+        hijack.start(timeout=10)
+        close_client(hijack)
+
+    async def run() -> None:
+        server = await DirectClient.connect(hosts)
+        client = await DirectClient.connect(hosts)
+        try:
+            service = await server.serve("quotes", lambda request: b"q:" + request.payload)
+            first_znode = service.znode
+            assert (await client.request("quotes", b"w", timeout_ms=5_000)).payload == b"q:w"
+            subscription = await client.subscribe("ticks.>")
+            publisher = await server.start_publisher()
+            assert await published_and_received(server, subscription)
+            first_publisher = publisher._registration.path if publisher._registration else None
+            await asyncio.to_thread(expire, server.zk)
+            deadline = time.monotonic() + 20
+            while service.znode == first_znode and time.monotonic() < deadline:
+                assert (await client.request("quotes", b"x", timeout_ms=5_000)).payload == b"q:x"
+                await asyncio.sleep(0.1)
+            assert service.znode != first_znode, "the service never registered again"
+            assert publisher._registration is not None and publisher._registration.path != first_publisher
+            assert (await client.request("quotes", b"y", timeout_ms=5_000)).payload == b"q:y"
+            while await subscription.next(timeout_ms=10) is not None:
+                pass
+            await asyncio.sleep(1.0)  # the subscriber's watch sees the publisher's new znode
+            assert await published_and_received(server, subscription), "the subscriber lost the publisher"
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(run())
 
 
 def test_blocking_request_ends_when_the_client_closes(zk_server: LocalZooKeeper) -> None:

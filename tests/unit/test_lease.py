@@ -11,9 +11,22 @@ from fabric import zk as zkl
 from nodes.lease import CONNECTED, LEASE_FRACTION, LOST, SUSPENDED, SessionLease
 
 
-def test_connected_allows_everything() -> None:
+def test_connected_allows_everything_while_contact_is_fresh() -> None:
     lease = SessionLease(6.0, now=100.0)
-    assert lease.within_lease(1e9) and lease.replicated_writes_allowed()
+    assert lease.within_lease(100.0 + 6.0 * LEASE_FRACTION - 0.01) and lease.replicated_writes_allowed()
+
+
+def test_connected_is_not_enough_after_a_stop() -> None:
+    """A process stopped past its session still reads CONNECTED after waking (kazoo's
+    thread has not run yet): the monotonic clock ran on, so the lease is over."""
+    lease = SessionLease(2.0, now=100.0)
+    lease.contact(100.5)  # the last heartbeat answered before SIGSTOP
+    woke = 100.5 + 3.0  # stopped for 1.5 session timeouts
+    assert lease.state == CONNECTED
+    assert not lease.within_lease(woke)
+    assert "last ZooKeeper contact 3.0 s ago" in lease.describe(woke)
+    lease.contact(woke + 0.1)  # a heartbeat sent after waking was answered: the session lives
+    assert lease.within_lease(woke + 0.2)
 
 
 def test_suspended_allows_acks1_only_until_the_session_could_have_expired() -> None:
@@ -25,6 +38,8 @@ def test_suspended_allows_acks1_only_until_the_session_could_have_expired() -> N
     assert not lease.within_lease(103.0 + 6.0 * LEASE_FRACTION)
     assert lease.replicated_writes_allowed()  # acks=all waits for the ISR, which cannot shrink
     lease.set_state(CONNECTED, 120.0)
+    assert not lease.within_lease(120.0)  # reconnected, but nothing answered since 103.0
+    lease.contact(120.0)
     assert lease.within_lease(120.0)
 
 
