@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from fabric import errors
-from fabric.auth.acl import Authorizer, required_access
+from fabric.auth.acl import Authorizer, Operation, Resource, ResourceType, required_access
 from fabric.auth.curve import (
     DOMAIN_CLIENTS,
     DOMAIN_REPLICATION,
@@ -78,6 +78,7 @@ class NodeSecurity:
         self._held: dict[tuple[bytes, int], float] = {}  # (client identity, correlation id) -> release time
         self._delayed: list[tuple[float, int, Envelope, list[Any]]] = []  # heap by release time
         self._order = itertools.count()
+        self.principal = ""  # of the request being handled (the loop is one thread)
 
     @classmethod
     def start(cls, config: NodeConfig, context: zmq.Context[Any]) -> NodeSecurity:
@@ -118,6 +119,9 @@ class NodeSecurity:
             self._refuse(node, envelope, request.header, principal, "use", "the cluster",
                          "the principal is not registered (removed after it connected?)")
             return False
+        self.principal = principal  # for the METADATA filter, which runs right after this
+        if api == ApiKey.METADATA:
+            return True  # answered per topic by the filter (see wrap_handlers)
         denied = authorizer.first_denied(principal, required_access(api, request.body))
         if denied is not None:
             operation, resource = denied
@@ -134,6 +138,29 @@ class NodeSecurity:
         log.warning("denied %s: %s", api_name, message)
         node.send_error(envelope, header, errors.AuthorizationFailedError(
             message, principal=principal, operation=operation, resource=resource))
+
+    def wrap_handlers(self, handlers: dict[int, Any]) -> None:
+        """METADATA answers per topic, as Kafka: a named topic the principal may not
+        describe comes back with AUTHORIZATION_FAILED and no partitions, and a request for
+        all topics lists only those it may describe. (Refusing the whole request would
+        fail a client's refresh of the topics it may use because of one it may not.)"""
+        inner = handlers[ApiKey.METADATA]
+
+        def metadata(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
+            body = inner(node, envelope, request)
+            if body is None:
+                return None
+            authorizer, principal = self.cache.authorizer, self.principal
+            named = bool(request.body["topics"])
+            topics = []
+            for topic in body["topics"]:
+                if authorizer.authorize(principal, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic["name"])):
+                    topics.append(topic)
+                elif named:
+                    topics.append({**topic, "error": errors.AuthorizationFailedError.code, "partitions": []})
+            return {**body, "topics": topics}
+
+        handlers[ApiKey.METADATA] = metadata
 
     # -- quotas ----------------------------------------------------------------------------
     def _account(self, envelope: Envelope, request: apis.Message, principal: str) -> None:

@@ -161,6 +161,8 @@ class Node:
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.session_ok)
         self.handlers = metrics.instrument(dict(DISPATCH))
+        if self.authz is not None:
+            self.authz.wrap_handlers(self.handlers)  # METADATA answers per topic
         all_duties = duties(config)
         self.duties = all_duties
         self.duties_before = [d for d in all_duties if d.before_requests]
