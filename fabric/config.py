@@ -123,6 +123,15 @@ NODE_OPTIONS: tuple[Option, ...] = (
            "keeps its partitions before failover", minimum=1),
     Option("metrics_port", int, 0, "", "Prometheus endpoint (`/metrics` on `host`); 0 picks a free port "
            "(published in the node's znode), -1 turns it off", minimum=-1, maximum=PORT_MAX),
+    Option("security", str, "none", "", "`none` (plaintext, local development only) or `curve`: CURVE on every "
+           "socket, registered keys only, ACLs, quotas, ZooKeeper digest ACLs (docs/SECURITY.md)",
+           choices=("none", "curve")),
+    Option("server_key_file", str, "", "", "with `security = \"curve\"`: the cluster key pair "
+           "(`cluster.key_secret`), the server side of the node's sockets"),
+    Option("key_file", str, "", "", "with `security = \"curve\"`: this node's key pair (`node-N.key_secret`, "
+           "a principal with role node), its side of connections to other nodes"),
+    Option("zk_digest_file", str, "", "", "with `security = \"curve\"`: file holding the ZooKeeper digest "
+           "`user:password` (mode 0600) that owns Fabric's znodes"),
     Option("log_level", str, "INFO", "", "DEBUG, INFO, WARNING, ERROR", choices=LOG_LEVELS),
     Option("log_format", str, "text", "", "`text` for people, `json` for log pipelines (one object per line)",
            choices=LOG_FORMATS),

@@ -31,6 +31,8 @@ from fabric import errors
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
 
+    from fabric.local_security import LocalSecurity
+
 _T = TypeVar("_T")
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
@@ -431,7 +433,10 @@ class LocalCluster:
         chroot: str | None = None,
         zk_servers: int = 1,
         sequencer_count: int = 0,
+        secure: bool = False,
     ) -> None:
+        self.secure = secure  # CURVE, ACLs and ZooKeeper digest ACLs (fabric/local_security.py)
+        self.security: LocalSecurity | None = None
         self.sequencer_count = sequencer_count
         self.sequencers: dict[int, LocalSequencer] = {}
         self._own_dir = base_dir is None
@@ -475,6 +480,10 @@ class LocalCluster:
                     zkl.ensure_path(zk, self.chroot)
                 finally:
                     zkl.close_client(zk)
+            if self.secure:
+                from fabric.local_security import LocalSecurity
+
+                self.security = LocalSecurity.create(self.base_dir / "security", self.zk_address)
             for node_id in range(1, self.node_count + 1):
                 self.add_node(node_id, wait=False)
             self.wait_for_nodes(list(self.nodes))
@@ -491,7 +500,8 @@ class LocalCluster:
                  netns: str | None = None, extra_args: list[str] | None = None) -> LocalNode:
         """Start node ``node_id``; ``netns`` runs it inside that network namespace (give it a
         ``--host`` reachable there in ``extra_args``)."""
-        node = LocalNode(node_id, self.zk_address, self.base_dir, [*self.node_args, *(extra_args or [])],
+        secure_args = self.security.node_args(node_id) if self.security is not None else []
+        node = LocalNode(node_id, self.zk_address, self.base_dir, [*self.node_args, *secure_args, *(extra_args or [])],
                          self.session_timeout_ms, env, netns)
         self.nodes[node_id] = node
         node.start()

@@ -36,9 +36,7 @@ from kazoo.client import KazooClient
 
 from fabric import errors
 from fabric import zk as zkl
-from fabric.limits import (
-    REQUEST_FRAMES_MAX,
-)
+from fabric.limits import REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import readable_header
@@ -56,6 +54,8 @@ from nodes import (
     session,
     strict_order,
 )
+from nodes.authz import NodeSecurity, next_release, release_duty
+from nodes.duty import Duty
 from nodes.group_coordinator import GROUP_APIS, GroupCoordinator
 from nodes.log import Store
 from nodes.state import Envelope, NodeConfig, NodeState, Sockets, parse_node_args
@@ -111,21 +111,6 @@ CHANGE_LISTENERS: list[Callable[[NodeState, set[tuple[str, int]]], None]] = [
 ]
 
 
-@dataclass
-class Duty:
-    """Something the loop does every turn (``interval_s`` 0) or every ``interval_s``, after
-    the turn's requests, or before them (``before_requests``: after the session check and
-    role changes, for a duty that must know the node's roles before it answers anyone)."""
-
-    name: str
-    run: Callable[[NodeState, float], None]
-    interval_s: float = 0.0
-    before_requests: bool = False
-    is_due: Callable[[NodeState], bool] | None = None  # run now, before the interval ends
-    deadline: Callable[[NodeState], float | None] | None = None  # wake the loop by then
-    next_s: float = 0.0
-
-
 def sync_storage(node: NodeState, _now: float) -> None:
     """fsync=interval: flush the WAL; always: checkpoint the high watermarks."""
     if node.config.fsync == "interval":
@@ -151,6 +136,7 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("retention", retention.run, config.retention_check_interval_ms / 1000.0),
         Duty("storage sync", sync_storage, config.fsync_interval_ms / 1000.0),
         Duty("metrics snapshot", metrics.snapshot_duty, metrics.SNAPSHOT_INTERVAL_S),
+        Duty("throttled responses", release_duty, deadline=next_release),
         Duty("strict-order ticks", strict_order.tick, strict_order.TICK_CHECK_INTERVAL_S),
     ]
 
@@ -162,15 +148,21 @@ class Node:
         self.config = config
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
-        zk: KazooClient = zkl.make_client(config.zk, config.session_timeout_ms / 1000.0)
+        # Secure mode starts first: its ZAP handler must run before any CURVE socket binds.
+        self.authz = NodeSecurity.start(config, self.ctx) if config.security == "curve" else None
+        zk: KazooClient = zkl.make_client(config.zk, config.session_timeout_ms / 1000.0,
+                                          **(self.authz.zk_kwargs() if self.authz else {}))
         routing = zkl.RoutingCache(zk, on_change=lambda what: session.on_routing_change(self.state, what))
         self.state = NodeState(config, store, zk, routing, self._bind())
+        self.state.authz = self.authz
         self.state.address = self._bind_socket(self.state.sockets.router, config.port)
         self.state.replication_address = self._bind_socket(self.state.sockets.pub, config.replication_port)
         self.state.change_listeners.extend(CHANGE_LISTENERS)
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.session_ok)
         self.handlers = metrics.instrument(dict(DISPATCH))
+        if self.authz is not None:
+            self.authz.wrap_handlers(self.handlers)  # METADATA answers per topic
         all_duties = duties(config)
         self.duties = all_duties
         self.duties_before = [d for d in all_duties if d.before_requests]
@@ -208,8 +200,12 @@ class Node:
             poller.register(sock, zmq.POLLIN)
         # Follower -> leader requests (truncation, catch-up fetch, acks) share the poller,
         # so a leader's reply wakes this loop like a client request does.
-        replica_conns = Connections(self.ctx, poller=poller, security=None)  # never a user's $FABRIC_KEY_FILE
-        return Sockets(router, pub, sub, wake_pull, wake_push, poller, replica_conns)
+        # The node's own key in secure mode; never a user's $FABRIC_KEY_FILE.
+        replica_conns = Connections(self.ctx, poller=poller, security=self.authz.client if self.authz else None)
+        sockets = Sockets(router, pub, sub, wake_pull, wake_push, poller, replica_conns)
+        if self.authz is not None:
+            self.authz.secure_sockets(sockets)
+        return sockets
 
     def _bind_socket(self, sock: zmq.Socket[Any], port: int) -> str:
         if port:
@@ -299,6 +295,8 @@ class Node:
         for plog in node.logs.values():
             plog.checkpoint_high_watermark()
         node.store.close()
+        if self.authz is not None:
+            self.authz.close()
 
     # -- requests --------------------------------------------------------------------------
     def _drain_requests(self) -> None:
@@ -323,6 +321,8 @@ class Node:
                 log.exception("decoding a request failed")
                 node.send_error(envelope, None, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
                 continue
+            if self.authz is not None and not self.authz.admit(node, envelope, message[0], request):
+                continue  # refused and answered: no handler sees it
             handler = self.handlers.get(request.header.api_key)
             if isinstance(handler, GroupCommit):
                 if wb is None:

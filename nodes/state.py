@@ -30,6 +30,7 @@ from nodes.log import PartitionLog, Store
 from nodes.metrics import NodeMetrics, frames_bytes, response_error_codes
 
 if TYPE_CHECKING:
+    from nodes.authz import NodeSecurity
     from nodes.fetch import ParkedFetch
     from nodes.follower import FollowerReplica
     from nodes.group_coordinator import GroupCoordinator
@@ -61,6 +62,10 @@ class NodeConfig:
     replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
     replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
     metrics_port: int = 0  # Prometheus endpoint; 0 picks a free port, -1 turns it off
+    security: str = "none"  # "curve": secure mode (nodes/authz.py, docs/SECURITY.md)
+    server_key_file: str = ""
+    key_file: str = ""
+    zk_digest_file: str = ""
 
 
 def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
@@ -85,6 +90,10 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint; 0 picks a free port, -1 off")
+    parser.add_argument("--security", choices=("none", "curve"), default="none")
+    parser.add_argument("--server-key-file", default="")
+    parser.add_argument("--key-file", default="")
+    parser.add_argument("--zk-digest-file", default="")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     config = NodeConfig(
@@ -102,6 +111,10 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
         retention_check_interval_ms=args.retention_check_interval_ms,
         session_timeout_ms=args.session_timeout_ms,
         metrics_port=args.metrics_port,
+        security=args.security,
+        server_key_file=args.server_key_file,
+        key_file=args.key_file,
+        zk_digest_file=args.zk_digest_file,
     )
     return config, str(args.log_level)
 
@@ -161,6 +174,7 @@ class NodeState:
     groups: GroupCoordinator | None = None  # consumer groups this node coordinates (set by nodes/server.py)
     producer_ids_next: int = 0
     producer_ids_end: int = 0
+    authz: NodeSecurity | None = None  # secure mode: ACL check and quotas (nodes/authz.py)
     strict_order: StrictOrder | None = None  # made on first use by nodes/strict_order.py
 
     # What this node may do while ZooKeeper is in doubt (nodes/lease.py); kazoo's thread
@@ -283,6 +297,8 @@ class NodeState:
         frames = apis.encode_response(header, body, batches)
         if self.metrics is not None:
             self.metrics.observe_response(header.api_key, response_error_codes(body), frames_bytes(frames))
+        if self.authz is not None and self.authz.hold(envelope, header, frames):
+            return  # secure mode: a throttled PRODUCE's response waits (nodes/authz.py)
         self.send(envelope, frames)
 
     def send_error(self, envelope: Envelope, header: Header | None, exc: errors.FabricError) -> None:

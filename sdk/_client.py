@@ -121,6 +121,7 @@ class MetadataClient:
         self.bootstrap = bootstrap
         self.connections = connections
         self.metadata = ClusterMetadata()
+        self.denied: set[str] = set()  # topics a secure cluster refused to describe to us
         self._known: list[str] = []
         self._unanswered: dict[str, float] = {}  # address -> when it last failed to answer
 
@@ -175,7 +176,10 @@ class MetadataClient:
         for t in body["topics"]:
             if t["error"]:
                 topics.pop(t["name"], None)
+                if t["error"] == errors.AuthorizationFailedError.code:
+                    self.denied.add(t["name"])
                 continue
+            self.denied.discard(t["name"])
             topics[t["name"]] = TopicMetadata(
                 t["name"],
                 tuple(
@@ -192,6 +196,8 @@ class MetadataClient:
         if meta is None and refresh_if_missing:
             self.refresh([name])
             meta = self.metadata.topics.get(name)
+        if meta is None and name in self.denied:
+            raise errors.AuthorizationFailedError(f"this principal may not describe topic {name!r} (docs/SECURITY.md)")
         if meta is None:
             raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         return meta

@@ -435,7 +435,9 @@ class _ProducerCore:
                 self._message_bytes_max[name] = topic_meta.message_bytes_max
             for topic in wanted:
                 if topic not in metadata.topics:
-                    self._unknown_topics[topic] = errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+                    self._unknown_topics[topic] = (  # secure cluster: say it is a refusal
+                        errors.AuthorizationFailedError(f"this principal may not describe topic {topic!r}")
+                        if topic in meta.denied else errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}"))
                 self._wanted_topics.discard(topic)
             self._metadata_ready.notify_all()
 

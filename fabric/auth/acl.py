@@ -27,6 +27,7 @@ from enum import Enum
 from typing import Any
 
 from fabric.errors import InvalidRequestError
+from fabric.protocol import queues
 from fabric.protocol.apis import ApiKey
 
 
@@ -228,4 +229,53 @@ def required_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operati
         return [(Operation.ALTER, CLUSTER)]
     if api_key == ApiKey.CREATE_PARTITIONS:
         return [(Operation.ALTER, Resource(ResourceType.TOPIC, body["name"]))]
+    group_needs = _group_access(api_key, body)
+    if group_needs is not None:
+        return group_needs
+    queue_needs = _queue_access(api_key, body)
+    if queue_needs is not None:
+        return queue_needs
     return [(Operation.ADMIN, CLUSTER)]
+
+
+def _group(name: str) -> Resource:
+    return Resource(ResourceType.GROUP, name)
+
+
+def _group_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation, Resource]] | None:
+    """Consumer groups, as Kafka: joining and committing read the group (consume), and a
+    commit also needs consume on each topic it names."""
+    if api_key == ApiKey.FIND_COORDINATOR:
+        return [(Operation.DESCRIBE, _group(body["group_id"]))]
+    if api_key == ApiKey.CONSUMER_GROUP_HEARTBEAT:
+        return [(Operation.CONSUME, _group(body["group_id"]))]
+    if api_key == ApiKey.OFFSET_COMMIT:
+        return [(Operation.CONSUME, _group(body["group_id"])),
+                *[(Operation.CONSUME, r) for r in _topics(body["offsets"])]]
+    if api_key == ApiKey.OFFSET_FETCH:
+        return [(Operation.DESCRIBE, _group(body["group_id"])),
+                *[(Operation.DESCRIBE, r) for r in _topics(body["partitions"])]]
+    if api_key == ApiKey.LIST_GROUPS:
+        return [(Operation.DESCRIBE, CLUSTER)]
+    if api_key == ApiKey.DESCRIBE_GROUPS:
+        return [(Operation.DESCRIBE, _group(g)) for g in dict.fromkeys(body["group_ids"])]
+    if api_key == ApiKey.DELETE_GROUPS:
+        return [(Operation.DELETE, _group(g)) for g in dict.fromkeys(body["group_ids"])]
+    return None
+
+
+def _queue_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation, Resource]] | None:
+    """Queue mode (API keys 40-46): receiving and settling consume the queue."""
+    if api_key == queues.API_QUEUE_LIST:
+        return [(Operation.DESCRIBE, CLUSTER)]
+    operation = {
+        queues.API_QUEUE_RECEIVE: Operation.CONSUME,
+        queues.API_QUEUE_SETTLE: Operation.CONSUME,
+        queues.API_QUEUE_CREATE: Operation.CREATE,
+        queues.API_QUEUE_DELETE: Operation.DELETE,
+        queues.API_QUEUE_DESCRIBE: Operation.DESCRIBE,
+        queues.API_QUEUE_REDRIVE: Operation.ALTER,
+    }.get(api_key)
+    if operation is None:
+        return None
+    return [(operation, Resource(ResourceType.QUEUE, body["queue"]))]
