@@ -10,12 +10,16 @@ ZooKeeper trouble is an outage of metadata changes, not of the data path. The ru
   from that ISR and already holds every such batch (followers acknowledge only what they
   appended, and stop acknowledging the old leader as soon as they follow the new one).
 * **acks=1** (and METADATA answers, which steer clients) only within the *lease*, in
-  every state, CONNECTED included (a heartbeat renews it several times a lease): the
-  session cannot have expired before ``last_contact + session_timeout``, where
+  every state, CONNECTED included: the session cannot have expired before ``last_contact + session_timeout``, where
   ``last_contact`` is when a ZooKeeper request that was answered was *sent* (the server
   heard from us at or after that moment). Past the lease a new leader may exist, and an
   acks=1 write taken now could be cut off when this node rejoins: refuse it with a
-  retriable error; refuse METADATA so clients ask another node.
+  retriable error; refuse METADATA so clients ask another node. CONNECTED is not enough:
+  kazoo notices a dead session only once its thread runs again, so a process SIGSTOPped
+  past its session reads CONNECTED for a while after waking. The lease is renewed by
+  every answered ZooKeeper round trip the node makes: a heartbeat every
+  ``heartbeat_interval_s`` while connected, and one at once after every (re)connection,
+  so the lease never starves after ZooKeeper comes back.
 * **Session lost** (LOST/EXPIRED): step down from everything, register again, re-read.
 * Fetches below the high watermark are always served: they are committed data.
 
@@ -65,10 +69,9 @@ class SessionLease:
     def within_lease(self, now: float) -> bool:
         """acks=1 writes and METADATA answers are allowed now.
 
-        CONNECTED is not enough: kazoo reports a dead session only once its own thread
-        runs again after a stop, so a process that was SIGSTOPped past its session still
-        reads CONNECTED for a while after waking. The monotonic clock kept counting while
-        it was stopped, so the lease has run out by then whatever the state says."""
+        Checked against the clock in every state: the monotonic clock kept counting while
+        the process was stopped, so the lease has run out after a long stop whatever
+        kazoo's (not yet updated) state says."""
         return self.state != LOST and now < self.lease_end_s()
 
     def replicated_writes_allowed(self) -> bool:

@@ -121,10 +121,10 @@ def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOu
 
 
 def withhold_if_lease_ended(node: NodeState, results: list[dict[str, Any]]) -> None:
-    """Check the lease again just before an acks=1 answer, not only at ``stage``: a process
-    stopped between the two wakes up with the turn half done, and must not acknowledge
-    what a new leader may not have. The write stays in the log, unacknowledged; the
-    producer's retry is deduplicated if this node still leads."""
+    """Check the lease again right before an acks=1 answer, not only when the request was
+    staged: a process stopped between the two wakes with the turn half done, and must not
+    acknowledge what a new leader may not have (docs/DESIGN.md, Replication). The write
+    stays in the log unacknowledged; the producer's retry is deduplicated if we still lead."""
     try:
         node.check_write_allowed(1)
     except errors.NodeNotReadyError as exc:

@@ -49,7 +49,12 @@ def on_zk_state(node: NodeState, state: str) -> None:
     if state == KazooState.CONNECTED:
         node.zk_ok.set()
         node.lease.set_state(CONNECTED, now)
-        node.heartbeat_due_s = 0.0  # renew the lease now: CONNECTED alone does not
+        # Renew the lease at once with a fresh round trip (the state alone proves nothing
+        # about when the server last heard us); a heartbeat lost with the old connection
+        # must not hold the next one back.
+        node.heartbeat_round += 1
+        node.heartbeat_sent_s = 0.0
+        node.heartbeat_due_s = 0.0
         record_session(node)
     else:
         node.zk_ok.clear()
@@ -97,7 +102,7 @@ def start(node: NodeState) -> None:
     node.metrics = metrics.serve(node)  # before register(), which publishes its address
     sent = time.monotonic()
     register(node)
-    node.lease.contact(sent)  # the server heard us at or after ``sent``: the first lease
+    node.lease.contact(sent)  # answered: the server heard us at or after ``sent``
 
 
 def register(node: NodeState) -> None:
@@ -193,11 +198,14 @@ def heartbeat(node: NodeState, now: float) -> None:
         return
     node.heartbeat_sent_s = sent = now
     node.heartbeat_due_s = now + lease.heartbeat_interval_s
+    round_ = node.heartbeat_round
 
     def answered(result: Any) -> None:  # on kazoo's thread: a float and a flag
         if result.successful():
             lease.contact(sent)
-        node.heartbeat_sent_s = 0.0
+        if node.heartbeat_round == round_:  # not one from before a reconnection
+            node.heartbeat_sent_s = 0.0
+        node.wake()  # acks=1 writes refused past the lease may go on now
 
     node.zk.exists_async(zkl.node_path(node.node_id)).rawlink(answered)
 

@@ -182,6 +182,7 @@ class NodeState:
     lease: SessionLease = field(init=False)
     heartbeat_due_s: float = 0.0
     heartbeat_sent_s: float = 0.0  # 0 when no heartbeat is in flight
+    heartbeat_round: int = 0  # one more at every (re)connection: older answers are stale
     # Blocking ZooKeeper work runs on this worker (admin calls, producer-id blocks, the
     # controller's rounds, ISR writes, registering again); results come back to the loop.
     zk_worker: zkl.Worker = field(init=False)

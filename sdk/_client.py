@@ -20,6 +20,9 @@ __all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "Bootstrap", "ClusterMetadata", "Connec
            "PartitionMetadata", "TopicMetadata", "TopicPartition"]
 
 METADATA_TIMEOUT_MS = 5_000
+# A node that did not answer is asked last for this long: a killed node stays in the
+# routing map until its session expires, and asking it first cost every refresh a wait.
+UNANSWERED_LAST_S = 30.0
 METADATA_QUICK_CONNECT_MS = 100  # the first pass of a refresh: how long one node may take to accept
 METADATA_CONNECT_MS = 1_000  # the later passes (Connections.send's own default)
 
@@ -120,20 +123,28 @@ class MetadataClient:
         self.metadata = ClusterMetadata()
         self.denied: set[str] = set()  # topics a secure cluster refused to describe to us
         self._known: list[str] = []
+        self._unanswered: dict[str, float] = {}  # address -> when it last failed to answer
 
-    def candidates(self) -> list[str]:
+    def candidates(self, avoid: Iterable[str] = ()) -> list[str]:
+        """Addresses to ask, those that recently failed to answer (or are in ``avoid``) last."""
         seen = list(dict.fromkeys([*self.metadata.nodes.values(), *self._known]))
         if not seen:
             self._known = self.bootstrap.node_addresses()
             seen = list(self._known)
-        return seen
+        now = time.monotonic()
+        suspects = set(avoid) | {a for a, t in self._unanswered.items() if now - t < UNANSWERED_LAST_S}
+        return sorted(seen, key=lambda a: a in suspects)  # stable: the map's order otherwise
 
-    def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS) -> ClusterMetadata:
+    def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
+                avoid: Iterable[str] = ()) -> ClusterMetadata:
+        """The routing map from the first node that answers; ``avoid``: addresses suspected
+        dead (a leader that stopped answering), asked only if no other node answers."""
         last: Exception | None = None
         # Any live node can answer, so the first pass gives each one only a short while to
         # take the request: a dead node (the usual reason for a refresh) must not cost a
         # whole connect wait before the next one is asked. Then the patient passes.
-        passes = ((self.candidates, METADATA_QUICK_CONNECT_MS), (self.candidates, METADATA_CONNECT_MS),
+        passes = ((lambda: self.candidates(avoid), METADATA_QUICK_CONNECT_MS),
+                  (lambda: self.candidates(avoid), METADATA_CONNECT_MS),
                   (self._rediscover, METADATA_CONNECT_MS))
         for candidates_of, wait_connect_ms in passes:
             for address in candidates_of():
@@ -144,7 +155,9 @@ class MetadataClient:
                     )
                 except errors.FabricError as exc:
                     last = exc
+                    self._unanswered[address] = time.monotonic()
                     continue
+                self._unanswered.pop(address, None)
                 self.metadata = self._parse(message.body, merge=bool(topics))
                 return self.metadata
         if isinstance(last, (errors.AuthenticationFailedError, errors.AuthorizationFailedError)):

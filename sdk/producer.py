@@ -413,12 +413,12 @@ class _ProducerCore:
                 break
         self._check_timeouts(conns, meta)
 
-    def _refresh_metadata(self, meta: MetadataClient) -> None:
+    def _refresh_metadata(self, meta: MetadataClient, avoid: set[str] | None = None) -> None:
         with self._lock:
             wanted = set(self._wanted_topics)
             known = set(self._partition_counts)
         try:
-            metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None)
+            metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None, avoid=avoid or ())
         except errors.FabricError as exc:
             log.warning("metadata refresh failed: %s", exc)
             with self._lock:
@@ -573,10 +573,11 @@ class _ProducerCore:
         slow = [f for f in self._in_flight.values() if now - f.sent_s >= LEADER_RECHECK_S]
         if slow and now - self._last_recheck_s >= LEADER_RECHECK_INTERVAL_S:
             # A killed or paused leader never answers. Rather than wait request_timeout_ms,
-            # ask where the partitions are led now; requests to a moved leader are resent
-            # (the idempotent producer makes the resend harmless if the first one landed).
+            # ask where the partitions are led now (not the silent leader itself); requests
+            # to a moved leader are resent (the idempotent producer makes the resend
+            # harmless if the first one landed).
             self._last_recheck_s = now
-            self._refresh_metadata(meta)
+            self._refresh_metadata(meta, avoid={f.address for f in slow})
         moved = {
             cid for cid, f in self._in_flight.items()
             if now - f.sent_s >= LEADER_RECHECK_S

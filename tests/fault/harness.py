@@ -22,6 +22,8 @@ from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.fault.history import History, check
 
 WAIT_S = 60.0
+# Followers out of the ISR after 1.5 s of lag: failovers and recoveries happen within a test.
+NODE_ARGS = ["--replica-lag-max-ms", "1500"]
 
 
 def seed_from_env() -> int:

@@ -22,6 +22,7 @@ from fabric.protocol.apis import ApiKey
 from sdk import Admin, Producer
 from tests.conftest import make_cluster
 from tests.fault.harness import (
+    NODE_ARGS,
     Writer,
     create_replicated_topic,
     describe,
@@ -29,7 +30,6 @@ from tests.fault.harness import (
     finish,
     keep_logs,
     leader_of,
-    seed_from_env,
     start_workload,
     wait_for_full_isr,
     wait_until,
@@ -39,14 +39,6 @@ from tests.fault.history import History
 pytestmark = pytest.mark.slow
 
 SESSION_TIMEOUT_MS = 2_000
-NODE_ARGS = ["--replica-lag-max-ms", "1500"]
-
-
-@pytest.fixture
-def seed() -> int:
-    value = seed_from_env()
-    print(f"fault test seed={value} (reproduce with FABRIC_FAULT_SEED={value})")
-    return value
 
 
 @pytest.fixture

@@ -23,11 +23,11 @@ from fabric.protocol.apis import ApiKey
 from sdk import Admin
 from tests.fault import netns
 from tests.fault.harness import (
+    NODE_ARGS,
     create_replicated_topic,
     finish,
     keep_logs,
     leader_of,
-    seed_from_env,
     start_workload,
     wait_until,
 )
@@ -35,14 +35,6 @@ from tests.fault.harness import (
 pytestmark = pytest.mark.slow
 
 SESSION_TIMEOUT_MS = 3_000
-NODE_ARGS = ["--replica-lag-max-ms", "1500"]
-
-
-@pytest.fixture
-def seed() -> int:
-    value = seed_from_env()
-    print(f"fault test seed={value} (reproduce with FABRIC_FAULT_SEED={value})")
-    return value
 
 
 @pytest.fixture(scope="module")

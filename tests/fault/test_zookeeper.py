@@ -18,6 +18,7 @@ import pytest
 
 from fabric.local import LocalCluster
 from tests.fault.harness import (
+    NODE_ARGS,
     Writer,
     create_replicated_topic,
     describe,
@@ -25,7 +26,6 @@ from tests.fault.harness import (
     keep_logs,
     leader_of,
     producer_diagnostics,
-    seed_from_env,
     start_workload,
     wait_for_full_isr,
     wait_until,
@@ -34,21 +34,8 @@ from tests.fault.harness import (
 pytestmark = pytest.mark.slow
 
 SESSION_TIMEOUT_MS = 3_000
-NODE_ARGS = ["--replica-lag-max-ms", "1500"]
 RECOVERY_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 5.0  # the issue's bound after ZooKeeper returns
 FAILOVER_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 2.0  # the issue's bound for a leader kill
-# What the test fails on. The measured figure is printed against FAILOVER_BOUND_S (and
-# reported); the assertion allows scheduling delay on a loaded 2-core CI machine (5.4 s was
-# seen once under a load average of 8) while still catching the stalls this test exists for
-# (44 s and 116 s before the fix).
-FAILOVER_CEILING_S = 2 * FAILOVER_BOUND_S
-
-
-@pytest.fixture
-def seed() -> int:
-    value = seed_from_env()
-    print(f"fault test seed={value} (reproduce with FABRIC_FAULT_SEED={value})")
-    return value
 
 
 def first_ack_after(writer: Writer, partition: int, since: float) -> float | None:
@@ -68,6 +55,18 @@ def recovery_s(writer: Writer, partitions: int, since: float, what: str) -> floa
     return max(first_ack_after(writer, p, since) or 0.0 for p in range(partitions))
 
 
+def assert_recovered(writer: Writer, partitions: int, fault_s: tuple[float, float], what: str, seed: int) -> None:
+    """After a ZooKeeper fault that lasted ``fault_s`` (start, end): print the longest gap
+    without acks during it and assert the issue's recovery bound after it."""
+    started, ended = fault_s
+    took = recovery_s(writer, partitions, ended, what)
+    gap = longest_ack_gap_s(writer, partitions, started, ended)
+    print(f"{what} after {ended - started:.1f} s: longest gap without acks on a partition meanwhile {gap:.2f} s; "
+          f"then every partition acknowledged a new write within {took:.2f} s (bound {RECOVERY_BOUND_S:.1f} s)",
+          flush=True)
+    assert took <= RECOVERY_BOUND_S, f"recovery after {what} took {took:.2f} s (seed={seed})"
+
+
 def longest_ack_gap_s(writer: Writer, partitions: int, start: float, end: float) -> float:
     gaps = []
     for p in range(partitions):
@@ -77,8 +76,10 @@ def longest_ack_gap_s(writer: Writer, partitions: int, start: float, end: float)
     return max(gaps)
 
 
-def kill_a_leader(cluster: LocalCluster, writer: Writer, rng: random.Random, partitions: int, topic: str) -> float:
-    """SIGKILL one partition's leader; seconds until a write sent after the kill is acknowledged."""
+def kill_a_leader(cluster: LocalCluster, writer: Writer, rng: random.Random, partitions: int, topic: str,
+                  seed: int) -> None:
+    """SIGKILL one partition's leader: a write sent after the kill is acknowledged within the
+    issue's bound (session timeout + 2 s), however many faults came before."""
     bootstrap = cluster.bootstrap
     partition = rng.randrange(partitions)
     victim = leader_of(bootstrap, topic, partition)
@@ -96,10 +97,10 @@ def kill_a_leader(cluster: LocalCluster, writer: Writer, rng: random.Random, par
     took = first_ack_after(writer, partition, killed_at) or 0.0
     print(f"killed node {victim}, leader of partition {partition}: next ack after {took:.2f} s "
           f"(bound {FAILOVER_BOUND_S:.1f} s)", flush=True)
+    assert took <= FAILOVER_BOUND_S, f"failover took {took:.2f} s (seed={seed})"
     cluster.nodes[victim].start()
     cluster.wait_for_nodes([victim])
     wait_for_full_isr(bootstrap, topic)
-    return took
 
 
 def test_zookeeper_pause_keeps_the_data_path(tmp_path: Path, seed: int) -> None:
@@ -121,16 +122,10 @@ def test_zookeeper_pause_keeps_the_data_path(tmp_path: Path, seed: int) -> None:
             cluster.zookeeper.process.pause()
             time.sleep(pause_s)
             cluster.zookeeper.process.resume()
-            resumed_at = time.monotonic()
-            took = recovery_s(writer, partitions, resumed_at, "ZooKeeper resumed")
-            gap = longest_ack_gap_s(writer, partitions, paused_at, resumed_at)
-            print(f"round {round_}: ZooKeeper paused {pause_s:.1f} s; longest gap without acks on a partition "
-                  f"while paused {gap:.2f} s; after SIGCONT every partition acknowledged a new write within "
-                  f"{took:.2f} s (bound {RECOVERY_BOUND_S:.1f} s)", flush=True)
-            assert took <= RECOVERY_BOUND_S, f"recovery took {took:.2f} s (seed={seed})"
+            assert_recovered(writer, partitions, (paused_at, time.monotonic()),
+                             f"round {round_}: ZooKeeper resumed (SIGCONT)", seed)
             wait_for_full_isr(bootstrap, topic)
-        failover = kill_a_leader(cluster, writer, rng, partitions, topic)
-        assert failover <= FAILOVER_CEILING_S, f"failover after ZooKeeper pauses took {failover:.2f} s (seed={seed})"
+        kill_a_leader(cluster, writer, rng, partitions, topic, seed)
         finish(cluster, topic, partitions, history, seed, [writer], [reader])
     finally:
         cluster.stop()
@@ -180,16 +175,10 @@ def test_ensemble_loses_servers_then_its_majority(tmp_path: Path, seed: int) -> 
             server.start(wait=False)
         for server in servers:
             server.wait_ready()
-        back_at = time.monotonic()
-        took = recovery_s(writer, partitions, back_at, "the quorum returned")
-        gap = longest_ack_gap_s(writer, partitions, lost_at, back_at)
-        print(f"killed ZooKeeper servers {sorted(s.server_id for s in majority)} (a majority) for {down_s:.1f} s: "
-              f"longest gap without acks meanwhile {gap:.2f} s; after the quorum returned every partition "
-              f"acknowledged a new write within {took:.2f} s (bound {RECOVERY_BOUND_S:.1f} s)", flush=True)
-        assert took <= RECOVERY_BOUND_S, f"recovery took {took:.2f} s (seed={seed})"
+        assert_recovered(writer, partitions, (lost_at, time.monotonic()),
+                         f"ZooKeeper servers {sorted(s.server_id for s in majority)} (a majority) came back", seed)
         wait_for_full_isr(bootstrap, topic)
-        failover = kill_a_leader(cluster, writer, rng, partitions, topic)
-        assert failover <= FAILOVER_CEILING_S, f"failover after losing the quorum took {failover:.2f} s (seed={seed})"
+        kill_a_leader(cluster, writer, rng, partitions, topic, seed)
         finish(cluster, topic, partitions, history, seed, [writer], [reader])
     finally:
         cluster.stop()
