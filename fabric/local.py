@@ -117,13 +117,13 @@ class ManagedProcess:
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, signum: int | None = None) -> None:
+        """SIGTERM (or ``signum``), then SIGKILL if it has not exited within ``timeout_s``."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
+            self.signal(signal.SIGTERM if signum is None else signum)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -324,8 +324,10 @@ class LocalNode:
     def kill(self) -> None:
         self.process.kill()
 
-    def stop(self) -> None:
-        self.process.stop()
+    def stop(self, *, drain: bool = True) -> None:
+        """A controlled shutdown (SIGTERM: leaderships move first, nodes/drain.py), or with
+        ``drain=False`` an immediate clean stop (SIGINT)."""
+        self.process.stop(signum=signal.SIGTERM if drain else signal.SIGINT)
 
     def pause(self) -> None:
         self.process.pause()
@@ -620,7 +622,7 @@ class LocalCluster:
         for sequencer in self.sequencers.values():
             sequencer.stop()
         for node in self.nodes.values():
-            node.stop()
+            node.stop(drain=False)  # the whole cluster goes: no leadership to hand over
         for server in self.zookeeper_servers():
             server.stop()
         if self._own_dir:

@@ -18,8 +18,8 @@ from fabric.limits import PRODUCE_TIMEOUT_MS_MAX
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.header import Header
+from nodes import drain, strict_order
 from nodes import leader as leader_side
-from nodes import strict_order
 from nodes.producer_state import DUPLICATE
 from nodes.state import Envelope, NodeState, TopicPartition
 
@@ -59,6 +59,7 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
         result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
         try:
             plog, leader, config = node.leader_log(topic, partition)
+            drain.check_writable(node, topic, partition)
             node.check_write_allowed(acks)
             header = batch_format.validate(frame, config.message_bytes_max)
             if config.strict_order:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from fabric.transport import Connections, unique_inproc_endpoint
 from nodes import (
     admin,
     controller,
+    drain,
     fetch,
     follower,
     leader,
@@ -132,6 +132,7 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("expire parked fetches", fetch.expire_parked, deadline=fetch.next_deadline),
         Duty("expire pending acks", produce.expire_pending, deadline=produce.next_deadline),
         Duty("ISR check", leader.check_isr, leader.ISR_CHECK_INTERVAL_S),
+        Duty("drain", drain.tick, drain.DRAIN_CHECK_INTERVAL_S),
         Duty("controller", controller.tick, controller.CONTROLLER_RECONCILE_INTERVAL_S, is_due=controller.is_due),
         Duty("retention", retention.run, config.retention_check_interval_ms / 1000.0),
         Duty("storage sync", sync_storage, config.fsync_interval_ms / 1000.0),
@@ -390,10 +391,6 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(config.data_dir, exist_ok=True)
     node = Node(config)
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        node.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    drain.install_signals(node.state, node.stop)  # SIGTERM: a controlled shutdown
     node.run()
     return 0

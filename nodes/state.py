@@ -168,6 +168,9 @@ class NodeState:
     controller_dirty: bool = True
     session_lost: bool = False
     verify_session: bool = False  # set after a stall: answer nobody until ZooKeeper confirms us
+    drain_requested: bool = False  # SIGTERM: a controlled shutdown (nodes/drain.py) is wanted
+    draining_since: float = 0.0  # loop-only from here: when the drain began (monotonic), 0 if not
+    drained_at_s: float = 0.0  # when the drain had nothing left to move
 
     is_controller: bool = False
     metrics: NodeMetrics | None = None  # counts requests and serves /metrics (nodes/metrics.py)
