@@ -76,7 +76,7 @@ def latency(bootstrap: str, security: ClientSecurity | None, topic: str, replica
             deadline = time.monotonic() + CONSUME_WAIT_S
             while len(samples) < LATENCY_SAMPLES and time.monotonic() < deadline:
                 for record in consumer.poll(timeout_ms=200):
-                    samples.append(time.perf_counter() - struct.unpack(">d", record.value[:8])[0])
+                    samples.append(time.perf_counter() - struct.unpack(">d", (record.value or b"")[:8])[0])
         done.set()
 
     reader = threading.Thread(target=consume, name="latency-consumer", daemon=True)
