@@ -50,8 +50,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         from fabric import config
 
         config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
-    # The sequencer does not run CURVE yet (docs/SECURITY.md): a secure cluster has none.
-    sequencers = 0 if args.secure else 2
+    sequencers = 2
     cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=sequencers,
                            zk_servers=args.zk_servers, secure=args.secure)
     stop = threading.Event()
