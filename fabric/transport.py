@@ -33,6 +33,9 @@ SOCKET_HWM = 10_000
 # client meeting a CURVE node (mechanism mismatch), or a wrong server key.
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+# ...and a connection that dropped: a node that stopped or died closes its end at once
+# (the kernel does it for a killed process), long before a request to it times out.
+_MONITORED = _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
 FROM_ENV: Any = object()  # Connections(security=FROM_ENV): $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY, else plaintext
 
 
@@ -47,6 +50,7 @@ class Connections:
         # key or a plaintext/CURVE mismatch is reported as such instead of as a timeout.
         self._monitors: dict[str, zmq.Socket[Any]] = {}
         self._handshake_errors: dict[str, str] = {}
+        self._disconnected: set[str] = set()  # since the last take_disconnected()
         self.sockets: dict[str, zmq.Socket[Any]] = {}
         self.by_socket: dict[zmq.Socket[Any], str] = {}
         self.poller = poller or zmq.Poller()
@@ -73,7 +77,7 @@ class Connections:
             if self.security is not None:
                 self.security.apply(sock)
             monitor_address = unique_inproc_endpoint("handshake-monitor")
-            sock.monitor(monitor_address, _HANDSHAKE_FAILED)
+            sock.monitor(monitor_address, _MONITORED)
             monitor = self.ctx.socket(zmq.PAIR)
             monitor.setsockopt(zmq.LINGER, 0)
             monitor.connect(monitor_address)
@@ -106,8 +110,19 @@ class Connections:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
+            if event.get("event") == zmq.EVENT_DISCONNECTED:
+                self._disconnected.add(address)
+                continue
             self._handshake_errors[address] = _describe_handshake_failure(event, self.security is not None)
         return self._handshake_errors.get(address)
+
+    def take_disconnected(self) -> set[str]:
+        """Addresses whose connection dropped since the last call (read from the monitors)."""
+        for address, monitor in list(self._monitors.items()):
+            if int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:  # cheaper than a recv that raises Again
+                self.handshake_error(address)
+        gone, self._disconnected = self._disconnected, set()
+        return gone
 
     def raise_handshake_error(self, address: str) -> None:
         why = self.handshake_error(address)

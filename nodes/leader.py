@@ -86,10 +86,19 @@ class LeaderReplica:
             hw = min(hw, progress.log_end_offset if progress is not None else -1)
         return hw
 
-    def isr_change(self, leader_end: int, high_watermark: int, now_s: float, lag_max_s: float) -> set[int] | None:
-        """The ISR this leader wants now, or None if it is fine as it is."""
+    def isr_change(self, leader_end: int, high_watermark: int, now_s: float, lag_max_s: float,
+                   live: set[int] | None = None) -> set[int] | None:
+        """The ISR this leader wants now, or None if it is fine as it is.
+
+        ``live``: the replicas registered in ZooKeeper now. One that is not (it stopped, or
+        its session ended) leaves the ISR at once rather than after ``lag_max_s``, as Kafka's
+        controller removes a dead broker: acks=all writes stop waiting for a replica that
+        cannot answer, which is most of what a rolling restart used to stall on.
+        """
         wanted = {self.node_id}
         for replica, progress in self.followers.items():
+            if live is not None and replica not in live:
+                continue
             if replica in self.isr:
                 if now_s - progress.caught_up_at_s <= lag_max_s:
                     wanted.add(replica)
@@ -197,11 +206,12 @@ def check_isr(node: NodeState, now: float) -> None:
     if not node.session_ok():
         return  # without ZooKeeper the ISR cannot change: acks=all waits for all of it
     lag_max_s = node.config.replica_lag_max_ms / 1000.0
+    live = set(node.routing.nodes())
     for tp, leader in list(node.leaders.items()):
         if tp in node.isr_jobs:
             continue
         plog = node.logs[tp]
-        wanted = leader.isr_change(plog.log_end_offset, plog.high_watermark, now, lag_max_s)
+        wanted = leader.isr_change(plog.log_end_offset, plog.high_watermark, now, lag_max_s, live)
         if wanted is None:
             continue
         state = node.states[tp]

@@ -160,6 +160,8 @@ class MetadataClient:
                 self._unanswered.pop(address, None)
                 self.metadata = self._parse(message.body, merge=bool(topics))
                 return self.metadata
+        if isinstance(last, (errors.AuthenticationFailedError, errors.AuthorizationFailedError)):
+            raise last  # a refusal, not an outage: say so (docs/SECURITY.md)
         raise errors.NoBrokersAvailableError(f"no node answered a metadata request (last error: {last})")
 
     def _rediscover(self) -> list[str]:

@@ -43,6 +43,9 @@ LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether it
 # ...and then ask again this often while it stays unanswered: a dead leader is replaced one
 # ZooKeeper session timeout after it died, and each recheck interval is added to failover.
 LEADER_RECHECK_INTERVAL_S = 0.25
+# A request to a node whose connection dropped (it stopped or died) is suspect at once, not
+# after LEADER_RECHECK_S, for this long after the drop.
+DROPPED_SUSPECT_S = 5.0
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
 # A producer that is garbage-collected, or still open when the interpreter exits, without
 # close(): it flushes what it holds for at most this long, then logs how many records
@@ -152,6 +155,7 @@ class _ProducerCore:
         self._wake_push.connect(wake)
         self._refresh_needed = True
         self._last_recheck_s = 0.0
+        self._dropped_at: dict[str, float] = {}  # node address -> when its connection dropped
         self._thread = threading.Thread(target=self._run_sender, name="fabric-producer-sender", daemon=True)
         self._thread.start()
 
@@ -570,7 +574,16 @@ class _ProducerCore:
     def _check_timeouts(self, conns: Connections, meta: MetadataClient) -> None:
         now = time.monotonic()
         expired: list[tuple[int, _InFlight]] = []
-        slow = [f for f in self._in_flight.values() if now - f.sent_s >= LEADER_RECHECK_S]
+        for address in conns.take_disconnected():
+            self._dropped_at[address] = now
+        if self._dropped_at:
+            self._dropped_at = {a: t for a, t in self._dropped_at.items() if now - t < DROPPED_SUSPECT_S}
+        dropped = self._dropped_at
+
+        def suspect(f: _InFlight) -> bool:
+            return now - f.sent_s >= LEADER_RECHECK_S or f.address in dropped
+
+        slow = [f for f in self._in_flight.values() if suspect(f)]
         if slow and now - self._last_recheck_s >= LEADER_RECHECK_INTERVAL_S:
             # A killed or paused leader never answers. Rather than wait request_timeout_ms,
             # ask where the partitions are led now (not the silent leader itself); requests
@@ -580,7 +593,7 @@ class _ProducerCore:
             self._refresh_metadata(meta, avoid={f.address for f in slow})
         moved = {
             cid for cid, f in self._in_flight.items()
-            if now - f.sent_s >= LEADER_RECHECK_S
+            if suspect(f)
             and any(meta.metadata.leader_address(b.topic, b.partition) != f.address for b in f.batches)
         }
         with self._lock:

@@ -42,9 +42,15 @@ SESSION_TIMEOUT_MS = 2_000
 
 
 @pytest.fixture
-def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    cluster = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
+def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    secure = getattr(request, "param", False)  # indirect parametrization: a secure cluster (docs/SECURITY.md)
+    cluster = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS,
+                           secure=secure)
     cluster.start()
+    if cluster.security is not None:  # every SDK object of the harness then uses the operator's key
+        for name, value in cluster.security.environment().items():
+            monkeypatch.setenv(name, value)
     try:
         yield cluster
     finally:
@@ -52,6 +58,7 @@ def fault_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.Fix
         keep_logs(cluster, request.node.name)
 
 
+@pytest.mark.parametrize("fault_cluster", [False, True], ids=["plaintext", "secure"], indirect=True)
 def test_kill_leader_again_and_again(fault_cluster: LocalCluster, seed: int) -> None:
     """Ten SIGKILLs of a busy partition's leader under acks=all idempotent writes."""
     rng = random.Random(seed)

@@ -95,3 +95,48 @@ def test_fabric_up_restarts_a_killed_node_and_stops_on_ctrl_c(tmp_path: Path) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def test_fabric_up_secure_prints_the_keys_and_refuses_plaintext(tmp_path: Path) -> None:
+    import queue
+    import threading
+
+    from fabric import errors
+    from fabric.auth.curve import ClientSecurity
+    from sdk import Admin
+
+    env = {**os.environ, "FABRIC_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "fabric", "up", "--secure", "--nodes", "1",
+                             "--data-dir", str(tmp_path / "data")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: queue.Queue[str] = queue.Queue(maxsize=10_000)
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    exports: dict[str, str] = {}
+    bootstrap = ""
+    try:
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        while "FABRIC_ZK_DIGEST_FILE" not in exports:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("fabric up --secure printed no exports in time") from None
+            if line.strip().startswith("export "):
+                name, _, value = line.strip()[len("export "):].partition("=")
+                exports[name] = value
+            elif line.startswith("bootstrap"):
+                bootstrap = line.split()[1]
+        security = ClientSecurity.from_files(exports["FABRIC_KEY_FILE"], exports["FABRIC_SERVER_KEY"])
+        with Admin(bootstrap, security=security) as admin:
+            admin.create_topic("secure-up", partitions=1, replication_factor=1)
+            assert "secure-up" in admin.list_topics()
+        with pytest.raises(errors.AuthenticationFailedError), Admin(bootstrap, security=None) as plain:
+            plain.list_topics()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

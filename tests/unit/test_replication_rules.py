@@ -70,6 +70,20 @@ def test_lagging_follower_leaves_and_caught_up_follower_returns() -> None:
     assert leader.isr_change(50, 50, now_s=4.0, lag_max_s=2.0) == {1, 2, 3}
 
 
+def test_unregistered_follower_leaves_the_isr_at_once() -> None:
+    # A follower whose znode is gone (stopped, or its session ended) cannot acknowledge:
+    # it leaves the ISR without waiting out the lag, and comes back only once registered
+    # and caught up.
+    leader = LeaderReplica.start(1, state(1, (1, 2, 3)), log_end_offset=0, now_s=0.0)
+    leader.record_follower(2, 50, leader_end=50, now_s=1.0)
+    leader.record_follower(3, 50, leader_end=50, now_s=1.0)
+    assert leader.isr_change(50, 50, now_s=1.1, lag_max_s=2.0, live={1, 2, 3}) is None
+    assert leader.isr_change(50, 50, now_s=1.1, lag_max_s=2.0, live={1, 2}) == {1, 2}
+    leader.isr = {1, 2}
+    assert leader.isr_change(50, 50, now_s=1.2, lag_max_s=2.0, live={1, 2}) is None
+    assert leader.isr_change(50, 50, now_s=1.2, lag_max_s=2.0, live={1, 2, 3}) == {1, 2, 3}
+
+
 def test_caught_up_as_of_previous_report() -> None:
     # Under steady writes a follower is never exactly level when it reports; reaching the
     # leader's end as it was at the previous report counts as caught up at that report.
