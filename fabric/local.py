@@ -343,10 +343,11 @@ class LocalNode:
 class LocalSequencer:
     """One sequencer instance process (``python -m sequencer``); one of several is active."""
 
-    def __init__(self, sequencer_id: int, zk_address: str, base_dir: Path, session_timeout_ms: int = 6_000) -> None:
+    def __init__(self, sequencer_id: int, zk_address: str, base_dir: Path, session_timeout_ms: int = 6_000,
+                 extra_args: list[str] | None = None) -> None:
         self.sequencer_id = sequencer_id
         argv = [sys.executable, "-m", "sequencer", "--id", str(sequencer_id), "--zk", zk_address,
-                "--session-timeout-ms", str(session_timeout_ms)]
+                "--session-timeout-ms", str(session_timeout_ms), *(extra_args or [])]
         self.process = ManagedProcess(f"sequencer{sequencer_id}", argv, base_dir / f"sequencer{sequencer_id}.log")
 
     def start(self) -> None:
@@ -541,7 +542,8 @@ class LocalCluster:
             zkl.close_client(zk)
 
     def add_sequencer(self, sequencer_id: int) -> LocalSequencer:
-        sequencer = LocalSequencer(sequencer_id, self.zk_address, self.base_dir, self.session_timeout_ms)
+        secure_args = self.security.sequencer_args() if self.security is not None else []
+        sequencer = LocalSequencer(sequencer_id, self.zk_address, self.base_dir, self.session_timeout_ms, secure_args)
         self.sequencers[sequencer_id] = sequencer
         sequencer.start()
         return sequencer

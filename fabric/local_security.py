@@ -89,6 +89,9 @@ class LocalSecurity:
         return ["--security", "curve", "--server-key-file", str(self.server_key_file), "--key-file", str(key),
                 "--zk-digest-file", str(self.digest_file)]
 
+    def sequencer_args(self) -> list[str]:
+        return ["--server-key-file", str(self.server_key_file), "--zk-digest-file", str(self.digest_file)]
+
     def client(self, name: str = OPERATOR) -> ClientSecurity:
         """A registered principal's client security (the operator's by default)."""
         return ClientSecurity.from_files(self.key_file(name), self.server_public_key_file)

@@ -27,7 +27,7 @@ from kazoo.client import KazooClient
 from fabric import errors
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.sequencer import ID_KIND_RECORDS, Grant, check_count
-from fabric.transport import Connections
+from fabric.transport import FROM_ENV, Connections
 from fabric.zk import ROOT
 
 SEQUENCER_ROOT = f"{ROOT}/sequencer"
@@ -73,10 +73,11 @@ class SequencerClient:
     only the ZooKeeper watch runs on kazoo's thread, and it only swaps one reference."""
 
     def __init__(self, zk: KazooClient, *, context: zmq.Context[Any] | None = None,
-                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT) -> None:
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT, security: Any = FROM_ENV) -> None:
+        # security: a node passes its own key on a secure cluster (the sequencer admits node keys only).
         self.zk = zk
         self.request_timeout_ms = request_timeout_ms
-        self.connections = Connections(context)
+        self.connections = Connections(context, security=security)
         self.highest_epoch = 0
         self._active: ActiveSequencer | None = None
         self._lock = threading.Lock()

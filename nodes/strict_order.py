@@ -183,7 +183,8 @@ def for_node(node: NodeState) -> StrictOrder:
     existing: StrictOrder | None = node.strict_order
     if existing is not None:
         return existing
-    client = SequencerClient(node.zk, request_timeout_ms=GRANT_REQUEST_TIMEOUT_MS)
+    client = SequencerClient(node.zk, request_timeout_ms=GRANT_REQUEST_TIMEOUT_MS,
+                             security=node.authz.client if node.authz is not None else None)
     made = StrictOrder(lambda count, kind: client.allocate(count, timeout_ms=GRANT_TIMEOUT_MS_DEFAULT, kind=kind))
     made.close = client.close
     node.strict_order = made

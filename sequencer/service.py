@@ -27,6 +27,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from fabric import errors
 from fabric import zk as zkl
+from fabric.auth.curve import DOMAIN_REPLICATION, ServerSecurity, ZapAuthenticator
+from fabric.auth.store import SecurityCache, read_digest, secure_zk_kwargs
 from fabric.limits import REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
@@ -59,7 +61,8 @@ TAKEOVER_ATTEMPTS_MAX = 5
 
 class SequencerService:
     def __init__(self, zk_hosts: str, sequencer_id: int, *, host: str = "127.0.0.1", port: int = 0,
-                 session_timeout_ms: int = 6_000, block_ids: int = RESERVATION_BLOCK_IDS_DEFAULT) -> None:
+                 session_timeout_ms: int = 6_000, block_ids: int = RESERVATION_BLOCK_IDS_DEFAULT,
+                 server_key_file: str = "", zk_digest_file: str = "") -> None:
         self.zk_hosts = zk_hosts
         self.sequencer_id = sequencer_id
         self.host = host
@@ -77,7 +80,13 @@ class SequencerService:
         self._active_changed = threading.Event()
         self._session_lost = threading.Event()
         self._lock = threading.Lock()  # guards state changes against the lease thread
-        self.zk = zkl.make_client(zk_hosts, session_timeout_s=session_timeout_ms / 1000.0)
+        # Secure mode (docs/SECURITY.md): CURVE with the cluster key on the ROUTER, admitting
+        # node and super keys only; znodes written with the ZooKeeper digest.
+        self._server = ServerSecurity.from_file(server_key_file) if server_key_file else None
+        digest = read_digest(zk_digest_file) if zk_digest_file else None
+        self._security_cache: SecurityCache | None = None
+        self._zap: ZapAuthenticator | None = None
+        self.zk = zkl.make_client(zk_hosts, session_timeout_s=session_timeout_ms / 1000.0, **secure_zk_kwargs(digest))
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self._renewer: threading.Thread | None = None
@@ -91,6 +100,12 @@ class SequencerService:
         self.zk.start(timeout=30)
         try:
             self.zk.ensure_path(SEQUENCER_ROOT)
+            if self._server is not None:  # the ZAP handler runs before the CURVE socket binds
+                cache = self._security_cache = SecurityCache(self.zk)
+                cache.start()
+                self._zap = ZapAuthenticator(self.ctx, lambda: cache.authorizer)
+                self._zap.start()
+                self._server.apply(self.router, DOMAIN_REPLICATION)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.SNDHWM, SOCKET_HWM)
             self.router.setsockopt(zmq.RCVHWM, SOCKET_HWM)
@@ -116,6 +131,10 @@ class SequencerService:
         if was_active:
             self._delete_own_active_znode()  # hand over at once instead of after the session timeout
         self.router.close(linger=0)
+        if self._zap is not None:
+            self._zap.stop()
+        if self._security_cache is not None:
+            self._security_cache.close()
         self.ctx.term()
         zkl.close_client(self.zk)
 
@@ -338,12 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port for ALLOCATE_IDS; 0 picks a free one")
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--server-key-file", default="", help="secure mode: the cluster key pair (docs/SECURITY.md)")
+    parser.add_argument("--zk-digest-file", default="", help="secure mode: the ZooKeeper digest user:password file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format=f"%(asctime)s sequencer{args.sequencer_id} %(levelname)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     service = SequencerService(args.zk, args.sequencer_id, host=args.host, port=args.port,
-                               session_timeout_ms=args.session_timeout_ms)
+                               session_timeout_ms=args.session_timeout_ms, server_key_file=args.server_key_file,
+                               zk_digest_file=args.zk_digest_file)
 
     def on_signal(_signum: int, _frame: Any) -> None:
         service.stop()

@@ -18,10 +18,10 @@ from fabric.cli._common import STATE_FILE, Progress
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = subparsers.add_parser("up", help="run ZooKeeper and storage nodes locally until Ctrl-C")
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--nodes", type=int, default=3, help="storage nodes to start")
     up.add_argument("--data-dir", help="keep data here (default: a temporary dir, removed on exit)")
     up.add_argument("--zk-servers", type=int, default=1, choices=(1, 3, 5),
-                    help="ZooKeeper servers: 1, or an ensemble of 3 or 5 (default: 1)")
+                    help="ZooKeeper servers: 1, or an ensemble of 3 or 5")
     up.add_argument("--config", metavar="NODE.toml",
                     help="node options for every node (docs/OPERATIONS.md); id, zk and data_dir are set per node")
     up.add_argument("--secure", action="store_true",
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument("--messages", type=int, default=200_000)
     demo.add_argument("--size", type=int, default=100, help="message size in bytes")
     demo.add_argument("--partitions", type=int, default=6)
-    demo.add_argument("--nodes", type=int, default=3)
+    demo.add_argument("--nodes", type=int, default=3, help="storage nodes of the demo's cluster")
     demo.set_defaults(run=cmd_demo)
 
     # The node parses its own arguments (it is also ``python -m nodes``): pass them through.
@@ -50,8 +50,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         from fabric import config
 
         config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
-    # The sequencer does not run CURVE yet (docs/SECURITY.md): a secure cluster has none.
-    sequencers = 0 if args.secure else 2
+    sequencers = 2
     cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=sequencers,
                            zk_servers=args.zk_servers, secure=args.secure)
     stop = threading.Event()

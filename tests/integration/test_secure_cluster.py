@@ -36,7 +36,7 @@ ANSWER_WAIT_S = 10.0
 
 @pytest.fixture(scope="module")
 def secure(zk_server: LocalZooKeeper, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = make_cluster(zk_server, tmp_path_factory.mktemp("secure"), secure=True)
+    cluster = make_cluster(zk_server, tmp_path_factory.mktemp("secure"), secure=True, sequencer_count=1)
     cluster.start()
     try:
         yield cluster
@@ -251,3 +251,28 @@ def test_zookeeper_without_the_digest_cannot_rewrite_the_routing_map(secure: Loc
             outsider.delete(f"/fabric/nodes/{next(iter(secure.nodes))}")
     finally:
         close_client(outsider)
+
+
+def test_strict_order_topic_through_a_secure_sequencer(secure: LocalCluster, admin: Admin) -> None:
+    """The nodes reach the sequencer with their node keys; a user key is refused by it."""
+    topic = f"strict-{uuid.uuid4().hex[:8]}"
+    admin.create_topic(topic, partitions=1, replication_factor=3, strict_order=True)
+    operator = _security(secure).client()
+    with Producer(secure.bootstrap, security=operator, acks="all") as producer:
+        metadata = producer.send(topic, b"ordered").result(60)
+    assert metadata.offset >= 0
+    zk = _security(secure).connect()
+    try:
+        from fabric import sequencer_client
+
+        active = sequencer_client.read_active(zk)
+    finally:
+        close_client(zk)
+    assert active is not None
+    _, user = _user(secure)
+    conns = Connections(security=user)
+    try:
+        with pytest.raises(errors.AuthenticationFailedError):
+            conns.request(active.address, ApiKey.API_VERSIONS, {}, timeout_ms=5_000)
+    finally:
+        conns.close()
