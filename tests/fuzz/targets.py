@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fabric.errors import FabricError
-from fabric.protocol import apis, batch, direct
+from fabric.protocol import apis, batch, direct, queues
 from fabric.protocol import schema as s
 from fabric.protocol.header import decode_header
 from fabric.protocol.schema import Array, Struct
@@ -41,6 +41,13 @@ def schema_entries() -> list[tuple[str, s.Schema]]:
         name = apis.ApiKey(key).name if key in apis.ApiKey._value2member_map_ else str(key)
         out.append((f"{name}.v{version}.request", request))
         out.append((f"{name}.v{version}.response", response))
+    # Queue mode's schemas are not in apis.SCHEMAS until the node serves them; fuzz them
+    # now (and the queue state record the node stores), so they are covered when they land.
+    for (key, version), (request, response) in sorted(queues.SCHEMAS.items()):
+        if (key, version) not in apis.SCHEMAS:
+            out.append((f"queue-{key}.v{version}.request", request))
+            out.append((f"queue-{key}.v{version}.response", response))
+    out.append(("QUEUE_STATE_RECORD", queues.STATE_RECORD_V0))
     return out
 
 
