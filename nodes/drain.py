@@ -29,7 +29,8 @@ from kazoo.exceptions import NoNodeError
 
 from fabric import errors
 from fabric import zk as zkl
-from nodes.state import NodeState
+from fabric.protocol import apis
+from nodes.state import Envelope, NodeState
 
 log = logging.getLogger("fabric.node")
 
@@ -92,6 +93,19 @@ def begin(node: NodeState, now: float) -> None:
         node.zk_worker.submit(deregister, done)
     except errors.NodeNotReadyError:
         node.stopping.set()
+
+
+def handle_drain(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    """DRAIN_NODE (docs/PROTOCOL.md 5.17): begin the controlled shutdown SIGTERM would."""
+    wanted = request.body["node_id"]
+    if wanted != node.node_id:
+        node.send_response(envelope, request.header, {
+            "error": errors.InvalidRequestError.code, "leaderships": 0,
+            "message": f"this is node {node.node_id}, not node {wanted}: nothing drained"})
+        return
+    log.info("drain requested over the wire")
+    node.drain_requested = True
+    node.send_response(envelope, request.header, {"error": 0, "message": "", "leaderships": len(node.leaders)})
 
 
 def check_writable(node: NodeState, topic: str, partition: int) -> None:

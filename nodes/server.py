@@ -100,6 +100,7 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     ApiKey.REPLICA_ACK: leader.handle_replica_ack,
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: leader.handle_offsets_for_leader_epoch,
     ApiKey.ELECT_LEADERS: controller.handle_elect_leaders,
+    ApiKey.DRAIN_NODE: drain.handle_drain,
     **{key: handle_group_api for key in sorted(GROUP_APIS)},
 }
 

@@ -167,6 +167,18 @@ class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_g
                     raise
                 time.sleep(0.1)
 
+    def drain_node(self, node_id: int) -> int:
+        """Controlled shutdown of one node (as SIGTERM does): its leaderships move to other
+        in-sync replicas, then it exits. Returns how many partitions it led when the drain
+        began; it has not necessarily exited yet when this returns."""
+        address = self._meta.refresh().nodes.get(node_id)
+        if address is None:
+            raise errors.InvalidRequestError(f"node {node_id} is not registered (already stopped or draining?)")
+        body = self._conns.request(address, ApiKey.DRAIN_NODE, {"node_id": node_id},
+                                   timeout_ms=self.request_timeout_ms).body
+        errors.raise_for_code(body["error"], body["message"])
+        return int(body["leaderships"])
+
     def nodes(self) -> dict[int, str]:
         return dict(self._meta.refresh().nodes)
 

@@ -13,7 +13,14 @@ import threading
 import time
 from pathlib import Path
 
-from fabric.cli._common import STATE_FILE, Progress
+from fabric.cli._common import (
+    STATE_FILE,
+    Progress,
+    bootstrap,
+    positive_int,
+    quiet_libraries,
+    with_bootstrap,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -296,6 +303,31 @@ def _strict_order_demo(bootstrap: str, partitions: int, replication_factor: int)
 
 
 def cmd_node(argv: list[str]) -> int:
+    if argv[:1] == ["drain"]:
+        return cmd_node_drain(argv[1:])
     from nodes.launch import main as node_main
 
     return node_main(argv)
+
+
+def cmd_node_drain(argv: list[str]) -> int:
+    """``fabric node drain N``: a controlled shutdown of node N from anywhere (DRAIN_NODE)."""
+    from fabric.cli import run_guarded
+
+    parser = with_bootstrap(argparse.ArgumentParser(
+        prog="fabric node drain", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Move node N's leaderships to other in-sync replicas, then stop it (as SIGTERM does)."))
+    parser.add_argument("node_id", type=positive_int, help="the node to drain")
+    args = parser.parse_args(argv)
+    debug = os.environ.get("FABRIC_DEBUG", "") not in ("", "0")
+    quiet_libraries(debug)
+    return run_guarded(_drain, args, debug)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    from sdk import Admin
+
+    with Admin(bootstrap(args)) as admin:
+        led = admin.drain_node(args.node_id)
+    print(f"node {args.node_id} is draining: its {led} leaderships move to in-sync replicas, then it stops")
+    return 0

@@ -57,6 +57,8 @@ class ApiKey(IntEnum):
     LIST_GROUPS = 34
     DESCRIBE_GROUPS = 35
     DELETE_GROUPS = 36
+    # Operations (55-59).
+    DRAIN_NODE = 55
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -272,6 +274,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.ELECT_LEADERS, 0): (ELECT_LEADERS_REQUEST_V0, ELECT_LEADERS_RESPONSE_V0),
     (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),
     (ApiKey.ALLOCATE_IDS, 0): (ALLOCATE_IDS_REQUEST_V0, ALLOCATE_IDS_RESPONSE_V0),
+    (ApiKey.DRAIN_NODE, 0): ((("node_id", "i32"),), (("error", "i16"), ("message", "text"), ("leaderships", "i32"))),
 }
 SCHEMAS.update(_groups.SCHEMAS)
 
