@@ -114,6 +114,33 @@ class Bootstrap:
             zkl.close_client(client)
 
 
+# While a request stays unanswered, ask where its partitions are led this often: a dead
+# leader is replaced one ZooKeeper session timeout after it died, and each interval between
+# rechecks adds to a failover.
+LEADER_RECHECK_INTERVAL_S = 0.25
+# A request to a node whose connection dropped (it stopped or died) is suspect at once, not
+# after the usual wait, for this long after the drop.
+DROPPED_SUSPECT_S = 5.0
+
+
+class DroppedNodes:
+    """Node addresses whose connection dropped recently, from the sockets' monitors.
+
+    A node that stops or dies closes its end at once (the kernel does it for a killed
+    process), long before a request to it times out: producers and consumers use this to
+    look for a new leader right away."""
+
+    def __init__(self) -> None:
+        self._dropped_at: dict[str, float] = {}
+
+    def update(self, conns: Connections, now: float) -> dict[str, float]:
+        for address in conns.take_disconnected():
+            self._dropped_at[address] = now
+        if self._dropped_at:
+            self._dropped_at = {a: t for a, t in self._dropped_at.items() if now - t < DROPPED_SUSPECT_S}
+        return self._dropped_at
+
+
 class MetadataClient:
     """Fetches the routing map from any reachable node, trying bootstrap addresses in turn."""
 

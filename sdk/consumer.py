@@ -24,7 +24,14 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.tags import TagFilter, record_tags
 from fabric.transport import FROM_ENV
-from sdk._client import Bootstrap, Connections, MetadataClient, TopicPartition
+from sdk._client import (
+    LEADER_RECHECK_INTERVAL_S,
+    Bootstrap,
+    Connections,
+    DroppedNodes,
+    MetadataClient,
+    TopicPartition,
+)
 from sdk._group import ConsumerRebalanceListener, GroupMember
 
 log = logging.getLogger("fabric.consumer")
@@ -158,6 +165,7 @@ class Consumer:
         self._busy_nodes: set[str] = set()
         self._refresh_needed = True
         self._last_recheck_s = 0.0
+        self._dropped = DroppedNodes()  # nodes whose connection dropped: their fetches are suspect
         self._closed = False
         self.enable_auto_commit = enable_auto_commit and group_id is not None
         self.auto_commit_interval_ms = auto_commit_interval_ms
@@ -601,7 +609,13 @@ class Consumer:
     def _check_timeouts(self) -> None:
         now = time.monotonic()
         overdue_s = (self.fetch_max_wait_ms + FETCH_GRACE_MS) / 1000.0
-        if any(now - sent > overdue_s for _a, sent, _p in self._in_flight.values()) and now - self._last_recheck_s > 1.0:
+        dropped = self._dropped.update(self._conns, now)
+
+        def overdue(address: str, sent: float) -> bool:
+            return now - sent > overdue_s or address in dropped
+
+        if (any(overdue(a, sent) for a, sent, _p in self._in_flight.values())
+                and now - self._last_recheck_s > LEADER_RECHECK_INTERVAL_S):
             self._last_recheck_s = now
             # A long-poll that outlives its max_wait by this much: its leader may be dead
             # or paused. Look again; resend to a new leader instead of waiting the timeout.
@@ -610,7 +624,7 @@ class Consumer:
             except errors.FabricError:
                 pass
         for correlation_id, (address, sent, positions) in list(self._in_flight.items()):
-            moved = now - sent > overdue_s and any(
+            moved = overdue(address, sent) and any(
                 self._meta.metadata.leader_address(tp.topic, tp.partition) != address for tp in positions)
             if moved or now - sent > (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000.0:
                 del self._in_flight[correlation_id]

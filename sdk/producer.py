@@ -26,7 +26,13 @@ from fabric.protocol import tags as tags_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
 from fabric.transport import unique_inproc_endpoint
-from sdk._client import Bootstrap, Connections, MetadataClient
+from sdk._client import (
+    LEADER_RECHECK_INTERVAL_S,
+    Bootstrap,
+    Connections,
+    DroppedNodes,
+    MetadataClient,
+)
 from sdk.accumulator import (
     RECORD_OVERHEAD_BYTES,
     Headers,
@@ -40,12 +46,7 @@ log = logging.getLogger("fabric.producer")
 
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
-# ...and then ask again this often while it stays unanswered: a dead leader is replaced one
-# ZooKeeper session timeout after it died, and each recheck interval is added to failover.
-LEADER_RECHECK_INTERVAL_S = 0.25
-# A request to a node whose connection dropped (it stopped or died) is suspect at once, not
-# after LEADER_RECHECK_S, for this long after the drop.
-DROPPED_SUSPECT_S = 5.0
+# (then again every LEADER_RECHECK_INTERVAL_S; at once for a node whose connection dropped)
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
 # A producer that is garbage-collected, or still open when the interpreter exits, without
 # close(): it flushes what it holds for at most this long, then logs how many records
@@ -155,7 +156,7 @@ class _ProducerCore:
         self._wake_push.connect(wake)
         self._refresh_needed = True
         self._last_recheck_s = 0.0
-        self._dropped_at: dict[str, float] = {}  # node address -> when its connection dropped
+        self._dropped = DroppedNodes()  # nodes whose connection dropped: their requests are suspect
         self._thread = threading.Thread(target=self._run_sender, name="fabric-producer-sender", daemon=True)
         self._thread.start()
 
@@ -574,11 +575,7 @@ class _ProducerCore:
     def _check_timeouts(self, conns: Connections, meta: MetadataClient) -> None:
         now = time.monotonic()
         expired: list[tuple[int, _InFlight]] = []
-        for address in conns.take_disconnected():
-            self._dropped_at[address] = now
-        if self._dropped_at:
-            self._dropped_at = {a: t for a, t in self._dropped_at.items() if now - t < DROPPED_SUSPECT_S}
-        dropped = self._dropped_at
+        dropped = self._dropped.update(conns, now)
 
         def suspect(f: _InFlight) -> bool:
             return now - f.sent_s >= LEADER_RECHECK_S or f.address in dropped
