@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fabric.cli._common import (
     STATE_FILE,
+    Parser,
     Progress,
     bootstrap,
     positive_int,
@@ -314,8 +315,8 @@ def cmd_node_drain(argv: list[str]) -> int:
     """``fabric node drain N``: a controlled shutdown of node N from anywhere (DRAIN_NODE)."""
     from fabric.cli import run_guarded
 
-    parser = with_bootstrap(argparse.ArgumentParser(
-        prog="fabric node drain", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    parser = with_bootstrap(Parser(
+        prog="fabric node drain",
         description="Move node N's leaderships to other in-sync replicas, then stop it (as SIGTERM does)."))
     parser.add_argument("node_id", type=positive_int, help="the node to drain")
     args = parser.parse_args(argv)

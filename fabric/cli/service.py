@@ -14,7 +14,7 @@ import sys
 import time
 
 from fabric import errors
-from fabric.cli._common import bootstrap, with_bootstrap
+from fabric.cli._common import bootstrap, positive_int, with_bootstrap
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"))
     request.add_argument("name")
     request.add_argument("payload", help="the request body (UTF-8); '-' reads stdin")
-    request.add_argument("--timeout-ms", type=int, default=5_000)
+    request.add_argument("--timeout-ms", type=positive_int, default=5_000)
     request.add_argument("--idempotent", action="store_true", help="allow retries on another instance")
     request.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
     request.add_argument("--show-instance", action="store_true", help="print the answering instance on stderr")
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     subscribe = with_bootstrap(subparsers.add_parser("subscribe", help="print direct-plane messages matching a pattern"))
     subscribe.add_argument("pattern", help="subject pattern: tokens split by '.', '*' one token, '>' the rest")
     subscribe.add_argument("--max-messages", type=int)
-    subscribe.add_argument("--timeout-ms", type=int, help="stop after this long without a message")
+    subscribe.add_argument("--timeout-ms", type=positive_int, help="stop after this long without a message")
     subscribe.set_defaults(run=cmd_subscribe)
 
     publish = with_bootstrap(subparsers.add_parser("publish", help="publish one direct-plane message"))

@@ -94,6 +94,8 @@ def free_port() -> int:
     (("topic", "frobnicate"), "invalid choice"),
     (("nonsense",), "invalid choice"),
     (("consume",), "required"),
+    (("request", "svc", "hi", "--timeout-ms", "-5"), "--timeout-ms"),
+    (("node", "drain", "two"), "node_id"),
 ])
 def test_bad_flag_values_are_usage_errors(fabric: Fabric, topic: str, args: tuple[str, ...], needle: str) -> None:
     args = tuple(topic if a == "T" else a for a in args)
