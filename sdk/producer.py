@@ -22,6 +22,7 @@ from fabric.auth.curve import ClientSecurity
 from fabric.limits import BATCH_HEADER_BYTES, MESSAGE_BYTES_MAX_DEFAULT
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
+from fabric.protocol import queues as queue_format
 from fabric.protocol import tags as tags_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
@@ -171,14 +172,26 @@ class _ProducerCore:
         timestamp_ms: int | None = None,
         callback: Any = None,
         tags: Iterable[str] | None = None,
+        *,
+        delay_ms: int = 0,
+        deliver_at_ms: int = 0,
+        priority: int | None = None,
+        dedup_id: str = "",
+        ttl_ms: int = 0,
     ) -> RecordFuture:
         """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset).
 
+        ``delay_ms``/``deliver_at_ms``, ``priority`` (0..9), ``dedup_id`` and ``ttl_ms`` are
+        queue-mode options carried as ``fabric.*`` headers (docs/QUEUES.md); bad values raise.
         ``tags`` (e.g. ``("paid", "eu")``) go in the ``fabric.tags`` header and the batch's
         tag bloom, for consumers with a ``tag_filter`` (docs/GROUPS.md, "Tag filters")."""
         value_b = value if value.__class__ is bytes else _as_bytes(value, "value")
         key_b = key if key is None or key.__class__ is bytes else _as_bytes(key, "key")
         header_list = self._normalize_headers(headers) if headers else None
+        if delay_ms or deliver_at_ms or priority is not None or dedup_id or ttl_ms:
+            # queue-mode options travel as documented record headers (docs/QUEUES.md)
+            header_list = [*(header_list or []), *queue_format.send_headers(
+                delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, priority=priority, ttl_ms=ttl_ms, dedup_id=dedup_id)]
         if tags:
             header_list = [*(header_list or []), (tags_format.TAGS_HEADER, tags_format.encode_tags(tags))]
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)

@@ -39,6 +39,9 @@ HEADER_PRIORITY: Final[str] = "fabric.priority"
 HEADER_TTL_MS: Final[str] = "fabric.ttl_ms"
 HEADER_DEDUP_ID: Final[str] = "fabric.dedup_id"
 # Headers on a dead letter, naming its origin.
+SEND_DELAY_MS_MAX: Final[int] = 7 * 24 * 3_600_000  # the node's DELAY_MS_MAX (nodes/queue_state.py)
+DEDUP_ID_BYTES_MAX: Final[int] = 128  # as SQS's MessageDeduplicationId
+
 HEADER_DLQ_QUEUE: Final[str] = "fabric.dlq.queue"
 HEADER_DLQ_PARTITION: Final[str] = "fabric.dlq.partition"
 HEADER_DLQ_OFFSET: Final[str] = "fabric.dlq.offset"
@@ -137,7 +140,20 @@ def _int_header(name: str, raw: bytes | None) -> int:
 def send_headers(
     *, delay_ms: int = 0, deliver_at_ms: int = 0, priority: int | None = None, ttl_ms: int = 0, dedup_id: str = ""
 ) -> list[tuple[str, bytes | None]]:
-    """The record headers a producer writes for a queue message (only those set)."""
+    """The record headers a producer writes for a queue message (only those set); bad values
+    raise before anything is sent (bounds as docs/QUEUES.md states them)."""
+    from fabric import errors  # the error classes; kept local so the schema imports stay minimal
+
+    if not 0 <= delay_ms <= SEND_DELAY_MS_MAX or deliver_at_ms < 0 or (delay_ms and deliver_at_ms):
+        raise errors.InvalidDelayError(
+            f"delay_ms must be 0..{SEND_DELAY_MS_MAX} (7 days) and deliver_at_ms >= 0, not both set;"
+            f" got delay_ms={delay_ms} deliver_at_ms={deliver_at_ms}")
+    if priority is not None and not 0 <= priority <= 9:
+        raise errors.InvalidPriorityError(f"priority {priority} outside 0..9")
+    if ttl_ms < 0:
+        raise InvalidRequestError(f"ttl_ms must be >= 0 (0: none), got {ttl_ms}")
+    if len(dedup_id.encode()) > DEDUP_ID_BYTES_MAX:
+        raise InvalidRequestError(f"dedup_id is longer than DEDUP_ID_BYTES_MAX ({DEDUP_ID_BYTES_MAX} bytes)")
     out: list[tuple[str, bytes | None]] = []
     for name, value in ((HEADER_DELAY_MS, delay_ms), (HEADER_DELIVER_AT_MS, deliver_at_ms), (HEADER_TTL_MS, ttl_ms)):
         if value:

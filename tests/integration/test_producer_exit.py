@@ -178,3 +178,16 @@ def test_one_megabyte_record_with_default_settings(cluster: LocalCluster, topic_
 def test_bootstrap_with_a_foreign_scheme_is_refused_at_once() -> None:
     with pytest.raises(ValueError, match="zk://HOST:PORT"):
         Producer("http://x")
+
+
+def test_queue_send_options_arrive_as_documented_headers(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    with Producer(cluster.bootstrap) as producer:
+        producer.send(topic_name, b"q", headers=[("h", b"v")], delay_ms=1500, priority=7, dedup_id="d-1",
+                      ttl_ms=60_000).result(30)
+        with pytest.raises(errors.InvalidPriorityError):
+            producer.send(topic_name, b"bad", priority=10)
+    [record] = read_all(cluster.bootstrap, topic_name, 1, expected=1)
+    assert list(record.headers) == [("h", b"v"), ("fabric.delay_ms", b"1500"), ("fabric.ttl_ms", b"60000"),
+                                    ("fabric.priority", b"7"), ("fabric.dedup_id", b"d-1")]

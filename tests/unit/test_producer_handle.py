@@ -12,3 +12,18 @@ def test_handle_and_core_take_the_same_parameters() -> None:
     core = inspect.signature(_ProducerCore.__init__).parameters
     assert [(p.name, p.kind, p.default) for p in handle.values()] == \
         [(p.name, p.kind, p.default) for p in core.values()]
+
+
+def test_queue_send_options_become_headers_and_bad_values_raise() -> None:
+    import pytest
+
+    from fabric import errors
+    from fabric.protocol import queues as q
+
+    assert q.read_headers(q.send_headers(delay_ms=5, priority=9, ttl_ms=7, dedup_id="a")) == {
+        "delay_ms": 5, "deliver_at_ms": 0, "priority": 9, "ttl_ms": 7, "dedup_id": "a"}
+    with pytest.raises(errors.InvalidPriorityError):
+        q.send_headers(priority=10)
+    with pytest.raises(errors.InvalidDelayError):
+        q.send_headers(delay_ms=q.SEND_DELAY_MS_MAX + 1)
+    assert "delay_ms" in inspect.signature(Producer.send if hasattr(Producer, "send") else _ProducerCore.send).parameters
