@@ -52,13 +52,17 @@ class AsyncProducer:
 
     def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
              headers: dict[str, bytes | str | None] | None = None, partition: int | None = None,
-             timestamp_ms: int | None = None) -> asyncio.Future[RecordMetadata]:
+             timestamp_ms: int | None = None, *, delay_ms: int = 0, deliver_at_ms: int = 0,
+             priority: int | None = None, dedup_id: str = "", ttl_ms: int = 0) -> asyncio.Future[RecordMetadata]:
         """Appends to the producer's buffer now (blocking only while the buffer is full, at
-        most ``max_block_ms``) and returns a future for the acknowledgement."""
+        most ``max_block_ms``) and returns a future for the acknowledgement. The queue options
+        are ``Producer.send``'s (docs/QUEUES.md)."""
         loop = self._loop
         future: asyncio.Future[RecordMetadata] = loop.create_future()
         record_future = self.producer.send(topic, value, key=key, headers=headers, partition=partition,
-                                           timestamp_ms=timestamp_ms)
+                                           timestamp_ms=timestamp_ms, delay_ms=delay_ms,
+                                           deliver_at_ms=deliver_at_ms, priority=priority, dedup_id=dedup_id,
+                                           ttl_ms=ttl_ms)
 
         def settle(metadata: RecordMetadata | None, exc: BaseException | None) -> None:
             if not future.done():

@@ -191,3 +191,20 @@ def test_queue_send_options_arrive_as_documented_headers(cluster: LocalCluster, 
     [record] = read_all(cluster.bootstrap, topic_name, 1, expected=1)
     assert list(record.headers) == [("h", b"v"), ("fabric.delay_ms", b"1500"), ("fabric.ttl_ms", b"60000"),
                                     ("fabric.priority", b"7"), ("fabric.dedup_id", b"d-1")]
+
+
+def test_async_producer_takes_the_queue_send_options(cluster: LocalCluster, topic_name: str) -> None:
+    import asyncio
+
+    from sdk.aio import AsyncProducer
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+
+    async def send() -> None:
+        with Producer(cluster.bootstrap) as producer:
+            await AsyncProducer(producer).send(topic_name, b"a", priority=3, delay_ms=10)
+
+    asyncio.run(send())
+    [record] = read_all(cluster.bootstrap, topic_name, 1, expected=1)
+    assert list(record.headers) == [("fabric.delay_ms", b"10"), ("fabric.priority", b"3")]
