@@ -38,10 +38,10 @@ HEADER_DELIVER_AT_MS: Final[str] = "fabric.deliver_at_ms"
 HEADER_PRIORITY: Final[str] = "fabric.priority"
 HEADER_TTL_MS: Final[str] = "fabric.ttl_ms"
 HEADER_DEDUP_ID: Final[str] = "fabric.dedup_id"
-# Headers on a dead letter, naming its origin.
 SEND_DELAY_MS_MAX: Final[int] = 7 * 24 * 3_600_000  # the node's DELAY_MS_MAX (nodes/queue_state.py)
 DEDUP_ID_BYTES_MAX: Final[int] = 128  # as SQS's MessageDeduplicationId
 
+# Headers on a dead letter, naming its origin.
 HEADER_DLQ_QUEUE: Final[str] = "fabric.dlq.queue"
 HEADER_DLQ_PARTITION: Final[str] = "fabric.dlq.partition"
 HEADER_DLQ_OFFSET: Final[str] = "fabric.dlq.offset"
