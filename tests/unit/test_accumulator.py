@@ -129,3 +129,30 @@ def test_contradictory_settings_are_refused() -> None:
         make(batch_bytes_max=1000, buffer_bytes_max=10)
     with pytest.raises(ValueError):
         make(linger_ms=-1)
+
+
+def test_pipelining_sends_up_to_max_in_flight_per_partition() -> None:
+    acc = make(linger_ms=0, batch_bytes_max=100)
+    for i in range(40):
+        acc.append("t", 0, i, None, b"v" * 30, None, now_s=0.0)
+    first = acc.ready(0.0, {}, max_in_flight=5)
+    assert len(first) == 5 and [b.order for b in first] == sorted(b.order for b in first)
+    assert acc.ready(0.0, {("t", 0): 5}, max_in_flight=5) == []
+    assert len(acc.ready(0.0, {("t", 0): 3}, max_in_flight=5)) == 2
+
+
+def test_failed_pipelined_batches_are_resent_in_order_and_alone() -> None:
+    acc = make(linger_ms=0, batch_bytes_max=100)
+    for i in range(20):
+        acc.append("t", 0, i, None, b"v" * 30, None, now_s=0.0)
+    sent = acc.ready(0.0, {}, max_in_flight=3)
+    for batch in sent:
+        batch.attempts = 1
+    for batch in reversed(sent):  # answers may fail in any order
+        acc.requeue(batch)
+    assert acc.ready(1.0, {("t", 0): 1}, max_in_flight=3) == []  # waits for what is still in flight
+    [again] = acc.ready(1.0, {}, max_in_flight=3)
+    assert again is sent[0]  # the earliest first, alone
+    again.attempts = 2
+    [second] = acc.ready(1.0, {}, max_in_flight=3)
+    assert second is sent[1]
