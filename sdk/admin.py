@@ -14,6 +14,7 @@ from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
 from sdk._group_admin import GroupAdmin
+from sdk._queue_admin import QueueAdmin
 
 TOPIC_READY_TIMEOUT_S = 30.0
 
@@ -25,7 +26,7 @@ class TopicDescription:
     partitions: tuple[PartitionMetadata, ...]
 
 
-class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_group_admin.py
+class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk/_queue_admin.py
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None,
                  security: ClientSecurity | None = None) -> None:
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY.

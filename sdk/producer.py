@@ -202,8 +202,10 @@ class _ProducerCore:
             if count is None:
                 count = self._await_topic(topic)
             if partition is None:
-                if key_b is not None:
-                    partition = partition_for_key(key_b, count)
+                if key_b is not None or dedup_id:
+                    # A dedup id without a key routes by the id: its repeats meet the same
+                    # partition's dedup window (docs/QUEUES.md).
+                    partition = partition_for_key(key_b if key_b is not None else dedup_id.encode(), count)
                 else:
                     partition = self._sticky.get(topic)
                     if partition is None or partition >= count:

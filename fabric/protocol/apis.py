@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from fabric.errors import MalformedRequestError, UnknownApiError, UnsupportedVersionError
 from fabric.protocol import groups as _groups
+from fabric.protocol import queues as _queues
 from fabric.protocol import schema as s
 from fabric.protocol.header import (
     Header,
@@ -57,6 +58,10 @@ class ApiKey(IntEnum):
     LIST_GROUPS = 34
     DESCRIBE_GROUPS = 35
     DELETE_GROUPS = 36
+    # Queue mode (40-49), schemas in fabric/protocol/queues.py.
+    QUEUE_RECEIVE = 40
+    QUEUE_SETTLE = 41
+    QUEUE_DESCRIBE = 42
     # Operations (55-59).
     DRAIN_NODE = 55
 
@@ -277,6 +282,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.DRAIN_NODE, 0): ((("node_id", "i32"),), (("error", "i16"), ("message", "text"), ("leaderships", "i32"))),
 }
 SCHEMAS.update(_groups.SCHEMAS)
+SCHEMAS.update(_queues.SCHEMAS)
 
 
 def supported_versions() -> dict[int, tuple[int, int]]:
