@@ -569,6 +569,7 @@ class _ProducerCore:
                     f"after {batch.attempts} attempts; last error: {exc}"))
                 return
             batch.retry_after_s = now + self.retry_backoff_s
+            batch.last_error = exc
             self._acc.requeue(batch)
 
     def _finish(self, batch: ProducerBatch, base_offset: int, exc: BaseException | None) -> None:
@@ -585,7 +586,8 @@ class _ProducerCore:
                 why = "no producer id yet" if self.idempotent and self.producer_id < 0 else "not acknowledged"
                 self._finish(batch, -1, errors.DeliveryTimeoutError(
                     f"{batch.topic}/{batch.partition}: {why} within delivery_timeout_ms="
-                    f"{int(self.delivery_timeout_s * 1000)} after {batch.attempts} attempts"))
+                    f"{int(self.delivery_timeout_s * 1000)} after {batch.attempts} attempts"
+                    + (f"; last error: {batch.last_error}" if batch.last_error is not None else "")))
 
     def _check_timeouts(self, conns: Connections, meta: MetadataClient) -> None:
         now = time.monotonic()

@@ -34,7 +34,8 @@ from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient
 
 REQUEST_SLACK_MS: Final[int] = 5_000  # a long poll unanswered this long past its wait is abandoned
-RECEIVE_RETRY_S: Final[float] = 0.1  # pause after a round in which every node refused
+RECEIVE_RETRY_S: Final[float] = 0.1
+UNREACHABLE_REFRESH_S: Final[float] = 0.25  # a leader unreachable this long: refresh the routing map  # pause after a round in which every node refused
 BUFFER_MESSAGES_MAX: Final[int] = qp.RECEIVE_MESSAGES_MAX  # leased but not yet handed out
 SETTLE_TIMEOUT_MS: Final[int] = 15_000
 
@@ -81,6 +82,8 @@ class QueueConsumer:
         self._buffer: deque[QueueMessage] = deque()
         self._polls: dict[str, tuple[int, float]] = {}  # node address -> (correlation id, give-up time)
         self._closed = False
+        self._unreachable_since: dict[str, float] = {}
+        self._refreshed_s = 0.0
 
     # -- receiving ------------------------------------------------------------------------------
     def receive(self, max_messages: int = 10, wait_ms: int = 0) -> list[QueueMessage]:
@@ -132,6 +135,16 @@ class QueueConsumer:
                 self.ack(done)
 
     def _node_addresses(self) -> set[str]:
+        now = time.monotonic()
+        if any(now - since > UNREACHABLE_REFRESH_S for since in self._unreachable_since.values()) \
+                and now - self._refreshed_s > UNREACHABLE_REFRESH_S:
+            # A leader we cannot reach may have been replaced: ask the cluster again.
+            self._refreshed_s = now
+            self._unreachable_since.clear()
+            try:
+                self._meta.refresh([self.queue])
+            except errors.FabricError:
+                pass  # the next round asks again
         topic = self._meta.topic(self.queue)
         addresses = {self._meta.metadata.leader_address(self.queue, p.partition) for p in topic.partitions}
         return {a for a in addresses if a}
@@ -151,8 +164,10 @@ class QueueConsumer:
                 self._conns.send(address, apis.encode_request(ApiKey.QUEUE_RECEIVE, body, correlation_id),
                                  wait_connect_ms=0)
             except errors.FabricError:
-                all_sent = False
+                all_sent = False  # not connected (yet, or any more: the node may be gone)
+                self._unreachable_since.setdefault(address, time.monotonic())
                 continue
+            self._unreachable_since.pop(address, None)
             self._polls[address] = (correlation_id, time.monotonic() + (wait_ms + REQUEST_SLACK_MS) / 1000.0)
         return all_sent
 
