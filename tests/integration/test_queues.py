@@ -257,3 +257,27 @@ def test_acked_messages_stay_acked_after_the_leader_dies(fresh_cluster: LocalClu
     rest_values = [m.value for m in rest]
     assert not acked_values & set(rest_values), "an acknowledged message was delivered again"
     assert acked_values | set(rest_values) == set(values), "a message was lost"
+
+
+def test_the_queue_command_line(cluster: LocalCluster, topic_name: str, tmp_path: Path) -> None:
+    env = {**os.environ, "FABRIC_BOOTSTRAP": cluster.bootstrap, "FABRIC_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+
+    def fabric(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fabric", "queue", *args], input=stdin, env=env, text=True,
+                              capture_output=True, timeout=60, check=False)
+
+    dlq = f"{topic_name}.dlq"
+    done = fabric("create", topic_name, "--partitions", "2", "--max-deliveries", "1", "--dead-letter", dlq)
+    assert done.returncode == 0, done.stderr
+    assert topic_name in fabric("list").stdout.split()
+    assert fabric("send", topic_name, stdin="a\nb\nc\n").returncode == 0
+    assert fabric("send", topic_name, "-m", "urgent", "--priority", "9").returncode == 0
+    done = fabric("receive", topic_name, "-n", "4", "--wait-ms", "3000")
+    assert done.returncode == 0, done.stderr
+    assert sorted(line.split(": ")[1] for line in done.stdout.splitlines()) == ["a", "b", "c", "urgent"]
+    described = fabric("describe", topic_name)
+    assert described.returncode == 0 and "max_deliveries = 1" in described.stdout
+    bad = fabric("create", f"{topic_name}-x", "--visibility-timeout-ms", "999999999")
+    assert bad.returncode == 1 and "VISIBILITY_TIMEOUT_MS_MAX" in bad.stderr and "Traceback" not in bad.stderr
+    assert fabric("receive", topic_name, "--wait-ms", "30000").returncode == 2  # a usage error, not a hang
+    assert fabric("redrive", topic_name).stdout.strip() == f"moved 0 dead letters back to {topic_name}"
