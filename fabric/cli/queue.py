@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fabric.cli._common import bootstrap, non_negative_int, positive_int, usage_error, with_bootstrap
+from fabric.cli._common import (
+    bootstrap,
+    non_negative_int,
+    positive_int,
+    usage_error,
+    with_bootstrap,
+)
 from fabric.protocol import queues as qp
 
 

@@ -187,10 +187,10 @@ def test_size_limit_refuses_sends_until_workers_catch_up(cluster: LocalCluster, 
     with Admin(cluster.bootstrap) as admin:
         admin.create_queue(topic_name, max_messages=5)
     _send(cluster.bootstrap, topic_name, [f"{i}".encode() for i in range(5)])
-    with Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=1500, request_timeout_ms=1000) as producer:
-        # Retried as the retriable error it is until the delivery timeout, which names it.
-        with pytest.raises(errors.DeliveryTimeoutError, match="QUEUE_FULL.*max_messages"):
-            producer.send(topic_name, b"one too many").result(timeout=10)
+    # Retried as the retriable error it is until the delivery timeout, which names it.
+    with Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=1500, request_timeout_ms=1000) as producer, \
+            pytest.raises(errors.DeliveryTimeoutError, match=r"QUEUE_FULL.*max_messages"):
+        producer.send(topic_name, b"one too many").result(timeout=10)
     with QueueConsumer(cluster.bootstrap, topic_name) as worker:
         assert len(_drain(worker, 2, 10)) >= 2
     _send(cluster.bootstrap, topic_name, [b"room again"])
