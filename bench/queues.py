@@ -38,46 +38,51 @@ BATCH = 100
 REDIS_GROUP = "workers"
 
 
-def _fabric_worker(bootstrap: str, queue: str, share: int, started: Any, results: Any) -> None:
+def _fabric_worker(bootstrap: str, queue: str, total: int, acked: Any, started: Any, results: Any) -> None:
     worker = QueueConsumer(bootstrap, queue, "bench")
     started.wait()
     done = 0
     idle_rounds = 0
-    while done < share and idle_rounds < 10:
-        batch = worker.receive(BATCH, 1000)
+    while acked.value < total and idle_rounds < 10:
+        batch = worker.receive(BATCH, 200)
         if not batch:
             idle_rounds += 1
             continue
+        idle_rounds = 0
         worker.ack(batch)
         done += len(batch)
+        with acked.get_lock():
+            acked.value += len(batch)
     results.put((done, time.time()))
     worker.close()
 
 
-def _redis_worker(port: int, stream: str, name: str, share: int, started: Any, results: Any) -> None:
+def _redis_worker(port: int, stream: str, name: str, total: int, acked: Any, started: Any, results: Any) -> None:
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=30)
     started.wait()
     done = 0
     idle_rounds = 0
-    while done < share and idle_rounds < 10:
-        reply = client.xreadgroup(REDIS_GROUP, name, {stream: ">"}, count=BATCH, block=1000)
+    while acked.value < total and idle_rounds < 10:
+        reply = client.xreadgroup(REDIS_GROUP, name, {stream: ">"}, count=BATCH, block=200)
         if not reply:
             idle_rounds += 1
             continue
+        idle_rounds = 0
         ids = [entry_id for entry_id, _fields in reply[0][1]]
         client.xack(stream, REDIS_GROUP, *ids)
         done += len(ids)
+        with acked.get_lock():
+            acked.value += len(ids)
     results.put((done, time.time()))
     client.close()
 
 
 def _run_workers(target: Any, args_for: Any, workers: int, total: int) -> float:
     ctx = mp.get_context("spawn")
-    started, results = ctx.Event(), ctx.Queue()
-    shares = [total // workers + (1 if i < total % workers else 0) for i in range(workers)]
-    procs = [ctx.Process(target=target, args=(*args_for(i), shares[i], started, results)) for i in range(workers)]
+    started, results, acked = ctx.Event(), ctx.Queue(), ctx.Value("q", 0)
+    procs = [ctx.Process(target=target, args=(*args_for(i), total, acked, started, results)) for i in range(workers)]
     for p in procs:
         p.start()
     time.sleep(1.0 + 0.1 * workers)  # let each process connect before the clock starts
@@ -87,7 +92,7 @@ def _run_workers(target: Any, args_for: Any, workers: int, total: int) -> float:
     for p in procs:
         p.join(30)
     received = sum(n for n, _t in finished)
-    end = max(t for _n, t in finished)
+    end = max(t for n, t in finished if n) if received else time.time()
     if received < total:
         print(f"  warning: only {received}/{total} received")
     return received / (end - t0)
