@@ -65,12 +65,12 @@ def _redis_worker(port: int, stream: str, name: str, total: int, acked: Any, sta
     done = 0
     idle_rounds = 0
     while acked.value < total and idle_rounds < 10:
-        reply = client.xreadgroup(REDIS_GROUP, name, {stream: ">"}, count=BATCH, block=200)
+        reply: Any = client.xreadgroup(REDIS_GROUP, name, {stream: ">"}, count=BATCH, block=200)
         if not reply:
             idle_rounds += 1
             continue
         idle_rounds = 0
-        ids = [entry_id for entry_id, _fields in reply[0][1]]
+        ids: list[Any] = [entry[0] for entry in reply[0][1]]
         client.xack(stream, REDIS_GROUP, *ids)
         done += len(ids)
         with acked.get_lock():
@@ -142,15 +142,15 @@ def delay_lateness(bootstrap: str, count: int) -> dict[str, float]:
             producer.send(queue, value, delay_ms=delay, timestamp_ms=now_ms)
         producer.flush()
     late_ms: list[float] = []
-    early = 0
+    early: int = 0
     with QueueConsumer(bootstrap, queue, "lateness") as worker:
         deadline = time.monotonic() + 30
         while len(late_ms) < count and time.monotonic() < deadline:
             batch = worker.receive(100, 1000)
-            now_ms = time.time() * 1000
+            received_ms = time.time() * 1000
             for m in batch:
-                lateness = now_ms - due[m.value or b""]
-                early += lateness < 0
+                lateness = received_ms - due[m.value or b""]
+                early += int(lateness < 0)
                 late_ms.append(lateness)
             if batch:
                 worker.ack(batch)
