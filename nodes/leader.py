@@ -11,6 +11,7 @@ acknowledgement never rests on an ISR the controller has not seen.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import struct
@@ -76,6 +77,15 @@ class LeaderReplica:
         progress.log_end_offset = max(progress.log_end_offset, log_end_offset) if progress.log_end_offset >= 0 else log_end_offset
         progress.last_ack_at_s = now_s
         progress.leader_end_at_last_ack = leader_end
+
+    def set_replicas(self, replicas: tuple[int, ...], now_s: float) -> None:
+        """The replica list changed within this term (a reassignment): follow the new
+        replicas from not-yet-heard (they join the ISR by catching up), forget removed ones."""
+        for r in replicas:
+            if r != self.node_id and r not in self.followers:
+                self.followers[r] = FollowerProgress(caught_up_at_s=now_s, last_ack_at_s=now_s)
+        for r in [r for r in self.followers if r not in replicas]:
+            del self.followers[r]
 
     def high_watermark(self, leader_end: int) -> int:
         hw = leader_end
@@ -215,8 +225,8 @@ def check_isr(node: NodeState, now: float) -> None:
         if wanted is None:
             continue
         state = node.states[tp]
-        new_state = zkl.PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch,
-                                       tuple(r for r in state.replicas if r in wanted), state.version)
+        # replace(): a reassignment's fields ride along unchanged.
+        new_state = dataclasses.replace(state, isr=tuple(r for r in state.replicas if r in wanted))
         try:
             node.zk_worker.submit(functools.partial(zkl.write_partition_state, node.zk, tp[0], new_state),
                                   functools.partial(_isr_written, node, tp, leader.epoch))

@@ -271,31 +271,6 @@ def render(status: Status) -> str:
     return "\n".join(lines)
 
 
-def log_ranges(bootstrap_value: str, topic: str, partitions: list[int],
-               timeout_ms: int = LIST_OFFSETS_TIMEOUT_MS) -> dict[int, tuple[int, int] | None]:
-    """Each partition's log start offset and end offset (the high watermark: what consumers
-    can read), from its leader; None where the leader did not answer."""
-    from fabric import errors
-    from sdk import Consumer, TopicPartition
-
-    out: dict[int, tuple[int, int] | None] = {}
-    with Consumer(bootstrap_value, request_timeout_ms=timeout_ms) as consumer:
-        for p in partitions:
-            tp = TopicPartition(topic, p)
-            try:
-                out[p] = (consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp])
-            except errors.FabricError:
-                out[p] = None
-    return out
-
-
-def describe_range(span: tuple[int, int] | None) -> str:
-    if span is None:
-        return "log ? (leader did not answer)"
-    start, end = span
-    return f"log {start}..{end} ({end - start:,} records)"
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     import logging
 
