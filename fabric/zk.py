@@ -190,6 +190,7 @@ class NodeInfo:
     pid: int = 0
     started_ms: int = 0
     metrics_address: str = ""  # the node's Prometheus endpoint (nodes/metrics.py); "" when off
+    version: str = ""  # the Fabric release the node runs (fabric.__version__); "" from older nodes
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

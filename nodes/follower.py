@@ -28,7 +28,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
-from nodes.leader import STREAM_META
+from nodes.leader import STREAM_META, replica_log
 from nodes.reassign import catch_up_throttle
 from nodes.state import NodeState, TopicPartition
 
@@ -82,7 +82,8 @@ def fetch_allowance(f: FollowerReplica, throttle_bytes_per_s: int, now: float) -
 
 def set_mode(tp: TopicPartition, f: FollowerReplica, mode: str, why: str) -> None:
     if f.mode != mode:
-        log.info("follower of %s/%d (leader %d epoch %d): %s -> %s: %s", *tp, f.leader_id, f.epoch, f.mode, mode, why)
+        replica_log(tp, f.epoch).info("follower of %s/%d (leader %d epoch %d): %s -> %s: %s",
+                                      *tp, f.leader_id, f.epoch, f.mode, mode, why)
         f.mode = mode
 
 
@@ -277,8 +278,8 @@ def _on_epoch_reply(node: NodeState, tp: TopicPartition, f: FollowerReplica, res
     our_end = plog.end_offset_for_epoch(leader_epoch)[1] if leader_epoch >= 0 else -1
     target = truncation_target(leader_epoch, leader_end, our_end, plog.log_start_offset)
     if target < plog.log_end_offset:
-        log.warning("truncating %s/%d from %d to %d (leader %d epoch %d)",
-                    *tp, plog.log_end_offset, target, f.leader_id, f.epoch)
+        replica_log(tp, f.epoch).warning("truncating %s/%d from %d to %d (leader %d epoch %d)",
+                                         *tp, plog.log_end_offset, target, f.leader_id, f.epoch)
         plog.truncate_to(target)
     if plog.log_end_offset < result["log_start_offset"]:
         plog.reset_to(result["log_start_offset"])

@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 from kazoo.exceptions import BadVersionError
 
-from fabric import errors
+from fabric import errors, logs
 from fabric import zk as zkl
 from fabric.protocol import apis
 from fabric.zk import PartitionState
@@ -30,6 +30,12 @@ from nodes.log import partition_key
 from nodes.state import Envelope, NodeState, TopicPartition
 
 log = logging.getLogger("fabric.node")
+
+
+def replica_log(tp: TopicPartition, epoch: int) -> logs.ContextAdapter:
+    """The logger for a line about one replica: topic, partition and epoch travel as fields
+    (``--log-format json``), the node id is stamped by ``logs.setup``."""
+    return logs.replica_logger(log, topic=tp[0], partition=tp[1], epoch=epoch)
 
 ISR_CHECK_INTERVAL_S = 0.1
 # The replication stream's frames are [partition key, STREAM_META, batch bytes]; the
@@ -244,12 +250,12 @@ def _isr_written(node: NodeState, tp: TopicPartition, epoch: int, written: Any, 
         node.resync_soon()
         return
     if error is not None:  # connection trouble: the next check tries again
-        log.warning("ISR update of %s/%d failed: %s", *tp, error)
+        replica_log(tp, epoch).warning("ISR update of %s/%d failed: %s", *tp, error)
         return
     leader = node.leaders.get(tp)
     if leader is None or leader.epoch != epoch:
         return  # we moved on meanwhile; the routing map will show what was written
-    log.info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(written.isr))
+    replica_log(tp, epoch).info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(written.isr))
     node.states[tp] = written
     node.routing.apply_partition_state(tp[0], written)
     leader.isr = set(written.isr) | {node.node_id}

@@ -144,8 +144,8 @@ def _become_leader(node: NodeState, tp: TopicPartition, state: zkl.PartitionStat
     plog = node.logs[tp]
     plog.assign_epoch(state.leader_epoch)
     node.leaders[tp] = LeaderReplica.start(node.node_id, state, plog.log_end_offset, time.monotonic())
-    log.info("leader of %s/%d at epoch %d from offset %d, isr %s",
-             *tp, state.leader_epoch, plog.log_end_offset, list(state.isr))
+    leader_side.replica_log(tp, state.leader_epoch).info(
+        "leader of %s/%d at epoch %d from offset %d, isr %s", *tp, state.leader_epoch, plog.log_end_offset, list(state.isr))
     leader_side.update_high_watermark(node, tp)
 
 
@@ -156,7 +156,7 @@ def _become_follower(node: NodeState, tp: TopicPartition, event: Event) -> None:
     if pkey not in node.subscribed:
         node.sockets.sub.setsockopt(zmq.SUBSCRIBE, pkey)
         node.subscribed.add(pkey)
-    log.info("follower of %s/%d: leader %d epoch %d", *tp, event.leader_id, event.epoch)
+    leader_side.replica_log(tp, event.epoch).info("follower of %s/%d: leader %d epoch %d", *tp, event.leader_id, event.epoch)
 
 
 def _drop(node: NodeState, tp: TopicPartition) -> None:
