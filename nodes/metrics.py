@@ -35,6 +35,9 @@ Series (names per the Prometheus conventions: ``_total`` counters, ``_seconds``,
     fabric_parked_fetches / fabric_pending_produces      requests waiting on this node
     fabric_rocksdb_size_bytes                            files under the node's RocksDB dir
     fabric_controller                                    1 on the controller
+    fabric_queue_messages{queue,partition,group,state}   queue partitions this node leads: visible,
+                                                         in_flight, delayed (docs/QUEUES.md)
+    fabric_queue_finished_total{queue,partition,group,outcome}   dead_lettered, dropped, deduplicated
 
 The endpoint's address is registered in the node's ZooKeeper znode (``metrics_address``),
 which is how ``fabric status`` and a Prometheus file-SD script find every node's endpoint.
@@ -95,6 +98,7 @@ class Snapshot:
     parked_fetches: int = 0
     pending_produces: int = 0
     is_controller: bool = False
+    queues: tuple[tuple[str, int, str, tuple[tuple[str, int], ...]], ...] = ()  # (queue, partition, group, counts)
     # (group, topic, partition, messages behind the high watermark) for the groups this node
     # coordinates, where it also holds the partition (its copy's high watermark).
     group_lag: tuple[tuple[str, str, int, int], ...] = ()
@@ -125,13 +129,15 @@ def snapshot(node: Any) -> Snapshot:
         live = set(node.routing.nodes())
         offline = sum(1 for route in node.routing.topics().values() for state in route.partitions.values()
                       if state.leader < 0 or state.leader not in live)
+    queues = tuple((q, p, g, tuple(sorted(counts.items())))
+                   for q, p, g, counts in (node.queues.counts() if node.queues is not None else []))
     group_lag = []
     if node.groups is not None:
         for group, topic, partition, offset in node.groups.committed():
             plog = node.logs.get((topic, partition))
             if plog is not None:
                 group_lag.append((group, topic, partition, max(0, plog.high_watermark - offset)))
-    return Snapshot(tuple(samples), offline, len(node.parked), len(node.pending), bool(node.is_controller),
+    return Snapshot(tuple(samples), offline, len(node.parked), len(node.pending), bool(node.is_controller), queues,
                     tuple(group_lag))
 
 
@@ -283,6 +289,24 @@ class _StateCollector(Collector):
             fam = family(name, doc)
             fam.add_metric([], float(value))
             yield fam
+        yield from queue_families(snap)
+
+
+def queue_families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
+    """Queue depth per queue partition this node leads, and how messages left other than by ack."""
+    depth = GaugeMetricFamily("fabric_queue_messages", "Messages of a queue partition by state, per group.",
+                              labels=["queue", "partition", "group", "state"])
+    finished = GaugeMetricFamily("fabric_queue_finished_total",
+                                 "Messages that left a queue partition without an ack, per group and outcome.",
+                                 labels=["queue", "partition", "group", "outcome"])
+    for queue, partition, group, items in snap.queues:
+        counts = dict(items)
+        for state in ("visible", "in_flight", "delayed"):
+            depth.add_metric([queue, str(partition), group, state], float(counts.get(state, 0)))
+        for outcome in ("dead_lettered", "dropped", "deduplicated"):
+            finished.add_metric([queue, str(partition), group, outcome], float(counts.get(outcome, 0)))
+    yield depth
+    yield finished
 
 
 class NodeMetrics:

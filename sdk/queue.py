@@ -16,6 +16,7 @@ The rules and bounds are in docs/QUEUES.md; the frames in docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections import deque
@@ -54,6 +55,8 @@ class QueueMessage:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    # The node that granted the lease: settling goes there (a lease does not move with leadership).
+    granted_by: str = field(default="", repr=False, compare=False)
 
     def header(self, name: str) -> bytes | None:
         for k, v in self.headers:
@@ -189,7 +192,7 @@ class QueueConsumer:
             for m in message.body["messages"]:
                 self._buffer.append(QueueMessage(
                     self.queue, m["partition"], m["offset"], m["delivery_count"], m["deadline_ms"], m["timestamp_ms"],
-                    m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]]))
+                    m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]], address))
         now = time.monotonic()
         for address, (_cid, give_up) in list(self._polls.items()):
             if now > give_up:
@@ -205,8 +208,8 @@ class QueueConsumer:
     # -- settling ---------------------------------------------------------------------------------
     def ack(self, messages: QueueMessage | Iterable[QueueMessage]) -> None:
         """Acknowledge (done: never delivered again). Many messages go in one request per
-        node. Raises LeaseNotHeldError naming those whose lease had already ended (they are
-        or will be delivered again); the others are acknowledged."""
+        node. Raises LeaseNotHeldError whose ``lost`` lists the messages whose lease had
+        already ended (they are or will be delivered again); the others are acknowledged."""
         self._settle(_many(messages), qp.ACTION_ACK, 0, "")
 
     def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
@@ -231,10 +234,12 @@ class QueueConsumer:
         for msg in messages:
             if msg.queue != self.queue:
                 raise errors.InvalidRequestError(f"message of queue {msg.queue!r} settled on {self.queue!r}")
-            address = self._meta.metadata.leader_address(self.queue, msg.partition) if self._meta.metadata else None
+            address = msg.granted_by or self._meta.metadata.leader_address(self.queue, msg.partition)
             by_node.setdefault(address or "", []).append(msg)
         deadlines: dict[tuple[int, int], int] = {}
         lost: list[str] = []
+        lost_messages: list[QueueMessage] = []
+        by_position = {(m.partition, m.offset): m for m in messages}
         for address, group in by_node.items():
             for start in range(0, len(group), qp.SETTLE_ENTRIES_MAX):
                 chunk = group[start:start + qp.SETTLE_ENTRIES_MAX]
@@ -248,16 +253,20 @@ class QueueConsumer:
                 except errors.FabricError as exc:
                     # The lease cannot be settled where it was granted: it ends on its own.
                     lost.extend(f"{m.partition}/{m.offset} ({exc.name})" for m in chunk)
-                    self._meta.refresh([self.queue])
+                    lost_messages.extend(chunk)
+                    with contextlib.suppress(errors.FabricError):
+                        self._meta.refresh([self.queue])
                     continue
                 for r in reply["results"]:
                     if r["error"]:
-                        lost.append(f"{r['partition']}/{r['offset']} ({errors.error_for_code(r['error']).__name__})")
+                        lost.append(f"{r['partition']}/{r['offset']} ({errors.error_for_code(r['error']).name})")
+                        lost_messages.append(by_position[(r["partition"], r["offset"])])
                     deadlines[(r["partition"], r["offset"])] = r["deadline_ms"]
         if lost:
+            # ``lost`` on the error: exactly the messages not settled; the others were.
             raise errors.LeaseNotHeldError(
                 f"{len(lost)} of {len(messages)} messages were not settled, their lease had ended (they are "
-                f"delivered again): {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}")
+                f"delivered again): {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}", lost=lost_messages)
         return [deadlines.get((m.partition, m.offset), 0) for m in messages]
 
     # -- lifecycle --------------------------------------------------------------------------------

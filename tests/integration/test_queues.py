@@ -281,3 +281,49 @@ def test_the_queue_command_line(cluster: LocalCluster, topic_name: str, tmp_path
     assert bad.returncode == 1 and "VISIBILITY_TIMEOUT_MS_MAX" in bad.stderr and "Traceback" not in bad.stderr
     assert fabric("receive", topic_name, "--wait-ms", "30000").returncode == 2  # a usage error, not a hang
     assert fabric("redrive", topic_name).stdout.strip() == f"moved 0 dead letters back to {topic_name}"
+
+
+def test_queue_depth_in_the_metrics(cluster: LocalCluster, topic_name: str) -> None:
+    from tests.integration.test_metrics_endpoint import endpoints, scrape, total
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2)
+    _send(cluster.bootstrap, topic_name, [f"{i}".encode() for i in range(30)])
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        held = _drain(worker, 10, 10, ack=False)
+        assert len(held) == 10
+        urls = list(endpoints(cluster).values())
+        deadline = time.monotonic() + 15
+        while True:
+            samples = [scrape(url) for url in urls]
+            counts = {state: sum(total(s, "fabric_queue_messages", queue=topic_name, group="default", state=state)
+                                 for s in samples) for state in ("visible", "in_flight", "delayed")}
+            if counts == {"visible": 20, "in_flight": 10, "delayed": 0} or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert counts == {"visible": 20, "in_flight": 10, "delayed": 0}
+        worker.ack(held)
+
+
+def test_queues_from_the_asyncio_entry_point(cluster: LocalCluster, topic_name: str) -> None:
+    import asyncio
+
+    import sdk
+
+    async def run() -> list[bytes | None]:
+        async with await sdk.connect(cluster.bootstrap) as client:
+            with Admin(cluster.bootstrap) as admin:
+                admin.create_queue(topic_name)
+            producer = client.producer()
+            for i in range(3):
+                await producer.send(topic_name, f"{i}".encode())
+            worker = await client.queue_consumer(topic_name, group="aio")
+            got: list[bytes | None] = []
+            async for msg in worker:
+                got.append(msg.value)
+                await worker.ack(msg)
+                if len(got) == 3:
+                    break
+            return got
+
+    assert sorted(asyncio.run(run())) == [b"0", b"1", b"2"]  # type: ignore[type-var]
