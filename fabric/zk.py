@@ -14,6 +14,7 @@ routing map from the METADATA API of any node and never need to read ZooKeeper.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -189,6 +190,7 @@ class NodeInfo:
     pid: int = 0
     started_ms: int = 0
     metrics_address: str = ""  # the node's Prometheus endpoint (nodes/metrics.py); "" when off
+    version: str = ""  # the Fabric release the node runs (fabric.__version__); "" from older nodes
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -324,17 +326,30 @@ class PartitionState:
     leader_epoch: int
     isr: tuple[int, ...]
     version: int = -1  # the znode version it was read at; the fence for the next write
+    # A reassignment in progress (nodes/reassign.py): ``replicas`` is then the new list
+    # followed by ``removing``; ``adding`` are new replicas not yet in the ISR's history.
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+    throttle_bytes_per_s: int = 0  # the adding replicas' catch-up fetch limit; 0 = none
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"replicas": list(self.replicas), "leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr)},
-            sort_keys=True,
-        ).encode()
+        data: dict[str, Any] = {"replicas": list(self.replicas), "leader": self.leader,
+                                "leader_epoch": self.leader_epoch, "isr": list(self.isr)}
+        if self.reassigning:  # absent otherwise: the znode reads as it always did
+            data.update(adding=list(self.adding), removing=list(self.removing),
+                        throttle_bytes_per_s=self.throttle_bytes_per_s)
+        return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, partition: int, raw: bytes, version: int = -1) -> PartitionState:
         data = json.loads(raw)
-        return cls(partition, tuple(data["replicas"]), int(data["leader"]), int(data["leader_epoch"]), tuple(data["isr"]), version)
+        return cls(partition, tuple(data["replicas"]), int(data["leader"]), int(data["leader_epoch"]), tuple(data["isr"]),
+                   version, tuple(data.get("adding", ())), tuple(data.get("removing", ())),
+                   int(data.get("throttle_bytes_per_s", 0)))
 
 
 @dataclass
@@ -456,7 +471,7 @@ def delete_topic(zk: KazooClient, name: str) -> None:
 def write_partition_state(zk: KazooClient, topic: str, state: PartitionState) -> PartitionState:
     """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``."""
     stat = set_data(zk, partition_path(topic, state.partition), state.encode(), version=state.version)
-    return PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch, state.isr, stat.version)
+    return dataclasses.replace(state, version=stat.version)
 
 
 def allocate_producer_id_block(zk: KazooClient) -> tuple[int, int]:

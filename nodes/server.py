@@ -100,7 +100,7 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     ApiKey.INIT_PRODUCER_ID: admin.handle_init_producer_id,
     ApiKey.REPLICA_ACK: leader.handle_replica_ack,
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: leader.handle_offsets_for_leader_epoch,
-    ApiKey.ELECT_LEADERS: controller.handle_elect_leaders,
+    **controller.APIS,  # ELECT_LEADERS, REASSIGN_PARTITION, DESCRIBE_REPLICAS
     ApiKey.DRAIN_NODE: drain.handle_drain,
     **{key: handle_group_api for key in sorted(GROUP_APIS)},
     **{key: queue_coordinator.handle for key in sorted(queue_coordinator.QUEUE_APIS)},
