@@ -132,8 +132,8 @@ class ProducerBatch:
     record on the caller's thread; the sender thread splits the columns when it encodes.
     """
 
-    __slots__ = ("attempts", "base_sequence", "created_s", "encoded", "first_sent_s", "has_headers", "order",
-                 "partition", "records", "result", "retry_after_s", "sealed", "size_bytes", "slots", "topic")
+    __slots__ = ("attempts", "base_sequence", "created_s", "encoded", "first_sent_s", "has_headers", "last_error",
+                 "order", "partition", "records", "result", "retry_after_s", "sealed", "size_bytes", "slots", "topic")
 
     def __init__(self, topic: str, partition: int, created_s: float, order: int = 0) -> None:
         self.order = order  # creation order within the producer: retries are requeued by it
@@ -151,6 +151,7 @@ class ProducerBatch:
         self.attempts = 0
         self.retry_after_s = 0.0
         self.first_sent_s = -1.0
+        self.last_error: BaseException | None = None  # why the last attempt failed, for the final error
 
     @property
     def record_count(self) -> int:

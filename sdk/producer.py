@@ -221,8 +221,10 @@ class _ProducerCore:
             if count is None:
                 count = self._await_topic(topic)
             if partition is None:
-                if key_b is not None:
-                    partition = partition_for_key(key_b, count)
+                if key_b is not None or dedup_id:
+                    # A dedup id without a key routes by the id: its repeats meet the same
+                    # partition's dedup window (docs/QUEUES.md).
+                    partition = partition_for_key(key_b if key_b is not None else dedup_id.encode(), count)
                 else:
                     partition = self._sticky.get(topic)
                     if partition is None or partition >= count:
@@ -628,6 +630,7 @@ class _ProducerCore:
                     f"after {batch.attempts} attempts; last error: {exc}"))
                 return
             batch.retry_after_s = now + self.retry_backoff_s
+            batch.last_error = exc
             self._acc.requeue(batch)
 
     def _finish(self, batch: ProducerBatch, base_offset: int, exc: BaseException | None) -> None:
@@ -651,7 +654,8 @@ class _ProducerCore:
                 why = "no producer id yet" if self.idempotent and self.producer_id < 0 else "not acknowledged"
                 self._finish(batch, -1, errors.DeliveryTimeoutError(
                     f"{batch.topic}/{batch.partition}: {why} within delivery_timeout_ms="
-                    f"{int(self.delivery_timeout_s * 1000)} after {batch.attempts} attempts"))
+                    f"{int(self.delivery_timeout_s * 1000)} after {batch.attempts} attempts"
+                    + (f"; last error: {batch.last_error}" if batch.last_error is not None else "")))
 
     def _check_timeouts(self, conns: Connections, meta: MetadataClient) -> None:
         now = time.monotonic()
