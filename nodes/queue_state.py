@@ -324,8 +324,10 @@ class ShareState:
     def restore(self, change: Change, now_ms: int) -> None:
         """Apply a persisted change while rebuilding (after the data log is replayed).
 
-        A lease does not survive a new leader: the message becomes visible again with its
-        delivery count kept (at-least-once; the worker's ack would be refused anyway).
+        A lease does not survive a new leader: it is restored as a lease held by nobody that
+        ends now, so the next ``tick`` treats it as any lease that ended without an ack:
+        visible again with its delivery count kept (at-least-once; the worker's ack would be
+        refused anyway), or dead-lettered if that was its last allowed delivery.
         """
         e = self._entries.get(change.offset)
         if e is None or e.state in _DONE:
@@ -338,6 +340,9 @@ class ShareState:
             elif change.state == DROPPED:
                 self.dropped_total += 1
             self._advance()
+        elif change.state == LEASED:
+            e.state, e.consumer, e.deadline_ms = LEASED, "", now_ms
+            heapq.heappush(self._leases, (now_ms, e.offset))
         else:
             e.visible_at_ms = change.visible_at_ms
             self._make_available(e, now_ms)
