@@ -93,7 +93,8 @@ class _Column:
     def cumulative(self) -> list[int]:
         cum = getattr(self, "_cumulative", None)
         if cum is None:
-            cum = self._cumulative = [0, *accumulate(max(n, 0) for n in self.lengths)]
+            lengths = [n if n > 0 else 0 for n in self.lengths] if self.has_nulls else self.lengths
+            cum = self._cumulative = list(accumulate(lengths, initial=0))
         return cum
 
     def lengths_bytes(self, start: int, end: int) -> bytes:
