@@ -414,6 +414,11 @@ class AuthenticationFailedError(FabricError):
     pass
 
 
+@_wire(82, "THROTTLED", "over its produce quota with the node's throttle queue full; nothing was written, retry later")
+class ThrottledError(RetriableError):
+    pass
+
+
 # Client-side only: these never cross the wire, so they keep code -1.
 class BufferFullError(FabricError):
     name = "BUFFER_FULL"
