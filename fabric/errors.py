@@ -419,6 +419,11 @@ class ThrottledError(RetriableError):
     pass
 
 
+@_wire(90, "REASSIGNMENT_IN_PROGRESS", "the partition is already moving to other replicas; wait for it to finish")
+class ReassignmentInProgressError(FabricError):
+    pass
+
+
 # Client-side only: these never cross the wire, so they keep code -1.
 class BufferFullError(FabricError):
     name = "BUFFER_FULL"

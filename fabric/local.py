@@ -39,6 +39,7 @@ ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
 ZOOKEEPER_READY_TIMEOUT_S = 60.0
 NODE_READY_TIMEOUT_S = 60.0
+REGISTRATION_POLL_S = 0.05  # how often the wait for a node or sequencer registration asks ZooKeeper
 STOP_TIMEOUT_S = 10.0
 
 
@@ -516,30 +517,23 @@ class LocalCluster:
         """Wait until each node's process registered its current pid in ZooKeeper."""
         from fabric import zk as zkl
 
-        zk = zkl.make_client(self.zk_address)
-        zk.start(timeout=30)
-        try:
-            deadline = time.monotonic() + timeout_s
-            pending = set(node_ids)
-            while pending:
-                for node_id in list(pending):
-                    node = self.nodes[node_id]
-                    if not node.process.running:
-                        raise RuntimeError(f"node {node_id} exited during start:\n{node.process.log_tail()}")
-                    try:
-                        raw, _ = zkl.get(zk, zkl.node_path(node_id))
-                    except NoNodeError:
-                        continue
-                    except errors.RequestTimedOutError:
-                        continue  # ZooKeeper is slow (or between leaders): ask again
-                    if zkl.NodeInfo.decode(raw).pid == node.process.pid:
-                        pending.discard(node_id)
-                if pending:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"nodes {sorted(pending)} did not register within {timeout_s} s")
-                    time.sleep(0.05)
-        finally:
-            zkl.close_client(zk)
+        pending = set(node_ids)
+
+        def registered(zk: KazooClient) -> bool | None:
+            for node_id in list(pending):
+                node = self.nodes[node_id]
+                if not node.process.running:
+                    raise RuntimeError(f"node {node_id} exited during start:\n{node.process.log_tail()}")
+                try:
+                    raw, _ = zkl.get(zk, zkl.node_path(node_id))
+                except (NoNodeError, errors.RequestTimedOutError):
+                    continue  # not yet, or ZooKeeper is slow (or between leaders): ask again
+                if zkl.NodeInfo.decode(raw).pid == node.process.pid:
+                    pending.discard(node_id)
+            return True if not pending else None
+
+        self._with_zk(lambda zk: self._poll_registration(
+            zk, registered, timeout_s, lambda: f"nodes {sorted(pending)} did not register within {timeout_s} s"))
 
     def add_sequencer(self, sequencer_id: int) -> LocalSequencer:
         secure_args = self.security.sequencer_args() if self.security is not None else []
@@ -556,18 +550,29 @@ class LocalCluster:
                                   other_than: int | None = None) -> int:
         """Wait until a running sequencer instance (not ``other_than``) is registered as active."""
 
-        def wait(zk: KazooClient) -> int:
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                active = self._read_active_id(zk)
-                sequencer = self.sequencers.get(active) if active is not None else None
-                if active is not None and active != other_than and sequencer is not None \
-                        and sequencer.process.running:
-                    return active
-                time.sleep(0.05)
-            raise RuntimeError(f"no sequencer became active within {timeout_s} s")
+        def active(zk: KazooClient) -> int | None:
+            found = self._read_active_id(zk)
+            sequencer = self.sequencers.get(found) if found is not None else None
+            if found is not None and found != other_than and sequencer is not None and sequencer.process.running:
+                return found
+            return None
 
-        return self._with_zk(wait)
+        return self._with_zk(lambda zk: self._poll_registration(
+            zk, active, timeout_s, lambda: f"no sequencer became active within {timeout_s} s"))
+
+    @staticmethod
+    def _poll_registration(zk: KazooClient, probe: Callable[[KazooClient], _T | None], timeout_s: float,
+                           failure: Callable[[], str]) -> _T:
+        """The one wait-for-registration loop (nodes and sequencers): ask ``probe`` every
+        50 ms until it returns a value; RuntimeError with ``failure()`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = probe(zk)
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise RuntimeError(failure())
+            time.sleep(REGISTRATION_POLL_S)
 
     @staticmethod
     def _read_active_id(zk: KazooClient) -> int | None:

@@ -46,6 +46,7 @@ class ActiveSequencer:
     address: str
     pid: int
     started_ms: int
+    metrics_address: str = ""  # its Prometheus endpoint (sequencer/metrics.py); "" when off
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -53,7 +54,8 @@ class ActiveSequencer:
     @classmethod
     def decode(cls, raw: bytes) -> ActiveSequencer:
         data = json.loads(raw)
-        return cls(int(data["sequencer_id"]), str(data["address"]), int(data["pid"]), int(data["started_ms"]))
+        return cls(int(data["sequencer_id"]), str(data["address"]), int(data["pid"]), int(data["started_ms"]),
+                   str(data.get("metrics_address", "")))
 
 
 def read_active(zk: KazooClient) -> ActiveSequencer | None:

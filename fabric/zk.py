@@ -14,6 +14,7 @@ routing map from the METADATA API of any node and never need to read ZooKeeper.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -37,6 +38,14 @@ from fabric.limits import (
     PARTITIONS_MAX,
     REPLICATION_FACTOR_MAX,
     TOPIC_NAME_BYTES_MAX,
+)
+from fabric.protocol.queues import (
+    DEDUP_WINDOW_MS_DEFAULT,
+    DEDUP_WINDOW_MS_MAX,
+    MAX_DELIVERIES_DEFAULT,
+    MAX_DELIVERIES_MAX,
+    VISIBILITY_TIMEOUT_MS_DEFAULT,
+    VISIBILITY_TIMEOUT_MS_MAX,
 )
 
 ROOT = "/fabric"
@@ -181,6 +190,7 @@ class NodeInfo:
     pid: int = 0
     started_ms: int = 0
     metrics_address: str = ""  # the node's Prometheus endpoint (nodes/metrics.py); "" when off
+    version: str = ""  # the Fabric release the node runs (fabric.__version__); "" from older nodes
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -206,6 +216,16 @@ class TopicConfig:
     # Strict-order topics: an idle partition's leader appends a tick after this long, so
     # ordered readers' watermark keeps moving (docs/DESIGN.md, "Strict-order topics").
     strict_order_tick_ms: int = 50
+    # Queue mode (docs/QUEUES.md): set by `fabric queue create`; any topic may be consumed as
+    # a queue, and these are then the defaults it is consumed with.
+    queue: bool = False
+    visibility_timeout_ms: int = VISIBILITY_TIMEOUT_MS_DEFAULT
+    max_deliveries: int = MAX_DELIVERIES_DEFAULT
+    dead_letter: str = ""  # a topic; "" drops poison and expired messages (counted)
+    message_ttl_ms: int = 0  # 0: no queue-wide TTL
+    max_messages: int = 0  # 0: no limit; past it sends get QUEUE_FULL (retriable)
+    max_bytes: int = 0
+    dedup_window_ms: int = DEDUP_WINDOW_MS_DEFAULT
 
     # Keys a user may set at creation, with their parsers.
     SETTABLE = (
@@ -216,6 +236,14 @@ class TopicConfig:
         "strict_order",
         "unclean_leader_election",
         "strict_order_tick_ms",
+        "queue",
+        "visibility_timeout_ms",
+        "max_deliveries",
+        "dead_letter",
+        "message_ttl_ms",
+        "max_messages",
+        "max_bytes",
+        "dedup_window_ms",
     )
 
     def encode(self) -> bytes:
@@ -243,7 +271,11 @@ class TopicConfig:
         for key, raw in configs.items():
             if key not in cls.SETTABLE:
                 raise errors.InvalidConfigError(f"unknown topic config {key!r}; known: {', '.join(cls.SETTABLE)}")
-            if key in ("strict_order", "unclean_leader_election"):
+            if key == "dead_letter":
+                if raw:
+                    validate_topic_name(raw)
+                values[key] = raw
+            elif key in ("strict_order", "unclean_leader_election", "queue"):
                 if raw.lower() not in ("true", "false", "1", "0"):
                     raise errors.InvalidConfigError(f"{key} must be true or false, got {raw!r}")
                 values[key] = raw.lower() in ("true", "1")
@@ -266,7 +298,24 @@ class TopicConfig:
             raise errors.InvalidConfigError("retention_bytes must be positive or -1 (no limit)")
         if not 10 <= config.strict_order_tick_ms <= 60_000:
             raise errors.InvalidConfigError("strict_order_tick_ms must be within [10, 60000]")
+        config.check_queue_settings()
         return config
+
+    def check_queue_settings(self) -> None:
+        """The queue settings' bounds (docs/QUEUES.md), each refusal quoting its constant."""
+        if not 0 < self.visibility_timeout_ms <= VISIBILITY_TIMEOUT_MS_MAX:
+            raise errors.InvalidQueueConfigError(
+                f"visibility_timeout_ms {self.visibility_timeout_ms} outside 1..VISIBILITY_TIMEOUT_MS_MAX "
+                f"({VISIBILITY_TIMEOUT_MS_MAX} ms, 12 h)")
+        if not 1 <= self.max_deliveries <= MAX_DELIVERIES_MAX:
+            raise errors.InvalidQueueConfigError(
+                f"max_deliveries {self.max_deliveries} outside 1..MAX_DELIVERIES_MAX ({MAX_DELIVERIES_MAX})")
+        if not 0 < self.dedup_window_ms <= DEDUP_WINDOW_MS_MAX:
+            raise errors.InvalidQueueConfigError(
+                f"dedup_window_ms {self.dedup_window_ms} outside 1..DEDUP_WINDOW_MS_MAX ({DEDUP_WINDOW_MS_MAX} ms)")
+        for name in ("message_ttl_ms", "max_messages", "max_bytes"):
+            if getattr(self, name) < 0:
+                raise errors.InvalidQueueConfigError(f"{name} must be >= 0 (0: no limit)")
 
 
 @dataclass(frozen=True)
@@ -277,17 +326,30 @@ class PartitionState:
     leader_epoch: int
     isr: tuple[int, ...]
     version: int = -1  # the znode version it was read at; the fence for the next write
+    # A reassignment in progress (nodes/reassign.py): ``replicas`` is then the new list
+    # followed by ``removing``; ``adding`` are new replicas not yet in the ISR's history.
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+    throttle_bytes_per_s: int = 0  # the adding replicas' catch-up fetch limit; 0 = none
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"replicas": list(self.replicas), "leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr)},
-            sort_keys=True,
-        ).encode()
+        data: dict[str, Any] = {"replicas": list(self.replicas), "leader": self.leader,
+                                "leader_epoch": self.leader_epoch, "isr": list(self.isr)}
+        if self.reassigning:  # absent otherwise: the znode reads as it always did
+            data.update(adding=list(self.adding), removing=list(self.removing),
+                        throttle_bytes_per_s=self.throttle_bytes_per_s)
+        return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, partition: int, raw: bytes, version: int = -1) -> PartitionState:
         data = json.loads(raw)
-        return cls(partition, tuple(data["replicas"]), int(data["leader"]), int(data["leader_epoch"]), tuple(data["isr"]), version)
+        return cls(partition, tuple(data["replicas"]), int(data["leader"]), int(data["leader_epoch"]), tuple(data["isr"]),
+                   version, tuple(data.get("adding", ())), tuple(data.get("removing", ())),
+                   int(data.get("throttle_bytes_per_s", 0)))
 
 
 @dataclass
@@ -409,7 +471,7 @@ def delete_topic(zk: KazooClient, name: str) -> None:
 def write_partition_state(zk: KazooClient, topic: str, state: PartitionState) -> PartitionState:
     """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``."""
     stat = set_data(zk, partition_path(topic, state.partition), state.encode(), version=state.version)
-    return PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch, state.isr, stat.version)
+    return dataclasses.replace(state, version=stat.version)
 
 
 def allocate_producer_id_block(zk: KazooClient) -> tuple[int, int]:

@@ -11,7 +11,9 @@ controller writes a new partition state with a version-checked set: a deposed co
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -20,6 +22,7 @@ from fabric import errors
 from fabric import zk as zkl
 from fabric.protocol import apis
 from fabric.zk import PartitionState
+from nodes import reassign
 from nodes.state import Envelope, NodeState
 
 log = logging.getLogger("fabric.controller")
@@ -113,34 +116,42 @@ def is_due(node: NodeState) -> bool:
 
 
 def reconcile_leaders(node: NodeState) -> None:
-    """Elect a leader wherever the current one is gone (or an offline ISR member is back).
+    """Elect a leader wherever the current one is gone (or an offline ISR member is back),
+    and finish reassignments whose new replicas are all in sync (nodes/reassign.py).
 
     Runs on the ZooKeeper worker: it reads the routing cache (thread-safe snapshots),
     writes ZooKeeper with version checks and only flips the loop's dirty flags."""
     live = set(node.routing.nodes())
     for name, route in node.routing.topics().items():
+        elect_here = functools.partial(elect, unclean=route.config.unclean_leader_election)
         for p, cached in route.partitions.items():
-            if elect(cached, live, unclean=route.config.unclean_leader_election) is None:
-                continue
-            try:
-                raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
-                state = zkl.PartitionState.decode(p, raw, stat.version)
-                live = set(zkl.live_nodes(node.zk))
-                new_state = elect(state, live, unclean=route.config.unclean_leader_election)
-                if new_state is None:
-                    continue
-                written = zkl.write_partition_state(node.zk, name, new_state)
-            except (BadVersionError, NoNodeError):
-                node.controller_dirty = True
-                continue
-            except Exception as exc:
-                log.warning("leader election for %s/%d failed: %s", name, p, exc)
-                node.controller_dirty = True
-                continue
-            node.routing.apply_partition_state(name, written)
-            node.routing_dirty = True
-            log.info("controller: %s/%d leader %d -> %d, epoch %d, isr %s",
-                     name, p, state.leader, written.leader, written.leader_epoch, list(written.isr))
+            for decide in (elect_here, reassign.complete):
+                if decide(cached, live) is not None:
+                    _decide_and_write(node, name, p, decide)
+                    break
+
+
+def _decide_and_write(node: NodeState, name: str, p: int,
+                      decide: Callable[[PartitionState, set[int]], PartitionState | None]) -> None:
+    """Decide again on fresh state read from ZooKeeper, and write it version-checked."""
+    try:
+        raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
+        state = zkl.PartitionState.decode(p, raw, stat.version)
+        new_state = decide(state, set(zkl.live_nodes(node.zk)))
+        if new_state is None:
+            return
+        written = zkl.write_partition_state(node.zk, name, new_state)
+    except (BadVersionError, NoNodeError):
+        node.controller_dirty = True
+        return
+    except Exception as exc:
+        log.warning("controller decision for %s/%d failed: %s", name, p, exc)
+        node.controller_dirty = True
+        return
+    node.routing.apply_partition_state(name, written)
+    node.routing_dirty = True
+    log.info("controller: %s/%d leader %d -> %d, epoch %d, replicas %s, isr %s",
+             name, p, state.leader, written.leader, written.leader_epoch, list(written.replicas), list(written.isr))
 
 
 def handle_elect_leaders(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
@@ -175,3 +186,11 @@ def _elect_preferred(node: NodeState, topics: list[str]) -> dict[str, Any]:
             node.routing_dirty = True
             moved += 1
     return {"error": 0, "message": "", "moved": moved}
+
+
+# The controller's APIs, in the node's DISPATCH (reassignment: nodes/reassign.py).
+APIS: dict[int, Callable[[NodeState, Envelope, apis.Message], dict[str, Any] | None]] = {
+    apis.ApiKey.ELECT_LEADERS: handle_elect_leaders,
+    apis.ApiKey.REASSIGN_PARTITION: reassign.handle_reassign,
+    apis.ApiKey.DESCRIBE_REPLICAS: reassign.handle_describe_replicas,
+}

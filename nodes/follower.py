@@ -28,7 +28,8 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
-from nodes.leader import STREAM_META
+from nodes.leader import STREAM_META, replica_log
+from nodes.reassign import catch_up_throttle
 from nodes.state import NodeState, TopicPartition
 
 log = logging.getLogger("fabric.node")
@@ -42,6 +43,8 @@ REPLICA_ACK_INTERVAL_S = 0.1  # followers report their log end at least this oft
 REPLICA_STALL_S = 0.3  # no stream progress this long while the leader is ahead: fetch instead
 REPLICA_REQUEST_TIMEOUT_S = 2.0  # a truncation or fetch request to the leader is resent after this
 REPLICA_FETCH_BYTES_MAX = 8 * 1024 * 1024
+THROTTLE_FETCH_BYTES_MIN = 64 * 1024  # a throttled fetch waits until it may ask for this much
+THROTTLE_FIRST_CREDIT_S = 0.1  # a throttled catch-up starts with this many seconds of credit
 
 
 @dataclass
@@ -54,11 +57,33 @@ class FollowerReplica:
     leader_log_end: int = -1
     last_progress_s: float = 0.0
     acked_log_end: int = -1  # what we last told the leader
+    # A reassignment's catch-up throttle (nodes/reassign.py): a token bucket of fetch bytes.
+    throttle_credit_bytes: float = 0.0
+    throttle_at_s: float = 0.0
+
+
+def fetch_allowance(f: FollowerReplica, throttle_bytes_per_s: int, now: float) -> int:
+    """How many bytes the next catch-up fetch may ask for (0: wait). Unthrottled: the
+    usual maximum. Throttled: a token bucket holding at most one second of the rate; the
+    bytes a reply brings are taken off afterwards (``spend``), so one fetch larger than
+    the credit (a fetch returns at least one whole batch) is paid for by waiting longer."""
+    if throttle_bytes_per_s <= 0:
+        return REPLICA_FETCH_BYTES_MAX
+    if f.throttle_at_s:
+        f.throttle_credit_bytes = min(float(throttle_bytes_per_s),
+                                      f.throttle_credit_bytes + throttle_bytes_per_s * (now - f.throttle_at_s))
+    else:
+        f.throttle_credit_bytes = throttle_bytes_per_s * THROTTLE_FIRST_CREDIT_S
+    f.throttle_at_s = now
+    if f.throttle_credit_bytes < min(THROTTLE_FETCH_BYTES_MIN, throttle_bytes_per_s):
+        return 0
+    return int(min(f.throttle_credit_bytes, REPLICA_FETCH_BYTES_MAX))
 
 
 def set_mode(tp: TopicPartition, f: FollowerReplica, mode: str, why: str) -> None:
     if f.mode != mode:
-        log.info("follower of %s/%d (leader %d epoch %d): %s -> %s: %s", *tp, f.leader_id, f.epoch, f.mode, mode, why)
+        replica_log(tp, f.epoch).info("follower of %s/%d (leader %d epoch %d): %s -> %s: %s",
+                                      *tp, f.leader_id, f.epoch, f.mode, mode, why)
         f.mode = mode
 
 
@@ -109,10 +134,12 @@ def tick(node: NodeState, now: float) -> None:
                 f.request_sent_s = now
         if f.mode == STREAMING and f.leader_log_end > plog.log_end_offset and now - f.last_progress_s > REPLICA_STALL_S:
             set_mode(tp, f, FETCHING, f"stream stalled below the leader's end {f.leader_log_end}")
-        if f.mode == FETCHING and not f.request_in_flight:
-            body = {"replica_id": node.node_id, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": REPLICA_FETCH_BYTES_MAX,
+        allowance = fetch_allowance(f, catch_up_throttle(node.states.get(tp), node.node_id), now) \
+            if f.mode == FETCHING and not f.request_in_flight else 0
+        if allowance:
+            body = {"replica_id": node.node_id, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": allowance,
                     "partitions": [{"topic": tp[0], "partition": tp[1], "fetch_offset": plog.log_end_offset,
-                                    "partition_bytes_max": REPLICA_FETCH_BYTES_MAX, "current_leader_epoch": f.epoch}]}
+                                    "partition_bytes_max": allowance, "current_leader_epoch": f.epoch}]}
             f.request_in_flight = _request(node, address, ApiKey.FETCH, body, "fetch", (tp, f.epoch))
             f.request_sent_s = now
         if f.mode == STREAMING and (plog.log_end_offset != f.acked_log_end or now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S):
@@ -251,8 +278,8 @@ def _on_epoch_reply(node: NodeState, tp: TopicPartition, f: FollowerReplica, res
     our_end = plog.end_offset_for_epoch(leader_epoch)[1] if leader_epoch >= 0 else -1
     target = truncation_target(leader_epoch, leader_end, our_end, plog.log_start_offset)
     if target < plog.log_end_offset:
-        log.warning("truncating %s/%d from %d to %d (leader %d epoch %d)",
-                    *tp, plog.log_end_offset, target, f.leader_id, f.epoch)
+        replica_log(tp, f.epoch).warning("truncating %s/%d from %d to %d (leader %d epoch %d)",
+                                         *tp, plog.log_end_offset, target, f.leader_id, f.epoch)
         plog.truncate_to(target)
     if plog.log_end_offset < result["log_start_offset"]:
         plog.reset_to(result["log_start_offset"])
@@ -275,6 +302,7 @@ def _on_fetch_reply(node: NodeState, tp: TopicPartition, f: FollowerReplica, res
     now_ms = int(time.time() * 1000)
     for data in batches:
         raw = bytes(data)
+        f.throttle_credit_bytes -= len(raw)  # only read while throttled (fetch_allowance)
         header = batch_format.read_header(raw)
         if header.next_offset <= plog.log_end_offset:
             continue

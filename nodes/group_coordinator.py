@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -407,6 +407,11 @@ class GroupCoordinator:
         response = {"error": 0, "message": "", "offsets": offsets}
         self._reply_after(part, envelope, request, response,
                           lambda code, text: {"error": code, "message": text, "offsets": []})
+
+    def committed(self) -> Iterator[tuple[str, str, int, int]]:
+        """(group, topic, partition, committed offset) for every group coordinated here (metrics)."""
+        return ((g.group_id, tp[0], tp[1], entry[0]) for part in list(self._partitions.values()) if part.mode == ACTIVE
+                for g in list(part.groups.values()) for tp, entry in list(g.offsets.items()))
 
     def _list_groups(self) -> dict[str, Any]:
         groups = []

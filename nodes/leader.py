@@ -11,6 +11,7 @@ acknowledgement never rests on an ISR the controller has not seen.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import struct
@@ -21,7 +22,7 @@ from typing import Any
 import zmq
 from kazoo.exceptions import BadVersionError
 
-from fabric import errors
+from fabric import errors, logs
 from fabric import zk as zkl
 from fabric.protocol import apis
 from fabric.zk import PartitionState
@@ -29,6 +30,12 @@ from nodes.log import partition_key
 from nodes.state import Envelope, NodeState, TopicPartition
 
 log = logging.getLogger("fabric.node")
+
+
+def replica_log(tp: TopicPartition, epoch: int) -> logs.ContextAdapter:
+    """The logger for a line about one replica: topic, partition and epoch travel as fields
+    (``--log-format json``), the node id is stamped by ``logs.setup``."""
+    return logs.replica_logger(log, topic=tp[0], partition=tp[1], epoch=epoch)
 
 ISR_CHECK_INTERVAL_S = 0.1
 # The replication stream's frames are [partition key, STREAM_META, batch bytes]; the
@@ -76,6 +83,15 @@ class LeaderReplica:
         progress.log_end_offset = max(progress.log_end_offset, log_end_offset) if progress.log_end_offset >= 0 else log_end_offset
         progress.last_ack_at_s = now_s
         progress.leader_end_at_last_ack = leader_end
+
+    def set_replicas(self, replicas: tuple[int, ...], now_s: float) -> None:
+        """The replica list changed within this term (a reassignment): follow the new
+        replicas from not-yet-heard (they join the ISR by catching up), forget removed ones."""
+        for r in replicas:
+            if r != self.node_id and r not in self.followers:
+                self.followers[r] = FollowerProgress(caught_up_at_s=now_s, last_ack_at_s=now_s)
+        for r in [r for r in self.followers if r not in replicas]:
+            del self.followers[r]
 
     def high_watermark(self, leader_end: int) -> int:
         hw = leader_end
@@ -215,8 +231,8 @@ def check_isr(node: NodeState, now: float) -> None:
         if wanted is None:
             continue
         state = node.states[tp]
-        new_state = zkl.PartitionState(state.partition, state.replicas, state.leader, state.leader_epoch,
-                                       tuple(r for r in state.replicas if r in wanted), state.version)
+        # replace(): a reassignment's fields ride along unchanged.
+        new_state = dataclasses.replace(state, isr=tuple(r for r in state.replicas if r in wanted))
         try:
             node.zk_worker.submit(functools.partial(zkl.write_partition_state, node.zk, tp[0], new_state),
                                   functools.partial(_isr_written, node, tp, leader.epoch))
@@ -234,12 +250,12 @@ def _isr_written(node: NodeState, tp: TopicPartition, epoch: int, written: Any, 
         node.resync_soon()
         return
     if error is not None:  # connection trouble: the next check tries again
-        log.warning("ISR update of %s/%d failed: %s", *tp, error)
+        replica_log(tp, epoch).warning("ISR update of %s/%d failed: %s", *tp, error)
         return
     leader = node.leaders.get(tp)
     if leader is None or leader.epoch != epoch:
         return  # we moved on meanwhile; the routing map will show what was written
-    log.info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(written.isr))
+    replica_log(tp, epoch).info("ISR of %s/%d: %s -> %s", *tp, sorted(leader.isr), sorted(written.isr))
     node.states[tp] = written
     node.routing.apply_partition_state(tp[0], written)
     leader.isr = set(written.isr) | {node.node_id}

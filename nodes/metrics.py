@@ -29,11 +29,15 @@ Series (names per the Prometheus conventions: ``_total`` counters, ``_seconds``,
     fabric_partition_under_replicated{topic,partition}   leaders only: ISR < replicas
     fabric_partition_below_min_insync{topic,partition}   leaders only: acks=all refused
     fabric_replica_lag_messages{topic,partition,follower}   leaders only: leader end - follower end
+    fabric_group_lag_messages{group,topic,partition}     coordinator: high watermark - committed offset
     fabric_leader_partitions / fabric_under_replicated_partitions   per-node totals
     fabric_offline_partitions                            controller only: no live leader
     fabric_parked_fetches / fabric_pending_produces      requests waiting on this node
     fabric_rocksdb_size_bytes                            files under the node's RocksDB dir
     fabric_controller                                    1 on the controller
+    fabric_queue_messages{queue,partition,group,state}   queue partitions this node leads: visible,
+                                                         in_flight, delayed (docs/QUEUES.md)
+    fabric_queue_finished_total{queue,partition,group,outcome}   dead_lettered, dropped, deduplicated
 
 The endpoint's address is registered in the node's ZooKeeper znode (``metrics_address``),
 which is how ``fabric status`` and a Prometheus file-SD script find every node's endpoint.
@@ -54,13 +58,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fabric import errors
+from fabric.metrics_http import MetricsEndpoint
 from fabric.protocol.apis import ApiKey
 
 SNAPSHOT_INTERVAL_S = 1.0
 # From a cached fetch (sub-millisecond) to a full long-poll (FETCH_WAIT_MS_MAX is 60 s).
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                      1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-HTTP_STOP_TIMEOUT_S = 5.0
 STOP_CHECK_INTERVAL_S = 1.0  # the stop watcher's wait on the node's stopping flag
 
 
@@ -94,6 +98,10 @@ class Snapshot:
     parked_fetches: int = 0
     pending_produces: int = 0
     is_controller: bool = False
+    queues: tuple[tuple[str, int, str, tuple[tuple[str, int], ...]], ...] = ()  # (queue, partition, group, counts)
+    # (group, topic, partition, messages behind the high watermark) for the groups this node
+    # coordinates, where it also holds the partition (its copy's high watermark).
+    group_lag: tuple[tuple[str, str, int, int], ...] = ()
 
 
 def snapshot(node: Any) -> Snapshot:
@@ -114,14 +122,24 @@ def snapshot(node: Any) -> Snapshot:
         lag = tuple(sorted((follower_id, max(0, plog.log_end_offset - max(progress.log_end_offset, 0)))
                            for follower_id, progress in leader.followers.items()))
         samples.append(PartitionSample(
-            **common, replicas=len(state.replicas) if state is not None else len(leader.followers) + 1,
+            # A move's new replicas (still copying) do not count as missing from the ISR.
+            **common, replicas=len(state.replicas) - len(state.adding) if state is not None else len(leader.followers) + 1,
             isr_size=len(leader.isr), min_insync=config.min_insync if config is not None else 1, follower_lag=lag))
     offline = None
     if node.is_controller:
         live = set(node.routing.nodes())
         offline = sum(1 for route in node.routing.topics().values() for state in route.partitions.values()
                       if state.leader < 0 or state.leader not in live)
-    return Snapshot(tuple(samples), offline, len(node.parked), len(node.pending), bool(node.is_controller))
+    queues = tuple((q, p, g, tuple(sorted(counts.items())))
+                   for q, p, g, counts in (node.queues.counts() if node.queues is not None else []))
+    group_lag = []
+    if node.groups is not None:
+        for group, topic, partition, offset in node.groups.committed():
+            plog = node.logs.get((topic, partition))
+            if plog is not None:
+                group_lag.append((group, topic, partition, max(0, plog.high_watermark - offset)))
+    return Snapshot(tuple(samples), offline, len(node.parked), len(node.pending), bool(node.is_controller), queues,
+                    tuple(group_lag))
 
 
 def response_error_codes(body: dict[str, Any]) -> list[int]:
@@ -250,6 +268,12 @@ class _StateCollector(Collector):
         yield from per_partition.values()
         yield from led.values()
         yield lag
+        group_lag = family("fabric_group_lag_messages", "Messages a consumer group is behind the high watermark "
+                           "(on the node coordinating the group, for partitions it holds).",
+                           ["group", "topic", "partition"])
+        for group, topic, partition, behind in snap.group_lag:
+            group_lag.add_metric([group, topic, str(partition)], behind)
+        yield group_lag
         totals = [
             ("fabric_leader_partitions", "Partitions this node leads.", leaders),
             ("fabric_under_replicated_partitions", "Led partitions with ISR < replicas.", under),
@@ -266,6 +290,24 @@ class _StateCollector(Collector):
             fam = family(name, doc)
             fam.add_metric([], float(value))
             yield fam
+        yield from queue_families(snap)
+
+
+def queue_families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
+    """Queue depth per queue partition this node leads, and how messages left other than by ack."""
+    depth = GaugeMetricFamily("fabric_queue_messages", "Messages of a queue partition by state, per group.",
+                              labels=["queue", "partition", "group", "state"])
+    finished = GaugeMetricFamily("fabric_queue_finished_total",
+                                 "Messages that left a queue partition without an ack, per group and outcome.",
+                                 labels=["queue", "partition", "group", "outcome"])
+    for queue, partition, group, items in snap.queues:
+        counts = dict(items)
+        for state in ("visible", "in_flight", "delayed"):
+            depth.add_metric([queue, str(partition), group, state], float(counts.get(state, 0)))
+        for outcome in ("dead_lettered", "dropped", "deduplicated"):
+            finished.add_metric([queue, str(partition), group, outcome], float(counts.get(outcome, 0)))
+    yield depth
+    yield finished
 
 
 class NodeMetrics:
@@ -290,8 +332,7 @@ class NodeMetrics:
                                       "followers.", registry=self.registry)
         self.sent_bytes = Counter("fabric_sent_bytes", "Response bytes sent.", registry=self.registry)
         self.registry.register(_StateCollector(self))
-        self._server: Any = None
-        self._thread: Any = None
+        self.endpoint = MetricsEndpoint(self.registry)
         self._next_snapshot_s = 0.0
 
     # -- loop thread ----------------------------------------------------------------------
@@ -317,16 +358,8 @@ class NodeMetrics:
     # -- endpoint -------------------------------------------------------------------------
     def start_http(self, host: str, port: int) -> str:
         """Serve /metrics on host:port (0: a free port); returns the endpoint's URL."""
-        from prometheus_client import start_http_server
-
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        bound_port = self._server.server_address[1]
-        self.address = f"http://{host}:{bound_port}/metrics"
+        self.address = self.endpoint.start(host, port)
         return self.address
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(HTTP_STOP_TIMEOUT_S)
-            self._server = None
+        self.endpoint.stop()

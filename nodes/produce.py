@@ -18,7 +18,7 @@ from fabric.limits import PRODUCE_TIMEOUT_MS_MAX
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.header import Header
-from nodes import drain, strict_order
+from nodes import drain, queue_coordinator, strict_order
 from nodes import leader as leader_side
 from nodes.producer_state import DUPLICATE
 from nodes.state import Envelope, NodeState, TopicPartition
@@ -77,6 +77,8 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
                 result["base_offset"] = original_offset
                 end = original_offset + header.record_count if original_offset >= 0 else plog.log_end_offset
             else:
+                if config.queue and (config.max_messages or config.max_bytes):
+                    queue_coordinator.check_room(node, (topic, partition), header.record_count, header.batch_length)
                 buf = bytearray(frame)
                 # Stamped only here, after the duplicate check: a retry is never stamped twice.
                 global_id = ids.stamp((topic, partition), leader.epoch, buf, header.record_count) \

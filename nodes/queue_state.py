@@ -28,19 +28,26 @@ from typing import Final
 
 from fabric import errors
 
-# SQS's numbers, named so errors can quote them.
-VISIBILITY_TIMEOUT_MS_DEFAULT: Final[int] = 30_000
-VISIBILITY_TIMEOUT_MS_MAX: Final[int] = 12 * 3_600_000
-RECEIVE_WAIT_MS_MAX: Final[int] = 20_000
-RECEIVE_MESSAGES_MAX: Final[int] = 1_000
-MAX_DELIVERIES_DEFAULT: Final[int] = 5  # Kafka share groups' group.share.delivery.count.limit
-MAX_DELIVERIES_MAX: Final[int] = 1_000
-DELAY_MS_MAX: Final[int] = 7 * 24 * 3_600_000  # SQS stops at 15 minutes; the issue asks 7 days
-PRIORITY_MIN: Final[int] = 0
-PRIORITY_MAX: Final[int] = 9
-PRIORITY_DEFAULT: Final[int] = 4  # the middle, as RabbitMQ's clients tend to use
-DEDUP_WINDOW_MS_DEFAULT: Final[int] = 300_000  # SQS FIFO's 5 minutes
-DEDUP_IDS_MAX: Final[int] = 1_000_000  # bound on remembered ids; oldest forgotten first
+# The bounds live with the wire format (fabric/protocol/queues.py) so the SDK and the CLI
+# quote the same numbers; re-exported here for the state machine's readers.
+from fabric.protocol.queues import (
+    DEDUP_IDS_MAX,
+    DEDUP_WINDOW_MS_DEFAULT,
+    DELAY_MS_MAX,
+    MAX_DELIVERIES_DEFAULT,
+    MAX_DELIVERIES_MAX,
+    PRIORITY_DEFAULT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    RECEIVE_MESSAGES_MAX,
+    RECEIVE_WAIT_MS_MAX,
+    VISIBILITY_TIMEOUT_MS_DEFAULT,
+    VISIBILITY_TIMEOUT_MS_MAX,
+)
+
+__all__ = ["DEDUP_IDS_MAX", "DEDUP_WINDOW_MS_DEFAULT", "DELAY_MS_MAX", "MAX_DELIVERIES_DEFAULT",
+           "MAX_DELIVERIES_MAX", "PRIORITY_DEFAULT", "PRIORITY_MAX", "PRIORITY_MIN", "RECEIVE_MESSAGES_MAX",
+           "RECEIVE_WAIT_MS_MAX", "VISIBILITY_TIMEOUT_MS_DEFAULT", "VISIBILITY_TIMEOUT_MS_MAX"]
 
 AVAILABLE: Final[str] = "available"
 DELAYED: Final[str] = "delayed"
@@ -167,6 +174,7 @@ class ShareState:
         self._bytes = 0
         self.dropped_total = 0
         self.dead_total = 0
+        self.deduplicated_total = 0
         # Drained by the coordinator after every call; never longer than one call's changes.
         self._changes: list[Change] = []
 
@@ -203,6 +211,16 @@ class ShareState:
         self._make_available(e, now_ms)
         if e.expires_at_ms:
             heapq.heappush(self._ttl, (e.expires_at_ms, offset))
+
+    def skip(self, offset: int, *, duplicate: bool = False) -> None:
+        """A record at ``offset`` that never joins the queue (a duplicate within the dedup
+        window, a control batch, a record retention removed): the start offset may pass it."""
+        if offset < self.next_offset:
+            return
+        self.next_offset = offset + 1
+        if duplicate:
+            self.deduplicated_total += 1
+        self._advance()
 
     # ----- consumer requests -----
     def acquire(self, consumer: str, max_messages: int, now_ms: int, visibility_ms: int = 0) -> tuple[list[Lease], list[Finished]]:
@@ -306,8 +324,10 @@ class ShareState:
     def restore(self, change: Change, now_ms: int) -> None:
         """Apply a persisted change while rebuilding (after the data log is replayed).
 
-        A lease does not survive a new leader: the message becomes visible again with its
-        delivery count kept (at-least-once; the worker's ack would be refused anyway).
+        A lease does not survive a new leader: it is restored as a lease held by nobody that
+        ends now, so the next ``tick`` treats it as any lease that ended without an ack:
+        visible again with its delivery count kept (at-least-once; the worker's ack would be
+        refused anyway), or dead-lettered if that was its last allowed delivery.
         """
         e = self._entries.get(change.offset)
         if e is None or e.state in _DONE:
@@ -320,6 +340,9 @@ class ShareState:
             elif change.state == DROPPED:
                 self.dropped_total += 1
             self._advance()
+        elif change.state == LEASED:
+            e.state, e.consumer, e.deadline_ms = LEASED, "", now_ms
+            heapq.heappush(self._leases, (now_ms, e.offset))
         else:
             e.visible_at_ms = change.visible_at_ms
             self._make_available(e, now_ms)
@@ -349,6 +372,7 @@ class ShareState:
             "delayed": delayed,
             "dead_lettered": self.dead_total,
             "dropped": self.dropped_total,
+            "deduplicated": self.deduplicated_total,
             "bytes": self._bytes,
             "start_offset": self.start_offset,
             "oldest_offset": oldest,

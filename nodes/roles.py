@@ -144,8 +144,8 @@ def _become_leader(node: NodeState, tp: TopicPartition, state: zkl.PartitionStat
     plog = node.logs[tp]
     plog.assign_epoch(state.leader_epoch)
     node.leaders[tp] = LeaderReplica.start(node.node_id, state, plog.log_end_offset, time.monotonic())
-    log.info("leader of %s/%d at epoch %d from offset %d, isr %s",
-             *tp, state.leader_epoch, plog.log_end_offset, list(state.isr))
+    leader_side.replica_log(tp, state.leader_epoch).info(
+        "leader of %s/%d at epoch %d from offset %d, isr %s", *tp, state.leader_epoch, plog.log_end_offset, list(state.isr))
     leader_side.update_high_watermark(node, tp)
 
 
@@ -156,7 +156,7 @@ def _become_follower(node: NodeState, tp: TopicPartition, event: Event) -> None:
     if pkey not in node.subscribed:
         node.sockets.sub.setsockopt(zmq.SUBSCRIBE, pkey)
         node.subscribed.add(pkey)
-    log.info("follower of %s/%d: leader %d epoch %d", *tp, event.leader_id, event.epoch)
+    leader_side.replica_log(tp, event.epoch).info("follower of %s/%d: leader %d epoch %d", *tp, event.leader_id, event.epoch)
 
 
 def _drop(node: NodeState, tp: TopicPartition) -> None:
@@ -194,12 +194,21 @@ def apply_roles(node: NodeState) -> None:
             leader = node.leaders.get(tp)
             if action == KEEP and leader is not None and old is not None and old.version < state.version:
                 leader.isr = set(state.isr) | {node.node_id}  # the same term, a newer ISR
+                leader.set_replicas(state.replicas, time.monotonic())  # or replicas (a reassignment)
     for tp in [tp for tp in node.logs if tp not in seen]:
         apply(node, tp, Event(UNHOSTED))
+        moved_route = topics.get(tp[0])
         if tp[0] not in topics and tp[0] in node.known_topics:
             log.info("topic %s deleted: wiping %s/%d", tp[0], *tp)
-            node.logs.pop(tp).wipe()
-            node.states.pop(tp, None)
+        elif moved_route is not None and tp[1] in moved_route.partitions:
+            # Reassigned away (nodes/reassign.py removes a replica only once the new ones
+            # are in sync): this copy is no longer needed.
+            log.info("%s/%d moved to nodes %s: wiping this copy", *tp, list(moved_route.partitions[tp[1]].replicas))
+        else:
+            continue
+        node.logs.pop(tp).wipe()
+        node.states.pop(tp, None)
+        node.pkeys.pop(partition_key(*tp), None)
     node.known_topics = set(topics)
     # Stop reconnecting to replication streams of processes that are gone (a restarted
     # node publishes on a new port).

@@ -49,6 +49,7 @@ from nodes import (
     leader,
     metrics,
     produce,
+    queue_coordinator,
     retention,
     roles,
     session,
@@ -99,13 +100,13 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     ApiKey.INIT_PRODUCER_ID: admin.handle_init_producer_id,
     ApiKey.REPLICA_ACK: leader.handle_replica_ack,
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: leader.handle_offsets_for_leader_epoch,
-    ApiKey.ELECT_LEADERS: controller.handle_elect_leaders,
+    **controller.APIS,  # ELECT_LEADERS, REASSIGN_PARTITION, DESCRIBE_REPLICAS
     ApiKey.DRAIN_NODE: drain.handle_drain,
     **{key: handle_group_api for key in sorted(GROUP_APIS)},
+    **{key: queue_coordinator.handle for key in sorted(queue_coordinator.QUEUE_APIS)},
 }
 
-# Called, in this order, with the partitions whose high watermark moved or that took
-# new data: whatever waits on a partition registers here.
+# Called, in order, with the partitions whose high watermark moved or took new data.
 CHANGE_LISTENERS: list[Callable[[NodeState, set[tuple[str, int]]], None]] = [
     produce.complete_pending,
     fetch.wake_parked,
@@ -140,6 +141,7 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("metrics snapshot", metrics.snapshot_duty, metrics.SNAPSHOT_INTERVAL_S),
         Duty("throttled responses", release_duty, deadline=next_release),
         Duty("strict-order ticks", strict_order.tick, strict_order.TICK_CHECK_INTERVAL_S),
+        Duty("queue coordinator", queue_coordinator.tick, deadline=queue_coordinator.next_deadline),
     ]
 
 
@@ -166,8 +168,7 @@ class Node:
         if self.authz is not None:
             self.authz.wrap_handlers(self.handlers)  # METADATA answers per topic
         all_duties = duties(config)
-        self.duties = all_duties
-        self.duties_before = [d for d in all_duties if d.before_requests]
+        self.duties, self.duties_before = all_duties, [d for d in all_duties if d.before_requests]
         self.duties_after = [d for d in all_duties if not d.before_requests]
         self._timed = [d for d in all_duties if d.interval_s > 0.0]
         self._deadlines = [d.deadline for d in all_duties if d.deadline is not None]
@@ -291,6 +292,7 @@ class Node:
         if node.groups is not None:
             node.groups.close()
         strict_order.close(node)
+        queue_coordinator.close(node)
         s = node.sockets
         for sock in (s.router, s.pub, s.sub, s.wake_pull, s.wake_push):
             sock.close(linger=0)

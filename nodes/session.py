@@ -22,6 +22,7 @@ from typing import Any
 from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+import fabric
 from fabric import errors
 from fabric import zk as zkl
 from nodes import metrics, roles
@@ -105,16 +106,16 @@ def start(node: NodeState) -> None:
     node.lease.contact(sent)  # answered: the server heard us at or after ``sent``
 
 
+def node_info(node: NodeState) -> zkl.NodeInfo:
+    """This node's registration: where to reach it, since when, and which release it runs."""
+    return zkl.NodeInfo(node_id=node.node_id, address=node.address, replication_address=node.replication_address,
+                        host=node.config.host, pid=os.getpid(), started_ms=int(time.time() * 1000),
+                        metrics_address=node.metrics.address if node.metrics is not None else "",
+                        version=fabric.__version__)
+
+
 def register(node: NodeState) -> None:
-    info = zkl.NodeInfo(
-        node_id=node.node_id,
-        address=node.address,
-        replication_address=node.replication_address,
-        host=node.config.host,
-        pid=os.getpid(),
-        started_ms=int(time.time() * 1000),
-        metrics_address=node.metrics.address if node.metrics is not None else "",
-    )
+    info = node_info(node)
     deadline = time.monotonic() + REGISTER_WAIT_S
     while True:
         try:
@@ -220,9 +221,7 @@ def _submit_session_job(node: NodeState, job: Any, done: Any) -> None:
 
 def register_again(node: NodeState) -> None:
     """On the worker, after a lost session: one attempt to register (the loop retries)."""
-    info = zkl.NodeInfo(node_id=node.node_id, address=node.address, replication_address=node.replication_address,
-                        host=node.config.host, pid=os.getpid(), started_ms=int(time.time() * 1000),
-                        metrics_address=node.metrics.address if node.metrics is not None else "")
+    info = node_info(node)
     try:
         zkl.create(node.zk, zkl.node_path(node.node_id), info.encode(), ephemeral=True, makepath=True)
     except NodeExistsError:

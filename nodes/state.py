@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from nodes.group_coordinator import GroupCoordinator
     from nodes.leader import LeaderReplica
     from nodes.produce import PendingProduce
+    from nodes.queue_coordinator import QueueCoordinator
     from nodes.strict_order import StrictOrder
 
 log = logging.getLogger("fabric.node")
@@ -179,6 +180,7 @@ class NodeState:
     producer_ids_end: int = 0
     authz: NodeSecurity | None = None  # secure mode: ACL check and quotas (nodes/authz.py)
     strict_order: StrictOrder | None = None  # made on first use by nodes/strict_order.py
+    queues: QueueCoordinator | None = None  # made on first use by nodes/queue_coordinator.py
 
     # What this node may do while ZooKeeper is in doubt (nodes/lease.py); kazoo's thread
     # sets its state, heartbeat answers its last contact (a float each, GIL-atomic).

@@ -35,6 +35,7 @@ from sdk.direct import (
 )
 from sdk.ordered import OrderedConsumer
 from sdk.producer import Producer
+from sdk.queue import QueueConsumer, QueueMessage
 
 __all__ = [
     "Admin",
@@ -55,6 +56,8 @@ __all__ = [
     "FabricError",
     "OrderedConsumer",
     "Producer",
+    "QueueConsumer",
+    "QueueMessage",
     "RawBatch",
     "Record",
     "RecordBatch",

@@ -14,6 +14,7 @@ from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
 from sdk._group_admin import GroupAdmin
+from sdk._queue_admin import QueueAdmin
 
 TOPIC_READY_TIMEOUT_S = 30.0
 
@@ -25,7 +26,7 @@ class TopicDescription:
     partitions: tuple[PartitionMetadata, ...]
 
 
-class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_group_admin.py
+class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk/_queue_admin.py
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None,
                  security: ClientSecurity | None = None) -> None:
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY.
@@ -151,6 +152,51 @@ class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_g
         """Move each partition's leadership back to its first replica where that replica is
         alive and in sync (after restarts leave leaders piled on a few nodes). Returns how
         many partitions moved."""
+        return int(self._ask_controller(ApiKey.ELECT_LEADERS, {"topics": topics or []}, timeout_s)["moved"])
+
+    def reassign_partition(self, topic: str, partition: int, replicas: list[int], *,
+                           throttle_bytes_per_s: int = 0, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+        """Start moving one partition to ``replicas`` (node ids, the first preferred for
+        leadership). The new replicas copy the log, their catch-up fetches held to
+        ``throttle_bytes_per_s`` (0: no limit); each joins the ISR once caught up, and only
+        then are the old ones removed (docs/OPERATIONS.md, "Moving partitions"). Returns
+        once the controller has accepted the move; ``describe_replicas`` or
+        ``wait_reassigned`` show when it is done. The same move again changes nothing
+        but the throttle; a different one while it runs raises ``ReassignmentInProgressError``."""
+        body = {"topic": topic, "partition": partition, "replicas": list(replicas),
+                "throttle_bytes_per_s": throttle_bytes_per_s}
+        self._ask_controller(ApiKey.REASSIGN_PARTITION, body, timeout_s)
+
+    def wait_reassigned(self, topic: str, partition: int, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+        """Wait until no reassignment of the partition is in progress; TimeoutError if it
+        is still moving after ``timeout_s`` (a throttled copy of a big log takes a while)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            leaders = [r for r in self.describe_replicas([topic]).get((topic, partition), []) if r["role"] == "leader"]
+            if leaders and not any(r["adding"] or r["removing"] for r in leaders):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}/{partition} is still moving after {timeout_s:g} s")
+            time.sleep(0.2)
+
+    def describe_replicas(self, topics: list[str] | None = None) -> dict[tuple[str, int], list[dict[str, Any]]]:
+        """Every live node's copy of each partition (DESCRIBE_REPLICAS): role, log start and
+        end, high watermark, size on disk, and the reassignment it is acting on. Keyed by
+        (topic, partition); each row carries ``node_id``. A node that does not answer is
+        left out."""
+        out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for node_id, address in sorted(self._meta.refresh().nodes.items()):
+            try:
+                body = self._conns.request(address, ApiKey.DESCRIBE_REPLICAS, {"topics": topics or []},
+                                           timeout_ms=self.request_timeout_ms).body
+            except (errors.NodeNotReadyError, errors.RequestTimedOutError):
+                continue
+            for row in body["partitions"]:
+                out.setdefault((row["topic"], row["partition"]), []).append({**row, "node_id": node_id})
+        return out
+
+    def _ask_controller(self, api_key: int, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send to the controller, retrying retriable errors (no controller yet, a new one)."""
         deadline = time.monotonic() + timeout_s
         while True:
             metadata = self._meta.refresh()
@@ -158,10 +204,9 @@ class Admin(GroupAdmin):  # group methods (list/describe/reset/delete) in sdk/_g
             try:
                 if address is None:
                     raise errors.NotControllerError("no controller elected yet")
-                body = self._conns.request(address, ApiKey.ELECT_LEADERS, {"topics": topics or []},
-                                           timeout_ms=self.request_timeout_ms).body
-                errors.raise_for_code(body["error"], body["message"])
-                return int(body["moved"])
+                answer = self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms).body
+                errors.raise_for_code(answer["error"], answer["message"])
+                return answer
             except errors.RetriableError:
                 if time.monotonic() > deadline:
                     raise

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from fabric import errors
 from sdk._client import Bootstrap, TopicPartition
 from sdk.accumulator import RecordMetadata
+from sdk.aio_queue import AsyncQueueConsumer
 from sdk.consumer import Consumer, Record
 from sdk.direct._client import DirectClient
 from sdk.direct._pubsub import Subscription
@@ -169,6 +170,7 @@ class AsyncClient:
         self._direct = direct
         self._producers: list[AsyncProducer] = []
         self._consumers: list[AsyncConsumer] = []
+        self._queue_consumers: list[AsyncQueueConsumer] = []
 
     @property
     def direct(self) -> DirectClient:
@@ -197,6 +199,13 @@ class AsyncClient:
         self._consumers.append(consumer)
         return consumer
 
+    async def queue_consumer(self, queue: str, group: str = "default", **options: Any) -> AsyncQueueConsumer:
+        """A worker of ``queue`` in ``group`` (docs/QUEUES.md): messages leased one worker
+        at a time, ``await ack/nack/extend``."""
+        consumer = await AsyncQueueConsumer.create(self.bootstrap, queue, group, **options)
+        self._queue_consumers.append(consumer)
+        return consumer
+
     # The direct plane (sdk.direct.DirectClient has the full documentation).
     async def request(self, name: str, payload: bytes | str, **options: Any) -> Reply:
         return await self.direct.request(name, payload, **options)
@@ -221,6 +230,8 @@ class AsyncClient:
             await producer.close()
         for consumer in self._consumers:
             await consumer.close()
+        for queue_consumer in self._queue_consumers:
+            await queue_consumer.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

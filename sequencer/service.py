@@ -25,7 +25,7 @@ import zmq
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from fabric import errors
+from fabric import errors, logs
 from fabric import zk as zkl
 from fabric.auth.curve import DOMAIN_REPLICATION, ServerSecurity, ZapAuthenticator
 from fabric.auth.store import SecurityCache, read_digest, secure_zk_kwargs
@@ -48,6 +48,7 @@ from sequencer.allocator import (
     Reservation,
     takeover,
 )
+from sequencer.metrics import SequencerMetrics
 
 log = logging.getLogger("sequencer")
 
@@ -62,7 +63,7 @@ TAKEOVER_ATTEMPTS_MAX = 5
 class SequencerService:
     def __init__(self, zk_hosts: str, sequencer_id: int, *, host: str = "127.0.0.1", port: int = 0,
                  session_timeout_ms: int = 6_000, block_ids: int = RESERVATION_BLOCK_IDS_DEFAULT,
-                 server_key_file: str = "", zk_digest_file: str = "") -> None:
+                 server_key_file: str = "", zk_digest_file: str = "", metrics_port: int = -1) -> None:
         self.zk_hosts = zk_hosts
         self.sequencer_id = sequencer_id
         self.host = host
@@ -90,6 +91,9 @@ class SequencerService:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self._renewer: threading.Thread | None = None
+        # The Prometheus endpoint (sequencer/metrics.py); -1: none.
+        self.metrics_port = metrics_port
+        self.metrics = SequencerMetrics(self) if metrics_port >= 0 else None
 
     # -- lifecycle ------------------------------------------------------------------------
     def stop(self) -> None:
@@ -115,6 +119,8 @@ class SequencerService:
             else:
                 self.port = self.router.bind_to_random_port(f"tcp://{self.host}")
             self.address = f"tcp://{self.host}:{self.port}"
+            if self.metrics is not None:
+                self.metrics.endpoint.start(self.host, self.metrics_port)
             log.info("sequencer %d listening on %s, standing by", self.sequencer_id, self.address)
             self.zk.DataWatch(SEQUENCER_ACTIVE, self._on_active_znode)
             self._renewer = threading.Thread(target=self._renew_lease, name="lease", daemon=True)
@@ -133,6 +139,8 @@ class SequencerService:
         self.router.close(linger=0)
         if self._zap is not None:
             self._zap.stop()
+        if self.metrics is not None:
+            self.metrics.endpoint.stop()
         if self._security_cache is not None:
             self._security_cache.close()
         self.ctx.term()
@@ -179,6 +187,7 @@ class SequencerService:
             else:
                 envelope, message = frames[:1], frames[1:]
             header: Header | None = None
+            started, error_code = time.perf_counter(), 0
             try:
                 if len(message) > REQUEST_FRAMES_MAX:
                     raise errors.MalformedRequestError(f"{len(message)} frames exceed {REQUEST_FRAMES_MAX}")
@@ -190,11 +199,15 @@ class SequencerService:
                 correlation_id = exc.fields.get("correlation_id", 0)
                 request_header = header or Header(0, 0, correlation_id if isinstance(correlation_id, int) else 0)
                 self._send(envelope, apis.encode_error_response(request_header, exc.code, exc.message))
+                error_code = exc.code
             except Exception as exc:  # never let one request take the instance down
                 log.exception("request failed")
                 request_header = header or Header(0, 0, 0)
                 self._send(envelope, apis.encode_error_response(
                     request_header, errors.UnknownServerError.code, f"sequencer failed: {exc}"))
+                error_code = errors.UnknownServerError.code
+            if self.metrics is not None:
+                self.metrics.observe(time.perf_counter() - started, error_code)
 
     def _answer(self, request: apis.Message) -> list[Any]:
         api = request.header.api_key
@@ -242,7 +255,8 @@ class SequencerService:
                 self.allocator = None
 
     def _try_become_active(self) -> None:
-        me = ActiveSequencer(self.sequencer_id, self.address, os.getpid(), int(time.time() * 1000))
+        me = ActiveSequencer(self.sequencer_id, self.address, os.getpid(), int(time.time() * 1000),
+                             self.metrics.endpoint.address if self.metrics is not None else "")
         started = time.monotonic()
         try:
             self.zk.create_async(SEQUENCER_ACTIVE, me.encode(), ephemeral=True).get(timeout=ZK_CALL_TIMEOUT_S)
@@ -356,16 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="port for ALLOCATE_IDS; 0 picks a free one")
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="Prometheus endpoint port (/metrics); 0 picks a free one, -1 turns it off")
+    logs.add_arguments(parser)
     parser.add_argument("--server-key-file", default="", help="secure mode: the cluster key pair (docs/SECURITY.md)")
     parser.add_argument("--zk-digest-file", default="", help="secure mode: the ZooKeeper digest user:password file")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format=f"%(asctime)s sequencer{args.sequencer_id} %(levelname)s %(message)s")
+    logs.setup(args.log_level, args.log_format, process=f"sequencer{args.sequencer_id}")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     service = SequencerService(args.zk, args.sequencer_id, host=args.host, port=args.port,
                                session_timeout_ms=args.session_timeout_ms, server_key_file=args.server_key_file,
-                               zk_digest_file=args.zk_digest_file)
+                               zk_digest_file=args.zk_digest_file, metrics_port=args.metrics_port)
 
     def on_signal(_signum: int, _frame: Any) -> None:
         service.stop()

@@ -265,16 +265,12 @@ def _group_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation
 
 
 def _queue_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation, Resource]] | None:
-    """Queue mode (API keys 40-46): receiving and settling consume the queue."""
-    if api_key == queues.API_QUEUE_LIST:
-        return [(Operation.DESCRIBE, CLUSTER)]
+    """Queue mode (API keys 40-42): receiving and settling consume the queue. Creating,
+    deleting and sending are topic operations (a queue is a topic), checked as such."""
     operation = {
         queues.API_QUEUE_RECEIVE: Operation.CONSUME,
         queues.API_QUEUE_SETTLE: Operation.CONSUME,
-        queues.API_QUEUE_CREATE: Operation.CREATE,
-        queues.API_QUEUE_DELETE: Operation.DELETE,
         queues.API_QUEUE_DESCRIBE: Operation.DESCRIBE,
-        queues.API_QUEUE_REDRIVE: Operation.ALTER,
     }.get(api_key)
     if operation is None:
         return None

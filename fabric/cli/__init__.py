@@ -10,6 +10,7 @@
     fabric service list            direct-plane services and their instances
     fabric request NAME PAYLOAD    one direct-plane request (also: subscribe, publish)
     fabric group list|describe|reset-offsets|delete   consumer groups
+    fabric queue create|list|describe|delete|redrive|send|receive   work queues (docs/QUEUES.md)
     fabric bench                   the produce/consume benchmark (python -m bench)
     fabric keys|principal|acl      CURVE keys, principals, access rules (docs/SECURITY.md)
 
@@ -40,6 +41,7 @@ from fabric.cli import (
     consume,
     group,
     produce,
+    queue,
     security,
     sequencer,
     service,
@@ -65,6 +67,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     consume,
     service,
     group,
+    queue,
     bench,
     status,
     sequencer,

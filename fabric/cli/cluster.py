@@ -22,6 +22,7 @@ from fabric.cli._common import (
     quiet_libraries,
     with_bootstrap,
 )
+from fabric.cli._queue_demo import queue_demo
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -183,6 +184,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         direct = _direct_demo(cluster.bootstrap)
         summary.update(direct)
         ok = ok and bool(direct["direct_ok"])
+        queue = queue_demo(cluster.bootstrap)
+        summary.update(queue)
+        ok = ok and bool(queue["queue_ok"])
         print("== summary")
         print(f"  produced  {n:,} messages in {produce_s:.2f} s: {summary['produce_msgs_per_s']:,} msg/s, {summary['produce_mb_per_s']} MB/s")
         print(f"  consumed  {count:,} messages in {consume_s:.2f} s: {summary['consume_msgs_per_s']:,} msg/s, {summary['consume_mb_per_s']} MB/s")
@@ -196,6 +200,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  direct    {direct['direct_requests']:,} requests to 2 instances of service 'demo-echo', "
               f"p50 {direct['direct_p50_us']} us, p99 {direct['direct_p99_us']} us, per instance {direct['direct_per_instance']}; "
               f"gather: {direct['direct_gather_replies']} replies {'OK' if direct['direct_ok'] else 'MISMATCH'}")
+        print(f"  queue     {queue['queue_jobs']:,} jobs to {queue['queue_workers']} competing workers, "
+              f"{queue['queue_msgs_per_s']:,} msg/s: each acked once {'OK' if queue['queue_acked_once'] else 'MISMATCH'}, "
+              f"{queue['queue_dead_letters']} poison jobs in the dead-letter queue, "
+              f"delayed jobs early: {queue['queue_delayed_early']} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
         print(json.dumps(summary))
     return 0 if ok else 1
 

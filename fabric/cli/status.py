@@ -57,6 +57,7 @@ class Status:
     partitions: int = 0
     offline: list[dict[str, Any]] = field(default_factory=list)
     under_replicated: list[dict[str, Any]] = field(default_factory=list)
+    reassigning: list[dict[str, Any]] = field(default_factory=list)  # shown, not judged: an operator's move
     below_min_insync: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     groups: list[dict[str, Any]] | None = None  # None: not asked (no live node)
@@ -71,6 +72,7 @@ class Status:
                 "sequencer": self.sequencer, "sequencer_epoch": self.sequencer_epoch,
                 "nodes": self.nodes, "topics": self.topics, "partitions": self.partitions,
                 "offline_partitions": self.offline, "under_replicated_partitions": self.under_replicated,
+                "reassigning_partitions": self.reassigning,
                 "below_min_insync_partitions": self.below_min_insync, "groups": self.groups,
                 "groups_error": self.groups_error, "problems": self.problems}
 
@@ -140,8 +142,13 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
                 status.offline.append(row)
             else:
                 leaders[state.leader] = leaders.get(state.leader, 0) + 1
-            if len(state.isr) < len(state.replicas):
-                status.under_replicated.append({**row, "missing": sorted(set(state.replicas) - set(state.isr))})
+            # A move's new replicas are still copying (docs/OPERATIONS.md, "Moving partitions"):
+            # not in the ISR yet is expected of them, as Kafka counts it.
+            settled = [r for r in state.replicas if r not in state.adding]
+            if len(set(state.isr) & set(settled)) < len(settled):
+                status.under_replicated.append({**row, "missing": sorted(set(settled) - set(state.isr))})
+            if state.reassigning:
+                status.reassigning.append({**row, "adding": list(state.adding), "removing": list(state.removing)})
             if len(state.isr) < config.min_insync:
                 status.below_min_insync.append(row)
 
@@ -151,6 +158,7 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
         status.nodes.append({
             "id": node_id, "up": info is not None, "address": info.address if info else None,
             "metrics": (info.metrics_address or None) if info else None,
+            "version": (info.version or None) if info else None,
             "pid": info.pid if info else None, "leaders": leaders.get(node_id, 0),
             "replicas": replicas.get(node_id, 0),
             "uptime_s": round((now_ms - info.started_ms) / 1000) if info and info.started_ms else None,
@@ -230,6 +238,8 @@ def _partition_lines(title: str, rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"{title} ({len(rows)}):"]
     for row in rows[:LISTED_PARTITIONS_MAX]:
         extra = f" missing {row['missing']}" if "missing" in row else ""
+        if "adding" in row:
+            extra += f" adding {row['adding']} removing {row['removing']}"
         lines.append(f"  {row['topic']}/{row['partition']}  leader {row['leader']}  epoch {row['leader_epoch']}  "
                      f"replicas {row['replicas']}  isr {row['isr']}{extra}")
     if len(rows) > LISTED_PARTITIONS_MAX:
@@ -241,8 +251,9 @@ def _sequencer_line(status: Status) -> str:
     if status.sequencer is None:
         return "none active" + (f" (strict-order topics: {status.strict_order_topics})" if status.strict_order_topics
                                 else " (needed only by strict-order topics)")
+    metrics = status.sequencer.get("metrics_address")
     return (f"instance {status.sequencer.get('sequencer_id')} at {status.sequencer.get('address')}, "
-            f"epoch {status.sequencer_epoch}")
+            f"epoch {status.sequencer_epoch}" + (f", metrics {metrics}" if metrics else ""))
 
 
 def render(status: Status) -> str:
@@ -253,47 +264,23 @@ def render(status: Status) -> str:
         f"controller  {'node ' + str(status.controller) if status.controller is not None else 'none'}",
         f"sequencer   {_sequencer_line(status)}",
         f"nodes       {up} up, {len(status.nodes) - up} down",
-        f"  {'id':>4}  {'state':<5}  {'address':<28}  {'leaders':>7}  {'replicas':>8}  {'uptime':>8}",
+        f"  {'id':>4}  {'state':<5}  {'address':<28}  {'leaders':>7}  {'replicas':>8}  {'uptime':>8}  {'version':<8}",
     ]
     for n in status.nodes:
         lines.append(f"  {n['id']:>4}  {'up' if n['up'] else 'DOWN':<5}  {n['address'] or '-':<28}  "
-                     f"{n['leaders']:>7}  {n['replicas']:>8}  {_uptime(n['uptime_s']):>8}"
+                     f"{n['leaders']:>7}  {n['replicas']:>8}  {_uptime(n['uptime_s']):>8}  {n['version'] or '-':<8}"
                      f"{'  (controller)' if n['controller'] else ''}")
     lines.append(f"partitions  {status.partitions} in {status.topics} topic(s): {len(status.offline)} offline, "
                  f"{len(status.under_replicated)} under-replicated, {len(status.below_min_insync)} below min_insync")
     lines += _partition_lines("offline", status.offline)
     lines += _partition_lines("under-replicated", status.under_replicated)
     lines += _partition_lines("below min_insync", status.below_min_insync)
+    lines += _partition_lines("reassigning", status.reassigning)
     lines += _group_lines(status)
     if status.problems:
         lines.append("problems:")
         lines += [f"  - {p}" for p in status.problems]
     return "\n".join(lines)
-
-
-def log_ranges(bootstrap_value: str, topic: str, partitions: list[int],
-               timeout_ms: int = LIST_OFFSETS_TIMEOUT_MS) -> dict[int, tuple[int, int] | None]:
-    """Each partition's log start offset and end offset (the high watermark: what consumers
-    can read), from its leader; None where the leader did not answer."""
-    from fabric import errors
-    from sdk import Consumer, TopicPartition
-
-    out: dict[int, tuple[int, int] | None] = {}
-    with Consumer(bootstrap_value, request_timeout_ms=timeout_ms) as consumer:
-        for p in partitions:
-            tp = TopicPartition(topic, p)
-            try:
-                out[p] = (consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp])
-            except errors.FabricError:
-                out[p] = None
-    return out
-
-
-def describe_range(span: tuple[int, int] | None) -> str:
-    if span is None:
-        return "log ? (leader did not answer)"
-    start, end = span
-    return f"log {start}..{end} ({end - start:,} records)"
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -1,10 +1,11 @@
-"""``fabric topic create|list|describe|delete|add-partitions|elect-leaders``."""
+"""``fabric topic create|list|describe|delete|add-partitions|elect-leaders|reassign``."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from fabric.cli import reassign
 from fabric.cli._common import bootstrap, key_value, positive_int, with_bootstrap
 
 
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     grow.add_argument("--partitions", "-p", type=positive_int, required=True, help="the new total")
     elect = with_bootstrap(tsub.add_parser("elect-leaders", help="move leaders back to the preferred replicas"))
     elect.add_argument("names", nargs="*", help="topics (default: all)")
+    reassign.add_parser(tsub, with_bootstrap)
 
 
 def cmd_topic(args: argparse.Namespace) -> int:
@@ -48,22 +50,24 @@ def cmd_topic(args: argparse.Namespace) -> int:
             for name in admin.list_topics():
                 print(name)
         elif args.topic_command == "describe":
-            from fabric.cli.status import describe_range, log_ranges
-
-            for desc in admin.describe_topics([args.name] if args.name else None):
+            descriptions = admin.describe_topics([args.name] if args.name else None)
+            copies = admin.describe_replicas([args.name] if args.name else None)
+            for desc in descriptions:
                 print(f"topic {desc.name}")
                 for key, value in sorted(desc.configs.items()):
                     print(f"  {key} = {value}")
-                spans = log_ranges(bootstrap(args), desc.name, [p.partition for p in desc.partitions])
                 for p in desc.partitions:
                     print(f"  partition {p.partition}: leader {p.leader} epoch {p.leader_epoch} "
-                          f"replicas {list(p.replicas)} isr {list(p.isr)} {describe_range(spans[p.partition])}")
+                          f"replicas {list(p.replicas)} isr {list(p.isr)} "
+                          f"{reassign.log_line(copies.get((desc.name, p.partition), []))}")
         elif args.topic_command == "delete":
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
         elif args.topic_command == "add-partitions":
             admin.create_partitions(args.name, args.partitions)
             print(f"topic {args.name} now has {args.partitions} partitions")
+        elif args.topic_command == "reassign":
+            return reassign.cmd_reassign(admin, args)
         elif args.topic_command == "elect-leaders":
             moved = admin.elect_preferred_leaders(args.names or None)
             print(f"moved leadership of {moved} partitions back to their preferred replicas")

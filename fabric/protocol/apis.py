@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from fabric.errors import MalformedRequestError, UnknownApiError, UnsupportedVersionError
 from fabric.protocol import groups as _groups
+from fabric.protocol import queues as _queues
 from fabric.protocol import schema as s
 from fabric.protocol.header import (
     Header,
@@ -57,8 +58,14 @@ class ApiKey(IntEnum):
     LIST_GROUPS = 34
     DESCRIBE_GROUPS = 35
     DELETE_GROUPS = 36
+    # Queue mode (40-49), schemas in fabric/protocol/queues.py.
+    QUEUE_RECEIVE = 40
+    QUEUE_SETTLE = 41
+    QUEUE_DESCRIBE = 42
     # Operations (55-59).
     DRAIN_NODE = 55
+    REASSIGN_PARTITION = 56
+    DESCRIBE_REPLICAS = 57
 
 
 # Special timestamps for LIST_OFFSETS and offsets in FETCH.
@@ -257,6 +264,22 @@ OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0: Schema = (
 ELECT_LEADERS_REQUEST_V0: Schema = (("topics", Array("str")),)
 ELECT_LEADERS_RESPONSE_V0: Schema = (("error", "i16"), ("message", "text"), ("moved", "i32"))
 
+# Admin -> controller: move a partition to a new replica list (docs/OPERATIONS.md,
+# "Moving partitions"); the follower fetches of the new replicas are held to the throttle.
+REASSIGN_PARTITION_REQUEST_V0: Schema = (
+    ("topic", "str"), ("partition", "i32"), ("replicas", Array("i32")), ("throttle_bytes_per_s", "i64"),
+)
+# Admin -> each node: its copy of each hosted partition (log range, size on disk) and, from
+# the partition state it acts on, the replicas being added and removed.
+DESCRIBE_REPLICAS_REQUEST_V0: Schema = (("topics", Array("str")),)
+DESCRIBE_REPLICAS_RESPONSE_V0: Schema = (
+    ("node_id", "i32"),
+    ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("role", "str"), ("leader_epoch", "i32"),
+                                 ("log_start_offset", "i64"), ("log_end_offset", "i64"), ("high_watermark", "i64"),
+                                 ("size_bytes", "i64"), ("adding", Array("i32")), ("removing", Array("i32")),
+                                 ("throttle_bytes_per_s", "i64"))))),
+)
+
 # (api_key, api_version) -> (request schema, response schema)
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.API_VERSIONS, 0): (API_VERSIONS_REQUEST_V0, API_VERSIONS_RESPONSE_V0),
@@ -275,8 +298,11 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),
     (ApiKey.ALLOCATE_IDS, 0): (ALLOCATE_IDS_REQUEST_V0, ALLOCATE_IDS_RESPONSE_V0),
     (ApiKey.DRAIN_NODE, 0): ((("node_id", "i32"),), (("error", "i16"), ("message", "text"), ("leaderships", "i32"))),
+    (ApiKey.REASSIGN_PARTITION, 0): (REASSIGN_PARTITION_REQUEST_V0, RESULT_RESPONSE_V0),
+    (ApiKey.DESCRIBE_REPLICAS, 0): (DESCRIBE_REPLICAS_REQUEST_V0, DESCRIBE_REPLICAS_RESPONSE_V0),
 }
 SCHEMAS.update(_groups.SCHEMAS)
+SCHEMAS.update(_queues.SCHEMAS)
 
 
 def supported_versions() -> dict[int, tuple[int, int]]:

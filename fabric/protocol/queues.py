@@ -1,30 +1,51 @@
-"""Queue-mode wire schemas (API keys 40-46): receive, ack/nack/extend, queue admin.
+"""Queue-mode wire schemas (API keys 40-42) and the bounds every layer quotes.
 
 Pure: schemas declared as data, encoded and decoded by :mod:`fabric.protocol.schema`.
-The node does not serve these keys yet, so they are not registered in
-:class:`fabric.protocol.apis.ApiKey` (a registered key must have a handler; see
-``tests/unit/test_node_shape.py``). The lease/delivery rules are in ``nodes/queue_state.py``;
-the walk-through is ``docs/QUEUES.md``.
+The lease/delivery rules are in ``nodes/queue_state.py``, the node side in
+``nodes/queue_coordinator.py``; the walk-through is ``docs/QUEUES.md``.
 
 ACK, NACK and EXTEND are one batched API (``QUEUE_SETTLE``): each entry names the offset
-and what to do with it, so a worker settles a whole receive in one round trip.
+and what to do with it, so a worker settles a whole receive in one round trip. Creating,
+listing and deleting queues are topic operations (a queue is a topic whose config says
+``queue=true``); redrive is a client-side move (receive from the dead-letter queue, send
+to the origin, ack), so they need no API of their own.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from fabric.errors import CorruptMessageError, InvalidRequestError
+from fabric.errors import (
+    CorruptMessageError,
+    InvalidDelayError,
+    InvalidPriorityError,
+    InvalidRequestError,
+)
 from fabric.protocol import schema as s
 from fabric.protocol.schema import Array, Schema, Struct
 
 API_QUEUE_RECEIVE: Final[int] = 40
 API_QUEUE_SETTLE: Final[int] = 41
-API_QUEUE_CREATE: Final[int] = 42
-API_QUEUE_DELETE: Final[int] = 43
-API_QUEUE_DESCRIBE: Final[int] = 44
-API_QUEUE_LIST: Final[int] = 45
-API_QUEUE_REDRIVE: Final[int] = 46
+API_QUEUE_DESCRIBE: Final[int] = 42
+
+# Defaults and bounds, SQS's numbers where SQS has one; named so errors can quote them.
+VISIBILITY_TIMEOUT_MS_DEFAULT: Final[int] = 30_000
+VISIBILITY_TIMEOUT_MS_MAX: Final[int] = 12 * 3_600_000
+RECEIVE_WAIT_MS_MAX: Final[int] = 20_000
+RECEIVE_MESSAGES_MAX: Final[int] = 1_000  # SQS: 10; a batch worker wants more
+SETTLE_ENTRIES_MAX: Final[int] = 10_000
+MAX_DELIVERIES_DEFAULT: Final[int] = 5  # Kafka share groups' group.share.delivery.count.limit
+MAX_DELIVERIES_MAX: Final[int] = 1_000
+DELAY_MS_MAX: Final[int] = 7 * 24 * 3_600_000  # SQS stops at 15 minutes; the issue asks 7 days
+PRIORITY_MIN: Final[int] = 0
+PRIORITY_MAX: Final[int] = 9
+PRIORITY_DEFAULT: Final[int] = 4  # the middle, as RabbitMQ's clients tend to use
+DEDUP_WINDOW_MS_DEFAULT: Final[int] = 300_000  # SQS FIFO's 5 minutes
+DEDUP_WINDOW_MS_MAX: Final[int] = DELAY_MS_MAX
+DEDUP_IDS_MAX: Final[int] = 1_000_000  # bound on remembered ids per partition; oldest forgotten first
+DEDUP_ID_BYTES_MAX: Final[int] = 128  # as SQS's MessageDeduplicationId
+QUEUE_MESSAGE_BYTES_DEFAULT: Final[int] = 1024 * 1024  # a queue's message_bytes_max (SQS: 256 KiB)
+DEFAULT_GROUP: Final[str] = "default"  # the group a QueueConsumer joins unless told otherwise
 
 # QUEUE_SETTLE actions.
 ACTION_ACK: Final[int] = 0
@@ -38,8 +59,7 @@ HEADER_DELIVER_AT_MS: Final[str] = "fabric.deliver_at_ms"
 HEADER_PRIORITY: Final[str] = "fabric.priority"
 HEADER_TTL_MS: Final[str] = "fabric.ttl_ms"
 HEADER_DEDUP_ID: Final[str] = "fabric.dedup_id"
-SEND_DELAY_MS_MAX: Final[int] = 7 * 24 * 3_600_000  # the node's DELAY_MS_MAX (nodes/queue_state.py)
-DEDUP_ID_BYTES_MAX: Final[int] = 128  # as SQS's MessageDeduplicationId
+SEND_DELAY_MS_MAX: Final[int] = DELAY_MS_MAX
 
 # Headers on a dead letter, naming its origin.
 HEADER_DLQ_QUEUE: Final[str] = "fabric.dlq.queue"
@@ -47,21 +67,23 @@ HEADER_DLQ_PARTITION: Final[str] = "fabric.dlq.partition"
 HEADER_DLQ_OFFSET: Final[str] = "fabric.dlq.offset"
 HEADER_DLQ_COUNT: Final[str] = "fabric.dlq.delivery_count"
 HEADER_DLQ_REASON: Final[str] = "fabric.dlq.reason"
+DLQ_HEADERS: Final[frozenset[str]] = frozenset(
+    {HEADER_DLQ_QUEUE, HEADER_DLQ_PARTITION, HEADER_DLQ_OFFSET, HEADER_DLQ_COUNT, HEADER_DLQ_REASON})
 
 RECEIVE_REQUEST_V0: Schema = (
     ("queue", "str"),
     ("group", "str"),
     ("consumer_id", "str"),
-    ("partition", "i32"),  # -1: any partition this node leads
-    ("max_messages", "i32"),
-    ("wait_ms", "i32"),  # 0..RECEIVE_WAIT_MS_MAX
+    ("partition", "i32"),  # -1: every partition of the queue this node leads
+    ("max_messages", "i32"),  # 1..RECEIVE_MESSAGES_MAX
+    ("wait_ms", "i32"),  # 0..RECEIVE_WAIT_MS_MAX: long poll
     ("visibility_timeout_ms", "i32"),  # 0: the queue's
 )
 RECEIVED_MESSAGE: Schema = (
     ("partition", "i32"),
     ("offset", "i64"),
     ("delivery_count", "i32"),
-    ("deadline_ms", "i64"),
+    ("deadline_ms", "i64"),  # wall clock: the lease ends here unless extended
     ("timestamp_ms", "i64"),
     ("priority", "i8"),
     ("key", "bytes"),
@@ -70,7 +92,7 @@ RECEIVED_MESSAGE: Schema = (
 )
 RECEIVE_RESPONSE_V0: Schema = (
     ("error", "i16"),
-    ("message", "str"),
+    ("message", "text"),
     ("messages", Array(Struct(RECEIVED_MESSAGE))),
 )
 
@@ -87,16 +109,13 @@ SETTLE_REQUEST_V0: Schema = (
     ("consumer_id", "str"),
     ("entries", Array(Struct(SETTLE_ENTRY))),
 )
+SETTLE_RESULT: Schema = (("partition", "i32"), ("offset", "i64"), ("error", "i16"), ("deadline_ms", "i64"))
 SETTLE_RESPONSE_V0: Schema = (
     ("error", "i16"),
-    ("message", "str"),
-    ("results", Array(Struct((("partition", "i32"), ("offset", "i64"), ("error", "i16"), ("deadline_ms", "i64"))))),
+    ("message", "text"),
+    ("results", Array(Struct(SETTLE_RESULT))),
 )
 
-QUEUE_CONFIG: Schema = (("key", "str"), ("value", "str"))
-CREATE_REQUEST_V0: Schema = (("queue", "str"), ("partitions", "i32"), ("configs", Array(Struct(QUEUE_CONFIG))))
-RESULT_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"))
-DELETE_REQUEST_V0: Schema = (("queue", "str"),)
 DESCRIBE_REQUEST_V0: Schema = (("queue", "str"), ("group", "str"))
 QUEUE_COUNTS: Schema = (
     ("partition", "i32"),
@@ -104,28 +123,20 @@ QUEUE_COUNTS: Schema = (
     ("in_flight", "i64"),
     ("delayed", "i64"),
     ("dead_lettered", "i64"),
-    ("dropped", "i64"),
-    ("oldest_age_ms", "i64"),  # -1: empty
+    ("dropped", "i64"),  # expired (TTL) or poison with no dead-letter queue
+    ("deduplicated", "i64"),
+    ("oldest_age_ms", "i64"),  # -1: nothing waiting
 )
 DESCRIBE_RESPONSE_V0: Schema = (
     ("error", "i16"),
-    ("message", "str"),
-    ("configs", Array(Struct(QUEUE_CONFIG))),
-    ("partitions", Array(Struct(QUEUE_COUNTS))),
+    ("message", "text"),
+    ("partitions", Array(Struct(QUEUE_COUNTS))),  # the partitions this node leads
 )
-LIST_REQUEST_V0: Schema = ()
-LIST_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"), ("queues", Array("str")))
-REDRIVE_REQUEST_V0: Schema = (("queue", "str"), ("dead_letter", "str"), ("max_messages", "i32"))
-REDRIVE_RESPONSE_V0: Schema = (("error", "i16"), ("message", "str"), ("moved", "i64"))
 
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (API_QUEUE_RECEIVE, 0): (RECEIVE_REQUEST_V0, RECEIVE_RESPONSE_V0),
     (API_QUEUE_SETTLE, 0): (SETTLE_REQUEST_V0, SETTLE_RESPONSE_V0),
-    (API_QUEUE_CREATE, 0): (CREATE_REQUEST_V0, RESULT_RESPONSE_V0),
-    (API_QUEUE_DELETE, 0): (DELETE_REQUEST_V0, RESULT_RESPONSE_V0),
     (API_QUEUE_DESCRIBE, 0): (DESCRIBE_REQUEST_V0, DESCRIBE_RESPONSE_V0),
-    (API_QUEUE_LIST, 0): (LIST_REQUEST_V0, LIST_RESPONSE_V0),
-    (API_QUEUE_REDRIVE, 0): (REDRIVE_REQUEST_V0, REDRIVE_RESPONSE_V0),
 }
 
 
@@ -142,14 +153,12 @@ def send_headers(
 ) -> list[tuple[str, bytes | None]]:
     """The record headers a producer writes for a queue message (only those set); bad values
     raise before anything is sent (bounds as docs/QUEUES.md states them)."""
-    from fabric import errors  # the error classes; kept local so the schema imports stay minimal
-
     if not 0 <= delay_ms <= SEND_DELAY_MS_MAX or deliver_at_ms < 0 or (delay_ms and deliver_at_ms):
-        raise errors.InvalidDelayError(
+        raise InvalidDelayError(
             f"delay_ms must be 0..{SEND_DELAY_MS_MAX} (7 days) and deliver_at_ms >= 0, not both set;"
             f" got delay_ms={delay_ms} deliver_at_ms={deliver_at_ms}")
-    if priority is not None and not 0 <= priority <= 9:
-        raise errors.InvalidPriorityError(f"priority {priority} outside 0..9")
+    if priority is not None and not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidPriorityError(f"priority {priority} outside 0..9")
     if ttl_ms < 0:
         raise InvalidRequestError(f"ttl_ms must be >= 0 (0: none), got {ttl_ms}")
     if len(dedup_id.encode()) > DEDUP_ID_BYTES_MAX:

@@ -24,4 +24,5 @@ def test_demo_runs_and_every_check_passes() -> None:
     assert summary["strict_order_ok"]
     assert summary["group_ok"]
     assert summary["direct_ok"]
+    assert summary["queue_ok"] and summary["queue_acked_once"] and summary["queue_delayed_early"] == 0
     assert "Traceback" not in result.stderr

@@ -20,6 +20,7 @@ VALUE_BYTES = 100
 PARTITIONS = 3
 SCRAPE_TIMEOUT_S = 10
 SETTLE_S = 30.0
+GROUP_OFFSET = 500  # the committed offset the group-lag check sets
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -116,3 +117,23 @@ def test_scrape_during_load_counts_what_was_produced(cluster: LocalCluster, topi
     assert received >= RECORDS * VALUE_BYTES
     assert sum(total(s, "fabric_request_errors_total", api="PRODUCE") for s in after.values()) == 0
     assert all(total(s, "fabric_rocksdb_size_bytes") > 0 for s in after.values())
+    # Every replica stores at least the incompressible values it holds.
+    sizes = [v for s in after.values() for (n, ls), v in s.items()
+             if n == "fabric_partition_size_bytes" and dict(ls)["topic"] == topic_name]
+    assert len(sizes) == 3 * PARTITIONS and min(sizes) >= RECORDS / PARTITIONS * VALUE_BYTES
+
+    # Group lag: commit offset GROUP_OFFSET everywhere; the coordinating node reports
+    # high watermark - committed for each partition (it holds all of them here).
+    with Admin(cluster.bootstrap) as admin:
+        admin.reset_offsets("metrics-group", topic_name, to="offset", offset=GROUP_OFFSET)
+    expected = {str(p): RECORDS / PARTITIONS - GROUP_OFFSET for p in range(PARTITIONS)}
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        lag_by_partition = {dict(ls)["partition"]: v for s in (scrape(url) for url in urls.values())
+                            for (n, ls), v in s.items()
+                            if n == "fabric_group_lag_messages" and dict(ls)["group"] == "metrics-group"
+                            and dict(ls)["topic"] == topic_name}
+        if lag_by_partition == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert lag_by_partition == expected

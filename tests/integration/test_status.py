@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import fabric as fabric_package
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk import Admin, Producer
 from tests.conftest import make_cluster
@@ -56,6 +58,11 @@ def test_healthy_then_a_dead_node(cluster_with_sequencer: LocalCluster, topic_na
     assert sum(n["leaders"] for n in status["nodes"]) == 3 and status["partitions"] == 3
     assert status["controller"] in (1, 2, 3)
     assert status["sequencer"]["sequencer_id"] == fresh_cluster.active_sequencer()
+    assert {n["version"] for n in status["nodes"]} == {fabric_package.__version__}
+    # The active sequencer registers its Prometheus endpoint; scraped, it says it is active.
+    with urllib.request.urlopen(status["sequencer"]["metrics_address"], timeout=10) as response:
+        scraped = response.read().decode()
+    assert "fabric_sequencer_active 1.0" in scraped and "fabric_sequencer_info{" in scraped
     with Producer(fresh_cluster.bootstrap) as producer:
         for i in range(10):
             producer.send(topic_name, b"%d" % i, partition=0)
@@ -108,5 +115,7 @@ def test_topic_describe_shows_log_range(cluster: LocalCluster, topic_name: str) 
     result = fabric("topic", "describe", topic_name, "-b", cluster.bootstrap)
     assert result.returncode == 0, result.stderr
     lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if "partition " in line}
-    assert "log 0..10 (10 records)" in lines["partition 0"]
-    assert "log 0..0 (0 records)" in lines["partition 1"]
+    # The leader's range and its size on disk (DESCRIBE_REPLICAS): ten small records in
+    # one or a few batches, some bytes; nothing in partition 1.
+    assert "log 0..10 (10 records, " in lines["partition 0"] and "log 0..10 (10 records, 0 B)" not in lines["partition 0"]
+    assert "log 0..0 (0 records, 0 B)" in lines["partition 1"]

@@ -230,6 +230,19 @@ def test_rebuild_keeps_dead_letters_dead() -> None:
     assert [x.offset for x in new.acquire("v", 5, 0)[0]] == [1]
 
 
+def test_a_lease_on_its_last_delivery_at_failover_is_dead_lettered_not_delivered_again() -> None:
+    s = qs.ShareState(qs.QueueConfig(max_deliveries=2, dead_letter="dlq"))
+    fill(s, 2)
+    s.acquire("w", 1, 0)
+    s.nack("w", 0, 0)
+    s.acquire("w", 1, 0)  # offset 0, second (last allowed) delivery, leased at the crash
+    new = rebuild(s, s.drain_changes(), now_ms=5, n=2)
+    got, finished = new.acquire("v", 10, 5)
+    assert [x.offset for x in got] == [1]
+    assert [(f.offset, f.state, f.delivery_count, f.reason) for f in finished] == [
+        (0, qs.DEAD, 2, qs.REASON_EXPIRED)]
+
+
 def test_state_record_codec_refuses_garbage() -> None:
     from fabric.protocol import queues as qp
 

@@ -1,0 +1,80 @@
+"""The demo's queue-mode step (``fabric demo``): 4 competing workers drain a work queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+POISON_EVERY = 400  # every 400th job always fails: it must end in the dead-letter queue
+DELAYED_EVERY = 100  # every 100th job is sent with a delay and must not arrive early
+DELAY_MS = 300
+
+
+def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str, object]:
+    from sdk import Admin, Producer, QueueConsumer
+
+    queue, dlq = "demo-jobs", "demo-jobs.dlq"
+    print(f"== queue mode: {jobs:,} jobs to {workers} competing workers (acks after processing), "
+          f"poison jobs to {dlq}, delayed and priority jobs", flush=True)
+    with Admin(bootstrap) as admin:
+        admin.create_queue(queue, partitions=2, max_deliveries=2, dead_letter=dlq, visibility_timeout_ms=10_000)
+    due_ms: dict[bytes, float] = {}
+    poison = {f"job-{i}".encode() for i in range(jobs) if i % POISON_EVERY == 7}
+    with Producer(bootstrap, linger_ms=5) as producer:
+        for i in range(jobs):
+            value = f"job-{i}".encode()
+            if i % DELAYED_EVERY == 3:
+                due_ms[value] = time.time() * 1000 + DELAY_MS
+                producer.send(queue, value, delay_ms=DELAY_MS)
+            else:
+                producer.send(queue, value, priority=9 if i % 10 == 0 else None)
+        producer.flush(timeout=60)
+    acked: dict[bytes, int] = {}
+    early: list[bytes] = []
+    lock = threading.Lock()
+    good = jobs - len(poison)
+
+    def work() -> None:
+        with QueueConsumer(bootstrap, queue, "demo-workers") as worker:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with lock:
+                    if sum(acked.values()) >= good:
+                        return
+                batch = worker.receive(50, 500)
+                now_ms = time.time() * 1000
+                ok = [m for m in batch if m.value not in poison]
+                bad = [m for m in batch if m.value in poison]
+                if bad:
+                    worker.nack(bad, reason="demo poison")
+                if ok:
+                    worker.ack(ok)
+                with lock:
+                    for m in ok:
+                        value = m.value or b""
+                        acked[value] = acked.get(value, 0) + 1
+                        if value in due_ms and now_ms < due_ms[value]:
+                            early.append(value)
+                    if sum(acked.values()) >= good and not finished_at:
+                        finished_at.append(time.perf_counter())
+
+    finished_at: list[float] = []
+    threads = [threading.Thread(target=work, name=f"demo-worker-{i}") for i in range(workers)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = (finished_at[0] if finished_at else time.perf_counter()) - started
+    dead: set[bytes] = set()
+    with QueueConsumer(bootstrap, dlq, "demo-check") as reader:
+        deadline = time.monotonic() + 20
+        while len(dead) < len(poison) and time.monotonic() < deadline:
+            batch = reader.receive(100, 500)
+            dead.update(m.value or b"" for m in batch)
+            if batch:
+                reader.ack(batch)
+    once = len(acked) == good and all(n == 1 for n in acked.values())
+    return {"queue_jobs": jobs, "queue_workers": workers, "queue_msgs_per_s": round(jobs / elapsed),
+            "queue_acked_once": once, "queue_dead_letters": len(dead), "queue_delayed_early": len(early),
+            "queue_ok": once and dead == poison and not early}

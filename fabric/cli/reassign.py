@@ -1,0 +1,121 @@
+"""``fabric topic reassign`` and the per-partition log lines of ``fabric topic describe``.
+
+A plan file moves many partitions at once (the shape of Kafka's reassignment JSON)::
+
+    {"partitions": [{"topic": "orders", "partition": 0, "replicas": [1, 2, 4]},
+                    {"topic": "orders", "partition": 1, "replicas": [2, 4, 3]}]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from fabric.cli._common import CliError, non_negative_int, usage_error
+
+REASSIGN_WAIT_S_DEFAULT = 600.0
+PLAN_PARTITIONS_MAX = 10_000
+
+
+def add_parser(tsub: argparse._SubParsersAction[argparse.ArgumentParser], with_bootstrap: Any) -> None:
+    move = with_bootstrap(tsub.add_parser(
+        "reassign", help="move partitions to other nodes (new replicas catch up, then the old ones go)"))
+    move.add_argument("name", nargs="?", help="topic (or give --plan)")
+    move.add_argument("--partition", type=non_negative_int, help="the partition to move")
+    move.add_argument("--replicas", type=_node_list, help="the new replica node ids, e.g. 1,2,4 (first = preferred leader)")
+    move.add_argument("--plan", metavar="FILE", help='JSON: {"partitions": [{"topic", "partition", "replicas"}, ...]}')
+    move.add_argument("--throttle-bytes-per-s", type=non_negative_int, default=0, metavar="BYTES",
+                      help="cap on the new replicas' catch-up fetches, bytes per second (default 0: no cap)")
+    move.add_argument("--wait", action="store_true", help="return only once every move has finished")
+    move.add_argument("--timeout", type=float, default=REASSIGN_WAIT_S_DEFAULT, metavar="SECONDS",
+                      help=f"with --wait: give up after this long (default {REASSIGN_WAIT_S_DEFAULT:g})")
+
+
+def _node_list(text: str) -> list[int]:
+    try:
+        nodes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected node ids like 1,2,4, got {text!r}") from None
+    if not nodes or any(n < 0 for n in nodes):
+        raise argparse.ArgumentTypeError(f"expected node ids like 1,2,4, got {text!r}")
+    return nodes
+
+
+def read_plan(path: str) -> list[tuple[str, int, list[int]]]:
+    """The moves in a plan file; a clear error (and nothing moved) if it is malformed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise CliError(f"cannot read plan {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise CliError(f"plan {path} is not JSON: {exc}") from None
+    rows = data.get("partitions") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows or len(rows) > PLAN_PARTITIONS_MAX:
+        raise CliError(f'plan {path}: expected {{"partitions": [...]}} with 1 to {PLAN_PARTITIONS_MAX} entries')
+    moves = []
+    for i, row in enumerate(rows):
+        ok = (isinstance(row, dict) and isinstance(row.get("topic"), str)
+              and isinstance(row.get("partition"), int) and row["partition"] >= 0
+              and isinstance(row.get("replicas"), list) and row["replicas"]
+              and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in row["replicas"]))
+        if not ok:
+            raise CliError(f"plan {path}: entry {i} needs topic (string), partition (>= 0) and replicas "
+                           "(a list of node ids)")
+        moves.append((row["topic"], row["partition"], list(row["replicas"])))
+    return moves
+
+
+def cmd_reassign(admin: Any, args: argparse.Namespace) -> int:
+    if args.plan:
+        if args.name or args.partition is not None or args.replicas:
+            raise usage_error("give either --plan or TOPIC --partition --replicas, not both")
+        moves = read_plan(args.plan)
+    else:
+        if not args.name or args.partition is None or not args.replicas:
+            raise usage_error("fabric topic reassign TOPIC --partition P --replicas 1,2,4 (or --plan FILE)")
+        moves = [(args.name, args.partition, args.replicas)]
+    for topic, partition, replicas in moves:
+        admin.reassign_partition(topic, partition, replicas, throttle_bytes_per_s=args.throttle_bytes_per_s)
+        print(f"moving {topic}/{partition} to replicas {replicas}")
+    if args.wait:
+        for topic, partition, _replicas in moves:
+            try:
+                admin.wait_reassigned(topic, partition, timeout_s=args.timeout)
+            except TimeoutError as exc:
+                raise CliError(f"{exc}; it keeps moving: fabric topic describe {topic}") from None
+        print(f"done: {len(moves)} partition(s) moved")
+    else:
+        print("follow the progress with: fabric topic describe" + (f" {moves[0][0]}" if len(moves) == 1 else ""))
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def log_line(rows: list[dict[str, Any]]) -> str:
+    """The log part of a partition's describe line, from the nodes' DESCRIBE_REPLICAS rows:
+    the leader's log start, end (high watermark) and size, and a move's progress."""
+    leader = next((r for r in rows if r["role"] == "leader"), None)
+    if leader is None:
+        return "log ? (no leader answered)"
+    start, end = leader["log_start_offset"], leader["high_watermark"]
+    text = f"log {start}..{end} ({end - start:,} records, {_size(leader['size_bytes'])})"
+    if leader["adding"] or leader["removing"]:
+        leader_end = leader["log_end_offset"]
+        progress = []
+        for node_id in leader["adding"]:
+            row = next((r for r in rows if r["node_id"] == node_id), None)
+            copied = row["log_end_offset"] - start if row is not None else 0
+            share = 100.0 * max(0, copied) / max(1, leader_end - start)
+            progress.append(f"node {node_id} at {row['log_end_offset'] if row else '?'}/{leader_end} ({share:.0f}%)")
+        throttle = leader["throttle_bytes_per_s"]
+        text += (f"\n      reassigning: adding {leader['adding']} removing {leader['removing']}"
+                 f"{', throttle ' + _size(throttle) + '/s' if throttle else ''}: {', '.join(progress) or 'removing'}")
+    return text

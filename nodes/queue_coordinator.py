@@ -1,0 +1,328 @@
+"""Queue mode on a storage node: the leader of a queue partition hands out its messages.
+
+Per (queue partition, group) a share state (``nodes/queue_state.py``) decides who holds what;
+``nodes/queue_share.py`` feeds it the partition's committed records; ``nodes/queue_durable.py``
+writes what it decided to ``__queue_state`` before any answer depends on it and reads it back
+after a leadership change. This module serves QUEUE_RECEIVE (long-polled), QUEUE_SETTLE (ack,
+nack, extend, batched) and QUEUE_DESCRIBE, follows leadership and runs the timers. A new
+leader keeps acknowledged messages done and delivery counts; leases in flight at a failure
+are not kept (their messages are delivered again: at-least-once). Everything runs on the
+node's loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fabric import errors
+from fabric.protocol import apis
+from fabric.protocol import queues as qp
+from fabric.protocol.apis import ApiKey
+from nodes.log import PartitionLog
+from nodes.queue_durable import ACTIVE, LOADING, QueueDurability, Slot, wall_ms
+from nodes.queue_share import COUNTING, SharePartition
+from nodes.queue_state import Finished, check_receive_wait_ms, check_visibility_ms
+from nodes.state import Envelope, NodeState, TopicPartition
+
+log = logging.getLogger("fabric.queues")
+
+QUEUE_APIS: Final[frozenset[int]] = frozenset(key for key, _ in qp.SCHEMAS)
+PARKED_RECEIVES_MAX: Final[int] = 10_000  # long polls waiting on this node; past it, answered empty
+NAME_BYTES_MAX: Final[int] = 255  # group and consumer ids
+
+
+@dataclass
+class _Parked:
+    envelope: Envelope
+    request: apis.Message
+    deadline_s: float
+
+
+class QueueCoordinator(QueueDurability):
+    def __init__(self, node: NodeState) -> None:
+        super().__init__(node)
+        self._parked: list[_Parked] = []
+        self._turn = 0
+
+    # -- requests ---------------------------------------------------------------------------
+    def handle(self, envelope: Envelope, request: apis.Message) -> None:
+        api = request.header.api_key
+        body = request.body
+        _check_name("group", body["group"])
+        if api == ApiKey.QUEUE_RECEIVE:
+            self._receive(envelope, request)
+        elif api == ApiKey.QUEUE_SETTLE:
+            self._settle(envelope, request)
+        elif api == ApiKey.QUEUE_DESCRIBE:
+            self.node.send_response(envelope, request.header, self._describe(body["queue"], body["group"]))
+        else:
+            raise errors.UnknownApiError(f"api {api} is not a queue api")
+
+    def _receive(self, envelope: Envelope, request: apis.Message) -> None:
+        body = request.body
+        _check_name("consumer_id", body["consumer_id"])
+        if not 1 <= body["max_messages"] <= qp.RECEIVE_MESSAGES_MAX:
+            raise errors.InvalidRequestError(
+                f"max_messages {body['max_messages']} outside 1..RECEIVE_MESSAGES_MAX ({qp.RECEIVE_MESSAGES_MAX})")
+        check_receive_wait_ms(body["wait_ms"])
+        if body["visibility_timeout_ms"]:
+            check_visibility_ms(body["visibility_timeout_ms"])
+        self._led(body["queue"], body["partition"])  # refuse now if we lead none of it
+        parked = _Parked(envelope, request, time.monotonic() + body["wait_ms"] / 1000.0)
+        if self._try_receive(parked, final=body["wait_ms"] == 0):
+            return
+        if len(self._parked) >= PARKED_RECEIVES_MAX:
+            self._try_receive(parked, final=True)
+        else:
+            self._parked.append(parked)
+
+    def _led(self, queue: str, partition: int) -> list[tuple[TopicPartition, PartitionLog, SharePartition]]:
+        """The partitions of ``queue`` the request names that this node leads, each with its
+        share (made and loading on first use); raises the error that sends the client on."""
+        node = self.node
+        node.check_write_allowed(1)  # answers steer workers: only within our lease
+        if partition >= 0:
+            tps = [(queue, partition)]
+        else:
+            tps = sorted(tp for tp in node.leaders if tp[0] == queue)
+            if not tps:
+                if node.routing.topic(queue) is None:
+                    raise errors.UnknownTopicOrPartitionError(f"unknown queue {queue!r}")
+                raise errors.NotLeaderError(f"node {node.node_id} leads no partition of queue {queue!r}")
+        out = []
+        for tp in tps:
+            plog, slot = self._slot(tp)
+            out.append((tp, plog, slot.share))
+        return out
+
+    def _slot(self, tp: TopicPartition) -> tuple[PartitionLog, Slot]:
+        plog, leader, config = self.node.leader_log(*tp)
+        slot = self._slots.get(tp)
+        if slot is None or slot.share.epoch != leader.epoch:
+            slot = Slot(SharePartition(tp[0], tp[1], leader.epoch, config))
+            self._slots[tp] = slot
+            log.info("queue %s/%d (epoch %d): loading its state", tp[0], tp[1], leader.epoch)
+        return plog, slot
+
+    def _try_receive(self, parked: _Parked, *, final: bool) -> bool:
+        """Lease what is visible and answer once that is durable; False to keep waiting."""
+        body = parked.request.body
+        try:
+            led = self._led(body["queue"], body["partition"])
+        except errors.FabricError as exc:
+            self.node.send_error(parked.envelope, parked.request.header, exc)
+            return True
+        now_ms = wall_ms()
+        self._turn += 1
+        remaining = body["max_messages"]
+        messages: list[dict[str, Any]] = []
+        touched: list[Slot] = []
+        for i in range(len(led)):
+            tp, plog, share = led[(self._turn + i) % len(led)]  # rotate: no partition starves
+            slot = self._slots[tp]
+            if slot.mode != ACTIVE or remaining <= 0:
+                continue
+            g = share.group(body["group"], plog)
+            share.ingest(g, plog, now_ms)
+            leases, finished = g.state.acquire(body["consumer_id"], remaining, now_ms, body["visibility_timeout_ms"])
+            self._collect(slot, body["group"], g, finished)
+            touched.append(slot)
+            if not leases:
+                continue
+            remaining -= len(leases)
+            records = share.records(plog, [lease.offset for lease in leases])
+            for lease in leases:
+                ts, key, value, headers = records.get(lease.offset, (0, None, None, []))
+                entry = g.state.entry(lease.offset)
+                messages.append({
+                    "partition": tp[1], "offset": lease.offset, "delivery_count": lease.delivery_count,
+                    "deadline_ms": lease.deadline_ms, "timestamp_ms": ts,
+                    "priority": entry.priority if entry is not None else qp.PRIORITY_DEFAULT,
+                    "key": key, "value": value, "headers": [{"key": k, "value": v} for k, v in headers]})
+        if not messages and not final:
+            for slot in touched:
+                self._flush(slot)
+            return False
+        header, envelope = parked.request.header, parked.envelope
+
+        def answer(code: int, text: str) -> None:
+            if code:
+                self.node.send_error(envelope, header, errors.error_for_code(code)(text or "queue state write failed"))
+            else:
+                self.node.send_response(envelope, header, {"error": 0, "message": "", "messages": messages})
+        self._after_durable(touched if messages else [], answer)
+        return True
+
+    def _settle(self, envelope: Envelope, request: apis.Message) -> None:
+        body = request.body
+        _check_name("consumer_id", body["consumer_id"])
+        if len(body["entries"]) > qp.SETTLE_ENTRIES_MAX:
+            raise errors.InvalidRequestError(
+                f"{len(body['entries'])} entries exceed SETTLE_ENTRIES_MAX ({qp.SETTLE_ENTRIES_MAX})")
+        now_ms = wall_ms()
+        results: list[dict[str, Any]] = []
+        touched: dict[int, Slot] = {}
+        for entry in body["entries"]:
+            result = {"partition": entry["partition"], "offset": entry["offset"], "error": 0, "deadline_ms": 0}
+            try:
+                result["deadline_ms"] = self._settle_one(body, entry, now_ms, touched)
+            except errors.FabricError as exc:
+                result["error"] = exc.code
+            results.append(result)
+
+        def answer(code: int, text: str) -> None:
+            if code:
+                self.node.send_error(envelope, request.header, errors.error_for_code(code)(text or "queue state write failed"))
+            else:
+                self.node.send_response(envelope, request.header, {"error": 0, "message": "", "results": results})
+        self._after_durable(list(touched.values()), answer)
+
+    def _settle_one(self, body: dict[str, Any], entry: dict[str, Any], now_ms: int, touched: dict[int, Slot]) -> int:
+        queue, group, consumer = body["queue"], body["group"], body["consumer_id"]
+        tp = (queue, entry["partition"])
+        _plog, leader, _config = self.node.leader_log(*tp)
+        slot = self._slots.get(tp)
+        g = slot.share.groups.get(group) if slot is not None and slot.share.epoch == leader.epoch else None
+        if slot is None or g is None or slot.mode != ACTIVE:
+            # Leases do not outlive the leader that granted them: this one never granted it.
+            raise errors.LeaseNotHeldError(f"offset {entry['offset']} is not leased to {consumer!r}")
+        action, offset = entry["action"], entry["offset"]
+        deadline = 0
+        finished: list[Finished] = []
+        if action == qp.ACTION_ACK:
+            g.state.ack(consumer, offset, now_ms)
+        elif action == qp.ACTION_NACK:
+            if entry["arg_ms"] < 0:
+                raise errors.InvalidDelayError("a nack's delay must be >= 0")
+            done = g.state.nack(consumer, offset, now_ms, entry["arg_ms"], entry["reason"] or "nack")
+            finished = [done] if done is not None else []
+        elif action == qp.ACTION_EXTEND:
+            deadline = g.state.extend(consumer, offset, now_ms, entry["arg_ms"])
+        else:
+            raise errors.InvalidRequestError(f"unknown settle action {action}; known: ack 0, nack 1, extend 2")
+        self._collect(slot, group, g, finished)
+        touched[id(slot)] = slot
+        return deadline
+
+    def _describe(self, queue: str, group: str) -> dict[str, Any]:
+        now_ms = wall_ms()
+        out = []
+        for tp, plog, share in self._led(queue, -1):
+            slot = self._slots[tp]
+            if slot.mode != ACTIVE:
+                raise errors.CoordinatorLoadInProgressError(f"queue {tp[0]}/{tp[1]} is loading its state; retry")
+            g = share.groups.get(group) or share.groups.get(COUNTING) or share.group(COUNTING, plog)
+            share.ingest(g, plog, now_ms)
+            self._collect(slot, group, g, g.state.tick(now_ms))
+            self._flush(slot)
+            counts = g.state.counts()
+            age = -1
+            if counts["oldest_offset"] >= 0:
+                found = share.records(plog, [counts["oldest_offset"]]).get(counts["oldest_offset"])
+                age = max(0, now_ms - found[0]) if found is not None else -1
+            out.append({"partition": tp[1], "visible": counts["visible"], "in_flight": counts["in_flight"],
+                        "delayed": counts["delayed"], "dead_lettered": counts["dead_lettered"],
+                        "dropped": counts["dropped"], "deduplicated": counts["deduplicated"], "oldest_age_ms": age})
+        return {"error": 0, "message": "", "partitions": out}
+
+    # -- produce's size check ---------------------------------------------------------------------
+    def check_room(self, tp: TopicPartition, records: int, batch_bytes: int) -> None:
+        """QUEUE_FULL when a batch would take a queue past max_messages or max_bytes."""
+        plog, slot = self._slot(tp)
+        if slot.mode == ACTIVE:
+            slot.share.check_room(plog, records, batch_bytes, wall_ms())
+        # While loading, the counts are not known yet: the send is let through.
+
+    # -- leadership and loading --------------------------------------------------------------------
+    def _follow_leadership(self) -> None:
+        node = self.node
+        serving = node.session_ok()
+        for tp, slot in list(self._slots.items()):
+            leader = node.leaders.get(tp)
+            if not serving or leader is None or leader.epoch != slot.share.epoch:
+                self._drop(slot, "leadership moved" if serving else "ZooKeeper session in doubt")
+
+    # -- the loop's turn ---------------------------------------------------------------------------
+    def tick(self) -> None:
+        now = time.monotonic()
+        self._take_replies(now)
+        self._follow_leadership()
+        now_ms = wall_ms()
+        for slot in list(self._slots.values()):
+            if slot.mode == LOADING:
+                if not slot.load_in_flight and now >= slot.next_load_s:
+                    self._load_step(slot)
+                continue
+            for name, g in slot.share.groups.items():
+                due = g.state.next_wakeup_ms()
+                if due and due <= now_ms:
+                    self._collect(slot, name, g, g.state.tick(now_ms))
+            self._flush(slot)
+        if self._parked:
+            waiting = self._parked
+            self._parked = []
+            for parked in waiting:
+                if not self._try_receive(parked, final=now >= parked.deadline_s):
+                    self._parked.append(parked)
+
+    def next_deadline_s(self) -> float | None:
+        """When the loop must run us again: a long poll's end, a lease expiring, a delay ending."""
+        times = [p.deadline_s for p in self._parked]
+        now, now_ms = time.monotonic(), wall_ms()
+        if self._outbox:
+            times.append(now + 0.005)  # a connection being made: try again soon
+        for slot in self._slots.values():
+            if slot.mode == LOADING:
+                times.append(slot.next_load_s)
+                continue
+            for g in slot.share.groups.values():
+                due = g.state.next_wakeup_ms()
+                if due:
+                    times.append(now + max(0, due - now_ms) / 1000.0)
+        return min(times) if times else None
+
+    def counts(self) -> list[tuple[str, int, str, dict[str, int]]]:
+        """(queue, partition, group, counts) of every share state served here, for metrics."""
+        return [(slot.share.topic, slot.share.partition, name, g.state.counts())
+                for slot in self._slots.values() if slot.mode == ACTIVE
+                for name, g in slot.share.groups.items() if name != COUNTING]
+
+
+def _check_name(what: str, name: str) -> None:
+    if not name or len(name.encode()) > NAME_BYTES_MAX:
+        raise errors.InvalidRequestError(f"{what} must be 1..{NAME_BYTES_MAX} bytes")
+
+
+# -- the node's hooks (nodes/server.py) ----------------------------------------------------------
+def for_node(node: NodeState) -> QueueCoordinator:
+    made: QueueCoordinator | None = node.queues
+    if made is None:
+        made = QueueCoordinator(node)
+        node.queues = made
+    return made
+
+
+def handle(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    for_node(node).handle(envelope, request)
+
+
+def tick(node: NodeState, _now: float) -> None:
+    if node.queues is not None:
+        node.queues.tick()
+
+
+def next_deadline(node: NodeState) -> float | None:
+    return node.queues.next_deadline_s() if node.queues is not None else None
+
+
+def check_room(node: NodeState, tp: TopicPartition, records: int, batch_bytes: int) -> None:
+    for_node(node).check_room(tp, records, batch_bytes)
+
+
+def close(node: NodeState) -> None:
+    if node.queues is not None:
+        node.queues.close()
+        node.queues = None

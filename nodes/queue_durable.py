@@ -1,0 +1,340 @@
+"""The durable half of queue mode: writing what the share states decided, and reading it back.
+
+``nodes/queue_coordinator.py`` serves the requests; this base class owns what outlives a
+leader. Every decision that must survive (an acquisition, so the delivery count is kept;
+an ack; a nack's new visibility; a dead letter or a drop) becomes a record in the
+replicated ``__queue_state`` topic, written acks=all, before the answer that depends on it.
+Writes are group-committed: one in flight per queue partition, the next carrying
+everything decided meanwhile. A dead letter is produced (acks=all) to the dead-letter
+topic before the record saying it left the queue, so a crash between the two re-dead-letters
+(a duplicate in the DLQ), never loses it. A new leader reads its partition's records first
+(``_load_step``), then replays the log as receives come (``nodes/queue_share.py``).
+
+It is a client of the cluster (ordinary PRODUCE and FETCH, possibly to itself), so what it
+keeps goes through the tested replication path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import zmq
+
+from fabric import errors
+from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
+from fabric.protocol import queues as qp
+from fabric.protocol.apis import ApiKey
+from fabric.transport import Connections
+from nodes.queue_share import Group, SharePartition
+from nodes.queue_state import DEAD, Change, Finished
+from nodes.state import NodeState, TopicPartition
+
+log = logging.getLogger("fabric.queues")
+
+STATE_TOPIC_PARTITIONS: Final[int] = 16
+WRITE_TIMEOUT_MS: Final[int] = 10_000  # acks=all wait for one state or dead-letter write
+REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to a node unanswered this long is abandoned
+LOAD_FETCH_BYTES_MAX: Final[int] = 4 * 1024 * 1024
+OUTBOX_MAX: Final[int] = 10_000  # requests waiting for a connection to their node
+RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load step or topic creation is retried after this
+LOADING: Final[str] = "loading"
+ACTIVE: Final[str] = "active"
+# Queue options that describe the original send; a dead letter does not carry them, so
+# redriving it neither waits again nor expires nor is dropped as a duplicate.
+_SEND_ONLY_HEADERS: Final[frozenset[str]] = frozenset(
+    {qp.HEADER_DELAY_MS, qp.HEADER_DELIVER_AT_MS, qp.HEADER_TTL_MS, qp.HEADER_DEDUP_ID})
+
+Done = Callable[[int, str], None]  # (error code, message); 0 when durable
+
+
+@dataclass
+class Slot:
+    """One queue partition this node leads: its share states and their durability."""
+
+    share: SharePartition
+    mode: str = LOADING
+    load_offset: int = 0
+    load_in_flight: bool = False
+    next_load_s: float = 0.0
+    pending: list[tuple[bytes, bytes]] = field(default_factory=list)  # state records to write next
+    dead: list[Finished] = field(default_factory=list)  # to dead-letter before those records
+    waiters: list[Done] = field(default_factory=list)  # answers waiting for the next write
+    flushing: bool = False
+
+
+def state_partition(queue: str, partition: int, partitions: int) -> int:
+    return zlib.crc32(f"{queue}\0{partition}".encode()) % partitions
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class QueueDurability:
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+        security = node.authz.client if node.authz is not None else None  # the node's own key
+        self._conns = Connections(zmq.Context.instance(), poller=node.sockets.poller, security=security)
+        self._slots: dict[TopicPartition, Slot] = {}
+        self._requests: dict[int, tuple[float, str, Callable[[apis.Message | None], None]]] = {}
+        self._creating_topic_until = 0.0
+        self._outbox: list[tuple[str, list[Any], int]] = []  # requests waiting for their connection
+
+    # -- durability --------------------------------------------------------------------------------
+    def _collect(self, slot: Slot, group: str, g: Group, finished: list[Finished]) -> None:
+        """Queue what the state machine decided for the next write."""
+        share = slot.share
+        key = qp.state_key(share.topic, share.partition, group)
+        for change in g.state.drain_changes():
+            slot.pending.append((key, qp.encode_state_record(
+                change.offset, change.state, change.delivery_count, change.visible_at_ms, change.reason)))
+        slot.dead.extend(f for f in finished if f.state == DEAD)
+
+    def _after_durable(self, slots: list[Slot], done: Done) -> None:
+        """Call ``done`` once everything decided so far on ``slots`` is written (now if nothing)."""
+        if not slots:
+            done(0, "")
+            return
+        left = [len(slots)]
+        first_error: list[tuple[int, str]] = []
+
+        def one(code: int, text: str) -> None:
+            if code and not first_error:
+                first_error.append((code, text))
+            left[0] -= 1
+            if left[0] == 0:
+                done(*(first_error[0] if first_error else (0, "")))
+        for slot in slots:
+            slot.waiters.append(one)
+            self._flush(slot)
+
+    def _flush(self, slot: Slot) -> None:
+        if slot.flushing:
+            return  # the next flush starts when this one ends
+        records, dead, waiters = slot.pending, slot.dead, slot.waiters
+        slot.pending, slot.dead, slot.waiters = [], [], []
+        if not records and not dead:
+            for waiter in waiters:
+                waiter(0, "")
+            return
+        slot.flushing = True
+        share = slot.share
+
+        def finished(code: int, text: str) -> None:
+            slot.flushing = False
+            for waiter in waiters:
+                waiter(code, text)
+            if self._slots.get((share.topic, share.partition)) is not slot:
+                return
+            if code:
+                self._reload(slot, f"queue state write failed: {text or code}")  # memory is ahead of the log
+            else:
+                self._flush(slot)
+
+        def write_state(code: int, text: str) -> None:
+            if code:
+                finished(code, text)
+                return
+            route = self.node.routing.topic(qp.STATE_TOPIC)
+            if route is None:
+                finished(errors.CoordinatorNotAvailableError.code, f"{qp.STATE_TOPIC} is missing")
+                return
+            k = state_partition(share.topic, share.partition, route.config.partitions)
+            now_ms = wall_ms()
+            self._produce(qp.STATE_TOPIC, k, [(now_ms, key, value, []) for key, value in records], finished)
+
+        if dead:
+            self._dead_letter(slot, dead, write_state)
+        else:
+            write_state(0, "")
+
+    def _dead_letter(self, slot: Slot, dead: list[Finished], done: Done) -> None:
+        share = slot.share
+        plog = self.node.logs.get((share.topic, share.partition))
+        dlq = share.config.dead_letter
+        route = self.node.routing.topic(dlq)
+        if plog is None or route is None:
+            done(errors.UnknownTopicOrPartitionError.code, f"dead-letter topic {dlq!r} does not exist")
+            return
+        found = share.records(plog, [f.offset for f in dead])
+        batch: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
+        for f in dead:
+            record = found.get(f.offset)
+            if record is None:
+                continue  # removed by retention meanwhile: nothing left to move
+            ts, key, value, headers = record
+            kept = [(k, v) for k, v in headers if k not in _SEND_ONLY_HEADERS and k not in qp.DLQ_HEADERS]
+            batch.append((ts, key, value, kept + qp.dead_letter_headers(
+                share.topic, share.partition, f.offset, f.delivery_count, f.reason)))
+        if not batch:
+            done(0, "")
+            return
+        self._produce(dlq, share.partition % route.config.partitions, batch, done)
+
+    def _produce(self, topic: str, partition: int,
+                 records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]], done: Done) -> None:
+        address = self._leader_address(topic, partition)
+        if address is None:
+            done(errors.LeaderNotAvailableError.code, f"{topic}/{partition} has no leader")
+            return
+        frame = batch_format.encode_batch([r[0] for r in records], [r[1] for r in records], [r[2] for r in records],
+                                          [r[3] for r in records])
+        body = {"acks": -1, "timeout_ms": WRITE_TIMEOUT_MS, "entries": [{"topic": topic, "partition": partition}]}
+
+        def on_reply(message: apis.Message | None) -> None:
+            if message is None:
+                done(errors.RequestTimedOutError.code, f"write to {topic}/{partition} timed out")
+            elif message.header.error_code:
+                done(message.header.error_code, str(message.body.get("message", "")))
+            else:
+                result = message.body["results"][0]
+                done(result["error"], result["message"])
+        self._request(address, ApiKey.PRODUCE, body, on_reply, batches=[frame])
+
+    def _drop(self, slot: Slot, why: str) -> None:
+        tp = (slot.share.topic, slot.share.partition)
+        if self._slots.get(tp) is slot:
+            del self._slots[tp]
+        log.info("queue %s/%d: stopped serving (%s)", tp[0], tp[1], why)
+        waiters, slot.waiters = slot.waiters, []
+        for waiter in waiters:
+            waiter(errors.NotLeaderError.code, f"queue {tp[0]}/{tp[1]}: {why}")
+
+    def _reload(self, slot: Slot, why: str) -> None:
+        log.warning("queue %s/%d: reloading (%s)", slot.share.topic, slot.share.partition, why)
+        self._drop(slot, why)
+        share = slot.share
+        fresh = Slot(SharePartition(share.topic, share.partition, share.epoch, share.topic_config),
+                      next_load_s=time.monotonic() + RETRY_INTERVAL_S)
+        self._slots[(share.topic, share.partition)] = fresh
+
+    def _load_step(self, slot: Slot) -> None:
+        share = slot.share
+        route = self.node.routing.topic(qp.STATE_TOPIC)
+        if route is None:
+            self._create_state_topic()
+            slot.next_load_s = time.monotonic() + RETRY_INTERVAL_S
+            return
+        k = state_partition(share.topic, share.partition, route.config.partitions)
+        address = self._leader_address(qp.STATE_TOPIC, k)
+        if address is None:
+            slot.next_load_s = time.monotonic() + RETRY_INTERVAL_S
+            return
+        prefix = qp.state_key(share.topic, share.partition, "")
+        body = {"replica_id": apis.CONSUMER_REPLICA_ID, "max_wait_ms": 0, "min_bytes": 0,
+                "max_bytes": LOAD_FETCH_BYTES_MAX,
+                "partitions": [{"topic": qp.STATE_TOPIC, "partition": k, "fetch_offset": slot.load_offset,
+                                "partition_bytes_max": LOAD_FETCH_BYTES_MAX,
+                                "current_leader_epoch": apis.ANY_LEADER_EPOCH}]}
+        slot.load_in_flight = True
+
+        def on_reply(message: apis.Message | None) -> None:
+            slot.load_in_flight = False
+            plog = self.node.logs.get((share.topic, share.partition))
+            if self._slots.get((share.topic, share.partition)) is not slot or plog is None:
+                return
+            result = message.body["partitions"][0] if message is not None and not message.header.error_code else None
+            if result is not None and result["error"] == errors.OffsetOutOfRangeError.code \
+                    and slot.load_offset < result["log_start_offset"]:
+                slot.load_offset = result["log_start_offset"]
+                return
+            if result is None or result["error"]:
+                slot.next_load_s = time.monotonic() + RETRY_INTERVAL_S
+                return
+            for buf in message.batches:  # type: ignore[union-attr]
+                decoded = batch_format.decode_batch(buf)
+                base = decoded.header.base_offset
+                for i, (key, value) in enumerate(zip(decoded.keys, decoded.values, strict=True)):
+                    if base + i < slot.load_offset or key is None or value is None or not key.startswith(prefix):
+                        continue
+                    try:
+                        fields = qp.decode_state_record(value)
+                    except errors.FabricError as exc:
+                        log.warning("skipping an unreadable queue state record: %s", exc)
+                        continue
+                    group = key[len(prefix):].decode("utf-8", "replace")
+                    share.restore(group, Change(fields["offset"], fields["state"], fields["delivery_count"],
+                                                fields["visible_at_ms"], fields["reason"]), plog)
+                slot.load_offset = max(slot.load_offset, decoded.header.next_offset)
+            # Done when everything is read and everything read is committed.
+            if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:
+                slot.mode = ACTIVE
+                log.info("queue %s/%d: serving %d groups (state read to %s/%d offset %d)", share.topic,
+                         share.partition, len(share.groups), qp.STATE_TOPIC, k, slot.load_offset)
+            elif not message.batches:  # type: ignore[union-attr]
+                slot.next_load_s = time.monotonic() + 0.02  # waiting for the high watermark
+
+        self._request(address, ApiKey.FETCH, body, on_reply)
+
+    def _create_state_topic(self) -> None:
+        now = time.monotonic()
+        if now < self._creating_topic_until:
+            return
+        self._creating_topic_until = now + 1.0
+        replicas = max(1, min(3, len(self.node.routing.nodes())))
+        body = {"name": qp.STATE_TOPIC, "partitions": STATE_TOPIC_PARTITIONS, "replication_factor": replicas,
+                "configs": [{"key": "retention_ms", "value": "-1"},
+                            {"key": "min_insync", "value": str(min(2, replicas))}]}
+        self._request(self.node.address, ApiKey.CREATE_TOPIC, body, lambda _message: None)
+
+    def _leader_address(self, topic: str, partition: int) -> str | None:
+        route = self.node.routing.topic(topic)
+        state = route.partitions.get(partition) if route is not None else None
+        info = self.node.routing.nodes().get(state.leader) if state is not None else None
+        return info.address if info is not None else None
+
+    def _request(self, address: str, api_key: int, body: dict[str, Any],
+                 callback: Callable[[apis.Message | None], None], *, batches: list[bytes] | None = None) -> None:
+        correlation_id = self._conns.next_id()
+        frames = apis.encode_request(api_key, body, correlation_id, batches=batches)
+        self._requests[correlation_id] = (time.monotonic(), address, callback)
+        if not self._try_send(address, frames):
+            # A connection still being made (the socket refuses to queue until it is):
+            # sent by a later turn, never by blocking the node's loop here.
+            if len(self._outbox) >= OUTBOX_MAX:
+                del self._requests[correlation_id]
+                callback(None)
+                return
+            self._outbox.append((address, frames, correlation_id))
+
+    def _try_send(self, address: str, frames: list[Any]) -> bool:
+        try:
+            self._conns.send(address, frames, wait_connect_ms=0)
+            return True
+        except errors.FabricError:
+            return False
+
+    def _send_outbox(self) -> None:
+        waiting, self._outbox = self._outbox, []
+        for address, frames, correlation_id in waiting:
+            if correlation_id in self._requests and not self._try_send(address, frames):
+                self._outbox.append((address, frames, correlation_id))
+
+    def _take_replies(self, now: float) -> None:
+        if self._outbox:
+            self._send_outbox()
+        for _address, frames in self._conns.drain():
+            try:
+                message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
+            except errors.FabricError as exc:
+                log.warning("undecodable reply to the queue coordinator: %s", exc)
+                continue
+            entry = self._requests.pop(message.header.correlation_id, None)
+            if entry is not None:
+                entry[2](message)
+        for correlation_id, (sent, address, callback) in list(self._requests.items()):
+            if now - sent > REQUEST_TIMEOUT_S:
+                del self._requests[correlation_id]
+                self._conns.drop(address)
+                callback(None)
+
+    def close(self) -> None:
+        for slot in list(self._slots.values()):
+            self._drop(slot, "node stopping")
+        self._conns.close()

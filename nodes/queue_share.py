@@ -1,0 +1,199 @@
+"""One queue partition as its leader holds it: the share states of its groups, fed from
+the local log.
+
+The state machine (``nodes/queue_state.py``) decides; this module gives it its input.
+Records join a group's share state only once they are below the partition's high
+watermark (committed), so a message is never handed out and then lost to a truncation.
+Their queue fields come from their headers, and every time in them counts from the
+record's own timestamp (the producer's send time), so a new leader replaying the same log
+reaches the same decisions: when a delay ends, when a TTL passes, which sends were
+duplicates.
+
+Persisted changes (``__queue_state`` records) are applied as the offsets they name are
+replayed, newest per offset winning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Final
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.protocol import batch as batch_format
+from fabric.protocol import queues as qp
+from nodes.log import PartitionLog
+from nodes.queue_state import Change, DedupWindow, QueueConfig, ShareState
+
+log = logging.getLogger("fabric.queues")
+
+INGEST_BYTES_MAX: Final[int] = 4 * 1024 * 1024  # log bytes read per ingestion step
+BATCH_CACHE_MAX: Final[int] = 64  # decoded batches kept for answering receives
+COUNTING: Final[str] = ""  # the share state that counts a queue nobody consumes yet
+
+Record = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]  # timestamp, key, value, headers
+
+
+def queue_config(config: zkl.TopicConfig) -> QueueConfig:
+    return QueueConfig(
+        visibility_timeout_ms=config.visibility_timeout_ms, max_deliveries=config.max_deliveries,
+        dead_letter=config.dead_letter, message_ttl_ms=config.message_ttl_ms,
+        max_messages=config.max_messages, max_bytes=config.max_bytes)
+
+
+@dataclass
+class Group:
+    state: ShareState
+    dedup: DedupWindow
+    restore: dict[int, Change] = field(default_factory=dict)  # persisted changes not yet replayed
+
+
+class SharePartition:
+    """The groups of one queue partition on its leader (``epoch``)."""
+
+    def __init__(self, topic: str, partition: int, epoch: int, config: zkl.TopicConfig) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.epoch = epoch
+        self.topic_config = config
+        self.config = queue_config(config)
+        self.groups: dict[str, Group] = {}
+        self._batches: OrderedDict[int, batch_format.DecodedBatch] = OrderedDict()
+
+    # -- groups ------------------------------------------------------------------------
+    def group(self, name: str, plog: PartitionLog) -> Group:
+        """The group's share state, made on first use from the start of the log."""
+        found = self.groups.get(name)
+        if found is None:
+            found = Group(ShareState(self.config, plog.log_start_offset),
+                          DedupWindow(self.topic_config.dedup_window_ms, qp.DEDUP_IDS_MAX))
+            self.groups[name] = found
+            if name != COUNTING:
+                self.groups.pop(COUNTING, None)  # a real group counts from now on
+        return found
+
+    def restore(self, group: str, change: Change, plog: PartitionLog) -> None:
+        """A persisted change read while loading; applied when its offset is replayed."""
+        self.group(group, plog).restore[change.offset] = change
+
+    # -- ingestion -------------------------------------------------------------------------
+    def ingest(self, g: Group, plog: PartitionLog, now_ms: int) -> None:
+        """Feed the group every committed record it has not seen."""
+        state = g.state
+        if state.next_offset < plog.log_start_offset:
+            # Retention removed records this group never finished: they are gone (a queue
+            # made by `fabric queue create` keeps its log until its groups are done).
+            log.warning("%s/%d: records %d..%d removed by retention before being consumed",
+                        self.topic, self.partition, state.next_offset, plog.log_start_offset - 1)
+            for offset in range(state.next_offset, plog.log_start_offset):
+                state.skip(offset)
+        while state.next_offset < plog.high_watermark:
+            batches = plog.read(state.next_offset, INGEST_BYTES_MAX, plog.high_watermark)
+            if not batches:
+                return
+            for buf in batches:
+                decoded = self._decode(buf)
+                self._ingest_batch(g, decoded, now_ms)
+
+    def _ingest_batch(self, g: Group, decoded: batch_format.DecodedBatch, now_ms: int) -> None:
+        state = g.state
+        base = decoded.header.base_offset
+        control = bool(decoded.header.attributes & batch_format.ATTRIBUTE_CONTROL)
+        for i, timestamp in enumerate(decoded.timestamps):
+            offset = base + i
+            if offset < state.next_offset:
+                continue
+            if control:
+                state.skip(offset)
+                continue
+            headers = decoded.headers[i]
+            try:
+                fields = qp.read_headers(headers) if headers else None
+            except errors.FabricError as exc:  # a hand-made bad header: deliver it plainly
+                log.warning("%s/%d offset %d: %s; delivered without queue options", self.topic, self.partition,
+                            offset, exc)
+                fields = None
+            if fields is not None and fields["dedup_id"] and not g.dedup.admit(fields["dedup_id"], timestamp):
+                state.skip(offset, duplicate=True)
+                continue
+            value = decoded.values[i]
+            priority = qp.PRIORITY_DEFAULT
+            visible_at = 0
+            ttl_ms = 0
+            if fields is not None:
+                if fields["priority"] is not None and qp.PRIORITY_MIN <= fields["priority"] <= qp.PRIORITY_MAX:
+                    priority = fields["priority"]
+                visible_at = fields["deliver_at_ms"] or (timestamp + fields["delay_ms"] if fields["delay_ms"] else 0)
+                ttl_ms = max(0, fields["ttl_ms"])
+            state.append(offset, timestamp, size_bytes=len(value) if value else 0, priority=priority,
+                         visible_at_ms=visible_at, ttl_ms=ttl_ms)
+            change = g.restore.pop(offset, None)
+            if change is not None:
+                state.restore(change, now_ms)
+        state.next_offset = max(state.next_offset, decoded.header.next_offset)
+
+    # -- reading records back ----------------------------------------------------------------
+    def records(self, plog: PartitionLog, offsets: list[int]) -> dict[int, Record]:
+        """The records at ``offsets`` (committed, so present unless retention took them)."""
+        out: dict[int, Record] = {}
+        for offset in sorted(offsets):
+            if offset in out:
+                continue
+            decoded = self._batch_holding(plog, offset)
+            if decoded is None:
+                continue
+            base = decoded.header.base_offset
+            for o in offsets:
+                if base <= o < decoded.header.next_offset:
+                    i = o - base
+                    out[o] = (decoded.timestamps[i], decoded.keys[i], decoded.values[i], decoded.headers[i])
+        return out
+
+    def _batch_holding(self, plog: PartitionLog, offset: int) -> batch_format.DecodedBatch | None:
+        for decoded in self._batches.values():
+            if decoded.header.base_offset <= offset < decoded.header.next_offset:
+                return decoded
+        try:
+            bufs = plog.read(offset, 1, plog.high_watermark)
+        except errors.OffsetOutOfRangeError:
+            return None
+        return self._decode(bufs[0]) if bufs else None
+
+    def _decode(self, buf: bytes) -> batch_format.DecodedBatch:
+        decoded = batch_format.decode_batch(buf, check_crc=False)  # checked when it was appended
+        self._batches[decoded.header.base_offset] = decoded
+        while len(self._batches) > BATCH_CACHE_MAX:
+            self._batches.popitem(last=False)
+        return decoded
+
+    # -- size limits -------------------------------------------------------------------------
+    def depth(self, plog: PartitionLog, now_ms: int) -> tuple[int, int]:
+        """(messages, bytes) the slowest group has not finished, counting records appended
+        but not yet committed; with no group yet, every message in the log counts."""
+        groups = list(self.groups.values()) or [self.group(COUNTING, plog)]
+        messages = size = 0
+        uncommitted = plog.log_end_offset - plog.high_watermark
+        for g in groups:
+            self.ingest(g, plog, now_ms)
+            g.state.tick(now_ms)
+            counts = g.state.counts()
+            waiting = counts["visible"] + counts["in_flight"] + counts["delayed"] + uncommitted
+            messages = max(messages, waiting)
+            size = max(size, counts["bytes"])
+        return messages, size
+
+    def check_room(self, plog: PartitionLog, records: int, batch_bytes: int, now_ms: int) -> None:
+        c = self.config
+        if not (c.max_messages or c.max_bytes):
+            return
+        messages, size = self.depth(plog, now_ms)
+        if c.max_messages and messages + records > c.max_messages:
+            raise errors.QueueFullError(
+                f"queue {self.topic}/{self.partition} holds {messages} messages, max_messages is "
+                f"{c.max_messages}; retry once workers catch up")
+        if c.max_bytes and size + batch_bytes > c.max_bytes:
+            raise errors.QueueFullError(
+                f"queue {self.topic}/{self.partition} holds {size} bytes, max_bytes is {c.max_bytes}; "
+                f"retry once workers catch up")

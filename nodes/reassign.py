@@ -1,0 +1,155 @@
+"""Partition reassignment: move a partition's replicas to other nodes without losing a write.
+
+As Kafka does it (KIP-455), the controller owns the decision and the move has two steps:
+
+1. ``begin``: the partition state gets the union of the old and new replicas, with
+   ``adding`` (new replicas) and ``removing`` (old ones not in the new list). The new
+   replicas are followers from then on: they fetch the log from the leader, their
+   catch-up fetches held to ``throttle_bytes_per_s`` (``nodes/follower.py``), and the
+   leader adds each to the ISR once it has caught up, as for any follower
+   (``leader.isr_change``). Nothing is removed yet, so acks=all writes still wait for
+   every old in-sync replica.
+2. ``complete``: once every adding replica is in the ISR, the controller writes the final
+   state: only the new replicas, the ISR cut to them, and, if the leader is being removed,
+   a new leader from the new replicas in the ISR (epoch + 1, which fences the old one). A
+   removed replica stops serving the partition and deletes its copy (``nodes/roles.py``).
+
+Both writes are version-checked, like every partition state write: a leader changing the
+ISR meanwhile makes the controller's write fail and the next round decide again.
+``describe_replicas`` answers DESCRIBE_REPLICAS: each node's own copy (range, size), so
+``fabric topic describe`` can show a moving replica's progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kazoo.exceptions import NoNodeError
+
+from fabric import errors
+from fabric import zk as zkl
+from fabric.protocol import apis
+from fabric.zk import PartitionState
+from nodes.state import Envelope, NodeState
+
+THROTTLE_BYTES_PER_S_MIN = 1024  # below this a catch-up would take forever: refused as a typo
+
+
+def begin(state: PartitionState, target: tuple[int, ...], throttle_bytes_per_s: int, registered: set[int],
+          min_insync: int) -> PartitionState | None:
+    """The state that starts moving ``state`` to ``target``; None if nothing needs to change.
+
+    Raises ``InvalidRequestError`` / ``InvalidReplicationFactorError`` on a bad target and
+    ``ReassignmentInProgressError`` if a different move is running."""
+    if not target:
+        raise errors.InvalidRequestError("replicas: give at least one node id")
+    if len(set(target)) != len(target):
+        raise errors.InvalidRequestError(f"replicas {list(target)}: a node appears twice")
+    if len(target) > zkl.REPLICATION_FACTOR_MAX:
+        raise errors.InvalidReplicationFactorError(f"{len(target)} replicas: at most {zkl.REPLICATION_FACTOR_MAX}")
+    if len(target) < min_insync:
+        raise errors.InvalidReplicationFactorError(
+            f"{len(target)} replicas is fewer than the topic's min_insync={min_insync}: acks=all writes would all fail")
+    if throttle_bytes_per_s < 0 or 0 < throttle_bytes_per_s < THROTTLE_BYTES_PER_S_MIN:
+        raise errors.InvalidRequestError(
+            f"throttle_bytes_per_s={throttle_bytes_per_s}: 0 (none) or at least {THROTTLE_BYTES_PER_S_MIN}")
+    if state.reassigning:
+        if tuple(r for r in state.replicas if r not in state.removing) == target:
+            if throttle_bytes_per_s == state.throttle_bytes_per_s:
+                return None  # the same move again: already under way
+            return dataclasses.replace(state, throttle_bytes_per_s=throttle_bytes_per_s)  # a new rate for it
+        raise errors.ReassignmentInProgressError(
+            f"partition {state.partition} is moving to {[r for r in state.replicas if r not in state.removing]}")
+    unknown = [r for r in target if r not in registered and r not in state.replicas]
+    if unknown:
+        raise errors.InvalidRequestError(f"replicas {unknown} are not registered nodes")
+    if target == state.replicas:
+        return None
+    adding = tuple(r for r in target if r not in state.replicas)
+    removing = tuple(r for r in state.replicas if r not in target)
+    if not adding and not removing:
+        return dataclasses.replace(state, replicas=target)  # a new order only: nothing to copy
+    return dataclasses.replace(state, replicas=target + removing, adding=adding, removing=removing,
+                               throttle_bytes_per_s=throttle_bytes_per_s)
+
+
+def complete(state: PartitionState, live: set[int]) -> PartitionState | None:
+    """The final state once every adding replica is in sync; None while it is not yet time."""
+    if not state.reassigning or not set(state.adding) <= set(state.isr) or state.leader < 0:
+        return None
+    target = tuple(r for r in state.replicas if r not in state.removing)
+    isr = tuple(r for r in state.isr if r in target)
+    leader, epoch = state.leader, state.leader_epoch
+    if leader not in target:
+        candidates = [r for r in target if r in isr and r in live]
+        if not candidates:
+            return None  # no new replica can lead right now: keep all of them until one can
+        leader, epoch = candidates[0], epoch + 1
+    return dataclasses.replace(state, replicas=target, isr=isr, leader=leader, leader_epoch=epoch,
+                               adding=(), removing=(), throttle_bytes_per_s=0)
+
+
+def catch_up_throttle(state: PartitionState | None, node_id: int) -> int:
+    """The fetch byte-rate limit this node applies to a partition (0 = none): only while it
+    is one of the replicas being added."""
+    if state is None or node_id not in state.adding:
+        return 0
+    return state.throttle_bytes_per_s
+
+
+# -- the handlers --------------------------------------------------------------------------
+def handle_reassign(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+    """REASSIGN_PARTITION (docs/PROTOCOL.md 5.18): the controller starts the move."""
+    body = request.body
+    if not node.is_controller:
+        node.send_response(envelope, request.header, {
+            "error": errors.NotControllerError.code,
+            "message": f"node {node.node_id} is not the controller (ask node {node.routing.controller_id})"})
+        return
+    node.answer_later(envelope, request.header, lambda: _begin_in_zookeeper(
+        node, body["topic"], body["partition"], tuple(body["replicas"]), body["throttle_bytes_per_s"]))
+
+
+def _begin_in_zookeeper(node: NodeState, topic: str, partition: int, target: tuple[int, ...],
+                        throttle_bytes_per_s: int) -> dict[str, Any]:
+    """On the ZooKeeper worker: read, decide, write (version-checked)."""
+    try:
+        route = node.routing.topic(topic)
+        if route is None:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        try:
+            raw, stat = zkl.get(node.zk, zkl.partition_path(topic, partition))
+        except NoNodeError:
+            raise errors.UnknownTopicOrPartitionError(f"{topic} has no partition {partition}") from None
+        state = PartitionState.decode(partition, raw, stat.version)
+        new_state = begin(state, target, throttle_bytes_per_s, set(zkl.live_nodes(node.zk)), route.config.min_insync)
+        if new_state is not None:
+            written = zkl.write_partition_state(node.zk, topic, new_state)
+            node.routing.apply_partition_state(topic, written)
+            node.routing_dirty = True
+            node.controller_dirty = True  # nothing to add (a removal only) completes at once
+    except errors.FabricError as exc:
+        return {"error": exc.code, "message": exc.message}
+    return {"error": 0, "message": ""}
+
+
+def handle_describe_replicas(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+    """DESCRIBE_REPLICAS: this node's copy of each partition it hosts."""
+    wanted = set(request.body["topics"])
+    out = []
+    for tp, plog in sorted(node.logs.items()):
+        if wanted and tp[0] not in wanted:
+            continue
+        state = node.states.get(tp)
+        role = "leader" if tp in node.leaders else "follower" if tp in node.followers else "none"
+        out.append({
+            "topic": tp[0], "partition": tp[1], "role": role,
+            "leader_epoch": state.leader_epoch if state is not None else -1,
+            "log_start_offset": plog.log_start_offset, "log_end_offset": plog.log_end_offset,
+            "high_watermark": plog.high_watermark, "size_bytes": plog.total_bytes,
+            "adding": list(state.adding) if state is not None else [],
+            "removing": list(state.removing) if state is not None else [],
+            "throttle_bytes_per_s": state.throttle_bytes_per_s if state is not None else 0,
+        })
+    return {"node_id": node.node_id, "partitions": out}

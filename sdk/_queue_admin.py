@@ -1,0 +1,174 @@
+"""Queue administration, mixed into ``sdk.Admin``: create, delete, list, describe, redrive.
+
+A queue is a topic whose config says ``queue=true`` and carries the queue's settings
+(docs/QUEUES.md), so creating and deleting are topic operations. ``describe_queue`` asks
+each partition's leader for its counts; ``redrive`` moves dead letters back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from fabric import errors
+from fabric.protocol import queues as qp
+from fabric.protocol.apis import ApiKey
+
+if TYPE_CHECKING:
+    from sdk._client import Connections, MetadataClient
+    from sdk.admin import TopicDescription
+
+QUEUE_SETTINGS: Final[tuple[str, ...]] = (
+    "visibility_timeout_ms", "max_deliveries", "dead_letter", "message_ttl_ms", "max_messages", "max_bytes",
+    "dedup_window_ms")
+REDRIVE_GROUP: Final[str] = "__redrive"
+REDRIVE_IDLE_MS: Final[int] = 1_000  # redrive stops once the dead-letter queue has been empty this long
+DESCRIBE_RETRY_S: Final[float] = 0.1
+
+
+@dataclass(frozen=True)
+class QueuePartitionCounts:
+    partition: int
+    visible: int
+    in_flight: int
+    delayed: int
+    dead_lettered: int
+    dropped: int  # expired by TTL, or poison with no dead-letter queue
+    deduplicated: int
+    oldest_age_ms: int  # -1: nothing waiting
+
+
+@dataclass(frozen=True)
+class QueueDescription:
+    name: str
+    group: str
+    settings: dict[str, str]
+    partitions: tuple[QueuePartitionCounts, ...]
+
+    def total(self, field_name: str) -> int:
+        return sum(getattr(p, field_name) for p in self.partitions)
+
+    @property
+    def oldest_age_ms(self) -> int:
+        return max((p.oldest_age_ms for p in self.partitions), default=-1)
+
+
+class QueueAdmin:
+    _conns: Connections
+    _meta: MetadataClient
+    request_timeout_ms: int
+
+    if TYPE_CHECKING:  # provided by sdk.admin.Admin
+        def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 3,
+                         config: dict[str, Any] | None = None, *, strict_order: bool = False,
+                         wait: bool = True) -> None: ...
+        def delete_topic(self, name: str, *, wait: bool = True, timeout_s: float = 30.0) -> None: ...
+        def describe_topics(self, names: list[str] | None = None) -> list[TopicDescription]: ...
+
+    def create_queue(self, name: str, partitions: int = 1, replication_factor: int = 3, *,
+                     visibility_timeout_ms: int = qp.VISIBILITY_TIMEOUT_MS_DEFAULT,
+                     max_deliveries: int = qp.MAX_DELIVERIES_DEFAULT, dead_letter: str | None = None,
+                     message_ttl_ms: int = 0, max_messages: int = 0, max_bytes: int = 0,
+                     max_message_bytes: int = qp.QUEUE_MESSAGE_BYTES_DEFAULT,
+                     dedup_window_ms: int = qp.DEDUP_WINDOW_MS_DEFAULT, wait: bool = True) -> None:
+        """A queue: a topic kept until consumed (no time retention) with queue settings.
+        ``dead_letter``: a queue for poison messages, created (with the same partitions)
+        when it does not exist yet."""
+        if dead_letter:
+            if dead_letter == name:
+                raise errors.InvalidQueueConfigError("a queue cannot be its own dead-letter queue")
+            try:
+                self.create_queue(dead_letter, partitions, replication_factor, max_message_bytes=max_message_bytes,
+                                  wait=wait)
+            except errors.TopicAlreadyExistsError:
+                pass
+        config: dict[str, Any] = {
+            "queue": True, "retention_ms": -1, "visibility_timeout_ms": visibility_timeout_ms,
+            "max_deliveries": max_deliveries, "message_ttl_ms": message_ttl_ms, "max_messages": max_messages,
+            "max_bytes": max_bytes, "message_bytes_max": max_message_bytes, "dedup_window_ms": dedup_window_ms}
+        if dead_letter:
+            config["dead_letter"] = dead_letter
+        self.create_topic(name, partitions, replication_factor, config, wait=wait)
+
+    def delete_queue(self, name: str) -> None:
+        self._queue_settings(name)  # refuses a topic that is not a queue
+        self.delete_topic(name)
+
+    def list_queues(self) -> list[str]:
+        return sorted(t.name for t in self.describe_topics() if t.configs.get("queue") == "true")
+
+    def _queue_settings(self, name: str) -> dict[str, str]:
+        configs = self.describe_topics([name])[0].configs
+        if configs.get("queue") != "true":
+            raise errors.InvalidRequestError(f"topic {name!r} is not a queue (it may still be consumed in queue mode)")
+        return {k: configs[k] for k in QUEUE_SETTINGS if k in configs}
+
+    def describe_queue(self, name: str, group: str = qp.DEFAULT_GROUP, *, timeout_s: float = 10.0) -> QueueDescription:
+        """Counts per partition for ``group``: visible, in flight, delayed, dead-lettered,
+        dropped, deduplicated, and the age of the oldest message waiting. Works for any
+        topic (consumed in queue mode); a topic made as a queue also shows its settings."""
+        configs = self.describe_topics([name])[0].configs
+        settings = {k: configs[k] for k in QUEUE_SETTINGS if k in configs}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return QueueDescription(name, group, settings, tuple(self._queue_counts(name, group)))
+            except errors.RetriableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(DESCRIBE_RETRY_S)
+                self._meta.refresh([name])
+
+    def _queue_counts(self, name: str, group: str) -> list[QueuePartitionCounts]:
+        meta = self._meta.refresh([name])
+        topic = self._meta.topic(name)
+        addresses = {meta.leader_address(name, p.partition) for p in topic.partitions}
+        if None in addresses:
+            raise errors.LeaderNotAvailableError(f"a partition of {name!r} has no leader")
+        out: dict[int, QueuePartitionCounts] = {}
+        for address in sorted(a for a in addresses if a):
+            body = self._conns.request(address, ApiKey.QUEUE_DESCRIBE, {"queue": name, "group": group},
+                                       timeout_ms=self.request_timeout_ms).body
+            errors.raise_for_code(body["error"], body["message"])
+            for p in body["partitions"]:
+                out[p["partition"]] = QueuePartitionCounts(
+                    p["partition"], p["visible"], p["in_flight"], p["delayed"], p["dead_lettered"], p["dropped"],
+                    p["deduplicated"], p["oldest_age_ms"])
+        if len(out) != topic.partition_count:
+            raise errors.NotLeaderError(f"leadership of {name!r} moved while describing it")
+        return [out[p] for p in sorted(out)]
+
+    def redrive(self, name: str, *, dead_letter: str | None = None, max_messages: int = 0) -> int:
+        """Move dead letters back to ``name`` (from its dead-letter queue, or ``dead_letter``):
+        each is sent again (acks=all) without its ``fabric.dlq.*`` headers, then removed from
+        the dead-letter queue. At-least-once: a crash in between leaves a copy in both.
+        ``max_messages`` 0 moves all; returns how many moved."""
+        from sdk.producer import Producer  # the upper layers of the SDK, loaded when used
+        from sdk.queue import QueueConsumer
+
+        source = dead_letter or self._queue_settings(name).get("dead_letter", "")
+        if not source:
+            raise errors.InvalidRequestError(f"queue {name!r} has no dead-letter queue; name one with dead_letter=")
+        bootstrap = ",".join(self._meta.candidates())
+        moved = 0
+        consumer = QueueConsumer(bootstrap, source, REDRIVE_GROUP)
+        producer = Producer(bootstrap, acks="all")
+        try:
+            while not max_messages or moved < max_messages:
+                want = min(qp.RECEIVE_MESSAGES_MAX, max_messages - moved) if max_messages else qp.RECEIVE_MESSAGES_MAX
+                batch = consumer.receive(want, REDRIVE_IDLE_MS)
+                if not batch:
+                    break
+                futures = [producer.send(name, m.value, key=m.key,
+                                         headers=[(k, v) for k, v in m.headers if k not in qp.DLQ_HEADERS])
+                           for m in batch]
+                producer.flush()
+                for future in futures:
+                    future.result(timeout=30)
+                consumer.ack(batch)
+                moved += len(batch)
+        finally:
+            producer.close()
+            consumer.close()
+        return moved

@@ -1,0 +1,298 @@
+"""Queue mode for workers: ``QueueConsumer`` receives messages leased to it, one worker at a time.
+
+    from sdk import QueueConsumer
+
+    with QueueConsumer("zk://127.0.0.1:2181", "jobs", group="workers") as worker:
+        for msg in worker:                  # long-polls; each message leased for the visibility timeout
+            handle(msg.value)
+            worker.ack(msg)                 # or worker.nack(msg, delay_ms=5000), worker.extend(msg, 60_000)
+
+Competing consumers in one group share the messages; separate groups each get every
+message. A message not acknowledged before its lease ends (the worker died, or was too
+slow) is delivered again with ``delivery_count + 1``; after the queue's ``max_deliveries``
+it goes to the dead-letter queue. Delivery is at-least-once: handlers should be idempotent.
+The rules and bounds are in docs/QUEUES.md; the frames in docs/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import zmq
+
+from fabric import errors
+from fabric.auth.curve import ClientSecurity
+from fabric.protocol import apis
+from fabric.protocol import queues as qp
+from fabric.protocol.apis import ApiKey
+from fabric.transport import FROM_ENV
+from sdk._client import Bootstrap, Connections, MetadataClient
+
+REQUEST_SLACK_MS: Final[int] = 5_000  # a long poll unanswered this long past its wait is abandoned
+RECEIVE_RETRY_S: Final[float] = 0.1
+UNREACHABLE_REFRESH_S: Final[float] = 0.25  # a leader unreachable this long: refresh the routing map  # pause after a round in which every node refused
+BUFFER_MESSAGES_MAX: Final[int] = qp.RECEIVE_MESSAGES_MAX  # leased but not yet handed out
+SETTLE_TIMEOUT_MS: Final[int] = 15_000
+
+
+@dataclass(frozen=True)
+class QueueMessage:
+    """One leased message. ``deadline_ms`` (wall clock) is when the lease ends unless extended."""
+
+    queue: str
+    partition: int
+    offset: int
+    delivery_count: int
+    deadline_ms: int
+    timestamp_ms: int
+    priority: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    # The node that granted the lease: settling goes there (a lease does not move with leadership).
+    granted_by: str = field(default="", repr=False, compare=False)
+
+    def header(self, name: str) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+class QueueConsumer:
+    """A worker of ``queue`` in ``group`` (``"default"`` unless named); not thread-safe."""
+
+    def __init__(self, bootstrap: str, queue: str, group: str = qp.DEFAULT_GROUP, *, consumer_id: str | None = None,
+                 visibility_timeout_ms: int = 0, context: zmq.Context[Any] | None = None,
+                 security: ClientSecurity | None = None) -> None:
+        # visibility_timeout_ms: 0 takes the queue's (30 s unless it was created otherwise).
+        if visibility_timeout_ms and not 0 < visibility_timeout_ms <= qp.VISIBILITY_TIMEOUT_MS_MAX:
+            raise errors.InvalidVisibilityTimeoutError(
+                f"visibility_timeout_ms {visibility_timeout_ms} outside 1..VISIBILITY_TIMEOUT_MS_MAX "
+                f"({qp.VISIBILITY_TIMEOUT_MS_MAX} ms, 12 h)")
+        self.queue = queue
+        self.group = group
+        self.consumer_id = consumer_id or f"{uuid.uuid4().hex[:12]}"
+        self.visibility_timeout_ms = visibility_timeout_ms
+        self._conns = Connections(context, security=security or FROM_ENV)
+        self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
+        self._buffer: deque[QueueMessage] = deque()
+        self._polls: dict[str, tuple[int, float]] = {}  # node address -> (correlation id, give-up time)
+        self._closed = False
+        self._unreachable_since: dict[str, float] = {}
+        self._refreshed_s = 0.0
+
+    # -- receiving ------------------------------------------------------------------------------
+    def receive(self, max_messages: int = 10, wait_ms: int = 0) -> list[QueueMessage]:
+        """Up to ``max_messages`` messages leased to this consumer; waits up to ``wait_ms``
+        (at most RECEIVE_WAIT_MS_MAX, 20 s) for the first one (long polling)."""
+        if not 1 <= max_messages <= qp.RECEIVE_MESSAGES_MAX:
+            raise errors.InvalidRequestError(
+                f"max_messages {max_messages} outside 1..RECEIVE_MESSAGES_MAX ({qp.RECEIVE_MESSAGES_MAX})")
+        if not 0 <= wait_ms <= qp.RECEIVE_WAIT_MS_MAX:
+            raise errors.InvalidReceiveWaitError(
+                f"wait_ms {wait_ms} outside 0..RECEIVE_WAIT_MS_MAX ({qp.RECEIVE_WAIT_MS_MAX} ms)")
+        self._check_open()
+        deadline = time.monotonic() + wait_ms / 1000.0
+        while True:
+            self._take_replies(0)
+            if self._buffer:
+                break
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            all_sent = self._send_polls(max_messages, max(0, remaining_ms))
+            # A node not connected yet is asked again shortly, not after the whole wait.
+            self._take_replies(max(0, remaining_ms) if all_sent else min(max(0, remaining_ms), int(RECEIVE_RETRY_S * 1000)))
+            if self._buffer or time.monotonic() >= deadline:
+                break
+        out: list[QueueMessage] = []
+        while self._buffer and len(out) < max_messages:
+            out.append(self._buffer.popleft())
+        return out
+
+    def __iter__(self) -> Iterator[QueueMessage]:
+        """Messages one by one, long-polling for ever (until ``close``)."""
+        while not self._closed:
+            yield from self.receive(10, qp.RECEIVE_WAIT_MS_MAX)
+
+    def run(self, handler: Callable[[QueueMessage], Any], *, max_messages: int = 10,
+            should_stop: Callable[[], bool] = lambda: False) -> None:
+        """A worker loop: each message to ``handler``; acked (batched per receive) when it
+        returns, nacked with the exception as reason when it raises."""
+        while not self._closed and not should_stop():
+            batch = self.receive(max_messages, 1_000)
+            done: list[QueueMessage] = []
+            for msg in batch:
+                try:
+                    handler(msg)
+                except Exception as exc:  # the handler's failure is the message's, not the loop's
+                    self.nack(msg, reason=f"{type(exc).__name__}: {exc}")
+                else:
+                    done.append(msg)
+            if done:
+                self.ack(done)
+
+    def _node_addresses(self) -> set[str]:
+        now = time.monotonic()
+        if any(now - since > UNREACHABLE_REFRESH_S for since in self._unreachable_since.values()) \
+                and now - self._refreshed_s > UNREACHABLE_REFRESH_S:
+            # A leader we cannot reach may have been replaced: ask the cluster again.
+            self._refreshed_s = now
+            self._unreachable_since.clear()
+            try:
+                self._meta.refresh([self.queue])
+            except errors.FabricError:
+                pass  # the next round asks again
+        topic = self._meta.topic(self.queue)
+        addresses = {self._meta.metadata.leader_address(self.queue, p.partition) for p in topic.partitions}
+        return {a for a in addresses if a}
+
+    def _send_polls(self, max_messages: int, wait_ms: int) -> bool:
+        """A RECEIVE to every node leading a partition of the queue that has none pending;
+        False when some node could not be asked (its connection is still being made)."""
+        all_sent = True
+        room = max(1, min(max_messages, BUFFER_MESSAGES_MAX - len(self._buffer)))
+        for address in sorted(self._node_addresses()):
+            if address in self._polls:
+                continue
+            correlation_id = self._conns.next_id()
+            body = {"queue": self.queue, "group": self.group, "consumer_id": self.consumer_id, "partition": -1,
+                    "max_messages": room, "wait_ms": wait_ms, "visibility_timeout_ms": self.visibility_timeout_ms}
+            try:
+                self._conns.send(address, apis.encode_request(ApiKey.QUEUE_RECEIVE, body, correlation_id),
+                                 wait_connect_ms=0)
+            except errors.FabricError:
+                all_sent = False  # not connected (yet, or any more: the node may be gone)
+                self._unreachable_since.setdefault(address, time.monotonic())
+                continue
+            self._unreachable_since.pop(address, None)
+            self._polls[address] = (correlation_id, time.monotonic() + (wait_ms + REQUEST_SLACK_MS) / 1000.0)
+        return all_sent
+
+    def _take_replies(self, timeout_ms: int) -> None:
+        replies = self._conns.poll(timeout_ms) if timeout_ms > 0 else self._conns.drain()
+        refresh = False
+        for address, frames in replies:
+            try:
+                message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
+            except errors.FabricError:
+                continue
+            pending = self._polls.get(address)
+            if pending is None or pending[0] != message.header.correlation_id:
+                continue  # an abandoned poll: its leases expire and the messages come back
+            del self._polls[address]
+            if message.header.error_code:
+                refresh = True  # NOT_LEADER, unknown queue for now...: ask again after a refresh
+                continue
+            for m in message.body["messages"]:
+                self._buffer.append(QueueMessage(
+                    self.queue, m["partition"], m["offset"], m["delivery_count"], m["deadline_ms"], m["timestamp_ms"],
+                    m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]], address))
+        now = time.monotonic()
+        for address, (_cid, give_up) in list(self._polls.items()):
+            if now > give_up:
+                del self._polls[address]
+                self._conns.drop(address)
+                refresh = True
+        if refresh:
+            try:
+                self._meta.refresh([self.queue])
+            except errors.FabricError:
+                pass  # the next round asks again
+
+    # -- settling ---------------------------------------------------------------------------------
+    def ack(self, messages: QueueMessage | Iterable[QueueMessage]) -> None:
+        """Acknowledge (done: never delivered again). Many messages go in one request per
+        node. Raises LeaseNotHeldError whose ``lost`` lists the messages whose lease had
+        already ended (they are or will be delivered again); the others are acknowledged."""
+        self._settle(_many(messages), qp.ACTION_ACK, 0, "")
+
+    def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
+        """Give back: visible again after ``delay_ms`` (or dead-lettered at max_deliveries)."""
+        if not 0 <= delay_ms <= qp.DELAY_MS_MAX:
+            raise errors.InvalidDelayError(f"delay_ms {delay_ms} outside 0..DELAY_MS_MAX ({qp.DELAY_MS_MAX} ms)")
+        self._settle(_many(messages), qp.ACTION_NACK, delay_ms, reason)
+
+    def extend(self, message: QueueMessage, ms: int) -> int:
+        """Keep working: the lease now ends ``ms`` from now (SQS ChangeMessageVisibility).
+        Returns the new deadline (wall-clock ms)."""
+        if not 0 < ms <= qp.VISIBILITY_TIMEOUT_MS_MAX:
+            raise errors.InvalidVisibilityTimeoutError(
+                f"extend by {ms} ms outside 1..VISIBILITY_TIMEOUT_MS_MAX ({qp.VISIBILITY_TIMEOUT_MS_MAX} ms)")
+        return self._settle([message], qp.ACTION_EXTEND, ms, "")[0]
+
+    def _settle(self, messages: list[QueueMessage], action: int, arg_ms: int, reason: str) -> list[int]:
+        self._check_open()
+        if not messages:
+            return []
+        by_node: dict[str, list[QueueMessage]] = {}
+        for msg in messages:
+            if msg.queue != self.queue:
+                raise errors.InvalidRequestError(f"message of queue {msg.queue!r} settled on {self.queue!r}")
+            address = msg.granted_by or self._meta.metadata.leader_address(self.queue, msg.partition)
+            by_node.setdefault(address or "", []).append(msg)
+        deadlines: dict[tuple[int, int], int] = {}
+        lost: list[str] = []
+        lost_messages: list[QueueMessage] = []
+        by_position = {(m.partition, m.offset): m for m in messages}
+        for address, group in by_node.items():
+            for start in range(0, len(group), qp.SETTLE_ENTRIES_MAX):
+                chunk = group[start:start + qp.SETTLE_ENTRIES_MAX]
+                entries = [{"partition": m.partition, "offset": m.offset, "action": action, "arg_ms": arg_ms,
+                            "reason": reason[:1000]} for m in chunk]
+                body = {"queue": self.queue, "group": self.group, "consumer_id": self.consumer_id, "entries": entries}
+                try:
+                    if not address:
+                        raise errors.LeaderNotAvailableError("no leader known")
+                    reply = self._conns.request(address, ApiKey.QUEUE_SETTLE, body, timeout_ms=SETTLE_TIMEOUT_MS).body
+                except errors.FabricError as exc:
+                    # The lease cannot be settled where it was granted: it ends on its own.
+                    lost.extend(f"{m.partition}/{m.offset} ({exc.name})" for m in chunk)
+                    lost_messages.extend(chunk)
+                    with contextlib.suppress(errors.FabricError):
+                        self._meta.refresh([self.queue])
+                    continue
+                for r in reply["results"]:
+                    if r["error"]:
+                        lost.append(f"{r['partition']}/{r['offset']} ({errors.error_for_code(r['error']).name})")
+                        lost_messages.append(by_position[(r["partition"], r["offset"])])
+                    deadlines[(r["partition"], r["offset"])] = r["deadline_ms"]
+        if lost:
+            # ``lost`` on the error: exactly the messages not settled; the others were.
+            raise errors.LeaseNotHeldError(
+                f"{len(lost)} of {len(messages)} messages were not settled, their lease had ended (they are "
+                f"delivered again): {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}", lost=lost_messages)
+        return [deadlines.get((m.partition, m.offset), 0) for m in messages]
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.InvalidRequestError("this QueueConsumer is closed")
+
+    def close(self) -> None:
+        """Give back what was received but not handed out, then close. Idempotent."""
+        if self._closed:
+            return
+        if self._buffer:
+            try:
+                self.nack(list(self._buffer), reason="consumer closed")
+            except errors.FabricError:
+                pass  # their leases end on their own
+            self._buffer.clear()
+        self._closed = True
+        self._conns.close()
+
+    def __enter__(self) -> QueueConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _many(messages: QueueMessage | Iterable[QueueMessage]) -> list[QueueMessage]:
+    return [messages] if isinstance(messages, QueueMessage) else list(messages)

@@ -1,0 +1,329 @@
+"""Queue mode on real node processes: leases, redelivery, dead letters, delay, priority,
+dedup, TTL, size limits and a leader failover (docs/QUEUES.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric import errors
+from fabric.local import LocalCluster
+from fabric.protocol import queues as qp
+from sdk import Admin, Producer, QueueConsumer, QueueMessage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _send(bootstrap: str, queue: str, values: list[bytes], **options: object) -> None:
+    with Producer(bootstrap, linger_ms=1) as producer:
+        futures = [producer.send(queue, v, **options) for v in values]  # type: ignore[arg-type]
+        for f in futures:
+            f.result(timeout=30)
+
+
+def _drain(worker: QueueConsumer, count: int, timeout_s: float = 30.0, *, ack: bool = True) -> list[QueueMessage]:
+    got: list[QueueMessage] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        batch = worker.receive(min(100, count - len(got)), 500)
+        got.extend(batch)
+        if ack and batch:
+            worker.ack(batch)
+    return got
+
+
+def test_competing_workers_share_and_each_group_gets_everything(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=3)
+    values = [f"job-{i}".encode() for i in range(300)]
+    _send(cluster.bootstrap, topic_name, values, key=None)
+    a, b = QueueConsumer(cluster.bootstrap, topic_name, "workers"), QueueConsumer(cluster.bootstrap, topic_name, "workers")
+    seen: dict[bytes, int] = {}
+    deadline = time.monotonic() + 30
+    while sum(seen.values()) < 300 and time.monotonic() < deadline:
+        for worker in (a, b):
+            batch = worker.receive(25, 200)
+            for m in batch:
+                assert m.value is not None
+                seen[m.value] = seen.get(m.value, 0) + 1
+            if batch:
+                worker.ack(batch)
+    assert set(seen) == set(values) and all(n == 1 for n in seen.values())
+    other = QueueConsumer(cluster.bootstrap, topic_name, "audit")
+    assert {m.value for m in _drain(other, 300)} == set(values)  # a separate group gets every message
+    for w in (a, b, other):
+        w.close()
+
+
+WORKER = textwrap.dedent("""
+    import sys, time
+    from sdk import QueueConsumer
+    worker = QueueConsumer(sys.argv[1], sys.argv[2], "crashy")
+    while True:
+        got = worker.receive(1, 1000)
+        if got:
+            print("GOT", got[0].offset, flush=True)
+            time.sleep(3600)  # busy with the message until killed
+""")
+
+
+def test_worker_killed_mid_message_is_redelivered_to_another(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, visibility_timeout_ms=1500)
+    _send(cluster.bootstrap, topic_name, [b"the-job"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, cluster.bootstrap, topic_name], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("GOT 0"), line
+        killed_at = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with QueueConsumer(cluster.bootstrap, topic_name, "crashy") as other:
+        got = _drain(other, 1, 15)
+    assert [(m.value, m.delivery_count) for m in got] == [(b"the-job", 2)]
+    assert time.monotonic() - killed_at >= 1.0  # not before the lease could end
+
+
+def test_poison_message_ends_in_dead_letters_and_redrive_returns_it(cluster: LocalCluster, topic_name: str) -> None:
+    dlq = f"{topic_name}.dlq"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2, max_deliveries=3, dead_letter=dlq)
+    _send(cluster.bootstrap, topic_name, [b"poison"], key=b"k")
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        counts = []
+        for _ in range(3):
+            got = _drain(worker, 1, 10, ack=False)
+            assert [m.value for m in got] == [b"poison"]
+            counts.append(got[0].delivery_count)
+            worker.nack(got, reason="cannot parse")
+        assert counts == [1, 2, 3]
+        assert worker.receive(10, 500) == []  # gone from the queue
+        with QueueConsumer(cluster.bootstrap, dlq, "inspect") as inspect:
+            dead = _drain(inspect, 1, 10, ack=False)
+        assert [m.value for m in dead] == [b"poison"]
+        assert dead[0].header(qp.HEADER_DLQ_QUEUE) == topic_name.encode()
+        assert dead[0].header(qp.HEADER_DLQ_COUNT) == b"3"
+        assert dead[0].header(qp.HEADER_DLQ_REASON) == b"cannot parse"
+        with Admin(cluster.bootstrap) as admin:
+            assert admin.describe_queue(topic_name).total("dead_lettered") == 1
+            assert admin.redrive(topic_name) == 1
+        back = _drain(worker, 1, 10)
+        assert [(m.value, m.delivery_count, m.header(qp.HEADER_DLQ_QUEUE)) for m in back] == [(b"poison", 1, None)]
+
+
+def test_delayed_messages_are_never_early(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name)
+    delays = [100 * (i % 10 + 1) for i in range(30)]
+    sent_ms = {}
+    with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        for i, delay in enumerate(delays):
+            value = f"{i}".encode()
+            sent_ms[value] = int(time.time() * 1000)
+            producer.send(topic_name, value, delay_ms=delay, timestamp_ms=sent_ms[value])
+        producer.flush()
+    late_ms = []
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        deadline = time.monotonic() + 20
+        while len(late_ms) < len(delays) and time.monotonic() < deadline:
+            for m in worker.receive(10, 1000):
+                now_ms = int(time.time() * 1000)
+                assert m.value is not None
+                due = sent_ms[m.value] + delays[int(m.value)]
+                assert now_ms >= due, f"message {m.value!r} delivered {due - now_ms} ms early"
+                late_ms.append(now_ms - due)
+                worker.ack(m)
+    assert len(late_ms) == len(delays)
+    print(f"delay lateness: median {statistics.median(late_ms):.0f} ms, max {max(late_ms)} ms")
+
+
+def test_priority_order_under_a_backlog(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name)
+    priorities = [(i * 7) % 10 for i in range(100)]
+    with Producer(cluster.bootstrap, linger_ms=5) as producer:
+        for i, priority in enumerate(priorities):
+            producer.send(topic_name, f"{i}".encode(), priority=priority)
+        producer.flush()
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        got = _drain(worker, 100)
+    order = [m.priority for m in got]
+    assert order == sorted(priorities, reverse=True)
+    for p in range(10):  # within a priority, send order
+        offsets = [m.offset for m in got if m.priority == p]
+        assert offsets == sorted(offsets)
+
+
+def test_dedup_within_and_after_the_window(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=3, dedup_window_ms=1500)
+    _send(cluster.bootstrap, topic_name, [b"first", b"repeat", b"again"], dedup_id="order-17")
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        assert [m.value for m in _drain(worker, 1, 5)] == [b"first"]
+        assert worker.receive(10, 500) == []
+        time.sleep(1.6)
+        _send(cluster.bootstrap, topic_name, [b"later"], dedup_id="order-17")
+        assert [m.value for m in _drain(worker, 1, 5)] == [b"later"]
+    with Admin(cluster.bootstrap) as admin:
+        assert admin.describe_queue(topic_name).total("deduplicated") == 2
+
+
+def test_size_limit_refuses_sends_until_workers_catch_up(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, max_messages=5)
+    _send(cluster.bootstrap, topic_name, [f"{i}".encode() for i in range(5)])
+    # Retried as the retriable error it is until the delivery timeout, which names it.
+    with Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=1500, request_timeout_ms=1000) as producer, \
+            pytest.raises(errors.DeliveryTimeoutError, match=r"QUEUE_FULL.*max_messages"):
+        producer.send(topic_name, b"one too many").result(timeout=10)
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        assert len(_drain(worker, 2, 10)) >= 2
+    _send(cluster.bootstrap, topic_name, [b"room again"])
+    with Admin(cluster.bootstrap) as admin:
+        desc = admin.describe_queue(topic_name)
+    assert desc.total("visible") + desc.total("in_flight") <= 5
+
+
+def test_expired_messages_are_not_delivered(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, message_ttl_ms=60_000)
+    _send(cluster.bootstrap, topic_name, [b"short-lived"], ttl_ms=200)
+    _send(cluster.bootstrap, topic_name, [b"kept"])
+    time.sleep(0.4)
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        assert [m.value for m in _drain(worker, 2, 3)] == [b"kept"]
+    with Admin(cluster.bootstrap) as admin:
+        assert admin.describe_queue(topic_name).total("dropped") == 1
+
+
+def test_extend_keeps_the_lease_and_any_topic_works_as_a_queue(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2)  # a plain topic, consumed in queue mode
+    _send(cluster.bootstrap, topic_name, [b"long job"])
+    with QueueConsumer(cluster.bootstrap, topic_name, visibility_timeout_ms=800) as slow, \
+            QueueConsumer(cluster.bootstrap, topic_name) as other:
+        got = _drain(slow, 1, 5, ack=False)
+        assert len(got) == 1
+        slow.extend(got[0], 5_000)
+        time.sleep(1.0)
+        assert other.receive(10, 300) == []  # still leased to the slow worker
+        slow.ack(got)
+        with pytest.raises(errors.LeaseNotHeldError):
+            other.ack(got)  # not its lease
+
+
+def test_bad_requests_get_clear_errors(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        with pytest.raises(errors.InvalidQueueConfigError, match="VISIBILITY_TIMEOUT_MS_MAX"):
+            admin.create_queue(topic_name, visibility_timeout_ms=13 * 3_600_000)
+        with pytest.raises(errors.InvalidQueueConfigError, match="max_deliveries"):
+            admin.create_queue(topic_name, max_deliveries=0)
+    with pytest.raises(errors.InvalidReceiveWaitError, match="RECEIVE_WAIT_MS_MAX"):
+        QueueConsumer(cluster.bootstrap, topic_name).receive(1, 25_000)
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        QueueConsumer(cluster.bootstrap, f"{topic_name}-missing").receive(1, 0)
+
+
+def test_acked_messages_stay_acked_after_the_leader_dies(fresh_cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(fresh_cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, visibility_timeout_ms=2_000)
+    values = [f"{i}".encode() for i in range(40)]
+    _send(fresh_cluster.bootstrap, topic_name, values)
+    worker = QueueConsumer(fresh_cluster.bootstrap, topic_name)
+    acked = _drain(worker, 20, 10)[:20]
+    worker.close()
+    with Admin(fresh_cluster.bootstrap) as admin:
+        leader = admin.describe_topic(topic_name).partitions[0].leader
+    fresh_cluster.nodes[leader].kill()
+    acked_values = {m.value for m in acked}
+    with QueueConsumer(fresh_cluster.bootstrap, topic_name) as after:
+        rest = _drain(after, 20, 30)
+        rest += after.receive(100, 500)  # and nothing more
+    rest_values = [m.value for m in rest]
+    assert not acked_values & set(rest_values), "an acknowledged message was delivered again"
+    assert acked_values | set(rest_values) == set(values), "a message was lost"
+
+
+def test_the_queue_command_line(cluster: LocalCluster, topic_name: str, tmp_path: Path) -> None:
+    env = {**os.environ, "FABRIC_BOOTSTRAP": cluster.bootstrap, "FABRIC_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+
+    def fabric(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fabric", "queue", *args], input=stdin, env=env, text=True,
+                              capture_output=True, timeout=60, check=False)
+
+    dlq = f"{topic_name}.dlq"
+    done = fabric("create", topic_name, "--partitions", "2", "--max-deliveries", "1", "--dead-letter", dlq)
+    assert done.returncode == 0, done.stderr
+    assert topic_name in fabric("list").stdout.split()
+    assert fabric("send", topic_name, stdin="a\nb\nc\n").returncode == 0
+    assert fabric("send", topic_name, "-m", "urgent", "--priority", "9").returncode == 0
+    done = fabric("receive", topic_name, "-n", "4", "--wait-ms", "3000")
+    assert done.returncode == 0, done.stderr
+    assert sorted(line.split(": ")[1] for line in done.stdout.splitlines()) == ["a", "b", "c", "urgent"]
+    described = fabric("describe", topic_name)
+    assert described.returncode == 0 and "max_deliveries = 1" in described.stdout
+    bad = fabric("create", f"{topic_name}-x", "--visibility-timeout-ms", "999999999")
+    assert bad.returncode == 1 and "VISIBILITY_TIMEOUT_MS_MAX" in bad.stderr and "Traceback" not in bad.stderr
+    assert fabric("receive", topic_name, "--wait-ms", "30000").returncode == 2  # a usage error, not a hang
+    assert fabric("redrive", topic_name).stdout.strip() == f"moved 0 dead letters back to {topic_name}"
+
+
+def test_queue_depth_in_the_metrics(cluster: LocalCluster, topic_name: str) -> None:
+    from tests.integration.test_metrics_endpoint import endpoints, scrape, total
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2)
+    _send(cluster.bootstrap, topic_name, [f"{i}".encode() for i in range(30)])
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        held = _drain(worker, 10, 10, ack=False)
+        assert len(held) == 10
+        urls = list(endpoints(cluster).values())
+        deadline = time.monotonic() + 15
+        while True:
+            samples = [scrape(url) for url in urls]
+            counts = {state: sum(total(s, "fabric_queue_messages", queue=topic_name, group="default", state=state)
+                                 for s in samples) for state in ("visible", "in_flight", "delayed")}
+            if counts == {"visible": 20, "in_flight": 10, "delayed": 0} or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert counts == {"visible": 20, "in_flight": 10, "delayed": 0}
+        worker.ack(held)
+
+
+def test_queues_from_the_asyncio_entry_point(cluster: LocalCluster, topic_name: str) -> None:
+    import asyncio
+
+    import sdk
+
+    async def run() -> list[bytes | None]:
+        async with await sdk.connect(cluster.bootstrap) as client:
+            with Admin(cluster.bootstrap) as admin:
+                admin.create_queue(topic_name)
+            producer = client.producer()
+            for i in range(3):
+                await producer.send(topic_name, f"{i}".encode())
+            worker = await client.queue_consumer(topic_name, group="aio")
+            got: list[bytes | None] = []
+            async for msg in worker:
+                got.append(msg.value)
+                await worker.ack(msg)
+                if len(got) == 3:
+                    break
+            return got
+
+    assert sorted(asyncio.run(run())) == [b"0", b"1", b"2"]  # type: ignore[type-var]

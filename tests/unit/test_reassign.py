@@ -1,0 +1,111 @@
+"""Reassignment decisions (nodes/reassign.py), the catch-up throttle, and the partition
+state's reassignment fields, as pure functions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fabric import errors
+from fabric.zk import PartitionState
+from nodes.follower import REPLICA_FETCH_BYTES_MAX, FollowerReplica, fetch_allowance
+from nodes.leader import LeaderReplica
+from nodes.reassign import begin, catch_up_throttle, complete
+
+STATE = PartitionState(0, (1, 2, 3), 1, 5, (1, 2, 3), version=7)
+REGISTERED = {1, 2, 3, 4}
+
+
+def test_begin_adds_first_and_removes_nothing_yet() -> None:
+    moving = begin(STATE, (4, 2, 3), 1_000_000, REGISTERED, min_insync=2)
+    assert moving is not None
+    assert moving.replicas == (4, 2, 3, 1) and moving.adding == (4,) and moving.removing == (1,)
+    assert moving.leader == 1 and moving.leader_epoch == 5 and moving.isr == (1, 2, 3)
+    assert moving.throttle_bytes_per_s == 1_000_000 and moving.version == 7
+
+
+def test_begin_refuses_bad_targets_and_a_second_move() -> None:
+    with pytest.raises(errors.InvalidRequestError):
+        begin(STATE, (), 0, REGISTERED, 2)
+    with pytest.raises(errors.InvalidRequestError):
+        begin(STATE, (4, 4, 2), 0, REGISTERED, 2)
+    with pytest.raises(errors.InvalidRequestError):
+        begin(STATE, (9, 2, 3), 0, REGISTERED, 2)  # not a registered node
+    with pytest.raises(errors.InvalidReplicationFactorError):
+        begin(STATE, (4,), 0, REGISTERED, 2)  # fewer than min_insync
+    with pytest.raises(errors.InvalidRequestError):
+        begin(STATE, (4, 2, 3), 10, REGISTERED, 2)  # a throttle too small to be meant
+    moving = begin(STATE, (4, 2, 3), 0, REGISTERED, 2)
+    assert moving is not None
+    assert begin(moving, (4, 2, 3), 0, REGISTERED, 2) is None  # the same move again: nothing changes
+    faster = begin(moving, (4, 2, 3), 5_000_000, REGISTERED, 2)  # the same move with a new throttle
+    assert faster is not None and faster.throttle_bytes_per_s == 5_000_000 and faster.replicas == moving.replicas
+    with pytest.raises(errors.ReassignmentInProgressError):
+        begin(moving, (2, 3, 1), 0, REGISTERED, 2)
+
+
+def test_begin_with_nothing_to_copy() -> None:
+    assert begin(STATE, (1, 2, 3), 0, REGISTERED, 2) is None
+    reordered = begin(STATE, (3, 2, 1), 0, REGISTERED, 2)
+    assert reordered is not None and reordered.replicas == (3, 2, 1) and not reordered.reassigning
+
+
+def test_complete_waits_for_the_new_replica_in_the_isr_then_moves_the_leader() -> None:
+    moving = begin(STATE, (4, 2, 3), 0, REGISTERED, 2)
+    assert moving is not None
+    assert complete(moving, REGISTERED) is None  # node 4 is not in sync yet
+    in_sync = dataclasses.replace(moving, isr=(1, 2, 3, 4))
+    done = complete(in_sync, REGISTERED)
+    assert done is not None
+    assert done.replicas == (4, 2, 3) and done.isr == (2, 3, 4) and not done.reassigning
+    assert done.leader == 4 and done.leader_epoch == 6  # the leader was removed: a new term fences it
+    assert complete(done, REGISTERED) is None
+
+
+def test_complete_keeps_a_leader_that_stays() -> None:
+    moving = begin(STATE, (1, 2, 4), 0, REGISTERED, 2)
+    assert moving is not None and moving.removing == (3,)
+    done = complete(dataclasses.replace(moving, isr=(1, 2, 4)), REGISTERED)
+    assert done is not None and done.leader == 1 and done.leader_epoch == 5 and done.isr == (1, 2, 4)
+
+
+def test_complete_waits_while_no_new_replica_can_lead() -> None:
+    moving = dataclasses.replace(begin(STATE, (4,), 0, REGISTERED, 1) or STATE, isr=(1, 4))
+    assert complete(moving, {1, 2, 3}) is None  # node 4 is in sync but not live
+    assert complete(dataclasses.replace(moving, leader=-1), REGISTERED) is None  # offline: elect first
+
+
+def test_partition_state_round_trips_the_move_and_reads_old_znodes() -> None:
+    moving = begin(STATE, (4, 2, 3), 2048, REGISTERED, 2)
+    assert moving is not None
+    assert PartitionState.decode(0, moving.encode(), 7) == moving
+    assert b"adding" not in STATE.encode()  # a partition at rest reads as it always did
+    assert PartitionState.decode(0, STATE.encode(), 7) == STATE
+
+
+def test_only_adding_replicas_are_throttled() -> None:
+    moving = begin(STATE, (4, 2, 3), 100_000, REGISTERED, 2)
+    assert catch_up_throttle(moving, 4) == 100_000
+    assert catch_up_throttle(moving, 2) == 0 and catch_up_throttle(None, 4) == 0
+
+
+def test_fetch_allowance_is_a_token_bucket() -> None:
+    f = FollowerReplica(1, 5)
+    assert fetch_allowance(f, 0, 10.0) == REPLICA_FETCH_BYTES_MAX
+    rate = 1_000_000
+    first = fetch_allowance(f, rate, 10.0)
+    assert 0 < first <= rate
+    f.throttle_credit_bytes -= 3 * rate  # a reply larger than the credit: pay by waiting
+    assert fetch_allowance(f, rate, 11.0) == 0
+    assert fetch_allowance(f, rate, 13.5) > 0
+    assert fetch_allowance(f, rate, 100.0) == rate  # idle time banks at most one second
+
+
+def test_leader_follows_new_replicas_and_forgets_removed_ones() -> None:
+    leader = LeaderReplica.start(1, STATE, 100, 0.0)
+    leader.set_replicas((1, 2, 3, 4), 1.0)
+    assert set(leader.followers) == {2, 3, 4} and leader.followers[4].log_end_offset == -1
+    assert leader.high_watermark(100) == min(p.log_end_offset for r, p in leader.followers.items() if r in leader.isr)
+    leader.set_replicas((1, 2, 4), 2.0)
+    assert set(leader.followers) == {2, 4}
