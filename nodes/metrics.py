@@ -122,7 +122,8 @@ def snapshot(node: Any) -> Snapshot:
         lag = tuple(sorted((follower_id, max(0, plog.log_end_offset - max(progress.log_end_offset, 0)))
                            for follower_id, progress in leader.followers.items()))
         samples.append(PartitionSample(
-            **common, replicas=len(state.replicas) if state is not None else len(leader.followers) + 1,
+            # A move's new replicas (still copying) do not count as missing from the ISR.
+            **common, replicas=len(state.replicas) - len(state.adding) if state is not None else len(leader.followers) + 1,
             isr_size=len(leader.isr), min_insync=config.min_insync if config is not None else 1, follower_lag=lag))
     offline = None
     if node.is_controller:

@@ -59,6 +59,7 @@ class Status:
     partitions: int = 0
     offline: list[dict[str, Any]] = field(default_factory=list)
     under_replicated: list[dict[str, Any]] = field(default_factory=list)
+    reassigning: list[dict[str, Any]] = field(default_factory=list)  # shown, not judged: an operator's move
     below_min_insync: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     groups: list[dict[str, Any]] | None = None  # None: not asked (no live node)
@@ -75,6 +76,7 @@ class Status:
                 "sequencer": self.sequencer, "sequencer_epoch": self.sequencer_epoch,
                 "nodes": self.nodes, "topics": self.topics, "partitions": self.partitions,
                 "offline_partitions": self.offline, "under_replicated_partitions": self.under_replicated,
+                "reassigning_partitions": self.reassigning,
                 "below_min_insync_partitions": self.below_min_insync, "groups": self.groups,
                 "groups_error": self.groups_error, "queues": self.queues, "queues_error": self.queues_error,
                 "problems": self.problems}
@@ -145,8 +147,13 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
                 status.offline.append(row)
             else:
                 leaders[state.leader] = leaders.get(state.leader, 0) + 1
-            if len(state.isr) < len(state.replicas):
-                status.under_replicated.append({**row, "missing": sorted(set(state.replicas) - set(state.isr))})
+            # A move's new replicas are still copying (docs/OPERATIONS.md, "Moving partitions"):
+            # not in the ISR yet is expected of them, as Kafka counts it.
+            settled = [r for r in state.replicas if r not in state.adding]
+            if len(set(state.isr) & set(settled)) < len(settled):
+                status.under_replicated.append({**row, "missing": sorted(set(settled) - set(state.isr))})
+            if state.reassigning:
+                status.reassigning.append({**row, "adding": list(state.adding), "removing": list(state.removing)})
             if len(state.isr) < config.min_insync:
                 status.below_min_insync.append(row)
 
@@ -236,6 +243,8 @@ def _partition_lines(title: str, rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"{title} ({len(rows)}):"]
     for row in rows[:LISTED_PARTITIONS_MAX]:
         extra = f" missing {row['missing']}" if "missing" in row else ""
+        if "adding" in row:
+            extra += f" adding {row['adding']} removing {row['removing']}"
         lines.append(f"  {row['topic']}/{row['partition']}  leader {row['leader']}  epoch {row['leader_epoch']}  "
                      f"replicas {row['replicas']}  isr {row['isr']}{extra}")
     if len(rows) > LISTED_PARTITIONS_MAX:
@@ -271,6 +280,7 @@ def render(status: Status) -> str:
     lines += _partition_lines("offline", status.offline)
     lines += _partition_lines("under-replicated", status.under_replicated)
     lines += _partition_lines("below min_insync", status.below_min_insync)
+    lines += _partition_lines("reassigning", status.reassigning)
     lines += _group_lines(status)
     lines += queue_lines(status)
     if status.problems:

@@ -5,8 +5,10 @@ gone from the removed one."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 
 from fabric.local import LocalCluster
 from sdk import Admin, Producer
@@ -53,7 +55,14 @@ def test_reassign_moves_a_partition_to_a_new_node_under_load(fresh_cluster: Loca
                         "--throttle-bytes-per-s", str(THROTTLE_BYTES_PER_S), "-b", cluster.bootstrap)
         assert result.returncode == 0, result.stderr
         assert f"moving {topic}/0 to replicas {target}" in result.stdout
-        seen_moving = False
+        # fabric status shows the move, and does not count the copying replica as missing.
+        status = fabric("status", "--json", "--no-groups", "-b", cluster.bootstrap)
+        report_json = json.loads(status.stdout)
+        moving_rows = [r for r in report_json["reassigning_partitions"] if r["topic"] == topic]
+        seen_moving = bool(moving_rows)
+        if seen_moving:
+            assert moving_rows[0]["adding"] == [NEW_NODE], moving_rows
+            assert not [r for r in report_json["under_replicated_partitions"] if r["topic"] == topic], report_json
         while True:
             described = fabric("topic", "describe", topic, "-b", cluster.bootstrap)
             assert described.returncode == 0, described.stderr
@@ -65,7 +74,7 @@ def test_reassign_moves_a_partition_to_a_new_node_under_load(fresh_cluster: Loca
             assert time.monotonic() - began < 120, described.stdout
             time.sleep(0.2)
         moved_s = time.monotonic() - began
-        assert seen_moving, f"describe never showed the move in progress ({moved_s:.1f} s)"
+        assert seen_moving, f"neither status nor describe showed the move in progress ({moved_s:.1f} s)"
         assert now.leader != before.leader and now.leader in target
         assert set(now.isr) <= set(target)
         time.sleep(1.0)  # writes continue on the new replica set
@@ -92,3 +101,49 @@ def test_reassign_moves_a_partition_to_a_new_node_under_load(fresh_cluster: Loca
     assert not report.lost and report.acked > PRELOAD_RECORDS
     assert copied > 0, "the new node holds none of the partition"
     assert not history.replicas[before.leader].get(0), "the removed replica still holds its copy"
+
+
+def test_plans_bad_input_a_second_move_and_a_new_throttle(cluster: LocalCluster, topic_name: str,
+                                                           tmp_path: Path) -> None:
+    topic = topic_name
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic, partitions=2, replication_factor=2, config={"min_insync": 1})
+        parts = admin.describe_topic(topic).partitions
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for _ in range(300):  # ~300 kB of incompressible data in partition 0
+            producer.send(topic, os.urandom(1_000), partition=0)
+        producer.flush(30)
+    # Bad input: one clear line each, nothing changed.
+    unknown = fabric("topic", "reassign", topic, "--partition", "0", "--replicas", "1,9", "-b", cluster.bootstrap)
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert "[9] are not registered nodes" in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1
+    bad_plan = tmp_path / "bad.json"
+    bad_plan.write_text('{"partitions": [{"topic": "x"}]}')
+    result = fabric("topic", "reassign", "--plan", str(bad_plan), "-b", cluster.bootstrap)
+    assert result.returncode == 1 and "entry 0 needs topic" in result.stderr and "Traceback" not in result.stderr
+    with Admin(cluster.bootstrap) as admin:
+        assert admin.describe_topic(topic).partitions == parts
+
+    # Partition 0 gains its third node at a crawl (1 kB/s: minutes for 300 kB).
+    p0 = parts[0]
+    third = next(n for n in cluster.nodes if n not in p0.replicas)
+    slow = [*p0.replicas, third]
+    assert fabric("topic", "reassign", topic, "--partition", "0", "--replicas", ",".join(map(str, slow)),
+                  "--throttle-bytes-per-s", "1024", "-b", cluster.bootstrap).returncode == 0
+    other = fabric("topic", "reassign", topic, "--partition", "0", "--replicas", str(third), "-b", cluster.bootstrap)
+    assert other.returncode == 1 and "REASSIGNMENT_IN_PROGRESS" in other.stderr, other.stderr
+    # The same move with no throttle finishes it; a plan reorders partition 1 at once.
+    p1 = parts[1]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"partitions": [
+        {"topic": topic, "partition": 0, "replicas": slow},
+        {"topic": topic, "partition": 1, "replicas": list(reversed(p1.replicas))}]}))
+    done = fabric("topic", "reassign", "--plan", str(plan), "--wait", "--timeout", "60", "-b", cluster.bootstrap)
+    assert done.returncode == 0, done.stderr
+    assert "done: 2 partition(s) moved" in done.stdout
+    with Admin(cluster.bootstrap) as admin:
+        after = admin.describe_topic(topic).partitions
+        copies = admin.describe_replicas([topic])
+    assert tuple(after[0].replicas) == tuple(slow) and set(after[0].isr) == set(slow)
+    assert tuple(after[1].replicas) == tuple(reversed(p1.replicas))
+    assert {r["node_id"]: r["log_end_offset"] for r in copies[(topic, 0)]} == {n: 300 for n in slow}
