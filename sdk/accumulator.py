@@ -8,6 +8,7 @@ Thread safety is the caller's: the producer holds one lock around every call.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -131,10 +132,13 @@ class ProducerBatch:
     record on the caller's thread; the sender thread splits the columns when it encodes.
     """
 
-    __slots__ = ("attempts", "created_s", "encoded", "first_sent_s", "has_headers", "last_error", "partition",
-                 "records", "result", "retry_after_s", "sealed", "size_bytes", "topic")
+    __slots__ = ("attempts", "base_sequence", "created_s", "encoded", "first_sent_s", "has_headers", "last_error",
+                 "order", "partition", "records", "result", "retry_after_s", "sealed", "size_bytes", "slots", "topic")
 
-    def __init__(self, topic: str, partition: int, created_s: float) -> None:
+    def __init__(self, topic: str, partition: int, created_s: float, order: int = 0) -> None:
+        self.order = order  # creation order within the producer: retries are requeued by it
+        self.base_sequence = -1  # set when first encoded (idempotent producers)
+        self.slots = 1  # in-flight slots of its partition this batch holds while sent
         self.topic = topic
         self.partition = partition
         self.created_s = created_s
@@ -173,6 +177,7 @@ class RecordAccumulator:
         self.batches: dict[tuple[str, int], deque[ProducerBatch]] = {}
         self.open: dict[tuple[str, int], ProducerBatch] = {}  # the batch still taking records
         self.flushing = False
+        self._order = itertools.count()
 
     def has_room(self, size_bytes: int) -> bool:
         return self.buffered_bytes + size_bytes <= self.buffer_bytes_max or self.buffered_bytes == 0
@@ -209,7 +214,7 @@ class RecordAccumulator:
             if batch is not None:
                 batch.sealed = True
                 full = True
-            batch = self.open[tp] = ProducerBatch(topic, partition, now_s)
+            batch = self.open[tp] = ProducerBatch(topic, partition, now_s, next(self._order))
             queue = self.batches.get(tp)
             if queue is None:
                 queue = self.batches[tp] = deque()
@@ -227,29 +232,43 @@ class RecordAccumulator:
             full = True
         return RecordFuture(batch.result, index, timestamp_ms), full, created
 
-    def ready(self, now_s: float, in_flight: set[tuple[str, int]]) -> list[ProducerBatch]:
-        """Pop the head batch of every partition that may send now.
+    def ready(self, now_s: float, in_flight: dict[tuple[str, int], int], max_in_flight: int = 1) -> list[ProducerBatch]:
+        """Pop the batches that may be sent now, oldest first per partition.
 
-        A partition with a batch in flight sends nothing else, so retries keep order.
+        ``in_flight`` counts the slots each partition has in flight: up to
+        ``max_in_flight`` batches of a partition are sent without waiting for answers
+        (pipelining). A batch being retried goes only when nothing of its partition is in
+        flight, and alone (the producer gives it every slot), as Kafka's producer does: the
+        idempotent node refuses a sequence after a gap, so resends go in sequence order.
         """
         out: list[ProducerBatch] = []
         for key, queue in self.batches.items():
-            if not queue or key in in_flight:
-                continue
-            head = queue[0]
-            if head.retry_after_s > now_s:
-                continue
-            if head.sealed or self.flushing or now_s - head.created_s >= self.linger_s:
+            used = in_flight.get(key, 0)
+            while queue and used < max_in_flight:
+                head = queue[0]
+                if head.retry_after_s > now_s:
+                    break
+                if head.attempts and used:
+                    break  # a resend waits for the partition's earlier requests to end
+                if not (head.sealed or self.flushing or now_s - head.created_s >= self.linger_s):
+                    break
                 if not head.sealed:
                     head.sealed = True
                     del self.open[key]
                 out.append(queue.popleft())
+                if head.attempts:
+                    break  # and goes alone
+                used += 1
         return out
 
     def requeue(self, batch: ProducerBatch) -> None:
-        """Put a batch that failed with a retriable error back at the head of its queue."""
+        """Put a batch that failed with a retriable error back in its queue, in creation
+        order: the batches of a partition that failed together are resent in sequence order."""
         queue = self.batches.setdefault((batch.topic, batch.partition), deque())
-        queue.appendleft(batch)
+        index = 0
+        while index < len(queue) and queue[index].order < batch.order:
+            index += 1
+        queue.insert(index, batch)
 
     def release(self, batch: ProducerBatch) -> None:
         self.buffered_bytes -= batch.size_bytes

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,14 @@ log = logging.getLogger("fabric.producer")
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
 # (then again every LEADER_RECHECK_INTERVAL_S; at once for a node whose connection dropped)
-REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
+# Batches of one partition sent before the first is answered, as Kafka's
+# max.in.flight.requests.per.connection; idempotent producers keep order up to 5 because
+# the node remembers the last 5 batches of each producer (nodes/producer_state.py).
+MAX_IN_FLIGHT_DEFAULT = 5
+MAX_IN_FLIGHT_IDEMPOTENT = 5
+MAX_IN_FLIGHT_MAX = 100
+REQUEST_BATCHES_MAX = 64
+NEW_CONNECTION_WAIT_MS = 100  # a produce to a node we have no socket to yet waits this long to connect  # batches per PRODUCE request to one node
 # A producer that is garbage-collected, or still open when the interpreter exits, without
 # close(): it flushes what it holds for at most this long, then logs how many records
 # were lost (kafka-python flushes at exit, librdkafka warns; we do both, within a bound).
@@ -102,6 +110,7 @@ class _ProducerCore:
         producer_epoch: int = 0,
         context: zmq.Context[Any] | None = None,
         security: ClientSecurity | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT_DEFAULT,
     ) -> None:
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY
         # (read here, so a bad key file fails the constructor, not the sender thread).
@@ -116,6 +125,11 @@ class _ProducerCore:
         if not 0 <= producer_epoch < 2**15:
             raise ValueError(f"producer_epoch must be within [0, 32767], got {producer_epoch}")
         self.idempotent = enable_idempotence
+        if not 1 <= max_in_flight <= (MAX_IN_FLIGHT_IDEMPOTENT if enable_idempotence else MAX_IN_FLIGHT_MAX):
+            raise ValueError(
+                f"max_in_flight must be within [1, {MAX_IN_FLIGHT_IDEMPOTENT}] with idempotence (the node remembers "
+                f"that many batches per producer to answer retries), [1, {MAX_IN_FLIGHT_MAX}] without; got {max_in_flight}")
+        self.max_in_flight = max_in_flight
         self.producer_id = producer_id if producer_id is not None else -1
         self.producer_epoch = producer_epoch if enable_idempotence else -1
         self._next_sequence: dict[tuple[str, int], int] = {}
@@ -142,7 +156,12 @@ class _ProducerCore:
         self._wanted_topics: set[str] = set()
         self._sticky: dict[str, int] = {}
         self._in_flight: dict[int, _InFlight] = {}
-        self._in_flight_keys: set[tuple[str, int]] = set()
+        self._in_flight_slots: dict[tuple[str, int], int] = {}  # per partition, at most max_in_flight
+        # Idempotent: every batch holding sequence numbers, not yet answered, per partition
+        # in sequence order; an OUT_OF_ORDER_SEQUENCE answer is retriable unless the batch
+        # is the first of these (then an earlier batch is not missing: the node lost it).
+        self._unacked: dict[tuple[str, int], deque[ProducerBatch]] = {}
+        self._acknowledged: set[tuple[str, int]] = set()  # partitions that acknowledged a batch of ours
         self._closed = False
         self._stop = threading.Event()
         self._refusal: BaseException | None = None  # why send() must refuse (closed, sender died)
@@ -305,6 +324,7 @@ class _ProducerCore:
         with self._lock:
             results = [b.result for q in self._acc.batches.values() for b in q]
             results += [b.result for f in self._in_flight.values() for b in f.batches]
+            results += [b.result for q in self._unacked.values() for b in q]  # between a failure and its requeue
             self._acc.flushing = True
             self._wake()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -404,7 +424,7 @@ class _ProducerCore:
                 return
         self._expire_queued(now)
         with self._lock:
-            ready = self._acc.ready(now, self._in_flight_keys)
+            ready = self._acc.ready(now, self._in_flight_slots, self.max_in_flight)
         by_node: dict[str, list[ProducerBatch]] = {}
         for batch in ready:
             address = meta.metadata.leader_address(batch.topic, batch.partition)
@@ -489,6 +509,9 @@ class _ProducerCore:
                 key = (batch.topic, batch.partition)
                 base_sequence = self._next_sequence.get(key, 0)
                 self._next_sequence[key] = base_sequence + batch.record_count
+                batch.base_sequence = base_sequence
+                with self._lock:
+                    self._unacked.setdefault(key, deque()).append(batch)
             timestamps, keys, values, headers = batch.columns()
             batch.encoded = batch_format.encode_batch(
                 timestamps, keys, values, headers,
@@ -506,7 +529,12 @@ class _ProducerCore:
             "entries": [{"topic": b.topic, "partition": b.partition} for b in batches],
         }
         try:
-            conns.send(address, apis.encode_request(ApiKey.PRODUCE, body, correlation_id, batches=frames_batches))
+            # Never wait on a connection that is not up: the sender serves every partition,
+            # and one dead leader must not hold up the others (the batches back off and are
+            # resent once the metadata names a reachable leader). A new socket gets a short
+            # while to connect.
+            conns.send(address, apis.encode_request(ApiKey.PRODUCE, body, correlation_id, batches=frames_batches),
+                       wait_connect_ms=0 if address in conns.sockets else NEW_CONNECTION_WAIT_MS)
         except errors.FabricError as exc:
             self._refresh_needed = True
             for batch in batches:
@@ -523,7 +551,15 @@ class _ProducerCore:
             return
         with self._lock:
             self._in_flight[correlation_id] = _InFlight(address, batches, now)
-            self._in_flight_keys.update((b.topic, b.partition) for b in batches)
+            slots = self._in_flight_slots
+            for b in batches:
+                tp = (b.topic, b.partition)
+                # A resend holds every slot of its partition: it goes alone (RecordAccumulator.ready).
+                # So does a partition's first batch until one is acknowledged: a node that does
+                # not know this producer id yet takes any sequence (nodes/producer_state.py), so
+                # a later batch must not reach it before the first one is in the in-sync replicas.
+                b.slots = self.max_in_flight if b.attempts > 1 or tp not in self._acknowledged else 1
+                slots[tp] = slots.get(tp, 0) + b.slots
 
     def _handle_response(self, address: str, frames: list[Any]) -> None:
         try:
@@ -535,23 +571,48 @@ class _ProducerCore:
             flight = self._in_flight.pop(message.header.correlation_id, None)
             if flight is None:
                 return  # an answer to a request we already timed out and retried
-            self._in_flight_keys.difference_update((b.topic, b.partition) for b in flight.batches)
+            self._release_slots(flight)
         now = time.monotonic()
         if message.header.error_code:
             request_error = errors.error_for_code(message.header.error_code)(message.body.get("message", ""))
             for batch in flight.batches:
                 self._retry_or_fail(batch, request_error, now)
             return
-        results = {(r["topic"], r["partition"]): r for r in message.body["results"]}
-        for batch in flight.batches:
-            result = results.get((batch.topic, batch.partition))
+        # One result per entry, in the request's order (a partition may have several
+        # batches in one request).
+        results: list[dict[str, Any] | None] = list(message.body["results"])
+        results += [None] * (len(flight.batches) - len(results))
+        for batch, result in zip(flight.batches, results, strict=False):
+            if result is not None and (result["topic"], result["partition"]) != (batch.topic, batch.partition):
+                result = None
             if result is None:
                 self._retry_or_fail(batch, errors.UnknownServerError("the node's answer left this batch out"), now)
+            elif result["error"] == errors.OutOfOrderSequenceError.code and not self._is_first_unacked(batch):
+                # An earlier batch of this partition failed or is still on its way (a
+                # pipelined request overtook a resend): resend this one after it, in order.
+                self._retry(batch, errors.OutOfOrderSequenceError(result["message"]), now)
             elif result["error"]:
                 self._retry_or_fail(batch, errors.error_for_code(result["error"])(result["message"]), now)
             else:
                 with self._lock:
+                    self._acknowledged.add((batch.topic, batch.partition))
                     self._finish(batch, result["base_offset"], None)
+
+    def _is_first_unacked(self, batch: ProducerBatch) -> bool:
+        with self._lock:
+            queue = self._unacked.get((batch.topic, batch.partition))
+            return not queue or queue[0] is batch
+
+    def _release_slots(self, flight: _InFlight) -> None:
+        """Called with the lock held: the partitions of an ended request may send again."""
+        slots = self._in_flight_slots
+        for b in flight.batches:
+            tp = (b.topic, b.partition)
+            left = slots.get(tp, 0) - b.slots
+            if left > 0:
+                slots[tp] = left
+            else:
+                slots.pop(tp, None)
 
     def _retry_or_fail(self, batch: ProducerBatch, exc: errors.FabricError, now: float) -> None:
         if exc.retriable:
@@ -576,6 +637,13 @@ class _ProducerCore:
         """Called with the lock held."""
         self._acc.release(batch)
         self._space.notify_all()
+        if batch.base_sequence >= 0:
+            queue = self._unacked.get((batch.topic, batch.partition))
+            if queue is not None:
+                try:
+                    queue.remove(batch)  # almost always the first
+                except ValueError:
+                    pass
         batch.encoded = None
         batch.result.complete(base_offset, exc)
 
@@ -611,12 +679,17 @@ class _ProducerCore:
             and any(meta.metadata.leader_address(b.topic, b.partition) != f.address for b in f.batches)
         }
         with self._lock:
+            dropping = {f.address for cid, f in self._in_flight.items()
+                        if now - f.sent_s >= self.request_timeout_s or cid in moved}
+            # A fresh socket for each of those nodes: late answers to the old one are lost,
+            # so every request still waiting on it is resent too (in sequence order).
             for correlation_id, flight in list(self._in_flight.items()):
-                if now - flight.sent_s >= self.request_timeout_s or correlation_id in moved:
+                if flight.address in dropping:
                     expired.append((correlation_id, self._in_flight.pop(correlation_id)))
-                    self._in_flight_keys.difference_update((b.topic, b.partition) for b in flight.batches)
+                    self._release_slots(flight)
+        for address in dropping:
+            conns.drop(address)
         for _, flight in expired:
-            conns.drop(flight.address)  # a fresh socket; late answers to the old one are lost
             timeout = errors.RequestTimedOutError(f"no answer from {flight.address} (timed out or leader moved)")
             for batch in flight.batches:
                 self._retry_or_fail(batch, timeout, now)
@@ -663,6 +736,7 @@ class Producer:
         producer_epoch: int = 0,
         context: zmq.Context[Any] | None = None,
         security: ClientSecurity | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT_DEFAULT,
     ) -> None:
         # The same parameters as _ProducerCore (tests/unit/test_producer_handle.py checks it).
         core = _ProducerCore(
@@ -671,6 +745,7 @@ class Producer:
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             metadata_max_age_ms=metadata_max_age_ms, enable_idempotence=enable_idempotence,
             producer_id=producer_id, producer_epoch=producer_epoch, context=context, security=security,
+            max_in_flight=max_in_flight,
         )
         self._core = core
         # Bound methods of the core: send() on the handle costs no extra call.

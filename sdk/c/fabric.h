@@ -166,6 +166,9 @@ typedef struct fabric_delivery {
 
 typedef void (*fabric_delivery_cb)(const fabric_delivery_t *delivery, void *opaque);
 
+#define FABRIC_MAX_IN_FLIGHT_DEFAULT 5
+#define FABRIC_MAX_IN_FLIGHT_MAX 100
+
 typedef struct fabric_producer_config {
     int acks;                /* 0, 1 or -1 (all in-sync replicas); default -1, as the Python SDK */
     int linger_ms;           /* how long an open batch waits to fill; default 5 */
@@ -183,6 +186,11 @@ typedef struct fabric_producer_config {
      * from $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY, else plaintext. */
     const char *curve_key_file;
     const char *curve_server_key;
+    /* Batches of one partition sent before the first is answered (pipelining, as Kafka's
+     * max.in.flight.requests.per.connection); default 5, at most FABRIC_MAX_IN_FLIGHT_MAX.
+     * A failed batch is resent alone and in order; without idempotence (this client has
+     * none) a resend may still duplicate what the node had written. */
+    int max_in_flight;
 } fabric_producer_config_t;
 
 typedef struct fabric_producer fabric_producer_t;

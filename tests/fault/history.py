@@ -18,6 +18,7 @@ The checker reports, as in the issue:
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -115,4 +116,25 @@ def divergence(replicas: dict[int, dict[int, dict[int, bytes]]]) -> list[str]:
                 if other[base] != data:
                     problems.append(f"partition {partition} offset {base}: nodes {nodes[0]} and {node} differ")
                     break
+    return problems
+
+
+def producer_order(history: History, writer_label: str) -> list[str]:
+    """Writes of one producer that a partition holds out of send order.
+
+    Values are ``<label>-<i>`` with ``i`` counting up in send order; the idempotent
+    producer must leave each partition's acknowledged values in increasing ``i`` by offset,
+    also when pipelined batches were resent after a failure."""
+    prefix = f"{writer_label}-".encode()
+    by_partition: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for value, (partition, offset) in history.acked.items():
+        if value.startswith(prefix):
+            by_partition[partition].append((offset, int(value[len(prefix):])))
+    problems: list[str] = []
+    for partition, pairs in sorted(by_partition.items()):
+        pairs.sort()
+        for (offset_a, i_a), (offset_b, i_b) in itertools.pairwise(pairs):
+            if i_b <= i_a:
+                problems.append(f"partition {partition}: send {i_b} at offset {offset_b} after send {i_a} at {offset_a}")
+                break
     return problems

@@ -15,9 +15,9 @@ def make(linger_ms: float = 10, batch_bytes_max: int = 1000, buffer_bytes_max: i
 def test_linger_holds_a_batch_until_it_expires() -> None:
     acc = make(linger_ms=10)
     acc.append("t", 0, 1, None, b"x" * 10, None, now_s=100.0)
-    assert acc.ready(100.005, set()) == []
+    assert acc.ready(100.005, {}) == []
     assert acc.next_deadline_s() == pytest.approx(100.010)
-    [batch] = acc.ready(100.010, set())
+    [batch] = acc.ready(100.010, {})
     assert batch.record_count == 1 and batch.sealed
 
 
@@ -32,7 +32,7 @@ def test_full_batch_is_ready_at_once_and_next_record_opens_a_new_one() -> None:
             break
     assert full
     acc.append("t", 0, 99, None, b"z", None, now_s=0.0)
-    ready = acc.ready(0.0, set())
+    ready = acc.ready(0.0, {})
     assert len(ready) == 1 and ready[0].sealed
     assert acc.pending_batches() == 1  # the new open batch still lingers
 
@@ -40,28 +40,28 @@ def test_full_batch_is_ready_at_once_and_next_record_opens_a_new_one() -> None:
 def test_in_flight_partition_waits_to_keep_order() -> None:
     acc = make(linger_ms=0)
     acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
-    assert acc.ready(1.0, {("t", 0)}) == []
-    assert len(acc.ready(1.0, set())) == 1
+    assert acc.ready(1.0, {("t", 0): 1}) == []
+    assert len(acc.ready(1.0, {})) == 1
 
 
 def test_flush_makes_lingering_batches_ready() -> None:
     acc = make(linger_ms=60_000)
     acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
     acc.append("t", 1, 1, None, b"b", None, now_s=0.0)
-    assert acc.ready(0.0, set()) == []
+    assert acc.ready(0.0, {}) == []
     acc.flushing = True
-    assert {b.partition for b in acc.ready(0.0, set())} == {0, 1}
+    assert {b.partition for b in acc.ready(0.0, {})} == {0, 1}
 
 
 def test_requeue_goes_first_and_respects_backoff() -> None:
     acc = make(linger_ms=0)
     acc.append("t", 0, 1, None, b"first", None, now_s=0.0)
-    [first] = acc.ready(0.0, set())
+    [first] = acc.ready(0.0, {})
     acc.append("t", 0, 2, None, b"second", None, now_s=0.0)
     first.retry_after_s = 5.0
     acc.requeue(first)
-    assert acc.ready(1.0, set()) == []  # head is backing off; nothing overtakes it
-    [again] = acc.ready(5.0, set())
+    assert acc.ready(1.0, {}) == []  # head is backing off; nothing overtakes it
+    [again] = acc.ready(5.0, {})
     assert again is first
 
 
@@ -70,7 +70,7 @@ def test_buffer_accounting_and_release() -> None:
     acc.append("t", 0, 1, None, b"x" * 80, None, now_s=0.0)
     acc.append("t", 1, 1, None, b"x" * 80, None, now_s=0.0)
     assert not acc.has_room(94)
-    for batch in acc.ready(0.0, set()):
+    for batch in acc.ready(0.0, {}):
         acc.release(batch)
     assert acc.buffered_bytes == 0 and acc.has_room(94)
 
@@ -83,7 +83,7 @@ def test_record_larger_than_a_batch_gets_a_batch_of_its_own() -> None:
     _, full, created = acc.append("t", 0, 2, None, b"x" * 200, None, now_s=0.0)
     assert full and created
     acc.append("t", 0, 3, None, b"after", None, now_s=0.0)
-    ready = acc.ready(0.0, set())
+    ready = acc.ready(0.0, {})
     assert [b.records[0][2] for b in ready] == [b"small"]  # the head batch went first
     big = acc.batches[("t", 0)][0]
     assert big.sealed and [r[2] for r in big.records] == [b"x" * 200]
@@ -108,7 +108,7 @@ def test_futures_resolve_to_offsets_within_the_batch() -> None:
     acc = make(linger_ms=0)
     f1, _, _ = acc.append("t", 3, 10, b"k", b"a", None, now_s=0.0)
     f2, _, _ = acc.append("t", 3, 11, b"k", b"b", None, now_s=0.0)
-    [batch] = acc.ready(0.0, set())
+    [batch] = acc.ready(0.0, {})
     seen = []
     f2.add_callback(lambda meta, exc: seen.append((meta, exc)))
     batch.result.complete(500)
@@ -129,3 +129,30 @@ def test_contradictory_settings_are_refused() -> None:
         make(batch_bytes_max=1000, buffer_bytes_max=10)
     with pytest.raises(ValueError):
         make(linger_ms=-1)
+
+
+def test_pipelining_sends_up_to_max_in_flight_per_partition() -> None:
+    acc = make(linger_ms=0, batch_bytes_max=100)
+    for i in range(40):
+        acc.append("t", 0, i, None, b"v" * 30, None, now_s=0.0)
+    first = acc.ready(0.0, {}, max_in_flight=5)
+    assert len(first) == 5 and [b.order for b in first] == sorted(b.order for b in first)
+    assert acc.ready(0.0, {("t", 0): 5}, max_in_flight=5) == []
+    assert len(acc.ready(0.0, {("t", 0): 3}, max_in_flight=5)) == 2
+
+
+def test_failed_pipelined_batches_are_resent_in_order_and_alone() -> None:
+    acc = make(linger_ms=0, batch_bytes_max=100)
+    for i in range(20):
+        acc.append("t", 0, i, None, b"v" * 30, None, now_s=0.0)
+    sent = acc.ready(0.0, {}, max_in_flight=3)
+    for batch in sent:
+        batch.attempts = 1
+    for batch in reversed(sent):  # answers may fail in any order
+        acc.requeue(batch)
+    assert acc.ready(1.0, {("t", 0): 1}, max_in_flight=3) == []  # waits for what is still in flight
+    [again] = acc.ready(1.0, {}, max_in_flight=3)
+    assert again is sent[0]  # the earliest first, alone
+    again.attempts = 2
+    [second] = acc.ready(1.0, {}, max_in_flight=3)
+    assert second is sent[1]

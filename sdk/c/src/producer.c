@@ -36,6 +36,8 @@ typedef struct pbatch {
     int64_t created_ms;
     int64_t retry_after_ms;
     int attempts;
+    uint64_t order; /* creation order: a failed batch is requeued by it */
+    int slots;      /* in-flight slots of its partition it holds while sent */
 } pbatch_t;
 
 typedef struct ptopic ptopic_t;
@@ -47,7 +49,7 @@ struct pqueue {
     int64_t open_since_ms;
     size_t open_buffered_bytes;
     pbatch_t *head, *tail; /* closed batches, oldest first */
-    pbatch_t *in_flight;
+    int in_flight; /* slots in flight: up to max_in_flight batches, or one resend alone */
 };
 
 struct ptopic {
@@ -81,6 +83,7 @@ struct fabric_producer {
     int64_t next_timer_ms; /* earliest linger, retry or request deadline; INT64_MAX = none */
     int flushing;
     unsigned records_since_io;
+    uint64_t next_order;
 };
 
 void fabric_producer_config_init(fabric_producer_config_t *c) {
@@ -94,6 +97,7 @@ void fabric_producer_config_init(fabric_producer_config_t *c) {
     c->request_timeout_ms = 30000;
     c->delivery_timeout_ms = 120000;
     c->retry_backoff_ms = 100;
+    c->max_in_flight = FABRIC_MAX_IN_FLIGHT_DEFAULT;
 }
 
 int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
@@ -107,7 +111,7 @@ int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
         (cfg.compression != FABRIC_CODEC_NONE && cfg.compression != FABRIC_CODEC_LZ4) ||
         cfg.buffer_bytes_max < cfg.batch_bytes_max || cfg.max_block_ms < 0 ||
         cfg.request_timeout_ms <= 0 || cfg.delivery_timeout_ms < cfg.request_timeout_ms ||
-        cfg.retry_backoff_ms < 0)
+        cfg.retry_backoff_ms < 0 || cfg.max_in_flight < 1 || cfg.max_in_flight > FABRIC_MAX_IN_FLIGHT_MAX)
         return FABRIC_ERR_INVALID_ARGUMENT;
     fabric_producer_t *p = calloc(1, sizeof *p);
     if (p == NULL) return FABRIC_ERR_NO_MEMORY;
@@ -268,6 +272,7 @@ static void close_open_batch(fabric_producer_t *p, pqueue_t *q, int64_t now) {
     b->buffered_bytes = q->open_buffered_bytes;
     b->created_ms = q->open_since_ms;
     b->retry_after_ms = now;
+    b->order = p->next_order++;
     p->open_records -= (size_t)q->open.record_count;
     q->open_buffered_bytes = 0;
     fabric_batch_builder_reset(&q->open);
@@ -278,10 +283,20 @@ static void close_open_batch(fabric_producer_t *p, pqueue_t *q, int64_t now) {
     timer_at(p, now);
 }
 
-static void requeue_front(pqueue_t *q, pbatch_t *b) {
-    b->next = q->head;
-    q->head = b;
-    if (q->tail == NULL) q->tail = b;
+/* Back into its queue in creation order: batches of a partition that failed together (several
+ * were in flight) are resent in the order they were first sent. */
+static void requeue_in_order(pqueue_t *q, pbatch_t *b) {
+    pbatch_t **at = &q->head;
+    while (*at != NULL && (*at)->order < b->order) at = &(*at)->next;
+    b->next = *at;
+    *at = b;
+    if (b->next == NULL) q->tail = b;
+}
+
+/* A sent batch's answer came (or never will): its partition may send again. */
+static void release_slots(pbatch_t *b) {
+    b->queue->in_flight -= b->slots;
+    b->slots = 0;
 }
 
 static void retry_or_fail(fabric_producer_t *p, pbatch_t *b, int error, const char *message,
@@ -299,7 +314,7 @@ static void retry_or_fail(fabric_producer_t *p, pbatch_t *b, int error, const ch
         p->refresh_needed = 1;
         b->retry_after_ms = now + p->cfg.retry_backoff_ms;
         timer_at(p, b->retry_after_ms);
-        requeue_front(b->queue, b);
+        requeue_in_order(b->queue, b);
         return;
     }
     deliver(p, b, -1, error, message);
@@ -347,7 +362,7 @@ static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, s
     if (rc) {
         p->refresh_needed = 1;
         for (size_t i = 0; i < count; i++) {
-            batches[i]->queue->in_flight = NULL;
+            release_slots(batches[i]);
             retry_or_fail(p, batches[i], rc == FABRIC_ERR_TRANSPORT ? FABRIC_ERR_NODE_NOT_READY : rc,
                           p->client.error, now);
         }
@@ -357,7 +372,7 @@ static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, s
     if (p->cfg.acks == 0) {
         /* No answer will come: the records are done once ZeroMQ has them. */
         for (size_t i = 0; i < count; i++) {
-            batches[i]->queue->in_flight = NULL;
+            release_slots(batches[i]);
             deliver(p, batches[i], -1, 0, "");
         }
         return;
@@ -366,7 +381,7 @@ static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, s
     if (f == NULL) {
         /* Sent, but we cannot track it: treat as a timeout so the batches are retried. */
         for (size_t i = 0; i < count; i++) {
-            batches[i]->queue->in_flight = NULL;
+            release_slots(batches[i]);
             retry_or_fail(p, batches[i], FABRIC_ERR_REQUEST_TIMED_OUT, "out of memory", now);
         }
         return;
@@ -379,7 +394,9 @@ static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, s
     timer_at(p, now + p->cfg.request_timeout_ms);
 }
 
-/* Send every partition's oldest closed batch whose partition has nothing in flight. */
+/* Send the oldest closed batches of every partition, up to max_in_flight per partition
+ * (pipelining). A resend (attempts > 0) goes only when nothing of its partition is in
+ * flight, and alone, as Kafka's producer does, so that resends keep their order. */
 static void send_ready(fabric_producer_t *p, int64_t now) {
     /* Collected per node: groups[i] holds the ready batches for conns[i]. */
     static const size_t NONE = (size_t)-1;
@@ -396,51 +413,53 @@ static void send_ready(fabric_producer_t *p, int64_t now) {
         ptopic_t *t = p->topics[ti];
         for (int32_t pi = 0; pi < t->partition_count; pi++) {
             pqueue_t *q = t->queues[pi];
-            pbatch_t *b = q->head;
-            if (b == NULL || q->in_flight) continue;
-            if (b->retry_after_ms > now) {
-                timer_at(p, b->retry_after_ms);
-                continue;
-            }
-            q->head = b->next;
-            if (q->head == NULL) q->tail = NULL;
-            b->next = NULL;
-            if (now - b->created_ms >= p->cfg.delivery_timeout_ms) {
-                deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, "not sent within delivery_timeout_ms");
-                continue;
-            }
-            const char *address = client_leader(&p->client, t->name, pi);
-            conn_t *conn = address ? client_conn(&p->client, address) : NULL;
-            if (conn == NULL) {
-                char text[ERROR_TEXT_BYTES];
-                snprintf(text, sizeof text, "no leader known for %s/%d", t->name, pi);
-                retry_or_fail(p, b, FABRIC_ERR_LEADER_NOT_AVAILABLE, text, now);
-                continue;
-            }
-            size_t ci = conn_index(p, conn);
-            if (group_of_conn[ci] != NONE && groups[group_of_conn[ci]].count == REQUEST_BATCHES_MAX) {
-                send_group(p, conn, groups[group_of_conn[ci]].batches, REQUEST_BATCHES_MAX, now);
-                groups[group_of_conn[ci]].count = 0;
-            }
-            if (group_of_conn[ci] == NONE) {
-                if (group_count == group_cap) {
-                    size_t cap = group_cap ? group_cap * 2 : 4;
-                    group_t *grown = realloc(groups, cap * sizeof *grown);
-                    if (grown == NULL) {
-                        requeue_front(q, b);
-                        continue;
-                    }
-                    groups = grown;
-                    group_cap = cap;
+            for (pbatch_t *b = q->head; b != NULL && q->in_flight < p->cfg.max_in_flight; b = q->head) {
+                if (b->attempts && q->in_flight) break;
+                if (b->retry_after_ms > now) {
+                    timer_at(p, b->retry_after_ms);
+                    break;
                 }
-                group_of_conn[ci] = group_count;
-                groups[group_count].conn = conn;
-                groups[group_count].count = 0;
-                group_count++;
+                q->head = b->next;
+                if (q->head == NULL) q->tail = NULL;
+                b->next = NULL;
+                if (now - b->created_ms >= p->cfg.delivery_timeout_ms) {
+                    deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, "not sent within delivery_timeout_ms");
+                    continue;
+                }
+                const char *address = client_leader(&p->client, t->name, pi);
+                conn_t *conn = address ? client_conn(&p->client, address) : NULL;
+                if (conn == NULL) {
+                    char text[ERROR_TEXT_BYTES];
+                    snprintf(text, sizeof text, "no leader known for %s/%d", t->name, pi);
+                    retry_or_fail(p, b, FABRIC_ERR_LEADER_NOT_AVAILABLE, text, now);
+                    break;
+                }
+                size_t ci = conn_index(p, conn);
+                if (group_of_conn[ci] != NONE && groups[group_of_conn[ci]].count == REQUEST_BATCHES_MAX) {
+                    send_group(p, conn, groups[group_of_conn[ci]].batches, REQUEST_BATCHES_MAX, now);
+                    groups[group_of_conn[ci]].count = 0;
+                }
+                if (group_of_conn[ci] == NONE) {
+                    if (group_count == group_cap) {
+                        size_t cap = group_cap ? group_cap * 2 : 4;
+                        group_t *grown = realloc(groups, cap * sizeof *grown);
+                        if (grown == NULL) {
+                            requeue_in_order(q, b);
+                            break;
+                        }
+                        groups = grown;
+                        group_cap = cap;
+                    }
+                    group_of_conn[ci] = group_count;
+                    groups[group_count].conn = conn;
+                    groups[group_count].count = 0;
+                    group_count++;
+                }
+                group_t *g = &groups[group_of_conn[ci]];
+                g->batches[g->count++] = b;
+                b->slots = b->attempts ? p->cfg.max_in_flight : 1;
+                q->in_flight += b->slots;
             }
-            group_t *g = &groups[group_of_conn[ci]];
-            g->batches[g->count++] = b;
-            q->in_flight = b;
         }
     }
     for (size_t i = 0; i < group_count; i++) {
@@ -465,7 +484,7 @@ static void handle_response(fabric_producer_t *p, response_t *r, int64_t now) {
     if (index == p->inflight_count) return; /* an answer to a request we already retried */
     inflight_t f = p->inflight[index];
     remove_inflight(p, index);
-    for (size_t i = 0; i < f.count; i++) f.batches[i]->queue->in_flight = NULL;
+    for (size_t i = 0; i < f.count; i++) release_slots(f.batches[i]);
 
     fabric_arena_t arena;
     fabric_arena_init(&arena);
@@ -496,14 +515,12 @@ static void handle_response(fabric_producer_t *p, response_t *r, int64_t now) {
     }
     for (size_t i = 0; i < f.count; i++) {
         pbatch_t *b = f.batches[i];
+        /* One result per entry, in the request's order: a partition may have several
+         * batches in one request. */
         const fabric_produce_result_t *res = NULL;
-        for (uint32_t k = 0; k < resp.result_count; k++) {
-            if (resp.results[k].partition == b->queue->partition &&
-                strcmp(resp.results[k].topic.data, b->queue->topic->name) == 0) {
-                res = &resp.results[k];
-                break;
-            }
-        }
+        if (i < resp.result_count && resp.results[i].partition == b->queue->partition &&
+            strcmp(resp.results[i].topic.data, b->queue->topic->name) == 0)
+            res = &resp.results[i];
         if (res == NULL) {
             deliver(p, b, -1, FABRIC_ERR_UNKNOWN_SERVER_ERROR, "the node's answer left this batch out");
         } else if (res->error) {
@@ -535,7 +552,7 @@ static void check_timeouts(fabric_producer_t *p, int64_t now) {
             inflight_t f = p->inflight[k];
             remove_inflight(p, k);
             for (size_t j = 0; j < f.count; j++) {
-                f.batches[j]->queue->in_flight = NULL;
+                release_slots(f.batches[j]);
                 retry_or_fail(p, f.batches[j], FABRIC_ERR_REQUEST_TIMED_OUT,
                               "no answer within request_timeout_ms", now);
             }
@@ -768,7 +785,7 @@ void fabric_producer_destroy(fabric_producer_t *p) {
     for (size_t i = 0; i < p->inflight_count; i++) {
         for (size_t k = 0; k < p->inflight[i].count; k++) {
             pbatch_t *b = p->inflight[i].batches[k];
-            b->queue->in_flight = NULL;
+            release_slots(b);
             deliver(p, b, -1, FABRIC_ERR_CLOSED, "producer destroyed before an answer came");
         }
     }
