@@ -51,7 +51,8 @@ class QueueCoordinator(QueueDurability):
     def handle(self, envelope: Envelope, request: apis.Message) -> None:
         api = request.header.api_key
         body = request.body
-        _check_name("group", body["group"])
+        if api != ApiKey.QUEUE_DESCRIBE or body["group"]:  # describing "" means every group
+            _check_name("group", body["group"])
         if api == ApiKey.QUEUE_RECEIVE:
             self._receive(envelope, request)
         elif api == ApiKey.QUEUE_SETTLE:
@@ -208,24 +209,32 @@ class QueueCoordinator(QueueDurability):
         return deadline
 
     def _describe(self, queue: str, group: str) -> dict[str, Any]:
+        """Counts per partition this node leads, for ``group`` ("" : every group it knows;
+        a queue nobody consumes yet shows as group "")."""
         now_ms = wall_ms()
         out = []
         for tp, plog, share in self._led(queue, -1):
             slot = self._slots[tp]
             if slot.mode != ACTIVE:
                 raise errors.CoordinatorLoadInProgressError(f"queue {tp[0]}/{tp[1]} is loading its state; retry")
-            g = share.groups.get(group) or share.groups.get(COUNTING) or share.group(COUNTING, plog)
-            share.ingest(g, plog, now_ms)
-            self._collect(slot, group, g, g.state.tick(now_ms))
+            names = [group] if group else [name for name in share.groups if name != COUNTING] or [COUNTING]
+            for name in names:
+                g = share.view(name, plog)
+                share.ingest(g, plog, now_ms)
+                finished = g.state.tick(now_ms)
+                if share.groups.get(name) is g:  # a stored state: what the tick decided must be written
+                    self._collect(slot, name, g, finished)
+                counts = g.state.counts()
+                age = -1
+                if counts["oldest_offset"] >= 0:
+                    found = share.records(plog, [counts["oldest_offset"]]).get(counts["oldest_offset"])
+                    age = max(0, now_ms - found[0]) if found is not None else -1
+                out.append({"partition": tp[1], "group": name,
+                            "visible": counts["visible"], "in_flight": counts["in_flight"],
+                            "delayed": counts["delayed"], "dead_lettered": counts["dead_lettered"],
+                            "dropped": counts["dropped"], "deduplicated": counts["deduplicated"],
+                            "oldest_age_ms": age})
             self._flush(slot)
-            counts = g.state.counts()
-            age = -1
-            if counts["oldest_offset"] >= 0:
-                found = share.records(plog, [counts["oldest_offset"]]).get(counts["oldest_offset"])
-                age = max(0, now_ms - found[0]) if found is not None else -1
-            out.append({"partition": tp[1], "visible": counts["visible"], "in_flight": counts["in_flight"],
-                        "delayed": counts["delayed"], "dead_lettered": counts["dead_lettered"],
-                        "dropped": counts["dropped"], "deduplicated": counts["deduplicated"], "oldest_age_ms": age})
         return {"error": 0, "message": "", "partitions": out}
 
     # -- produce's size check ---------------------------------------------------------------------

@@ -31,7 +31,7 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
-from nodes.queue_share import Group, SharePartition
+from nodes.queue_share import COUNTING, Group, SharePartition
 from nodes.queue_state import DEAD, Change, Finished
 from nodes.state import NodeState, TopicPartition
 
@@ -90,6 +90,9 @@ class QueueDurability:
     def _collect(self, slot: Slot, group: str, g: Group, finished: list[Finished]) -> None:
         """Queue what the state machine decided for the next write."""
         share = slot.share
+        if group == COUNTING:
+            g.state.drain_changes()  # only counts: nothing it decides is a group's to keep
+            return
         key = qp.state_key(share.topic, share.partition, group)
         for change in g.state.drain_changes():
             slot.pending.append((key, qp.encode_state_record(

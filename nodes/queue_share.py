@@ -74,6 +74,18 @@ class SharePartition:
                 self.groups.pop(COUNTING, None)  # a real group counts from now on
         return found
 
+    def view(self, name: str, plog: PartitionLog) -> Group:
+        """The group to describe: the group itself; a queue nobody consumes yet counts with
+        its stored COUNTING state; a group that does not exist while others do gets a
+        throwaway state (what it would see if it started now), never stored."""
+        found = self.groups.get(name)
+        if found is not None:
+            return found
+        if not any(n != COUNTING for n in self.groups):
+            return self.group(COUNTING, plog)
+        return Group(ShareState(self.config, plog.log_start_offset),
+                     DedupWindow(self.topic_config.dedup_window_ms, qp.DEDUP_IDS_MAX))
+
     def restore(self, group: str, change: Change, plog: PartitionLog) -> None:
         """A persisted change read while loading; applied when its offset is replayed."""
         self.group(group, plog).restore[change.offset] = change

@@ -30,6 +30,7 @@ DESCRIBE_RETRY_S: Final[float] = 0.1
 @dataclass(frozen=True)
 class QueuePartitionCounts:
     partition: int
+    group: str  # "" for a queue nobody consumes yet
     visible: int
     in_flight: int
     delayed: int
@@ -120,24 +121,44 @@ class QueueAdmin:
                 time.sleep(DESCRIBE_RETRY_S)
                 self._meta.refresh([name])
 
+    def describe_queue_groups(self, name: str, *, timeout_s: float = 10.0) -> dict[str, QueueDescription]:
+        """Every group consuming ``name`` (as ``describe_queue`` describes one), by group; a
+        queue nobody consumes yet has one entry, group ""."""
+        configs = self.describe_topics([name])[0].configs
+        settings = {k: configs[k] for k in QUEUE_SETTINGS if k in configs}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                rows = self._queue_counts(name, "")
+                break
+            except errors.RetriableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(DESCRIBE_RETRY_S)
+                self._meta.refresh([name])
+        groups: dict[str, list[QueuePartitionCounts]] = {}
+        for row in rows:
+            groups.setdefault(row.group, []).append(row)
+        return {g: QueueDescription(name, g, settings, tuple(sorted(rs, key=lambda r: r.partition)))
+                for g, rs in sorted(groups.items())}
+
     def _queue_counts(self, name: str, group: str) -> list[QueuePartitionCounts]:
         meta = self._meta.refresh([name])
         topic = self._meta.topic(name)
         addresses = {meta.leader_address(name, p.partition) for p in topic.partitions}
         if None in addresses:
             raise errors.LeaderNotAvailableError(f"a partition of {name!r} has no leader")
-        out: dict[int, QueuePartitionCounts] = {}
+        out: list[QueuePartitionCounts] = []
         for address in sorted(a for a in addresses if a):
             body = self._conns.request(address, ApiKey.QUEUE_DESCRIBE, {"queue": name, "group": group},
                                        timeout_ms=self.request_timeout_ms).body
             errors.raise_for_code(body["error"], body["message"])
-            for p in body["partitions"]:
-                out[p["partition"]] = QueuePartitionCounts(
-                    p["partition"], p["visible"], p["in_flight"], p["delayed"], p["dead_lettered"], p["dropped"],
-                    p["deduplicated"], p["oldest_age_ms"])
-        if len(out) != topic.partition_count:
+            out.extend(QueuePartitionCounts(
+                p["partition"], p["group"], p["visible"], p["in_flight"], p["delayed"], p["dead_lettered"],
+                p["dropped"], p["deduplicated"], p["oldest_age_ms"]) for p in body["partitions"])
+        if {c.partition for c in out} != set(range(topic.partition_count)):
             raise errors.NotLeaderError(f"leadership of {name!r} moved while describing it")
-        return [out[p] for p in sorted(out)]
+        return sorted(out, key=lambda c: (c.partition, c.group))
 
     def redrive(self, name: str, *, dead_letter: str | None = None, max_messages: int = 0) -> int:
         """Move dead letters back to ``name`` (from its dead-letter queue, or ``dead_letter``):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabric.cli._common import bootstrap, with_bootstrap
+from fabric.cli._queue_status import add_queues, queue_lines
 
 ZK_CONNECT_TIMEOUT_S = 5.0
 ZK_CALL_TIMEOUT_S = 5.0
@@ -39,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
     status.add_argument("--timeout", type=float, default=ZK_CONNECT_TIMEOUT_S, metavar="SECONDS",
                         help=f"how long to wait for ZooKeeper (default {ZK_CONNECT_TIMEOUT_S:g})")
-    status.add_argument("--no-groups", action="store_true", help="skip consumer groups (asked from the nodes)")
+    status.add_argument("--no-groups", action="store_true",
+                        help="skip consumer groups and queues (asked from the nodes)")
     status.set_defaults(run=cmd_status)
 
 
@@ -62,6 +64,8 @@ class Status:
     problems: list[str] = field(default_factory=list)
     groups: list[dict[str, Any]] | None = None  # None: not asked (no live node)
     groups_error: str = ""
+    queues: list[dict[str, Any]] | None = None  # None: not asked (fabric/cli/_queue_status.py)
+    queues_error: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -74,7 +78,8 @@ class Status:
                 "offline_partitions": self.offline, "under_replicated_partitions": self.under_replicated,
                 "reassigning_partitions": self.reassigning,
                 "below_min_insync_partitions": self.below_min_insync, "groups": self.groups,
-                "groups_error": self.groups_error, "problems": self.problems}
+                "groups_error": self.groups_error, "queues": self.queues, "queues_error": self.queues_error,
+                "problems": self.problems}
 
 
 def _zk_hosts(bootstrap_value: str) -> str:
@@ -277,6 +282,7 @@ def render(status: Status) -> str:
     lines += _partition_lines("below min_insync", status.below_min_insync)
     lines += _partition_lines("reassigning", status.reassigning)
     lines += _group_lines(status)
+    lines += queue_lines(status)
     if status.problems:
         lines.append("problems:")
         lines += [f"  - {p}" for p in status.problems]
@@ -311,5 +317,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         zkl.close_client(zk)
     if not args.no_groups:
         add_groups(status, bootstrap(args))
+        add_queues(status, bootstrap(args), LIST_OFFSETS_TIMEOUT_MS)
     print(json.dumps(status.as_json()) if args.json else render(status))
     return EXIT_HEALTHY if status.healthy else EXIT_UNHEALTHY

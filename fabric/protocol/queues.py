@@ -116,9 +116,10 @@ SETTLE_RESPONSE_V0: Schema = (
     ("results", Array(Struct(SETTLE_RESULT))),
 )
 
-DESCRIBE_REQUEST_V0: Schema = (("queue", "str"), ("group", "str"))
+DESCRIBE_REQUEST_V0: Schema = (("queue", "str"), ("group", "str"))  # group "": every group
 QUEUE_COUNTS: Schema = (
     ("partition", "i32"),
+    ("group", "str"),
     ("visible", "i64"),
     ("in_flight", "i64"),
     ("delayed", "i64"),

@@ -3,6 +3,7 @@ dedup, TTL, size limits and a leader failover (docs/QUEUES.md)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -281,6 +282,13 @@ def test_the_queue_command_line(cluster: LocalCluster, topic_name: str, tmp_path
     assert bad.returncode == 1 and "VISIBILITY_TIMEOUT_MS_MAX" in bad.stderr and "Traceback" not in bad.stderr
     assert fabric("receive", topic_name, "--wait-ms", "30000").returncode == 2  # a usage error, not a hang
     assert fabric("redrive", topic_name).stdout.strip() == f"moved 0 dead letters back to {topic_name}"
+    assert fabric("send", topic_name, "-m", "waiting").returncode == 0
+    status = subprocess.run([sys.executable, "-m", "fabric", "status", "--json"], env=env, text=True,
+                            capture_output=True, timeout=60, check=False)
+    rows = [q for q in json.loads(status.stdout)["queues"] if q["queue"] == topic_name]
+    assert [(q["group"], q["visible"], q["in_flight"]) for q in rows] == [("default", 1, 0)], status.stdout
+    dlq_rows = [q for q in json.loads(status.stdout)["queues"] if q["queue"] == dlq]
+    assert [(q["group"], q["visible"]) for q in dlq_rows] == [("__redrive", 0)]  # the redrive read it
 
 
 def test_queue_depth_in_the_metrics(cluster: LocalCluster, topic_name: str) -> None:

@@ -22,7 +22,7 @@ BODIES: dict[str, tuple[s.Schema, dict[str, Any]]] = {
         {"partition": 0, "offset": 7, "error": 71, "deadline_ms": 0}]}),
     "describe_request": (q.DESCRIBE_REQUEST_V0, {"queue": "jobs", "group": "w"}),
     "describe_response": (q.DESCRIBE_RESPONSE_V0, {"error": 0, "message": "", "partitions": [
-        {"partition": 0, "visible": 5, "in_flight": 1, "delayed": 2, "dead_lettered": 0, "dropped": 0,
+        {"partition": 0, "group": "w", "visible": 5, "in_flight": 1, "delayed": 2, "dead_lettered": 0, "dropped": 0,
          "deduplicated": 3, "oldest_age_ms": 1234}]}),
 }
 
