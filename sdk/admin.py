@@ -189,8 +189,8 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
             try:
                 body = self._conns.request(address, ApiKey.DESCRIBE_REPLICAS, {"topics": topics or []},
                                            timeout_ms=self.request_timeout_ms).body
-            except (errors.NodeNotReadyError, errors.RequestTimedOutError):
-                continue
+            except errors.FabricError:
+                continue  # down, refused (an older node, an ACL): its copies are left out
             for row in body["partitions"]:
                 out.setdefault((row["topic"], row["partition"]), []).append({**row, "node_id": node_id})
         return out

@@ -100,6 +100,9 @@ def test_fetch_allowance_is_a_token_bucket() -> None:
     assert fetch_allowance(f, rate, 11.0) == 0
     assert fetch_allowance(f, rate, 13.5) > 0
     assert fetch_allowance(f, rate, 100.0) == rate  # idle time banks at most one second
+    f.throttle_credit_bytes -= 50 * rate  # unthrottled fetches meanwhile ...
+    assert fetch_allowance(f, 0, 101.0) == REPLICA_FETCH_BYTES_MAX
+    assert fetch_allowance(f, rate, 102.0) > 0  # ... leave no debt for a throttle set later
 
 
 def test_leader_follows_new_replicas_and_forgets_removed_ones() -> None:
