@@ -167,6 +167,12 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
                 "throttle_bytes_per_s": throttle_bytes_per_s}
         self._ask_controller(ApiKey.REASSIGN_PARTITION, body, timeout_s)
 
+    def cancel_reassignment(self, topic: str, partition: int, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+        """Stop a running move: the replicas being added go (their partial copies are
+        deleted), the ones being removed stay. InvalidRequestError if nothing is moving."""
+        body = {"topic": topic, "partition": partition, "replicas": [], "throttle_bytes_per_s": 0}
+        self._ask_controller(ApiKey.REASSIGN_PARTITION, body, timeout_s)
+
     def wait_reassigned(self, topic: str, partition: int, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
         """Wait until no reassignment of the partition is in progress; TimeoutError if it
         is still moving after ``timeout_s`` (a throttled copy of a big log takes a while)."""
