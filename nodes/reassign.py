@@ -43,7 +43,7 @@ def begin(state: PartitionState, target: tuple[int, ...], throttle_bytes_per_s: 
     Raises ``InvalidRequestError`` / ``InvalidReplicationFactorError`` on a bad target and
     ``ReassignmentInProgressError`` if a different move is running."""
     if not target:
-        raise errors.InvalidRequestError("replicas: give at least one node id (an empty list cancels a move)")
+        raise errors.InvalidRequestError("replicas: give at least one node id")
     if len(set(target)) != len(target):
         raise errors.InvalidRequestError(f"replicas {list(target)}: a node appears twice")
     if len(target) > zkl.REPLICATION_FACTOR_MAX:
