@@ -414,6 +414,11 @@ class AuthenticationFailedError(FabricError):
     pass
 
 
+@_wire(82, "THROTTLED", "over its produce quota with the node's throttle queue full; nothing was written, retry later")
+class ThrottledError(RetriableError):
+    pass
+
+
 @_wire(90, "REASSIGNMENT_IN_PROGRESS", "the partition is already moving to other replicas; wait for it to finish")
 class ReassignmentInProgressError(FabricError):
     pass

@@ -18,9 +18,11 @@ What ``NodeSecurity`` does, in the order the node needs it (docs/SECURITY.md):
   An unknown principal (removed after it connected) is refused everything.
 * **quotas**: a PRODUCE within its ACL is written at once; ``fabric.auth.quota.Throttle``
   says how long its response waits. ``hold`` parks that response in a bounded delay
-  queue and ``release`` (a loop duty) sends it when due. Data is never dropped: when the
-  queue is full the response goes out at once (the quota is then not enforced for it,
-  and the node logs that).
+  queue and ``release`` (a loop duty) sends it when due. When THROTTLED_RESPONSES_MAX
+  responses are already held, an over-quota PRODUCE is refused *before it is written*
+  with the retriable ``THROTTLED`` (nothing written, the producer retries after its
+  backoff): a full queue never lets a greedy producer through unthrottled, and never
+  drops acknowledged data.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabric.node.authz")
 
-THROTTLED_RESPONSES_MAX = 10_000  # held PRODUCE responses; beyond this they go out at once
+THROTTLED_RESPONSES_MAX = 10_000  # held PRODUCE responses; beyond this over-quota PRODUCEs are refused
 HELD_FORGET_S = 60.0  # a hold whose response never came (client gone) is forgotten after this
 SECURE_OPTIONS = ("server_key_file", "key_file", "zk_digest_file")
 
@@ -79,6 +81,7 @@ class NodeSecurity:
         self._delayed: list[tuple[float, int, Envelope, list[Any]]] = []  # heap by release time
         self._order = itertools.count()
         self.principal = ""  # of the request being handled (the loop is one thread)
+        self.refused_throttled = 0  # PRODUCEs refused THROTTLED (unwritten): the queue was full
 
     @classmethod
     def start(cls, config: NodeConfig, context: zmq.Context[Any]) -> NodeSecurity:
@@ -128,7 +131,7 @@ class NodeSecurity:
             self._refuse(node, envelope, request.header, principal, operation.value, str(resource), "")
             return False
         if api == ApiKey.PRODUCE:
-            self._account(envelope, request, principal)
+            return self._account(node, envelope, request, principal)
         return True
 
     def _refuse(self, node: NodeState, envelope: Envelope, header: Header, principal: str, operation: str,
@@ -163,20 +166,39 @@ class NodeSecurity:
         handlers[ApiKey.METADATA] = metadata
 
     # -- quotas ----------------------------------------------------------------------------
-    def _account(self, envelope: Envelope, request: apis.Message, principal: str) -> None:
+    def _account(self, node: NodeState, envelope: Envelope, request: apis.Message, principal: str) -> bool:
+        """Charge a PRODUCE to its principal's quota; False when it was refused THROTTLED
+        (unwritten) because the delay queue is full."""
         quotas = self.cache.quotas
         if quotas is not self._quotas_seen:  # the cache swaps the whole dict on a change
             self.throttle.set_quotas(quotas)
             self._quotas_seen = quotas
         if not self.throttle.quotas:
-            return
+            return True
         now = time.monotonic()
         nbytes = sum(len(batch) for batch in request.batches)
         delay_ms = self.throttle.record(principal, nbytes, now)
-        if delay_ms > 0:
-            if len(self._held) >= THROTTLED_RESPONSES_MAX:
-                self._forget_stale(now)
-            self._held[(_identity(envelope), request.header.correlation_id)] = now + delay_ms / 1000.0
+        if delay_ms <= 0:
+            return True
+        if self.throttled_count() >= THROTTLED_RESPONSES_MAX:
+            self._forget_stale(now)
+        if self.throttled_count() >= THROTTLED_RESPONSES_MAX:
+            # Answering at once would let the producer past its quota; holding more would
+            # grow without bound. Refuse before writing: nothing is lost, the client retries.
+            self.throttle.refund(principal, nbytes)
+            self.refused_throttled += 1
+            log.warning("throttle queue full (%d responses): PRODUCE of %r refused THROTTLED",
+                        THROTTLED_RESPONSES_MAX, principal)
+            node.send_error(envelope, request.header, errors.ThrottledError(
+                f"principal {principal!r} is over its produce quota and {THROTTLED_RESPONSES_MAX} responses "
+                f"are already held; nothing was written, retry after {delay_ms} ms"))
+            return False
+        self._held[(_identity(envelope), request.header.correlation_id)] = now + delay_ms / 1000.0
+        return True
+
+    def throttled_count(self) -> int:
+        """PRODUCE responses held or promised a hold: the delay queue's occupancy."""
+        return len(self._held) + len(self._delayed)
 
     def hold(self, envelope: Envelope, header: Header, frames: list[Any]) -> bool:
         """Called for every response: True when it was parked to go out later."""
@@ -185,9 +207,8 @@ class NodeSecurity:
         release_s = self._held.pop((_identity(envelope), header.correlation_id), None)
         if release_s is None or release_s <= time.monotonic():
             return False
-        if len(self._delayed) >= THROTTLED_RESPONSES_MAX:
-            log.warning("throttle queue full (%d responses): answering at once", THROTTLED_RESPONSES_MAX)
-            return False
+        # No bound check here: ``_account`` admitted this request only with room for it
+        # (held + delayed <= THROTTLED_RESPONSES_MAX), and a hold only moves between them.
         heapq.heappush(self._delayed, (release_s, next(self._order), envelope, frames))
         return True
 

@@ -68,6 +68,7 @@ def fetch_allowance(f: FollowerReplica, throttle_bytes_per_s: int, now: float) -
     bytes a reply brings are taken off afterwards (``spend``), so one fetch larger than
     the credit (a fetch returns at least one whole batch) is paid for by waiting longer."""
     if throttle_bytes_per_s <= 0:
+        f.throttle_at_s = 0.0  # a throttle set later starts a fresh bucket, not this one's debt
         return REPLICA_FETCH_BYTES_MAX
     if f.throttle_at_s:
         f.throttle_credit_bytes = min(float(throttle_bytes_per_s),

@@ -25,7 +25,7 @@ Series (names per the Prometheus conventions: ``_total`` counters, ``_seconds``,
     fabric_partition_leader{topic,partition}             1 where this node leads
     fabric_partition_leader_epoch{topic,partition}
     fabric_partition_isr_size{topic,partition}           leaders only
-    fabric_partition_replicas{topic,partition}           leaders only
+    fabric_partition_replicas{topic,partition}           leaders only (a move's copying replicas not counted)
     fabric_partition_under_replicated{topic,partition}   leaders only: ISR < replicas
     fabric_partition_below_min_insync{topic,partition}   leaders only: acks=all refused
     fabric_replica_lag_messages{topic,partition,follower}   leaders only: leader end - follower end
@@ -244,7 +244,7 @@ class _StateCollector(Collector):
         }
         led = {
             "isr_size": family("fabric_partition_isr_size", "In-sync replicas (leader's view).", tp),
-            "replicas": family("fabric_partition_replicas", "Assigned replicas.", tp),
+            "replicas": family("fabric_partition_replicas", "Assigned replicas (a move's new ones once it completes).", tp),
             "under": family("fabric_partition_under_replicated", "1 when ISR < replicas (leader's view).", tp),
             "below": family("fabric_partition_below_min_insync", "1 when acks=all writes are refused.", tp),
         }

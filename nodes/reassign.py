@@ -74,6 +74,26 @@ def begin(state: PartitionState, target: tuple[int, ...], throttle_bytes_per_s: 
                                throttle_bytes_per_s=throttle_bytes_per_s)
 
 
+def cancel(state: PartitionState, live: set[int]) -> PartitionState:
+    """The state that stops a running move: the replicas it was adding go (their partial
+    copies are deleted), those it was removing stay. Raises if there is nothing to cancel,
+    or if only a new replica could lead now (it is in sync: finish the move instead)."""
+    if not state.reassigning:
+        raise errors.InvalidRequestError(f"partition {state.partition} is not moving: nothing to cancel")
+    original = tuple(r for r in state.replicas if r not in state.adding)
+    isr = tuple(r for r in state.isr if r in original)
+    leader, epoch = state.leader, state.leader_epoch
+    if leader >= 0 and leader not in original:
+        candidates = [r for r in original if r in isr and r in live]
+        if not candidates:
+            raise errors.InvalidRequestError(
+                f"partition {state.partition}: only the new replicas {list(state.adding)} can lead now; "
+                "let the move finish")
+        leader, epoch = candidates[0], epoch + 1
+    return dataclasses.replace(state, replicas=original, isr=isr, leader=leader, leader_epoch=epoch,
+                               adding=(), removing=(), throttle_bytes_per_s=0)
+
+
 def complete(state: PartitionState, live: set[int]) -> PartitionState | None:
     """The final state once every adding replica is in sync; None while it is not yet time."""
     if not state.reassigning or not set(state.adding) <= set(state.isr) or state.leader < 0:
@@ -123,7 +143,10 @@ def _begin_in_zookeeper(node: NodeState, topic: str, partition: int, target: tup
         except NoNodeError:
             raise errors.UnknownTopicOrPartitionError(f"{topic} has no partition {partition}") from None
         state = PartitionState.decode(partition, raw, stat.version)
-        new_state = begin(state, target, throttle_bytes_per_s, set(zkl.live_nodes(node.zk)), route.config.min_insync)
+        live = set(zkl.live_nodes(node.zk))
+        # No replicas: cancel the running move (docs/PROTOCOL.md 5.18).
+        new_state = cancel(state, live) if not target else \
+            begin(state, target, throttle_bytes_per_s, live, route.config.min_insync)
         if new_state is not None:
             written = zkl.write_partition_state(node.zk, topic, new_state)
             node.routing.apply_partition_state(topic, written)

@@ -133,7 +133,7 @@ class ProducerBatch:
     """
 
     __slots__ = ("attempts", "base_sequence", "created_s", "encoded", "first_sent_s", "has_headers", "last_error",
-                 "order", "partition", "records", "result", "retry_after_s", "sealed", "size_bytes", "slots", "topic")
+                 "order", "partition", "prepared", "prepared_count", "records", "result", "retry_after_s", "sealed", "size_bytes", "slots", "topic")
 
     def __init__(self, topic: str, partition: int, created_s: float, order: int = 0) -> None:
         self.order = order  # creation order within the producer: retries are requeued by it
@@ -152,10 +152,14 @@ class ProducerBatch:
         self.retry_after_s = 0.0
         self.first_sent_s = -1.0
         self.last_error: BaseException | None = None  # why the last attempt failed, for the final error
+        # send_batch: records already laid out and compressed (payload, first timestamp,
+        # tag bloom); only the header, with the sequence numbers, is left to add.
+        self.prepared: tuple[Any, int, int | None] | None = None
+        self.prepared_count = 0
 
     @property
     def record_count(self) -> int:
-        return len(self.records)
+        return self.prepared_count if self.prepared is not None else len(self.records)
 
     def columns(self) -> tuple[list[int], list[bytes | None], list[bytes | None], list[Headers | None] | None]:
         timestamps, keys, values, headers = (list(c) for c in zip(*self.records, strict=True))
@@ -231,6 +235,26 @@ class RecordAccumulator:
             del self.open[tp]
             full = True
         return RecordFuture(batch.result, index, timestamp_ms), full, created
+
+    def append_prepared(self, topic: str, partition: int, prepared: tuple[Any, int, int | None], record_count: int,
+                         size_bytes: int, now_s: float) -> BatchResult:
+        """Queue a batch ``send_batch`` laid out itself, sealed, behind the partition's open
+        batch (which it seals: records keep the order they were given in)."""
+        tp = (topic, partition)
+        open_batch = self.open.pop(tp, None)
+        if open_batch is not None:
+            open_batch.sealed = True
+        batch = ProducerBatch(topic, partition, now_s, next(self._order))
+        batch.prepared = prepared
+        batch.prepared_count = record_count
+        batch.size_bytes = size_bytes
+        batch.sealed = True
+        self.buffered_bytes += size_bytes
+        queue = self.batches.get(tp)
+        if queue is None:
+            queue = self.batches[tp] = deque()
+        queue.append(batch)
+        return batch.result
 
     def ready(self, now_s: float, in_flight: dict[tuple[str, int], int], max_in_flight: int = 1) -> list[ProducerBatch]:
         """Pop the batches that may be sent now, oldest first per partition.

@@ -163,8 +163,16 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         once the controller has accepted the move; ``describe_replicas`` or
         ``wait_reassigned`` show when it is done. The same move again changes nothing
         but the throttle; a different one while it runs raises ``ReassignmentInProgressError``."""
+        if not replicas:  # on the wire an empty list cancels: say so rather than cancel by accident
+            raise errors.InvalidRequestError("replicas: give at least one node id (cancel_reassignment stops a move)")
         body = {"topic": topic, "partition": partition, "replicas": list(replicas),
                 "throttle_bytes_per_s": throttle_bytes_per_s}
+        self._ask_controller(ApiKey.REASSIGN_PARTITION, body, timeout_s)
+
+    def cancel_reassignment(self, topic: str, partition: int, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+        """Stop a running move: the replicas being added go (their partial copies are
+        deleted), the ones being removed stay. InvalidRequestError if nothing is moving."""
+        body = {"topic": topic, "partition": partition, "replicas": [], "throttle_bytes_per_s": 0}
         self._ask_controller(ApiKey.REASSIGN_PARTITION, body, timeout_s)
 
     def wait_reassigned(self, topic: str, partition: int, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
@@ -189,8 +197,8 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
             try:
                 body = self._conns.request(address, ApiKey.DESCRIBE_REPLICAS, {"topics": topics or []},
                                            timeout_ms=self.request_timeout_ms).body
-            except (errors.NodeNotReadyError, errors.RequestTimedOutError):
-                continue
+            except errors.FabricError:
+                continue  # down, refused (an older node, an ACL): its copies are left out
             for row in body["partitions"]:
                 out.setdefault((row["topic"], row["partition"]), []).append({**row, "node_id": node_id})
         return out

@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from fabric.protocol import tags as tags_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
 from fabric.transport import unique_inproc_endpoint
+from sdk import bulk
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
     Bootstrap,
@@ -37,6 +38,7 @@ from sdk._client import (
 )
 from sdk.accumulator import (
     RECORD_OVERHEAD_BYTES,
+    BatchResult,
     Headers,
     ProducerBatch,
     RecordAccumulator,
@@ -263,17 +265,8 @@ class _ProducerCore:
                         f"{BATCH_HEADER_BYTES}-byte batch header",
                         record_bytes=size, limit_bytes=limit,
                     )
-            if acc.buffered_bytes + size > acc.buffer_bytes_max and not acc.has_room(size):
-                deadline = time.monotonic() + self.max_block_s
-                while not self._acc.has_room(size):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise errors.BufferFullError(
-                            f"producer buffer of buffer_bytes_max={self._acc.buffer_bytes_max} stayed full for max_block_ms={int(self.max_block_s * 1000)}"
-                        )
-                    self._space.wait(remaining)
-                    if self._closed:
-                        raise errors.ClientClosedError("producer closed while send() was blocked")
+            if acc.buffered_bytes + size > acc.buffer_bytes_max:
+                self._wait_for_room(size)
             future, full, created = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
             if full and key_b is None and self._sticky.get(topic) == partition:
                 self._sticky[topic] = (partition + 1) % count  # sticky: move on once a batch is full
@@ -282,6 +275,82 @@ class _ProducerCore:
         if callback is not None:
             future.add_callback(callback)
         return future
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Any,
+        keys: Any = None,
+        headers: Sequence[Headers | None] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> bulk.BulkFuture:
+        """Queue many records at once; returns a BulkFuture (``result()`` lists the batches).
+
+        ``values`` (and ``keys``) are sequences of bytes/str/None or Arrow binary/string
+        arrays; ``headers`` one list of (name, value) pairs or None per record. The records
+        share one timestamp. Without keys or ``partition`` they fill whole batches that go
+        to one partition after another (sticky, as ``send``); with keys each record goes to
+        its key's partition (slower: a Python step per record). Same guarantees as
+        ``send``: acks, idempotence, order within a partition, retries, buffer limits. A
+        record that cannot fit ``message_bytes_max`` refuses the whole call, before
+        anything is queued."""
+        cols = bulk.Columns(values, keys, headers)
+        if cols.count == 0:
+            return bulk.BulkFuture([])
+        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        with self._lock:
+            if self._refusal is not None:
+                raise self._refusal
+            count = self._partition_counts.get(topic)
+            if count is None:
+                count = self._await_topic(topic)
+            limit = self._message_bytes_max.get(topic, MESSAGE_BYTES_MAX_DEFAULT)
+            sticky = self._sticky.get(topic, 0) % count
+        if partition is not None and not 0 <= partition < count:
+            raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
+        bulk.check_fits(cols, topic, limit)
+        groups: list[tuple[int, bulk.Columns]]
+        if partition is None and cols.keys is not None:
+            groups = bulk.by_key(cols, count)
+        else:
+            groups = [(partition if partition is not None else -1, cols)]
+        pieces: list[tuple[int, bulk.Piece]] = []
+        batch_bytes_max = self._acc.batch_bytes_max
+        for target, group in groups:
+            for start, end in group.cut(0, group.count, batch_bytes_max):
+                if target < 0:  # sticky: each full batch to the next partition
+                    chosen, sticky = sticky, (sticky + 1) % count
+                else:
+                    chosen = target
+                pieces.append((chosen, group.piece(chosen, start, end)))
+        payloads = [batch_format.compress_records(piece.records, self.codec) for _, piece in pieces]
+        parts: list[tuple[BatchResult, int]] = []
+        with self._lock:
+            if partition is None and cols.keys is None:
+                self._sticky[topic] = sticky
+            for (chosen, piece), payload in zip(pieces, payloads, strict=True):
+                self._wait_for_room(piece.size_bytes)
+                result = self._acc.append_prepared(topic, chosen, (payload, ts, piece.tag_bloom), piece.record_count,
+                                                   piece.size_bytes, time.monotonic())
+                parts.append((result, piece.record_count))
+                self._wake()
+        return bulk.BulkFuture(parts)
+
+    def _wait_for_room(self, size: int) -> None:
+        """Block (lock held, released while waiting) until the buffer has room, up to max_block_ms."""
+        if self._acc.has_room(size):
+            return
+        deadline = time.monotonic() + self.max_block_s
+        while not self._acc.has_room(size):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.BufferFullError(
+                    f"producer buffer of buffer_bytes_max={self._acc.buffer_bytes_max} stayed full for max_block_ms={int(self.max_block_s * 1000)}"
+                )
+            self._space.wait(remaining)
+            if self._closed:
+                raise errors.ClientClosedError("producer closed while send() was blocked")
 
     @staticmethod
     def _normalize_headers(headers: Headers | dict[str, bytes | str | None]) -> Headers:
@@ -512,6 +581,12 @@ class _ProducerCore:
                 batch.base_sequence = base_sequence
                 with self._lock:
                     self._unacked.setdefault(key, deque()).append(batch)
+            if batch.prepared is not None:
+                payload, first_ts, bloom = batch.prepared
+                batch.encoded = batch_format.frame_batch(
+                    payload, batch.prepared_count, first_ts, first_ts, producer_id=self.producer_id,
+                    producer_epoch=self.producer_epoch, base_sequence=base_sequence, tag_bloom=bloom)
+                return batch.encoded
             timestamps, keys, values, headers = batch.columns()
             batch.encoded = batch_format.encode_batch(
                 timestamps, keys, values, headers,
@@ -750,6 +825,7 @@ class Producer:
         self._core = core
         # Bound methods of the core: send() on the handle costs no extra call.
         self.send = core.send
+        self.send_batch = core.send_batch
         self.flush = core.flush
         self.partitions_for = core.partitions_for
         # finalize holds the core, never the handle; it also runs at interpreter exit.

@@ -111,15 +111,32 @@ def _headers_type_ok(data_type: Any) -> bool:
             and isinstance(inner["value"], (BinaryType, StringType)))
 
 
+def _header_value(value: Any) -> bytes | None:
+    return value.encode("utf-8") if isinstance(value, str) else value
+
+
 def send_all(config: _WriteConfig, producer: Producer, batches: Iterator[pa.RecordBatch]) -> int:
     """Send every row in order, flush, and raise the first delivery error. Returns the row count."""
     futures = []
     count = 0
     topic_option = config.topic
     send = producer.send
+    bulk_futures = []
     for batch in batches:
         n = batch.num_rows
         if n == 0:
+            continue
+        if topic_option is not None and "partition" not in config.columns:
+            # One topic, partitions by key or sticky: the Arrow columns go to the producer
+            # as they are (Producer.send_batch), no Python object per row.
+            bulk_headers = None
+            if "headers" in config.columns:
+                bulk_headers = [None if h is None else [(item["key"], _header_value(item["value"])) for item in h]
+                                for h in batch.column("headers").to_pylist()]
+            keys_column = batch.column("key") if "key" in config.columns else None
+            bulk_futures.append(producer.send_batch(topic_option, batch.column("value"), keys=keys_column,
+                                                    headers=bulk_headers))
+            count += n
             continue
         values = batch.column("value").to_pylist()
         keys = batch.column("key").to_pylist() if "key" in config.columns else [None] * n
@@ -141,6 +158,10 @@ def send_all(config: _WriteConfig, producer: Producer, batches: Iterator[pa.Reco
             futures.append(send(topic, value, key=key, headers=header, partition=partition))
         count += n
     producer.flush(FLUSH_TIMEOUT_S)
+    for bulk_future in bulk_futures:
+        exc = bulk_future.exception(0)
+        if exc is not None:
+            raise exc
     seen: set[int] = set()
     for future in futures:
         batch_result = id(future._batch)  # one check per batch, not per record

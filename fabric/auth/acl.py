@@ -217,15 +217,16 @@ def required_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operati
         return [(Operation.CREATE, Resource(ResourceType.TOPIC, body["name"]))]
     if api_key == ApiKey.DELETE_TOPIC:
         return [(Operation.DELETE, Resource(ResourceType.TOPIC, body["name"]))]
-    if api_key == ApiKey.DESCRIBE_TOPICS:
-        if not body["names"]:
+    if api_key in (ApiKey.DESCRIBE_TOPICS, ApiKey.DESCRIBE_REPLICAS):  # `fabric topic describe` sends both
+        names = body["names"] if api_key == ApiKey.DESCRIBE_TOPICS else body["topics"]
+        if not names:
             return [(Operation.DESCRIBE, CLUSTER)]
-        return [(Operation.DESCRIBE, Resource(ResourceType.TOPIC, t)) for t in dict.fromkeys(body["names"])]
+        return [(Operation.DESCRIBE, Resource(ResourceType.TOPIC, t)) for t in dict.fromkeys(names)]
     if api_key == ApiKey.INIT_PRODUCER_ID:
         return []  # any authenticated principal; the ids are useless without produce rights
     if api_key in (ApiKey.REPLICA_ACK, ApiKey.OFFSETS_FOR_LEADER_EPOCH):
         return [(Operation.REPLICATE, CLUSTER)]
-    if api_key == ApiKey.ELECT_LEADERS:
+    if api_key in (ApiKey.ELECT_LEADERS, ApiKey.REASSIGN_PARTITION):
         return [(Operation.ALTER, CLUSTER)]
     if api_key == ApiKey.CREATE_PARTITIONS:
         return [(Operation.ALTER, Resource(ResourceType.TOPIC, body["name"]))]

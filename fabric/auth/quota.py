@@ -73,6 +73,12 @@ class Throttle:
         delay_s = tat - now_s - self.burst_s
         return min(THROTTLE_MS_MAX, int(delay_s * 1000) + 1) if delay_s > 0 else 0
 
+    def refund(self, principal: str, nbytes: int) -> None:
+        """Take back what ``record`` charged for a request that was then refused unwritten."""
+        quota = self.quota_for(principal)
+        if quota is not None and principal in self._tat and nbytes > 0:
+            self._tat[principal] -= nbytes / quota.produce_bytes_per_s
+
     def _forget_idle(self, now_s: float) -> None:
         # A principal whose tat is in the past owes nothing: forgetting it changes no decision.
         self._tat = {p: t for p, t in self._tat.items() if t > now_s}

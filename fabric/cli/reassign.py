@@ -27,6 +27,8 @@ def add_parser(tsub: argparse._SubParsersAction[argparse.ArgumentParser], with_b
     move.add_argument("--plan", metavar="FILE", help='JSON: {"partitions": [{"topic", "partition", "replicas"}, ...]}')
     move.add_argument("--throttle-bytes-per-s", type=non_negative_int, default=0, metavar="BYTES",
                       help="cap on the new replicas' catch-up fetches, bytes per second (default 0: no cap)")
+    move.add_argument("--cancel", action="store_true",
+                      help="stop the running move of TOPIC --partition P (or of each plan entry): new replicas go")
     move.add_argument("--wait", action="store_true", help="return only once every move has finished")
     move.add_argument("--timeout", type=float, default=REASSIGN_WAIT_S_DEFAULT, metavar="SECONDS",
                       help=f"with --wait: give up after this long (default {REASSIGN_WAIT_S_DEFAULT:g})")
@@ -72,10 +74,19 @@ def cmd_reassign(admin: Any, args: argparse.Namespace) -> int:
         if args.name or args.partition is not None or args.replicas:
             raise usage_error("give either --plan or TOPIC --partition --replicas, not both")
         moves = read_plan(args.plan)
+    elif args.cancel:
+        if not args.name or args.partition is None or args.replicas:
+            raise usage_error("fabric topic reassign TOPIC --partition P --cancel")
+        moves = [(args.name, args.partition, [])]
     else:
         if not args.name or args.partition is None or not args.replicas:
             raise usage_error("fabric topic reassign TOPIC --partition P --replicas 1,2,4 (or --plan FILE)")
         moves = [(args.name, args.partition, args.replicas)]
+    if args.cancel:
+        for topic, partition, _replicas in moves:
+            admin.cancel_reassignment(topic, partition)
+            print(f"cancelled the move of {topic}/{partition}")
+        return 0
     for topic, partition, replicas in moves:
         admin.reassign_partition(topic, partition, replicas, throttle_bytes_per_s=args.throttle_bytes_per_s)
         print(f"moving {topic}/{partition} to replicas {replicas}")

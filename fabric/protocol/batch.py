@@ -301,7 +301,7 @@ def encode_batch(
         header_bytes = b""
     else:
         header_counts = [len(h) if h else 0 for h in headers]
-        header_bytes = _encode_headers(headers)
+        header_bytes = encode_headers(headers)
     arrays = struct.pack(
         f"<{n}i{n}i{n}i{n}H",
         *[t - first_ts for t in timestamps],
@@ -317,20 +317,76 @@ def encode_batch(
             header_bytes,
         )
     )
+    return frame_batch(
+        compress_records(records, codec, lz4_level), n, first_ts, max_ts,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+        global_id_base=global_id_base, base_offset=base_offset, leader_epoch=leader_epoch, tag_bloom=tag_bloom,
+    )
+
+
+class Payload(NamedTuple):
+    """A batch's records section after compression: everything but the header, which the
+    producer adds when it knows the sequence numbers (``frame_batch``)."""
+
+    data: bytes
+    codec: int
+    records_bytes: int  # uncompressed length, as the header's records_bytes field
+
+
+def compress_records(records: bytes, codec: int, lz4_level: int = 0) -> Payload:
+    """Compress a records section with ``codec``."""
     if len(records) > BATCH_UNCOMPRESSED_BYTES_MAX:
         raise MessageTooLargeError(
             f"records section of {len(records)} bytes exceeds BATCH_UNCOMPRESSED_BYTES_MAX={BATCH_UNCOMPRESSED_BYTES_MAX}"
         )
     if codec == CODEC_LZ4:
-        payload = lz4.frame.compress(
-            records, compression_level=lz4_level, store_size=True, content_checksum=False
-        )
-    elif codec == CODEC_NONE:
-        payload = records
-    else:
-        raise UnsupportedCompressionError(f"compression codec {codec} is not supported")
-    length = BATCH_HEADER_BYTES + len(payload)
-    attributes, bloom_low, bloom_high = codec, 0, 0
+        compressed = lz4.frame.compress(records, compression_level=lz4_level, store_size=True, content_checksum=False)
+        return Payload(compressed, CODEC_LZ4, len(records))
+    if codec == CODEC_NONE:
+        return Payload(records, CODEC_NONE, len(records))
+    raise UnsupportedCompressionError(f"compression codec {codec} is not supported")
+
+
+def encode_columns(
+    record_count: int,
+    key_lengths: bytes,
+    keys_blob: bytes | memoryview,
+    value_lengths: bytes,
+    values_blob: bytes | memoryview,
+    header_counts: bytes | None = None,
+    header_bytes: bytes = b"",
+) -> bytes:
+    """The records section from ready-made columns, for records sharing one timestamp
+    (``Producer.send_batch``): ``key_lengths``/``value_lengths`` are ``record_count``
+    little-endian i32 (-1 = null), the blobs the non-null keys and values end to end,
+    ``header_counts`` ``record_count`` u16 (None = no headers). No per-record Python work."""
+    n = record_count
+    if len(key_lengths) != 4 * n or len(value_lengths) != 4 * n or (header_counts is not None and len(header_counts) != 2 * n):
+        raise ValueError("every column must hold record_count entries")
+    return b"".join((bytes(4 * n), key_lengths, value_lengths, header_counts or bytes(2 * n),
+                     keys_blob, values_blob, header_bytes))
+
+
+def frame_batch(
+    payload: Payload,
+    record_count: int,
+    first_ts: int,
+    max_ts: int,
+    *,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    global_id_base: int = -1,
+    base_offset: int = 0,
+    leader_epoch: int = -1,
+    tag_bloom: int | None = None,
+) -> bytes:
+    """Header (with its CRC) + payload: one batch's bytes."""
+    n = record_count
+    if n == 0 or n > BATCH_RECORDS_MAX:
+        raise ValueError(f"a batch holds 1 to {BATCH_RECORDS_MAX} records, got {n}")
+    length = BATCH_HEADER_BYTES + len(payload.data)
+    attributes, bloom_low, bloom_high = payload.codec, 0, 0
     if tag_bloom is not None:
         # The tag bloom (fabric/protocol/tags.py) in the two reserved fields, inside the CRC.
         attributes |= TAG_BLOOM_PRESENT
@@ -339,15 +395,15 @@ def encode_batch(
         _HEADER.pack(
             base_offset, length, leader_epoch, 0, BATCH_MAGIC, attributes, bloom_low, n, first_ts, max_ts,
             producer_id, producer_epoch, bloom_high - 0x10000 if bloom_high >= 0x8000 else bloom_high,
-            base_sequence, global_id_base, len(records),
+            base_sequence, global_id_base, payload.records_bytes,
         )
     )
-    crc = zlib.crc32(payload, zlib.crc32(memoryview(head)[CRC_START:])) & 0xFFFFFFFF
+    crc = zlib.crc32(payload.data, zlib.crc32(memoryview(head)[CRC_START:])) & 0xFFFFFFFF
     struct.pack_into("<I", head, 16, crc)
-    return bytes(head) + payload
+    return b"".join((head, payload.data))
 
 
-def _encode_headers(headers: Sequence[Sequence[Header] | None]) -> bytes:
+def encode_headers(headers: Sequence[Sequence[Header] | None]) -> bytes:
     out: list[bytes] = []
     for record_headers in headers:
         if not record_headers:

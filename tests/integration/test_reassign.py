@@ -12,7 +12,14 @@ from pathlib import Path
 
 from fabric.local import LocalCluster
 from sdk import Admin, Producer
-from tests.fault.harness import Reader, Writer, collect_replicas, read_everything, wait_for_full_isr
+from tests.fault.harness import (
+    Reader,
+    Writer,
+    collect_replicas,
+    read_everything,
+    wait_for_full_isr,
+    wait_until,
+)
 from tests.fault.history import History, check
 from tests.integration.test_status import fabric
 
@@ -132,7 +139,17 @@ def test_plans_bad_input_a_second_move_and_a_new_throttle(cluster: LocalCluster,
                   "--throttle-bytes-per-s", "1024", "-b", cluster.bootstrap).returncode == 0
     other = fabric("topic", "reassign", topic, "--partition", "0", "--replicas", str(third), "-b", cluster.bootstrap)
     assert other.returncode == 1 and "REASSIGNMENT_IN_PROGRESS" in other.stderr, other.stderr
-    # The same move with no throttle finishes it; a plan reorders partition 1 at once.
+    # Cancelled: the old replicas stay, the new one's partial copy goes.
+    cancelled = fabric("topic", "reassign", topic, "--partition", "0", "--cancel", "-b", cluster.bootstrap)
+    assert cancelled.returncode == 0, cancelled.stderr
+    with Admin(cluster.bootstrap) as admin:
+        back = admin.describe_topic(topic).partitions[0]
+        assert set(back.replicas) == set(p0.replicas) and back.leader == p0.leader
+        wait_until(lambda: third not in {r["node_id"] for r in admin.describe_replicas([topic])[(topic, 0)]},
+                   f"node {third} dropped its partial copy")
+    again = fabric("topic", "reassign", topic, "--partition", "0", "--cancel", "-b", cluster.bootstrap)
+    assert again.returncode == 1 and "nothing to cancel" in again.stderr
+    # The move again, unthrottled, in a plan that also reorders partition 1: both finish.
     p1 = parts[1]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"partitions": [

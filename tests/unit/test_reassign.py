@@ -11,7 +11,7 @@ from fabric import errors
 from fabric.zk import PartitionState
 from nodes.follower import REPLICA_FETCH_BYTES_MAX, FollowerReplica, fetch_allowance
 from nodes.leader import LeaderReplica
-from nodes.reassign import begin, catch_up_throttle, complete
+from nodes.reassign import begin, cancel, catch_up_throttle, complete
 
 STATE = PartitionState(0, (1, 2, 3), 1, 5, (1, 2, 3), version=7)
 REGISTERED = {1, 2, 3, 4}
@@ -100,6 +100,9 @@ def test_fetch_allowance_is_a_token_bucket() -> None:
     assert fetch_allowance(f, rate, 11.0) == 0
     assert fetch_allowance(f, rate, 13.5) > 0
     assert fetch_allowance(f, rate, 100.0) == rate  # idle time banks at most one second
+    f.throttle_credit_bytes -= 50 * rate  # unthrottled fetches meanwhile ...
+    assert fetch_allowance(f, 0, 101.0) == REPLICA_FETCH_BYTES_MAX
+    assert fetch_allowance(f, rate, 102.0) > 0  # ... leave no debt for a throttle set later
 
 
 def test_leader_follows_new_replicas_and_forgets_removed_ones() -> None:
@@ -109,3 +112,23 @@ def test_leader_follows_new_replicas_and_forgets_removed_ones() -> None:
     assert leader.high_watermark(100) == min(p.log_end_offset for r, p in leader.followers.items() if r in leader.isr)
     leader.set_replicas((1, 2, 4), 2.0)
     assert set(leader.followers) == {2, 4}
+
+
+def test_cancel_keeps_the_old_replicas_and_drops_the_new() -> None:
+    with pytest.raises(errors.InvalidRequestError):
+        cancel(STATE, REGISTERED)  # nothing is moving
+    moving = begin(STATE, (4, 2, 3), 1_000_000, REGISTERED, 2)
+    assert moving is not None
+    back = cancel(dataclasses.replace(moving, isr=(1, 2, 3, 4)), REGISTERED)
+    assert back.replicas == (2, 3, 1) and back.isr == (1, 2, 3)  # the order of the union, less the new
+    assert not back.reassigning and back.leader == 1 and back.leader_epoch == 5 and back.throttle_bytes_per_s == 0
+
+
+def test_cancel_moves_leadership_off_a_new_replica_or_refuses() -> None:
+    moving = begin(STATE, (4, 2, 5), 0, REGISTERED | {5}, 2)
+    assert moving is not None and moving.adding == (4, 5)
+    led_by_new = dataclasses.replace(moving, leader=4, leader_epoch=6, isr=(4, 2))
+    back = cancel(led_by_new, REGISTERED | {5})
+    assert back.leader == 2 and back.leader_epoch == 7 and set(back.replicas) == {1, 2, 3} and back.isr == (2,)
+    with pytest.raises(errors.InvalidRequestError):
+        cancel(dataclasses.replace(led_by_new, isr=(4,)), REGISTERED | {5})

@@ -90,6 +90,7 @@ static const error_row_t ERROR_ROWS[] = {
     {76, "INVALID_RECEIVE_WAIT", 0, "receive wait_ms outside 0..RECEIVE_WAIT_MS_MAX (20 s)"},
     {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
     {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
+    {82, "THROTTLED", 1, "over its produce quota with the node's throttle queue full; nothing was written, retry later"},
     {90, "REASSIGNMENT_IN_PROGRESS", 0, "the partition is already moving to other replicas; wait for it to finish"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
     {-2, "NO_MEMORY", 0, "out of memory or a buffer limit reached (client-side)"},
