@@ -17,9 +17,11 @@ registered or removed takes effect for the next connection without restarts. It 
 maps the key to the principal's name, which ZeroMQ then attaches to every message as the
 ``User-Id`` property: that is what the node's dispatch checks the ACLs against.
 
-Two ZAP domains: ``fabric`` (client ROUTER) admits every registered key; ``fabric-replication``
+Three ZAP domains: ``fabric`` (client ROUTER) admits every registered key; ``fabric-replication``
 (the replication PUB) admits only node and super keys, so a user key cannot subscribe to
-the raw replication stream.
+the raw replication stream; ``fabric-direct`` (the direct plane's service ROUTERs and
+publisher PUBs, sdk/direct/_secure.py) admits every registered key, and the service then
+checks the ``service`` ACL of each request.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ log = logging.getLogger("fabric.auth")
 
 DOMAIN_CLIENTS = "fabric"
 DOMAIN_REPLICATION = "fabric-replication"
+DOMAIN_DIRECT = "fabric-direct"
 ENV_KEY_FILE = "FABRIC_KEY_FILE"  # the client's NAME.key_secret
 ENV_SERVER_KEY = "FABRIC_SERVER_KEY"  # the cluster's public key: Z85 text or a .key file
 
@@ -143,7 +146,7 @@ class ZapAuthenticator:
                  on_refused: Callable[[str, str], None] | None = None) -> None:
         self._auth = _Authenticator(context, authorizer)
         provider = _Provider(authorizer, on_refused or self._log_refusal)
-        for domain in (DOMAIN_CLIENTS, DOMAIN_REPLICATION):
+        for domain in (DOMAIN_CLIENTS, DOMAIN_REPLICATION, DOMAIN_DIRECT):
             self._auth.configure_curve_callback(domain=domain, credentials_provider=provider)
 
     @staticmethod

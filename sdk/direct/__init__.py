@@ -17,12 +17,14 @@ from fabric.errors import (
 from sdk.direct._client import DirectClient
 from sdk.direct._pubsub import Publisher, Subscription
 from sdk.direct._registry import InstanceInfo
+from sdk.direct._secure import DirectCredentials
 from sdk.direct._server import Service
 from sdk.direct._sync import SyncDirect, SyncService, SyncSubscription
 from sdk.direct._types import GatherResult, Message, Reply, Request
 
 __all__ = [
     "DirectClient",
+    "DirectCredentials",
     "GatherResult",
     "InstanceInfo",
     "Message",

@@ -25,8 +25,9 @@ import zmq
 from fabric import errors
 from fabric.protocol import direct as wire
 from sdk.direct import _balance as balance
-from sdk.direct._client import TIMEOUT_MS_MAX, DirectClient, Response, _Peer, _ServiceView
+from sdk.direct._client import TIMEOUT_MS_MAX, DirectClient
 from sdk.direct._io import make_socket, readable, recv_frames, send_frames
+from sdk.direct._peers import Response, _Peer, _ServiceView
 from sdk.direct._types import Reply, as_bytes, as_headers
 
 RunOnLoop = Callable[[Coroutine[Any, Any, Any], float], Any]

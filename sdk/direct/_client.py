@@ -21,8 +21,9 @@ from fabric.zk import close_client
 from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
 from sdk.direct._deadlines import Deadlines
-from sdk.direct._io import SocketReader, make_socket, send_frames
+from sdk.direct._peers import Response, _Peer, _PeerLost, _ServiceView
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, MessageHandler, Publisher, Subscription
+from sdk.direct._secure import DirectCredentials, DirectSecurity
 from sdk.direct._server import CONCURRENCY_DEFAULT, Handler, Service
 from sdk.direct._types import GatherResult, Reply, as_bytes, as_headers
 
@@ -35,121 +36,6 @@ LEAVING_GRACE_S = 5.0  # an instance gone from the registry stays a last resort 
 DISCOVERY_WAIT_MS = 2_000  # how long a first request waits for a registered instance to answer a PING
 
 
-Response = tuple[wire.DirectHeader, list[bytes]]  # a REPLY or ERROR, its header decoded once
-
-
-class _PeerLost(Exception):
-    """The instance stopped answering (heartbeats) or left the registry with this request in flight."""
-
-
-class _Peer:
-    def __init__(self, client: DirectClient, view: _ServiceView, znode: str, info: registry.InstanceInfo,
-                 now: float) -> None:
-        self.znode = znode
-        self.view = view
-        self.info = info
-        self.health = balance.PeerHealth(now, interval_ms=client.heartbeat_interval_ms,
-                                         liveness=client.heartbeat_liveness)
-        self.pending: dict[int, asyncio.Future[Response]] = {}
-        self.leaving = False  # gone from the registry: finish what is in flight, take nothing new
-        self.draining = False  # answered SERVICE_STOPPING: take nothing new
-        self.remote_load = 0
-        self.blocking_outstanding = 0  # requests in flight from the blocking API's threads
-        self.left_s = 0.0  # when it left the registry
-        self.closed = False
-        self._client = client
-        self.sock = make_socket(client.ctx, zmq.DEALER)
-        self.sock.connect(info.address)
-        self.reader = SocketReader(client.loop, self.sock, self._on_message)
-
-    @property
-    def pickable(self) -> bool:
-        return self.health.alive and not self.leaving and not self.draining
-
-    @property
-    def outstanding(self) -> int:
-        """Requests of this client in flight to the instance, from the loop and from
-        blocking callers' threads."""
-        return len(self.pending) + self.blocking_outstanding
-
-    def send(self, frames: list[bytes]) -> bool:
-        try:
-            send_frames(self.sock, frames)
-        except zmq.ZMQError:
-            return False  # the high-water mark is full: nothing was queued
-        self.reader.kick()
-        return True
-
-    def _on_message(self, frames: list[bytes]) -> None:
-        if self.health.heard(time.monotonic()):
-            self.view.refresh()
-        try:
-            header = wire.decode_header(frames[0])
-        except errors.FabricError:
-            return
-        if header.type == wire.PONG:
-            self.remote_load = header.aux
-            return
-        if header.type == wire.PING:
-            self.send(wire.pong_frames(0))
-            return
-        future = self.pending.pop(header.correlation_id, None)
-        if future is not None and not future.done():
-            future.set_result((header, frames))
-
-    def fail_all(self, reason: str) -> None:
-        pending, self.pending = self.pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(_PeerLost(reason))
-
-    def close(self) -> None:
-        self.closed = True
-        self.fail_all(f"instance {self.znode} closed")
-        self.reader.close()
-        self.sock.close(linger=0)
-
-
-class _ServiceView:
-    """What this client knows of one service: its instances and their health."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.peers: dict[str, _Peer] = {}
-        self.known = asyncio.Event()  # the registry answered at least once
-        self.changed = asyncio.Event()  # set whenever a peer becomes pickable
-        self.watch: registry.RegistryWatch | None = None
-        self.error: errors.FabricError | None = None  # the first registry read failed
-        self.loading: asyncio.Future[None] | None = None  # the first registry read
-        # The pickable peers, recomputed on every change of a peer's state rather than on
-        # every request (the request path reads it).
-        self.ready: list[_Peer] = []
-
-    def refresh(self) -> None:
-        ready = [p for p in self.peers.values() if p.pickable]
-        if not ready:
-            # Last resort: instances that left the registry but still answer heartbeats. A
-            # ZooKeeper session that expired and came back removes and re-creates an
-            # instance's znode; this bridges that gap. One that really stops answers
-            # SERVICE_STOPPING (nothing runs, the caller moves on); a dead one goes silent.
-            ready = [p for p in self.peers.values() if p.leaving and p.health.alive and not p.draining]
-        self.ready = ready
-        if ready:
-            self.changed.set()
-
-    def pickable(self) -> dict[str, _Peer]:
-        return {p.znode: p for p in self.ready}
-
-    def pick(self, tried: list[str], rng: random.Random) -> _Peer | None:
-        """Least outstanding requests among the ready peers (this client's count, from any
-        thread); None when no peer is ready."""
-        ready = self.ready
-        if len(ready) <= 1:
-            return ready[0] if ready else None  # the only choice, tried or not
-        chosen = balance.pick_instance({p.znode: p.outstanding for p in ready}, exclude=tried, rng=rng)
-        return next(p for p in ready if p.znode == chosen)
-
-
 class DirectClient:
     """Request-reply, scatter-gather, pub/sub and serving, on the running asyncio loop.
 
@@ -160,11 +46,15 @@ class DirectClient:
                  heartbeat_interval_ms: int = balance.HEARTBEAT_INTERVAL_MS,
                  heartbeat_liveness: int = balance.HEARTBEAT_LIVENESS,
                  retry_ratio: float = 0.2, min_retries_per_s: float = 10.0,
-                 publisher_bind: str = "tcp://127.0.0.1:*", advertise: str | None = None) -> None:
+                 publisher_bind: str = "tcp://127.0.0.1:*", advertise: str | None = None,
+                 security: DirectSecurity | None = None) -> None:
         self.zk = zk
         self._own_zk = own_zk
         self.loop = asyncio.get_running_loop()
-        self.ctx: zmq.Context[Any] = zmq.Context.instance()
+        # Secure mode: the ZAP handler belongs to a context (one per context), so a secure
+        # client has a context of its own; a plaintext one shares the process's.
+        self.security = security
+        self.ctx: zmq.Context[Any] = security.zap_context if security is not None else zmq.Context.instance()
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.heartbeat_liveness = heartbeat_liveness
         # Sockets bind to loopback unless told otherwise; with a wildcard bind
@@ -186,9 +76,24 @@ class DirectClient:
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
 
     @classmethod
-    async def connect(cls, zk_hosts: str, **options: Any) -> DirectClient:
-        zk = await asyncio.to_thread(registry.start_client, zk_hosts)
-        return cls(zk, own_zk=True, **options)
+    async def connect(cls, zk_hosts: str, *, credentials: DirectCredentials | None = None,
+                      **options: Any) -> DirectClient:
+        """Connect to ZooKeeper. With ``credentials`` (or ``$FABRIC_KEY_FILE`` and
+        ``$FABRIC_ZK_DIGEST_FILE`` set) the client runs secure: CURVE on every direct
+        socket, ACLs on services, the registry under the digest ACL (docs/SECURITY.md)."""
+        credentials = credentials or DirectCredentials.from_env()
+        zk = await asyncio.to_thread(registry.start_client, zk_hosts,
+                                     zk_digest=credentials.zk_digest if credentials else None)
+        security = None
+        if credentials is not None:
+            security = DirectSecurity(credentials, zk, zmq.Context())
+            try:
+                await asyncio.to_thread(security.start)
+            except BaseException:
+                security.close()
+                await asyncio.to_thread(close_client, zk)
+                raise
+        return cls(zk, own_zk=True, security=security, **options)
 
     # -- discovery ---------------------------------------------------------------------
 
@@ -242,6 +147,10 @@ class DirectClient:
                 peer.left_s = now
         for znode, info in found.items():
             if znode not in view.peers:
+                if self.security is not None and not self.security.trusted_server(info.curve_key, view.name):
+                    log.warning("instance %s of %s ignored: its key is not a principal allowed to serve it",
+                                znode, view.name)
+                    continue
                 peer = _Peer(self, view, znode, info, now)
                 view.peers[znode] = peer
                 peer.health.ping_due(now)
@@ -268,8 +177,16 @@ class DirectClient:
                         peer.close()
                         view.refresh()
                         continue
+                    if self.security is not None and self._silent(peer, now):
+                        peer.redial()
                     if peer.health.ping_due(now):
                         peer.send(wire.ping_frames(self.heartbeat_interval_ms))
+
+    @staticmethod
+    def _silent(peer: _Peer, now: float) -> bool:
+        """Not alive, and a PING unanswered for longer than the silence limit."""
+        since = peer.health.unanswered_since_s
+        return not peer.health.alive and since is not None and now - since > peer.health.silence_limit_s
 
     @staticmethod
     def _may_close(view: _ServiceView, peer: _Peer, now: float) -> bool:
@@ -467,7 +384,8 @@ class DirectClient:
         if self._closed:
             raise errors.ClientClosedError("direct client is closed")
         service = Service(self.zk, self.ctx, name, handler, concurrency=concurrency, version=version,
-                          metadata=metadata, bind=bind, queue_max=queue_max, advertise=advertise or self.advertise)
+                          metadata=metadata, bind=bind, queue_max=queue_max, advertise=advertise or self.advertise,
+                          security=self.security)
         await service.start()
         self._services.append(service)
         return service
@@ -482,7 +400,8 @@ class DirectClient:
                 if self._publisher is None:
                     if self._closed:
                         raise errors.ClientClosedError("direct client is closed")
-                    fresh = Publisher(self.zk, self.ctx, bind=self.publisher_bind, advertise=self.advertise)
+                    fresh = Publisher(self.zk, self.ctx, bind=self.publisher_bind, advertise=self.advertise,
+                                      security=self.security)
                     await fresh.start()
                     self._publisher = fresh
         return self._publisher
@@ -499,7 +418,8 @@ class DirectClient:
                         pending_max: int = PENDING_MAX_DEFAULT) -> Subscription:
         if self._closed:
             raise errors.ClientClosedError("direct client is closed")
-        subscription = Subscription(self.zk, self.ctx, pattern, handler, pending_max=pending_max)
+        subscription = Subscription(self.zk, self.ctx, pattern, handler, pending_max=pending_max,
+                                    security=self.security)
         await subscription.start()
         self._subscriptions.append(subscription)
         return subscription
@@ -539,6 +459,8 @@ class DirectClient:
                 peer.close()
         self._views.clear()
         self._deadlines.close()
+        if self.security is not None:
+            self.security.close()  # every socket of its context is closed by now
         if self._own_zk:
             await asyncio.to_thread(close_client, self.zk)
 

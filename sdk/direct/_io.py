@@ -79,14 +79,32 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
     return frames
 
 
+def recv_frames_with_principal(sock: zmq.Socket[Any]) -> list[bytes]:
+    """``recv_frames`` with the sender's principal (the ZAP User-Id, UTF-8) put first: the
+    receive of a CURVE server in secure mode (sdk/direct/_secure.py)."""
+    frame = _recv_frame(sock, _NOBLOCK, False)
+    try:
+        principal = str(frame.get("User-Id") or "")
+    except (zmq.ZMQError, KeyError):
+        principal = ""
+    frames: list[bytes] = [principal.encode(), frame.bytes]
+    while frame.more:
+        frame = _recv_frame(sock, _NOBLOCK, False)
+        frames.append(frame.bytes)
+    return frames
+
+
 class SocketReader:
-    """Calls ``on_message(frames)`` on the loop for every message the socket receives."""
+    """Calls ``on_message(frames)`` on the loop for every message the socket receives
+    (read with ``recv``: ``recv_frames``, or ``recv_frames_with_principal`` in secure mode)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: zmq.Socket[Any],
-                 on_message: Callable[[list[bytes]], None]) -> None:
+                 on_message: Callable[[list[bytes]], None],
+                 recv: Callable[[zmq.Socket[Any]], list[bytes]] = recv_frames) -> None:
         self._loop = loop
         self._sock = sock
         self._on_message = on_message
+        self._recv = recv
         self._fd: int = sock.FD
         self._closed = False
         self._draining = False
@@ -98,6 +116,7 @@ class SocketReader:
             return
         sock = self._sock
         on_message = self._on_message
+        recv = self._recv
         # Asking ZMQ_EVENTS before each read is cheaper than the EAGAIN exception that
         # ends a blind read loop, and it re-arms the edge just the same. Sends made by
         # ``on_message`` need no kick: the next check here re-arms the edge after them.
@@ -106,7 +125,7 @@ class SocketReader:
             for _ in range(BURST_MAX):
                 if not _get(sock, _EVENTS) & _POLLIN:
                     return
-                on_message(recv_frames(sock))
+                on_message(recv(sock))
                 if self._closed:
                     return
         except zmq.ZMQError:

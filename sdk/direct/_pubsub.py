@@ -24,10 +24,12 @@ import zmq
 from kazoo.client import KazooClient
 
 from fabric import errors
+from fabric.auth.acl import Operation
 from fabric.protocol import direct as wire
 from sdk.direct import _registry as registry
 from sdk.direct._io import SocketReader, make_socket, send_frames
 from sdk.direct._io import bind as bind_socket
+from sdk.direct._secure import DirectSecurity
 from sdk.direct._types import Message
 
 log = logging.getLogger("fabric.direct")
@@ -43,8 +45,9 @@ class Publisher:
     """This process's PUB socket (one per DirectClient, bound lazily on first publish)."""
 
     def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], *, bind: str = "tcp://127.0.0.1:*",
-                 advertise: str | None = None) -> None:
+                 advertise: str | None = None, security: DirectSecurity | None = None) -> None:
         self._zk = zk
+        self._security = security
         self._ctx = ctx
         self._bind = bind
         self._advertise = advertise
@@ -58,13 +61,16 @@ class Publisher:
 
     async def start(self) -> None:
         sock = make_socket(self._ctx, zmq.PUB, hwm=PUB_HWM)
+        if self._security is not None:
+            self._security.bind_socket(sock)  # only registered keys may subscribe
         try:
             self.address = registry.advertised_address(bind_socket(sock, self._bind), self._zk, self._advertise)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             raise errors.InvalidRequestError(f"publisher cannot bind {self._bind}: {exc}") from None
         self._sock = sock
-        info = registry.InstanceInfo.here(self.address, metadata={"publisher_id": self.publisher_id})
+        info = registry.InstanceInfo.here(self.address, metadata={"publisher_id": self.publisher_id},
+                                          curve_key=self._security.public_key if self._security is not None else "")
         registration = registry.Registration(self._zk, registry.PUBLISHERS, registry.PUBLISHER_PREFIX, info,
                                              "publisher")
         try:
@@ -79,6 +85,8 @@ class Publisher:
         """Never blocks: a PUB socket drops messages for a subscriber whose queue is full."""
         if self._sock is None:
             raise errors.ClientClosedError("publisher is closed")
+        if self._security is not None:
+            self._security.require(Operation.PRODUCE, subject)
         self._sequence = (self._sequence + 1) & wire.U32_MAX
         frames = wire.publish_frames(subject, self.publisher_id, self._sequence, payload, headers)
         try:
@@ -102,8 +110,10 @@ class Subscription:
     ``async for``; not both."""
 
     def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], pattern: str,
-                 handler: MessageHandler | None = None, *, pending_max: int = PENDING_MAX_DEFAULT) -> None:
+                 handler: MessageHandler | None = None, *, pending_max: int = PENDING_MAX_DEFAULT,
+                 security: DirectSecurity | None = None) -> None:
         self.pattern = pattern
+        self._security = security
         self._tokens = wire.validate_pattern(pattern)
         if pending_max < 1:
             raise errors.InvalidRequestError("pending_max must be at least 1")
@@ -138,6 +148,8 @@ class Subscription:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._security is not None:
+            self._security.require(Operation.CONSUME, self.pattern)
         sock = make_socket(self._ctx, zmq.SUB, hwm=SUB_HWM)
         sock.setsockopt(zmq.SUBSCRIBE, wire.pattern_prefix(self.pattern))
         self._sock = sock
@@ -159,6 +171,11 @@ class Subscription:
                 self._sock.disconnect(self._connected.pop(znode))
         for znode, info in found.items():
             if znode not in self._connected:
+                if self._security is not None:
+                    if self._security.principal_for_key(info.curve_key) is None:
+                        log.warning("publisher %s ignored: its key is not a registered principal", znode)
+                        continue
+                    self._security.connect_socket(self._sock, info.curve_key)
                 self._sock.connect(info.address)
                 self._connected[znode] = info.address
 

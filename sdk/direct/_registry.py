@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.protocol.states import KazooState
 
 from fabric import errors
+from fabric.auth.store import secure_zk_kwargs
 from fabric.zk import ROOT, close_client, make_client
 
 SERVICES = f"{ROOT}/services"
@@ -58,6 +59,7 @@ class InstanceInfo:
     host: str = ""
     pid: int = 0
     started_ms: int = 0
+    curve_key: str = ""  # secure mode: the instance's CURVE public key (Z85), which callers pin
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -69,9 +71,10 @@ class InstanceInfo:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def here(cls, address: str, *, version: str = "", metadata: dict[str, Any] | None = None) -> InstanceInfo:
+    def here(cls, address: str, *, version: str = "", metadata: dict[str, Any] | None = None,
+             curve_key: str = "") -> InstanceInfo:
         return cls(address, version, dict(metadata or {}), 0, socket.gethostname(), os.getpid(),
-                   int(time.time() * 1000))
+                   int(time.time() * 1000), curve_key)
 
 
 WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
@@ -103,12 +106,12 @@ def advertised_address(bound: str, zk: KazooClient, advertise: str | None = None
     return f"{scheme}://{host}:{port}"
 
 
-def _ensure_chroot(hosts: str) -> None:
+def _ensure_chroot(hosts: str, zk_options: dict[str, Any]) -> None:
     """kazoo refuses a chroot that does not exist yet; the direct plane creates its own."""
     servers, slash, chroot = hosts.partition("/")
     if not slash or not chroot.strip("/"):
         return
-    client = make_client(servers, session_timeout_s=ZK_TIMEOUT_S)
+    client = make_client(servers, session_timeout_s=ZK_TIMEOUT_S, **zk_options)
     try:
         client.start(timeout=ZK_CONNECT_TIMEOUT_S)
         client.ensure_path_async("/" + chroot.strip("/")).get(timeout=ZK_TIMEOUT_S)
@@ -116,12 +119,15 @@ def _ensure_chroot(hosts: str) -> None:
         close_client(client)
 
 
-def start_client(hosts: str, *, session_timeout_s: float = 10.0) -> KazooClient:
+def start_client(hosts: str, *, session_timeout_s: float = 10.0, zk_digest: str | None = None) -> KazooClient:
+    """A started client; with ``zk_digest`` (secure mode) it authenticates and creates
+    every znode under the digest ACL (digest user: all, world: read), as the nodes do."""
+    zk_options = secure_zk_kwargs(zk_digest)
     try:
-        _ensure_chroot(hosts)
+        _ensure_chroot(hosts, zk_options)
     except Exception as exc:
         raise errors.NoServiceAvailable(f"ZooKeeper {hosts} did not answer within {ZK_CONNECT_TIMEOUT_S:.0f} s: {exc}") from exc
-    client = make_client(hosts, session_timeout_s=session_timeout_s)
+    client = make_client(hosts, session_timeout_s=session_timeout_s, **zk_options)
     try:
         client.start(timeout=ZK_CONNECT_TIMEOUT_S)
     except Exception as exc:
@@ -131,9 +137,16 @@ def start_client(hosts: str, *, session_timeout_s: float = 10.0) -> KazooClient:
 
 
 def register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo) -> str:
-    """Create the ephemeral sequential znode; returns its path."""
-    path: str = zk.create_async(f"{parent}/{prefix}", info.encode(), ephemeral=True, sequence=True,
-                                makepath=True).get(timeout=ZK_TIMEOUT_S)
+    """Create the ephemeral sequential znode; returns its path. On a secure cluster the
+    registry is writable only with the cluster's ZooKeeper digest (docs/SECURITY.md)."""
+    try:
+        path: str = zk.create_async(f"{parent}/{prefix}", info.encode(), ephemeral=True, sequence=True,
+                                    makepath=True).get(timeout=ZK_TIMEOUT_S)
+    except NoAuthError:
+        raise errors.AuthorizationFailedError(
+            f"ZooKeeper refused to write {parent}: on a secure cluster the direct plane needs the cluster's "
+            f"digest ($FABRIC_ZK_DIGEST_FILE) and a key ($FABRIC_KEY_FILE)", operation="register",
+            resource=parent) from None
     return path
 
 

@@ -18,10 +18,12 @@ import zmq
 from kazoo.client import KazooClient
 
 from fabric import errors
+from fabric.auth.acl import Operation
 from fabric.protocol import direct as wire
 from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
-from sdk.direct._io import SocketReader, bind, make_socket, send_frames
+from sdk.direct._io import SocketReader, bind, make_socket, recv_frames_with_principal, send_frames
+from sdk.direct._secure import DirectSecurity
 from sdk.direct._types import Reply, Request, as_bytes
 
 log = logging.getLogger("fabric.direct")
@@ -60,7 +62,8 @@ class Service:
 
     def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], name: str, handler: Handler, *,
                  concurrency: int = CONCURRENCY_DEFAULT, version: str = "", metadata: dict[str, Any] | None = None,
-                 bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None, advertise: str | None = None) -> None:
+                 bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None, advertise: str | None = None,
+                 security: DirectSecurity | None = None) -> None:
         registry.validate_service_name(name)
         if concurrency < 1:
             raise errors.InvalidRequestError(f"concurrency={concurrency} must be at least 1")
@@ -74,6 +77,7 @@ class Service:
         self._bind = bind
         self._advertise = advertise
         self._handler = handler
+        self._security = security
         self._async = _is_async(handler)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # async handlers that suspended
@@ -114,15 +118,24 @@ class Service:
         self._loop = asyncio.get_running_loop()
         if not self._async:
             self._executor = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"svc-{self.name}")
+        security = self._security
+        if security is not None:
+            security.require(Operation.PRODUCE, self.name)  # serving is producing the service
         sock = make_socket(self._ctx, zmq.ROUTER)
+        if security is not None:
+            security.bind_socket(sock)
         try:
             self.address = registry.advertised_address(bind(sock, self._bind), self._zk, self._advertise)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             raise errors.InvalidRequestError(f"service {self.name!r} cannot bind {self._bind}: {exc}") from None
         self._sock = sock
-        self._reader = SocketReader(self._loop, sock, self._on_message)
-        info = registry.InstanceInfo.here(self.address, version=self.version, metadata=self.metadata)
+        if security is None:
+            self._reader = SocketReader(self._loop, sock, self._on_message)
+        else:
+            self._reader = SocketReader(self._loop, sock, self._on_secure_message, recv_frames_with_principal)
+        info = registry.InstanceInfo.here(self.address, version=self.version, metadata=self.metadata,
+                                          curve_key=security.public_key if security is not None else "")
         registration = registry.Registration(self._zk, registry.service_path(self.name), registry.INSTANCE_PREFIX,
                                              info, f"service {self.name}")
         try:
@@ -193,6 +206,24 @@ class Service:
             pass
         if self._reader is not None:
             self._reader.kick()
+
+    def _on_secure_message(self, frames: list[bytes]) -> None:
+        """Secure mode: ``frames[0]`` is the sender's principal (the ZAP User-Id). A REQUEST
+        needs consume on the service; it is refused before the handler when denied."""
+        security = self._security
+        if security is not None and len(frames) >= 3:
+            try:
+                header: wire.DirectHeader | None = wire.decode_header(frames[2])
+            except errors.FabricError:
+                header = None  # _on_message answers the malformed header
+            if header is not None and header.type == wire.REQUEST:
+                why = security.refusal(frames[0].decode("utf-8", "replace"), Operation.CONSUME, self.name)
+                if why is not None:
+                    self.refused += 1
+                    self._send(frames[1], wire.error_frames(header.correlation_id, errors.AuthorizationFailedError.code,
+                                                            "AuthorizationFailedError", why))
+                    return
+        self._on_message(frames[1:])
 
     def _on_message(self, frames: list[bytes]) -> None:
         if len(frames) < 2:

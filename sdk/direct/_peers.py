@@ -1,0 +1,150 @@
+"""What a DirectClient knows of the instances it talks to: one ``_Peer`` (a DEALER, its
+requests in flight, its heartbeat health) per instance, grouped by service in a
+``_ServiceView`` that picks the least loaded ready instance."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from fabric import errors
+from fabric.protocol import direct as wire
+from sdk.direct import _balance as balance
+from sdk.direct import _registry as registry
+from sdk.direct._io import SocketReader, make_socket, send_frames
+
+if TYPE_CHECKING:
+    from sdk.direct._client import DirectClient
+
+
+Response = tuple[wire.DirectHeader, list[bytes]]  # a REPLY or ERROR, its header decoded once
+
+
+class _PeerLost(Exception):
+    """The instance stopped answering (heartbeats) or left the registry with this request in flight."""
+
+
+class _Peer:
+    def __init__(self, client: DirectClient, view: _ServiceView, znode: str, info: registry.InstanceInfo,
+                 now: float) -> None:
+        self.znode = znode
+        self.view = view
+        self.info = info
+        self.health = balance.PeerHealth(now, interval_ms=client.heartbeat_interval_ms,
+                                         liveness=client.heartbeat_liveness)
+        self.pending: dict[int, asyncio.Future[Response]] = {}
+        self.leaving = False  # gone from the registry: finish what is in flight, take nothing new
+        self.draining = False  # answered SERVICE_STOPPING: take nothing new
+        self.remote_load = 0
+        self.blocking_outstanding = 0  # requests in flight from the blocking API's threads
+        self.left_s = 0.0  # when it left the registry
+        self.closed = False
+        self.redials = 0
+        self._client = client
+        self.sock = make_socket(client.ctx, zmq.DEALER)
+        if client.security is not None:
+            client.security.connect_socket(self.sock, info.curve_key)  # pinned: the registered key
+        self.sock.connect(info.address)
+        self.reader = SocketReader(client.loop, self.sock, self._on_message)
+
+    @property
+    def pickable(self) -> bool:
+        return self.health.alive and not self.leaving and not self.draining
+
+    @property
+    def outstanding(self) -> int:
+        """Requests of this client in flight to the instance, from the loop and from
+        blocking callers' threads."""
+        return len(self.pending) + self.blocking_outstanding
+
+    def send(self, frames: list[bytes]) -> bool:
+        try:
+            send_frames(self.sock, frames)
+        except zmq.ZMQError:
+            return False  # the high-water mark is full: nothing was queued
+        self.reader.kick()
+        return True
+
+    def redial(self) -> None:
+        """Secure mode: libzmq (4.3) never retries a connection whose CURVE handshake was
+        refused, so a peer silent past its limit is dialled again (its key, or ours, may
+        have been registered since: principals take effect without restarts)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.disconnect(self.info.address)
+        self.sock.connect(self.info.address)
+        self.health.unanswered_since_s = None
+        self.redials += 1
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        if self.health.heard(time.monotonic()):
+            self.view.refresh()
+        try:
+            header = wire.decode_header(frames[0])
+        except errors.FabricError:
+            return
+        if header.type == wire.PONG:
+            self.remote_load = header.aux
+            return
+        if header.type == wire.PING:
+            self.send(wire.pong_frames(0))
+            return
+        future = self.pending.pop(header.correlation_id, None)
+        if future is not None and not future.done():
+            future.set_result((header, frames))
+
+    def fail_all(self, reason: str) -> None:
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(_PeerLost(reason))
+
+    def close(self) -> None:
+        self.closed = True
+        self.fail_all(f"instance {self.znode} closed")
+        self.reader.close()
+        self.sock.close(linger=0)
+
+
+class _ServiceView:
+    """What this client knows of one service: its instances and their health."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.peers: dict[str, _Peer] = {}
+        self.known = asyncio.Event()  # the registry answered at least once
+        self.changed = asyncio.Event()  # set whenever a peer becomes pickable
+        self.watch: registry.RegistryWatch | None = None
+        self.error: errors.FabricError | None = None  # the first registry read failed
+        self.loading: asyncio.Future[None] | None = None  # the first registry read
+        # The pickable peers, recomputed on every change of a peer's state rather than on
+        # every request (the request path reads it).
+        self.ready: list[_Peer] = []
+
+    def refresh(self) -> None:
+        ready = [p for p in self.peers.values() if p.pickable]
+        if not ready:
+            # Last resort: instances that left the registry but still answer heartbeats. A
+            # ZooKeeper session that expired and came back removes and re-creates an
+            # instance's znode; this bridges that gap. One that really stops answers
+            # SERVICE_STOPPING (nothing runs, the caller moves on); a dead one goes silent.
+            ready = [p for p in self.peers.values() if p.leaving and p.health.alive and not p.draining]
+        self.ready = ready
+        if ready:
+            self.changed.set()
+
+    def pickable(self) -> dict[str, _Peer]:
+        return {p.znode: p for p in self.ready}
+
+    def pick(self, tried: list[str], rng: random.Random) -> _Peer | None:
+        """Least outstanding requests among the ready peers (this client's count, from any
+        thread); None when no peer is ready."""
+        ready = self.ready
+        if len(ready) <= 1:
+            return ready[0] if ready else None  # the only choice, tried or not
+        chosen = balance.pick_instance({p.znode: p.outstanding for p in ready}, exclude=tried, rng=rng)
+        return next(p for p in ready if p.znode == chosen)

@@ -1,0 +1,177 @@
+"""The direct plane on a secure cluster: CURVE on every direct socket, a ZAP handler that
+admits only registered keys, the ``service`` ACLs, and the registry under the digest ACL.
+
+Who holds which key (docs/SECURITY.md, "The direct plane"):
+
+* every direct client is a **principal** (``fabric principal add``): its own key pair is
+  the client side of the DEALERs and SUBs it connects, *and* the server side of the
+  service ROUTERs and publisher PUBs it binds;
+* an instance registers its public key (``curve_key``) beside its address; a caller pins
+  that key, so it talks to the registered instance or to no one. The registry is only
+  writable with the cluster's ZooKeeper digest (world: read), so the pinned key is the
+  one the owner of the instance wrote;
+* each client runs a ZAP handler on its own ZeroMQ context (domain ``fabric-direct``):
+  a CURVE server without one accepts any key; this one admits only registered keys and
+  names the principal in every message's ``User-Id``.
+
+ACLs (resource type ``service``; the resource name is the service name or the subject):
+
+* ``consume`` on a service: send it requests or scatter-gathers. Checked by the instance
+  for every REQUEST that arrives (refused with AUTHORIZATION_FAILED, handler not run);
+* ``produce`` on a service: serve it. Checked by the server before it registers, and by
+  every caller before it sends anything to an instance: an instance whose principal may
+  not serve the name gets no traffic;
+* ``produce`` on a subject: publish it; ``consume`` on a subscription pattern (its text,
+  so ``orders.>`` needs a prefix ACL ``orders.`` or a literal one on ``orders.>``):
+  subscribe. Both checked by the acting client's SDK (a PUB socket cannot tell its
+  subscribers apart); the ZAP handler keeps unregistered keys out of pub/sub entirely.
+
+In plaintext mode none of this exists: ``DirectClient.security`` is None and the request
+path takes no extra step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from fabric import errors
+from fabric.auth.acl import Authorizer, Operation, Resource, ResourceType
+from fabric.auth.curve import DOMAIN_DIRECT, ENV_KEY_FILE, ZapAuthenticator
+from fabric.auth.keys import load_key_pair
+from fabric.auth.store import SecurityCache, read_digest
+
+log = logging.getLogger("fabric.direct")
+
+ENV_ZK_DIGEST_FILE = "FABRIC_ZK_DIGEST_FILE"
+DECISIONS_CACHED_MAX = 10_000  # (principal, operation, name) answers kept per ACL snapshot
+
+
+@dataclass(frozen=True)
+class DirectCredentials:
+    """A principal's key pair and the cluster's ZooKeeper digest (``user:password``)."""
+
+    public_key: bytes  # Z85
+    secret_key: bytes  # Z85
+    zk_digest: str
+
+    @classmethod
+    def from_files(cls, key_file: str | os.PathLike[str], zk_digest_file: str | os.PathLike[str]) -> DirectCredentials:
+        pair = load_key_pair(key_file)
+        if pair.secret_key is None:
+            raise errors.InvalidRequestError(f"{key_file} holds no secret key: pass the NAME.key_secret file")
+        return cls(pair.public_key, pair.secret_key, read_digest(zk_digest_file))
+
+    @classmethod
+    def from_env(cls) -> DirectCredentials | None:
+        """``$FABRIC_KEY_FILE`` and ``$FABRIC_ZK_DIGEST_FILE`` (what ``fabric up --secure``
+        prints), or None (plaintext) when neither is set."""
+        key_file, digest_file = os.environ.get(ENV_KEY_FILE), os.environ.get(ENV_ZK_DIGEST_FILE)
+        if not key_file and not digest_file:
+            return None
+        if not key_file or not digest_file:
+            raise errors.InvalidRequestError(
+                f"a secure direct client needs both ${ENV_KEY_FILE} and ${ENV_ZK_DIGEST_FILE}")
+        return cls.from_files(key_file, digest_file)
+
+
+class DirectSecurity:
+    """The secure direct plane of one DirectClient. ``start`` blocks (ZooKeeper reads):
+    call it through ``asyncio.to_thread``; it must run before any socket of ``ctx`` binds."""
+
+    def __init__(self, credentials: DirectCredentials, zk: Any, ctx: zmq.Context[Any]) -> None:
+        self.credentials = credentials
+        self.public_key = credentials.public_key.decode("ascii")
+        self.cache = SecurityCache(zk)
+        self.zap_context = ctx  # the client's own context: its ZAP handler serves only it
+        self.zap = ZapAuthenticator(ctx, self.authorizer, on_refused=self._refused)
+        self._decisions: dict[tuple[str, Operation, str], bool] = {}
+        self._decided_by: Authorizer | None = None
+        self._zap_started = False
+
+    def start(self) -> None:
+        self.cache.start()  # principals and ACLs read (and watched) before the ZAP handler answers
+        self.zap.start()
+        self._zap_started = True
+        if self.principal is None:
+            raise errors.AuthenticationFailedError(
+                f"this client's key {self.public_key} is not registered as a principal (fabric principal add)")
+
+    def authorizer(self) -> Authorizer:
+        return self.cache.authorizer
+
+    @staticmethod
+    def _refused(domain: str, why: str) -> None:
+        log.warning("direct plane: CURVE handshake refused (%s): %s", domain, why)
+
+    @property
+    def principal(self) -> str | None:
+        """This client's principal name (None if its key was removed from the registry)."""
+        known = self.cache.authorizer.principal_for_key(self.public_key)
+        return known.name if known is not None else None
+
+    def principal_for_key(self, curve_key: str) -> str | None:
+        known = self.cache.authorizer.principal_for_key(curve_key)
+        return known.name if known is not None else None
+
+    def allowed(self, principal: str, operation: Operation, name: str) -> bool:
+        """Whether ``principal`` may ``operation`` the service or subject ``name``; answers
+        are cached until the ACLs or principals change (the cache swaps its Authorizer)."""
+        authorizer = self.cache.authorizer
+        if authorizer is not self._decided_by or len(self._decisions) >= DECISIONS_CACHED_MAX:
+            self._decisions = {}
+            self._decided_by = authorizer
+        key = (principal, operation, name)
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = authorizer.authorize(principal, operation, Resource(ResourceType.SERVICE, name))
+            self._decisions[key] = decision
+        return decision
+
+    def require(self, operation: Operation, name: str) -> None:
+        """Raise AuthorizationFailedError unless this client may ``operation`` ``name``."""
+        principal = self.principal or ""
+        if not self.allowed(principal, operation, name):
+            resource = str(Resource(ResourceType.SERVICE, name))
+            raise errors.AuthorizationFailedError(
+                f"principal {principal!r} may not {operation.value} {resource}",
+                principal=principal, operation=operation.value, resource=resource)
+
+    def refusal(self, principal: str, operation: Operation, name: str) -> str | None:
+        """None when allowed, else the AUTHORIZATION_FAILED message (and a log line)."""
+        if self.allowed(principal, operation, name):
+            return None
+        message = f"principal {principal!r} may not {operation.value} {Resource(ResourceType.SERVICE, name)}"
+        log.warning("direct plane denied: %s", message)
+        return message
+
+    def trusted_server(self, curve_key: str, name: str) -> bool:
+        """May the instance registered with ``curve_key`` serve ``name``? (produce)"""
+        principal = self.principal_for_key(curve_key) if curve_key else None
+        return principal is not None and self.allowed(principal, Operation.PRODUCE, name)
+
+    def bind_socket(self, sock: zmq.Socket[Any]) -> None:
+        """CURVE server with this principal's key, ZAP domain fabric-direct: before bind."""
+        sock.zap_domain = DOMAIN_DIRECT.encode()
+        sock.curve_server = True
+        sock.curve_publickey = self.credentials.public_key
+        sock.curve_secretkey = self.credentials.secret_key
+
+    def connect_socket(self, sock: zmq.Socket[Any], server_key: str) -> None:
+        """CURVE client pinned to ``server_key``: before each connect (options apply to the
+        connections made after they are set)."""
+        sock.curve_serverkey = server_key.encode("ascii")
+        sock.curve_publickey = self.credentials.public_key
+        sock.curve_secretkey = self.credentials.secret_key
+
+    def close(self) -> None:
+        """Stop the ZAP handler and end the context (call after closing its sockets)."""
+        self.cache.close()
+        if self._zap_started:
+            self._zap_started = False
+            self.zap.stop()
+        self.zap_context.term()

@@ -1,0 +1,295 @@
+"""The direct plane on a secure cluster (``LocalCluster(secure=True)``, what ``fabric up
+--secure`` runs): CURVE on services and pub/sub, a ZAP handler that admits only registered
+keys, the ``service`` ACLs, and the registry under ZooKeeper's digest ACL.
+
+Service instances are real processes (tests/integration/direct_service.py) that take
+their credentials from the environment, as a user's service would."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from kazoo.security import ACL
+
+from fabric import errors
+from fabric.auth import store
+from fabric.auth.acl import AclEntry, Role
+from fabric.auth.keys import generate_key_pair
+from fabric.local import LocalCluster, LocalZooKeeper, ManagedProcess
+from fabric.local_security import LocalSecurity
+from fabric.protocol import direct as wire
+from fabric.zk import close_client
+from sdk.direct import DirectClient, DirectCredentials
+from sdk.direct._registry import service_path
+from tests.conftest import make_cluster
+
+ROOT = Path(__file__).parents[2]
+READY_TIMEOUT_S = 30.0
+CHANGE_VISIBLE_S = 1.0  # an ACL change is effective within a second (issue 16)
+REFUSED_WAIT_MS = 2_000  # how long a refused handshake is given to (not) answer
+
+
+@pytest.fixture(scope="module")
+def secure(zk_server: LocalZooKeeper, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = make_cluster(zk_server, tmp_path_factory.mktemp("direct-secure"), nodes=1, secure=True)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _security(cluster: LocalCluster) -> LocalSecurity:
+    assert cluster.security is not None
+    return cluster.security
+
+
+def _principal(cluster: LocalCluster, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    _security(cluster).register(name, Role.USER)
+    return name
+
+
+def _credentials(cluster: LocalCluster, name: str) -> DirectCredentials:
+    security = _security(cluster)
+    return DirectCredentials.from_files(security.key_file(name), security.digest_file)
+
+
+def _acl(cluster: LocalCluster, principal: str, operation: str, pattern: str, pattern_type: str = "literal",
+         *, remove: bool = False) -> None:
+    zk = _security(cluster).connect()
+    try:
+        entry = AclEntry.build(principal, operation, "service", pattern, pattern_type)
+        (store.remove_acl if remove else store.add_acl)(zk, entry)
+    finally:
+        close_client(zk)
+
+
+class SecureInstance:
+    """A service instance process running as ``principal`` (credentials from the environment)."""
+
+    def __init__(self, cluster: LocalCluster, base: Path, name: str, principal: str) -> None:
+        self.handled_path = base / f"{name}.handled"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **_security(cluster).environment(principal)}
+        self.process = ManagedProcess(
+            f"{name}-instance",
+            [sys.executable, "-m", "tests.integration.direct_service", cluster.zk_address, name, str(self.handled_path)],
+            base / f"{name}.log", env=env)
+        self.address = ""
+
+    def start(self) -> SecureInstance:
+        self.process.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for line in self.process.log_tail(50).splitlines():
+                if line.startswith("READY "):
+                    self.address = line.split()[1]
+                    return self
+            if not self.process.running:
+                break
+            time.sleep(0.02)
+        raise RuntimeError(f"instance did not start:\n{self.process.log_tail()}")
+
+    def handled(self) -> list[str]:
+        try:
+            return self.handled_path.read_text().split()
+        except FileNotFoundError:
+            return []
+
+
+@pytest.fixture
+def service(secure: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, str, SecureInstance]]:
+    """(service name, its server principal, the running instance)."""
+    name = f"echo-{uuid.uuid4().hex[:8]}"
+    server = _principal(secure, "svc")
+    _acl(secure, server, "produce", name)
+    instance = SecureInstance(secure, tmp_path, name, server)
+    try:
+        yield name, server, instance.start()
+    finally:
+        instance.process.stop()
+
+
+def test_granted_caller_requests_and_gathers(secure: LocalCluster, service: tuple[str, str, SecureInstance]) -> None:
+    name, _server, instance = service
+    caller = _principal(secure, "caller")
+    _acl(secure, caller, "consume", name)
+
+    async def run() -> None:
+        async with await DirectClient.connect(secure.zk_address, credentials=_credentials(secure, caller)) as client:
+            reply = await client.request(name, b"run:one", timeout_ms=10_000, idempotent=True)
+            assert reply.payload.startswith(b"one@")
+            gathered = await client.gather(name, b"run:two", timeout_ms=10_000)
+            assert [r.payload.split(b"@")[0] for r in gathered.replies] == [b"two"] and not gathered.missing
+
+    asyncio.run(run())
+    assert instance.handled() == ["one", "two"]
+
+
+def test_caller_without_consume_is_refused_and_nothing_runs(secure: LocalCluster,
+                                                            service: tuple[str, str, SecureInstance]) -> None:
+    name, _server, instance = service
+    caller = _principal(secure, "nosy")
+
+    async def run() -> None:
+        async with await DirectClient.connect(secure.zk_address, credentials=_credentials(secure, caller)) as client:
+            with pytest.raises(errors.AuthorizationFailedError, match=f"may not consume service '{name}'"):
+                await client.request(name, b"run:denied", timeout_ms=10_000, idempotent=True)
+            # Granting takes effect without restarts, and revoking again within a second.
+            _acl(secure, caller, "consume", name)
+            deadline = time.monotonic() + CHANGE_VISIBLE_S
+            while True:
+                try:
+                    await client.request(name, b"run:granted", timeout_ms=10_000)
+                    break
+                except errors.AuthorizationFailedError:
+                    assert time.monotonic() < deadline, "the grant took longer than a second"
+                    await asyncio.sleep(0.05)
+            _acl(secure, caller, "consume", name, remove=True)
+            deadline = time.monotonic() + CHANGE_VISIBLE_S
+            while True:
+                try:
+                    await client.request(name, b"run:late", timeout_ms=10_000)
+                except errors.AuthorizationFailedError:
+                    break
+                assert time.monotonic() < deadline, "the revocation took longer than a second"
+                await asyncio.sleep(0.05)
+
+    asyncio.run(run())
+    assert "denied" not in instance.handled() and "granted" in instance.handled()
+
+
+def _raw_request(address: str, server_key: str, public: bytes, secret: bytes) -> bool:
+    """A bare CURVE DEALER sends one REQUEST; True when any answer came back."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.linger = 0
+        sock.curve_serverkey = server_key.encode()
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.connect(address)
+        # Sent again every 100 ms: a message queued before a refused handshake may be
+        # dropped with the connection, and a key registered just now takes a moment to
+        # reach the instance's watched cache.
+        deadline = time.monotonic() + REFUSED_WAIT_MS / 1000
+        while time.monotonic() < deadline:
+            try:
+                sock.send_multipart(wire.request_frames(7, b"run:raw", timeout_ms=5_000, idempotent=True), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # no connection right now (a refused handshake closes it; it is retried)
+            if sock.poll(100):
+                return True
+        return False
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_unregistered_key_is_refused_at_the_handshake(secure: LocalCluster, tmp_path: Path,
+                                                      service: tuple[str, str, SecureInstance]) -> None:
+    _name, server, instance = service
+    zk = _security(secure).connect()
+    try:
+        server_key = next(p.public_key for p in store.list_principals(zk) if p.name == server)
+    finally:
+        close_client(zk)
+    # The trap: a CURVE server without a ZAP handler would answer this key.
+    stranger = generate_key_pair(tmp_path, "stranger")
+    public, secret = zmq.auth.load_certificate(stranger[1])
+    assert secret is not None
+    assert not _raw_request(instance.address, server_key, public, secret)
+    # The control: a registered key (with no ACL) gets an answer (AUTHORIZATION_FAILED).
+    registered = _principal(secure, "registered")
+    pair = _credentials(secure, registered)
+    time.sleep(CHANGE_VISIBLE_S)  # a new principal reaches the instance's watched cache within a second
+    assert _raw_request(instance.address, server_key, pair.public_key, pair.secret_key)
+    assert "raw" not in instance.handled()
+    # And the SDK refuses to start with an unregistered key.
+    digest = _security(secure).digest_file
+
+    async def connect() -> None:
+        await DirectClient.connect(secure.zk_address, credentials=DirectCredentials.from_files(stranger[1], digest))
+
+    with pytest.raises(errors.AuthenticationFailedError):
+        asyncio.run(connect())
+
+
+def test_plaintext_client_cannot_register_or_reach_a_secure_instance(
+        secure: LocalCluster, service: tuple[str, str, SecureInstance], monkeypatch: pytest.MonkeyPatch) -> None:
+    name, _server, instance = service
+    for variable in ("FABRIC_KEY_FILE", "FABRIC_ZK_DIGEST_FILE"):
+        monkeypatch.delenv(variable, raising=False)
+
+    async def run() -> None:
+        async with await DirectClient.connect(secure.zk_address) as client:
+            assert client.security is None
+            with pytest.raises(errors.AuthorizationFailedError, match="ZooKeeper refused"):
+                await client.serve(f"rogue-{uuid.uuid4().hex[:6]}", lambda request: b"")
+            with pytest.raises(errors.NoServiceAvailable):
+                await client.request(name, b"run:plain", timeout_ms=3_000)
+
+    asyncio.run(run())
+    assert "plain" not in instance.handled()
+
+
+def test_registry_znodes_are_digest_protected(secure: LocalCluster, service: tuple[str, str, SecureInstance]) -> None:
+    name, _server, _instance = service
+    zk = _security(secure).connect()
+    try:
+        children = zk.get_children(service_path(name))
+        acls, _ = zk.get_acls(f"{service_path(name)}/{children[0]}")
+    finally:
+        close_client(zk)
+    schemes = {(acl.id.scheme, acl.perms) for acl in acls if isinstance(acl, ACL)}
+    assert ("world", 1) in schemes  # the world may only read
+    assert any(scheme == "digest" for scheme, _ in schemes)
+
+
+def test_serving_needs_produce(secure: LocalCluster) -> None:
+    principal = _principal(secure, "squatter")
+
+    async def run() -> None:
+        async with await DirectClient.connect(secure.zk_address, credentials=_credentials(secure, principal)) as client:
+            with pytest.raises(errors.AuthorizationFailedError, match="may not produce"):
+                await client.serve(f"taken-{uuid.uuid4().hex[:6]}", lambda request: b"")
+
+    asyncio.run(run())
+
+
+def test_pubsub_with_prefix_acls(secure: LocalCluster) -> None:
+    subject_root = f"orders{uuid.uuid4().hex[:6]}"
+    publisher, subscriber, outsider = (_principal(secure, p) for p in ("pub", "sub", "outsider"))
+    _acl(secure, publisher, "produce", f"{subject_root}.", "prefix")
+    _acl(secure, subscriber, "consume", f"{subject_root}.", "prefix")
+
+    async def run() -> None:
+        pub = await DirectClient.connect(secure.zk_address, credentials=_credentials(secure, publisher))
+        sub = await DirectClient.connect(secure.zk_address, credentials=_credentials(secure, subscriber))
+        other = await DirectClient.connect(secure.zk_address, credentials=_credentials(secure, outsider))
+        try:
+            with pytest.raises(errors.AuthorizationFailedError):
+                await other.subscribe(f"{subject_root}.>")
+            with pytest.raises(errors.AuthorizationFailedError):
+                await sub.publish(f"{subject_root}.created", b"not mine to publish")
+            subscription = await sub.subscribe(f"{subject_root}.>")
+            await pub.start_publisher()
+            deadline = time.monotonic() + 10
+            message = None
+            while message is None and time.monotonic() < deadline:  # until the SUB has connected
+                await pub.publish(f"{subject_root}.eu.created", b"order-1")
+                message = await subscription.next(timeout_ms=100)
+            assert message is not None and message.payload == b"order-1"
+        finally:
+            for client in (pub, sub, other):
+                await client.close()
+
+    asyncio.run(run())
