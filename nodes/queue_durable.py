@@ -72,6 +72,12 @@ def state_partition(queue: str, partition: int, partitions: int) -> int:
     return zlib.crc32(f"{queue}\0{partition}".encode()) % partitions
 
 
+def _range_record(run: list[Change]) -> bytes:
+    first = run[0]
+    return qp.encode_state_record(first.offset, first.state, first.delivery_count, first.visible_at_ms, first.reason,
+                                  last_offset=run[-1].offset)
+
+
 def wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -94,9 +100,20 @@ class QueueDurability:
             g.state.drain_changes()  # only counts: nothing it decides is a group's to keep
             return
         key = qp.state_key(share.topic, share.partition, group)
+        # Consecutive offsets with the same decision (a receive or an ack of a run of
+        # messages) become one record; order is kept, so the newest per offset still wins.
+        run: list[Change] = []
         for change in g.state.drain_changes():
-            slot.pending.append((key, qp.encode_state_record(
-                change.offset, change.state, change.delivery_count, change.visible_at_ms, change.reason)))
+            if run and change.offset == run[-1].offset + 1 and len(run) < qp.STATE_RANGE_MAX and (
+                    change.state, change.delivery_count, change.visible_at_ms, change.reason) == (
+                    run[0].state, run[0].delivery_count, run[0].visible_at_ms, run[0].reason):
+                run.append(change)
+                continue
+            if run:
+                slot.pending.append((key, _range_record(run)))
+            run = [change]
+        if run:
+            slot.pending.append((key, _range_record(run)))
         slot.dead.extend(f for f in finished if f.state == DEAD)
 
     def _after_durable(self, slots: list[Slot], done: Done) -> None:
@@ -262,8 +279,9 @@ class QueueDurability:
                         log.warning("skipping an unreadable queue state record: %s", exc)
                         continue
                     group = key[len(prefix):].decode("utf-8", "replace")
-                    share.restore(group, Change(fields["offset"], fields["state"], fields["delivery_count"],
-                                                fields["visible_at_ms"], fields["reason"]), plog)
+                    for offset in range(fields["offset"], fields["last_offset"] + 1):
+                        share.restore(group, Change(offset, fields["state"], fields["delivery_count"],
+                                                    fields["visible_at_ms"], fields["reason"]), plog)
                 slot.load_offset = max(slot.load_offset, decoded.header.next_offset)
             # Done when everything is read and everything read is committed.
             if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:

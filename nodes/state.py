@@ -73,6 +73,10 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
     """The node's command line (``nodes/launch.py`` spells every option out) and its log level."""
     import argparse
 
+    from fabric import allocator
+
+    allocator.tune()  # called once, by the node process's main: it moves large batches
+
     parser = argparse.ArgumentParser(prog="fabric node", description="Run one Fabric storage node.")
     parser.add_argument("--id", type=int, required=True, dest="node_id")
     parser.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")

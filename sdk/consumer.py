@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from fabric import errors
+from fabric import allocator, errors
 from fabric.auth.curve import ClientSecurity
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
@@ -167,6 +167,7 @@ class Consumer:
         self._last_recheck_s = 0.0
         self._dropped = DroppedNodes()  # nodes whose connection dropped: their fetches are suspect
         self._closed = False
+        allocator.tune()  # fetched batches are large buffers (fabric/allocator.py)
         self.enable_auto_commit = enable_auto_commit and group_id is not None
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000.0

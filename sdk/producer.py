@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 
-from fabric import errors
+from fabric import allocator, errors
 from fabric.auth.curve import ClientSecurity
 from fabric.limits import BATCH_HEADER_BYTES, MESSAGE_BYTES_MAX_DEFAULT
 from fabric.protocol import apis
@@ -117,6 +117,7 @@ class _ProducerCore:
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY
         # (read here, so a bad key file fails the constructor, not the sender thread).
         self._security = security or ClientSecurity.from_env()
+        allocator.tune()  # batches are large buffers: keep them off per-buffer mmap (fabric/allocator.py)
         self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
         if enable_idempotence is None:
             enable_idempotence = self.acks == -1  # as Kafka: on by default with acks=all
@@ -324,7 +325,7 @@ class _ProducerCore:
                 else:
                     chosen = target
                 pieces.append((chosen, group.piece(chosen, start, end)))
-        payloads = [batch_format.compress_records(piece.records, self.codec) for _, piece in pieces]
+        payloads = [batch_format.compress_records(piece.records, self.codec, adaptive=True) for _, piece in pieces]
         parts: list[tuple[BatchResult, int]] = []
         with self._lock:
             if partition is None and cols.keys is None:
@@ -591,7 +592,7 @@ class _ProducerCore:
             batch.encoded = batch_format.encode_batch(
                 timestamps, keys, values, headers,
                 codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                base_sequence=base_sequence, tag_bloom=tags_format.batch_bloom(headers),
+                base_sequence=base_sequence, tag_bloom=tags_format.batch_bloom(headers), adaptive=True,
             )
         return batch.encoded
 

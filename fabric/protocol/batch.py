@@ -285,8 +285,10 @@ def encode_batch(
     leader_epoch: int = -1,
     lz4_level: int = 0,
     tag_bloom: int | None = None,
+    adaptive: bool = False,
 ) -> bytes:
-    """Encode one batch. All per-record work is list comprehensions and one struct.pack."""
+    """Encode one batch. All per-record work is list comprehensions and one struct.pack.
+    ``adaptive``: send incompressible records uncompressed (``compress_records``)."""
     n = len(values)
     if n == 0 or n > BATCH_RECORDS_MAX:
         raise ValueError(f"a batch holds 1 to {BATCH_RECORDS_MAX} records, got {n}")
@@ -318,7 +320,7 @@ def encode_batch(
         )
     )
     return frame_batch(
-        compress_records(records, codec, lz4_level), n, first_ts, max_ts,
+        compress_records(records, codec, lz4_level, adaptive=adaptive), n, first_ts, max_ts,
         producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
         global_id_base=global_id_base, base_offset=base_offset, leader_epoch=leader_epoch, tag_bloom=tag_bloom,
     )
@@ -333,15 +335,32 @@ class Payload(NamedTuple):
     records_bytes: int  # uncompressed length, as the header's records_bytes field
 
 
-def compress_records(records: bytes, codec: int, lz4_level: int = 0) -> Payload:
-    """Compress a records section with ``codec``."""
+INCOMPRESSIBLE_PROBE_BYTES = 4096  # adaptive: lz4 tries this much of the values first
+INCOMPRESSIBLE_RATIO = 0.9  # ...and the batch goes uncompressed if the probe kept more than this
+
+
+def compress_records(records: bytes, codec: int, lz4_level: int = 0, *, adaptive: bool = False) -> Payload:
+    """Compress a records section with ``codec``.
+
+    ``adaptive`` (what the producers do): records that do not compress (random, encrypted
+    or already compressed values) are sent uncompressed, with codec none in the header, so
+    that nobody spends time on lz4 for nothing: a 4 KiB probe from the middle of the
+    section (the values) decides first, and a batch lz4 did not shrink is sent as it was."""
     if len(records) > BATCH_UNCOMPRESSED_BYTES_MAX:
         raise MessageTooLargeError(
             f"records section of {len(records)} bytes exceeds BATCH_UNCOMPRESSED_BYTES_MAX={BATCH_UNCOMPRESSED_BYTES_MAX}"
         )
     if codec == CODEC_LZ4:
+        size = len(records)
+        if adaptive and size >= 4 * INCOMPRESSIBLE_PROBE_BYTES:
+            middle = size // 2
+            probe = records[middle : middle + INCOMPRESSIBLE_PROBE_BYTES]
+            if len(lz4.frame.compress(probe, compression_level=lz4_level)) > INCOMPRESSIBLE_RATIO * len(probe):
+                return Payload(records, CODEC_NONE, size)
         compressed = lz4.frame.compress(records, compression_level=lz4_level, store_size=True, content_checksum=False)
-        return Payload(compressed, CODEC_LZ4, len(records))
+        if adaptive and len(compressed) >= size:
+            return Payload(records, CODEC_NONE, size)
+        return Payload(compressed, CODEC_LZ4, size)
     if codec == CODEC_NONE:
         return Payload(records, CODEC_NONE, len(records))
     raise UnsupportedCompressionError(f"compression codec {codec} is not supported")

@@ -325,6 +325,10 @@ typedef struct fabric_batch_options {
     int16_t producer_epoch; /* -1 */
     int32_t base_sequence;  /* -1 */
     int64_t global_id_base; /* -1 */
+    /* 1 (what the producers use): records lz4 would not shrink go uncompressed (codec 0),
+     * decided exactly as Python's compress_records(adaptive=True): a 4 KiB probe from the
+     * middle of a section of at least 16 KiB first, then the whole frame. 0 by default. */
+    int adaptive;
 } fabric_batch_options_t;
 
 void fabric_batch_options_init(fabric_batch_options_t *o); /* the producer's defaults, lz4 */

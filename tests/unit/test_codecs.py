@@ -272,3 +272,19 @@ def test_unknown_protocol_version_keeps_the_header_for_the_answer() -> None:
     assert (header.api_key, header.api_version, header.correlation_id) == (ApiKey.METADATA, 0, 4242)
     answer = decode_header(apis.encode_error_response(header, errors.UnsupportedVersionError.code, "v9")[0])
     assert (answer.api_key, answer.correlation_id, answer.protocol_version, answer.is_response) == (1, 4242, 1, True)
+
+
+def test_adaptive_compression_sends_incompressible_records_uncompressed() -> None:
+    import os
+
+    from fabric.protocol import batch as bf
+
+    random_values = [os.urandom(1024) for _ in range(40)]
+    repeated = [b"the same value, again and again " * 32] * 40
+    for values, codec in ((random_values, bf.CODEC_NONE), (repeated, bf.CODEC_LZ4), ([b"abc"] * 3, bf.CODEC_NONE)):
+        data = bf.encode_batch([1] * len(values), [None] * len(values), values, adaptive=True)
+        assert bf.read_header(data).codec == codec
+        bf.validate(data, 8 << 20)
+        assert bf.decode_batch(data).values == values
+    # without adaptive the codec asked for is kept (the vectors depend on it)
+    assert bf.read_header(bf.encode_batch([1], [None], [b"abc"])).codec == bf.CODEC_LZ4

@@ -1000,6 +1000,7 @@ void fabric_batch_options_init(fabric_batch_options_t *o) {
     o->producer_epoch = -1;
     o->base_sequence = -1;
     o->global_id_base = -1;
+    o->adaptive = 0;
 }
 
 void fabric_batch_builder_init(fabric_batch_builder_t *b) { memset(b, 0, sizeof *b); }
@@ -1144,6 +1145,23 @@ static void lz4_python_preferences(LZ4F_preferences_t *prefs, size_t content_siz
     prefs->autoFlush = 0;
 }
 
+#define INCOMPRESSIBLE_PROBE_BYTES 4096
+
+/* Python's compress_records(adaptive=True): lz4 on 4 KiB from the middle kept more than
+ * 90 % of it. The frame settings are Python's defaults, so both decide alike. */
+static int incompressible_probe(const uint8_t *records, size_t records_bytes) {
+    if (records_bytes < 4 * INCOMPRESSIBLE_PROBE_BYTES) return 0;
+    const uint8_t *probe = records + records_bytes / 2;
+    LZ4F_preferences_t prefs;
+    lz4_python_preferences(&prefs, INCOMPRESSIBLE_PROBE_BYTES);
+    uint8_t out[LZ4F_HEADER_SIZE_MAX + 2 * INCOMPRESSIBLE_PROBE_BYTES];
+    size_t bound = LZ4F_compressFrameBound(INCOMPRESSIBLE_PROBE_BYTES, &prefs);
+    if (bound > sizeof out) return 0;
+    size_t n = LZ4F_compressFrame(out, bound, probe, INCOMPRESSIBLE_PROBE_BYTES, &prefs);
+    if (LZ4F_isError(n)) return 0;
+    return n * 10 > (size_t)INCOMPRESSIBLE_PROBE_BYTES * 9;
+}
+
 int fabric_batch_builder_finish(const fabric_batch_builder_t *b,
                                 const fabric_batch_options_t *o, fabric_buf_t *out) {
     if (b->record_count < 1) return FABRIC_ERR_INVALID_ARGUMENT;
@@ -1153,6 +1171,7 @@ int fabric_batch_builder_finish(const fabric_batch_builder_t *b,
     if (records_bytes > (size_t)FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX)
         return FABRIC_ERR_MESSAGE_TOO_LARGE;
     size_t start = out->len;
+    int codec = o->codec;
     if (fabric_buf_reserve(out, FABRIC_BATCH_HEADER_BYTES)) return out->err;
     out->len += FABRIC_BATCH_HEADER_BYTES;
     if (o->codec == FABRIC_CODEC_NONE) {
@@ -1163,17 +1182,30 @@ int fabric_batch_builder_finish(const fabric_batch_builder_t *b,
         uint8_t *records = malloc(records_bytes);
         if (records == NULL) return FABRIC_ERR_NO_MEMORY;
         put_records_section(b, records);
+        int compress = !o->adaptive || !incompressible_probe(records, records_bytes);
+        size_t n = 0;
         LZ4F_preferences_t prefs;
         lz4_python_preferences(&prefs, records_bytes);
         size_t bound = LZ4F_compressFrameBound(records_bytes, &prefs);
-        if (fabric_buf_reserve(out, bound)) {
+        if (fabric_buf_reserve(out, bound > records_bytes ? bound : records_bytes)) {
             free(records);
             return out->err;
         }
-        size_t n = LZ4F_compressFrame(out->data + out->len, bound, records, records_bytes, &prefs);
+        if (compress) {
+            n = LZ4F_compressFrame(out->data + out->len, bound, records, records_bytes, &prefs);
+            if (LZ4F_isError(n)) {
+                free(records);
+                return FABRIC_ERR_UNKNOWN_SERVER_ERROR;
+            }
+            if (o->adaptive && n >= records_bytes) compress = 0;
+        }
+        if (!compress) { /* sent as it is: codec 0 in the header */
+            memcpy(out->data + out->len, records, records_bytes);
+            n = records_bytes;
+        }
         free(records);
-        if (LZ4F_isError(n)) return FABRIC_ERR_UNKNOWN_SERVER_ERROR;
         out->len += n;
+        codec = compress ? FABRIC_CODEC_LZ4 : FABRIC_CODEC_NONE;
     }
     size_t length = out->len - start;
     if (length > INT32_MAX) return FABRIC_ERR_MESSAGE_TOO_LARGE;
@@ -1183,7 +1215,7 @@ int fabric_batch_builder_finish(const fabric_batch_builder_t *b,
     put_le(h + 8, (uint64_t)length, 4);
     put_le(h + 12, (uint32_t)o->leader_epoch, 4);
     h[20] = FABRIC_BATCH_MAGIC;
-    h[21] = (uint8_t)o->codec;
+    h[21] = (uint8_t)codec;
     put_le(h + 24, (uint32_t)b->record_count, 4);
     put_le(h + 28, (uint64_t)b->first_timestamp, 8);
     put_le(h + 36, (uint64_t)b->max_timestamp, 8);

@@ -130,6 +130,7 @@ int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
     p->cfg = cfg;
     fabric_batch_options_init(&p->batch_options);
     p->batch_options.codec = cfg.compression;
+    p->batch_options.adaptive = 1; /* incompressible records go uncompressed, as the Python producer */
     p->next_timer_ms = INT64_MAX;
     *out = p;
     return 0;
