@@ -174,4 +174,6 @@ class DirectSecurity:
         if self._zap_started:
             self._zap_started = False
             self.zap.stop()
-        self.zap_context.term()
+        # destroy, not term: term waits forever for a socket left open (a blocking caller's
+        # thread that never returned, sdk/direct/_blocking.py); everything else is closed.
+        self.zap_context.destroy(linger=0)

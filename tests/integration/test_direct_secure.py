@@ -27,7 +27,7 @@ from fabric.local import LocalCluster, LocalZooKeeper, ManagedProcess
 from fabric.local_security import LocalSecurity
 from fabric.protocol import direct as wire
 from fabric.zk import close_client
-from sdk.direct import DirectClient, DirectCredentials
+from sdk.direct import DirectClient, DirectCredentials, SyncDirect
 from sdk.direct._registry import service_path
 from tests.conftest import make_cluster
 
@@ -132,6 +132,18 @@ def test_granted_caller_requests_and_gathers(secure: LocalCluster, service: tupl
 
     asyncio.run(run())
     assert instance.handled() == ["one", "two"]
+
+
+def test_blocking_client_on_a_secure_cluster(secure: LocalCluster, service: tuple[str, str, SecureInstance]) -> None:
+    name, _server, instance = service
+    caller = _principal(secure, "blocking")
+    _acl(secure, caller, "consume", name)
+    direct = SyncDirect(secure.zk_address, credentials=_credentials(secure, caller))
+    try:
+        assert direct.request(name, b"run:sync", timeout_ms=10_000, idempotent=True).payload.startswith(b"sync@")
+    finally:
+        direct.close()
+    assert "sync" in instance.handled()
 
 
 def test_caller_without_consume_is_refused_and_nothing_runs(secure: LocalCluster,
