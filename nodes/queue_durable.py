@@ -42,6 +42,7 @@ WRITE_TIMEOUT_MS: Final[int] = 10_000  # acks=all wait for one state or dead-let
 REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to a node unanswered this long is abandoned
 LOAD_FETCH_BYTES_MAX: Final[int] = 4 * 1024 * 1024
 OUTBOX_MAX: Final[int] = 10_000  # requests waiting for a connection to their node
+CONNECT_WAIT_S: Final[float] = 1.0  # a request whose node cannot be connected to this long fails
 RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load step or topic creation is retried after this
 LOADING: Final[str] = "loading"
 ACTIVE: Final[str] = "active"
@@ -331,15 +332,31 @@ class QueueDurability:
         except errors.FabricError:
             return False
 
-    def _send_outbox(self) -> None:
+    def _send_outbox(self, now: float) -> None:
         waiting, self._outbox = self._outbox, []
         for address, frames, correlation_id in waiting:
-            if correlation_id in self._requests and not self._try_send(address, frames):
+            entry = self._requests.get(correlation_id)
+            if entry is None or self._try_send(address, frames):
+                continue
+            if now - entry[0] > CONNECT_WAIT_S:
+                # Not reachable (a dead node the routing map still names): fail now, so the
+                # caller retries with a fresher map instead of waiting REQUEST_TIMEOUT_S.
+                del self._requests[correlation_id]
+                self._conns.drop(address)
+                entry[2](None)
+            else:
                 self._outbox.append((address, frames, correlation_id))
 
     def _take_replies(self, now: float) -> None:
         if self._outbox:
-            self._send_outbox()
+            self._send_outbox(now)
+        for gone in self._conns.take_disconnected():
+            # The peer went away: what we asked it will not be answered.
+            for correlation_id, (_sent, address, callback) in list(self._requests.items()):
+                if address == gone:
+                    del self._requests[correlation_id]
+                    callback(None)
+            self._conns.drop(gone)
         for _address, frames in self._conns.drain():
             try:
                 message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
