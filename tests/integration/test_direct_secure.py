@@ -31,7 +31,7 @@ from fabric.local_security import LocalSecurity
 from fabric.protocol import direct as wire
 from fabric.zk import close_client
 from sdk.direct import DirectClient, DirectCredentials, SyncDirect
-from sdk.direct._registry import service_path, start_client
+from sdk.direct._registry import InstanceInfo, service_path, start_client
 from tests.conftest import make_cluster
 
 ROOT = Path(__file__).parents[2]
@@ -348,3 +348,39 @@ def test_cli_makes_a_direct_credential(secure: LocalCluster, tmp_path: Path) -> 
                                        read_digest(security.direct_digest_file))
         finally:
             close_client(admin)
+
+
+def test_instance_not_allowed_to_serve_gets_no_traffic(secure: LocalCluster,
+                                                       service: tuple[str, str, SecureInstance]) -> None:
+    """A registered principal without produce on the service writes its own registry entry
+    (it holds the direct credential) and binds a CURVE ROUTER: callers never send to it."""
+    name, _server, instance = service
+    rogue, caller = _principal(secure, "rogue"), _principal(secure, "caller")
+    _acl(secure, caller, "consume", name)
+    pair = _credentials(secure, rogue)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.linger = 0
+    router.curve_server = True
+    router.curve_publickey, router.curve_secretkey = pair.public_key, pair.secret_key
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    zk = start_client(secure.zk_address, zk_digest=pair.zk_digest)
+    try:
+        inherited = zk.get_acls(service_path(name))[0]
+        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", curve_key=pair.public_key.decode())
+        zk.create(f"{service_path(name)}/instance-", info.encode(), acl=inherited, ephemeral=True, sequence=True)
+
+        async def run() -> None:
+            async with await DirectClient.connect(secure.zk_address,
+                                                  credentials=_credentials(secure, caller)) as client:
+                for i in range(20):
+                    await client.request(name, f"run:legit{i}".encode(), timeout_ms=10_000, idempotent=True)
+                assert len(client.instances(name)) == 1  # the rogue entry was never admitted
+
+        asyncio.run(run())
+        assert not router.poll(100)
+        assert len([h for h in instance.handled() if h.startswith("legit")]) == 20
+    finally:
+        close_client(zk)
+        router.close(0)
+        ctx.term()
