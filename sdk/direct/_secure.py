@@ -21,10 +21,13 @@ ACLs (resource type ``service``; the resource name is the service name or the su
 * ``produce`` on a service: serve it. Checked by the server before it registers, and by
   every caller before it sends anything to an instance: an instance whose principal may
   not serve the name gets no traffic;
-* ``produce`` on a subject: publish it; ``consume`` on a subscription pattern (its text,
-  so ``orders.>`` needs a prefix ACL ``orders.`` or a literal one on ``orders.>``):
-  subscribe. Both checked by the acting client's SDK (a PUB socket cannot tell its
-  subscribers apart); the ZAP handler keeps unregistered keys out of pub/sub entirely.
+* ``produce`` on a subject: publish it. Checked by the publisher's SDK and by every
+  subscriber on receipt (one SUB per publisher, pinned to its key: a message whose
+  publisher's principal may not produce the subject is dropped and counted);
+* ``consume`` on a subscription pattern (its text, so ``orders.>`` needs a prefix ACL
+  ``orders.`` or a literal one on ``orders.>``): subscribe. Checked by the subscriber's
+  SDK only (a PUB socket cannot tell its subscribers apart); the ZAP handler keeps
+  unregistered keys out of pub/sub entirely.
 
 In plaintext mode none of this exists: ``DirectClient.security`` is None and the request
 path takes no extra step.

@@ -31,7 +31,7 @@ from fabric.local_security import LocalSecurity
 from fabric.protocol import direct as wire
 from fabric.zk import close_client
 from sdk.direct import DirectClient, DirectCredentials, SyncDirect
-from sdk.direct._registry import InstanceInfo, service_path, start_client
+from sdk.direct._registry import PUBLISHERS, InstanceInfo, service_path, start_client
 from tests.conftest import make_cluster
 
 ROOT = Path(__file__).parents[2]
@@ -383,4 +383,43 @@ def test_instance_not_allowed_to_serve_gets_no_traffic(secure: LocalCluster,
     finally:
         close_client(zk)
         router.close(0)
+        ctx.term()
+
+
+def test_subscriber_drops_messages_of_a_publisher_without_produce(secure: LocalCluster) -> None:
+    """A registered principal without produce on the subject registers a PUB by hand (it
+    holds the direct credential) and publishes: the subscriber drops and counts it."""
+    root = f"news{uuid.uuid4().hex[:6]}"
+    rogue, subscriber = _principal(secure, "rogue-pub"), _principal(secure, "reader")
+    _acl(secure, subscriber, "consume", f"{root}.", "prefix")
+    pair = _credentials(secure, rogue)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.linger = 0
+    pub.curve_server = True
+    pub.curve_publickey, pub.curve_secretkey = pair.public_key, pair.secret_key
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    zk = start_client(secure.zk_address, zk_digest=pair.zk_digest)
+    try:
+        inherited = zk.get_acls(PUBLISHERS)[0]
+        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", metadata={"publisher_id": 7},
+                                 curve_key=pair.public_key.decode())
+        zk.create(f"{PUBLISHERS}/publisher-", info.encode(), acl=inherited, ephemeral=True, sequence=True)
+
+        async def run() -> None:
+            async with await DirectClient.connect(secure.zk_address,
+                                                  credentials=_credentials(secure, subscriber)) as client:
+                subscription = await client.subscribe(f"{root}.>")
+                deadline = time.monotonic() + 10
+                sequence = 0
+                while subscription.refused < 3 and time.monotonic() < deadline:
+                    sequence += 1
+                    pub.send_multipart(wire.publish_frames(f"{root}.fake", 7, sequence, b"forged", None))
+                    assert await subscription.next(timeout_ms=50) is None
+                assert subscription.refused >= 3 and subscription.received == 0  # refused before counting
+
+        asyncio.run(run())
+    finally:
+        close_client(zk)
+        pub.close(0)
         ctx.term()
