@@ -38,12 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from kazoo.exceptions import NoNodeError
 
 from fabric import errors
 from fabric.auth.acl import Authorizer, Operation, Resource, ResourceType
 from fabric.auth.curve import DOMAIN_DIRECT, ENV_KEY_FILE, ZapAuthenticator
 from fabric.auth.keys import load_key_pair
-from fabric.auth.store import SecurityCache, read_digest
+from fabric.auth.store import DIRECT_REGISTRY_ROOTS, SecurityCache, read_digest
 
 log = logging.getLogger("fabric.direct")
 
@@ -94,12 +95,24 @@ class DirectSecurity:
         self._zap_started = False
 
     def start(self) -> None:
-        self.cache.start()  # principals and ACLs read (and watched) before the ZAP handler answers
+        self._inherit_registry_acl()
+        self.cache.start(ensure=False)  # principals and ACLs read (and watched) before the ZAP handler answers
         self.zap.start()
         self._zap_started = True
         if self.principal is None:
             raise errors.AuthenticationFailedError(
                 f"this client's key {self.public_key} is not registered as a principal (fabric principal add)")
+
+    def _inherit_registry_acl(self) -> None:
+        """Create registry znodes with the ACL of the registry root (store.open_direct_registry):
+        the operator and every holder of the direct credential may then register under a
+        service name, whichever of them created it first."""
+        zk = self.cache.zk
+        try:
+            acl, _ = zk.get_acls(DIRECT_REGISTRY_ROOTS[0])
+        except NoNodeError:
+            return  # no registry yet: only the operator's digest can create it, with its own ACL
+        zk.default_acl = list(acl)
 
     def authorizer(self) -> Authorizer:
         return self.cache.authorizer

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -17,18 +18,20 @@ from pathlib import Path
 
 import pytest
 import zmq
+from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL
 
 from fabric import errors
 from fabric.auth import store
 from fabric.auth.acl import AclEntry, Role
 from fabric.auth.keys import generate_key_pair
+from fabric.auth.store import read_digest
 from fabric.local import LocalCluster, LocalZooKeeper, ManagedProcess
 from fabric.local_security import LocalSecurity
 from fabric.protocol import direct as wire
 from fabric.zk import close_client
 from sdk.direct import DirectClient, DirectCredentials, SyncDirect
-from sdk.direct._registry import service_path
+from sdk.direct._registry import service_path, start_client
 from tests.conftest import make_cluster
 
 ROOT = Path(__file__).parents[2]
@@ -60,7 +63,8 @@ def _principal(cluster: LocalCluster, prefix: str) -> str:
 
 def _credentials(cluster: LocalCluster, name: str) -> DirectCredentials:
     security = _security(cluster)
-    return DirectCredentials.from_files(security.key_file(name), security.digest_file)
+    # The direct registry's credential, not the operator's digest: what a service is given.
+    return DirectCredentials.from_files(security.key_file(name), security.direct_digest_file)
 
 
 def _acl(cluster: LocalCluster, principal: str, operation: str, pattern: str, pattern_type: str = "literal",
@@ -78,7 +82,7 @@ class SecureInstance:
 
     def __init__(self, cluster: LocalCluster, base: Path, name: str, principal: str) -> None:
         self.handled_path = base / f"{name}.handled"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **_security(cluster).environment(principal)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **_security(cluster).service_environment(principal)}
         self.process = ManagedProcess(
             f"{name}-instance",
             [sys.executable, "-m", "tests.integration.direct_service", cluster.zk_address, name, str(self.handled_path)],
@@ -266,6 +270,19 @@ def test_registry_znodes_are_digest_protected(secure: LocalCluster, service: tup
     assert any(scheme == "digest" for scheme, _ in schemes)
 
 
+def test_direct_credential_writes_the_registry_and_nothing_else(secure: LocalCluster) -> None:
+    zk = start_client(secure.zk_address, zk_digest=read_digest(_security(secure).direct_digest_file))
+    try:
+        with pytest.raises(NoAuthError):
+            zk.set(store.ACLS, b'{"version": 1, "acls": []}')
+        with pytest.raises(NoAuthError):
+            zk.create(store.principal_path("intruder"), b"{}")
+        with pytest.raises(NoAuthError):
+            zk.create("/fabric/nodes/99", b"{}")
+    finally:
+        close_client(zk)
+
+
 def test_serving_needs_produce(secure: LocalCluster) -> None:
     principal = _principal(secure, "squatter")
 
@@ -305,3 +322,29 @@ def test_pubsub_with_prefix_acls(secure: LocalCluster) -> None:
                 await client.close()
 
     asyncio.run(run())
+
+
+def test_cli_makes_a_direct_credential(secure: LocalCluster, tmp_path: Path) -> None:
+    """`fabric service credential FILE` (the operator): the new credential may register
+    services; the previous one is replaced (rotation), so the test puts it back."""
+    security = _security(secure)
+    path = tmp_path / "direct.digest"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "fabric", "service", "credential", str(path),
+                           "--bootstrap", f"zk://{secure.zk_address}", "--zk-digest-file", str(security.digest_file)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert path.stat().st_mode & 0o777 == 0o600
+    try:
+        zk = start_client(secure.zk_address, zk_digest=read_digest(path))
+        try:
+            zk.create(f"{service_path('cli-made')}-probe", b"{}", ephemeral=True)
+        finally:
+            close_client(zk)
+    finally:
+        admin = security.connect()
+        try:
+            store.open_direct_registry(admin, read_digest(security.digest_file),
+                                       read_digest(security.direct_digest_file))
+        finally:
+            close_client(admin)
