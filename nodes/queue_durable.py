@@ -91,6 +91,7 @@ class QueueDurability:
         self._slots: dict[TopicPartition, Slot] = {}
         self._requests: dict[int, tuple[float, str, Callable[[apis.Message | None], None]]] = {}
         self._creating_topic_until = 0.0
+        self._wake = False  # something a parked receive waits for may have changed
         self._outbox: list[tuple[str, list[Any], int]] = []  # requests waiting for their connection
 
     # -- durability --------------------------------------------------------------------------------
@@ -223,6 +224,7 @@ class QueueDurability:
         if self._slots.get(tp) is slot:
             del self._slots[tp]
         log.info("queue %s/%d: stopped serving (%s)", tp[0], tp[1], why)
+        self._wake = True  # its parked receives are answered with where to go
         waiters, slot.waiters = slot.waiters, []
         for waiter in waiters:
             waiter(errors.NotLeaderError.code, f"queue {tp[0]}/{tp[1]}: {why}")
@@ -287,6 +289,7 @@ class QueueDurability:
             # Done when everything is read and everything read is committed.
             if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:
                 slot.mode = ACTIVE
+                self._wake = True
                 log.info("queue %s/%d: serving %d groups (state read to %s/%d offset %d)", share.topic,
                          share.partition, len(share.groups), qp.STATE_TOPIC, k, slot.load_offset)
             elif not message.batches:  # type: ignore[union-attr]
