@@ -94,6 +94,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"  export {name}={value}")
             print("Add users with: fabric keys generate alice; fabric principal add alice --key alice.key; "
                   "fabric acl add -p alice -o produce --topic events")
+            print(f"Direct-plane services and callers get their own key and FABRIC_ZK_DIGEST_FILE="
+                  f"{cluster.security.direct_digest_file} (the registry only; docs/SECURITY.md)")
         print("A process that dies is restarted with backoff (see docs/OPERATIONS.md). Ctrl-C stops everything.",
               flush=True)
         while not stop.wait(1.0):
