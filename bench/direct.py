@@ -1,6 +1,7 @@
 """The direct plane against bare pyzmq, in one run.
 
     python -m bench.direct [--requests 20000] [--seconds 3] [--payload-bytes 100] [--repeats 3]
+                           [--loop asyncio|uvloop]
 
 Each pair is one client process (this one) and one server process:
 
@@ -14,7 +15,9 @@ Each pair is one client process (this one) and one server process:
 3. Scatter-gather: 8 instances of a service (one child process hosting 8 ROUTERs),
    ``await client.gather(...)`` latency to all 8.
 
-The whole set runs ``--repeats`` times (alternating, so load changes hit every system);
+``--loop uvloop`` runs the Fabric server and the Fabric asyncio client on uvloop (PyPI
+``uvloop``, the ``speed`` extra) instead of the standard event loop; the bare baselines
+do not change. The whole set runs ``--repeats`` times (alternating, so load changes hit every system);
 each run prints its figures and its ratios (Fabric over bare pyzmq, from that run), and
 the end prints the median of every figure and ratio, and the load average. Percentiles
 come from HdrHistogram (PyPI ``hdrhistogram``) when installed, else from nearest-rank
@@ -79,7 +82,16 @@ def bare_server(port: int) -> None:
         sock.send_multipart(frames)
 
 
-def fabric_server(zk: str, name: str, instances: int) -> None:
+def run_on(loop: str, coro: Any) -> Any:
+    """Run ``coro`` on the standard asyncio loop or on uvloop."""
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+def fabric_server(zk: str, name: str, instances: int, loop: str = "asyncio") -> None:
     from sdk.direct import DirectClient, Request
 
     async def echo(request: Request) -> bytes:
@@ -93,7 +105,7 @@ def fabric_server(zk: str, name: str, instances: int) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
         await client.close(drain_timeout_ms=1_000)
 
-    asyncio.run(run())
+    run_on(loop, run())
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
@@ -258,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each 64-in-flight run")
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="whole runs; figures are their medians")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="event loop of the Fabric server and asyncio client")
     parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--fabric-server", nargs=3, metavar=("ZK", "NAME", "INSTANCES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -266,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.fabric_server is not None:
         zk, name, instances = args.fabric_server
-        fabric_server(zk, name, int(instances))
+        fabric_server(zk, name, int(instances), args.loop)
         return 0
 
     payload = b"x" * args.payload_bytes
@@ -277,10 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for repeat in range(args.repeats):
                 print(f"-- run {repeat + 1} of {args.repeats} (load average {load_average()})", flush=True)
-                runs.append(one_run(zookeeper.address, args.requests, args.seconds, payload))
+                runs.append(one_run(zookeeper.address, args.requests, args.seconds, payload, args.loop))
         finally:
             zookeeper.stop()
-    results = {"payload_bytes": args.payload_bytes, "requests": args.requests, "in_flight": IN_FLIGHT,
+    results = {"loop": args.loop, "payload_bytes": args.payload_bytes, "requests": args.requests, "in_flight": IN_FLIGHT,
                "repeats": args.repeats, "load_average_end": load_average(), "runs": runs,
                "median": {key: median_figures([run[key] for run in runs]) for key in runs[0]}}
     medians = results["median"]
@@ -300,24 +314,24 @@ def median_figures(figures: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(f[key] for f in figures) for key in figures[0]}
 
 
-def one_run(zk: str, requests: int, seconds: float, payload: bytes) -> dict[str, Any]:
+def one_run(zk: str, requests: int, seconds: float, payload: bytes, loop: str = "asyncio") -> dict[str, Any]:
     """Every figure once, the bare baselines first, all against the same machine state."""
     run: dict[str, Any] = {}
     run["bare_pyzmq"] = bare_figures(requests, seconds, payload)
     print("bare pyzmq      ", run["bare_pyzmq"], flush=True)
     run["bare_pyzmq_asyncio"] = asyncio.run(bare_asyncio_figures(requests, payload))
     print("bare zmq.asyncio", run["bare_pyzmq_asyncio"], flush=True)
-    server = spawn("--fabric-server", zk, "echo", "1")
+    server = spawn("--fabric-server", zk, "echo", "1", "--loop", loop)
     try:
-        run["direct_async"] = asyncio.run(direct_async_figures(zk, requests, seconds, payload))
+        run["direct_async"] = run_on(loop, direct_async_figures(zk, requests, seconds, payload))
         print("fabric (asyncio)", run["direct_async"], flush=True)
         run["direct_sync"] = direct_sync_figures(zk, requests // 2, payload)
         print("fabric (sync)   ", run["direct_sync"], flush=True)
     finally:
         stop(server)
-    fanout = spawn("--fabric-server", zk, "fanout", str(GATHER_INSTANCES))
+    fanout = spawn("--fabric-server", zk, "fanout", str(GATHER_INSTANCES), "--loop", loop)
     try:
-        run["gather_8"] = asyncio.run(gather_figures(zk, requests // 10, payload))
+        run["gather_8"] = run_on(loop, gather_figures(zk, requests // 10, payload))
         print("gather to 8     ", run["gather_8"], flush=True)
     finally:
         stop(fanout)

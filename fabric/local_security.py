@@ -5,7 +5,9 @@ Everything lives in one directory of the cluster (``<data>/security``), files 06
 * ``cluster.key`` / ``cluster.key_secret``: the server key every node holds;
 * ``node-N.key_secret``: each node's own key, registered with role ``node``;
 * ``admin.key_secret``: the operator's key, registered with role ``super``;
-* ``zk.digest``: the ZooKeeper credential that owns Fabric's znodes.
+* ``zk.digest``: the ZooKeeper credential that owns Fabric's znodes;
+* ``zk-direct.digest``: the credential for services and callers of the direct plane,
+  which may write its registry and nothing else.
 
 Keys are made once and reused when the cluster restarts on the same directory.
 """
@@ -26,6 +28,7 @@ from fabric.zk import close_client
 CLUSTER_KEY = "cluster"
 OPERATOR = "admin"
 DIGEST_FILE = "zk.digest"
+DIRECT_DIGEST_FILE = "zk-direct.digest"  # the direct plane's registry only (store.open_direct_registry)
 ENV_ZK_DIGEST_FILE = "FABRIC_ZK_DIGEST_FILE"
 
 
@@ -41,13 +44,25 @@ class LocalSecurity:
         digest_path = directory / DIGEST_FILE
         if not digest_path.exists():
             store.write_digest(digest_path)
+        direct_path = directory / DIRECT_DIGEST_FILE
+        if not direct_path.exists():
+            store.write_digest(direct_path, user=store.DIRECT_DIGEST_USER)
         security.key_file(CLUSTER_KEY)
         security.register(OPERATOR, Role.SUPER)
+        zk = security.connect()
+        try:
+            store.open_direct_registry(zk, store.read_digest(digest_path), store.read_digest(direct_path))
+        finally:
+            close_client(zk)
         return security
 
     @property
     def digest_file(self) -> Path:
         return self.directory / DIGEST_FILE
+
+    @property
+    def direct_digest_file(self) -> Path:
+        return self.directory / DIRECT_DIGEST_FILE
 
     @property
     def server_key_file(self) -> Path:
@@ -95,6 +110,12 @@ class LocalSecurity:
     def client(self, name: str = OPERATOR) -> ClientSecurity:
         """A registered principal's client security (the operator's by default)."""
         return ClientSecurity.from_files(self.key_file(name), self.server_public_key_file)
+
+    def service_environment(self, name: str) -> dict[str, str]:
+        """What a direct-plane service or caller running as ``name`` needs: its key and the
+        direct registry's credential (not the operator's digest)."""
+        return {ENV_KEY_FILE: str(self.key_file(name)), ENV_SERVER_KEY: str(self.server_public_key_file),
+                ENV_ZK_DIGEST_FILE: str(self.direct_digest_file)}
 
     def environment(self, name: str = OPERATOR) -> dict[str, str]:
         """What a shell needs to use the cluster as ``name`` (SDK, CLI, C client)."""

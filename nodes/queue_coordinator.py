@@ -45,6 +45,10 @@ class QueueCoordinator(QueueDurability):
     def __init__(self, node: NodeState) -> None:
         super().__init__(node)
         self._parked: list[_Parked] = []
+        # Long polls are retried only when something they wait for may have changed (new
+        # committed data, a delay or lease ending, a nack, a load finishing, leadership
+        # moving) or their wait ends, not on every turn of a busy loop.
+        node.change_listeners.append(self._on_change)
         self._turn = 0
 
     # -- requests ---------------------------------------------------------------------------
@@ -164,6 +168,7 @@ class QueueCoordinator(QueueDurability):
             raise errors.InvalidRequestError(
                 f"{len(body['entries'])} entries exceed SETTLE_ENTRIES_MAX ({qp.SETTLE_ENTRIES_MAX})")
         now_ms = wall_ms()
+        self._wake = True  # a nack may make a message visible now
         results: list[dict[str, Any]] = []
         touched: dict[int, Slot] = {}
         for entry in body["entries"]:
@@ -269,13 +274,20 @@ class QueueCoordinator(QueueDurability):
                 due = g.state.next_wakeup_ms()
                 if due and due <= now_ms:
                     self._collect(slot, name, g, g.state.tick(now_ms))
+                    self._wake = True
             self._flush(slot)
-        if self._parked:
+        if self._parked and (self._wake or any(now >= p.deadline_s for p in self._parked)):
+            self._wake = False
             waiting = self._parked
             self._parked = []
             for parked in waiting:
                 if not self._try_receive(parked, final=now >= parked.deadline_s):
                     self._parked.append(parked)
+
+    def _on_change(self, _node: NodeState, touched: set[TopicPartition]) -> None:
+        """A change listener: partitions whose high watermark moved or took data."""
+        if self._parked and any(tp in self._slots for tp in touched):
+            self._wake = True
 
     def next_deadline_s(self) -> float | None:
         """When the loop must run us again: a long poll's end, a lease expiring, a delay ending."""

@@ -42,6 +42,7 @@ WRITE_TIMEOUT_MS: Final[int] = 10_000  # acks=all wait for one state or dead-let
 REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to a node unanswered this long is abandoned
 LOAD_FETCH_BYTES_MAX: Final[int] = 4 * 1024 * 1024
 OUTBOX_MAX: Final[int] = 10_000  # requests waiting for a connection to their node
+CONNECT_WAIT_S: Final[float] = 1.0  # a request whose node cannot be connected to this long fails
 RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load step or topic creation is retried after this
 LOADING: Final[str] = "loading"
 ACTIVE: Final[str] = "active"
@@ -72,6 +73,12 @@ def state_partition(queue: str, partition: int, partitions: int) -> int:
     return zlib.crc32(f"{queue}\0{partition}".encode()) % partitions
 
 
+def _range_record(run: list[Change]) -> bytes:
+    first = run[0]
+    return qp.encode_state_record(first.offset, first.state, first.delivery_count, first.visible_at_ms, first.reason,
+                                  last_offset=run[-1].offset)
+
+
 def wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -84,6 +91,7 @@ class QueueDurability:
         self._slots: dict[TopicPartition, Slot] = {}
         self._requests: dict[int, tuple[float, str, Callable[[apis.Message | None], None]]] = {}
         self._creating_topic_until = 0.0
+        self._wake = False  # something a parked receive waits for may have changed
         self._outbox: list[tuple[str, list[Any], int]] = []  # requests waiting for their connection
 
     # -- durability --------------------------------------------------------------------------------
@@ -94,9 +102,20 @@ class QueueDurability:
             g.state.drain_changes()  # only counts: nothing it decides is a group's to keep
             return
         key = qp.state_key(share.topic, share.partition, group)
+        # Consecutive offsets with the same decision (a receive or an ack of a run of
+        # messages) become one record; order is kept, so the newest per offset still wins.
+        run: list[Change] = []
         for change in g.state.drain_changes():
-            slot.pending.append((key, qp.encode_state_record(
-                change.offset, change.state, change.delivery_count, change.visible_at_ms, change.reason)))
+            if run and change.offset == run[-1].offset + 1 and len(run) < qp.STATE_RANGE_MAX and (
+                    change.state, change.delivery_count, change.visible_at_ms, change.reason) == (
+                    run[0].state, run[0].delivery_count, run[0].visible_at_ms, run[0].reason):
+                run.append(change)
+                continue
+            if run:
+                slot.pending.append((key, _range_record(run)))
+            run = [change]
+        if run:
+            slot.pending.append((key, _range_record(run)))
         slot.dead.extend(f for f in finished if f.state == DEAD)
 
     def _after_durable(self, slots: list[Slot], done: Done) -> None:
@@ -205,6 +224,7 @@ class QueueDurability:
         if self._slots.get(tp) is slot:
             del self._slots[tp]
         log.info("queue %s/%d: stopped serving (%s)", tp[0], tp[1], why)
+        self._wake = True  # its parked receives are answered with where to go
         waiters, slot.waiters = slot.waiters, []
         for waiter in waiters:
             waiter(errors.NotLeaderError.code, f"queue {tp[0]}/{tp[1]}: {why}")
@@ -262,12 +282,14 @@ class QueueDurability:
                         log.warning("skipping an unreadable queue state record: %s", exc)
                         continue
                     group = key[len(prefix):].decode("utf-8", "replace")
-                    share.restore(group, Change(fields["offset"], fields["state"], fields["delivery_count"],
-                                                fields["visible_at_ms"], fields["reason"]), plog)
+                    for offset in range(fields["offset"], fields["last_offset"] + 1):
+                        share.restore(group, Change(offset, fields["state"], fields["delivery_count"],
+                                                    fields["visible_at_ms"], fields["reason"]), plog)
                 slot.load_offset = max(slot.load_offset, decoded.header.next_offset)
             # Done when everything is read and everything read is committed.
             if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:
                 slot.mode = ACTIVE
+                self._wake = True
                 log.info("queue %s/%d: serving %d groups (state read to %s/%d offset %d)", share.topic,
                          share.partition, len(share.groups), qp.STATE_TOPIC, k, slot.load_offset)
             elif not message.batches:  # type: ignore[union-attr]
@@ -313,15 +335,31 @@ class QueueDurability:
         except errors.FabricError:
             return False
 
-    def _send_outbox(self) -> None:
+    def _send_outbox(self, now: float) -> None:
         waiting, self._outbox = self._outbox, []
         for address, frames, correlation_id in waiting:
-            if correlation_id in self._requests and not self._try_send(address, frames):
+            entry = self._requests.get(correlation_id)
+            if entry is None or self._try_send(address, frames):
+                continue
+            if now - entry[0] > CONNECT_WAIT_S:
+                # Not reachable (a dead node the routing map still names): fail now, so the
+                # caller retries with a fresher map instead of waiting REQUEST_TIMEOUT_S.
+                del self._requests[correlation_id]
+                self._conns.drop(address)
+                entry[2](None)
+            else:
                 self._outbox.append((address, frames, correlation_id))
 
     def _take_replies(self, now: float) -> None:
         if self._outbox:
-            self._send_outbox()
+            self._send_outbox(now)
+        for gone in self._conns.take_disconnected():
+            # The peer went away: what we asked it will not be answered.
+            for correlation_id, (_sent, address, callback) in list(self._requests.items()):
+                if address == gone:
+                    del self._requests[correlation_id]
+                    callback(None)
+            self._conns.drop(gone)
         for _address, frames in self._conns.drain():
             try:
                 message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])

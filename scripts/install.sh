@@ -26,5 +26,5 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-extras="${FABRIC_EXTRAS:-spark,test}"
+extras="${FABRIC_EXTRAS:-spark,test,speed}"
 python3 -m pip install -q --disable-pip-version-check -e ".[${extras}]" 2>&1 | grep -v -e "^WARNING: Running pip as" -e "is ignored: it is neither" || true

@@ -7,6 +7,7 @@ each partition's leader for its counts; ``redrive`` moves dead letters back.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -139,6 +140,18 @@ class QueueAdmin:
         groups: dict[str, list[QueuePartitionCounts]] = {}
         for row in rows:
             groups.setdefault(row.group, []).append(row)
+        unread = {r.partition: r for r in groups.pop("", [])}  # partitions no group has read yet
+        if not groups and unread:
+            groups[""] = list(unread.values())
+        all_partitions = {r.partition for r in rows}
+        for group, partition_rows in groups.items():
+            # A group that has not touched a partition yet has everything there waiting,
+            # which is what the partition's "" row counts.
+            have = {r.partition for r in partition_rows}
+            partition_rows.extend(dataclasses.replace(r, group=group) for p, r in unread.items() if p not in have)
+            if {r.partition for r in partition_rows} != all_partitions:
+                # Another group has read a partition this one has not: ask for this group's view.
+                groups[group] = [r for r in self._queue_counts(name, group) if r.group == group]
         return {g: QueueDescription(name, g, settings, tuple(sorted(rs, key=lambda r: r.partition)))
                 for g, rs in sorted(groups.items())}
 

@@ -17,6 +17,7 @@ from sdk._group_admin import GroupAdmin
 from sdk._queue_admin import QueueAdmin
 
 TOPIC_READY_TIMEOUT_S = 30.0
+DESCRIBE_REPLICAS_TIMEOUT_MS = 3_000  # per node: a hung node costs describe this much, not 30 s
 
 
 @dataclass(frozen=True)
@@ -187,16 +188,17 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
                 raise TimeoutError(f"{topic}/{partition} is still moving after {timeout_s:g} s")
             time.sleep(0.2)
 
-    def describe_replicas(self, topics: list[str] | None = None) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    def describe_replicas(self, topics: list[str] | None = None, *,
+                          timeout_ms: int = DESCRIBE_REPLICAS_TIMEOUT_MS) -> dict[tuple[str, int], list[dict[str, Any]]]:
         """Every live node's copy of each partition (DESCRIBE_REPLICAS): role, log start and
         end, high watermark, size on disk, and the reassignment it is acting on. Keyed by
-        (topic, partition); each row carries ``node_id``. A node that does not answer is
-        left out."""
+        (topic, partition); each row carries ``node_id``. A node that does not answer
+        within ``timeout_ms`` (or refuses) is left out."""
         out: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for node_id, address in sorted(self._meta.refresh().nodes.items()):
             try:
                 body = self._conns.request(address, ApiKey.DESCRIBE_REPLICAS, {"topics": topics or []},
-                                           timeout_ms=self.request_timeout_ms).body
+                                           timeout_ms=min(timeout_ms, self.request_timeout_ms)).body
             except errors.FabricError:
                 continue  # down, refused (an older node, an ACL): its copies are left out
             for row in body["partitions"]:

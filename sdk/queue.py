@@ -194,6 +194,11 @@ class QueueConsumer:
                     self.queue, m["partition"], m["offset"], m["delivery_count"], m["deadline_ms"], m["timestamp_ms"],
                     m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]], address))
         now = time.monotonic()
+        for address in self._conns.take_disconnected():
+            # The node went away (killed, restarted): its long poll will not be answered.
+            if self._polls.pop(address, None) is not None:
+                refresh = True
+            self._conns.drop(address)
         for address, (_cid, give_up) in list(self._polls.items()):
             if now > give_up:
                 del self._polls[address]

@@ -201,8 +201,11 @@ class SecurityCache:
         self._closed = False
         self.ready = threading.Event()
 
-    def start(self) -> None:
-        _ensure(self.zk)
+    def start(self, *, ensure: bool = True) -> None:
+        """Read and watch. ``ensure=False`` for a reader without write rights (a direct-plane
+        client): the znodes must exist already."""
+        if ensure:
+            _ensure(self.zk)
         self.zk.ChildrenWatch(PRINCIPALS, self._principals_changed)
         self.zk.DataWatch(ACLS, self._acls_changed)
         self.zk.DataWatch(QUOTAS, self._quotas_changed)
@@ -295,6 +298,32 @@ def secure_zk_kwargs(digest: str | None) -> dict[str, Any]:
         "auth_data": [("digest", digest)],
         "default_acl": [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)],
     }
+
+
+DIRECT_REGISTRY_ROOTS = (f"{ROOT}/services", f"{ROOT}/publishers")  # sdk/direct/_registry.py
+DIRECT_DIGEST_USER = "fabric-direct"
+
+
+def open_direct_registry(zk: KazooClient, admin_digest: str, direct_digest: str) -> None:
+    """Let holders of ``direct_digest`` (services and callers of the direct plane) write
+    the direct plane's registry and nothing else: the registry roots (and the service
+    znodes already there) get "admin digest: all, direct digest: all, world: read"; the
+    rest of /fabric keeps the admin-only ACL, so a service's credential cannot rewrite the
+    routing map, the principals or the ACLs. Direct clients create their znodes with the
+    ACL they find on the registry root (sdk/direct/_secure.py). Idempotent."""
+    acl = []
+    for credential in (admin_digest, direct_digest):
+        user, _, password = credential.partition(":")
+        acl.append(make_digest_acl(user, password, all=True))
+    acl.append(make_acl("world", "anyone", read=True))
+    for root in DIRECT_REGISTRY_ROOTS:
+        zk.ensure_path(root)
+        zk.set_acls(root, acl)
+        for child in zk.get_children(root):
+            try:
+                zk.set_acls(f"{root}/{child}", acl)
+            except NoNodeError:
+                continue  # an ephemeral instance that just went
 
 
 def zk_digest_from_env() -> str | None:

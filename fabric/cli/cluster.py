@@ -23,6 +23,7 @@ from fabric.cli._common import (
     with_bootstrap,
 )
 from fabric.cli._queue_demo import queue_demo
+from fabric.cli._reassign_demo import reassign_demo
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,6 +94,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"  export {name}={value}")
             print("Add users with: fabric keys generate alice; fabric principal add alice --key alice.key; "
                   "fabric acl add -p alice -o produce --topic events")
+            print(f"Direct-plane services and callers get their own key and FABRIC_ZK_DIGEST_FILE="
+                  f"{cluster.security.direct_digest_file} (the registry only; docs/SECURITY.md)")
         print("A process that dies is restarted with backoff (see docs/OPERATIONS.md). Ctrl-C stops everything.",
               flush=True)
         while not stop.wait(1.0):
@@ -187,6 +190,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         queue = queue_demo(cluster.bootstrap)
         summary.update(queue)
         ok = ok and bool(queue["queue_ok"])
+        moved = reassign_demo(cluster, topic)
+        summary.update(moved)
+        ok = ok and bool(moved["reassign_ok"])
         print("== summary")
         print(f"  produced  {n:,} messages in {produce_s:.2f} s: {summary['produce_msgs_per_s']:,} msg/s, {summary['produce_mb_per_s']} MB/s")
         print(f"  consumed  {count:,} messages in {consume_s:.2f} s: {summary['consume_msgs_per_s']:,} msg/s, {summary['consume_mb_per_s']} MB/s")
@@ -204,6 +210,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"{queue['queue_msgs_per_s']:,} msg/s: each acked once {'OK' if queue['queue_acked_once'] else 'MISMATCH'}, "
               f"{queue['queue_dead_letters']} poison jobs in the dead-letter queue, "
               f"delayed jobs early: {queue['queue_delayed_early']} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
+        print(f"  operate   node {max(cluster.nodes)} joined; {topic}/0 moved {moved['reassign_from']} -> "
+              f"{moved['reassign_to']} in {moved['reassign_seconds']} s ({moved['reassign_bytes']:,} bytes copied, "
+              f"throttled): every record on the new node {'OK' if moved['reassign_ok'] else 'MISMATCH'}")
         print(json.dumps(summary))
     return 0 if ok else 1
 

@@ -27,6 +27,9 @@ def add_parser(tsub: argparse._SubParsersAction[argparse.ArgumentParser], with_b
     move.add_argument("--plan", metavar="FILE", help='JSON: {"partitions": [{"topic", "partition", "replicas"}, ...]}')
     move.add_argument("--throttle-bytes-per-s", type=non_negative_int, default=0, metavar="BYTES",
                       help="cap on the new replicas' catch-up fetches, bytes per second (default 0: no cap)")
+    move.add_argument("--generate", metavar="NODES", type=_node_list,
+                      help="print a plan spreading TOPIC (default: every topic) over these node ids, e.g. 1,2,4; "
+                           "nothing moves until you run it with --plan")
     move.add_argument("--cancel", action="store_true",
                       help="stop the running move of TOPIC --partition P (or of each plan entry): new replicas go")
     move.add_argument("--wait", action="store_true", help="return only once every move has finished")
@@ -69,7 +72,25 @@ def read_plan(path: str) -> list[tuple[str, int, list[int]]]:
     return moves
 
 
+def generate_plan(descriptions: list[Any], nodes: list[int]) -> dict[str, Any]:
+    """Each topic's partitions spread round robin over ``nodes`` (as topic creation does),
+    keeping each partition's replica count; partitions already placed so are left out."""
+    from fabric import zk as zkl
+
+    moves = []
+    for desc in descriptions:
+        for p in desc.partitions:
+            wanted = zkl.assign_replicas(desc.name, len(desc.partitions), len(p.replicas), nodes)[p.partition]
+            if list(p.replicas) != wanted:
+                moves.append({"topic": desc.name, "partition": p.partition, "replicas": wanted})
+    return {"partitions": moves}
+
+
 def cmd_reassign(admin: Any, args: argparse.Namespace) -> int:
+    if args.generate:
+        print(json.dumps(generate_plan(admin.describe_topics([args.name] if args.name else None), args.generate),
+                         indent=1))
+        return 0
     if args.plan:
         if args.name or args.partition is not None or args.replicas:
             raise usage_error("give either --plan or TOPIC --partition --replicas, not both")

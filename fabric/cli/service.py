@@ -1,6 +1,8 @@
 """The direct plane from the command line, for debugging (docs/DIRECT.md)::
 
     fabric service list                      instances, address, load, version
+    fabric service credential FILE           secure cluster (operator): write the direct plane's
+                                             ZooKeeper credential, which may write the registry only
     fabric request NAME PAYLOAD              one request; the reply on stdout
     fabric subscribe PATTERN                 messages matching a pattern (orders.*, orders.>)
     fabric publish SUBJECT PAYLOAD           one message to the current subscribers
@@ -14,6 +16,7 @@ import sys
 import time
 
 from fabric import errors
+from fabric.cli import security as security_cli
 from fabric.cli._common import bootstrap, positive_int, with_bootstrap
 
 
@@ -24,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listing.add_argument("name", nargs="?", help="only this service")
     listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     listing.set_defaults(run=cmd_service_list)
+    credential = security_cli._with_zk(actions.add_parser(
+        "credential", help="secure cluster: make the ZooKeeper credential services and callers use"))
+    credential.add_argument("file", help="where to write user:password (mode 0600); an existing file is reused")
+    credential.set_defaults(run=cmd_service_credential)
 
     request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"))
     request.add_argument("name")
@@ -60,6 +67,25 @@ def _zk(args: argparse.Namespace) -> str:
     if spec.zk is None:
         raise errors.NoServiceAvailable("the direct plane needs a ZooKeeper bootstrap: --bootstrap zk://HOST:PORT")
     return spec.zk
+
+
+def cmd_service_credential(args: argparse.Namespace) -> int:
+    """The operator (with the cluster's digest) lets a second credential write the direct
+    plane's registry and nothing else (fabric.auth.store.open_direct_registry)."""
+    from pathlib import Path
+
+    from fabric.auth import store
+
+    admin = security_cli._digest(args)
+    if admin is None:
+        raise errors.AuthorizationFailedError("the operator's ZooKeeper digest is needed: --zk-digest-file")
+    path = Path(args.file)
+    direct = store.read_digest(path) if path.exists() else store.write_digest(path, user=store.DIRECT_DIGEST_USER)
+    with security_cli._zk(args) as zk:
+        store.open_direct_registry(zk, admin, direct)
+    print(f"{path}: services and callers use it as $FABRIC_ZK_DIGEST_FILE (with their own $FABRIC_KEY_FILE);"
+          " it may write the direct plane's registry and nothing else")
+    return 0
 
 
 def cmd_service_list(args: argparse.Namespace) -> int:

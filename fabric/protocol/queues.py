@@ -13,6 +13,7 @@ to the origin, ack), so they need no API of their own.
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Final
 
 from fabric.errors import (
@@ -202,37 +203,50 @@ def dead_letter_headers(queue: str, partition: int, offset: int, delivery_count:
 
 # ----- the replicated share-state log -----
 # Records in ``STATE_TOPIC``: key ``state_key(queue, partition, group)``, value
-# ``STATE_RECORD_V0``. A new leader replays the queue partition, then these records in
-# order; the newest record per offset wins.
+# ``STATE_RECORD_V0``: one decision for the run of offsets ``offset..last_offset`` (a receive
+# or an ack of consecutive messages is one record, as KIP-932's state batches). A new
+# leader replays the queue partition, then these records in order; the newest record per
+# offset wins.
 STATE_TOPIC: Final[str] = "__queue_state"
 STATE_RECORD_VERSION: Final[int] = 0
+STATE_RANGE_MAX: Final[int] = 100_000  # offsets one record may cover; more is a corrupt record
 STATE_CODES: Final[dict[str, int]] = {"available": 0, "delayed": 1, "leased": 2, "acked": 3, "dead": 4, "dropped": 5}
 _STATE_NAMES: Final[dict[int, str]] = {v: k for k, v in STATE_CODES.items()}
 STATE_RECORD_V0: Schema = (
     ("version", "u8"),
     ("offset", "i64"),
+    ("last_offset", "i64"),
     ("state", "i8"),
     ("delivery_count", "i32"),
     ("visible_at_ms", "i64"),
     ("reason", "str"),
 )
+_STATE_FIXED = struct.Struct("<BqqbiqH")
 
 
 def state_key(queue: str, partition: int, group: str) -> bytes:
     return f"{queue}\0{partition}\0{group}".encode()
 
 
-def encode_state_record(offset: int, state: str, delivery_count: int, visible_at_ms: int, reason: str) -> bytes:
-    return s.encode(STATE_RECORD_V0, {
-        "version": STATE_RECORD_VERSION, "offset": offset, "state": STATE_CODES[state],
-        "delivery_count": delivery_count, "visible_at_ms": visible_at_ms, "reason": reason})
+def encode_state_record(offset: int, state: str, delivery_count: int, visible_at_ms: int, reason: str,
+                        last_offset: int = -1) -> bytes:
+    """Byte for byte ``schema.encode(STATE_RECORD_V0, ...)``, packed in one call: the node
+    writes one per decision."""
+    raw = reason.encode()
+    if len(raw) > 0xFFFF:  # a str field's bound; cut at a character boundary
+        raw = raw[:0xFFFF].decode("utf-8", "ignore").encode()
+    return _STATE_FIXED.pack(STATE_RECORD_VERSION, offset, offset if last_offset < 0 else last_offset,
+                             STATE_CODES[state], delivery_count, visible_at_ms, len(raw)) + raw
 
 
 def decode_state_record(raw: bytes) -> dict[str, Any]:
-    """The record's fields with ``state`` as its name; refuses unknown versions and states."""
+    """The record's fields with ``state`` as its name; refuses unknown versions and states
+    and runs that are empty or longer than STATE_RANGE_MAX."""
     values = s.decode(STATE_RECORD_V0, raw)
     if values["version"] != STATE_RECORD_VERSION or values["state"] not in _STATE_NAMES:
         raise CorruptMessageError(f"queue state record version {values['version']} state {values['state']}")
+    if not 0 <= values["last_offset"] - values["offset"] < STATE_RANGE_MAX:
+        raise CorruptMessageError(f"queue state record covers offsets {values['offset']}..{values['last_offset']}")
     values["state"] = _STATE_NAMES[values.pop("state")]
     del values["version"]
     return values

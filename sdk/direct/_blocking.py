@@ -176,6 +176,8 @@ class BlockingCaller:
                 del sockets[key]
                 self._discard(old)
         sock = make_socket(self._direct.ctx, zmq.DEALER)
+        if self._direct.security is not None:
+            self._direct.security.connect_socket(sock, peer.info.curve_key)  # pinned, as the loop's DEALERs
         sock.connect(peer.info.address)
         with self._lock:
             if self._closed:

@@ -127,6 +127,10 @@ class Subscription:
         self._reader: SocketReader | None = None
         self._watch: registry.RegistryWatch | None = None
         self._connected: dict[str, str] = {}  # znode -> address
+        # Secure mode: one SUB per publisher, so each message is known to come from that
+        # publisher's (pinned) key and is dropped unless its principal may produce the subject.
+        self._links: dict[str, tuple[zmq.Socket[Any], SocketReader]] = {}
+        self.refused = 0  # secure mode: messages dropped because their publisher may not produce the subject
         self._last_sequence: dict[int, int] = {}  # publisher id -> last sequence seen
         self._dispatcher: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -166,26 +170,54 @@ class Subscription:
     def _publishers_changed(self, found: dict[str, registry.InstanceInfo]) -> None:
         if self._sock is None:
             return
+        if self._security is not None:
+            self._secure_publishers_changed(found)
+            return
         for znode in set(self._connected) - set(found):
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.disconnect(self._connected.pop(znode))
         for znode, info in found.items():
             if znode not in self._connected:
-                if self._security is not None:
-                    if self._security.principal_for_key(info.curve_key) is None:
-                        log.warning("publisher %s ignored: its key is not a registered principal", znode)
-                        continue
-                    self._security.connect_socket(self._sock, info.curve_key)
                 self._sock.connect(info.address)
                 self._connected[znode] = info.address
 
-    def _on_message(self, frames: list[bytes]) -> None:
+    def _secure_publishers_changed(self, found: dict[str, registry.InstanceInfo]) -> None:
+        security, loop = self._security, self._loop
+        assert security is not None and loop is not None
+        for znode in set(self._links) - set(found):
+            sock, reader = self._links.pop(znode)
+            self._connected.pop(znode, None)
+            reader.close()
+            sock.close(linger=0)
+        for znode, info in found.items():
+            if znode in self._links:
+                continue
+            principal = security.principal_for_key(info.curve_key) if info.curve_key else None
+            if principal is None:
+                log.warning("publisher %s ignored: its key is not a registered principal", znode)
+                continue
+            sock = make_socket(self._ctx, zmq.SUB, hwm=SUB_HWM)
+            sock.setsockopt(zmq.SUBSCRIBE, wire.pattern_prefix(self.pattern))
+            security.connect_socket(sock, info.curve_key)
+            sock.connect(info.address)
+
+            def on_message(frames: list[bytes], principal: str = principal) -> None:
+                self._on_message(frames, principal)
+
+            self._links[znode] = (sock, SocketReader(loop, sock, on_message))
+            self._connected[znode] = info.address
+
+    def _on_message(self, frames: list[bytes], publisher: str | None = None) -> None:
         try:
             message = wire.decode_message(frames, published=True)
         except errors.FabricError:
             return  # not ours or damaged: at-most-once means we skip it
         subject, header = message.subject, message.header
         if not wire.subject_matches(self._tokens, subject):
+            return
+        if publisher is not None and self._security is not None \
+                and not self._security.allowed(publisher, Operation.PRODUCE, subject):
+            self.refused += 1  # a registered publisher without produce on this subject
             return
         last = self._last_sequence.get(header.aux)
         if last is not None:
@@ -256,5 +288,9 @@ class Subscription:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+        for sock, reader in self._links.values():
+            reader.close()
+            sock.close(linger=0)
+        self._links.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

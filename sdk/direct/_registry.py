@@ -25,11 +25,10 @@ from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.protocol.states import KazooState
 
 from fabric import errors
-from fabric.auth.store import secure_zk_kwargs
-from fabric.zk import ROOT, close_client, make_client
+from fabric.auth.store import DIRECT_REGISTRY_ROOTS, secure_zk_kwargs
+from fabric.zk import close_client, make_client
 
-SERVICES = f"{ROOT}/services"
-PUBLISHERS = f"{ROOT}/publishers"
+SERVICES, PUBLISHERS = DIRECT_REGISTRY_ROOTS  # f"{ROOT}/services", f"{ROOT}/publishers"
 INSTANCE_PREFIX = "instance-"
 PUBLISHER_PREFIX = "publisher-"
 ZK_TIMEOUT_S = 5.0  # one ZooKeeper call

@@ -21,10 +21,13 @@ ACLs (resource type ``service``; the resource name is the service name or the su
 * ``produce`` on a service: serve it. Checked by the server before it registers, and by
   every caller before it sends anything to an instance: an instance whose principal may
   not serve the name gets no traffic;
-* ``produce`` on a subject: publish it; ``consume`` on a subscription pattern (its text,
-  so ``orders.>`` needs a prefix ACL ``orders.`` or a literal one on ``orders.>``):
-  subscribe. Both checked by the acting client's SDK (a PUB socket cannot tell its
-  subscribers apart); the ZAP handler keeps unregistered keys out of pub/sub entirely.
+* ``produce`` on a subject: publish it. Checked by the publisher's SDK and by every
+  subscriber on receipt (one SUB per publisher, pinned to its key: a message whose
+  publisher's principal may not produce the subject is dropped and counted);
+* ``consume`` on a subscription pattern (its text, so ``orders.>`` needs a prefix ACL
+  ``orders.`` or a literal one on ``orders.>``): subscribe. Checked by the subscriber's
+  SDK only (a PUB socket cannot tell its subscribers apart); the ZAP handler keeps
+  unregistered keys out of pub/sub entirely.
 
 In plaintext mode none of this exists: ``DirectClient.security`` is None and the request
 path takes no extra step.
@@ -38,12 +41,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from kazoo.exceptions import NoNodeError
 
 from fabric import errors
 from fabric.auth.acl import Authorizer, Operation, Resource, ResourceType
 from fabric.auth.curve import DOMAIN_DIRECT, ENV_KEY_FILE, ZapAuthenticator
 from fabric.auth.keys import load_key_pair
-from fabric.auth.store import SecurityCache, read_digest
+from fabric.auth.store import DIRECT_REGISTRY_ROOTS, SecurityCache, read_digest
 
 log = logging.getLogger("fabric.direct")
 
@@ -94,12 +98,24 @@ class DirectSecurity:
         self._zap_started = False
 
     def start(self) -> None:
-        self.cache.start()  # principals and ACLs read (and watched) before the ZAP handler answers
+        self._inherit_registry_acl()
+        self.cache.start(ensure=False)  # principals and ACLs read (and watched) before the ZAP handler answers
         self.zap.start()
         self._zap_started = True
         if self.principal is None:
             raise errors.AuthenticationFailedError(
                 f"this client's key {self.public_key} is not registered as a principal (fabric principal add)")
+
+    def _inherit_registry_acl(self) -> None:
+        """Create registry znodes with the ACL of the registry root (store.open_direct_registry):
+        the operator and every holder of the direct credential may then register under a
+        service name, whichever of them created it first."""
+        zk = self.cache.zk
+        try:
+            acl, _ = zk.get_acls(DIRECT_REGISTRY_ROOTS[0])
+        except NoNodeError:
+            return  # no registry yet: only the operator's digest can create it, with its own ACL
+        zk.default_acl = list(acl)
 
     def authorizer(self) -> Authorizer:
         return self.cache.authorizer
@@ -174,4 +190,6 @@ class DirectSecurity:
         if self._zap_started:
             self._zap_started = False
             self.zap.stop()
-        self.zap_context.term()
+        # destroy, not term: term waits forever for a socket left open (a blocking caller's
+        # thread that never returned, sdk/direct/_blocking.py); everything else is closed.
+        self.zap_context.destroy(linger=0)

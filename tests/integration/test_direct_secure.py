@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -17,18 +18,20 @@ from pathlib import Path
 
 import pytest
 import zmq
+from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL
 
 from fabric import errors
 from fabric.auth import store
 from fabric.auth.acl import AclEntry, Role
 from fabric.auth.keys import generate_key_pair
+from fabric.auth.store import read_digest
 from fabric.local import LocalCluster, LocalZooKeeper, ManagedProcess
 from fabric.local_security import LocalSecurity
 from fabric.protocol import direct as wire
 from fabric.zk import close_client
-from sdk.direct import DirectClient, DirectCredentials
-from sdk.direct._registry import service_path
+from sdk.direct import DirectClient, DirectCredentials, SyncDirect
+from sdk.direct._registry import PUBLISHERS, InstanceInfo, service_path, start_client
 from tests.conftest import make_cluster
 
 ROOT = Path(__file__).parents[2]
@@ -60,7 +63,8 @@ def _principal(cluster: LocalCluster, prefix: str) -> str:
 
 def _credentials(cluster: LocalCluster, name: str) -> DirectCredentials:
     security = _security(cluster)
-    return DirectCredentials.from_files(security.key_file(name), security.digest_file)
+    # The direct registry's credential, not the operator's digest: what a service is given.
+    return DirectCredentials.from_files(security.key_file(name), security.direct_digest_file)
 
 
 def _acl(cluster: LocalCluster, principal: str, operation: str, pattern: str, pattern_type: str = "literal",
@@ -78,7 +82,7 @@ class SecureInstance:
 
     def __init__(self, cluster: LocalCluster, base: Path, name: str, principal: str) -> None:
         self.handled_path = base / f"{name}.handled"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **_security(cluster).environment(principal)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **_security(cluster).service_environment(principal)}
         self.process = ManagedProcess(
             f"{name}-instance",
             [sys.executable, "-m", "tests.integration.direct_service", cluster.zk_address, name, str(self.handled_path)],
@@ -132,6 +136,18 @@ def test_granted_caller_requests_and_gathers(secure: LocalCluster, service: tupl
 
     asyncio.run(run())
     assert instance.handled() == ["one", "two"]
+
+
+def test_blocking_client_on_a_secure_cluster(secure: LocalCluster, service: tuple[str, str, SecureInstance]) -> None:
+    name, _server, instance = service
+    caller = _principal(secure, "blocking")
+    _acl(secure, caller, "consume", name)
+    direct = SyncDirect(secure.zk_address, credentials=_credentials(secure, caller))
+    try:
+        assert direct.request(name, b"run:sync", timeout_ms=10_000, idempotent=True).payload.startswith(b"sync@")
+    finally:
+        direct.close()
+    assert "sync" in instance.handled()
 
 
 def test_caller_without_consume_is_refused_and_nothing_runs(secure: LocalCluster,
@@ -254,6 +270,19 @@ def test_registry_znodes_are_digest_protected(secure: LocalCluster, service: tup
     assert any(scheme == "digest" for scheme, _ in schemes)
 
 
+def test_direct_credential_writes_the_registry_and_nothing_else(secure: LocalCluster) -> None:
+    zk = start_client(secure.zk_address, zk_digest=read_digest(_security(secure).direct_digest_file))
+    try:
+        with pytest.raises(NoAuthError):
+            zk.set(store.ACLS, b'{"version": 1, "acls": []}')
+        with pytest.raises(NoAuthError):
+            zk.create(store.principal_path("intruder"), b"{}")
+        with pytest.raises(NoAuthError):
+            zk.create("/fabric/nodes/99", b"{}")
+    finally:
+        close_client(zk)
+
+
 def test_serving_needs_produce(secure: LocalCluster) -> None:
     principal = _principal(secure, "squatter")
 
@@ -293,3 +322,104 @@ def test_pubsub_with_prefix_acls(secure: LocalCluster) -> None:
                 await client.close()
 
     asyncio.run(run())
+
+
+def test_cli_makes_a_direct_credential(secure: LocalCluster, tmp_path: Path) -> None:
+    """`fabric service credential FILE` (the operator): the new credential may register
+    services; the previous one is replaced (rotation), so the test puts it back."""
+    security = _security(secure)
+    path = tmp_path / "direct.digest"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "fabric", "service", "credential", str(path),
+                           "--bootstrap", f"zk://{secure.zk_address}", "--zk-digest-file", str(security.digest_file)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert path.stat().st_mode & 0o777 == 0o600
+    try:
+        zk = start_client(secure.zk_address, zk_digest=read_digest(path))
+        try:
+            zk.create(f"{service_path('cli-made')}-probe", b"{}", ephemeral=True)
+        finally:
+            close_client(zk)
+    finally:
+        admin = security.connect()
+        try:
+            store.open_direct_registry(admin, read_digest(security.digest_file),
+                                       read_digest(security.direct_digest_file))
+        finally:
+            close_client(admin)
+
+
+def test_instance_not_allowed_to_serve_gets_no_traffic(secure: LocalCluster,
+                                                       service: tuple[str, str, SecureInstance]) -> None:
+    """A registered principal without produce on the service writes its own registry entry
+    (it holds the direct credential) and binds a CURVE ROUTER: callers never send to it."""
+    name, _server, instance = service
+    rogue, caller = _principal(secure, "rogue"), _principal(secure, "caller")
+    _acl(secure, caller, "consume", name)
+    pair = _credentials(secure, rogue)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.linger = 0
+    router.curve_server = True
+    router.curve_publickey, router.curve_secretkey = pair.public_key, pair.secret_key
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    zk = start_client(secure.zk_address, zk_digest=pair.zk_digest)
+    try:
+        inherited = zk.get_acls(service_path(name))[0]
+        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", curve_key=pair.public_key.decode())
+        zk.create(f"{service_path(name)}/instance-", info.encode(), acl=inherited, ephemeral=True, sequence=True)
+
+        async def run() -> None:
+            async with await DirectClient.connect(secure.zk_address,
+                                                  credentials=_credentials(secure, caller)) as client:
+                for i in range(20):
+                    await client.request(name, f"run:legit{i}".encode(), timeout_ms=10_000, idempotent=True)
+                assert len(client.instances(name)) == 1  # the rogue entry was never admitted
+
+        asyncio.run(run())
+        assert not router.poll(100)
+        assert len([h for h in instance.handled() if h.startswith("legit")]) == 20
+    finally:
+        close_client(zk)
+        router.close(0)
+        ctx.term()
+
+
+def test_subscriber_drops_messages_of_a_publisher_without_produce(secure: LocalCluster) -> None:
+    """A registered principal without produce on the subject registers a PUB by hand (it
+    holds the direct credential) and publishes: the subscriber drops and counts it."""
+    root = f"news{uuid.uuid4().hex[:6]}"
+    rogue, subscriber = _principal(secure, "rogue-pub"), _principal(secure, "reader")
+    _acl(secure, subscriber, "consume", f"{root}.", "prefix")
+    pair = _credentials(secure, rogue)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.linger = 0
+    pub.curve_server = True
+    pub.curve_publickey, pub.curve_secretkey = pair.public_key, pair.secret_key
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    zk = start_client(secure.zk_address, zk_digest=pair.zk_digest)
+    try:
+        inherited = zk.get_acls(PUBLISHERS)[0]
+        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", metadata={"publisher_id": 7},
+                                 curve_key=pair.public_key.decode())
+        zk.create(f"{PUBLISHERS}/publisher-", info.encode(), acl=inherited, ephemeral=True, sequence=True)
+
+        async def run() -> None:
+            async with await DirectClient.connect(secure.zk_address,
+                                                  credentials=_credentials(secure, subscriber)) as client:
+                subscription = await client.subscribe(f"{root}.>")
+                deadline = time.monotonic() + 10
+                sequence = 0
+                while subscription.refused < 3 and time.monotonic() < deadline:
+                    sequence += 1
+                    pub.send_multipart(wire.publish_frames(f"{root}.fake", 7, sequence, b"forged", None))
+                    assert await subscription.next(timeout_ms=50) is None
+                assert subscription.refused >= 3 and subscription.received == 0  # refused before counting
+
+        asyncio.run(run())
+    finally:
+        close_client(zk)
+        pub.close(0)
+        ctx.term()

@@ -120,6 +120,12 @@ def test_plans_bad_input_a_second_move_and_a_new_throttle(cluster: LocalCluster,
         for _ in range(300):  # ~300 kB of incompressible data in partition 0
             producer.send(topic, os.urandom(1_000), partition=0)
         producer.flush(30)
+    # --generate proposes a plan and moves nothing: none over the nodes it was created on.
+    same = fabric("topic", "reassign", topic, "--generate", "1,2,3", "-b", cluster.bootstrap)
+    assert same.returncode == 0 and json.loads(same.stdout) == {"partitions": []}, same.stdout + same.stderr
+    two = json.loads(fabric("topic", "reassign", topic, "--generate", "1,2", "-b", cluster.bootstrap).stdout)
+    assert all(set(m["replicas"]) == {1, 2} for m in two["partitions"])
+    assert all(m["replicas"] != list(parts[m["partition"]].replicas) for m in two["partitions"])  # only real moves
     # Bad input: one clear line each, nothing changed.
     unknown = fabric("topic", "reassign", topic, "--partition", "0", "--replicas", "1,9", "-b", cluster.bootstrap)
     assert unknown.returncode == 1 and "Traceback" not in unknown.stderr

@@ -21,7 +21,7 @@ def exported_series() -> set[str]:
     metrics.observe_request(ApiKey.PRODUCE, 0.001, 10)
     metrics.observe_response(ApiKey.PRODUCE, [errors.NotEnoughReplicasError.code], 10)
     metrics.latest = Snapshot((PartitionSample("t", 0, True, 1, 0, 1, 1, 1, 3, 2, 2, ((2, 1),)),), 0, 0, 0, True,
-                              group_lag=(("g", "t", 0, 5),))
+                              group_lag=(("g", "t", 0, 5),), queues=(("q", 0, "g", (("visible", 3),)),))
     text = generate_latest(metrics.registry).decode()
     return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
 

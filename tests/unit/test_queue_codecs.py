@@ -68,3 +68,28 @@ def test_dead_letter_headers_name_the_origin() -> None:
     hs = dict(q.dead_letter_headers("jobs", 2, 41, 5, "visibility timeout"))
     assert hs[q.HEADER_DLQ_QUEUE] == b"jobs" and hs[q.HEADER_DLQ_OFFSET] == b"41"
     assert hs[q.HEADER_DLQ_COUNT] == b"5" and hs[q.HEADER_DLQ_REASON] == b"visibility timeout"
+
+
+def test_state_record_fast_encoder_matches_the_schema() -> None:
+    cases = [(5, "leased", 1, 0, "", -1), (7, "dead", 3, 1_700_000_000_000, "poison \u00e9", 9),
+             (0, "acked", 1, 0, "x" * 70_000, -1)]
+    for offset, state, count, visible_at, reason, last in cases:
+        raw = q.encode_state_record(offset, state, count, visible_at, reason, last_offset=last)
+        fields = q.decode_state_record(raw)
+        expected = {"version": 0, "offset": offset, "last_offset": offset if last < 0 else last,
+                    "state": q.STATE_CODES[state], "delivery_count": count, "visible_at_ms": visible_at,
+                    "reason": fields["reason"]}
+        assert raw == s.encode(q.STATE_RECORD_V0, expected)
+        assert fields["reason"] == reason[:65_535]
+
+
+def test_state_record_refuses_runs_out_of_bounds() -> None:
+    import pytest
+
+    from fabric import errors
+
+    for last in (4, 5 + q.STATE_RANGE_MAX):
+        raw = s.encode(q.STATE_RECORD_V0, {"version": 0, "offset": 5, "last_offset": last, "state": 3,
+                                           "delivery_count": 1, "visible_at_ms": 0, "reason": ""})
+        with pytest.raises(errors.CorruptMessageError, match="covers offsets"):
+            q.decode_state_record(raw)

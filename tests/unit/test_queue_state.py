@@ -195,7 +195,9 @@ def rebuild(old: qs.ShareState, changes: list[qs.Change], now_ms: int, n: int) -
         new.append(off, 0)
     for c in changes:
         raw = qp.encode_state_record(c.offset, c.state, c.delivery_count, c.visible_at_ms, c.reason)
-        new.restore(qs.Change(**qp.decode_state_record(raw)), now_ms)
+        fields = qp.decode_state_record(raw)
+        assert fields.pop("last_offset") == c.offset
+        new.restore(qs.Change(**fields), now_ms)
     return new
 
 
@@ -247,7 +249,7 @@ def test_state_record_codec_refuses_garbage() -> None:
     from fabric.protocol import queues as qp
 
     raw = bytearray(qp.encode_state_record(3, qs.ACKED, 1, 0, ""))
-    raw[9] = 99  # the state byte
+    raw[17] = 99  # the state byte (after version u8, offset i64, last_offset i64)
     with pytest.raises(errors.CorruptMessageError):
         qp.decode_state_record(bytes(raw))
 

@@ -1,0 +1,48 @@
+"""``fabric topic reassign``'s plan file and ``fabric topic describe``'s log line, as pure functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fabric.cli._common import CliError
+from fabric.cli.reassign import log_line, read_plan
+
+
+def test_read_plan_accepts_kafkas_shape(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"partitions": [{"topic": "a", "partition": 0, "replicas": [1, 2, 4]},
+                                               {"topic": "b", "partition": 3, "replicas": [4]}]}))
+    assert read_plan(str(plan)) == [("a", 0, [1, 2, 4]), ("b", 3, [4])]
+
+
+@pytest.mark.parametrize("content", [
+    "not json", "[]", '{"partitions": []}', '{"partitions": [{"topic": "a", "partition": -1, "replicas": [1]}]}',
+    '{"partitions": [{"topic": "a", "partition": 0, "replicas": []}]}',
+    '{"partitions": [{"topic": "a", "partition": 0, "replicas": [true]}]}',
+    '{"partitions": [{"topic": 5, "partition": 0, "replicas": [1]}]}',
+])
+def test_read_plan_refuses_malformed_plans(tmp_path: Path, content: str) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(content)
+    with pytest.raises(CliError):
+        read_plan(str(plan))
+    with pytest.raises(CliError, match="cannot read plan"):
+        read_plan(str(tmp_path / "missing.json"))
+
+
+def row(node_id: int, role: str, start: int, end: int, hw: int, size: int, adding: list[int] | None = None,
+        removing: list[int] | None = None, throttle: int = 0) -> dict[str, object]:
+    return {"node_id": node_id, "role": role, "log_start_offset": start, "log_end_offset": end, "high_watermark": hw,
+            "size_bytes": size, "adding": adding or [], "removing": removing or [], "throttle_bytes_per_s": throttle}
+
+
+def test_log_line_at_rest_and_while_moving() -> None:
+    assert log_line([]) == "log ? (no leader answered)"
+    assert log_line([row(1, "leader", 10, 110, 100, 2048), row(2, "follower", 10, 100, 100, 2000)]) == \
+        "log 10..100 (90 records, 2.0 KiB)"
+    moving = log_line([row(1, "leader", 0, 200, 200, 500, adding=[4], removing=[1], throttle=1024 * 1024),
+                       row(4, "follower", 0, 50, 50, 100)])
+    assert "reassigning: adding [4] removing [1], throttle 1.0 MiB/s: node 4 at 50/200 (25%)" in moving
