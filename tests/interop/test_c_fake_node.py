@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class FakeNode:
     produce_batches: list[list[bytes]] = field(default_factory=list)
     metadata_requests: int = 0
     fetch_requests: int = 0
+    answered_with_next_waiting: int = 0  # PRODUCE answers sent while another request already waited
 
 
 def metadata_body(address: str) -> dict[str, Any]:
@@ -77,6 +79,8 @@ def fake_node() -> Iterator[tuple[FakeNode, Callable[[Handler], None]]]:
                 if request.header.api_key == ApiKey.FETCH:
                     node.fetch_requests += 1
                 reply = handlers[0](request)
+                if request.header.api_key == ApiKey.PRODUCE and router.poll(0):
+                    node.answered_with_next_waiting += 1
             if reply is not None:
                 router.send_multipart(envelope + reply)
 
@@ -205,3 +209,37 @@ def test_consumer_refuses_hostile_batches(c_client: CClient, fake_node: Any,
     assert error_name in run.stderr
     # The good batch came out whole before the bad one was refused.
     assert run.stdout.decode().splitlines() == ["0\t6b\t61", "1\t-\t62"]
+
+
+def test_pipelined_batches_of_one_partition_and_in_order_resends(c_client: CClient, fake_node: Any) -> None:
+    """Several batches of one partition go out before the first is answered (max_in_flight
+    5); after a failure they are resent in their order, the earliest first and alone."""
+    node, set_handler = fake_node
+    accepted: list[bytes] = []
+    state = {"refuse_until": 0.0, "next_offset": 0}
+
+    def handler(request: apis.Message) -> list[Any]:
+        time.sleep(0.05)  # a slow node: a pipelining client sends its next batches meanwhile
+        if not state["refuse_until"]:
+            state["refuse_until"] = time.monotonic() + 0.3  # leadership moving: refuse for a while
+        if time.monotonic() < state["refuse_until"]:
+            return produce_result(request, 8, 0)  # NOT_LEADER for every batch
+        results = []
+        for entry, data in zip(request.body["entries"], request.batches, strict=True):
+            results.append({"topic": entry["topic"], "partition": entry["partition"], "error": 0,
+                            "base_offset": state["next_offset"], "log_start_offset": 0, "message": ""})
+            state["next_offset"] += batch_format.read_header(data).record_count
+            accepted.append(bytes(data))
+        return apis.encode_response(request.header, {"results": results})
+
+    set_handler(handler)
+    lines = b"".join(b"value-%03d\n" % i for i in range(200))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-p", "0", "-s", "200",
+                          "-l", "50"], input=lines, capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert node.answered_with_next_waiting > 0  # pipelined: sent before the previous answer came
+    first = node.produce_batches[0][0]
+    first_accepted = next(i for i, request in enumerate(node.produce_batches) if bytes(request[0]) == accepted[0])
+    assert node.produce_batches[first_accepted] == [first]  # the earliest batch, resent alone
+    values = [v for data in accepted for v in batch_format.decode_batch(data).values]
+    assert values == [b"value-%03d" % i for i in range(200)]  # each once, in order

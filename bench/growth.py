@@ -1,0 +1,170 @@
+"""Growth: does throughput stay flat as data, partitions and producers grow? Printed as
+ratios from one run, with the peak resident memory of the producer and of the node.
+
+    python -m bench.growth [--messages 500000] [--retained-mb 1024] [--repeats 3]
+
+One local node, acks=1, lz4, 100-byte records sent with ``send_batch`` (so that the
+producer's Python work does not hide the node's):
+
+* retained: produce and consume ``--messages`` on an empty 4-partition topic, then fill
+  the same topic with ``--retained-mb`` more and measure again (consume reads the newest
+  ``--messages``): ratio retained / empty (the issue asks for 10 GB; the size used is
+  printed, choose one that fits the time and the disk);
+* partitions: aggregate produce into 64 partitions vs 1 (sticky, whole batches);
+* producers: 16 producer processes at once vs 1, the same total count.
+
+Medians over ``--repeats``; the node's peak RSS is its VmHWM from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.stats import median
+from fabric.local import LocalCluster
+from sdk import Admin, Consumer, Producer, TopicPartition
+
+SIZE = 100
+CHUNK = 50_000
+
+
+def _values(count: int) -> list[bytes]:
+    raw = os.urandom(SIZE // 2).hex().encode()
+    return [raw] * count
+
+
+def produce(bootstrap: str, topic: str, n: int, ready: Any = None, go: Any = None) -> float:
+    """Seconds to send ``n`` records with send_batch and have them acknowledged (after
+    ``ready.put`` and ``go.wait`` when several processes start together)."""
+    chunk = _values(min(CHUNK, n))
+    with Producer(bootstrap, acks=1) as producer:
+        producer.send(topic, b"warm-up").result(30)
+        if ready is not None:
+            ready.put("ready")
+            go.wait(300)
+        started = time.perf_counter()
+        for start in range(0, n, CHUNK):
+            producer.send_batch(topic, chunk if start + CHUNK <= n else chunk[: n - start])
+        producer.flush(600)
+        return time.perf_counter() - started
+
+
+def consume_newest(bootstrap: str, topic: str, partitions: int, n: int) -> float:
+    """Seconds to read the newest ``n`` records of the topic with poll_batches."""
+    with Consumer(bootstrap) as consumer:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(0, ends[tp] - n // partitions))
+        want = sum(ends[tp] - consumer.position(tp) for tp in tps)
+        count = 0
+        started = time.perf_counter()
+        while count < want:
+            for batch in consumer.poll_batches(timeout_ms=5_000):
+                count += len(batch)
+        return time.perf_counter() - started
+
+
+def _producer_process(bootstrap: str, topic: str, n: int, ready: Any, go: Any, results: Any) -> None:
+    results.put(produce(bootstrap, topic, n, ready, go))
+
+
+def many_producers(bootstrap: str, topic: str, n: int, count: int) -> float:
+    """Wall seconds for ``count`` producer processes to send ``n`` records between them."""
+    ctx = multiprocessing.get_context("spawn")
+    go, ready, results = ctx.Event(), ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_producer_process, args=(bootstrap, topic, n // count, ready, go, results),
+                         daemon=True) for _ in range(count)]
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:  # every process imported, connected and sent a first record
+            ready.get(timeout=300)
+        started = time.perf_counter()
+        go.set()
+        for _ in procs:
+            results.get(timeout=600)
+        return time.perf_counter() - started
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def node_peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=500_000)
+    parser.add_argument("--retained-mb", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    n, repeats = args.messages, args.repeats
+    figures: dict[str, Any] = {"bench": "growth", "messages": n, "size": SIZE, "retained_mb": args.retained_mb,
+                               "repeats": repeats, "load_average_1m_start": round(os.getloadavg()[0], 2)}
+    with tempfile.TemporaryDirectory(prefix="fabric-bench-") as tmp, LocalCluster(1, Path(tmp) / "cluster") as cluster:
+        bootstrap = cluster.bootstrap
+        node_pid = next(iter(cluster.nodes.values())).process.pid
+        with Admin(bootstrap) as admin:
+            admin.create_topic("grow", partitions=4, replication_factor=1)
+            admin.create_topic("p1", partitions=1, replication_factor=1)
+            admin.create_topic("p64", partitions=64, replication_factor=1)
+            admin.create_topic("many", partitions=16, replication_factor=1)
+        print(f"one node, acks=1, {SIZE} B records, {n:,} per measurement, {repeats} repeats; "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+
+        def produce_consume() -> tuple[float, float]:
+            p = [produce(bootstrap, "grow", n) for _ in range(repeats)]
+            c = [consume_newest(bootstrap, "grow", 4, n) for _ in range(repeats)]
+            return n / median(p), n / median(c)
+
+        empty = produce_consume()
+        fill = args.retained_mb * 1_000_000 // SIZE
+        fill_s = produce(bootstrap, "grow", fill)
+        retained = produce_consume()
+        print(f"retained {args.retained_mb} MB ({fill:,} records, filled in {fill_s:.1f} s): produce "
+              f"{retained[0]:,.0f} vs empty {empty[0]:,.0f} msg/s = {retained[0] / empty[0]:.2f}; consume "
+              f"{retained[1]:,.0f} vs {empty[1]:,.0f} = {retained[1] / empty[1]:.2f}", flush=True)
+        one = [n / produce(bootstrap, "p1", n) for _ in range(repeats)]
+        sixty_four = [n / produce(bootstrap, "p64", n) for _ in range(repeats)]
+        print(f"partitions: 64 -> {median(sixty_four):,.0f} msg/s vs 1 -> {median(one):,.0f} = "
+              f"{median(sixty_four) / median(one):.2f}", flush=True)
+        single = [n / produce(bootstrap, "many", n) for _ in range(repeats)]
+        sixteen = [n / many_producers(bootstrap, "many", n, 16) for _ in range(repeats)]
+        print(f"producers: 16 -> {median(sixteen):,.0f} msg/s aggregate vs 1 -> {median(single):,.0f} = "
+              f"{median(sixteen) / median(single):.2f}", flush=True)
+        figures.update({
+            "empty_produce_msgs_per_s": round(empty[0]), "empty_consume_msgs_per_s": round(empty[1]),
+            "retained_produce_msgs_per_s": round(retained[0]), "retained_consume_msgs_per_s": round(retained[1]),
+            "ratio_retained_to_empty_produce": round(retained[0] / empty[0], 3),
+            "ratio_retained_to_empty_consume": round(retained[1] / empty[1], 3),
+            "ratio_64_to_1_partitions": round(median(sixty_four) / median(one), 3),
+            "ratio_16_to_1_producers": round(median(sixteen) / median(single), 3),
+            "producer_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "node_peak_rss_mb": round(node_peak_rss_mb(node_pid), 1),
+            "load_average_1m_end": round(os.getloadavg()[0], 2),
+        })
+        print(f"peak RSS: producer {figures['producer_peak_rss_mb']} MB, node {figures['node_peak_rss_mb']} MB")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
