@@ -16,6 +16,7 @@ import zmq
 from kazoo.client import KazooClient
 
 from fabric import errors
+from fabric.auth.store import zk_digest_from_env
 from fabric.protocol import direct as wire
 from fabric.zk import close_client
 from sdk.direct import _balance as balance
@@ -82,8 +83,9 @@ class DirectClient:
         ``$FABRIC_ZK_DIGEST_FILE`` set) the client runs secure: CURVE on every direct
         socket, ACLs on services, the registry under the digest ACL (docs/SECURITY.md)."""
         credentials = credentials or DirectCredentials.from_env()
-        zk = await asyncio.to_thread(registry.start_client, zk_hosts,
-                                     zk_digest=credentials.zk_digest if credentials else None)
+        # A plaintext client may still hold a ZooKeeper credential ($FABRIC_ZK_DIGEST_FILE).
+        zk_digest = credentials.zk_digest if credentials is not None else zk_digest_from_env()
+        zk = await asyncio.to_thread(registry.start_client, zk_hosts, zk_digest=zk_digest)
         security = None
         if credentials is not None:
             security = DirectSecurity(credentials, zk, zmq.Context())

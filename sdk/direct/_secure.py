@@ -57,30 +57,30 @@ DECISIONS_CACHED_MAX = 10_000  # (principal, operation, name) answers kept per A
 
 @dataclass(frozen=True)
 class DirectCredentials:
-    """A principal's key pair and the cluster's ZooKeeper digest (``user:password``)."""
+    """A principal's key pair and, to serve or publish, a ZooKeeper credential that may
+    write the registry (``user:password``: the direct credential or the operator's digest).
+    Callers and subscribers need no credential: the registry is world-readable."""
 
     public_key: bytes  # Z85
     secret_key: bytes  # Z85
-    zk_digest: str
+    zk_digest: str | None = None
 
     @classmethod
-    def from_files(cls, key_file: str | os.PathLike[str], zk_digest_file: str | os.PathLike[str]) -> DirectCredentials:
+    def from_files(cls, key_file: str | os.PathLike[str],
+                   zk_digest_file: str | os.PathLike[str] | None = None) -> DirectCredentials:
         pair = load_key_pair(key_file)
         if pair.secret_key is None:
             raise errors.InvalidRequestError(f"{key_file} holds no secret key: pass the NAME.key_secret file")
-        return cls(pair.public_key, pair.secret_key, read_digest(zk_digest_file))
+        return cls(pair.public_key, pair.secret_key, read_digest(zk_digest_file) if zk_digest_file else None)
 
     @classmethod
     def from_env(cls) -> DirectCredentials | None:
-        """``$FABRIC_KEY_FILE`` and ``$FABRIC_ZK_DIGEST_FILE`` (what ``fabric up --secure``
-        prints), or None (plaintext) when neither is set."""
-        key_file, digest_file = os.environ.get(ENV_KEY_FILE), os.environ.get(ENV_ZK_DIGEST_FILE)
-        if not key_file and not digest_file:
+        """``$FABRIC_KEY_FILE`` (and ``$FABRIC_ZK_DIGEST_FILE`` when set), or None
+        (plaintext) without a key file."""
+        key_file = os.environ.get(ENV_KEY_FILE)
+        if not key_file:
             return None
-        if not key_file or not digest_file:
-            raise errors.InvalidRequestError(
-                f"a secure direct client needs both ${ENV_KEY_FILE} and ${ENV_ZK_DIGEST_FILE}")
-        return cls.from_files(key_file, digest_file)
+        return cls.from_files(key_file, os.environ.get(ENV_ZK_DIGEST_FILE) or None)
 
 
 class DirectSecurity:

@@ -150,6 +150,26 @@ def test_blocking_client_on_a_secure_cluster(secure: LocalCluster, service: tupl
     assert "sync" in instance.handled()
 
 
+def test_caller_needs_no_zookeeper_credential(secure: LocalCluster, service: tuple[str, str, SecureInstance]) -> None:
+    """Calling reads the registry (world-readable) and uses CURVE: a key is enough. Serving
+    writes the registry: without a credential that is refused with a clear error."""
+    name, _server, instance = service
+    caller = _principal(secure, "keyonly")
+    _acl(secure, caller, "consume", name)
+    _acl(secure, caller, "produce", f"{name}-mine")
+    key_only = DirectCredentials.from_files(_security(secure).key_file(caller))
+
+    async def run() -> None:
+        async with await DirectClient.connect(secure.zk_address, credentials=key_only) as client:
+            reply = await client.request(name, b"run:keyonly", timeout_ms=10_000, idempotent=True)
+            assert reply.payload.startswith(b"keyonly@")
+            with pytest.raises(errors.AuthorizationFailedError, match="ZooKeeper refused"):
+                await client.serve(f"{name}-mine", lambda request: b"")
+
+    asyncio.run(run())
+    assert "keyonly" in instance.handled()
+
+
 def test_caller_without_consume_is_refused_and_nothing_runs(secure: LocalCluster,
                                                             service: tuple[str, str, SecureInstance]) -> None:
     name, _server, instance = service
