@@ -79,9 +79,10 @@ class DirectClient:
     @classmethod
     async def connect(cls, zk_hosts: str, *, credentials: DirectCredentials | None = None,
                       **options: Any) -> DirectClient:
-        """Connect to ZooKeeper. With ``credentials`` (or ``$FABRIC_KEY_FILE`` and
-        ``$FABRIC_ZK_DIGEST_FILE`` set) the client runs secure: CURVE on every direct
-        socket, ACLs on services, the registry under the digest ACL (docs/SECURITY.md)."""
+        """Connect to ZooKeeper. With ``credentials`` (or ``$FABRIC_KEY_FILE`` set) the
+        client runs secure: CURVE on every direct socket, ACLs on services; serving and
+        publishing also need a ZooKeeper credential that may write the registry
+        (``credentials.zk_digest`` or ``$FABRIC_ZK_DIGEST_FILE``; docs/SECURITY.md)."""
         credentials = credentials or DirectCredentials.from_env()
         # A plaintext client may still hold a ZooKeeper credential ($FABRIC_ZK_DIGEST_FILE).
         zk_digest = credentials.zk_digest if credentials is not None else zk_digest_from_env()
