@@ -3,7 +3,8 @@ ratios from one run, with the peak resident memory of the producer and of the no
 
     python -m bench.growth [--messages 500000] [--retained-mb 1024] [--repeats 3]
 
-One local node, acks=1, lz4, 100-byte records sent with ``send_batch`` (so that the
+One local node, acks=1, lz4, random (incompressible, so stored as they are) 100-byte
+records sent with ``send_batch`` (so that the
 producer's Python work does not hide the node's):
 
 * retained: produce and consume ``--messages`` on an empty 4-partition topic, then fill
@@ -38,8 +39,9 @@ CHUNK = 50_000
 
 
 def _values(count: int) -> list[bytes]:
-    raw = os.urandom(SIZE // 2).hex().encode()
-    return [raw] * count
+    """Distinct random values: they do not compress, so retained bytes are bytes on disk."""
+    blob = os.urandom(SIZE * count)
+    return [blob[i * SIZE : (i + 1) * SIZE] for i in range(count)]
 
 
 def produce(bootstrap: str, topic: str, n: int, ready: Any = None, go: Any = None) -> float:
