@@ -57,8 +57,9 @@ LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether it
 MAX_IN_FLIGHT_DEFAULT = 5
 MAX_IN_FLIGHT_IDEMPOTENT = 5
 MAX_IN_FLIGHT_MAX = 100
-REQUEST_BATCHES_MAX = 64
-NEW_CONNECTION_WAIT_MS = 100  # a produce to a node we have no socket to yet waits this long to connect  # batches per PRODUCE request to one node
+REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
+REQUEST_BYTES_MAX = 1024 * 1024  # ...and about this many record bytes per request (a larger batch goes alone)
+NEW_CONNECTION_WAIT_MS = 100  # a produce to a node we have no socket to yet waits this long to connect
 # A producer that is garbage-collected, or still open when the interpreter exits, without
 # close(): it flushes what it holds for at most this long, then logs how many records
 # were lost (kafka-python flushes at exit, librdkafka warns; we do both, within a bound).
@@ -73,6 +74,24 @@ def _as_bytes(value: Any, what: str) -> bytes | None:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     raise TypeError(f"{what} must be bytes, str or None, not {type(value).__name__}")
+
+
+def _request_groups(batches: list[ProducerBatch]) -> list[list[ProducerBatch]]:
+    """Cut one node's ready batches into PRODUCE requests of at most REQUEST_BATCHES_MAX
+    batches and about REQUEST_BYTES_MAX bytes (as Kafka's max.request.size): the node
+    writes a request in one turn, so smaller requests let it work while we encode more."""
+    groups: list[list[ProducerBatch]] = []
+    current: list[ProducerBatch] = []
+    size = 0
+    for batch in batches:
+        if current and (len(current) == REQUEST_BATCHES_MAX or size + batch.size_bytes > REQUEST_BYTES_MAX):
+            groups.append(current)
+            current, size = [], 0
+        current.append(batch)
+        size += batch.size_bytes
+    if current:
+        groups.append(current)
+    return groups
 
 
 @dataclass
@@ -504,8 +523,8 @@ class _ProducerCore:
                 continue
             by_node.setdefault(address, []).append(batch)
         for address, batches in by_node.items():
-            for start in range(0, len(batches), REQUEST_BATCHES_MAX):
-                self._send_request(conns, address, batches[start : start + REQUEST_BATCHES_MAX], now)
+            for group in _request_groups(batches):
+                self._send_request(conns, address, group, now)
         with self._lock:
             deadline = self._acc.next_deadline_s()
         timeout_s = SENDER_POLL_MS_MAX / 1000.0

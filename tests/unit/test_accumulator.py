@@ -156,3 +156,20 @@ def test_failed_pipelined_batches_are_resent_in_order_and_alone() -> None:
     again.attempts = 2
     [second] = acc.ready(1.0, {}, max_in_flight=3)
     assert second is sent[1]
+
+
+def test_requests_are_cut_by_batch_count_and_bytes() -> None:
+    from sdk.accumulator import ProducerBatch
+    from sdk.producer import REQUEST_BATCHES_MAX, REQUEST_BYTES_MAX, _request_groups
+
+    def batch(size: int) -> ProducerBatch:
+        b = ProducerBatch("t", 0, 0.0)
+        b.size_bytes = size
+        return b
+
+    big = [batch(REQUEST_BYTES_MAX // 4) for _ in range(10)]
+    assert [len(g) for g in _request_groups(big)] == [4, 4, 2]
+    small = [batch(10) for _ in range(REQUEST_BATCHES_MAX + 1)]
+    assert [len(g) for g in _request_groups(small)] == [REQUEST_BATCHES_MAX, 1]
+    huge = [batch(REQUEST_BYTES_MAX * 2), batch(10)]
+    assert [len(g) for g in _request_groups(huge)] == [1, 1]  # a batch larger than the cap goes alone
