@@ -87,6 +87,12 @@ def connection_retry() -> KazooRetry:
                       max_jitter=ZK_RECONNECT_JITTER, max_delay=ZK_RECONNECT_DELAY_MAX_S)
 
 
+def startup_retry() -> KazooRetry:
+    """For a process's first, idempotent calls: through connection loss until ZK_START_TIMEOUT_S."""
+    return KazooRetry(max_tries=-1, delay=ZK_COMMAND_DELAY_S, backoff=2.0, max_delay=ZK_COMMAND_DELAY_MAX_S,
+                      deadline=ZK_START_TIMEOUT_S)
+
+
 def command_retry() -> KazooRetry:
     return KazooRetry(max_tries=ZK_COMMAND_TRIES_MAX, delay=ZK_COMMAND_DELAY_S, backoff=2.0,
                       max_jitter=ZK_RECONNECT_JITTER, max_delay=ZK_COMMAND_DELAY_MAX_S, deadline=ZK_COMMAND_DEADLINE_S)
@@ -367,8 +373,11 @@ def validate_topic_name(name: str) -> None:
 
 
 def ensure_layout(zk: KazooClient) -> None:
+    """Create Fabric's top znodes if missing. Called as a process starts, when ZooKeeper
+    may itself have just started: a lost connection is retried until ZK_START_TIMEOUT_S."""
+    retry = startup_retry()
     for path in (ROOT, NODES, TOPICS):
-        ensure_path(zk, path)
+        retry(ensure_path, zk, path)
 
 
 def live_nodes(zk: KazooClient) -> dict[int, NodeInfo]:

@@ -97,7 +97,7 @@ def start(node: NodeState) -> None:
     node.zk.start(timeout=30)
     node.zk_ok.set()
     record_session(node)
-    zkl.ensure_layout(node.zk)
+    zkl.ensure_layout(node.zk)  # retried through a connection lost while starting
     reconcile_local_data(node)
     node.routing.start()
     node.metrics = metrics.serve(node)  # before register(), which publishes its address
