@@ -106,7 +106,10 @@ class QueueCoordinator(QueueDurability):
     def _slot(self, tp: TopicPartition) -> tuple[PartitionLog, Slot]:
         plog, leader, config = self.node.leader_log(*tp)
         slot = self._slots.get(tp)
-        if slot is None or slot.share.epoch != leader.epoch:
+        if slot is not None and slot.share.epoch != leader.epoch:
+            self._drop(slot, "leadership moved")  # its waiting answers are told, not stranded
+            slot = None
+        if slot is None:
             slot = Slot(SharePartition(tp[0], tp[1], leader.epoch, config))
             self._slots[tp] = slot
             log.info("queue %s/%d (epoch %d): loading its state", tp[0], tp[1], leader.epoch)
@@ -123,6 +126,7 @@ class QueueCoordinator(QueueDurability):
         now_ms = wall_ms()
         self._turn += 1
         remaining = body["max_messages"]
+        answer_bytes = 0
         messages: list[dict[str, Any]] = []
         touched: list[Slot] = []
         for i in range(len(led)):
@@ -132,13 +136,17 @@ class QueueCoordinator(QueueDurability):
                 continue
             g = share.group(body["group"], plog)
             share.ingest(g, plog, now_ms)
-            leases, finished = g.state.acquire(body["consumer_id"], remaining, now_ms, body["visibility_timeout_ms"])
+            if answer_bytes >= qp.RECEIVE_BYTES_MAX:
+                break
+            leases, finished = g.state.acquire(body["consumer_id"], remaining, now_ms, body["visibility_timeout_ms"],
+                                               bytes_max=qp.RECEIVE_BYTES_MAX - answer_bytes)
             self._collect(slot, body["group"], g, finished)
             touched.append(slot)
             if not leases:
                 continue
             remaining -= len(leases)
             records = share.records(plog, [lease.offset for lease in leases])
+            answer_bytes += sum(len(r[2] or b"") for r in records.values())
             for lease in leases:
                 ts, key, value, headers = records.get(lease.offset, (0, None, None, []))
                 entry = g.state.entry(lease.offset)

@@ -223,23 +223,34 @@ class ShareState:
         self._advance()
 
     # ----- consumer requests -----
-    def acquire(self, consumer: str, max_messages: int, now_ms: int, visibility_ms: int = 0) -> tuple[list[Lease], list[Finished]]:
-        """Lease up to ``max_messages`` visible messages to ``consumer``, best priority first."""
+    def acquire(self, consumer: str, max_messages: int, now_ms: int, visibility_ms: int = 0,
+                bytes_max: int = 0) -> tuple[list[Lease], list[Finished]]:
+        """Lease up to ``max_messages`` visible messages to ``consumer``, best priority first,
+        and (``bytes_max`` > 0) no more value bytes than that, but always at least one."""
         vis = visibility_ms or self.config.visibility_timeout_ms
         check_visibility_ms(vis)
         finished = self.tick(now_ms)
         leases: list[Lease] = []
+        taken_bytes = 0
         while self._visible and len(leases) < max_messages:
+            if bytes_max and leases and taken_bytes + self._peek_size() > bytes_max:
+                break
             _, off = heapq.heappop(self._visible)
             e = self._entries.get(off)
             if e is None or e.state != AVAILABLE or e.visible_at_ms > now_ms:
                 continue
             e.state, e.consumer, e.deadline_ms = LEASED, consumer, now_ms + vis
             e.delivery_count += 1
+            taken_bytes += e.size_bytes
             heapq.heappush(self._leases, (e.deadline_ms, off))
             self._record(e)
             leases.append(Lease(off, e.delivery_count, e.deadline_ms))
         return leases, finished
+
+    def _peek_size(self) -> int:
+        """The size of the next visible message (0 if the heap's top is stale)."""
+        e = self._entries.get(self._visible[0][1])
+        return e.size_bytes if e is not None else 0
 
     def _held(self, consumer: str, offset: int, now_ms: int) -> Entry:
         e = self._entries.get(offset)

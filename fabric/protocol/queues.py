@@ -34,6 +34,7 @@ VISIBILITY_TIMEOUT_MS_DEFAULT: Final[int] = 30_000
 VISIBILITY_TIMEOUT_MS_MAX: Final[int] = 12 * 3_600_000
 RECEIVE_WAIT_MS_MAX: Final[int] = 20_000
 RECEIVE_MESSAGES_MAX: Final[int] = 1_000  # SQS: 10; a batch worker wants more
+RECEIVE_BYTES_MAX: Final[int] = 16 * 1024 * 1024  # value bytes per receive answer (at least one message)
 SETTLE_ENTRIES_MAX: Final[int] = 10_000
 MAX_DELIVERIES_DEFAULT: Final[int] = 5  # Kafka share groups' group.share.delivery.count.limit
 MAX_DELIVERIES_MAX: Final[int] = 1_000

@@ -298,3 +298,13 @@ def test_seeded_random_workers_keep_the_invariants(seed: int) -> None:
         s.drain_changes()
     assert acked | dead == set(range(n)) and not acked & dead
     assert s.start_offset == n and s.counts()["bytes"] == 0
+
+
+def test_acquire_is_bounded_by_bytes_but_takes_at_least_one() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    for off in range(5):
+        s.append(off, 0, size_bytes=400)
+    got, _ = s.acquire("w", 10, 0, bytes_max=1_000)
+    assert [x.offset for x in got] == [0, 1]
+    got, _ = s.acquire("w", 10, 0, bytes_max=100)  # larger than the bound: still one
+    assert [x.offset for x in got] == [2]
