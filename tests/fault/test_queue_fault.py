@@ -190,7 +190,7 @@ def _check(workers: list[Worker], produced: set[str], poison: set[str], dead: li
             elif any(k >= t_prev for k in leader_kills):
                 redeliveries["leader killed while leased"] += 1
             elif (value, w_prev.name) in ack_refused:
-                redeliveries["lease ended before the ack (slow worker)"] += 1
+                redeliveries["ack refused, lease had ended (timeout, or a state reload after a kill)"] += 1
             else:
                 unexplained.append(value)
     dlq_wrong = sorted(set(dead) ^ poison)
