@@ -42,6 +42,11 @@ WRITE_TIMEOUT_MS: Final[int] = 10_000  # acks=all wait for one state or dead-let
 REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to a node unanswered this long is abandoned
 LOAD_FETCH_BYTES_MAX: Final[int] = 4 * 1024 * 1024
 OUTBOX_MAX: Final[int] = 10_000  # requests waiting for a connection to their node
+# One write's bounds, well inside a topic's default message_bytes_max (8 MiB): state records
+# are ~90 bytes; dead letters carry their values.
+STATE_RECORDS_PER_WRITE: Final[int] = 20_000
+DEAD_LETTERS_PER_WRITE: Final[int] = 1_000
+DEAD_LETTER_BYTES_PER_WRITE: Final[int] = 4 * 1024 * 1024
 CONNECT_WAIT_S: Final[float] = 1.0  # a request whose node cannot be connected to this long fails
 RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load step or topic creation is retried after this
 LOADING: Final[str] = "loading"
@@ -65,7 +70,10 @@ class Slot:
     next_load_s: float = 0.0
     pending: list[tuple[bytes, bytes]] = field(default_factory=list)  # state records to write next
     dead: list[Finished] = field(default_factory=list)  # to dead-letter before those records
-    waiters: list[Done] = field(default_factory=list)  # answers waiting for the next write
+    # Answers waiting for their decisions to be written: (records queued before them, answer).
+    waiters: list[tuple[int, Done]] = field(default_factory=list)
+    queued: int = 0  # state records ever queued on this slot
+    written: int = 0  # ... and written
     flushing: bool = False
 
 
@@ -113,9 +121,11 @@ class QueueDurability:
                 continue
             if run:
                 slot.pending.append((key, _range_record(run)))
+                slot.queued += 1
             run = [change]
         if run:
             slot.pending.append((key, _range_record(run)))
+            slot.queued += 1
         slot.dead.extend(f for f in finished if f.state == DEAD)
 
     def _after_durable(self, slots: list[Slot], done: Done) -> None:
@@ -133,34 +143,36 @@ class QueueDurability:
             if left[0] == 0:
                 done(*(first_error[0] if first_error else (0, "")))
         for slot in slots:
-            slot.waiters.append(one)
+            slot.waiters.append((slot.queued, one))
             self._flush(slot)
 
     def _flush(self, slot: Slot) -> None:
         if slot.flushing:
             return  # the next flush starts when this one ends
-        records, dead, waiters = slot.pending, slot.dead, slot.waiters
-        slot.pending, slot.dead, slot.waiters = [], [], []
+        records, dead = slot.pending[:STATE_RECORDS_PER_WRITE], slot.dead
+        slot.pending, slot.dead = slot.pending[STATE_RECORDS_PER_WRITE:], []
         if not records and not dead:
-            for waiter in waiters:
-                waiter(0, "")
+            self._release(slot)
             return
         slot.flushing = True
         share = slot.share
 
         def finished(code: int, text: str) -> None:
             slot.flushing = False
-            for waiter in waiters:
-                waiter(code, text)
-            if self._slots.get((share.topic, share.partition)) is not slot:
-                return
             if code:
-                self._reload(slot, f"queue state write failed: {text or code}")  # memory is ahead of the log
-            else:
+                waiters, slot.waiters = slot.waiters, []
+                for _need, waiter in waiters:
+                    waiter(code, text)
+                if self._slots.get((share.topic, share.partition)) is slot:
+                    self._reload(slot, f"queue state write failed: {text or code}")  # memory is ahead of the log
+                return
+            slot.written += len(records)
+            self._release(slot)
+            if self._slots.get((share.topic, share.partition)) is slot:
                 self._flush(slot)
 
         def write_state(code: int, text: str) -> None:
-            if code:
+            if code or not records:
                 finished(code, text)
                 return
             route = self.node.routing.topic(qp.STATE_TOPIC)
@@ -176,7 +188,18 @@ class QueueDurability:
         else:
             write_state(0, "")
 
+    @staticmethod
+    def _release(slot: Slot) -> None:
+        """Answer those whose decisions are all written (in the order they came)."""
+        ready = [w for w in slot.waiters if w[0] <= slot.written]
+        if ready:
+            slot.waiters = [w for w in slot.waiters if w[0] > slot.written]
+            for _need, waiter in ready:
+                waiter(0, "")
+
     def _dead_letter(self, slot: Slot, dead: list[Finished], done: Done) -> None:
+        """Produce the dead letters (acks=all) in bounded batches, one after another; ``done``
+        after the last, so no record saying they left the queue is written before them."""
         share = slot.share
         plog = self.node.logs.get((share.topic, share.partition))
         dlq = share.config.dead_letter
@@ -184,20 +207,30 @@ class QueueDurability:
         if plog is None or route is None:
             done(errors.UnknownTopicOrPartitionError.code, f"dead-letter topic {dlq!r} does not exist")
             return
-        found = share.records(plog, [f.offset for f in dead])
-        batch: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
-        for f in dead:
-            record = found.get(f.offset)
+        chunk: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
+        chunk_bytes = 0
+        rest = list(dead)
+        while rest and len(chunk) < DEAD_LETTERS_PER_WRITE and chunk_bytes < DEAD_LETTER_BYTES_PER_WRITE:
+            f = rest.pop(0)
+            record = share.records(plog, [f.offset]).get(f.offset)
             if record is None:
                 continue  # removed by retention meanwhile: nothing left to move
             ts, key, value, headers = record
             kept = [(k, v) for k, v in headers if k not in _SEND_ONLY_HEADERS and k not in qp.DLQ_HEADERS]
-            batch.append((ts, key, value, kept + qp.dead_letter_headers(
+            chunk.append((ts, key, value, kept + qp.dead_letter_headers(
                 share.topic, share.partition, f.offset, f.delivery_count, f.reason)))
-        if not batch:
-            done(0, "")
+            chunk_bytes += len(value or b"") + len(key or b"")
+
+        def after(code: int, text: str) -> None:
+            if code or not rest:
+                done(code, text)
+            else:
+                self._dead_letter(slot, rest, done)
+
+        if not chunk:
+            after(0, "")
             return
-        self._produce(dlq, share.partition % route.config.partitions, batch, done)
+        self._produce(dlq, share.partition % route.config.partitions, chunk, after)
 
     def _produce(self, topic: str, partition: int,
                  records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]], done: Done) -> None:
@@ -226,7 +259,7 @@ class QueueDurability:
         log.info("queue %s/%d: stopped serving (%s)", tp[0], tp[1], why)
         self._wake = True  # its parked receives are answered with where to go
         waiters, slot.waiters = slot.waiters, []
-        for waiter in waiters:
+        for _need, waiter in waiters:
             waiter(errors.NotLeaderError.code, f"queue {tp[0]}/{tp[1]}: {why}")
 
     def _reload(self, slot: Slot, why: str) -> None:
