@@ -32,6 +32,7 @@ log = logging.getLogger("fabric.queues")
 QUEUE_APIS: Final[frozenset[int]] = frozenset(key for key, _ in qp.SCHEMAS)
 PARKED_RECEIVES_MAX: Final[int] = 10_000  # long polls waiting on this node; past it, answered empty
 NAME_BYTES_MAX: Final[int] = 255  # group and consumer ids
+LOAD_WAIT_S: Final[float] = 2.0  # even a receive with wait_ms 0 waits this long for a loading partition
 
 
 @dataclass
@@ -39,6 +40,7 @@ class _Parked:
     envelope: Envelope
     request: apis.Message
     deadline_s: float
+    arrived_s: float = 0.0
 
 
 class QueueCoordinator(QueueDurability):
@@ -76,7 +78,8 @@ class QueueCoordinator(QueueDurability):
         if body["visibility_timeout_ms"]:
             check_visibility_ms(body["visibility_timeout_ms"])
         self._led(body["queue"], body["partition"])  # refuse now if we lead none of it
-        parked = _Parked(envelope, request, time.monotonic() + body["wait_ms"] / 1000.0)
+        now = time.monotonic()
+        parked = _Parked(envelope, request, now + body["wait_ms"] / 1000.0, now)
         if self._try_receive(parked, final=body["wait_ms"] == 0):
             return
         if len(self._parked) >= PARKED_RECEIVES_MAX:
@@ -123,6 +126,9 @@ class QueueCoordinator(QueueDurability):
         except errors.FabricError as exc:
             self.node.send_error(parked.envelope, parked.request.header, exc)
             return True
+        if final and any(self._slots[tp].mode != ACTIVE for tp, _plog, _share in led) \
+                and time.monotonic() < parked.arrived_s + LOAD_WAIT_S:
+            final = False  # a partition is still reading its state (first use, new leader): wait for it
         now_ms = wall_ms()
         self._turn += 1
         remaining = body["max_messages"]

@@ -36,6 +36,7 @@ from sdk._client import Bootstrap, Connections, MetadataClient
 
 REQUEST_SLACK_MS: Final[int] = 5_000  # a long poll unanswered this long past its wait is abandoned
 RECEIVE_RETRY_S: Final[float] = 0.1
+NO_WAIT_ANSWER_MS: Final[int] = 5_000  # receive(wait_ms=0) waits this long at most for the nodes' answers
 UNREACHABLE_REFRESH_S: Final[float] = 0.25  # a leader unreachable this long: refresh the routing map  # pause after a round in which every node refused
 BUFFER_MESSAGES_MAX: Final[int] = qp.RECEIVE_MESSAGES_MAX  # leased but not yet handed out
 SETTLE_TIMEOUT_MS: Final[int] = 15_000
@@ -99,6 +100,8 @@ class QueueConsumer:
             raise errors.InvalidReceiveWaitError(
                 f"wait_ms {wait_ms} outside 0..RECEIVE_WAIT_MS_MAX ({qp.RECEIVE_WAIT_MS_MAX} ms)")
         self._check_open()
+        if wait_ms == 0:
+            return self._receive_now(max_messages)
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             self._take_replies(0)
@@ -110,6 +113,24 @@ class QueueConsumer:
             self._take_replies(max(0, remaining_ms) if all_sent else min(max(0, remaining_ms), int(RECEIVE_RETRY_S * 1000)))
             if self._buffer or time.monotonic() >= deadline:
                 break
+        out: list[QueueMessage] = []
+        while self._buffer and len(out) < max_messages:
+            out.append(self._buffer.popleft())
+        return out
+
+    def _receive_now(self, max_messages: int) -> list[QueueMessage]:
+        """``wait_ms=0``: one round to every leader, which answers at once with what is
+        visible; wait for those answers (bounded), not for new messages."""
+        self._take_replies(0)
+        if not self._buffer:
+            give_up = time.monotonic() + NO_WAIT_ANSWER_MS / 1000.0
+            for _ in range(2):  # a second round for nodes whose connection was still being made
+                all_sent = self._send_polls(max_messages, 0)
+                while self._polls and not self._buffer and time.monotonic() < give_up:
+                    self._take_replies(max(1, int((give_up - time.monotonic()) * 1000)))
+                if self._buffer or all_sent:
+                    break
+                time.sleep(RECEIVE_RETRY_S)
         out: list[QueueMessage] = []
         while self._buffer and len(out) < max_messages:
             out.append(self._buffer.popleft())
