@@ -186,8 +186,9 @@ class QueueAdmin:
             raise errors.InvalidRequestError(f"queue {name!r} has no dead-letter queue; name one with dead_letter=")
         bootstrap = ",".join(self._meta.candidates())
         moved = 0
-        consumer = QueueConsumer(bootstrap, source, REDRIVE_GROUP)
-        producer = Producer(bootstrap, acks="all")
+        security = self._conns.security  # the Admin's keys on a secure cluster, not only the environment's
+        consumer = QueueConsumer(bootstrap, source, REDRIVE_GROUP, security=security)
+        producer = Producer(bootstrap, acks="all", security=security)
         try:
             while not max_messages or moved < max_messages:
                 want = min(qp.RECEIVE_MESSAGES_MAX, max_messages - moved) if max_messages else qp.RECEIVE_MESSAGES_MAX

@@ -198,6 +198,7 @@ class QueueConsumer:
     def _take_replies(self, timeout_ms: int) -> None:
         replies = self._conns.poll(timeout_ms) if timeout_ms > 0 else self._conns.drain()
         refresh = False
+        fatal: errors.FabricError | None = None
         for address, frames in replies:
             try:
                 message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
@@ -208,7 +209,11 @@ class QueueConsumer:
                 continue  # an abandoned poll: its leases expire and the messages come back
             del self._polls[address]
             if message.header.error_code:
-                refresh = True  # NOT_LEADER, unknown queue for now...: ask again after a refresh
+                error = errors.error_for_code(message.header.error_code)
+                if not error.retriable and fatal is None:
+                    # Refused for good (no ACL, a bad request): say so rather than poll on.
+                    fatal = error(str(message.body.get("message", "")) or error.description)
+                refresh = True  # NOT_LEADER and the like: ask again after a refresh
                 continue
             for m in message.body["messages"]:
                 self._buffer.append(QueueMessage(
@@ -230,6 +235,8 @@ class QueueConsumer:
                 self._meta.refresh([self.queue])
             except errors.FabricError:
                 pass  # the next round asks again
+        if fatal is not None:
+            raise fatal
 
     # -- settling ---------------------------------------------------------------------------------
     def ack(self, messages: QueueMessage | Iterable[QueueMessage]) -> None:

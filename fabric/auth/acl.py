@@ -266,13 +266,13 @@ def _group_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation
 
 
 def _queue_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation, Resource]] | None:
-    """Queue mode (API keys 40-42): receiving and settling consume the queue. Creating,
-    deleting and sending are topic operations (a queue is a topic), checked as such."""
-    operation = {
-        queues.API_QUEUE_RECEIVE: Operation.CONSUME,
-        queues.API_QUEUE_SETTLE: Operation.CONSUME,
-        queues.API_QUEUE_DESCRIBE: Operation.DESCRIBE,
-    }.get(api_key)
-    if operation is None:
-        return None
-    return [(operation, Resource(ResourceType.QUEUE, body["queue"]))]
+    """Queue mode (API keys 40-42), as Kafka share groups: a queue is a topic, so receiving
+    and settling need consume on the topic (which also lets the worker see its routing) and
+    consume on the group; describing needs describe on the topic. Creating, deleting and
+    sending are topic operations, checked as such."""
+    if api_key in (queues.API_QUEUE_RECEIVE, queues.API_QUEUE_SETTLE):
+        return [(Operation.CONSUME, Resource(ResourceType.TOPIC, body["queue"])),
+                (Operation.CONSUME, _group(body["group"]))]
+    if api_key == queues.API_QUEUE_DESCRIBE:
+        return [(Operation.DESCRIBE, Resource(ResourceType.TOPIC, body["queue"]))]
+    return None

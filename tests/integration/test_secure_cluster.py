@@ -276,3 +276,28 @@ def test_strict_order_topic_through_a_secure_sequencer(secure: LocalCluster, adm
             conns.request(active.address, ApiKey.API_VERSIONS, {}, timeout_ms=5_000)
     finally:
         conns.close()
+
+
+def test_queue_workers_need_consume_on_the_topic_and_the_group(secure: LocalCluster, admin: Admin) -> None:
+    from sdk import QueueConsumer
+
+    queue = f"secq-{uuid.uuid4().hex[:8]}"
+    admin.create_queue(queue, partitions=1)
+    name, security = _user(secure)
+    _acl(secure, name, "produce", "topic", queue)
+    _acl(secure, name, "consume", "topic", queue)
+    _produce(security, secure, queue, count=3)
+    with QueueConsumer(secure.bootstrap, queue, "workers", security=security) as worker, \
+            pytest.raises(errors.AuthorizationFailedError, match="group"):
+        worker.receive(10, 2_000)  # no ACL on the group yet: refused, not an endless empty poll
+    _acl(secure, name, "consume", "group", "workers")
+    time.sleep(CHANGE_VISIBLE_S)
+    with QueueConsumer(secure.bootstrap, queue, "workers", security=security) as worker:
+        got = []
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        while len(got) < 3 and time.monotonic() < deadline:
+            batch = worker.receive(10, 1_000)
+            got += batch
+            if batch:
+                worker.ack(batch)
+    assert len(got) == 3

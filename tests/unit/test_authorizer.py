@@ -105,6 +105,10 @@ def test_required_access_table() -> None:
     assert required_access(ApiKey.REPLICA_ACK, {}) == [(Operation.REPLICATE, CLUSTER)]
     assert required_access(ApiKey.API_VERSIONS, {}) == []
     assert required_access(ApiKey.CREATE_TOPIC, {"name": "n"}) == [(Operation.CREATE, topic("n"))]
+    receive = {"queue": "jobs", "group": "workers"}
+    assert required_access(ApiKey.QUEUE_RECEIVE, receive) == [
+        (Operation.CONSUME, topic("jobs")), (Operation.CONSUME, Resource(ResourceType.GROUP, "workers"))]
+    assert required_access(ApiKey.QUEUE_DESCRIBE, receive) == [(Operation.DESCRIBE, topic("jobs"))]
     # An API this table does not know yet is closed to everyone but super and node keys.
     assert required_access(999, {}) == [(Operation.ADMIN, CLUSTER)]
 
