@@ -150,17 +150,15 @@ class SharePartition:
     def records(self, plog: PartitionLog, offsets: list[int]) -> dict[int, Record]:
         """The records at ``offsets`` (committed, so present unless retention took them)."""
         out: dict[int, Record] = {}
-        for offset in sorted(offsets):
-            if offset in out:
-                continue
-            decoded = self._batch_holding(plog, offset)
-            if decoded is None:
-                continue
-            base = decoded.header.base_offset
-            for o in offsets:
-                if base <= o < decoded.header.next_offset:
-                    i = o - base
-                    out[o] = (decoded.timestamps[i], decoded.keys[i], decoded.values[i], decoded.headers[i])
+        decoded: batch_format.DecodedBatch | None = None
+        for offset in sorted(offsets):  # one batch lookup per batch, not per offset
+            if decoded is None or not decoded.header.base_offset <= offset < decoded.header.next_offset:
+                decoded = self._batch_holding(plog, offset)
+                if decoded is None or not decoded.header.base_offset <= offset < decoded.header.next_offset:
+                    decoded = None
+                    continue
+            i = offset - decoded.header.base_offset
+            out[offset] = (decoded.timestamps[i], decoded.keys[i], decoded.values[i], decoded.headers[i])
         return out
 
     def _batch_holding(self, plog: PartitionLog, offset: int) -> batch_format.DecodedBatch | None:
@@ -181,31 +179,19 @@ class SharePartition:
         return decoded
 
     # -- size limits -------------------------------------------------------------------------
-    def depth(self, plog: PartitionLog, now_ms: int) -> tuple[int, int]:
-        """(messages, bytes) the slowest group has not finished, counting records appended
-        but not yet committed; with no group yet, every message in the log counts."""
-        groups = list(self.groups.values()) or [self.group(COUNTING, plog)]
-        messages = size = 0
-        uncommitted = plog.log_end_offset - plog.high_watermark
-        for g in groups:
-            self.ingest(g, plog, now_ms)
-            g.state.tick(now_ms)
-            counts = g.state.counts()
-            waiting = counts["visible"] + counts["in_flight"] + counts["delayed"] + uncommitted
-            messages = max(messages, waiting)
-            size = max(size, counts["bytes"])
-        return messages, size
-
     def check_room(self, plog: PartitionLog, records: int, batch_bytes: int, now_ms: int) -> None:
+        """QUEUE_FULL when a batch would take the slowest group past the queue's limits,
+        counting records appended but not yet committed; with no group yet, every message
+        in the log counts. O(new records) per call, not O(backlog)."""
         c = self.config
         if not (c.max_messages or c.max_bytes):
             return
-        messages, size = self.depth(plog, now_ms)
-        if c.max_messages and messages + records > c.max_messages:
-            raise errors.QueueFullError(
-                f"queue {self.topic}/{self.partition} holds {messages} messages, max_messages is "
-                f"{c.max_messages}; retry once workers catch up")
-        if c.max_bytes and size + batch_bytes > c.max_bytes:
-            raise errors.QueueFullError(
-                f"queue {self.topic}/{self.partition} holds {size} bytes, max_bytes is {c.max_bytes}; "
-                f"retry once workers catch up")
+        uncommitted = plog.log_end_offset - plog.high_watermark
+        for g in list(self.groups.values()) or [self.group(COUNTING, plog)]:
+            # No tick here: what a tick decides (a TTL dead letter) must go through the
+            # coordinator's write path; an expiry not yet ticked counts until it is.
+            self.ingest(g, plog, now_ms)
+            try:
+                g.state.check_room(batch_bytes, records, uncommitted)
+            except errors.QueueFullError as exc:
+                raise errors.QueueFullError(f"queue {self.topic}/{self.partition}: {exc.message}") from None

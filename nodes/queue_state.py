@@ -172,6 +172,8 @@ class ShareState:
         self._leases: list[tuple[int, int]] = []  # (deadline_ms, offset); lazy deletion
         self._ttl: list[tuple[int, int]] = []  # (expires_at_ms, offset)
         self._bytes = 0
+        self._open = 0  # messages not done (acked, dead, dropped), and their bytes
+        self._open_bytes = 0
         self.dropped_total = 0
         self.dead_total = 0
         self.deduplicated_total = 0
@@ -179,13 +181,17 @@ class ShareState:
         self._changes: list[Change] = []
 
     # ----- input: records appended to the partition -----
-    def check_room(self, size_bytes: int) -> None:
-        """Raise QueueFullError (retriable) when one more message would pass a size limit."""
+    def check_room(self, size_bytes: int, records: int = 1, pending: int = 0) -> None:
+        """Raise QueueFullError (retriable) when ``records`` more messages of ``size_bytes``
+        would take the unfinished messages (plus ``pending`` not yet appended) past a limit.
+        O(1): the counts are kept as messages come and finish."""
         c = self.config
-        if c.max_messages and len(self._entries) + 1 > c.max_messages:
-            raise errors.QueueFullError(f"queue holds max_messages ({c.max_messages}); retry later")
-        if c.max_bytes and self._bytes + size_bytes > c.max_bytes:
-            raise errors.QueueFullError(f"queue holds max_bytes ({c.max_bytes}); retry later")
+        if c.max_messages and self._open + pending + records > c.max_messages:
+            raise errors.QueueFullError(
+                f"queue holds {self._open + pending} messages, max_messages is {c.max_messages}; retry later")
+        if c.max_bytes and self._open_bytes + size_bytes > c.max_bytes:
+            raise errors.QueueFullError(
+                f"queue holds {self._open_bytes} bytes, max_bytes is {c.max_bytes}; retry later")
 
     def append(
         self,
@@ -207,6 +213,8 @@ class ShareState:
         e = Entry(offset, size_bytes, priority, visible_at_ms, now_ms + ttl if ttl else 0)
         self._entries[offset] = e
         self._bytes += size_bytes
+        self._open += 1
+        self._open_bytes += size_bytes
         self.next_offset = offset + 1
         self._make_available(e, now_ms)
         if e.expires_at_ms:
@@ -261,6 +269,7 @@ class ShareState:
     def ack(self, consumer: str, offset: int, now_ms: int) -> None:
         e = self._held(consumer, offset, now_ms)
         e.state = ACKED
+        self._closed(e)
         self._record(e)
         self._advance()
 
@@ -346,6 +355,7 @@ class ShareState:
         e.delivery_count, e.last_reason = change.delivery_count, change.reason
         if change.state in _DONE:
             e.state = change.state
+            self._closed(e)
             if change.state == DEAD:
                 self.dead_total += 1
             elif change.state == DROPPED:
@@ -400,8 +410,14 @@ class ShareState:
             e.state = AVAILABLE
             heapq.heappush(self._visible, (-e.priority, e.offset))
 
+    def _closed(self, e: Entry) -> None:
+        """``e`` just became done: it no longer counts against the size limits."""
+        self._open -= 1
+        self._open_bytes -= e.size_bytes
+
     def _finish(self, e: Entry, reason: str) -> Finished:
         e.last_reason = reason
+        self._closed(e)
         if self.config.dead_letter:
             e.state = DEAD
             self.dead_total += 1

@@ -308,3 +308,15 @@ def test_acquire_is_bounded_by_bytes_but_takes_at_least_one() -> None:
     assert [x.offset for x in got] == [0, 1]
     got, _ = s.acquire("w", 10, 0, bytes_max=100)  # larger than the bound: still one
     assert [x.offset for x in got] == [2]
+
+
+def test_room_counts_unfinished_messages_and_pending_ones() -> None:
+    s = qs.ShareState(qs.QueueConfig(max_messages=3, max_deliveries=1, dead_letter="dlq"))
+    fill(s, 3)
+    s.ack("w", s.acquire("w", 1, 0)[0][0].offset, 0)  # offset 0 done; 1 and 2 wait
+    s.check_room(0, records=1)
+    with pytest.raises(errors.QueueFullError, match="holds 3 messages"):
+        s.check_room(0, records=1, pending=1)  # one appended but not committed yet
+    leases, _ = s.acquire("w", 1, 0)
+    s.nack("w", leases[0].offset, 0)  # its last delivery: dead, no longer counted
+    s.check_room(0, records=1, pending=1)
