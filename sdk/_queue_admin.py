@@ -177,22 +177,28 @@ class QueueAdmin:
         """Move dead letters back to ``name`` (from its dead-letter queue, or ``dead_letter``):
         each is sent again (acks=all) without its ``fabric.dlq.*`` headers, then removed from
         the dead-letter queue. At-least-once: a crash in between leaves a copy in both.
-        ``max_messages`` 0 moves all; returns how many moved."""
+        Moves what was waiting when it started (at most ``max_messages``, 0: no limit), so a
+        message that fails again is not moved twice by one call; returns how many moved."""
         from sdk.producer import Producer  # the upper layers of the SDK, loaded when used
         from sdk.queue import QueueConsumer
 
         source = dead_letter or self._queue_settings(name).get("dead_letter", "")
         if not source:
             raise errors.InvalidRequestError(f"queue {name!r} has no dead-letter queue; name one with dead_letter=")
+        # What is waiting now, and no more: a message that fails again after the move comes
+        # back to the dead-letter queue, and must not be moved again by this same call.
+        waiting = self.describe_queue(source, REDRIVE_GROUP)
+        limit = waiting.total("visible") + waiting.total("delayed")
+        if max_messages:
+            limit = min(limit, max_messages)
         bootstrap = ",".join(self._meta.candidates())
         moved = 0
         security = self._conns.security  # the Admin's keys on a secure cluster, not only the environment's
         consumer = QueueConsumer(bootstrap, source, REDRIVE_GROUP, security=security)
         producer = Producer(bootstrap, acks="all", security=security)
         try:
-            while not max_messages or moved < max_messages:
-                want = min(qp.RECEIVE_MESSAGES_MAX, max_messages - moved) if max_messages else qp.RECEIVE_MESSAGES_MAX
-                batch = consumer.receive(want, REDRIVE_IDLE_MS)
+            while moved < limit:
+                batch = consumer.receive(min(qp.RECEIVE_MESSAGES_MAX, limit - moved), REDRIVE_IDLE_MS)
                 if not batch:
                     break
                 futures = [producer.send(name, m.value, key=m.key,

@@ -288,7 +288,7 @@ def test_the_queue_command_line(cluster: LocalCluster, topic_name: str, tmp_path
     rows = [q for q in json.loads(status.stdout)["queues"] if q["queue"] == topic_name]
     assert [(q["group"], q["visible"], q["in_flight"]) for q in rows] == [("default", 1, 0)], status.stdout
     dlq_rows = [q for q in json.loads(status.stdout)["queues"] if q["queue"] == dlq]
-    assert [(q["group"], q["visible"]) for q in dlq_rows] == [("__redrive", 0)]  # the redrive read it
+    assert [(q["group"], q["visible"]) for q in dlq_rows] == [("", 0)]  # nobody has read it (redrive found nothing to move)
 
 
 def test_queue_depth_in_the_metrics(cluster: LocalCluster, topic_name: str) -> None:
