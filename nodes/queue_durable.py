@@ -47,6 +47,7 @@ OUTBOX_MAX: Final[int] = 10_000  # requests waiting for a connection to their no
 STATE_RECORDS_PER_WRITE: Final[int] = 20_000
 DEAD_LETTERS_PER_WRITE: Final[int] = 1_000
 DEAD_LETTER_BYTES_PER_WRITE: Final[int] = 4 * 1024 * 1024
+WRITE_RETRY_S: Final[float] = 20.0  # a failing state write is retried this long (a failover), then reloads
 CONNECT_WAIT_S: Final[float] = 1.0  # a request whose node cannot be connected to this long fails
 RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load step or topic creation is retried after this
 LOADING: Final[str] = "loading"
@@ -72,6 +73,8 @@ class Slot:
     dead: list[Finished] = field(default_factory=list)  # to dead-letter before those records
     # Answers waiting for their decisions to be written: (records queued before them, answer).
     waiters: list[tuple[int, Done]] = field(default_factory=list)
+    retry_until_s: float = 0.0  # a failed write is retried until then (0: no failure pending)
+    next_flush_s: float = 0.0  # not before (after a failure)
     queued: int = 0  # state records ever queued on this slot
     written: int = 0  # ... and written
     flushing: bool = False
@@ -147,8 +150,8 @@ class QueueDurability:
             self._flush(slot)
 
     def _flush(self, slot: Slot) -> None:
-        if slot.flushing:
-            return  # the next flush starts when this one ends
+        if slot.flushing or time.monotonic() < slot.next_flush_s:
+            return  # the next flush starts when this one ends (or its retry is due)
         records, dead = slot.pending[:STATE_RECORDS_PER_WRITE], slot.dead
         slot.pending, slot.dead = slot.pending[STATE_RECORDS_PER_WRITE:], []
         if not records and not dead:
@@ -159,6 +162,20 @@ class QueueDurability:
 
         def finished(code: int, text: str) -> None:
             slot.flushing = False
+            now = time.monotonic()
+            if code and self._slots.get((share.topic, share.partition)) is slot and \
+                    (not slot.retry_until_s or now < slot.retry_until_s):
+                # A dead-letter or state leader failing over: write the same records again
+                # shortly (they are idempotent: the newest per offset wins), answers still
+                # waiting. Reloading instead would drop every lease and replay the log.
+                slot.retry_until_s = slot.retry_until_s or now + WRITE_RETRY_S
+                slot.next_flush_s = now + RETRY_INTERVAL_S
+                slot.pending[:0] = records
+                slot.dead[:0] = dead
+                log.warning("queue %s/%d: state write failed (%s); retrying", share.topic, share.partition,
+                            text or code)
+                return
+            slot.retry_until_s = 0.0
             if code:
                 waiters, slot.waiters = slot.waiters, []
                 for _need, waiter in waiters:
