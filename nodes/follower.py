@@ -42,6 +42,7 @@ SUB_MESSAGES_MAX = 512  # replicated batches applied per loop turn before acking
 REPLICA_ACK_INTERVAL_S = 0.1  # followers report their log end at least this often
 REPLICA_STALL_S = 0.3  # no stream progress this long while the leader is ahead: fetch instead
 REPLICA_REQUEST_TIMEOUT_S = 2.0  # a truncation or fetch request to the leader is resent after this
+REPLICA_RETRY_S = 0.2  # ... or after this, when the leader answered it with an error
 REPLICA_FETCH_BYTES_MAX = 8 * 1024 * 1024
 THROTTLE_FETCH_BYTES_MIN = 64 * 1024  # a throttled fetch waits until it may ask for this much
 THROTTLE_FIRST_CREDIT_S = 0.1  # a throttled catch-up starts with this many seconds of credit
@@ -230,15 +231,21 @@ def handle_replies(node: NodeState) -> None:
             log.warning("undecodable reply from a leader: %s", exc)
             continue
         request = node.replica_requests.pop(message.header.correlation_id, None)
-        if request is None or message.header.error_code:
+        if request is None:
             continue
         kind, context = request
         if kind == "ack":
-            _on_ack_reply(node, message.body)
+            if not message.header.error_code:
+                _on_ack_reply(node, message.body)
             continue
         tp, epoch = context
         f = node.followers.get(tp)
         if f is None or f.epoch != epoch or f.request_in_flight != message.header.correlation_id:
+            continue
+        if message.header.error_code:
+            # Refused (the leader is not ready yet, say, just after its own new session): ask
+            # again after a short pause rather than the whole request timeout.
+            f.request_sent_s = min(f.request_sent_s, time.monotonic() - REPLICA_REQUEST_TIMEOUT_S + REPLICA_RETRY_S)
             continue
         f.request_in_flight = 0
         if kind == "epoch":

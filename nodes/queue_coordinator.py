@@ -52,6 +52,7 @@ class QueueCoordinator(QueueDurability):
         # moving) or their wait ends, not on every turn of a busy loop.
         node.change_listeners.append(self._on_change)
         self._turn = 0
+        self._catching_up = False  # a group is still replaying its partition's backlog
 
     # -- requests ---------------------------------------------------------------------------
     def handle(self, envelope: Envelope, request: apis.Message) -> None:
@@ -239,7 +240,12 @@ class QueueCoordinator(QueueDurability):
             names = [group] if group else [name for name in share.groups if name != COUNTING] or [COUNTING]
             for name in names:
                 g = share.view(name, plog)
-                share.ingest(g, plog, now_ms)
+                if share.groups.get(name) is not g:  # a throwaway view: counted from the log's start
+                    while not share.ingest(g, plog, now_ms):
+                        pass
+                elif not share.ingest(g, plog, now_ms):
+                    raise errors.CoordinatorLoadInProgressError(
+                        f"queue {tp[0]}/{tp[1]} is still replaying its log after a leadership change; retry")
                 finished = g.state.tick(now_ms)
                 if share.groups.get(name) is g:  # a stored state: what the tick decided must be written
                     self._collect(slot, name, g, finished)
@@ -266,24 +272,39 @@ class QueueCoordinator(QueueDurability):
 
     # -- leadership and loading --------------------------------------------------------------------
     def _follow_leadership(self) -> None:
+        """Drop the state of partitions no longer led at its epoch. A session merely in doubt
+        (a stalled loop being verified) keeps it: requests are refused meanwhile (``_led``)
+        and nothing is decided (``tick``); if the session is really lost, the leaderships
+        go and the state with them."""
         node = self.node
-        serving = node.session_ok()
         for tp, slot in list(self._slots.items()):
             leader = node.leaders.get(tp)
-            if not serving or leader is None or leader.epoch != slot.share.epoch:
-                self._drop(slot, "leadership moved" if serving else "ZooKeeper session in doubt")
+            if node.session_lost or leader is None or leader.epoch != slot.share.epoch:
+                self._drop(slot, "ZooKeeper session lost" if node.session_lost else "leadership moved")
 
     # -- the loop's turn ---------------------------------------------------------------------------
     def tick(self) -> None:
         now = time.monotonic()
         self._take_replies(now)
         self._follow_leadership()
+        if not self.node.session_ok():
+            return  # in doubt: decide nothing (no expiry, no dead letter) until confirmed
         now_ms = wall_ms()
-        for slot in list(self._slots.values()):
+        self._catching_up = False
+        for tp, slot in list(self._slots.items()):
             if slot.mode == LOADING:
                 if not slot.load_in_flight and now >= slot.next_load_s:
                     self._load_step(slot)
                 continue
+            plog = self.node.logs.get(tp)
+            for g in slot.share.groups.values():
+                # Keep up with the log here too, a step per turn: a new leader replays its
+                # backlog without a receive to drive it and without stalling the loop.
+                before = g.state.next_offset
+                if plog is not None and not slot.share.ingest(g, plog, now_ms):
+                    self._catching_up = True
+                if g.state.next_offset != before:
+                    self._wake = True
             for name, g in slot.share.groups.items():
                 due = g.state.next_wakeup_ms()
                 if due and due <= now_ms:
@@ -305,8 +326,10 @@ class QueueCoordinator(QueueDurability):
 
     def next_deadline_s(self) -> float | None:
         """When the loop must run us again: a long poll's end, a lease expiring, a delay ending."""
-        times = [p.deadline_s for p in self._parked]
         now, now_ms = time.monotonic(), wall_ms()
+        if self._catching_up:
+            return now  # replaying a backlog: the next step at once
+        times = [p.deadline_s for p in self._parked]
         if self._outbox:
             times.append(now + 0.005)  # a connection being made: try again soon
         for slot in self._slots.values():

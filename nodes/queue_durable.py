@@ -40,7 +40,7 @@ log = logging.getLogger("fabric.queues")
 STATE_TOPIC_PARTITIONS: Final[int] = 16
 WRITE_TIMEOUT_MS: Final[int] = 10_000  # acks=all wait for one state or dead-letter write
 REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to a node unanswered this long is abandoned
-LOAD_FETCH_BYTES_MAX: Final[int] = 4 * 1024 * 1024
+LOAD_FETCH_BYTES_MAX: Final[int] = 512 * 1024  # state read per load step: small, so a step never stalls the loop
 OUTBOX_MAX: Final[int] = 10_000  # requests waiting for a connection to their node
 # One write's bounds, well inside a topic's default message_bytes_max (8 MiB): state records
 # are ~90 bytes; dead letters carry their values.

@@ -16,6 +16,7 @@ replayed, newest per offset winning.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
@@ -29,7 +30,8 @@ from nodes.queue_state import Change, DedupWindow, QueueConfig, ShareState
 
 log = logging.getLogger("fabric.queues")
 
-INGEST_BYTES_MAX: Final[int] = 4 * 1024 * 1024  # log bytes read per ingestion step
+INGEST_BYTES_MAX: Final[int] = 256 * 1024  # log bytes read per ingestion step
+INGEST_TURN_S: Final[float] = 0.02  # one ingest call replays at most this long, then yields the loop
 BATCH_CACHE_MAX: Final[int] = 64  # decoded batches kept for answering receives
 COUNTING: Final[str] = ""  # the share state that counts a queue nobody consumes yet
 
@@ -91,8 +93,11 @@ class SharePartition:
         self.group(group, plog).restore[change.offset] = change
 
     # -- ingestion -------------------------------------------------------------------------
-    def ingest(self, g: Group, plog: PartitionLog, now_ms: int) -> None:
-        """Feed the group every committed record it has not seen."""
+    def ingest(self, g: Group, plog: PartitionLog, now_ms: int) -> bool:
+        """Feed the group the committed records it has not seen, for at most INGEST_TURN_S;
+        True when it has seen them all. A new leader replaying a long backlog so gives the
+        loop back between steps: one call replaying it all stalled the node past its
+        ZooKeeper lease, which dropped the queue's state, which replayed it again."""
         state = g.state
         if state.next_offset < plog.log_start_offset:
             # Retention removed records this group never finished: they are gone (a queue
@@ -101,13 +106,16 @@ class SharePartition:
                         self.topic, self.partition, state.next_offset, plog.log_start_offset - 1)
             for offset in range(state.next_offset, plog.log_start_offset):
                 state.skip(offset)
+        deadline_s = time.monotonic() + INGEST_TURN_S
         while state.next_offset < plog.high_watermark:
             batches = plog.read(state.next_offset, INGEST_BYTES_MAX, plog.high_watermark)
             if not batches:
-                return
+                return True
             for buf in batches:
-                decoded = self._decode(buf)
-                self._ingest_batch(g, decoded, now_ms)
+                self._ingest_batch(g, self._decode(buf), now_ms)
+                if time.monotonic() > deadline_s:
+                    return state.next_offset >= plog.high_watermark
+        return True
 
     def _ingest_batch(self, g: Group, decoded: batch_format.DecodedBatch, now_ms: int) -> None:
         state = g.state

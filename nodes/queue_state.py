@@ -174,6 +174,9 @@ class ShareState:
         self._bytes = 0
         self._open = 0  # messages not done (acked, dead, dropped), and their bytes
         self._open_bytes = 0
+        # Messages per undone state, kept as they move, so counts() is O(1) on a long backlog
+        # (metrics and describe ask often).
+        self._in_state: dict[str, int] = {AVAILABLE: 0, LEASED: 0, DELAYED: 0}
         self.dropped_total = 0
         self.dead_total = 0
         self.deduplicated_total = 0
@@ -212,6 +215,7 @@ class ShareState:
             ttl = min(ttl_ms, self.config.message_ttl_ms)
         e = Entry(offset, size_bytes, priority, visible_at_ms, now_ms + ttl if ttl else 0)
         self._entries[offset] = e
+        self._in_state[e.state] += 1
         self._bytes += size_bytes
         self._open += 1
         self._open_bytes += size_bytes
@@ -219,6 +223,8 @@ class ShareState:
         self._make_available(e, now_ms)
         if e.expires_at_ms:
             heapq.heappush(self._ttl, (e.expires_at_ms, offset))
+        if self.start_offset < offset:
+            self._advance()  # past offsets that never joined (a gap in the log)
 
     def skip(self, offset: int, *, duplicate: bool = False) -> None:
         """A record at ``offset`` that never joins the queue (a duplicate within the dedup
@@ -247,7 +253,8 @@ class ShareState:
             e = self._entries.get(off)
             if e is None or e.state != AVAILABLE or e.visible_at_ms > now_ms:
                 continue
-            e.state, e.consumer, e.deadline_ms = LEASED, consumer, now_ms + vis
+            self._move(e, LEASED)
+            e.consumer, e.deadline_ms = consumer, now_ms + vis
             e.delivery_count += 1
             taken_bytes += e.size_bytes
             heapq.heappush(self._leases, (e.deadline_ms, off))
@@ -268,7 +275,7 @@ class ShareState:
 
     def ack(self, consumer: str, offset: int, now_ms: int) -> None:
         e = self._held(consumer, offset, now_ms)
-        e.state = ACKED
+        self._move(e, ACKED)
         self._closed(e)
         self._record(e)
         self._advance()
@@ -354,7 +361,7 @@ class ShareState:
             return  # before the start offset, or already done
         e.delivery_count, e.last_reason = change.delivery_count, change.reason
         if change.state in _DONE:
-            e.state = change.state
+            self._move(e, change.state)
             self._closed(e)
             if change.state == DEAD:
                 self.dead_total += 1
@@ -362,7 +369,8 @@ class ShareState:
                 self.dropped_total += 1
             self._advance()
         elif change.state == LEASED:
-            e.state, e.consumer, e.deadline_ms = LEASED, "", now_ms
+            self._move(e, LEASED)
+            e.consumer, e.deadline_ms = "", now_ms
             heapq.heappush(self._leases, (now_ms, e.offset))
         else:
             e.visible_at_ms = change.visible_at_ms
@@ -376,21 +384,12 @@ class ShareState:
         return self._entries.get(offset)
 
     def counts(self) -> dict[str, int]:
-        visible = in_flight = delayed = 0
-        oldest = -1
-        for e in self._entries.values():
-            if e.state == AVAILABLE:
-                visible += 1
-            elif e.state == LEASED:
-                in_flight += 1
-            elif e.state == DELAYED:
-                delayed += 1
-            if e.state not in _DONE and oldest < 0:
-                oldest = e.offset
+        # _advance keeps the start offset on the first message not done (or at next_offset).
+        oldest = self.start_offset if self.start_offset in self._entries else -1
         return {
-            "visible": visible,
-            "in_flight": in_flight,
-            "delayed": delayed,
+            "visible": self._in_state[AVAILABLE],
+            "in_flight": self._in_state[LEASED],
+            "delayed": self._in_state[DELAYED],
             "dead_lettered": self.dead_total,
             "dropped": self.dropped_total,
             "deduplicated": self.deduplicated_total,
@@ -404,11 +403,20 @@ class ShareState:
         e.consumer, e.deadline_ms = "", 0
         if e.visible_at_ms > now_ms:
             # Only tick() passing visible_at moves it on: a message is never visible early.
-            e.state = DELAYED
+            self._move(e, DELAYED)
             heapq.heappush(self._delayed, (e.visible_at_ms, e.offset))
         else:
-            e.state = AVAILABLE
+            self._move(e, AVAILABLE)
             heapq.heappush(self._visible, (-e.priority, e.offset))
+
+    def _move(self, e: Entry, state: str) -> None:
+        """The one place an entry changes state, so the per-state counts stay true."""
+        counts = self._in_state
+        if e.state in counts:
+            counts[e.state] -= 1
+        e.state = state
+        if state in counts:
+            counts[state] += 1
 
     def _closed(self, e: Entry) -> None:
         """``e`` just became done: it no longer counts against the size limits."""
@@ -419,10 +427,10 @@ class ShareState:
         e.last_reason = reason
         self._closed(e)
         if self.config.dead_letter:
-            e.state = DEAD
+            self._move(e, DEAD)
             self.dead_total += 1
         else:
-            e.state = DROPPED
+            self._move(e, DROPPED)
             self.dropped_total += 1
         done = Finished(e.offset, e.state, e.delivery_count, reason)
         self._record(e)

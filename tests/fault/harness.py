@@ -148,9 +148,24 @@ def wait_until(condition: Any, what: str, timeout_s: float = WAIT_S, interval_s:
         time.sleep(interval_s)
 
 
+def full_isr_on_every_node(bootstrap: str, topic: str) -> bool:
+    """Every live node's view of ``topic``: a leader and a full ISR on each partition, and
+    every node agreeing on leader and epoch. Asking one node is not enough: a node cut off
+    from ZooKeeper answers from its last map, which can show an ISR that has since shrunk."""
+    with Admin(bootstrap) as admin:
+        addresses = list(admin.nodes().values())
+    views = []
+    for address in addresses:
+        with Admin(address) as one:
+            views.append(tuple((p.leader, p.leader_epoch, frozenset(p.isr), frozenset(p.replicas))
+                               for p in one.describe_topic(topic).partitions))
+    return bool(views) and len(set(views)) == 1 and all(
+        leader >= 0 and isr == replicas for leader, _, isr, replicas in views[0])
+
+
 def wait_for_full_isr(bootstrap: str, topic: str, timeout_s: float = WAIT_S) -> None:
-    wait_until(lambda: all(set(p.isr) == set(p.replicas) and p.leader >= 0 for p in describe(bootstrap, topic).partitions),
-               f"every replica of {topic} in sync", timeout_s)
+    wait_until(lambda: full_isr_on_every_node(bootstrap, topic), f"every replica of {topic} in sync on every node",
+               timeout_s)
 
 
 def collect_replicas(cluster: LocalCluster, topic: str, partitions: int, history: History) -> None:

@@ -183,17 +183,17 @@ def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp
     zookeeper.start()
     try:
         async def published_and_received(server: DirectClient, subscription: Subscription) -> bool:
-            for n in range(100):  # PUB/SUB drops what comes before the connection: retry
+            for n in range(200):  # PUB/SUB drops what comes before the connection: retry
                 await server.publish("ticks.now", str(n))
                 if await subscription.next(timeout_ms=100) is not None:
                     return True
             return False
 
-        async def run() -> tuple[int, list[str], str | None, str | None]:
+        async def run() -> tuple[list[int], list[str], str | None, str | None]:
             server = await DirectClient.connect(zookeeper.address)
             client = await DirectClient.connect(zookeeper.address)
             failures: list[str] = []
-            done = 0
+            done = [0, 0]  # answered while ZooKeeper was stopped, and after it came back
             try:
                 service = await server.serve("quotes", lambda request: b"q:" + request.payload)
                 first_znode = service.znode
@@ -209,8 +209,10 @@ def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp
                         zookeeper.resume()
                         resumed = True
                     try:
-                        await client.request("quotes", b"x", timeout_ms=2_000)
-                        done += 1
+                        # A generous timeout: the point is that requests keep being answered,
+                        # not how fast, and a loaded machine may stall this loop for a while.
+                        await client.request("quotes", b"x", timeout_ms=5_000)
+                        done[resumed] += 1
                     except errors.FabricError as exc:
                         failures.append(f"{time.monotonic() - paused_at:.1f}s {exc}")
                     await asyncio.sleep(0.1)
@@ -226,7 +228,7 @@ def test_requests_continue_through_a_zookeeper_pause_longer_than_the_session(tmp
 
         done, failures, first, last = asyncio.run(run())
         assert not failures, failures
-        assert done > 100
+        assert done[0] > 0 and done[1] > 0, f"answered while ZooKeeper was stopped / after: {done}"
         print(f"{done} requests through the pause; znode {first} -> {last}")
     finally:
         zookeeper.stop()

@@ -320,3 +320,42 @@ def test_room_counts_unfinished_messages_and_pending_ones() -> None:
     leases, _ = s.acquire("w", 1, 0)
     s.nack("w", leases[0].offset, 0)  # its last delivery: dead, no longer counted
     s.check_room(0, records=1, pending=1)
+
+
+def test_counts_kept_as_messages_move_match_a_full_scan() -> None:
+    """counts() is kept incrementally (O(1) on a long backlog): after every step of a random
+    run it equals a count over every entry."""
+    import random
+
+    rng = random.Random(7)
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=1_000, max_deliveries=3, message_ttl_ms=50_000))
+    now = 0
+    held: list[tuple[str, int]] = []
+    for _ in range(3_000):
+        now += rng.randrange(0, 300)
+        step = rng.random()
+        if step < 0.3:
+            gap = 2 if rng.random() < 0.05 else 1  # now and then an offset that never joins
+            s.append(s.next_offset + gap - 1, now, visible_at_ms=now + rng.choice([0, 0, 500]))
+        elif step < 0.55:
+            consumer = rng.choice("ab")
+            leases, _ = s.acquire(consumer, rng.randrange(1, 4), now)
+            held += [(consumer, x.offset) for x in leases]
+        elif step < 0.8 and held:
+            consumer, offset = held.pop(rng.randrange(len(held)))
+            try:
+                if rng.random() < 0.6:
+                    s.ack(consumer, offset, now)
+                else:
+                    s.nack(consumer, offset, now, rng.choice([0, 200]))
+            except errors.LeaseNotHeldError:
+                pass  # expired meanwhile
+        else:
+            s.tick(now)
+        entries = list(s._entries.values())
+        counts = s.counts()
+        assert counts["visible"] == sum(e.state == qs.AVAILABLE for e in entries)
+        assert counts["in_flight"] == sum(e.state == qs.LEASED for e in entries)
+        assert counts["delayed"] == sum(e.state == qs.DELAYED for e in entries)
+        undone = [e.offset for e in entries if e.state not in (qs.ACKED, qs.DEAD, qs.DROPPED)]
+        assert counts["oldest_offset"] == (min(undone) if undone else -1)
