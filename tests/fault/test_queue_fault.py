@@ -79,11 +79,6 @@ class Worker:
         return out
 
 
-# Known flaky (about 4 of the last 12 runs): after the leader kill the new leader's loop
-# stalls 1-2 s per turn, leases end, and good messages reach max_deliveries and the
-# dead-letter queue. Not understood yet; issue 14 stays open for it. The checker still runs
-# and asserts; xfail only keeps this known failure from hiding the rest of a CI run.
-@pytest.mark.xfail(reason="known: new leader's loop stalls after a kill (issue 14, closing note)", strict=False)
 def test_queue_survives_worker_and_leader_kills(fresh_cluster: LocalCluster, tmp_path: Path) -> None:
     seed = seed_from_env()
     print(f"\nreproduce this run with FABRIC_FAULT_SEED={seed}")
