@@ -273,9 +273,9 @@ class QueueCoordinator(QueueDurability):
     # -- leadership and loading --------------------------------------------------------------------
     def _follow_leadership(self) -> None:
         """Drop the state of partitions no longer led at its epoch. A session merely in doubt
-        (a stalled loop being verified) keeps it: requests are refused meanwhile (``_led``)
-        and nothing is decided (``tick``); if the session is really lost, the leaderships
-        go and the state with them."""
+        (a stalled loop being verified, ZooKeeper briefly out of reach) keeps it: requests
+        are refused meanwhile (``_led``) and nothing is decided (``tick``); if the session
+        is really lost, the leaderships go and the state with them."""
         node = self.node
         for tp, slot in list(self._slots.items()):
             leader = node.leaders.get(tp)
@@ -287,10 +287,15 @@ class QueueCoordinator(QueueDurability):
         now = time.monotonic()
         self._take_replies(now)
         self._follow_leadership()
-        if not self.node.session_ok():
-            return  # in doubt: decide nothing (no expiry, no dead letter) until confirmed
-        now_ms = wall_ms()
         self._catching_up = False
+        try:
+            self.node.check_write_allowed(-1)
+        except errors.NodeNotReadyError:
+            # In doubt (a stall being verified, ZooKeeper out of reach past the ISR's hold):
+            # decide nothing (no expiry, no dead letter); long polls that are due are told.
+            self._retry_parked(now, overdue_only=True)
+            return
+        now_ms = wall_ms()
         for tp, slot in list(self._slots.items()):
             if slot.mode == LOADING:
                 if not slot.load_in_flight and now >= slot.next_load_s:
@@ -311,13 +316,19 @@ class QueueCoordinator(QueueDurability):
                     self._collect(slot, name, g, g.state.tick(now_ms))
                     self._wake = True
             self._flush(slot)
-        if self._parked and (self._wake or any(now >= p.deadline_s for p in self._parked)):
+        self._retry_parked(now, overdue_only=False)
+
+    def _retry_parked(self, now: float, *, overdue_only: bool) -> None:
+        if not self._parked or not ((self._wake and not overdue_only) or any(now >= p.deadline_s for p in self._parked)):
+            return
+        if not overdue_only:
             self._wake = False
-            waiting = self._parked
-            self._parked = []
-            for parked in waiting:
-                if not self._try_receive(parked, final=now >= parked.deadline_s):
-                    self._parked.append(parked)
+        waiting = self._parked
+        self._parked = []
+        for parked in waiting:
+            due = now >= parked.deadline_s
+            if (overdue_only and not due) or not self._try_receive(parked, final=due):
+                self._parked.append(parked)
 
     def _on_change(self, _node: NodeState, touched: set[TopicPartition]) -> None:
         """A change listener: partitions whose high watermark moved or took data."""
