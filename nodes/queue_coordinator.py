@@ -302,7 +302,7 @@ class QueueCoordinator(QueueDurability):
                     self._load_step(slot)
                 continue
             plog = self.node.logs.get(tp)
-            for g in slot.share.groups.values():
+            for name, g in slot.share.groups.items():
                 # Keep up with the log here too, a step per turn: a new leader replays its
                 # backlog without a receive to drive it and without stalling the loop.
                 before = g.state.next_offset
@@ -310,7 +310,6 @@ class QueueCoordinator(QueueDurability):
                     self._catching_up = True
                 if g.state.next_offset != before:
                     self._wake = True
-            for name, g in slot.share.groups.items():
                 due = g.state.next_wakeup_ms()
                 if due and due <= now_ms:
                     self._collect(slot, name, g, g.state.tick(now_ms))

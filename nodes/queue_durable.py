@@ -226,10 +226,14 @@ class QueueDurability:
             return
         chunk: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
         chunk_bytes = 0
-        rest = list(dead)
-        while rest and len(chunk) < DEAD_LETTERS_PER_WRITE and chunk_bytes < DEAD_LETTER_BYTES_PER_WRITE:
-            f = rest.pop(0)
-            record = share.records(plog, [f.offset]).get(f.offset)
+        candidates = dead[:DEAD_LETTERS_PER_WRITE]
+        found = share.records(plog, [f.offset for f in candidates])  # one lookup for the chunk
+        taken = 0
+        for f in candidates:
+            if chunk_bytes >= DEAD_LETTER_BYTES_PER_WRITE:
+                break
+            taken += 1
+            record = found.get(f.offset)
             if record is None:
                 continue  # removed by retention meanwhile: nothing left to move
             ts, key, value, headers = record
@@ -237,6 +241,7 @@ class QueueDurability:
             chunk.append((ts, key, value, kept + qp.dead_letter_headers(
                 share.topic, share.partition, f.offset, f.delivery_count, f.reason)))
             chunk_bytes += len(value or b"") + len(key or b"")
+        rest = dead[taken:]
 
         def after(code: int, text: str) -> None:
             if code or not rest:

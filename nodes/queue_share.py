@@ -158,17 +158,15 @@ class SharePartition:
     def records(self, plog: PartitionLog, offsets: list[int]) -> dict[int, Record]:
         """The records at ``offsets`` (committed, so present unless retention took them)."""
         out: dict[int, Record] = {}
-        for offset in sorted(offsets):
-            if offset in out:
-                continue
-            decoded = self._batch_holding(plog, offset)
-            if decoded is None:
-                continue
-            base = decoded.header.base_offset
-            for o in offsets:
-                if base <= o < decoded.header.next_offset:
-                    i = o - base
-                    out[o] = (decoded.timestamps[i], decoded.keys[i], decoded.values[i], decoded.headers[i])
+        decoded: batch_format.DecodedBatch | None = None
+        for offset in sorted(offsets):  # one batch lookup per batch, not per offset
+            if decoded is None or not decoded.header.base_offset <= offset < decoded.header.next_offset:
+                decoded = self._batch_holding(plog, offset)
+                if decoded is None or not decoded.header.base_offset <= offset < decoded.header.next_offset:
+                    decoded = None
+                    continue
+            i = offset - decoded.header.base_offset
+            out[offset] = (decoded.timestamps[i], decoded.keys[i], decoded.values[i], decoded.headers[i])
         return out
 
     def _batch_holding(self, plog: PartitionLog, offset: int) -> batch_format.DecodedBatch | None:
