@@ -17,6 +17,7 @@ The rules and bounds are in docs/QUEUES.md; the frames in docs/PROTOCOL.md.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections import deque
@@ -33,6 +34,8 @@ from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
 from sdk._client import Bootstrap, Connections, MetadataClient
+
+log = logging.getLogger("fabric.queue")
 
 REQUEST_SLACK_MS: Final[int] = 5_000  # a long poll unanswered this long past its wait is abandoned
 RECEIVE_RETRY_S: Final[float] = 0.1
@@ -105,24 +108,21 @@ class QueueConsumer:
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             self._take_replies(0)
-            if self._buffer:
+            if self._buffered():
                 break
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             all_sent = self._send_polls(max_messages, max(0, remaining_ms))
             # A node not connected yet is asked again shortly, not after the whole wait.
             self._take_replies(max(0, remaining_ms) if all_sent else min(max(0, remaining_ms), int(RECEIVE_RETRY_S * 1000)))
-            if self._buffer or time.monotonic() >= deadline:
+            if self._buffered() or time.monotonic() >= deadline:
                 break
-        out: list[QueueMessage] = []
-        while self._buffer and len(out) < max_messages:
-            out.append(self._buffer.popleft())
-        return out
+        return self._hand_out(max_messages)
 
     def _receive_now(self, max_messages: int) -> list[QueueMessage]:
         """``wait_ms=0``: one round to every leader, which answers at once with what is
         visible; wait for those answers (bounded), not for new messages."""
         self._take_replies(0)
-        if not self._buffer:
+        if not self._buffered():
             give_up = time.monotonic() + NO_WAIT_ANSWER_MS / 1000.0
             for _ in range(2):  # a second round for nodes whose connection was still being made
                 all_sent = self._send_polls(max_messages, 0)
@@ -131,10 +131,25 @@ class QueueConsumer:
                 if self._buffer or all_sent:
                     break
                 time.sleep(RECEIVE_RETRY_S)
-        out: list[QueueMessage] = []
-        while self._buffer and len(out) < max_messages:
-            out.append(self._buffer.popleft())
-        return out
+        return self._hand_out(max_messages)
+
+    def _buffered(self) -> bool:
+        """Whether messages are buffered, after dropping those whose lease ended while they
+        waited there (a receive asks every leader, so more can arrive than one call takes,
+        and a poll's answer can sit unread while the worker is busy): the leader gives them
+        to another worker, which may have acked them already. ``deadline_ms`` is the
+        leader's wall clock, so this assumes synchronized clocks, as leases do anyway."""
+        now_ms = time.time() * 1000
+        if any(m.deadline_ms <= now_ms for m in self._buffer):
+            live = deque(m for m in self._buffer if m.deadline_ms > now_ms)
+            log.warning("%d received messages not handed out: their lease ended before they were (if this "
+                        "happens on arrival, this host's clock is ahead of the nodes')", len(self._buffer) - len(live))
+            self._buffer = live
+        return bool(self._buffer)
+
+    def _hand_out(self, max_messages: int) -> list[QueueMessage]:
+        self._buffered()
+        return [self._buffer.popleft() for _ in range(min(max_messages, len(self._buffer)))]
 
     def __iter__(self) -> Iterator[QueueMessage]:
         """Messages one by one, long-polling for ever (until ``close``)."""

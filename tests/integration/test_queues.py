@@ -228,6 +228,24 @@ def test_extend_keeps_the_lease_and_any_topic_works_as_a_queue(cluster: LocalClu
             other.ack(got)  # not its lease
 
 
+def test_a_lease_that_ended_while_buffered_is_not_handed_out(cluster: LocalCluster, topic_name: str) -> None:
+    """A receive asks every leader, so answers beyond what one call takes wait in the
+    consumer. If their leases end meanwhile, another worker gets and acks those messages:
+    the first consumer must not hand them out afterwards."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=3)
+    values = [f"job-{p}".encode() for p in range(3)]
+    for p, value in enumerate(values):
+        _send(cluster.bootstrap, topic_name, [value], partition=p)
+    with QueueConsumer(cluster.bootstrap, topic_name, visibility_timeout_ms=1_000) as a, \
+            QueueConsumer(cluster.bootstrap, topic_name) as b:
+        assert len(a.receive(1, 5_000)) == 1  # the other leaders' answers land after this
+        time.sleep(1.5)  # every lease of a's has ended
+        taken = _drain(b, 3, 15)
+        assert sorted(m.value for m in taken) == values  # b got all three and acked them
+        assert a.receive(10, 0) == []  # nothing of a's buffer: b has acked it all
+
+
 def test_bad_requests_get_clear_errors(cluster: LocalCluster, topic_name: str) -> None:
     with Admin(cluster.bootstrap) as admin:
         with pytest.raises(errors.InvalidQueueConfigError, match="VISIBILITY_TIMEOUT_MS_MAX"):
