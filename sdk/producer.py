@@ -178,6 +178,9 @@ class _ProducerCore:
         self._wanted_topics: set[str] = set()
         self._sticky: dict[str, int] = {}
         self._in_flight: dict[int, _InFlight] = {}
+        # Taken from the accumulator by this sender turn and not yet in flight (being encoded
+        # and sent): flush() must wait for these too.
+        self._sending: list[ProducerBatch] = []
         self._in_flight_slots: dict[tuple[str, int], int] = {}  # per partition, at most max_in_flight
         # Idempotent: every batch holding sequence numbers, not yet answered, per partition
         # in sequence order; an OUT_OF_ORDER_SEQUENCE answer is retriable unless the batch
@@ -411,9 +414,7 @@ class _ProducerCore:
     def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now and wait until each batch is acknowledged or failed."""
         with self._lock:
-            results = [b.result for q in self._acc.batches.values() for b in q]
-            results += [b.result for f in self._in_flight.values() for b in f.batches]
-            results += [b.result for q in self._unacked.values() for b in q]  # between a failure and its requeue
+            results = [b.result for b in self._pending_batches()]
             self._acc.flushing = True
             self._wake()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -460,8 +461,7 @@ class _ProducerCore:
         with self._lock:
             if self._closed:
                 return
-            pending = [(b.result, b.record_count) for q in self._acc.batches.values() for b in q]
-            pending += [(b.result, b.record_count) for f in self._in_flight.values() for b in f.batches]
+            pending = [(b.result, b.record_count) for b in self._pending_batches()]
         if not pending:
             self.close(0)
             return
@@ -473,6 +473,14 @@ class _ProducerCore:
                 "UNCLOSED_FLUSH_S_MAX=%.0f s at exit or garbage collection); call flush() or close()",
                 lost, sum(count for _, count in pending), UNCLOSED_FLUSH_S_MAX,
             )
+
+    def _pending_batches(self) -> list[ProducerBatch]:
+        """Every batch not yet answered, wherever it is (call with the lock held): queued,
+        being sent this turn, in flight, or (idempotent) between a failure and its requeue."""
+        batches = [b for q in self._acc.batches.values() for b in q] + self._sending
+        batches += [b for f in self._in_flight.values() for b in f.batches]
+        batches += [b for q in self._unacked.values() for b in q]
+        return list({id(b): b for b in batches}.values())
 
     def partitions_for(self, topic: str) -> int:
         with self._lock:
@@ -493,9 +501,8 @@ class _ProducerCore:
                 fatal = errors.UnknownServerError(f"producer sender thread died: {exc!r}")
                 self._refusal = fatal
                 self._acc.abort_all(fatal)
-                for flight in self._in_flight.values():
-                    for batch in flight.batches:
-                        batch.result.complete(-1, fatal)
+                for batch in self._pending_batches():
+                    batch.result.complete(-1, fatal)
                 self._metadata_ready.notify_all()
                 self._space.notify_all()
         finally:
@@ -514,6 +521,7 @@ class _ProducerCore:
         self._expire_queued(now)
         with self._lock:
             ready = self._acc.ready(now, self._in_flight_slots, self.max_in_flight)
+            self._sending = list(ready)
         by_node: dict[str, list[ProducerBatch]] = {}
         for batch in ready:
             address = meta.metadata.leader_address(batch.topic, batch.partition)
@@ -526,6 +534,7 @@ class _ProducerCore:
             for group in _request_groups(batches):
                 self._send_request(conns, address, group, now)
         with self._lock:
+            self._sending = []
             deadline = self._acc.next_deadline_s()
         timeout_s = SENDER_POLL_MS_MAX / 1000.0
         if deadline is not None:

@@ -208,3 +208,26 @@ def test_async_producer_takes_the_queue_send_options(cluster: LocalCluster, topi
     asyncio.run(send())
     [record] = read_all(cluster.bootstrap, topic_name, 1, expected=1)
     assert list(record.headers) == [("fabric.delay_ms", b"10"), ("fabric.priority", b"3")]
+
+
+def test_flush_waits_for_batches_the_sender_is_still_encoding(cluster: LocalCluster, topic_name: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch the sender has taken from the accumulator but not yet put in flight (it is
+    being compressed and sent) is still unanswered: flush() must wait for it."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    encoding = threading.Event()
+    real_encode = _ProducerCore._encode
+
+    def slow_encode(self: _ProducerCore, batch: Any) -> bytes:
+        encoding.set()
+        time.sleep(0.5)  # a large batch being compressed
+        return real_encode(self, batch)
+
+    monkeypatch.setattr(_ProducerCore, "_encode", slow_encode)
+    with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        producer.partitions_for(topic_name)
+        future = producer.send(topic_name, b"x")
+        assert encoding.wait(10)  # the sender has the batch
+        producer.flush(30)
+        assert future.done()
