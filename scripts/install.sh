@@ -19,6 +19,8 @@ command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)  # the network-parti
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)  # peers benchmark
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || need_apt+=(python3-dev)  # headers for the compiled fast path below
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing with apt: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -28,3 +30,12 @@ fi
 
 extras="${FABRIC_EXTRAS:-spark,test,speed}"
 python3 -m pip install -q --disable-pip-version-check -e ".[${extras}]" 2>&1 | grep -v -e "^WARNING: Running pip as" -e "is ignored: it is neither" || true
+
+# The compiled fast path of Producer.send (sdk/_speedups.pyx, Cython from the `speed`
+# extra). Optional: without it the SDK runs the pure-Python path, same behaviour, slower.
+if python3 -c "import Cython" >/dev/null 2>&1; then
+  # (from the repository root: sdk/ holds a queue.py that would shadow the standard library's)
+  if ! python3 -m Cython.Build.Cythonize -i -q -3 sdk/_speedups.pyx >/tmp/fabric-speedups-build.log 2>&1; then
+    echo "warning: sdk/_speedups.pyx did not build (see /tmp/fabric-speedups-build.log): Producer.send runs on pure Python"
+  fi
+fi

@@ -8,11 +8,13 @@ sender thread, which alone touches the sockets.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,6 +300,8 @@ class _ProducerCore:
         if callback is not None:
             future.add_callback(callback)
         return future
+
+    _send_python = send  # the compiled fast path (sdk/_speedups.pyx) hands everything else here
 
     def send_batch(
         self,
@@ -616,6 +620,13 @@ class _ProducerCore:
                     payload, batch.prepared_count, first_ts, first_ts, producer_id=self.producer_id,
                     producer_epoch=self.producer_epoch, base_sequence=base_sequence, tag_bloom=bloom)
                 return batch.encoded
+            laid = _records_section(batch.records) if _records_section is not None and not batch.has_headers else None
+            if laid is not None:  # the compiled layout (sdk/_speedups.pyx): the same bytes as encode_batch's
+                section, first_ts, max_ts = laid
+                batch.encoded = batch_format.frame_batch(
+                    batch_format.compress_records(section, self.codec, adaptive=True), len(batch.records), first_ts,
+                    max_ts, producer_id=self.producer_id, producer_epoch=self.producer_epoch, base_sequence=base_sequence)
+                return batch.encoded
             timestamps, keys, values, headers = batch.columns()
             batch.encoded = batch_format.encode_batch(
                 timestamps, keys, values, headers,
@@ -797,6 +808,29 @@ class _ProducerCore:
             timeout = errors.RequestTimedOutError(f"no answer from {flight.address} (timed out or leader moved)")
             for batch in flight.batches:
                 self._retry_or_fail(batch, timeout, now)
+
+
+def _install_speedups() -> bool:
+    """Let the compiled ``send`` and batch layout (sdk/_speedups.pyx, built by
+    scripts/install.sh) take the common case, unless they are not built or
+    ``FABRIC_PURE_PYTHON=1``. Behaviour and wire bytes are the same either way
+    (tests/unit/test_speedups.py); only the time per record differs."""
+    global _records_section
+    if os.environ.get("FABRIC_PURE_PYTHON", "") == "1" or sys.byteorder != "little":  # it writes native i32s
+        return False
+    try:
+        from sdk import _speedups
+    except ImportError:
+        log.debug("sdk._speedups is not built (scripts/install.sh builds it): Producer.send runs on pure Python")
+        return False
+    _speedups.bind(_ProducerCore._send_python, RecordFuture, partition_for_key, RECORD_OVERHEAD_BYTES)
+    setattr(_ProducerCore, "send", _speedups.send)  # noqa: B010 (mypy: a method is not assignable)
+    _records_section = _speedups.records_section
+    return True
+
+
+_records_section: Callable[[list[Any]], tuple[bytes, int, int] | None] | None = None
+SPEEDUPS = _install_speedups()  # whether Producer.send runs the compiled fast path
 
 
 class Producer:

@@ -78,9 +78,12 @@ def test_healthy_then_a_dead_node(cluster_with_sequencer: LocalCluster, topic_na
     deadline = time.monotonic() + SHRINK_WAIT_S
     while True:
         code, status = status_json(fresh_cluster)
-        # SIGKILL: the znode goes at the session timeout, the ISR shrinks at replica_lag_max_ms.
+        # SIGKILL: the znode goes at the session timeout, the ISR shrinks at replica_lag_max_ms,
+        # and the controller then moves node 3's leaderships (until it has, those partitions
+        # are rightly reported offline).
         node3_down = any(n["id"] == 3 and not n["up"] for n in status["nodes"])
-        if (status["under_replicated_partitions"] and node3_down) or time.monotonic() > deadline:
+        settled = status["under_replicated_partitions"] and node3_down and not status["offline_partitions"]
+        if settled or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert code == 1 and not status["healthy"]

@@ -1,0 +1,9 @@
+from collections.abc import Callable
+from typing import Any
+
+def bind(python_send: Callable[..., Any], record_future: type, partition_for_key: Callable[[bytes, int], int],
+         record_overhead_bytes: int) -> None: ...
+def send(self: Any, topic: str, value: Any, key: Any = None, headers: Any = None, partition: int | None = None,
+         timestamp_ms: int | None = None, callback: Any = None, tags: Any = None, *, delay_ms: int = 0,
+         deliver_at_ms: int = 0, priority: int | None = None, dedup_id: str = "", ttl_ms: int = 0) -> Any: ...
+def records_section(records: list[Any]) -> tuple[bytes, int, int] | None: ...

@@ -1,0 +1,158 @@
+"""The compiled send (sdk/_speedups.pyx) and the pure-Python send side by side.
+
+Two producers (nobody listening at their bootstrap, so nothing leaves them) get the same
+seeded stream of sends: bytes and str values, keys, tombstones, headers, queue options,
+explicit and out-of-range partitions, bad priorities, records big enough to close batches. One sends
+through the compiled path, the other through ``_send_python``. Their accumulators must
+then hold the same batches with the same records, the futures the same positions, the
+errors the same types, and every batch must encode to the same bytes through the compiled
+layout (``records_section``) as through ``encode_batch``. The integration
+tests exercise the compiled path end to end (it is what ``Producer.send`` is when built);
+``scripts/test.sh`` also runs the producer's integration tests with
+``FABRIC_PURE_PYTHON=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fabric.local import free_port
+from fabric.protocol.keyhash import partition_for_key
+from sdk import producer as producer_module
+from sdk.accumulator import RECORD_OVERHEAD_BYTES, RecordFuture
+from sdk.producer import _ProducerCore
+
+speedups = pytest.importorskip("sdk._speedups", reason="the compiled path is not built (scripts/install.sh builds it)")
+
+TOPICS = {"a": 3, "b": 1}
+SENDS = 4_000
+
+
+@pytest.fixture
+def cores() -> Iterator[tuple[_ProducerCore, _ProducerCore]]:
+    made = []
+    for _ in range(2):
+        # linger and delivery timeouts far beyond the test: every batch stays in the accumulator
+        core = _ProducerCore(f"tcp://127.0.0.1:{free_port()}", acks=1, linger_ms=600_000, batch_bytes_max=4096,
+                             delivery_timeout_ms=600_000, request_timeout_ms=600_000, max_block_ms=100)
+        with core._lock:
+            core._partition_counts.update(TOPICS)
+        made.append(core)
+    try:
+        yield made[0], made[1]
+    finally:
+        closers = [threading.Thread(target=core.close, args=(0,)) for core in made]  # each waits for its sender
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join()
+
+
+def _call(rng: random.Random) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    topic = rng.choice(["a", "a", "a", "b"])
+    roll = rng.random()
+    value: Any = rng.randbytes(rng.choice([0, 10, 100, 100, 900]))
+    if roll < 0.05:
+        value = None
+    elif roll < 0.1:
+        value = value.hex()
+    key: Any = None
+    if rng.random() < 0.3:
+        key = rng.randbytes(rng.randint(0, 8))
+        if rng.random() < 0.2:
+            key = key.hex()
+    kwargs: dict[str, Any] = {"timestamp_ms": 1_700_000_000_000 + rng.randint(0, 10_000)}
+    if rng.random() < 0.05:
+        kwargs["headers"] = {"h": b"v", "n": None}
+    if rng.random() < 0.05:
+        kwargs["partition"] = rng.randint(-1, TOPICS[topic])  # sometimes out of range
+    if rng.random() < 0.02:
+        kwargs["priority"] = rng.randint(0, 10)  # 10 is refused
+    if rng.random() < 0.02:
+        kwargs["dedup_id"] = f"d{rng.randint(0, 5)}"
+    return (topic, value, key), kwargs
+
+
+def _send(send: Any, core: _ProducerCore, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        future = send(core, *args, **kwargs)
+    except Exception as exc:  # the type is what is compared
+        return type(exc).__name__
+    return (future._index, future._timestamp, future._batch.topic, future._batch.partition)
+
+
+def _contents(core: _ProducerCore) -> list[tuple[str, int, list[Any]]]:
+    with core._lock:
+        return [(b.topic, b.partition, list(b.records)) for q in core._acc.batches.values() for b in q]
+
+
+def test_compiled_and_python_send_leave_the_same_records(cores: tuple[_ProducerCore, _ProducerCore],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get("FABRIC_PURE_PYTHON", "") != "1":
+        assert producer_module.SPEEDUPS, "sdk._speedups is built but Producer.send does not use it"
+    else:  # the producer left it unbound: bind it as the producer would
+        speedups.bind(_ProducerCore._send_python, RecordFuture, partition_for_key, RECORD_OVERHEAD_BYTES)
+    compiled, python = cores
+    rng = random.Random(20261123)
+    outcomes: list[tuple[Any, Any]] = []
+    for _ in range(SENDS):
+        args, kwargs = _call(rng)
+        outcomes.append((_send(speedups.send, compiled, args, kwargs),
+                         _send(_ProducerCore._send_python, python, args, kwargs)))
+    assert [a for a, _ in outcomes] == [b for _, b in outcomes]
+    assert sum(isinstance(a, str) for a, _ in outcomes) > 10  # errors were compared too
+    assert _contents(compiled) == _contents(python)
+    assert len(_contents(compiled)) > 10  # batches were closed and new ones opened
+    with compiled._lock, python._lock:
+        assert compiled._sticky == python._sticky
+        assert compiled._acc.buffered_bytes == python._acc.buffered_bytes
+        pairs = list(zip([b for q in compiled._acc.batches.values() for b in q],
+                         [b for q in python._acc.batches.values() for b in q], strict=True))
+    laid_out = 0
+    for ours, theirs in pairs:
+        assert ours.size_bytes == theirs.size_bytes
+        laid_out += speedups.records_section(ours.records) is not None
+        monkeypatch.setattr(producer_module, "_records_section", speedups.records_section)
+        compiled_bytes = compiled._encode(ours)  # the compiled layout where it applies
+        monkeypatch.setattr(producer_module, "_records_section", None)
+        assert compiled_bytes == python._encode(theirs)  # identical wire bytes
+        monkeypatch.undo()
+    assert laid_out > 20  # batches without headers went through the compiled layout
+
+    before = int(time.time() * 1000)
+    future = speedups.send(compiled, "a", b"now")  # no timestamp given: the wall clock, in ms
+    assert before <= future._timestamp <= int(time.time() * 1000) + 1
+
+
+def test_the_compiled_layout_is_encode_batchs_layout() -> None:
+    """Random records (null keys and values, empty ones, timestamps out of order) laid out
+    by ``records_section`` and by ``encode_batch``: the same batch bytes. What the compiled
+    layout does not take (headers, a timestamp delta beyond i32, a non-bytes value) it
+    hands back as None for the Python encoder."""
+    from fabric.protocol import batch as batch_format
+
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 300)
+        records = [(1_700_000_000_000 + rng.randint(-5_000, 5_000),
+                    None if rng.random() < 0.5 else rng.randbytes(rng.randint(0, 9)),
+                    None if rng.random() < 0.1 else rng.randbytes(rng.randint(0, 200)), None) for _ in range(n)]
+        timestamps, keys, values, _ = (list(column) for column in zip(*records, strict=True))
+        want = batch_format.encode_batch(timestamps, keys, values, codec=batch_format.CODEC_NONE)
+        laid = speedups.records_section(records)
+        assert laid is not None
+        section, first_ts, max_ts = laid
+        assert batch_format.frame_batch(batch_format.compress_records(section, batch_format.CODEC_NONE),
+                                        n, first_ts, max_ts) == want
+    assert speedups.records_section([]) is None
+    assert speedups.records_section([(1, None, b"x", [("h", b"v")])]) is None
+    assert speedups.records_section([(0, None, b"x", None), (2**40, None, b"x", None)]) is None
+    assert speedups.records_section([(2**70, None, b"x", None)]) is None
+    assert speedups.records_section([(0, None, bytearray(b"x"), None)]) is None
