@@ -176,13 +176,25 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         body = {"topic": topic, "partition": partition, "replicas": [], "throttle_bytes_per_s": 0}
         self._ask_controller(ApiKey.REASSIGN_PARTITION, body, timeout_s)
 
-    def wait_reassigned(self, topic: str, partition: int, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
-        """Wait until no reassignment of the partition is in progress; TimeoutError if it
-        is still moving after ``timeout_s`` (a throttled copy of a big log takes a while)."""
+    def wait_reassigned(self, topic: str, partition: int, replicas: list[int] | None = None, *,
+                        timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
+        """Wait until the partition's move is finished; TimeoutError if it is still moving
+        after ``timeout_s`` (a throttled copy of a big log takes a while).
+
+        Give ``replicas``, the target passed to ``reassign_partition``: then finished means
+        the cluster's metadata lists exactly those replicas and the leader is acting on no
+        move. Without it, only the second is checked, and a move the nodes have not yet
+        heard of (``reassign_partition`` returns once the controller accepted it) looks
+        finished too. The replaced copies are deleted right after, asynchronously."""
         deadline = time.monotonic() + timeout_s
         while True:
-            leaders = [r for r in self.describe_replicas([topic]).get((topic, partition), []) if r["role"] == "leader"]
-            if leaders and not any(r["adding"] or r["removing"] for r in leaders):
+            rows = self.describe_replicas([topic]).get((topic, partition), [])
+            leaders = [r for r in rows if r["role"] == "leader"]
+            done = bool(leaders) and not any(r["adding"] or r["removing"] for r in leaders)
+            if done and replicas is not None:
+                current = [p for p in self.describe_topic(topic).partitions if p.partition == partition]
+                done = bool(current) and list(current[0].replicas) == list(replicas)
+            if done:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{topic}/{partition} is still moving after {timeout_s:g} s")

@@ -7,6 +7,7 @@ from typing import Any
 
 DEMO_THROTTLE_BYTES_PER_S = 5_000_000  # enough to finish in seconds, low enough to be a real limit
 MOVE_TIMEOUT_S = 120.0
+COPIES_SETTLE_S = 30.0  # after the move: the old copy deleted, the new one at the leader's log end
 
 
 def reassign_demo(cluster: Any, topic: str) -> dict[str, object]:
@@ -24,15 +25,22 @@ def reassign_demo(cluster: Any, topic: str) -> dict[str, object]:
         target = [new_node, *[r for r in before.replicas if r != before.leader]]
         began = time.monotonic()
         admin.reassign_partition(topic, 0, target, throttle_bytes_per_s=DEMO_THROTTLE_BYTES_PER_S)
-        admin.wait_reassigned(topic, 0, timeout_s=MOVE_TIMEOUT_S)
+        admin.wait_reassigned(topic, 0, target, timeout_s=MOVE_TIMEOUT_S)
         moved_s = time.monotonic() - began
         after = admin.describe_topic(topic).partitions[0]
-        copies = {r["node_id"]: r for r in admin.describe_replicas([topic]).get((topic, 0), [])}
-    leader_copy = copies.get(after.leader)
-    new_copy = copies.get(new_node)
-    ok = (tuple(after.replicas) == tuple(target) and new_node in after.isr and before.leader not in copies
-          and leader_copy is not None and new_copy is not None
-          and new_copy["log_end_offset"] == leader_copy["log_end_offset"])
+        # The replaced copy is deleted, and the new copy's log end meets the leader's, each a
+        # moment after the move completes: look until both hold or COPIES_SETTLE_S passes.
+        settle_by = time.monotonic() + COPIES_SETTLE_S
+        while True:
+            copies = {r["node_id"]: r for r in admin.describe_replicas([topic]).get((topic, 0), [])}
+            leader_copy = copies.get(after.leader)
+            new_copy = copies.get(new_node)
+            ok = (tuple(after.replicas) == tuple(target) and new_node in after.isr and before.leader not in copies
+                  and leader_copy is not None and new_copy is not None
+                  and new_copy["log_end_offset"] == leader_copy["log_end_offset"])
+            if ok or time.monotonic() > settle_by:
+                break
+            time.sleep(0.2)
     return {"reassign_ok": ok, "reassign_from": list(before.replicas), "reassign_to": target,
             "reassign_seconds": round(moved_s, 2),
             "reassign_bytes": new_copy["size_bytes"] if new_copy is not None else 0}

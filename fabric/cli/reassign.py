@@ -112,9 +112,9 @@ def cmd_reassign(admin: Any, args: argparse.Namespace) -> int:
         admin.reassign_partition(topic, partition, replicas, throttle_bytes_per_s=args.throttle_bytes_per_s)
         print(f"moving {topic}/{partition} to replicas {replicas}")
     if args.wait:
-        for topic, partition, _replicas in moves:
+        for topic, partition, replicas in moves:
             try:
-                admin.wait_reassigned(topic, partition, timeout_s=args.timeout)
+                admin.wait_reassigned(topic, partition, replicas, timeout_s=args.timeout)
             except TimeoutError as exc:
                 raise CliError(f"{exc}; it keeps moving: fabric topic describe {topic}") from None
         print(f"done: {len(moves)} partition(s) moved")

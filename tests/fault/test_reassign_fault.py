@@ -100,7 +100,7 @@ def test_move_survives_controller_and_leader_kills(cluster: LocalCluster, reques
         # The same move again, now without a throttle: accepted, and it finishes.
         with Admin(bootstrap) as admin:
             admin.reassign_partition(topic, 0, target, throttle_bytes_per_s=0, timeout_s=60)
-            admin.wait_reassigned(topic, 0, timeout_s=MOVE_WAIT_S)
+            admin.wait_reassigned(topic, 0, target, timeout_s=MOVE_WAIT_S)
         after = describe(bootstrap, topic).partitions[0]
         assert tuple(after.replicas) == tuple(target) and after.leader in target
         time.sleep(2.0)  # writes continue on the new replica set
