@@ -43,6 +43,8 @@ PARTITIONS = 4
 # live workers' leases end and good messages reach max_deliveries: correct behaviour, but
 # not what this test is about). MAX_DELIVERIES is the default.
 VISIBILITY_MS = 10_000
+LEADER_KILL_GRACE_S = 0.5  # a reply the killed leader sent just before dying is logged this much later at most;
+# the next leader is not serving for seconds after a kill, so no lease of its falls in the window
 MAX_DELIVERIES = 5
 RUN_TIMEOUT_S = 300.0
 
@@ -120,8 +122,11 @@ def test_queue_survives_worker_and_leader_kills(fresh_cluster: LocalCluster, tmp
             else:
                 with Admin(bootstrap) as admin:
                     leader = admin.describe_topic(queue).partitions[rng.randrange(PARTITIONS)].leader
-                leader_kills.append(time.time())
                 fresh_cluster.nodes[leader].kill()
+                # Stamped once the process is gone: a lease it granted in its last milliseconds
+                # (its ack then stuck on the dead leader) is one the kill explains. Stamped
+                # before kill(), such leases were reported unexplained (150 in one CI run).
+                leader_kills.append(time.time())
                 time.sleep(1.0)
                 fresh_cluster.nodes[leader].start()  # back as a follower; it catches up
 
@@ -187,7 +192,7 @@ def _check(workers: list[Worker], produced: set[str], poison: set[str], dead: li
         for (t_prev, w_prev), (_t_next, _w_next) in itertools.pairwise(deliveries):
             if w_prev.killed_at is not None and w_prev.killed_at >= t_prev:
                 redeliveries["worker killed holding it"] += 1
-            elif any(k >= t_prev for k in leader_kills):
+            elif any(k + LEADER_KILL_GRACE_S >= t_prev for k in leader_kills):
                 redeliveries["leader killed while leased"] += 1
             elif (value, w_prev.name) in ack_refused:
                 redeliveries["ack refused, lease had ended (timeout, or a state reload after a kill)"] += 1
