@@ -318,9 +318,13 @@ class QueueCoordinator(QueueDurability):
         self._retry_parked(now, overdue_only=False)
 
     def _retry_parked(self, now: float, *, overdue_only: bool) -> None:
-        if not self._parked or not ((self._wake and not overdue_only) or any(now >= p.deadline_s for p in self._parked)):
+        """Try the parked long polls again: all of them after a wake (new messages, a state
+        change), or with ``overdue_only`` just those whose wait is over (in doubt: they are
+        answered, and go elsewhere, rather than held)."""
+        woken = self._wake and not overdue_only
+        if not self._parked or not (woken or any(now >= p.deadline_s for p in self._parked)):
             return
-        if not overdue_only:
+        if woken:
             self._wake = False
         waiting = self._parked
         self._parked = []

@@ -124,8 +124,33 @@ def send(self, topic, value, key=None, headers=None, partition=None, timestamp_m
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.tuple cimport PyTuple_GET_ITEM
-from libc.stdint cimport int32_t, uint16_t
-from libc.string cimport memcpy
+from libc.stdint cimport int32_t
+from libc.string cimport memcpy, memset
+
+cdef Py_ssize_t _NOT_BYTES = -2
+
+
+cdef inline Py_ssize_t _blob_size(object blob) noexcept:
+    """A key's or value's length: -1 for None (null), _NOT_BYTES for anything but bytes."""
+    if blob is None:
+        return -1
+    if type(blob) is not bytes:
+        return _NOT_BYTES
+    return PyBytes_GET_SIZE(blob)
+
+
+cdef inline char* _put(object blob, char* length_at, char* blob_at) noexcept:
+    """Write a key's or value's i32 length (-1: null) at ``length_at`` and its bytes at
+    ``blob_at`` (checked by ``_blob_size`` already); returns where the next one goes."""
+    cdef int32_t length = -1
+    cdef Py_ssize_t size
+    if blob is not None:
+        size = PyBytes_GET_SIZE(blob)
+        length = <int32_t>size
+        memcpy(blob_at, PyBytes_AS_STRING(blob), size)
+        blob_at += size
+    memcpy(length_at, &length, 4)
+    return blob_at
 
 
 def records_section(list records):
@@ -133,9 +158,9 @@ def records_section(list records):
     tuples, as ``fabric.protocol.batch.encode_batch`` lays it out (PROTOCOL.md section 4):
     ``(section, first_ts, max_ts)``; None when a record is anything else (headers, a
     timestamp delta outside i32) so that the Python encoder decides, and raises, as always."""
-    cdef Py_ssize_t n = len(records), i, keys_bytes = 0, values_bytes = 0, length
+    cdef Py_ssize_t n = len(records), i, keys_bytes = 0, values_bytes = 0, length, size
     cdef long long first_ts, max_ts, ts, delta
-    cdef object record, key, value
+    cdef object record
     if n == 0:
         return None
     for i in range(n):
@@ -148,16 +173,14 @@ def records_section(list records):
             ts = (<tuple>record)[0]
         except OverflowError:
             return None
-        key = <object>PyTuple_GET_ITEM(record, 1)
-        value = <object>PyTuple_GET_ITEM(record, 2)
-        if key is not None:
-            if type(key) is not bytes:
-                return None
-            keys_bytes += PyBytes_GET_SIZE(key)
-        if value is not None:
-            if type(value) is not bytes:
-                return None
-            values_bytes += PyBytes_GET_SIZE(value)
+        size = _blob_size(<object>PyTuple_GET_ITEM(record, 1))
+        if size == _NOT_BYTES:
+            return None
+        keys_bytes += max(size, 0)
+        size = _blob_size(<object>PyTuple_GET_ITEM(record, 2))
+        if size == _NOT_BYTES:
+            return None
+        values_bytes += max(size, 0)
         if i == 0:
             first_ts = ts
             max_ts = ts
@@ -175,30 +198,12 @@ def records_section(list records):
     cdef char* counts_at = base + 12 * n
     cdef char* keys_at = base + 14 * n
     cdef char* values_at = keys_at + keys_bytes
-    cdef int32_t field
-    cdef uint16_t zero = 0
-    cdef Py_ssize_t size
+    cdef int32_t delta32
+    memset(counts_at, 0, 2 * n)  # no record here has headers
     for i in range(n):  # x86 and arm64 are little-endian, as the wire is
         record = records[i]
-        field = <int32_t>(<long long>(<tuple>record)[0] - first_ts)
-        memcpy(ts_at + 4 * i, &field, 4)
-        key = <object>PyTuple_GET_ITEM(record, 1)
-        if key is None:
-            field = -1
-        else:
-            size = PyBytes_GET_SIZE(key)
-            field = <int32_t>size
-            memcpy(keys_at, PyBytes_AS_STRING(key), size)
-            keys_at += size
-        memcpy(key_len_at + 4 * i, &field, 4)
-        value = <object>PyTuple_GET_ITEM(record, 2)
-        if value is None:
-            field = -1
-        else:
-            size = PyBytes_GET_SIZE(value)
-            field = <int32_t>size
-            memcpy(values_at, PyBytes_AS_STRING(value), size)
-            values_at += size
-        memcpy(value_len_at + 4 * i, &field, 4)
-        memcpy(counts_at + 2 * i, &zero, 2)
+        delta32 = <int32_t>(<long long>(<tuple>record)[0] - first_ts)
+        memcpy(ts_at + 4 * i, &delta32, 4)
+        keys_at = _put(<object>PyTuple_GET_ITEM(record, 1), key_len_at + 4 * i, keys_at)
+        values_at = _put(<object>PyTuple_GET_ITEM(record, 2), value_len_at + 4 * i, values_at)
     return out, first_ts, max_ts
