@@ -28,6 +28,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
+from nodes import leader as leader_side
 from nodes.leader import STREAM_META, replica_log
 from nodes.reassign import catch_up_throttle
 from nodes.state import NodeState, TopicPartition
@@ -102,14 +103,17 @@ def _leader_addresses(node: NodeState, leader_id: int) -> tuple[str, str] | None
     return info.address, info.replication_address
 
 
-def _request(node: NodeState, address: str, api_key: int, body: dict[str, Any], kind: str, context: Any) -> int:
+def _request(node: NodeState, address: str, api_key: int, body: dict[str, Any], kind: str, context: Any,
+             *, api_version: int = 0) -> int:
     conns = node.sockets.replica_conns
     correlation_id = conns.next_id()
     try:
-        conns.send(address, apis.encode_request(api_key, body, correlation_id), wait_connect_ms=0)
+        conns.send(address, apis.encode_request(api_key, body, correlation_id, api_version=api_version),
+                   wait_connect_ms=0)
     except errors.FabricError:
         return 0
-    node.replica_requests[correlation_id] = (kind, context)
+    if kind != "one-way ack":  # answered only if refused, and a refusal needs no action
+        node.replica_requests[correlation_id] = (kind, context)
     return correlation_id
 
 
@@ -148,11 +152,19 @@ def tick(node: NodeState, now: float) -> None:
             acks.setdefault(f.leader_id, []).append(
                 {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
             f.acked_log_end = plog.log_end_offset
+    # The periodic ack asks for an answer (the leader's HW and log end, which the stall
+    # check reads); the ack right after a write does not (leader.handle_replica_ack).
+    periodic = now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S
     for leader_id, partitions in acks.items():
         addresses = _leader_addresses(node, leader_id)
         if addresses is not None:
-            _request(node, addresses[0], ApiKey.REPLICA_ACK, {"replica_id": node.node_id, "partitions": partitions}, "ack", None)
-    if now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S:
+            body = {"replica_id": node.node_id, "partitions": partitions}
+            if periodic:
+                _request(node, addresses[0], ApiKey.REPLICA_ACK, body, "ack", None)
+            else:
+                _request(node, addresses[0], ApiKey.REPLICA_ACK, body, "one-way ack", None,
+                         api_version=leader_side.REPLICA_ACK_ONE_WAY_VERSION)
+    if periodic:
         node.last_ack_sent_s = now
 
 

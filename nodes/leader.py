@@ -179,7 +179,15 @@ def record_replica_fetch(node: NodeState, body: dict[str, Any]) -> None:
     node.partitions_changed(changed)
 
 
-def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
+REPLICA_ACK_ONE_WAY_VERSION = 1  # the follower's ack right after a write: no answer wanted
+
+
+def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
+    """Record a follower's log end and move the HW. Version 0 is answered with the HW
+    and our log end; version 1 is not answered: it is the ack a follower sends right
+    after applying stream batches, on every acks=all write's path, and an answer to it
+    cost a send here and a wake-up and a decode there for news the follower's next
+    version-0 ack (every ``REPLICA_ACK_INTERVAL_S``) brings anyway."""
     body = request.body
     now = time.monotonic()
     changed: set[TopicPartition] = set()
@@ -198,7 +206,7 @@ def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Messa
             result["log_end_offset"] = plog.log_end_offset
         out.append(result)
     node.partitions_changed(changed)
-    return {"partitions": out}
+    return None if request.header.api_version == REPLICA_ACK_ONE_WAY_VERSION else {"partitions": out}
 
 
 def handle_offsets_for_leader_epoch(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:

@@ -331,15 +331,21 @@ class NodeMetrics:
         self.received_bytes = Counter("fabric_received_bytes", "Request bytes received from clients and "
                                       "followers.", registry=self.registry)
         self.sent_bytes = Counter("fabric_sent_bytes", "Response bytes sent.", registry=self.registry)
+        self._per_api: dict[int, tuple[Any, Any]] = {}  # api key -> (requests, request_seconds) children
         self.registry.register(_StateCollector(self))
         self.endpoint = MetricsEndpoint(self.registry)
         self._next_snapshot_s = 0.0
 
     # -- loop thread ----------------------------------------------------------------------
     def observe_request(self, api_key: int, seconds: float, request_bytes: int) -> None:
-        name = api_name(api_key)
-        self.requests.labels(name).inc()
-        self.request_seconds.labels(name).observe(seconds)
+        # The labelled children are looked up once per API: labels() builds a key and takes
+        # a lock on every call, and this runs for every request the loop handles.
+        children = self._per_api.get(api_key)
+        if children is None:
+            name = api_name(api_key)
+            children = self._per_api[api_key] = (self.requests.labels(name), self.request_seconds.labels(name))
+        children[0].inc()
+        children[1].observe(seconds)
         self.received_bytes.inc(request_bytes)
 
     def observe_response(self, api_key: int, error_codes: list[int], response_bytes: int) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -267,15 +268,12 @@ class Node:
 
     def _poll_timeout_ms(self) -> int:
         now = time.monotonic()
-        deadline = now + POLL_INTERVAL_MS_MAX / 1000.0
-        for duty in self._timed:
-            if duty.next_s < deadline:
-                deadline = duty.next_s
+        deadline = min([now + POLL_INTERVAL_MS_MAX / 1000.0, *(duty.next_s for duty in self._timed)])
         for source in self._deadlines:
             due = source(self.state)
             if due is not None and due < deadline:
                 deadline = due
-        return int(max(0.0, (deadline - now) * 1000.0))
+        return math.ceil(max(0.0, (deadline - now) * 1000.0))  # up: a deadline < 1 ms away must not spin
 
     def stop(self) -> None:
         self.state.stopping.set()

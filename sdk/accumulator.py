@@ -199,8 +199,7 @@ class RecordAccumulator:
         """Append one record; returns (future, a batch of this partition became full,
         this record opened a new batch).
 
-        A full batch moves the sticky partitioner on and wakes the sender; a new batch
-        wakes it too, so it sleeps until that batch's linger ends, not its idle interval.
+        A full batch wakes the sender; a new batch wakes it too, so it sleeps until that batch's linger ends, not its idle interval.
         This is the per-record hot path: keep it to a few dictionary and list operations.
         """
         size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
@@ -297,14 +296,26 @@ class RecordAccumulator:
     def release(self, batch: ProducerBatch) -> None:
         self.buffered_bytes -= batch.size_bytes
 
-    def next_deadline_s(self) -> float | None:
-        """When the oldest unsealed batch's linger ends (or a retry backoff), if any."""
+    def next_deadline_s(self, in_flight: dict[tuple[str, int], int] | None = None,
+                        max_in_flight: int = 1) -> float | None:
+        """When the next batch ``ready`` would hand out becomes sendable by time (its
+        linger or retry backoff ends), if any. A partition that cannot send for another
+        reason (its in-flight slots are used, or its head is a resend waiting for earlier
+        requests to end) has no deadline: an answer frees it, and an answer wakes the
+        sender anyway. Counting such a partition's past deadline made the sender poll with
+        no timeout, spinning a core for as long as its requests were in flight (Kafka's
+        ``RecordAccumulator.ready`` also leaves muted partitions out of its next check)."""
         deadline: float | None = None
-        for queue in self.batches.values():
-            if queue:
-                head = queue[0]
-                at = max(head.created_s + self.linger_s, head.retry_after_s) if not head.sealed else head.retry_after_s
-                deadline = at if deadline is None else min(deadline, at)
+        for key, queue in self.batches.items():
+            if not queue:
+                continue
+            head = queue[0]
+            if in_flight is not None:
+                used = in_flight.get(key, 0)
+                if used >= max_in_flight or (head.attempts and used):
+                    continue
+            at = max(head.created_s + self.linger_s, head.retry_after_s) if not head.sealed else head.retry_after_s
+            deadline = at if deadline is None else min(deadline, at)
         return deadline
 
     def expire(self, now_s: float, timeout_s: float) -> list[ProducerBatch]:

@@ -8,6 +8,7 @@ sender thread, which alone touches the sockets.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -539,14 +540,14 @@ class _ProducerCore:
                 self._send_request(conns, address, group, now)
         with self._lock:
             self._sending = []
-            deadline = self._acc.next_deadline_s()
+            deadline = self._acc.next_deadline_s(self._in_flight_slots, self.max_in_flight)
         timeout_s = SENDER_POLL_MS_MAX / 1000.0
         if deadline is not None:
             timeout_s = min(timeout_s, max(0.0, deadline - time.monotonic()))
         if self._in_flight:
             oldest = min(f.sent_s for f in self._in_flight.values())
             timeout_s = min(timeout_s, max(0.0, oldest + self.request_timeout_s - time.monotonic()))
-        for address, frames in conns.poll(int(timeout_s * 1000)):
+        for address, frames in conns.poll(math.ceil(timeout_s * 1000)):  # rounded up: never spin
             self._handle_response(address, frames)
         while True:
             try:

@@ -141,6 +141,22 @@ def test_pipelining_sends_up_to_max_in_flight_per_partition() -> None:
     assert len(acc.ready(0.0, {("t", 0): 3}, max_in_flight=5)) == 2
 
 
+def test_a_partition_that_cannot_send_sets_no_deadline() -> None:
+    # Its linger ended long ago, but its slots are all in flight: only an answer frees it,
+    # and an answer wakes the sender anyway. A past deadline here made the sender spin.
+    acc = make(linger_ms=0)
+    acc.append("t", 0, 1, None, b"a", None, now_s=0.0)
+    acc.append("t", 1, 1, None, b"b", None, now_s=2.0)
+    assert acc.next_deadline_s({("t", 0): 5, ("t", 1): 5}, max_in_flight=5) is None
+    assert acc.next_deadline_s({("t", 0): 5}, max_in_flight=5) == pytest.approx(2.0)  # partition 1 may send
+    assert acc.next_deadline_s({("t", 0): 4}, max_in_flight=5) == pytest.approx(0.0)
+    [batch] = acc.ready(1.0, {("t", 1): 5}, max_in_flight=5)
+    batch.attempts, batch.retry_after_s = 1, 3.0
+    acc.requeue(batch)  # a resend waits until nothing of its partition is in flight
+    assert acc.next_deadline_s({("t", 0): 1, ("t", 1): 5}, max_in_flight=5) is None
+    assert acc.next_deadline_s({("t", 1): 5}, max_in_flight=5) == pytest.approx(3.0)
+
+
 def test_failed_pipelined_batches_are_resent_in_order_and_alone() -> None:
     acc = make(linger_ms=0, batch_bytes_max=100)
     for i in range(20):

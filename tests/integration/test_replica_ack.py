@@ -1,0 +1,62 @@
+"""REPLICA_ACK on a real cluster: version 1 (a follower's ack right after a write) is not
+answered, version 0 is; followers still learn the high watermark (docs/PROTOCOL.md 5.9)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from fabric.local import LocalCluster
+from fabric.protocol import apis
+from fabric.protocol.apis import ApiKey
+from sdk import Admin, Producer
+
+REPLY_WAIT_MS = 1_000
+HW_WAIT_S = 10.0
+
+
+def ask(address: str, version: int, body: dict[str, Any]) -> apis.Message | None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send_multipart(apis.encode_request(ApiKey.REPLICA_ACK, body, 7, api_version=version))
+        if not sock.poll(REPLY_WAIT_MS):
+            return None
+        return apis.decode_response(sock.recv_multipart())
+    finally:
+        sock.close()
+
+
+def test_one_way_acks_are_not_answered_and_followers_still_learn_the_hw(cluster: LocalCluster, topic_name: str) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+        p = admin.describe_topic(topic_name).partitions[0]
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            for i in range(50):
+                producer.send(topic_name, b"%d" % i, partition=0)
+            producer.flush(30)
+        follower = next(r for r in p.replicas if r != p.leader)
+        address = admin.nodes()[p.leader]
+        # What the follower already reported, as it would report it: nothing changes.
+        body = {"replica_id": follower, "partitions": [
+            {"topic": topic_name, "partition": 0, "leader_epoch": p.leader_epoch, "log_end_offset": 50}]}
+        answer = ask(address, 0, body)
+        assert answer is not None and not answer.header.error_code
+        [result] = answer.body["partitions"]
+        assert (result["error"], result["high_watermark"], result["log_end_offset"]) == (0, 50, 50)
+        assert ask(address, 1, body) is None
+        # An ack for an epoch the leader does not have is refused in the body, not answered.
+        stale = {"replica_id": follower, "partitions": [dict(body["partitions"][0], leader_epoch=p.leader_epoch - 1)]}
+        assert ask(address, 1, stale) is None
+        # The followers' high watermarks follow the leader's through the answered acks.
+        deadline = time.monotonic() + HW_WAIT_S
+        while True:
+            copies = admin.describe_replicas([topic_name])[(topic_name, 0)]
+            if len(copies) == 3 and all(c["high_watermark"] == 50 for c in copies):
+                break
+            assert time.monotonic() < deadline, copies
+            time.sleep(0.05)
