@@ -180,6 +180,10 @@ class _ProducerCore:
         self._unknown_topics: dict[str, BaseException] = {}
         self._wanted_topics: set[str] = set()
         self._sticky: dict[str, int] = {}
+        # Per topic, what its sticky partition took since it became sticky (_move_sticky):
+        # bytes of the finished batches keyless records opened there, and the unfinished one.
+        self._sticky_closed_bytes: dict[str, int] = {}
+        self._sticky_batch: dict[str, ProducerBatch] = {}
         self._in_flight: dict[int, _InFlight] = {}
         # Taken from the accumulator by this sender turn and not yet in flight (being encoded
         # and sent): flush() must wait for these too.
@@ -242,6 +246,7 @@ class _ProducerCore:
         if tags:
             header_list = [*(header_list or []), (tags_format.TAGS_HEADER, tags_format.encode_tags(tags))]
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        explicit = partition
         with self._lock:
             if self._refusal is not None:
                 raise self._refusal
@@ -291,16 +296,40 @@ class _ProducerCore:
                         f"{BATCH_HEADER_BYTES}-byte batch header",
                         record_bytes=size, limit_bytes=limit,
                     )
+            if key_b is None and not dedup_id and explicit is None and (
+                    batch is None or batch.size_bytes + size > acc.batch_bytes_max):
+                partition = self._move_sticky(topic, partition, count, size)  # it would open a batch here
             if acc.buffered_bytes + size > acc.buffer_bytes_max:
                 self._wait_for_room(size)
             future, full, created = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
-            if full and key_b is None and self._sticky.get(topic) == partition:
-                self._sticky[topic] = (partition + 1) % count  # sticky: move on once a batch is full
+            if created and key_b is None and not dedup_id and explicit is None:
+                self._sticky_batch[topic] = self._acc.batches[(topic, partition)][-1]  # the one it opened
             if full or created:
                 self._wake()
         if callback is not None:
             future.add_callback(callback)
         return future
+
+    def _move_sticky(self, topic: str, partition: int, count: int, size: int) -> int:
+        """The partition for a keyless record of ``size`` bytes that would open a batch on
+        the sticky one: the next partition once the sticky one has taken
+        ``batch_bytes_max`` bytes (Kafka's KIP-794 rule), else the same one.
+
+        Counting bytes rather than batches keeps batches as large as the linger allows at
+        any rate: moving on with every new batch (KIP-480) spreads a slow stream of records
+        over every partition in one-record batches (more requests for the same records,
+        which cost latency here when the CPU is shared). The first rule here moved on only
+        when a batch *filled*, so at modest rates, where batches leave at their linger long
+        before they fill, a topic's keyless records all went to one partition for good.
+        Called with the lock held."""
+        opened = self._sticky_batch.pop(topic, None)
+        taken = self._sticky_closed_bytes.get(topic, 0) + (opened.size_bytes if opened is not None else 0)
+        if taken + size <= self._acc.batch_bytes_max:
+            self._sticky_closed_bytes[topic] = taken  # the batch this record opens is counted apart
+            return partition
+        self._sticky_closed_bytes[topic] = 0
+        partition = self._sticky[topic] = (partition + 1) % count
+        return partition
 
     _send_python = send  # the compiled fast path (sdk/_speedups.pyx) hands everything else here
 
@@ -357,6 +386,8 @@ class _ProducerCore:
         with self._lock:
             if partition is None and cols.keys is None:
                 self._sticky[topic] = sticky
+                self._sticky_closed_bytes[topic] = 0  # that partition has taken nothing yet
+                self._sticky_batch.pop(topic, None)
             for (chosen, piece), payload in zip(pieces, payloads, strict=True):
                 self._wait_for_room(piece.size_bytes)
                 result = self._acc.append_prepared(topic, chosen, (payload, ts, piece.tag_bloom), piece.record_count,
@@ -761,6 +792,9 @@ class _ProducerCore:
                 except ValueError:
                     pass
         batch.encoded = None
+        if self._sticky_batch.get(batch.topic) is batch:  # its size is final: keep the count, not the batch
+            self._sticky_closed_bytes[batch.topic] = self._sticky_closed_bytes.get(batch.topic, 0) + batch.size_bytes
+            del self._sticky_batch[batch.topic]
         batch.result.complete(base_offset, exc)
 
     def _expire_queued(self, now: float) -> None:

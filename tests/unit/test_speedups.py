@@ -112,6 +112,9 @@ def test_compiled_and_python_send_leave_the_same_records(cores: tuple[_ProducerC
     assert len(_contents(compiled)) > 10  # batches were closed and new ones opened
     with compiled._lock, python._lock:
         assert compiled._sticky == python._sticky
+        assert compiled._sticky_closed_bytes == python._sticky_closed_bytes
+        assert [(t, b.partition, b.size_bytes) for t, b in compiled._sticky_batch.items()] == \
+            [(t, b.partition, b.size_bytes) for t, b in python._sticky_batch.items()]
         assert compiled._acc.buffered_bytes == python._acc.buffered_bytes
         pairs = list(zip([b for q in compiled._acc.batches.values() for b in q],
                          [b for q in python._acc.batches.values() for b in q], strict=True))

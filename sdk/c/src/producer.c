@@ -57,6 +57,7 @@ struct ptopic {
     int32_t partition_count;
     pqueue_t **queues; /* partition_count of them */
     int32_t sticky;    /* the partition keyless records go to now */
+    size_t sticky_bytes; /* keyless bytes the sticky partition took since it became sticky */
 };
 
 typedef struct inflight {
@@ -734,21 +735,25 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     int64_t now = now_ms();
     int64_t ts = timestamp_ms < 0 ? wall_ms() : timestamp_ms;
     pqueue_t *q = t->queues[partition];
+    if (sticky && t->sticky_bytes + size > p->cfg.batch_bytes_max &&
+        (q->open.record_count == 0 ||
+         fabric_batch_builder_records_bytes(&q->open) + size > p->cfg.batch_bytes_max ||
+         q->open.record_count == FABRIC_BATCH_RECORDS_MAX)) {
+        /* Sticky partitioning (as the Python producer, and Kafka's KIP-794): a keyless
+         * record that would open a batch goes to the next partition once the sticky one
+         * has taken batch_bytes_max bytes; batches sent at their linger before they fill
+         * no longer keep every keyless record on one partition. */
+        t->sticky = (partition + 1) % t->partition_count;
+        partition = t->sticky;
+        t->sticky_bytes = 0;
+        q = t->queues[partition];
+    }
     int closed = 0;
     if (q->open.record_count > 0 &&
         (fabric_batch_builder_records_bytes(&q->open) + size > p->cfg.batch_bytes_max ||
          q->open.record_count == FABRIC_BATCH_RECORDS_MAX)) {
         close_open_batch(p, q, now);
         closed = 1;
-        if (sticky) {
-            /* Sticky partitioning: a full batch moves keyless records to the next partition. */
-            t->sticky = (partition + 1) % t->partition_count;
-            partition = t->sticky;
-            q = t->queues[partition];
-            if (q->open.record_count > 0 &&
-                fabric_batch_builder_records_bytes(&q->open) + size > p->cfg.batch_bytes_max)
-                close_open_batch(p, q, now);
-        }
     }
     rc = fabric_batch_builder_add(&q->open, ts, key, key_len, value, value_len, headers,
                                   header_count);
@@ -769,11 +774,11 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     }
     q->open_buffered_bytes += size;
     p->buffered_bytes += size;
+    if (sticky) t->sticky_bytes += size;
     p->open_records++;
     if (fabric_batch_builder_records_bytes(&q->open) >= p->cfg.batch_bytes_max) {
         close_open_batch(p, q, now);
         closed = 1;
-        if (sticky) t->sticky = (partition + 1) % t->partition_count;
     }
     if (closed || now >= p->next_timer_ms ||
         (p->inflight_count && ++p->records_since_io >= IO_EVERY_RECORDS))
