@@ -8,6 +8,7 @@ wakes on replies from leaders as well as on client requests.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Any
 
@@ -104,7 +105,13 @@ class Connections:
 
     def handshake_error(self, address: str) -> str | None:
         """Why the last handshake with ``address`` failed, if a failure was reported."""
+        self._read_monitor(address)
+        return self._handshake_errors.get(address)
+
+    def _read_monitor(self, address: str) -> bool:
+        """Read the connection events queued for ``address``; True if one was a disconnect."""
         monitor = self._monitors.get(address)
+        dropped = False
         while monitor is not None:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -112,9 +119,10 @@ class Connections:
                 break
             if event.get("event") == zmq.EVENT_DISCONNECTED:
                 self._disconnected.add(address)
+                dropped = True
                 continue
             self._handshake_errors[address] = _describe_handshake_failure(event, self.security is not None)
-        return self._handshake_errors.get(address)
+        return dropped
 
     def take_disconnected(self) -> set[str]:
         """Addresses whose connection dropped since the last call (read from the monitors)."""
@@ -178,17 +186,31 @@ class Connections:
         """One synchronous request. Replies to other requests that arrive meanwhile are
         kept and handed out by the next poll() or drain()."""
         correlation_id = self.next_id()
+        if address in self._monitors:
+            self._read_monitor(address)  # a drop before this request is not this request's
         self.send(address, apis.encode_request(api_key, body, correlation_id, batches=batches),
                   wait_connect_ms=wait_connect_ms)
         deadline = time.monotonic() + timeout_ms / 1000.0
         sock = self.sockets[address]
+        # The monitor is polled too: when the connection the request went out on drops (the
+        # node died or closed it), its answer can no longer come, and waiting out the whole
+        # timeout (15 s for a queue ack) only delays the caller's retry elsewhere.
+        waiter = zmq.Poller()
+        waiter.register(sock, zmq.POLLIN)
+        waiter.register(self._monitors[address], zmq.POLLIN)
         while True:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
                 self.raise_handshake_error(address)
                 self.drop(address)
                 raise errors.RequestTimedOutError(f"{ApiKey(api_key).name} to {address} timed out after {timeout_ms} ms")
-            if not sock.poll(remaining_ms):
+            ready = dict(waiter.poll(remaining_ms))
+            if sock not in ready:
+                if self._read_monitor(address) and not sock.poll(0):
+                    self.raise_handshake_error(address)
+                    self.drop(address)
+                    raise errors.NodeNotReadyError(
+                        f"{ApiKey(api_key).name} to {address}: the connection dropped before the answer came")
                 continue
             frames = sock.recv_multipart(copy=False)
             message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])

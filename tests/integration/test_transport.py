@@ -1,11 +1,15 @@
-"""Connections keeps replies that arrive while a synchronous request waits (real sockets)."""
+"""Connections keeps replies that arrive while a synchronous request waits, and gives up
+on one whose connection dropped (real sockets)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
+import pytest
 import zmq
 
+from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
@@ -40,3 +44,35 @@ def test_reply_to_another_request_is_kept_not_dropped() -> None:
         server.join(timeout=10)
         conns.close()
         router.close(linger=0)
+
+
+def test_a_request_fails_fast_when_its_connection_drops() -> None:
+    """A peer that dies while a request waits: the answer can no longer come, so the
+    request fails at once (NodeNotReadyError) instead of waiting out its timeout."""
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    received = threading.Event()
+
+    def take_and_die() -> None:
+        if router.poll(10_000):
+            router.recv_multipart()
+            received.set()
+            router.close(linger=0)  # no answer; the connection goes
+
+    server = threading.Thread(target=take_and_die)
+    server.start()
+    conns = Connections(ctx)
+    try:
+        started = time.monotonic()
+        with pytest.raises(errors.NodeNotReadyError, match="connection dropped"):
+            conns.request(address, ApiKey.METADATA, {"topics": []}, timeout_ms=60_000)
+        assert received.is_set()
+        assert time.monotonic() - started < 30  # not the 60 s timeout (the drop takes ms)
+        assert address not in conns.sockets  # dropped: the next request connects afresh
+    finally:
+        server.join(timeout=10)
+        conns.close()
+        if not router.closed:
+            router.close(linger=0)
