@@ -199,7 +199,8 @@ class RecordAccumulator:
         """Append one record; returns (future, a batch of this partition became full,
         this record opened a new batch).
 
-        A full batch wakes the sender; a new batch wakes it too, so it sleeps until that batch's linger ends, not its idle interval.
+        A full batch wakes the sender; a new batch wakes it too, so it sleeps until that
+        batch's linger ends, not its idle interval.
         This is the per-record hot path: keep it to a few dictionary and list operations.
         """
         size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)

@@ -316,9 +316,9 @@ class _ProducerCore:
         ``batch_bytes_max`` bytes (Kafka's KIP-794 rule), else the same one.
 
         Counting bytes rather than batches keeps batches as large as the linger allows at
-        any rate: moving on with every new batch (KIP-480) spreads a slow stream of records
-        over every partition in one-record batches (more requests for the same records,
-        which cost latency here when the CPU is shared). The first rule here moved on only
+        any rate: moving on with every new batch (KIP-480) spreads a modest stream of
+        records over every partition in smaller batches (more requests for the same
+        records, which cost latency here when the CPU is shared). The first rule here moved on only
         when a batch *filled*, so at modest rates, where batches leave at their linger long
         before they fill, a topic's keyless records all went to one partition for good.
         Called with the lock held."""
