@@ -103,8 +103,10 @@ def _leader_addresses(node: NodeState, leader_id: int) -> tuple[str, str] | None
     return info.address, info.replication_address
 
 
-def _request(node: NodeState, address: str, api_key: int, body: dict[str, Any], kind: str, context: Any,
+def _request(node: NodeState, address: str, api_key: int, body: dict[str, Any], kind: str | None, context: Any,
              *, api_version: int = 0) -> int:
+    """Send a request to a leader; ``kind`` None: no answer is awaited (a one-way ack,
+    answered only if refused, and a refusal needs no action)."""
     conns = node.sockets.replica_conns
     correlation_id = conns.next_id()
     try:
@@ -112,7 +114,7 @@ def _request(node: NodeState, address: str, api_key: int, body: dict[str, Any], 
                    wait_connect_ms=0)
     except errors.FabricError:
         return 0
-    if kind != "one-way ack":  # answered only if refused, and a refusal needs no action
+    if kind is not None:
         node.replica_requests[correlation_id] = (kind, context)
     return correlation_id
 
@@ -162,7 +164,7 @@ def tick(node: NodeState, now: float) -> None:
             if periodic:
                 _request(node, addresses[0], ApiKey.REPLICA_ACK, body, "ack", None)
             else:
-                _request(node, addresses[0], ApiKey.REPLICA_ACK, body, "one-way ack", None,
+                _request(node, addresses[0], ApiKey.REPLICA_ACK, body, None, None,
                          api_version=leader_side.REPLICA_ACK_ONE_WAY_VERSION)
     if periodic:
         node.last_ack_sent_s = now

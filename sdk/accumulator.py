@@ -297,8 +297,7 @@ class RecordAccumulator:
     def release(self, batch: ProducerBatch) -> None:
         self.buffered_bytes -= batch.size_bytes
 
-    def next_deadline_s(self, in_flight: dict[tuple[str, int], int] | None = None,
-                        max_in_flight: int = 1) -> float | None:
+    def next_deadline_s(self, in_flight: dict[tuple[str, int], int], max_in_flight: int = 1) -> float | None:
         """When the next batch ``ready`` would hand out becomes sendable by time (its
         linger or retry backoff ends), if any. A partition that cannot send for another
         reason (its in-flight slots are used, or its head is a resend waiting for earlier
@@ -311,10 +310,9 @@ class RecordAccumulator:
             if not queue:
                 continue
             head = queue[0]
-            if in_flight is not None:
-                used = in_flight.get(key, 0)
-                if used >= max_in_flight or (head.attempts and used):
-                    continue
+            used = in_flight.get(key, 0)
+            if used >= max_in_flight or (head.attempts and used):
+                continue
             at = max(head.created_s + self.linger_s, head.retry_after_s) if not head.sealed else head.retry_after_s
             deadline = at if deadline is None else min(deadline, at)
         return deadline

@@ -246,7 +246,7 @@ class _ProducerCore:
         if tags:
             header_list = [*(header_list or []), (tags_format.TAGS_HEADER, tags_format.encode_tags(tags))]
         ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
-        explicit = partition
+        sticky = False  # keyless, no partition given: the sticky partitioner chooses
         with self._lock:
             if self._refusal is not None:
                 raise self._refusal
@@ -259,6 +259,7 @@ class _ProducerCore:
                     # partition's dedup window (docs/QUEUES.md).
                     partition = partition_for_key(key_b if key_b is not None else dedup_id.encode(), count)
                 else:
+                    sticky = True
                     partition = self._sticky.get(topic)
                     if partition is None or partition >= count:
                         partition = self._sticky[topic] = 0
@@ -296,13 +297,12 @@ class _ProducerCore:
                         f"{BATCH_HEADER_BYTES}-byte batch header",
                         record_bytes=size, limit_bytes=limit,
                     )
-            if key_b is None and not dedup_id and explicit is None and (
-                    batch is None or batch.size_bytes + size > acc.batch_bytes_max):
+            if sticky and (batch is None or batch.size_bytes + size > acc.batch_bytes_max):
                 partition = self._move_sticky(topic, partition, count, size)  # it would open a batch here
             if acc.buffered_bytes + size > acc.buffer_bytes_max:
                 self._wait_for_room(size)
             future, full, created = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
-            if created and key_b is None and not dedup_id and explicit is None:
+            if created and sticky:
                 self._sticky_batch[topic] = self._acc.batches[(topic, partition)][-1]  # the one it opened
             if full or created:
                 self._wake()

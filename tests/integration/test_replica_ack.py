@@ -6,29 +6,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import zmq
-
 from fabric.local import LocalCluster
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from sdk import Admin, Producer
+from tests.integration.helpers import decode, raw_request
 
 REPLY_WAIT_MS = 1_000
 HW_WAIT_S = 10.0
 
 
 def ask(address: str, version: int, body: dict[str, Any]) -> apis.Message | None:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    """The leader's answer, or None if none came within REPLY_WAIT_MS."""
     try:
-        sock.connect(address)
-        sock.send_multipart(apis.encode_request(ApiKey.REPLICA_ACK, body, 7, api_version=version))
-        if not sock.poll(REPLY_WAIT_MS):
-            return None
-        return apis.decode_response(sock.recv_multipart())
-    finally:
-        sock.close()
+        return decode(raw_request(address, apis.encode_request(ApiKey.REPLICA_ACK, body, 7, api_version=version),
+                                  timeout_ms=REPLY_WAIT_MS))
+    except TimeoutError:
+        return None
 
 
 def test_one_way_acks_are_not_answered_and_followers_still_learn_the_hw(cluster: LocalCluster, topic_name: str) -> None:

@@ -16,7 +16,7 @@ def test_linger_holds_a_batch_until_it_expires() -> None:
     acc = make(linger_ms=10)
     acc.append("t", 0, 1, None, b"x" * 10, None, now_s=100.0)
     assert acc.ready(100.005, {}) == []
-    assert acc.next_deadline_s() == pytest.approx(100.010)
+    assert acc.next_deadline_s({}) == pytest.approx(100.010)
     [batch] = acc.ready(100.010, {})
     assert batch.record_count == 1 and batch.sealed
 
