@@ -142,16 +142,20 @@ class RetryBudget:
         self.tokens_max = tokens_max
         self.tokens = min(tokens_max, max(1.0, min_retries_per_s))
         self._refilled_s = now
+        self._deposits = 0  # requests since the last refill, whose ratio is not in tokens yet
         self.retries_refused = 0
 
     def _refill(self, now: float) -> None:
+        # Deposits only add and the cap applies after each, so adding them all at once and
+        # capping once gives the same tokens as adding each as its request came.
         elapsed = max(0.0, now - self._refilled_s)
         self._refilled_s = now
-        self.tokens = min(self.tokens_max, self.tokens + elapsed * self.min_retries_per_s)
+        deposits, self._deposits = self._deposits, 0
+        self.tokens = min(self.tokens_max, self.tokens + elapsed * self.min_retries_per_s + deposits * self.ratio)
 
     def on_request(self, now: float) -> None:
-        self._refill(now)
-        self.tokens = min(self.tokens_max, self.tokens + self.ratio)
+        """Counted only: every request pays this, a retry (``try_retry``) is rare."""
+        self._deposits += 1
 
     def try_retry(self, now: float) -> bool:
         self._refill(now)

@@ -4,10 +4,10 @@ Handing each blocking request to the loop thread and back (``run_coroutine_threa
 wake-up of the loop, a wake-up of the caller) cost about 150 us per call on a 2-core
 machine, more than the round trip itself. So a blocking ``request`` talks to the instance
 over DEALER sockets of its own thread (one per instance it called, created on first use)
-and waits on them with ``poll``. What is shared stays on the loop: discovery, the
-instances' health (heartbeats), and the ready list it picks from; this path only reads
-them, plus the per-instance count of blocking requests in flight that least-outstanding
-selection adds to the loop's own.
+and waits on them with a blocking receive bounded by a receive timeout. What is shared
+stays on the loop: discovery, the instances' health (heartbeats), and the ready list it
+picks from; this path only reads them, plus the per-instance count of blocking requests
+in flight that least-outstanding selection adds to the loop's own.
 
 While it waits, the thread PINGs its instance every heartbeat interval, so the instance
 follows it as a caller (and drops its queued requests if this process stalls).
@@ -26,13 +26,12 @@ from fabric import errors
 from fabric.protocol import direct as wire
 from sdk.direct import _balance as balance
 from sdk.direct._client import TIMEOUT_MS_MAX, DirectClient
-from sdk.direct._io import make_socket, readable, recv_frames, send_frames
+from sdk.direct._io import make_socket, recv_frames_within, send_frames
 from sdk.direct._peers import Response, _Peer, _ServiceView
 from sdk.direct._types import Reply, as_bytes, as_headers
 
 RunOnLoop = Callable[[Coroutine[Any, Any, Any], float], Any]
 SWEEP_MIN = 64  # sockets of all threads before those of ended threads are looked for
-_POLLIN = int(zmq.POLLIN)
 CLOSE_WAIT_S = 5.0  # close() waits this long for blocking requests to notice and return
 
 
@@ -148,17 +147,16 @@ class BlockingCaller:
                 return f"no reply from instance {peer.znode} in time"
             if peer.health.state == balance.DEAD:
                 return f"instance {peer.znode} stopped answering heartbeats"
-            if zmq.zmq_poll([(sock, _POLLIN)], max(1, int(min(remaining_s, self._interval_s) * 1000))):
-                while readable(sock):
-                    frames = recv_frames(sock)
-                    try:
-                        header = wire.decode_header(frames[0])
-                    except errors.FabricError:
-                        continue
-                    if header.type in (wire.REPLY, wire.ERROR) and header.correlation_id == cid:
-                        return header, frames
-            else:
+            frames = recv_frames_within(sock, max(1, int(min(remaining_s, self._interval_s) * 1000)))
+            if frames is None:
                 send_frames(sock, self._ping)  # still waiting: keep the instance following us
+                continue
+            try:
+                header = wire.decode_header(frames[0])
+            except errors.FabricError:
+                continue  # undecodable: skipped, as the loop's reader skips it
+            if header.type in (wire.REPLY, wire.ERROR) and header.correlation_id == cid:
+                return header, frames
 
     def _socket(self, peer: _Peer) -> zmq.Socket[Any]:
         """This thread's DEALER to ``peer``, created on first use. Creation is rare (a new

@@ -29,10 +29,12 @@ SOCKET_HWM = 10_000
 _send: Callable[[zmq.Socket[Any], bytes, int], None] = cast(Any, _CythonSocket.send)
 _recv_frame: Callable[[zmq.Socket[Any], int, bool], zmq.Frame] = cast(Any, _CythonSocket.recv)
 _get: Callable[[zmq.Socket[Any], int], int] = cast(Any, _CythonSocket.get)
+_set: Callable[[zmq.Socket[Any], int, int], None] = cast(Any, _CythonSocket.set)
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_RCVTIMEO = int(zmq.RCVTIMEO)
 
 
 def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = SOCKET_HWM) -> zmq.Socket[Any]:
@@ -72,6 +74,25 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
     """One multipart message that ``readable`` said is there. Frames are read uncopied and
     copied once into bytes: asking a Frame whether more follow is cheaper than RCVMORE."""
     frame = _recv_frame(sock, _NOBLOCK, False)
+    frames: list[bytes] = [frame.bytes]
+    while frame.more:
+        frame = _recv_frame(sock, _NOBLOCK, False)
+        frames.append(frame.bytes)
+    return frames
+
+
+def recv_frames_within(sock: zmq.Socket[Any], timeout_ms: int) -> list[bytes] | None:
+    """One multipart message, waiting up to ``timeout_ms`` for it; None when none came.
+
+    A blocking receive with a receive timeout, not ``zmq_poll`` and then a non-blocking
+    receive: the poll asks the socket's events before and after it waits and the receive
+    asks again, each a system call here, where a blocking receive waits on the socket's
+    mailbox once (as a bare pyzmq client does)."""
+    _set(sock, _RCVTIMEO, timeout_ms)
+    try:
+        frame = _recv_frame(sock, 0, False)
+    except zmq.Again:
+        return None
     frames: list[bytes] = [frame.bytes]
     while frame.more:
         frame = _recv_frame(sock, _NOBLOCK, False)

@@ -46,6 +46,25 @@ def test_retry_budget_refills_with_time_and_is_capped() -> None:
     assert sum(budget.try_retry(1000.0) for _ in range(10)) == 3  # a long calm banks at most tokens_max
 
 
+def test_retry_budget_counts_requests_lazily_with_the_same_outcome() -> None:
+    """Deposits are folded in when a retry asks; the grants match adding each as it came."""
+    rng = random.Random(11)
+    budget = balance.RetryBudget(ratio=0.3, min_retries_per_s=0.5, tokens_max=4, now=0.0)
+    tokens, refilled_s = budget.tokens, 0.0  # the eager reference
+    now = 0.0
+    for _ in range(2000):
+        now += rng.random() * 0.05
+        if rng.random() < 0.8:
+            budget.on_request(now)
+            tokens = min(4.0, tokens + (now - refilled_s) * 0.5 + 0.3)
+        else:
+            tokens = min(4.0, tokens + (now - refilled_s) * 0.5)
+            expected = tokens >= 1.0
+            tokens -= 1.0 if expected else 0.0
+            assert budget.try_retry(now) == expected
+        refilled_s = now
+
+
 def test_retry_budget_refuses_nonsense() -> None:
     with pytest.raises(ValueError):
         balance.RetryBudget(ratio=2.0)
