@@ -65,14 +65,10 @@ def send_frames(sock: zmq.Socket[Any], frames: list[bytes]) -> None:
     _send(sock, frames[last], _NOBLOCK)
 
 
-def readable(sock: zmq.Socket[Any]) -> bool:
-    """Whether a message waits; asking also re-arms the socket's edge-triggered FD."""
-    return bool(_get(sock, _EVENTS) & _POLLIN)
-
-
 def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
-    """One multipart message that ``readable`` said is there. Frames are read uncopied and
-    copied once into bytes: asking a Frame whether more follow is cheaper than RCVMORE."""
+    """One multipart message that the socket's events said is there. Frames are read
+    uncopied and copied once into bytes: asking a Frame whether more follow is cheaper
+    than RCVMORE."""
     frame = _recv_frame(sock, _NOBLOCK, False)
     frames: list[bytes] = [frame.bytes]
     while frame.more:
