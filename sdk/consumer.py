@@ -9,6 +9,7 @@ not by polling in a loop.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -409,7 +410,9 @@ class Consumer:
             self._send_fetches()
             if self._buffer:
                 return True
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            # Rounded up: a wait truncated to 0 ms would return with part of the time left,
+            # and a caller looping until its own deadline (a tag-filtered poll) would spin.
+            remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
                 return False
             self._receive(min(remaining_ms, 100))
@@ -448,7 +451,7 @@ class Consumer:
             return out
         deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
         while True:
-            for batch in self._poll_batches(max(0, int((deadline - time.monotonic()) * 1000)), max_records):
+            for batch in self._poll_batches(max(0, math.ceil((deadline - time.monotonic()) * 1000)), max_records):
                 out.extend(r for r in batch.records() if tag_filter.matches(record_tags(r.headers)))
             if out or time.monotonic() >= deadline:
                 return out

@@ -17,6 +17,7 @@ pure (no sockets, an injected clock); ``OrderedConsumer`` feeds it from a ``Cons
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -178,7 +179,7 @@ class OrderedConsumer:
             ready = self.merge.pop_ready(max_records)
             if ready:
                 return [record for _gid, record in ready]
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)  # up: never a 0 ms spin
             if remaining_ms <= 0:
                 return []
             if self.merge.over_limit():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -110,7 +111,7 @@ class QueueConsumer:
             self._take_replies(0)
             if self._buffered():
                 break
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)  # up: never a 0 ms spin
             all_sent = self._send_polls(max_messages, max(0, remaining_ms))
             # A node not connected yet is asked again shortly, not after the whole wait.
             self._take_replies(max(0, remaining_ms) if all_sent else min(max(0, remaining_ms), int(RECEIVE_RETRY_S * 1000)))

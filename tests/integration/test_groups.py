@@ -358,3 +358,25 @@ def test_committed_offsets_and_membership_survive_coordinator_node_loss(fresh_cl
     finally:
         a.close()
         b.close()
+
+
+def test_tag_filtered_poll_waits_out_its_timeout_without_spinning(cluster: LocalCluster, topic_name: str) -> None:
+    """A filtered poll loops until its own deadline; a wait truncated to 0 ms used to make
+    it spin through the last fraction of a millisecond of every call."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=1)
+    with Consumer(cluster.bootstrap, tag_filter="paid") as c:
+        c.assign([TopicPartition(topic_name, 0)])
+        c.poll(timeout_ms=100)  # connected and fetching
+        waits = 0
+        wait_for_data = c._wait_for_data
+
+        def counted(timeout_ms: int) -> bool:
+            nonlocal waits
+            waits += 1
+            return wait_for_data(timeout_ms)
+
+        c._wait_for_data = counted  # type: ignore[method-assign]
+        for _ in range(20):
+            assert c.poll(timeout_ms=20) == []
+        assert waits <= 2 * 20, f"{waits} waits for 20 empty polls"
