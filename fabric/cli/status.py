@@ -144,7 +144,9 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
                    "leader_epoch": state.leader_epoch, "replicas": list(state.replicas), "isr": list(state.isr),
                    "min_insync": config.min_insync}
             if state.leader < 0 or state.leader not in live:
-                status.offline.append(row)
+                # A live in-sync replica means the controller can elect it (an election in
+                # progress, or no controller); none means waiting for a replica to return.
+                status.offline.append({**row, "live_isr": [r for r in state.isr if r in live]})
             else:
                 leaders[state.leader] = leaders.get(state.leader, 0) + 1
             # A move's new replicas are still copying (docs/OPERATIONS.md, "Moving partitions"):
@@ -178,7 +180,11 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
         if not node["up"]:
             status.problems.append(f"node {node['id']} is down (it holds replicas of {node['replicas']} partitions)")
     if status.offline:
-        status.problems.append(f"{len(status.offline)} partition(s) offline (no live leader): reads and writes fail")
+        electable = sum(1 for row in status.offline if row["live_isr"])
+        status.problems.append(
+            f"{len(status.offline)} partition(s) offline (no live leader): reads and writes fail; "
+            f"{electable} with a live in-sync replica to elect, {len(status.offline) - electable} waiting for "
+            "a replica to come back")
     if status.under_replicated:
         status.problems.append(f"{len(status.under_replicated)} partition(s) under-replicated")
     if status.below_min_insync:
@@ -243,6 +249,8 @@ def _partition_lines(title: str, rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"{title} ({len(rows)}):"]
     for row in rows[:LISTED_PARTITIONS_MAX]:
         extra = f" missing {row['missing']}" if "missing" in row else ""
+        if "live_isr" in row:
+            extra += f" live in-sync {row['live_isr']}" if row["live_isr"] else " no live in-sync replica"
         if "adding" in row:
             extra += f" adding {row['adding']} removing {row['removing']}"
         lines.append(f"  {row['topic']}/{row['partition']}  leader {row['leader']}  epoch {row['leader_epoch']}  "

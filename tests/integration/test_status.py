@@ -82,6 +82,9 @@ def test_healthy_then_a_dead_node(cluster_with_sequencer: LocalCluster, topic_na
         # and the controller then moves node 3's leaderships (until it has, those partitions
         # are rightly reported offline).
         node3_down = any(n["id"] == 3 and not n["up"] for n in status["nodes"])
+        for row in status["offline_partitions"]:  # seen between the death and the re-election
+            assert set(row["live_isr"]) <= set(row["isr"]) and 3 not in row["live_isr"]
+            assert any("in-sync replica to elect" in p for p in status["problems"])
         settled = status["under_replicated_partitions"] and node3_down and not status["offline_partitions"]
         if settled or time.monotonic() > deadline:
             break
@@ -122,3 +125,39 @@ def test_topic_describe_shows_log_range(cluster: LocalCluster, topic_name: str) 
     # one or a few batches, some bytes; nothing in partition 1.
     assert "log 0..10 (10 records, " in lines["partition 0"] and "log 0..10 (10 records, 0 B)" not in lines["partition 0"]
     assert "log 0..0 (0 records, 0 B)" in lines["partition 1"]
+
+
+def test_offline_partitions_say_whether_a_live_in_sync_replica_can_be_elected(zk_server: LocalZooKeeper) -> None:
+    """Partition states written straight into a real ZooKeeper (no nodes running): one
+    offline partition has a live in-sync replica for the controller to elect, the other
+    only a dead one."""
+    from kazoo.client import KazooClient
+
+    from fabric import zk as zkl
+    from fabric.cli.status import collect, render
+
+    chroot = f"/status-offline-{os.getpid()}"
+    root = KazooClient(hosts=zk_server.address, timeout=10)
+    root.start(timeout=10)
+    try:
+        root.ensure_path(chroot)
+    finally:
+        root.stop()
+        root.close()
+    zk = KazooClient(hosts=zk_server.address + chroot, timeout=10)
+    zk.start(timeout=10)
+    try:
+        zk.create(zkl.node_path(1), zkl.NodeInfo(1, "tcp://127.0.0.1:1").encode(), makepath=True)
+        zk.create(zkl.topic_path("t"), zkl.TopicConfig(partitions=2).encode(), makepath=True)
+        for state in (zkl.PartitionState(0, (1, 2, 3), leader=2, leader_epoch=4, isr=(1, 2)),
+                      zkl.PartitionState(1, (2, 3), leader=3, leader_epoch=2, isr=(3,))):
+            zk.create(zkl.partition_path("t", state.partition), state.encode(), makepath=True)
+        status = collect(zk, zk_server.address + chroot)
+    finally:
+        zk.stop()
+        zk.close()
+    assert [(row["partition"], row["live_isr"]) for row in status.offline] == [(0, [1]), (1, [])]
+    assert any("2 partition(s) offline" in p and "1 with a live in-sync replica to elect, 1 waiting" in p
+               for p in status.problems)
+    screen = render(status)
+    assert "t/0  leader 2" in screen and "live in-sync [1]" in screen and "no live in-sync replica" in screen
