@@ -122,3 +122,64 @@ def test_read_at_the_log_end_returns_nothing(tmp_path: Path) -> None:
     assert [batch.decode_batch(b).values for b in log.read(2, 1 << 20, 3)] == [[b"c"]]
     assert [batch.decode_batch(b).values for b in log.read(1, 1 << 20, 3)] == [[b"a", b"b"], [b"c"]]
     store.close()
+
+
+def _default_family_keys(store: Store, pkey: bytes) -> list[bytes]:
+    keys = []
+    for prefix in (b"d", b"i", b"m"):
+        it = store.db.iter()
+        it.seek(prefix + pkey)
+        while it.valid() and it.key().startswith(prefix + pkey):
+            keys.append(it.key())
+            it.next()
+        del it
+    return keys
+
+
+def test_a_store_from_before_column_families_is_migrated(tmp_path: Path) -> None:
+    """Older stores kept every partition in the default family: the first open of the
+    partition moves its keys into its own family, and nothing is lost or left behind."""
+    import rocksdict
+
+    path = str(tmp_path / "db")
+    store = Store(path)
+    log = PartitionLog(store, "t", 3, incarnation=7)
+    append(log, store, [b"a", b"b"])
+    append(log, store, [b"c"], epoch=2)
+    log.high_watermark = 3
+    log.checkpoint_high_watermark()
+    view = store.family(log.pkey)[0]
+    old_layout = dict(view.items())  # the keys as the old code wrote them, to the default family
+    for key, value in old_layout.items():
+        store.db.put(key, value)
+    store.close()
+    raw = rocksdict.Rdict(path, rocksdict.Options(raw_mode=True))
+    raw.drop_column_family("p" + log.pkey.hex())
+    raw.close()
+
+    store = Store(path)
+    assert store.partition_keys() == [log.pkey]  # found in the default family
+    assert sorted(_default_family_keys(store, log.pkey)) == sorted(old_layout)
+    again = PartitionLog(store, "t", 3, incarnation=7)
+    assert again.bases == [0, 2] and again.log_end_offset == 3 and again.epochs == [(0, 0), (2, 2)]
+    assert again.high_watermark == 3
+    assert [batch.decode_batch(b).values for b in again.read(0, 1 << 20, 3)] == [[b"a", b"b"], [b"c"]]
+    assert _default_family_keys(store, log.pkey) == []
+    assert dict(store.family(log.pkey)[0].items()) == old_layout
+    store.close()
+    store = Store(path)  # and it opens again, from its family
+    assert store.partition_keys() == [log.pkey]
+    assert PartitionLog(store, "t", 3, incarnation=7).log_end_offset == 3
+    store.close()
+
+
+def test_wiped_partitions_are_not_listed(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "db"))
+    kept = PartitionLog(store, "kept", 0, incarnation=1)
+    gone = PartitionLog(store, "gone", 1, incarnation=1)
+    append(kept, store, [b"x"])
+    append(gone, store, [b"y"])
+    assert store.partition_keys() == sorted([kept.pkey, gone.pkey])
+    gone.wipe()
+    assert store.partition_keys() == [kept.pkey]
+    store.close()
