@@ -49,12 +49,6 @@ BLOCK_CACHE_BYTES = 64 * 1024 * 1024  # one cache for every family's blocks
 MIGRATE_BATCH_BYTES = 64 * 1024 * 1024
 
 
-def _whole(prefix: bytes) -> tuple[bytes, bytes]:
-    """The key range holding every key that starts with ``prefix`` (what follows a
-    partition's prefix is at most 8 bytes: an offset, or one meta letter)."""
-    return prefix, prefix + b"\xff" * 9
-
-
 def partition_key(topic: str, partition: int) -> bytes:
     return topic.encode("utf-8") + b"\x00" + struct.pack(">I", partition)
 
@@ -136,7 +130,7 @@ class Store:
         """Copy the partition's keys from the default family into its own, then delete them
         there. Copies are idempotent and the delete comes last, so a crash in between
         leaves the keys in both places and the next start copies them again."""
-        ranges = [_whole(kind + pkey) for kind in (b"d", b"i", b"m")]
+        ranges = [(prefix + pkey, prefix + pkey + b"\xff" * 9) for prefix in (b"d", b"i", b"m")]
         found = False
         for start, end in ranges:
             it = self.db.iter()
@@ -152,7 +146,7 @@ class Store:
                     wb, staged_bytes = self.new_write_batch(), 0
                 it.next()
             del it
-            if not wb.is_empty():
+            if staged_bytes or not wb.is_empty():
                 self.write(wb)
         if found:
             wb = self.new_write_batch()
@@ -309,13 +303,13 @@ class PartitionLog:
                 raise OffsetOutOfRangeError(
                     f"replica append at {base} but log end is {self.log_end_offset}", log_end_offset=self.log_end_offset
                 )
-        cf = self._cf()
         if not self.epochs or self.epochs[-1][0] < leader_epoch:
             self.epochs.append((leader_epoch, base))
-            wb.put(self._meta_prefix + b"e", self._encode_epochs(), cf)
+            wb.put(self._meta_prefix + b"e", self._encode_epochs(), self._cf())
         entry = IndexEntry(base, header.record_count, len(buf), header.max_timestamp, append_ms, leader_epoch,
                            header.producer_id, header.producer_epoch, header.base_sequence)
         key = _U64.pack(base)
+        cf = self._cf()
         wb.put(self._data_prefix + key, bytes(buf), cf)
         wb.put(
             self._index_prefix + key,
@@ -422,7 +416,7 @@ class PartitionLog:
         wb = self.store.new_write_batch()
         cf = self._cf()
         for prefix in (self._data_prefix, self._index_prefix, self._meta_prefix):
-            wb.delete_range(*_whole(prefix), cf)
+            wb.delete_range(prefix, prefix + b"\xff" * 9, cf)
         self.store.write(wb)
         self.bases.clear()
         self.entries.clear()
