@@ -97,9 +97,8 @@ class Store:
             names = rocksdict.Rdict.list_cf(path, options)
         except Exception:  # no store there yet
             names = []
-        # Every existing family opened with these options: left to itself, rocksdict opens
-        # them with what their OPTIONS file says, whose block cache is not the store's one
-        # (an 8 MiB cache instead of BLOCK_CACHE_BYTES, as measured).
+        # Every existing family opened with these options (left to itself, rocksdict opens
+        # them with what their OPTIONS file says, each with a block cache of its own).
         families = {name: options for name in names if name != "default"}
         self.db = rocksdict.Rdict(path, options, column_families=families or None)
         # The families this process opened, by pkey. Only the store holds them: an open
