@@ -93,14 +93,7 @@ class Store:
         options.set_block_based_table_factory(table)
         self._options = options
         self.path = path
-        try:
-            names = rocksdict.Rdict.list_cf(path, options)
-        except Exception:  # no store there yet
-            names = []
-        # Every existing family opened with these options (left to itself, rocksdict opens
-        # them with what their OPTIONS file says, each with a block cache of its own).
-        families = {name: options for name in names if name != "default"}
-        self.db = rocksdict.Rdict(path, options, column_families=families or None)
+        self.db = rocksdict.Rdict(path, options)  # opens every existing family too
         # The families this process opened, by pkey. Only the store holds them: an open
         # family keeps the database open, so close() must be able to let go of all.
         self._families: dict[bytes, tuple[rocksdict.Rdict, Any]] = {}

@@ -183,23 +183,3 @@ def test_wiped_partitions_are_not_listed(tmp_path: Path) -> None:
     gone.wipe()
     assert store.partition_keys() == [kept.pkey]
     store.close()
-
-
-def test_families_share_one_block_cache_after_a_reopen_too(tmp_path: Path) -> None:
-    """The memory bound holds however many partitions there are, and after a restart:
-    every family uses the store's one cache, not one of its own."""
-    from nodes.log import BLOCK_CACHE_BYTES
-
-    path = str(tmp_path / "db")
-    for _opening in range(2):
-        store = Store(path)
-        logs = [PartitionLog(store, "t", p, incarnation=1) for p in range(3)]
-        for log in logs:
-            for _i in range(20):
-                append(log, store, [bytes([p]) * 1000 for p in range(20)])
-            store.family(log.pkey)[0].flush()
-        logs[0].read(0, 1 << 30, logs[0].log_end_offset)
-        views = [store.family(log.pkey)[0] for log in logs]
-        assert {v.property_int_value("rocksdb.block-cache-capacity") for v in views} == {BLOCK_CACHE_BYTES}
-        assert len({v.property_int_value("rocksdb.block-cache-usage") for v in views}) == 1  # one cache
-        store.close()
