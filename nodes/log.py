@@ -1,7 +1,6 @@
 """The partition log on RocksDB: one value per batch, keyed by partition and base offset.
 
-One RocksDB per node holds every hosted partition, each in a column family of its own
-(``Store.family``; why: docs/DESIGN.md, "Storage"). Keys (all integers big-endian so that
+One RocksDB per node holds every hosted partition. Keys (all integers big-endian so that
 RocksDB's byte order is numeric order)::
 
     b"d" + pkey + u64 base_offset   the batch bytes exactly as stamped by the leader
@@ -13,10 +12,7 @@ RocksDB's byte order is numeric order)::
     b"m" + pkey + b"e"              leader-epoch history: (epoch, start offset) pairs
     b"m" + pkey + b"h"              high-watermark checkpoint (a lower bound after a restart)
 
-where ``pkey = topic UTF-8 + b"\\x00" + u32 partition`` (topic names cannot hold NUL). The
-family is named ``"p" + pkey.hex()``. Stores written before families kept every
-partition's keys in the default family; a partition's are moved into its family when it
-is first opened (``Store.family``).
+where ``pkey = topic UTF-8 + b"\\x00" + u32 partition`` (topic names cannot hold NUL).
 
 A batch and its index entry go in one WriteBatch, so they appear together or not at all,
 and RocksDB's WAL makes an acknowledged write survive a SIGKILL of the process even
@@ -29,7 +25,6 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import rocksdict
 
@@ -43,10 +38,6 @@ _U64 = struct.Struct(">Q")
 _INDEX = struct.Struct("<iiqqiqhi")
 _I64 = struct.Struct("<q")
 _EPOCH_ENTRY = struct.Struct("<iq")
-MEMTABLE_BYTES_TOTAL = 256 * 1024 * 1024  # every family's memtables together
-WAL_BYTES_MAX = 512 * 1024 * 1024
-BLOCK_CACHE_BYTES = 64 * 1024 * 1024  # one cache for every family's blocks
-MIGRATE_BATCH_BYTES = 64 * 1024 * 1024
 
 
 def partition_key(topic: str, partition: int) -> bytes:
@@ -71,12 +62,7 @@ class IndexEntry:
 
 
 class Store:
-    """The node's one RocksDB, opened in raw mode (bytes keys and values, no pickling), with
-    a column family per partition.
-
-    Memory is bounded across families, however many partitions the node hosts: their
-    memtables share ``MEMTABLE_BYTES_TOTAL`` (the fullest is flushed when it is reached)
-    and their blocks one ``BLOCK_CACHE_BYTES`` cache."""
+    """The node's one RocksDB, opened in raw mode (bytes keys and values, no pickling)."""
 
     def __init__(self, path: str, *, fsync: str = "none") -> None:
         if fsync not in ("none", "interval", "every-batch"):
@@ -84,94 +70,10 @@ class Store:
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_max_background_jobs(2)
-        options.set_db_write_buffer_size(MEMTABLE_BYTES_TOTAL)
-        # A family written rarely would otherwise keep old WAL files (and their disk) alive
-        # until its memtable filled; past this size the oldest families are flushed.
-        options.set_max_total_wal_size(WAL_BYTES_MAX)
-        table = rocksdict.BlockBasedOptions()
-        table.set_block_cache(rocksdict.Cache(BLOCK_CACHE_BYTES))
-        options.set_block_based_table_factory(table)
-        self._options = options
-        self.path = path
-        self.db = rocksdict.Rdict(path, options)  # opens every existing family too
-        # The families this process opened, by pkey. Only the store holds them: an open
-        # family keeps the database open, so close() must be able to let go of all.
-        self._families: dict[bytes, tuple[rocksdict.Rdict, Any]] = {}
+        self.db = rocksdict.Rdict(path, options)
         self.fsync = fsync
         self.write_options = rocksdict.WriteOptions()
         self.write_options.sync = fsync == "every-batch"
-
-    def family(self, pkey: bytes) -> tuple[rocksdict.Rdict, Any]:
-        """The partition's column family (a view to read with, a handle to write with),
-        created on first use; keys an older store kept in the default family move into it
-        first."""
-        found = self._families.get(pkey)
-        if found is not None:
-            return found
-        name = "p" + pkey.hex()
-        try:
-            view = self.db.get_column_family(name)
-        except Exception:  # rocksdict raises a plain exception for a missing family
-            view = self.db.create_column_family(name, self._options)
-        handle = self.db.get_column_family_handle(name)
-        self._migrate(pkey, handle)
-        found = self._families[pkey] = (view, handle)
-        return found
-
-    def _migrate(self, pkey: bytes, handle: Any) -> None:
-        """Copy the partition's keys from the default family into its own, then delete them
-        there. Copies are idempotent and the delete comes last, so a crash in between
-        leaves the keys in both places and the next start copies them again."""
-        ranges = [(prefix + pkey, prefix + pkey + b"\xff" * 9) for prefix in (b"d", b"i", b"m")]
-        found = False
-        for start, end in ranges:
-            it = self.db.iter()
-            it.seek(start)
-            wb, staged_bytes = self.new_write_batch(), 0
-            while it.valid() and it.key() < end:
-                found = True
-                value = it.value()
-                wb.put(it.key(), value, handle)
-                staged_bytes += len(value)
-                if staged_bytes >= MIGRATE_BATCH_BYTES:
-                    self.write(wb)
-                    wb, staged_bytes = self.new_write_batch(), 0
-                it.next()
-            del it
-            if staged_bytes or not wb.is_empty():
-                self.write(wb)
-        if found:
-            wb = self.new_write_batch()
-            for start, end in ranges:
-                wb.delete_range(start, end)
-            self.write(wb)
-
-    def partition_keys(self) -> list[bytes]:
-        """The pkey of every partition this store holds (its incarnation key is there), in
-        its family or, written by an older store, in the default family. A wiped
-        partition's family stays, empty, and is not listed."""
-        keys: set[bytes] = set()
-        for name in rocksdict.Rdict.list_cf(self.path, self._options):
-            if not name.startswith("p"):
-                continue
-            pkey = bytes.fromhex(name[1:])
-            view = self.db.get_column_family(name)
-            try:
-                if view.get(b"m" + pkey + b"c") is not None:
-                    keys.add(pkey)
-            finally:
-                view.close()
-        it = self.db.iter()
-        it.seek(b"m")
-        while it.valid():
-            key = it.key()
-            if not key.startswith(b"m"):
-                break
-            if key.endswith(b"c") and len(key) >= 7:
-                keys.add(key[1:-1])
-            it.next()
-        del it
-        return sorted(keys)
 
     def new_write_batch(self) -> rocksdict.WriteBatch:
         return rocksdict.WriteBatch(raw_mode=True)
@@ -189,10 +91,6 @@ class Store:
         try:
             self.db.flush_wal(True)
         finally:
-            families, self._families = self._families, {}
-            for view, _handle in families.values():
-                view.close()
-            del families
             self.db.close()
 
 
@@ -221,18 +119,9 @@ class PartitionLog:
         self.high_watermark = 0
         self._load(incarnation)
 
-    def _db(self) -> rocksdict.Rdict:
-        """This partition's family, to read and to write single keys. Looked up each time
-        rather than kept: only the store may hold families (see Store.close)."""
-        return self.store.family(self.pkey)[0]
-
-    def _cf(self) -> Any:
-        """This partition's family handle, for a WriteBatch."""
-        return self.store.family(self.pkey)[1]
-
     # -- startup -------------------------------------------------------------------------
     def _load(self, incarnation: int) -> None:
-        db = self._db()
+        db = self.store.db
         stored = db.get(self._meta_prefix + b"c")
         if stored is not None and _I64.unpack(stored)[0] != incarnation:
             # The topic was deleted and re-created while this node was away.
@@ -297,17 +186,15 @@ class PartitionLog:
                 )
         if not self.epochs or self.epochs[-1][0] < leader_epoch:
             self.epochs.append((leader_epoch, base))
-            wb.put(self._meta_prefix + b"e", self._encode_epochs(), self._cf())
+            wb.put(self._meta_prefix + b"e", self._encode_epochs())
         entry = IndexEntry(base, header.record_count, len(buf), header.max_timestamp, append_ms, leader_epoch,
                            header.producer_id, header.producer_epoch, header.base_sequence)
         key = _U64.pack(base)
-        cf = self._cf()
-        wb.put(self._data_prefix + key, bytes(buf), cf)
+        wb.put(self._data_prefix + key, bytes(buf))
         wb.put(
             self._index_prefix + key,
             _INDEX.pack(entry.record_count, entry.batch_bytes, entry.max_timestamp, append_ms, leader_epoch,
                         entry.producer_id, entry.producer_epoch, entry.base_sequence),
-            cf,
         )
         self._remember(entry)
         self.log_end_offset = entry.next_offset
@@ -318,10 +205,10 @@ class PartitionLog:
         if self.epochs and self.epochs[-1][0] >= leader_epoch:
             return
         self.epochs.append((leader_epoch, self.log_end_offset))
-        self._db().put(self._meta_prefix + b"e", self._encode_epochs(), self.store.write_options)
+        self.store.db.put(self._meta_prefix + b"e", self._encode_epochs(), self.store.write_options)
 
     def checkpoint_high_watermark(self) -> None:
-        self._db().put(self._meta_prefix + b"h", _I64.pack(self.high_watermark))
+        self.store.db.put(self._meta_prefix + b"h", _I64.pack(self.high_watermark))
 
     def latest_epoch(self) -> int:
         return self.epochs[-1][0] if self.epochs else -1
@@ -344,8 +231,8 @@ class PartitionLog:
         the leader's log start after retention)."""
         self.wipe()
         self.log_start_offset = self.log_end_offset = self.high_watermark = start_offset
-        self._db().put(self._meta_prefix + b"s", _I64.pack(start_offset))
-        self._db().put(self._meta_prefix + b"c", _I64.pack(self.incarnation))
+        self.store.db.put(self._meta_prefix + b"s", _I64.pack(start_offset))
+        self.store.db.put(self._meta_prefix + b"c", _I64.pack(self.incarnation))
 
     def _encode_epochs(self) -> bytes:
         return b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in self.epochs)
@@ -363,11 +250,10 @@ class PartitionLog:
             return
         first = self.entries[index].base_offset
         wb = self.store.new_write_batch()
-        cf = self._cf()
-        wb.delete_range(self._data_prefix + _U64.pack(first), self._data_prefix + b"\xff" * 8 + b"\xff", cf)
-        wb.delete_range(self._index_prefix + _U64.pack(first), self._index_prefix + b"\xff" * 8 + b"\xff", cf)
+        wb.delete_range(self._data_prefix + _U64.pack(first), self._data_prefix + b"\xff" * 8 + b"\xff")
+        wb.delete_range(self._index_prefix + _U64.pack(first), self._index_prefix + b"\xff" * 8 + b"\xff")
         self.epochs = [(e, s) for e, s in self.epochs if s < first]
-        wb.put(self._meta_prefix + b"e", self._encode_epochs(), cf)
+        wb.put(self._meta_prefix + b"e", self._encode_epochs())
         self.store.write(wb)
         for entry in self.entries[index:]:
             self.total_bytes -= entry.batch_bytes
@@ -386,10 +272,9 @@ class PartitionLog:
         index = min(index, len(self.entries))
         new_start = self.entries[index - 1].next_offset
         wb = self.store.new_write_batch()
-        cf = self._cf()
-        wb.delete_range(self._data_prefix + _U64.pack(0), self._data_prefix + _U64.pack(new_start), cf)
-        wb.delete_range(self._index_prefix + _U64.pack(0), self._index_prefix + _U64.pack(new_start), cf)
-        wb.put(self._meta_prefix + b"s", _I64.pack(new_start), cf)
+        wb.delete_range(self._data_prefix + _U64.pack(0), self._data_prefix + _U64.pack(new_start))
+        wb.delete_range(self._index_prefix + _U64.pack(0), self._index_prefix + _U64.pack(new_start))
+        wb.put(self._meta_prefix + b"s", _I64.pack(new_start))
         self.store.write(wb)
         deleted = new_start - self.log_start_offset
         for entry in self.entries[:index]:
@@ -406,9 +291,8 @@ class PartitionLog:
 
     def wipe(self) -> None:
         wb = self.store.new_write_batch()
-        cf = self._cf()
         for prefix in (self._data_prefix, self._index_prefix, self._meta_prefix):
-            wb.delete_range(prefix, prefix + b"\xff" * 9, cf)
+            wb.delete_range(prefix, prefix + b"\xff" * 9)
         self.store.write(wb)
         self.bases.clear()
         self.entries.clear()
@@ -439,7 +323,7 @@ class PartitionLog:
             index += 1
         out: list[bytes] = []
         total = 0
-        db = self._db()
+        db = self.store.db
         while index < len(self.entries):
             entry = self.entries[index]
             if entry.next_offset > offset_limit:
@@ -459,7 +343,7 @@ class PartitionLog:
         for entry in self.entries:
             if entry.max_timestamp < timestamp_ms:
                 continue
-            value = self._db().get(self._data_prefix + _U64.pack(entry.base_offset))
+            value = self.store.db.get(self._data_prefix + _U64.pack(entry.base_offset))
             if value is None:
                 continue
             decoded = batch_format.decode_batch(value, check_crc=False)

@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import rocksdict
 from kazoo.client import KazooClient
 
 from fabric import errors
 from fabric import zk as zkl
 from fabric.local import LocalCluster
-from nodes.log import Store, partition_key
+from nodes.log import partition_key
 from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.fault.history import History, check
 
@@ -172,12 +173,13 @@ def collect_replicas(cluster: LocalCluster, topic: str, partitions: int, history
     for node in cluster.nodes.values():
         node.stop()
     for node_id, node in cluster.nodes.items():
-        store = Store(str(Path(node.data_dir) / "rocksdb"))  # each partition in its own family
+        options = rocksdict.Options(raw_mode=True)
+        db = rocksdict.Rdict(str(Path(node.data_dir) / "rocksdb"), options)
         try:
             by_partition: dict[int, dict[int, bytes]] = {}
             for p in range(partitions):
                 prefix = b"d" + partition_key(topic, p)
-                it = store.family(partition_key(topic, p))[0].iter()
+                it = db.iter()
                 it.seek(prefix)
                 batches: dict[int, bytes] = {}
                 while it.valid() and it.key().startswith(prefix):
@@ -188,7 +190,7 @@ def collect_replicas(cluster: LocalCluster, topic: str, partitions: int, history
                     by_partition[p] = batches
             history.replicas[node_id] = by_partition
         finally:
-            store.close()
+            db.close()
 
 
 def expire_session(zk_address: str, data_dir: Path) -> None:
