@@ -262,9 +262,11 @@ def producer_diagnostics(writer: Writer) -> str:
     """What a stuck writer's producer holds (for a failing test's message only)."""
     producer = writer.producer
     now = time.monotonic()
-    queued = {f"{tp[0]}/{tp[1]}": len(q) for tp, q in producer._acc.batches.items() if q}
+    queued = {f"{tp[0]}/{tp[1]}": (len(q), q[0].attempts, repr(q[0].last_error)[:160])
+              for tp, q in producer._acc.batches.items() if q}
     flights = [(f.address, round(now - f.sent_s, 1), sorted({b.partition for b in f.batches}))
                for f in producer._in_flight.values()]
     return (f"writer sent {writer.sent}, failures {len(writer.history.failed)} "
-            f"{list(writer.history.failed.values())[:3]}; queued batches {queued}; in flight {flights}; "
+            f"{list(writer.history.failed.values())[:3]}; queued batches (count, first's attempts and last error) "
+            f"{queued}; in flight {flights}; "
             f"producer id {producer.producer_id}")

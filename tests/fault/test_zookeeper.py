@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -83,20 +84,33 @@ def kill_a_leader(cluster: LocalCluster, writer: Writer, rng: random.Random, par
     bootstrap = cluster.bootstrap
     partition = rng.randrange(partitions)
     victim = leader_of(bootstrap, topic, partition)
-    killed_at = time.monotonic()
+    killed_at, killed_wall = time.monotonic(), datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
     cluster.nodes[victim].kill()
+    # What the producer holds while it waits, sampled: printed if the failover is slow, so
+    # that the node logs (kept by keep_logs) can be read against it.
+    samples: list[str] = []
+
+    def acked_or_sample() -> bool:
+        if first_ack_after(writer, partition, killed_at) is not None:
+            return True
+        waited = time.monotonic() - killed_at
+        if waited >= SESSION_TIMEOUT_MS / 1000 and len(samples) < 2 * (waited - SESSION_TIMEOUT_MS / 1000) + 1:
+            samples.append(f"at {waited:.2f} s: {producer_diagnostics(writer)}")
+        return False
+
     try:
-        wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
-                   "an acknowledged write sent after the kill", timeout_s=FAILOVER_BOUND_S + 1)
+        wait_until(acked_or_sample, "an acknowledged write sent after the kill", timeout_s=FAILOVER_BOUND_S + 1,
+                   interval_s=0.05)
     except TimeoutError:
-        print(f"slow failover of partition {partition}: {producer_diagnostics(writer)}; "
-              f"routing now {[(p.partition, p.leader, p.leader_epoch, p.isr) for p in describe(bootstrap, topic).partitions]}",
-              flush=True)
         wait_until(lambda: first_ack_after(writer, partition, killed_at) is not None,
                    "an acknowledged write sent after the kill", timeout_s=120)
     took = first_ack_after(writer, partition, killed_at) or 0.0
-    print(f"killed node {victim}, leader of partition {partition}: next ack after {took:.2f} s "
+    print(f"killed node {victim} (at {killed_wall} UTC), leader of partition {partition}: next ack after {took:.2f} s "
           f"(bound {FAILOVER_BOUND_S:.1f} s)", flush=True)
+    if took > FAILOVER_BOUND_S:
+        print(f"slow failover of partition {partition}; routing now "
+              f"{[(p.partition, p.leader, p.leader_epoch, p.isr) for p in describe(bootstrap, topic).partitions]}; "
+              f"the producer meanwhile:\n  " + "\n  ".join(samples), flush=True)
     assert took <= FAILOVER_BOUND_S, f"failover took {took:.2f} s (seed={seed})"
     cluster.nodes[victim].start()
     cluster.wait_for_nodes([victim])
