@@ -1,11 +1,16 @@
-"""The partition log on RocksDB: one value per batch, keyed by partition and base offset.
+"""The partition log on RocksDB: batches in append order, an index per partition.
 
-One RocksDB per node holds every hosted partition. Keys (all integers big-endian so that
-RocksDB's byte order is numeric order)::
+One RocksDB per node holds every hosted partition, in two column families. Keys (all
+integers big-endian so that RocksDB's byte order is numeric order)::
 
-    b"d" + pkey + u64 base_offset   the batch bytes exactly as stamped by the leader
+    default family (the batches)
+    b"s" + u64 sequence             the batch bytes exactly as stamped by the leader, under
+                                    a node-wide sequence taken at append
+    b"d" + pkey + u64 base_offset   a batch written by a store older than the sequence
+    "meta" family (small)
     b"i" + pkey + u64 base_offset   index entry: record_count, batch bytes, max timestamp,
-                                    append time, leader epoch (read at startup, never the batch)
+                                    append time, leader epoch, producer id/epoch/sequence
+                                    and the batch's sequence (read at startup, never the batch)
     b"m" + pkey + b"s"              log start offset (survives retention deleting everything)
     b"m" + pkey + b"c"              topic incarnation (created_ms): data of a deleted and
                                     re-created topic of the same name is wiped, never served
@@ -14,10 +19,17 @@ RocksDB's byte order is numeric order)::
 
 where ``pkey = topic UTF-8 + b"\\x00" + u32 partition`` (topic names cannot hold NUL).
 
-A batch and its index entry go in one WriteBatch, so they appear together or not at all,
-and RocksDB's WAL makes an acknowledged write survive a SIGKILL of the process even
-without fsync (the WAL is in the OS page cache before put() returns); fsync is only
-needed against power loss or a kernel crash.
+Why a node-wide sequence (docs/DESIGN.md, "Storage"): every batch lands after the one
+before it, whatever its partition, so each memtable flush is a run of keys after every
+older file and compaction moves it down without rewriting it. Keyed by partition and
+offset, each flush spanned every hosted partition's newest offsets, overlapped nearly all
+of level 1, and compaction rewrote batches again and again as data grew. The index stays
+per partition, in its own family so that its keys never widen a flush of batches.
+
+A batch and its index entry go in one WriteBatch (it spans the families), so they appear
+together or not at all, and RocksDB's WAL makes an acknowledged write survive a SIGKILL
+of the process even without fsync (the WAL is in the OS page cache before put()
+returns); fsync is only needed against power loss or a kernel crash.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import bisect
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import rocksdict
 
@@ -34,10 +47,16 @@ from nodes.producer_state import ProducerStates
 from nodes.retention import batches_to_delete
 
 _U64 = struct.Struct(">Q")
-# record_count, batch_bytes, max_timestamp, append_ms, leader_epoch, producer_id, producer_epoch, base_sequence
-_INDEX = struct.Struct("<iiqqiqhi")
+# record_count, batch_bytes, max_timestamp, append_ms, leader_epoch, producer_id, producer_epoch, base_sequence,
+# and the batch's key sequence. An entry written before the sequence lacks the last field
+# (its batch is at b"d" + pkey + base_offset).
+_INDEX = struct.Struct("<iiqqiqhiQ")
+_INDEX_BEFORE_SEQUENCE = struct.Struct("<iiqqiqhi")
+META_FAMILY = "meta"
+NO_SEQUENCE = -1
 _I64 = struct.Struct("<q")
 _EPOCH_ENTRY = struct.Struct("<iq")
+MIGRATE_BATCH_KEYS = 100_000
 
 
 def partition_key(topic: str, partition: int) -> bytes:
@@ -55,6 +74,7 @@ class IndexEntry:
     producer_id: int = -1
     producer_epoch: int = -1
     base_sequence: int = -1
+    sequence: int = NO_SEQUENCE  # where the batch is: b"s" + sequence (NO_SEQUENCE: b"d" + pkey + base)
 
     @property
     def next_offset(self) -> int:
@@ -62,7 +82,8 @@ class IndexEntry:
 
 
 class Store:
-    """The node's one RocksDB, opened in raw mode (bytes keys and values, no pickling)."""
+    """The node's one RocksDB, opened in raw mode (bytes keys and values, no pickling):
+    batches in the default family, index and metadata in the "meta" family."""
 
     def __init__(self, path: str, *, fsync: str = "none") -> None:
         if fsync not in ("none", "interval", "every-batch"):
@@ -70,10 +91,89 @@ class Store:
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_max_background_jobs(2)
-        self.db = rocksdict.Rdict(path, options)
+        try:
+            names = rocksdict.Rdict.list_cf(path, options)
+        except Exception:  # rocksdict raises a plain exception when there is no store yet
+            names = []
+        families = {name: options for name in names if name != "default"}
+        self.db = rocksdict.Rdict(path, options, column_families=families or None)
+        if META_FAMILY not in families:
+            self.db.create_column_family(META_FAMILY, options).close()
+        # A view to read and put single keys, a handle for WriteBatches. The view keeps the
+        # database open until it is closed: close() closes it first.
+        self.meta = self.db.get_column_family(META_FAMILY)
+        self.meta_cf: Any = self.db.get_column_family_handle(META_FAMILY)
         self.fsync = fsync
         self.write_options = rocksdict.WriteOptions()
         self.write_options.sync = fsync == "every-batch"
+        self._migrate()
+        self.next_sequence = self._last_sequence() + 1
+
+    def _migrate(self) -> None:
+        """A store written before the meta family kept index and metadata keys in the
+        default family: copy them over, then delete them there. The copies are idempotent
+        and the delete comes last, so a crash in between copies again at the next start.
+        Their batches stay where they are (an index entry without a sequence finds them)."""
+        found = False
+        for start, end in ((b"i", b"j"), (b"m", b"n")):
+            it = self.db.iter()
+            it.seek(start)
+            wb, staged = self.new_write_batch(), 0
+            while it.valid() and it.key() < end:
+                found = True
+                wb.put(it.key(), it.value(), self.meta_cf)
+                staged += 1
+                if staged >= MIGRATE_BATCH_KEYS:
+                    self.write(wb)
+                    wb, staged = self.new_write_batch(), 0
+                it.next()
+            del it
+            if staged:
+                self.write(wb)
+        if found:
+            wb = self.new_write_batch()
+            wb.delete_range(b"i", b"j")
+            wb.delete_range(b"m", b"n")
+            self.write(wb)
+
+    def _last_sequence(self) -> int:
+        it = self.db.iter()
+        it.seek_for_prev(b"s" + b"\xff" * 8)
+        key = it.key() if it.valid() else b""
+        del it
+        return _U64.unpack_from(key, 1)[0] if len(key) == 9 and key[:1] == b"s" else -1
+
+    def take_sequence(self) -> int:
+        """The key sequence of the next batch appended on this node (any partition)."""
+        sequence = self.next_sequence
+        self.next_sequence += 1
+        return sequence
+
+    def partition_keys(self) -> list[bytes]:
+        """The pkey of every partition this store holds (its incarnation key is there)."""
+        keys: list[bytes] = []
+        it = self.meta.iter()
+        it.seek(b"m")
+        while it.valid():
+            key = it.key()
+            if not key.startswith(b"m"):
+                break
+            if key.endswith(b"c") and len(key) >= 7:
+                keys.append(key[1:-1])
+            it.next()
+        del it
+        return keys
+
+    def stored_batches(self, topic: str, partition: int) -> dict[int, bytes]:
+        """Every batch stored for the partition, by base offset, as its index names them
+        (for checkers that read a stopped node's store)."""
+        out: dict[int, bytes] = {}
+        pkey = partition_key(topic, partition)
+        for entry in _stored_entries(self, pkey):
+            value = self.db.get(_data_key(pkey, entry))
+            if value is not None:
+                out[entry.base_offset] = value
+        return out
 
     def new_write_batch(self) -> rocksdict.WriteBatch:
         return rocksdict.WriteBatch(raw_mode=True)
@@ -91,7 +191,38 @@ class Store:
         try:
             self.db.flush_wal(True)
         finally:
+            # The family's view and handle each keep the database (and its LOCK) open.
+            self.meta.close()
+            self.meta_cf = None
             self.db.close()
+
+
+def _data_key(pkey: bytes, entry: IndexEntry) -> bytes:
+    if entry.sequence == NO_SEQUENCE:
+        return b"d" + pkey + _U64.pack(entry.base_offset)
+    return b"s" + _U64.pack(entry.sequence)
+
+
+def _decode_entry(base_offset: int, value: bytes) -> IndexEntry:
+    if len(value) == _INDEX_BEFORE_SEQUENCE.size:
+        return IndexEntry(base_offset, *_INDEX_BEFORE_SEQUENCE.unpack(value))
+    return IndexEntry(base_offset, *_INDEX.unpack(value))
+
+
+def _stored_entries(store: Store, pkey: bytes) -> list[IndexEntry]:
+    """The partition's index entries as stored, in offset order."""
+    prefix = b"i" + pkey
+    out: list[IndexEntry] = []
+    it = store.meta.iter()
+    it.seek(prefix)
+    while it.valid():
+        key = it.key()
+        if not key.startswith(prefix):
+            break
+        out.append(_decode_entry(_U64.unpack_from(key, len(prefix))[0], it.value()))
+        it.next()
+    del it
+    return out
 
 
 class PartitionLog:
@@ -105,7 +236,6 @@ class PartitionLog:
         self.topic = topic
         self.partition = partition
         self.pkey = partition_key(topic, partition)
-        self._data_prefix = b"d" + self.pkey
         self._index_prefix = b"i" + self.pkey
         self._meta_prefix = b"m" + self.pkey
         self.incarnation = incarnation
@@ -121,7 +251,7 @@ class PartitionLog:
 
     # -- startup -------------------------------------------------------------------------
     def _load(self, incarnation: int) -> None:
-        db = self.store.db
+        db = self.store.meta
         stored = db.get(self._meta_prefix + b"c")
         if stored is not None and _I64.unpack(stored)[0] != incarnation:
             # The topic was deleted and re-created while this node was away.
@@ -134,17 +264,8 @@ class PartitionLog:
             self.epochs = [
                 _EPOCH_ENTRY.unpack_from(raw_epochs, i) for i in range(0, len(raw_epochs), _EPOCH_ENTRY.size)
             ]
-        it = db.iter()
-        it.seek(self._index_prefix)
-        plen = len(self._index_prefix)
-        while it.valid():
-            key = it.key()
-            if not key.startswith(self._index_prefix):
-                break
-            base = _U64.unpack_from(key, plen)[0]
-            self._remember(IndexEntry(base, *_INDEX.unpack(it.value())))
-            it.next()
-        del it
+        for entry in _stored_entries(self.store, self.pkey):
+            self._remember(entry)
         if self.entries and self.entries[0].base_offset < self.log_start_offset:
             self.log_start_offset = self.entries[0].base_offset
         self.log_end_offset = max(self.entries[-1].next_offset if self.entries else 0, self.log_start_offset)
@@ -184,17 +305,18 @@ class PartitionLog:
                 raise OffsetOutOfRangeError(
                     f"replica append at {base} but log end is {self.log_end_offset}", log_end_offset=self.log_end_offset
                 )
+        meta_cf = self.store.meta_cf
         if not self.epochs or self.epochs[-1][0] < leader_epoch:
             self.epochs.append((leader_epoch, base))
-            wb.put(self._meta_prefix + b"e", self._encode_epochs())
+            wb.put(self._meta_prefix + b"e", self._encode_epochs(), meta_cf)
         entry = IndexEntry(base, header.record_count, len(buf), header.max_timestamp, append_ms, leader_epoch,
-                           header.producer_id, header.producer_epoch, header.base_sequence)
-        key = _U64.pack(base)
-        wb.put(self._data_prefix + key, bytes(buf))
+                           header.producer_id, header.producer_epoch, header.base_sequence, self.store.take_sequence())
+        wb.put(b"s" + _U64.pack(entry.sequence), bytes(buf))
         wb.put(
-            self._index_prefix + key,
+            self._index_prefix + _U64.pack(base),
             _INDEX.pack(entry.record_count, entry.batch_bytes, entry.max_timestamp, append_ms, leader_epoch,
-                        entry.producer_id, entry.producer_epoch, entry.base_sequence),
+                        entry.producer_id, entry.producer_epoch, entry.base_sequence, entry.sequence),
+            meta_cf,
         )
         self._remember(entry)
         self.log_end_offset = entry.next_offset
@@ -205,10 +327,10 @@ class PartitionLog:
         if self.epochs and self.epochs[-1][0] >= leader_epoch:
             return
         self.epochs.append((leader_epoch, self.log_end_offset))
-        self.store.db.put(self._meta_prefix + b"e", self._encode_epochs(), self.store.write_options)
+        self.store.meta.put(self._meta_prefix + b"e", self._encode_epochs(), self.store.write_options)
 
     def checkpoint_high_watermark(self) -> None:
-        self.store.db.put(self._meta_prefix + b"h", _I64.pack(self.high_watermark))
+        self.store.meta.put(self._meta_prefix + b"h", _I64.pack(self.high_watermark))
 
     def latest_epoch(self) -> int:
         return self.epochs[-1][0] if self.epochs else -1
@@ -231,8 +353,8 @@ class PartitionLog:
         the leader's log start after retention)."""
         self.wipe()
         self.log_start_offset = self.log_end_offset = self.high_watermark = start_offset
-        self.store.db.put(self._meta_prefix + b"s", _I64.pack(start_offset))
-        self.store.db.put(self._meta_prefix + b"c", _I64.pack(self.incarnation))
+        self.store.meta.put(self._meta_prefix + b"s", _I64.pack(start_offset))
+        self.store.meta.put(self._meta_prefix + b"c", _I64.pack(self.incarnation))
 
     def _encode_epochs(self) -> bytes:
         return b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in self.epochs)
@@ -250,10 +372,12 @@ class PartitionLog:
             return
         first = self.entries[index].base_offset
         wb = self.store.new_write_batch()
-        wb.delete_range(self._data_prefix + _U64.pack(first), self._data_prefix + b"\xff" * 8 + b"\xff")
-        wb.delete_range(self._index_prefix + _U64.pack(first), self._index_prefix + b"\xff" * 8 + b"\xff")
+        for entry in self.entries[index:]:
+            wb.delete(_data_key(self.pkey, entry))
+        wb.delete_range(self._index_prefix + _U64.pack(first), self._index_prefix + b"\xff" * 8 + b"\xff",
+                        self.store.meta_cf)
         self.epochs = [(e, s) for e, s in self.epochs if s < first]
-        wb.put(self._meta_prefix + b"e", self._encode_epochs())
+        wb.put(self._meta_prefix + b"e", self._encode_epochs(), self.store.meta_cf)
         self.store.write(wb)
         for entry in self.entries[index:]:
             self.total_bytes -= entry.batch_bytes
@@ -272,9 +396,13 @@ class PartitionLog:
         index = min(index, len(self.entries))
         new_start = self.entries[index - 1].next_offset
         wb = self.store.new_write_batch()
-        wb.delete_range(self._data_prefix + _U64.pack(0), self._data_prefix + _U64.pack(new_start))
-        wb.delete_range(self._index_prefix + _U64.pack(0), self._index_prefix + _U64.pack(new_start))
-        wb.put(self._meta_prefix + b"s", _I64.pack(new_start))
+        # One point delete per batch: the batches of a partition are spread among every
+        # other partition's in sequence order, so no key range holds only them.
+        for entry in self.entries[:index]:
+            wb.delete(_data_key(self.pkey, entry))
+        wb.delete_range(self._index_prefix + _U64.pack(0), self._index_prefix + _U64.pack(new_start),
+                        self.store.meta_cf)
+        wb.put(self._meta_prefix + b"s", _I64.pack(new_start), self.store.meta_cf)
         self.store.write(wb)
         deleted = new_start - self.log_start_offset
         for entry in self.entries[:index]:
@@ -290,9 +418,15 @@ class PartitionLog:
         return self.delete_before(batches_to_delete(self.entries, self.total_bytes, retention_ms, retention_bytes, now_ms))
 
     def wipe(self) -> None:
+        """Delete everything stored for the partition. The batches are found through the
+        index as stored, not as loaded: a wipe at startup comes before the load."""
         wb = self.store.new_write_batch()
-        for prefix in (self._data_prefix, self._index_prefix, self._meta_prefix):
-            wb.delete_range(prefix, prefix + b"\xff" * 9)
+        for entry in _stored_entries(self.store, self.pkey):
+            wb.delete(_data_key(self.pkey, entry))
+        old_data_prefix = b"d" + self.pkey  # batches of a store older than the sequence
+        wb.delete_range(old_data_prefix, old_data_prefix + b"\xff" * 9)
+        for prefix in (self._index_prefix, self._meta_prefix):
+            wb.delete_range(prefix, prefix + b"\xff" * 9, self.store.meta_cf)
         self.store.write(wb)
         self.bases.clear()
         self.entries.clear()
@@ -330,7 +464,7 @@ class PartitionLog:
                 break
             if out and total + entry.batch_bytes > bytes_max:
                 break
-            value = db.get(self._data_prefix + _U64.pack(entry.base_offset))
+            value = db.get(_data_key(self.pkey, entry))
             if value is None:
                 break  # deleted by retention between the index read and now
             out.append(value)
@@ -343,7 +477,7 @@ class PartitionLog:
         for entry in self.entries:
             if entry.max_timestamp < timestamp_ms:
                 continue
-            value = self.store.db.get(self._data_prefix + _U64.pack(entry.base_offset))
+            value = self.store.db.get(_data_key(self.pkey, entry))
             if value is None:
                 continue
             decoded = batch_format.decode_batch(value, check_crc=False)

@@ -143,21 +143,13 @@ def reconcile_local_data(node: NodeState) -> None:
         except NoNodeError:
             continue
         topics[name] = zkl.TopicConfig.decode(raw)
-    it = node.store.db.iter()
-    it.seek(b"m")
     stale: list[tuple[str, int]] = []
-    while it.valid():
-        key = it.key()
-        if not key.startswith(b"m"):
-            break
-        if key.endswith(b"c") and len(key) >= 7:
-            topic = key[1:-6].decode("utf-8", "replace")
-            partition = int.from_bytes(key[-5:-1], "big")
-            config = topics.get(topic)
-            if config is None or partition >= config.partitions:
-                stale.append((topic, partition))
-        it.next()
-    del it
+    for pkey in node.store.partition_keys():  # topic UTF-8, NUL, u32 partition
+        topic = pkey[:-5].decode("utf-8", "replace")
+        partition = int.from_bytes(pkey[-4:], "big")
+        config = topics.get(topic)
+        if config is None or partition >= config.partitions:
+            stale.append((topic, partition))
     for topic, partition in stale:
         log.info("wiping local data of deleted partition %s/%d", topic, partition)
         PartitionLog(node.store, topic, partition, incarnation=-1).wipe()

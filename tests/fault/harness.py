@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import rocksdict
 from kazoo.client import KazooClient
 
 from fabric import errors
 from fabric import zk as zkl
 from fabric.local import LocalCluster
-from nodes.log import partition_key
+from nodes.log import Store
 from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.fault.history import History, check
 
@@ -173,24 +172,16 @@ def collect_replicas(cluster: LocalCluster, topic: str, partitions: int, history
     for node in cluster.nodes.values():
         node.stop()
     for node_id, node in cluster.nodes.items():
-        options = rocksdict.Options(raw_mode=True)
-        db = rocksdict.Rdict(str(Path(node.data_dir) / "rocksdb"), options)
+        store = Store(str(Path(node.data_dir) / "rocksdb"))
         try:
             by_partition: dict[int, dict[int, bytes]] = {}
             for p in range(partitions):
-                prefix = b"d" + partition_key(topic, p)
-                it = db.iter()
-                it.seek(prefix)
-                batches: dict[int, bytes] = {}
-                while it.valid() and it.key().startswith(prefix):
-                    batches[int.from_bytes(it.key()[len(prefix):], "big")] = it.value()
-                    it.next()
-                del it
+                batches = store.stored_batches(topic, p)
                 if batches:
                     by_partition[p] = batches
             history.replicas[node_id] = by_partition
         finally:
-            db.close()
+            store.close()
 
 
 def expire_session(zk_address: str, data_dir: Path) -> None:
