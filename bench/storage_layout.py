@@ -123,8 +123,8 @@ def main() -> None:
               f"{r['steady_mb_per_s']:.0f} MB/s; compaction writes {r['compaction_gb']:.1f} GB; "
               f"on disk {r['disk_gb']:.1f} GB", flush=True)
     a, b = results["partition"], results["sequence"]
-    print(f"sequence / partition: fill time {b['fill_s'] / a['fill_s']:.2f}, steady MB/s "
-          f"{b['steady_mb_per_s'] / a['steady_mb_per_s']:.2f}" if a["steady_mb_per_s"] else "", flush=True)
+    steady = f", steady MB/s {b['steady_mb_per_s'] / a['steady_mb_per_s']:.2f}" if a["steady_mb_per_s"] else ""
+    print(f"sequence / partition: fill time {b['fill_s'] / a['fill_s']:.2f}{steady}", flush=True)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ NO_SEQUENCE = -1
 _I64 = struct.Struct("<q")
 _EPOCH_ENTRY = struct.Struct("<iq")
 MIGRATE_BATCH_KEYS = 100_000
+_META_KEY_RANGES = ((b"i", b"j"), (b"m", b"n"))  # every index and metadata key
 
 
 def partition_key(topic: str, partition: int) -> bytes:
@@ -115,7 +116,7 @@ class Store:
         and the delete comes last, so a crash in between copies again at the next start.
         Their batches stay where they are (an index entry without a sequence finds them)."""
         found = False
-        for start, end in ((b"i", b"j"), (b"m", b"n")):
+        for start, end in _META_KEY_RANGES:
             it = self.db.iter()
             it.seek(start)
             wb, staged = self.new_write_batch(), 0
@@ -132,8 +133,8 @@ class Store:
                 self.write(wb)
         if found:
             wb = self.new_write_batch()
-            wb.delete_range(b"i", b"j")
-            wb.delete_range(b"m", b"n")
+            for start, end in _META_KEY_RANGES:
+                wb.delete_range(start, end)
             self.write(wb)
 
     def _last_sequence(self) -> int:
