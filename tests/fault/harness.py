@@ -148,18 +148,21 @@ def wait_until(condition: Any, what: str, timeout_s: float = WAIT_S, interval_s:
 
 
 def full_isr_on_every_node(bootstrap: str, topic: str) -> bool:
-    """Every live node's view of ``topic``: a leader and a full ISR on each partition, and
-    every node agreeing on leader and epoch. Asking one node is not enough: a node cut off
-    from ZooKeeper answers from its last map, which can show an ISR that has since shrunk."""
+    """Every replica's node is live, and every live node's view of ``topic`` shows a leader
+    and a full ISR on each partition, all agreeing on leader and epoch. Asking one node is
+    not enough: a node cut off from ZooKeeper answers from its last map, which can show an
+    ISR that has since shrunk. Nor is asking the live nodes while a replica's node is not
+    registered (after a lost session it registers again): the one node asked could still
+    show the full ISR it is about to shrink."""
     with Admin(bootstrap) as admin:
-        addresses = list(admin.nodes().values())
+        live = admin.nodes()
     views = []
-    for address in addresses:
+    for address in live.values():
         with Admin(address) as one:
             views.append(tuple((p.leader, p.leader_epoch, frozenset(p.isr), frozenset(p.replicas))
                                for p in one.describe_topic(topic).partitions))
     return bool(views) and len(set(views)) == 1 and all(
-        leader >= 0 and isr == replicas for leader, _, isr, replicas in views[0])
+        leader >= 0 and isr == replicas and replicas <= live.keys() for leader, _, isr, replicas in views[0])
 
 
 def wait_for_full_isr(bootstrap: str, topic: str, timeout_s: float = WAIT_S) -> None:
