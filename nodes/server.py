@@ -14,9 +14,9 @@ module, and this file only wires them together:
   fetches and pending acks, the ISR check, the controller, retention, fsync): a new
   periodic duty is one more entry there, not an edit of the loop.
 
-Per loop turn: session check (``nodes/session.py``), role changes (``nodes/roles.py``),
-up to ``DRAIN_MESSAGES_MAX`` client messages (produce: ``nodes/produce.py``; fetch:
-``nodes/fetch.py``; replication requests: ``nodes/leader.py``; admin: ``nodes/admin.py``),
+Per loop turn: session check (``nodes/session.py``), role changes (``nodes/roles.py``), up to
+``DRAIN_MESSAGES_MAX`` client messages or ``DRAIN_BYTES_MAX`` (produce: ``nodes/produce.py``;
+fetch: ``nodes/fetch.py``; replication requests: ``nodes/leader.py``; admin: ``nodes/admin.py``),
 the leaders' streams and replies (``nodes/follower.py``), then the duties.
 """
 
@@ -47,6 +47,7 @@ from nodes import (
     drain,
     fetch,
     follower,
+    group_api,
     leader,
     metrics,
     produce,
@@ -58,13 +59,14 @@ from nodes import (
 )
 from nodes.authz import NodeSecurity, next_release, release_duty
 from nodes.duty import Duty
-from nodes.group_coordinator import GROUP_APIS, GroupCoordinator
+from nodes.group_coordinator import GroupCoordinator
 from nodes.log import Store
 from nodes.state import Envelope, NodeConfig, NodeState, Sockets, parse_node_args
 
 log = logging.getLogger("fabric.node")
 
-DRAIN_MESSAGES_MAX = 256  # client messages handled per loop turn before writing
+DRAIN_MESSAGES_MAX = 256  # client messages handled per loop turn before writing, and bytes (16 MiB
+DRAIN_BYTES_MAX = 4 * 1024 * 1024  # WriteBatches cost ~40 % more node CPU: BENCHMARKS.md, growth)
 POLL_INTERVAL_MS_MAX = 100  # the loop wakes at least this often to check stop and timers
 MESSAGE_BYTES_MAX = 256 * 1024 * 1024  # a larger ZeroMQ message is dropped by the socket
 ROUTER_HWM_MESSAGES = 10_000
@@ -79,13 +81,6 @@ class GroupCommit:
 
     stage: Callable[[NodeState, Any, Envelope, apis.Message], Any]
     commit: Callable[[NodeState, list[tuple[Envelope, apis.Message, Any]]], None]
-
-
-def handle_group_api(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
-    """Consumer-group APIs: the coordinator answers now, or once the writes it depends on commit."""
-    if node.groups is None:
-        raise errors.NodeNotReadyError(f"node {node.node_id} has no group coordinator yet")
-    node.groups.handle(envelope, request)
 
 
 DISPATCH: dict[int, Handler | GroupCommit] = {
@@ -103,7 +98,7 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: leader.handle_offsets_for_leader_epoch,
     **controller.APIS,  # ELECT_LEADERS, REASSIGN_PARTITION, DESCRIBE_REPLICAS
     ApiKey.DRAIN_NODE: drain.handle_drain,
-    **{key: handle_group_api for key in sorted(GROUP_APIS)},
+    **{key: group_api.handle for key in sorted(group_api.GROUP_APIS)},
     **{key: queue_coordinator.handle for key in sorted(queue_coordinator.QUEUE_APIS)},
 }
 
@@ -122,15 +117,10 @@ def sync_storage(node: NodeState, _now: float) -> None:
         plog.checkpoint_high_watermark()
 
 
-def tick_groups(node: NodeState, _now: float) -> None:
-    if node.groups is not None:
-        node.groups.tick()  # it must know what it coordinates now, before requests
-
-
 def duties(config: NodeConfig) -> list[Duty]:
     """The loop's duties, in the order they run (within before and after the requests)."""
     return [
-        Duty("group coordinator", tick_groups, before_requests=True),
+        Duty("group coordinator", group_api.tick, before_requests=True),
         Duty("follower tick", follower.tick),
         Duty("expire parked fetches", fetch.expire_parked, deadline=fetch.next_deadline),
         Duty("expire pending acks", produce.expire_pending, deadline=produce.next_deadline),
@@ -304,13 +294,16 @@ class Node:
     def _drain_requests(self) -> None:
         node = self.state
         router = node.sockets.router
-        wb = None
+        wb, drained_bytes = None, 0
         staged: dict[GroupCommit, list[tuple[Envelope, apis.Message, Any]]] = {}
         for _ in range(DRAIN_MESSAGES_MAX):
+            if drained_bytes >= DRAIN_BYTES_MAX:
+                break
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            drained_bytes += sum(len(f) for f in frames)
             envelope, message = self._split_envelope(frames)
             if message is None:
                 continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import sys
 import threading
 import time
@@ -180,6 +181,10 @@ class _ProducerCore:
         self._unknown_topics: dict[str, BaseException] = {}
         self._wanted_topics: set[str] = set()
         self._sticky: dict[str, int] = {}
+        # Where a topic's keyless records start: random per producer, as Kafka's sticky
+        # partitioner, so many producers (short-lived ones above all: a Spark task, a
+        # script) spread over the partitions instead of all opening on partition 0.
+        self._sticky_start = random.randrange(1 << 30)
         # Per topic, what its sticky partition took since it became sticky (_move_sticky):
         # bytes of the finished batches keyless records opened there, and the unfinished one.
         self._sticky_closed_bytes: dict[str, int] = {}
@@ -262,7 +267,7 @@ class _ProducerCore:
                     sticky = True
                     partition = self._sticky.get(topic)
                     if partition is None or partition >= count:
-                        partition = self._sticky[topic] = 0
+                        partition = self._sticky[topic] = self._sticky_start % count
             elif not 0 <= partition < count:
                 raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
             acc = self._acc
@@ -363,7 +368,7 @@ class _ProducerCore:
             if count is None:
                 count = self._await_topic(topic)
             limit = self._message_bytes_max.get(topic, MESSAGE_BYTES_MAX_DEFAULT)
-            sticky = self._sticky.get(topic, 0) % count
+            sticky = self._sticky.get(topic, self._sticky_start) % count
         if partition is not None and not 0 <= partition < count:
             raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
         bulk.check_fits(cols, topic, limit)

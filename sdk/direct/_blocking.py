@@ -114,6 +114,8 @@ class BlockingCaller:
         with self._lock:
             peer.blocking_outstanding += 1
         try:
+            if peer.closed:  # the loop closed it between our pick and the count above: nothing sent
+                return f"instance {peer.znode} left the registry", True
             try:
                 send_frames(sock, frames)
             except zmq.Again:
@@ -147,6 +149,8 @@ class BlockingCaller:
                 return f"no reply from instance {peer.znode} in time"
             if peer.health.state == balance.DEAD:
                 return f"instance {peer.znode} stopped answering heartbeats"
+            if peer.closed:  # it left the registry and nobody pings it now: silence would not show
+                return f"instance {peer.znode} left the registry"
             frames = recv_frames_within(sock, max(1, int(min(remaining_s, self._interval_s) * 1000)))
             if frames is None:
                 send_frames(sock, self._ping)  # still waiting: keep the instance following us

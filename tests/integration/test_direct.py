@@ -19,6 +19,7 @@ import pytest
 import sdk
 from fabric import errors
 from fabric.local import LocalZooKeeper, ManagedProcess
+from fabric.protocol import direct as wire
 from sdk.direct import DirectClient, Message
 
 ROOT = Path(__file__).parents[2]
@@ -162,6 +163,34 @@ def test_blocking_client_threads_ride_over_a_paused_instance(instances: list[Ins
             b.process.resume()
     assert len(replies) == 160
     assert all(reply.startswith(f"{rid}@") for rid, reply in replies.items())
+
+
+def test_blocking_attempt_on_an_instance_closed_after_the_pick_moves_on(instances: list[Instance], tmp_path: Path,
+                                                                       zk_hosts: str) -> None:
+    """A blocking caller reads the ready list off the loop; the loop may close the instance it
+    picked (gone from the registry, nothing counted in flight yet) before the attempt is
+    counted. Nobody pings a closed instance, so its silence never shows: the attempt must see
+    the closure, not wait out its share of the timeout (it did, once, in a chaos run)."""
+    a, _b = start_instances(instances, tmp_path, zk_hosts, "ledger", 2)
+    with sdk.Client(f"zk://{zk_hosts}") as client:
+        client.gather("ledger", "run:warm", timeout_ms=5_000, min_replies=2)
+        sync = client.direct
+        view = sync.direct._views["ledger"]
+        peer = next(p for p in view.ready if p.znode == a.znode)
+        a.process.kill()
+
+        async def close_it() -> None:  # as the heartbeat loop closes a peer that left
+            del view.peers[peer.znode]
+            peer.close()
+            view.refresh()
+        sync._loop.run(close_it(), 5.0)
+        frames = wire.request_frames(1, b"run:late", timeout_ms=3_000, idempotent=True)
+        started = time.monotonic()
+        outcome = sync._blocking._attempt(view, peer, 1, frames, 3.0)
+        assert outcome == (f"instance {a.znode} left the registry", True)
+        assert time.monotonic() - started < 1.0
+        reply = client.request("ledger", "run:after", timeout_ms=5_000, idempotent=True)
+        assert reply.payload.startswith(b"after@")
 
 
 def test_new_instance_used_within_one_second(instances: list[Instance], tmp_path: Path, zk_hosts: str) -> None:

@@ -73,7 +73,7 @@ def test_random_faults_never_run_a_plain_request_twice(api: str, instances: list
                         reply = await client.request("chaos", f"run:{rid}", timeout_ms=10_000, idempotent=idempotent)
                     outcomes[rid] = "ok" if reply.payload.decode().startswith(f"{rid}@") else "wrong reply"
                 except errors.FabricError as exc:
-                    outcomes[rid] = type(exc).__name__
+                    outcomes[rid] = f"{type(exc).__name__}: {exc} (at {time.monotonic() - began:.1f}s)"
                 await asyncio.sleep(rng.random() * 0.01)
 
         workers = [asyncio.ensure_future(worker(n % 2 == 0)) for n in range(WORKERS)]

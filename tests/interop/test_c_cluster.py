@@ -271,3 +271,24 @@ def test_examples_clean_under_valgrind(c_client: CClient, cluster: LocalCluster,
         assert consumed.returncode == 0, consumed.stderr
         total += len(consumed.stdout.splitlines())
     assert total == VALGRIND_RECORDS
+
+
+def test_short_lived_producers_start_keyless_records_on_random_partitions(
+        c_client: CClient, cluster: LocalCluster, admin: Admin, node_addresses: str, topic_name: str) -> None:
+    """Each producer, C or Python, starts a topic's keyless records on a partition drawn
+    at random (as Kafka's sticky partitioner): six one-record producers of each kind all
+    landing on one of 16 partitions would happen by chance once in about a million runs."""
+    partitions, runs = 16, 6
+    admin.create_topic(topic_name, partitions=partitions, replication_factor=1)
+    for n in range(runs):
+        run = subprocess.run([str(c_client.produce), "-b", node_addresses, "-t", topic_name, "-q", "--acks", "1"],
+                             input=f"c{n}\n".encode(), capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+        assert run.returncode == 0, run.stderr.decode()
+        with Producer(cluster.bootstrap, acks=1) as producer:
+            producer.send(topic_name, f"py{n}".encode()).result(30)
+    records = consume_all_python(cluster.bootstrap, topic_name, partitions, 2 * runs)
+    by_kind: dict[str, set[int]] = defaultdict(set)
+    for record in records:
+        by_kind[bytes(record.value)[:1].decode()].add(record.partition)
+    assert len(records) == 2 * runs
+    assert len(by_kind["c"]) > 1 and len(by_kind["p"]) > 1, dict(by_kind)

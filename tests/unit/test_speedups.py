@@ -44,6 +44,7 @@ def cores() -> Iterator[tuple[_ProducerCore, _ProducerCore]]:
                              delivery_timeout_ms=600_000, request_timeout_ms=600_000, max_block_ms=100)
         with core._lock:
             core._partition_counts.update(TOPICS)
+            core._sticky_start = made[0]._sticky_start if made else core._sticky_start  # drawn once, shared
         made.append(core)
     try:
         yield made[0], made[1]

@@ -26,6 +26,7 @@ PARTITIONS = 3
 def core() -> Iterator[_ProducerCore]:
     made = _ProducerCore(f"tcp://127.0.0.1:{free_port()}", acks=1, linger_ms=600_000, batch_bytes_max=4096,
                          delivery_timeout_ms=600_000, request_timeout_ms=600_000, max_block_ms=100)
+    made._sticky_start = 0  # random per producer; fixed here so the expected partitions read plainly
     try:
         yield made
     finally:
@@ -63,6 +64,23 @@ def test_batches_sent_at_linger_move_on_after_batch_bytes_max(core: _ProducerCor
 def test_a_full_batch_moves_keyless_records_on(core: _ProducerCore, topic: str) -> None:
     partitions = [partition_of(core.send(topic, b"v" * 1000)) for _ in range(13)]
     assert partitions == [0] * 4 + [1] * 4 + [2] * 4 + [0]  # round robin
+
+
+def test_each_producer_starts_on_its_own_random_partition(core: _ProducerCore, topic: str) -> None:
+    with core._lock:
+        core._sticky_start = 3 * 1000 + 2  # as a producer drew it
+    try:
+        assert partition_of(core.send(topic, b"x")) == 2
+        sent(core, topic)
+        with core._lock:
+            del core._sticky[topic]  # the topic seen for the first time again: send_batch this time
+        parts = core.send_batch(topic, [b"x"])._parts
+        assert [result.partition for result, _count in parts] == [2]
+        sent(core, topic)
+    finally:
+        with core._lock:
+            core._sticky_start = 0
+            core._sticky.pop(topic, None)
 
 
 def test_small_batches_stay_on_one_partition(core: _ProducerCore, topic: str) -> None:

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #define REQUEST_BATCHES_MAX 64      /* batches per PRODUCE request to one node */
 #define IO_EVERY_RECORDS 64         /* fabric_produce checks for answers this often */
@@ -70,6 +72,7 @@ typedef struct inflight {
 
 struct fabric_producer {
     client_t client;
+    uint32_t sticky_start; /* where each topic's keyless records start: random per producer */
     fabric_producer_config_t cfg;
     fabric_batch_options_t batch_options;
     ptopic_t **topics;
@@ -133,6 +136,11 @@ int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
     p->batch_options.codec = cfg.compression;
     p->batch_options.adaptive = 1; /* incompressible records go uncompressed, as the Python producer */
     p->next_timer_ms = INT64_MAX;
+    /* Random, as Kafka's sticky partitioner and the Python producer: many producers (a
+     * batch job's tasks, short-lived tools) spread over the partitions instead of all
+     * opening on partition 0. */
+    if (getrandom(&p->sticky_start, sizeof p->sticky_start, GRND_NONBLOCK) != (ssize_t)sizeof p->sticky_start)
+        p->sticky_start = (uint32_t)now_ms() ^ (uint32_t)getpid() * 2654435761u;
     *out = p;
     return 0;
 }
@@ -212,6 +220,7 @@ static int topic_for_send(fabric_producer_t *p, const char *name, ptopic_t **out
     p->topics[p->topic_count++] = t;
     int rc = sync_partitions(t, m->partition_count);
     if (rc) return rc;
+    t->sticky = (int32_t)(p->sticky_start % (uint32_t)t->partition_count);
     *out = t;
     return 0;
 }
@@ -703,7 +712,7 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
         if (key_len >= 0) {
             partition = fabric_partition_for_key(key, (size_t)key_len, t->partition_count);
         } else {
-            if (t->sticky >= t->partition_count) t->sticky = 0;
+            if (t->sticky >= t->partition_count) t->sticky = (int32_t)(p->sticky_start % (uint32_t)t->partition_count);
             partition = t->sticky;
             sticky = 1;
         }
