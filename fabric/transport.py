@@ -90,7 +90,8 @@ class Connections:
         return sock
 
     def send(self, address: str, frames: list[Any], *, wait_connect_ms: int = 1_000) -> None:
-        """Send without blocking forever: a node that is down raises NodeNotReadyError."""
+        """Send without blocking forever: a node that is down raises NodeNotReadyError, with
+        ``sent=False`` (nothing went out: safe to send elsewhere or again)."""
         sock = self.socket(address)
         deadline = time.monotonic() + wait_connect_ms / 1000.0
         while True:
@@ -100,7 +101,7 @@ class Connections:
             except zmq.Again:
                 if time.monotonic() >= deadline:
                     self.raise_handshake_error(address)
-                    raise errors.NodeNotReadyError(f"node {address} is not reachable") from None
+                    raise errors.NodeNotReadyError(f"node {address} is not reachable", sent=False) from None
                 time.sleep(0.005)
 
     def handshake_error(self, address: str) -> str | None:

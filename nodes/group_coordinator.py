@@ -48,7 +48,7 @@ PENDING_ANSWERS_MAX: Final[int] = 10_000  # answers parked behind writes, per pa
 LOADING: Final[str] = "loading"
 ACTIVE: Final[str] = "active"
 
-Send = Callable[[list[Any], list[Any]], None]
+Send = Callable[[list[Any], list[Any]], object]
 
 
 @dataclass

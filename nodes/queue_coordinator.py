@@ -171,10 +171,23 @@ class QueueCoordinator(QueueDurability):
         def answer(code: int, text: str) -> None:
             if code:
                 self.node.send_error(envelope, header, errors.error_for_code(code)(text or "queue state write failed"))
-            else:
-                self.node.send_response(envelope, header, {"error": 0, "message": "", "messages": messages})
+            elif not self.node.send_response(envelope, header, {"error": 0, "message": "", "messages": messages}):
+                self._unlease(body, messages)
         self._after_durable(touched if messages else [], answer)
         return True
+
+    def _unlease(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        """The answer to a long poll did not leave: its consumer closed (or died) while the
+        poll was parked here. Its messages go back now, the delivery not counted, instead
+        of staying invisible until the visibility timeout (and, at max_deliveries, dead)."""
+        now_ms = wall_ms()
+        for m in messages:
+            slot = self._slots.get((body["queue"], m["partition"]))
+            g = slot.share.groups.get(body["group"]) if slot is not None else None
+            if slot is not None and g is not None:
+                g.state.unlease(body["consumer_id"], m["offset"], now_ms)
+                self._collect(slot, body["group"], g, [])
+                self._wake = True  # the next turn writes it and offers it to waiting polls
 
     def _settle(self, envelope: Envelope, request: apis.Message) -> None:
         body = request.body

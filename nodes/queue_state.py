@@ -291,6 +291,17 @@ class ShareState:
         self._record(e)
         return None
 
+    def unlease(self, consumer: str, offset: int, now_ms: int) -> None:
+        """Undo a lease whose answer never left the node (its caller had gone): visible
+        again now and the delivery not counted, as if it had not been handed out."""
+        e = self._entries.get(offset)
+        if e is None or e.state != LEASED or e.consumer != consumer:
+            return
+        e.delivery_count -= 1
+        e.visible_at_ms = now_ms
+        self._make_available(e, now_ms)
+        self._record(e)
+
     def extend(self, consumer: str, offset: int, now_ms: int, ms: int) -> int:
         """Move the lease deadline to ``now_ms + ms`` (SQS ChangeMessageVisibility); returns it."""
         check_visibility_ms(ms)

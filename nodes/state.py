@@ -294,21 +294,25 @@ class NodeState:
                 listener(self, tps)
 
     # -- answering -------------------------------------------------------------------------
-    def send(self, envelope: Envelope, frames: list[Any]) -> None:
+    def send(self, envelope: Envelope, frames: list[Any]) -> bool:
+        """False when the answer did not leave: the caller is gone or not reading."""
         try:
             self.sockets.router.send_multipart(envelope + frames, zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:
             # The client went away (EHOSTUNREACH) or stopped reading (EAGAIN): it will
             # time out and retry; the write itself, if any, is already durable.
             log.debug("dropping a reply: %s", exc)
+            return False
+        return True
 
-    def send_response(self, envelope: Envelope, header: Header, body: dict[str, Any], batches: list[Any] | None = None) -> None:
+    def send_response(self, envelope: Envelope, header: Header, body: dict[str, Any], batches: list[Any] | None = None) -> bool:
+        """False when the answer did not leave (``send``); a held one counts as sent."""
         frames = apis.encode_response(header, body, batches)
         if self.metrics is not None:
             self.metrics.observe_response(header.api_key, response_error_codes(body), frames_bytes(frames))
         if self.authz is not None and self.authz.hold(envelope, header, frames):
-            return  # secure mode: a throttled PRODUCE's response waits (nodes/authz.py)
-        self.send(envelope, frames)
+            return True  # secure mode: a throttled PRODUCE's response waits (nodes/authz.py)
+        return self.send(envelope, frames)
 
     def send_error(self, envelope: Envelope, header: Header | None, exc: errors.FabricError) -> None:
         # Without a decodable header we still answer, with api 0 and correlation id 0, so

@@ -12,7 +12,14 @@ from fabric import errors
 from fabric.auth.curve import ClientSecurity
 from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
-from sdk._client import Bootstrap, Connections, MetadataClient, PartitionMetadata
+from sdk._client import (
+    METADATA_CONNECT_MS,
+    METADATA_QUICK_CONNECT_MS,
+    Bootstrap,
+    Connections,
+    MetadataClient,
+    PartitionMetadata,
+)
 from sdk._group_admin import GroupAdmin
 from sdk._queue_admin import QueueAdmin
 
@@ -36,12 +43,23 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         self.request_timeout_ms = request_timeout_ms
 
     def _call(self, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
+        """The first node that answers. Each gets a short connect wait first, as in a
+        metadata refresh: a node that died and is still in the map must not cost every
+        call a whole connect wait before the next node is asked. Nodes that took nothing
+        (not connected) are then given the patient wait; one the request went out to is
+        not sent it again."""
         last: Exception | None = None
-        for address in self._meta.candidates():
-            try:
-                return self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms).body
-            except (errors.NodeNotReadyError, errors.RequestTimedOutError) as exc:
-                last = exc
+        unreached = self._meta.candidates()
+        for wait_connect_ms in (METADATA_QUICK_CONNECT_MS, METADATA_CONNECT_MS):
+            addresses, unreached = unreached, []
+            for address in addresses:
+                try:
+                    return self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms,
+                                               wait_connect_ms=wait_connect_ms).body
+                except (errors.NodeNotReadyError, errors.RequestTimedOutError) as exc:
+                    last = exc
+                    if exc.fields.get("sent") is False:
+                        unreached.append(address)
         raise errors.NoBrokersAvailableError(f"no node answered {ApiKey(api_key).name}: {last}")
 
     def create_topic(

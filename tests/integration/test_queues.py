@@ -278,6 +278,27 @@ def test_acked_messages_stay_acked_after_the_leader_dies(fresh_cluster: LocalClu
     assert acked_values | set(rest_values) == set(values), "a message was lost"
 
 
+def test_a_closed_consumers_parked_polls_do_not_swallow_new_messages(cluster: LocalCluster, topic_name: str) -> None:
+    """A receive asks every leader; the one answered first returns and the others' polls
+    stay parked on their nodes. Messages that reach such a poll after its consumer closed
+    could not be answered: they go back at once, their delivery not counted, instead of
+    staying invisible for the visibility timeout (120 s here; at max_deliveries=1 they
+    would then have been dropped)."""
+    partitions = 6  # over 3 nodes: polls parked on more than one leader
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=partitions, visibility_timeout_ms=120_000, max_deliveries=1)
+    _send(cluster.bootstrap, topic_name, [b"first"], partition=0)
+    with QueueConsumer(cluster.bootstrap, topic_name) as gone:
+        got = gone.receive(1, qp.RECEIVE_WAIT_MS_MAX)  # the other leaders keep its poll for 20 s
+        assert [m.value for m in got] == [b"first"]
+        gone.ack(got)
+    for p in range(partitions):
+        _send(cluster.bootstrap, topic_name, [f"after-{p}".encode()], partition=p)
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        later = _drain(worker, partitions, timeout_s=60)
+    assert sorted((m.value, m.delivery_count) for m in later) == [(f"after-{p}".encode(), 1) for p in range(partitions)]
+
+
 def test_the_queue_command_line(cluster: LocalCluster, topic_name: str, tmp_path: Path) -> None:
     env = {**os.environ, "FABRIC_BOOTSTRAP": cluster.bootstrap, "FABRIC_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
 

@@ -155,6 +155,20 @@ def test_release_consumer_makes_its_leases_visible() -> None:
     assert [(x.offset, x.delivery_count) for x in s.acquire("v", 5, 10)[0]] == [(0, 2), (1, 2)]
 
 
+def test_unlease_gives_back_a_lease_whose_answer_never_left() -> None:
+    """The node could not send the answer (the long poll's consumer had gone): the message
+    is visible at once and the delivery is not counted, even at max_deliveries=1."""
+    s = qs.ShareState(qs.QueueConfig(max_deliveries=1, dead_letter="q.dlq"))
+    fill(s, 2)
+    s.acquire("gone", 2, 0)
+    s.drain_changes()
+    s.unlease("gone", 0, 5)
+    s.unlease("someone-else", 1, 5)  # not theirs: nothing changes
+    assert [(c.offset, c.state, c.delivery_count) for c in s.drain_changes()] == [(0, qs.AVAILABLE, 0)]  # persisted
+    assert s.counts()["visible"] == 1 and s.counts()["in_flight"] == 1
+    assert [(x.offset, x.delivery_count) for x in s.acquire("w", 5, 5)[0]] == [(0, 1)]
+
+
 def test_replayed_append_is_ignored() -> None:
     s = qs.ShareState(qs.QueueConfig(), start_offset=10)
     s.append(10, 0)
