@@ -59,6 +59,13 @@ class PeerHealth:
             return True
         return False
 
+    def suspect(self, now: float) -> bool:
+        """A PING unanswered for longer than an interval (a PONG normally takes well under a
+        millisecond): maybe paused or dying, not dead yet. Picked only when nothing better
+        is left, so a stalled instance stops taking requests long before it is declared dead."""
+        since = self.unanswered_since_s
+        return since is not None and now - since > self.interval_s
+
     def ping_due(self, now: float) -> bool:
         if now - self.last_ping_s >= self.interval_s:
             self.last_ping_s = now
@@ -111,15 +118,17 @@ class CallerLiveness:
         return gone
 
 
-def pick_instance(outstanding: Mapping[str, int], *, exclude: Iterable[str] = (),
+def pick_instance(outstanding: Mapping[str, int], *, exclude: Iterable[str] = (), avoid: Iterable[str] = (),
                   rng: random.Random | None = None) -> str | None:
     """Least outstanding requests among the candidates (instance -> requests in flight),
     ties broken at random so equal instances share the load. Instances in ``exclude``
-    (already tried by this call) are used only when nothing else is left."""
+    (already tried by this call) are used only when nothing else is left; those in
+    ``avoid`` (suspects: a heartbeat late) only when every untried one is avoided."""
     if not outstanding:
         return None
-    excluded = set(exclude)
-    pool = [name for name in outstanding if name not in excluded] or list(outstanding)
+    excluded, avoided = set(exclude), set(avoid)
+    untried = [name for name in outstanding if name not in excluded]
+    pool = [name for name in untried if name not in avoided] or untried or list(outstanding)
     fewest = min(outstanding[name] for name in pool)
     best = [name for name in pool if outstanding[name] == fewest]
     if len(best) == 1:

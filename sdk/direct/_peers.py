@@ -146,5 +146,7 @@ class _ServiceView:
         ready = self.ready
         if len(ready) <= 1:
             return ready[0] if ready else None  # the only choice, tried or not
-        chosen = balance.pick_instance({p.znode: p.outstanding for p in ready}, exclude=tried, rng=rng)
+        now = time.monotonic()
+        suspects = [p.znode for p in ready if p.health.suspect(now)]
+        chosen = balance.pick_instance({p.znode: p.outstanding for p in ready}, exclude=tried, avoid=suspects, rng=rng)
         return next(p for p in ready if p.znode == chosen)

@@ -27,6 +27,24 @@ def test_excluded_instances_are_a_last_resort() -> None:
     assert balance.pick_instance({}) is None
 
 
+def test_suspects_take_requests_only_when_every_untried_instance_is_one() -> None:
+    assert balance.pick_instance({"a": 0, "b": 5}, avoid=["a"]) == "b"  # fewer outstanding, but late
+    assert balance.pick_instance({"a": 0, "b": 5}, exclude=["b"], avoid=["a"]) == "a"  # untried beats tried
+    assert balance.pick_instance({"a": 0, "b": 5}, exclude=["a", "b"], avoid=["a"]) == "a"  # all tried: least outstanding
+
+
+def test_a_late_pong_makes_a_suspect_before_a_dead_peer() -> None:
+    health = balance.PeerHealth(0.0, interval_ms=200, liveness=4)
+    health.heard(0.0)
+    assert health.ping_due(0.0) and not health.suspect(0.1)
+    health.heard(0.1)  # answered: not suspect however long ago the ping was
+    assert health.ping_due(0.2) and not health.suspect(0.4)
+    assert health.suspect(0.41) and health.alive  # a PONG late by more than an interval
+    assert not health.check(0.9) and health.check(1.01)  # dead only past liveness intervals
+    health.heard(1.2)
+    assert not health.suspect(1.2) and health.alive
+
+
 def test_retry_budget_is_a_share_of_requests() -> None:
     budget = balance.RetryBudget(ratio=0.25, min_retries_per_s=0.0, tokens_max=10, now=0.0)
     budget.tokens = 0.0
