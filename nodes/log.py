@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,26 @@ _META_KEY_RANGES = ((b"i", b"j"), (b"m", b"n"))  # every index and metadata key
 
 def partition_key(topic: str, partition: int) -> bytes:
     return topic.encode("utf-8") + b"\x00" + struct.pack(">I", partition)
+
+
+def split_partition_key(pkey: bytes) -> tuple[str, int]:
+    """The inverse of ``partition_key``."""
+    return pkey[:-5].decode("utf-8", "replace"), int.from_bytes(pkey[-4:], "big")
+
+
+def _prefixed(view: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) of every key of ``view`` (the database or a family) starting with ``prefix``."""
+    it = view.iter()
+    it.seek(prefix)
+    try:
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return
+            yield key, it.value()
+            it.next()
+    finally:
+        del it
 
 
 @dataclass
@@ -150,20 +171,10 @@ class Store:
         self.next_sequence += 1
         return sequence
 
-    def partition_keys(self) -> list[bytes]:
-        """The pkey of every partition this store holds (its incarnation key is there)."""
-        keys: list[bytes] = []
-        it = self.meta.iter()
-        it.seek(b"m")
-        while it.valid():
-            key = it.key()
-            if not key.startswith(b"m"):
-                break
-            if key.endswith(b"c") and len(key) >= 7:
-                keys.append(key[1:-1])
-            it.next()
-        del it
-        return keys
+    def partitions(self) -> list[tuple[str, int]]:
+        """(topic, partition) of every partition this store holds (its incarnation key is there)."""
+        return [split_partition_key(key[1:-1]) for key, _ in _prefixed(self.meta, b"m")
+                if key.endswith(b"c") and len(key) >= 7]
 
     def stored_batches(self, topic: str, partition: int) -> dict[int, bytes]:
         """Every batch stored for the partition, by base offset, as its index names them
@@ -213,17 +224,7 @@ def _decode_entry(base_offset: int, value: bytes) -> IndexEntry:
 def _stored_entries(store: Store, pkey: bytes) -> list[IndexEntry]:
     """The partition's index entries as stored, in offset order."""
     prefix = b"i" + pkey
-    out: list[IndexEntry] = []
-    it = store.meta.iter()
-    it.seek(prefix)
-    while it.valid():
-        key = it.key()
-        if not key.startswith(prefix):
-            break
-        out.append(_decode_entry(_U64.unpack_from(key, len(prefix))[0], it.value()))
-        it.next()
-    del it
-    return out
+    return [_decode_entry(_U64.unpack_from(key, len(prefix))[0], value) for key, value in _prefixed(store.meta, prefix)]
 
 
 class PartitionLog:

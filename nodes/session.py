@@ -144,9 +144,7 @@ def reconcile_local_data(node: NodeState) -> None:
             continue
         topics[name] = zkl.TopicConfig.decode(raw)
     stale: list[tuple[str, int]] = []
-    for pkey in node.store.partition_keys():  # topic UTF-8, NUL, u32 partition
-        topic = pkey[:-5].decode("utf-8", "replace")
-        partition = int.from_bytes(pkey[-4:], "big")
+    for topic, partition in node.store.partitions():
         config = topics.get(topic)
         if config is None or partition >= config.partitions:
             stale.append((topic, partition))
