@@ -89,11 +89,15 @@ def handle_list_offsets(node: NodeState, _envelope: Envelope, request: apis.Mess
     return {"partitions": out}
 
 
-def handle_api_versions(_node: NodeState, _envelope: Envelope, _request: apis.Message) -> dict[str, Any]:
+def handle_api_versions(_node: NodeState, _envelope: Envelope, _request: apis.Message, *,
+                        served: frozenset[int]) -> dict[str, Any]:
+    """The versions of the APIs this node serves (``served``: its dispatch table's keys). The
+    protocol declares more (ALLOCATE_IDS is the sequencer's): a client that asks before
+    using an API must not be told a node serves what it refuses."""
     return {
         "apis": [
             {"api_key": k, "min_version": lo, "max_version": hi}
-            for k, (lo, hi) in sorted(apis.supported_versions().items())
+            for k, (lo, hi) in sorted(apis.supported_versions().items()) if k in served
         ]
     }
 
@@ -130,19 +134,41 @@ def _admin_result(action: Callable[[], object]) -> dict[str, Any]:
 
 # Topic changes are ZooKeeper transactions: they run on the ZooKeeper worker and are
 # answered when it is done (refused at once, retriably, while ZooKeeper is away).
-def handle_create_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+def _refuse_internal(name: str, action: str) -> dict[str, Any] | None:
+    """The answer refusing ``action`` on an internal topic (apis.INTERNAL_TOPIC_PREFIX), or None."""
+    if not apis.is_internal_topic(name):
+        return None
+    return {"error": errors.InvalidTopicError.code,
+            "message": f"topic {name!r}: names starting with {apis.INTERNAL_TOPIC_PREFIX!r} are Fabric's internal "
+                       f"topics, which clients may not {action}"}
+
+
+def handle_create_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
     body = request.body
+    if request.header.api_version < apis.INTERNAL_VERSION:
+        refused = _refuse_internal(body["name"], "create")
+        if refused is not None:
+            return refused
     configs = {c["key"]: c["value"] for c in body["configs"]}
     node.answer_later(envelope, request.header, lambda: _admin_result(
         lambda: zkl.create_topic(node.zk, body["name"], body["partitions"], body["replication_factor"], configs)))
+    return None
 
 
-def handle_delete_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+def handle_delete_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
     name = request.body["name"]
+    refused = _refuse_internal(name, "delete")  # the coordinators' state: never deleted
+    if refused is not None:
+        return refused
     node.answer_later(envelope, request.header, lambda: _admin_result(lambda: zkl.delete_topic(node.zk, name)))
+    return None
 
 
-def handle_create_partitions(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
+def handle_create_partitions(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
     body = request.body
+    refused = _refuse_internal(body["name"], "add partitions to")  # their partitioning is fixed by the coordinators
+    if refused is not None:
+        return refused
     node.answer_later(envelope, request.header, lambda: _admin_result(
         lambda: zkl.add_partitions(node.zk, body["name"], body["partitions"])))
+    return None

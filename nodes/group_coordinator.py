@@ -267,7 +267,8 @@ class GroupCoordinator:
             if code:
                 self._reload(part, f"group record write failed: {text or code}")
 
-        self._request(ApiKey.PRODUCE, body, on_reply, batches=[batch])
+        # The node's version: it may write __consumer_offsets (apis.INTERNAL_VERSION).
+        self._request(ApiKey.PRODUCE, body, on_reply, batches=[batch], api_version=apis.INTERNAL_VERSION)
 
     def _after_writes(self, part: _Partition, callback: Callable[[int, str], None]) -> None:
         """Run ``callback`` once every write in flight on ``part`` is committed (now if none)."""
@@ -279,11 +280,11 @@ class GroupCoordinator:
         part.writes[-1].on_done.append(callback)
 
     def _request(self, api_key: int, body: dict[str, Any], callback: Callable[[apis.Message | None], None], *,
-                 batches: list[bytes] | None = None) -> None:
+                 batches: list[bytes] | None = None, api_version: int = 0) -> None:
         correlation_id = self._conns.next_id()
         try:
-            self._conns.send(self.address, apis.encode_request(api_key, body, correlation_id, batches=batches),
-                             wait_connect_ms=0)
+            frames = apis.encode_request(api_key, body, correlation_id, api_version=api_version, batches=batches)
+            self._conns.send(self.address, frames, wait_connect_ms=0)
         except errors.FabricError:
             callback(None)
             return
@@ -329,7 +330,7 @@ class GroupCoordinator:
                     0, errors.TopicAlreadyExistsError.code):
                 log.warning("creating %s failed: %s", gp.OFFSETS_TOPIC, message.body["message"])
 
-        self._request(ApiKey.CREATE_TOPIC, body, on_reply)
+        self._request(ApiKey.CREATE_TOPIC, body, on_reply, api_version=apis.INTERNAL_VERSION)
 
     def _partition_for(self, group_id: str) -> _Partition:
         gp.check_group_id(group_id)

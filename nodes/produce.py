@@ -51,6 +51,7 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
     if not 0 <= body["timeout_ms"] <= PRODUCE_TIMEOUT_MS_MAX:
         raise errors.InvalidRequestError(f"timeout_ms={body['timeout_ms']} outside [0, {PRODUCE_TIMEOUT_MS_MAX}]")
     now_ms = int(time.time() * 1000)
+    internal_refused = request.header.api_version < apis.INTERNAL_VERSION
     outcome = ProduceOutcome()
     results = outcome.results
     ids = strict_order.RequestIds(node, request)
@@ -58,6 +59,10 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
         topic, partition = entry["topic"], entry["partition"]
         result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
         try:
+            if internal_refused and apis.is_internal_topic(topic):
+                raise errors.InvalidTopicError(
+                    f"topic {topic!r} is internal: only Fabric's nodes write it (names starting with "
+                    f"{apis.INTERNAL_TOPIC_PREFIX!r} are reserved)")
             plog, leader, config = node.leader_log(topic, partition)
             drain.check_writable(node, topic, partition)
             node.check_write_allowed(acks)

@@ -272,7 +272,8 @@ class QueueDurability:
             else:
                 result = message.body["results"][0]
                 done(result["error"], result["message"])
-        self._request(address, ApiKey.PRODUCE, body, on_reply, batches=[frame])
+        # The node's version: it may write __queue_state (apis.INTERNAL_VERSION).
+        self._request(address, ApiKey.PRODUCE, body, on_reply, batches=[frame], api_version=apis.INTERNAL_VERSION)
 
     def _drop(self, slot: Slot, why: str) -> None:
         tp = (slot.share.topic, slot.share.partition)
@@ -361,7 +362,8 @@ class QueueDurability:
         body = {"name": qp.STATE_TOPIC, "partitions": STATE_TOPIC_PARTITIONS, "replication_factor": replicas,
                 "configs": [{"key": "retention_ms", "value": "-1"},
                             {"key": "min_insync", "value": str(min(2, replicas))}]}
-        self._request(self.node.address, ApiKey.CREATE_TOPIC, body, lambda _message: None)
+        self._request(self.node.address, ApiKey.CREATE_TOPIC, body, lambda _message: None,
+                      api_version=apis.INTERNAL_VERSION)
 
     def _leader_address(self, topic: str, partition: int) -> str | None:
         route = self.node.routing.topic(topic)
@@ -370,9 +372,10 @@ class QueueDurability:
         return info.address if info is not None else None
 
     def _request(self, address: str, api_key: int, body: dict[str, Any],
-                 callback: Callable[[apis.Message | None], None], *, batches: list[bytes] | None = None) -> None:
+                 callback: Callable[[apis.Message | None], None], *, batches: list[bytes] | None = None,
+                 api_version: int = 0) -> None:
         correlation_id = self._conns.next_id()
-        frames = apis.encode_request(api_key, body, correlation_id, batches=batches)
+        frames = apis.encode_request(api_key, body, correlation_id, api_version=api_version, batches=batches)
         self._requests[correlation_id] = (time.monotonic(), address, callback)
         if not self._try_send(address, frames):
             # A connection still being made (the socket refuses to queue until it is):

@@ -23,6 +23,7 @@ the leaders' streams and replies (``nodes/follower.py``), then the duties.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -88,7 +89,6 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     ApiKey.FETCH: fetch.handle_fetch,
     ApiKey.METADATA: admin.handle_metadata,
     ApiKey.LIST_OFFSETS: admin.handle_list_offsets,
-    ApiKey.API_VERSIONS: admin.handle_api_versions,
     ApiKey.CREATE_TOPIC: admin.handle_create_topic,
     ApiKey.DELETE_TOPIC: admin.handle_delete_topic,
     ApiKey.DESCRIBE_TOPICS: admin.handle_describe_topics,
@@ -101,6 +101,8 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     **{key: group_api.handle for key in sorted(group_api.GROUP_APIS)},
     **{key: queue_coordinator.handle for key in sorted(queue_coordinator.QUEUE_APIS)},
 }
+DISPATCH[ApiKey.API_VERSIONS] = functools.partial(admin.handle_api_versions,
+                                                  served=frozenset(DISPATCH) | {ApiKey.API_VERSIONS})
 
 # Called, in order, with the partitions whose high watermark moved or took new data.
 CHANGE_LISTENERS: list[Callable[[NodeState, set[tuple[str, int]]], None]] = [

@@ -28,7 +28,7 @@ from typing import Any
 
 from fabric.errors import InvalidRequestError
 from fabric.protocol import queues
-from fabric.protocol.apis import ApiKey
+from fabric.protocol.apis import ApiKey, is_internal_topic
 
 
 class Operation(str, Enum):
@@ -206,7 +206,10 @@ def required_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operati
         # as in Kafka before topic filtering); asking for named topics needs describe.
         return [(Operation.DESCRIBE, Resource(ResourceType.TOPIC, t)) for t in dict.fromkeys(body["topics"])]
     if api_key == ApiKey.PRODUCE:
-        return [(Operation.PRODUCE, r) for r in _topics(body["entries"])]
+        # Writing an internal topic is the nodes' business (the coordinators' state), like
+        # replication: no topic ACL grants it, not even a wildcard one.
+        return [(Operation.REPLICATE, CLUSTER) if is_internal_topic(r.name) else (Operation.PRODUCE, r)
+                for r in _topics(body["entries"])]
     if api_key == ApiKey.FETCH:
         if body["replica_id"] >= 0:
             return [(Operation.REPLICATE, CLUSTER)]
@@ -214,6 +217,8 @@ def required_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operati
     if api_key == ApiKey.LIST_OFFSETS:
         return [(Operation.DESCRIBE, r) for r in _topics(body["partitions"])]
     if api_key == ApiKey.CREATE_TOPIC:
+        if is_internal_topic(body["name"]):
+            return [(Operation.REPLICATE, CLUSTER)]
         return [(Operation.CREATE, Resource(ResourceType.TOPIC, body["name"]))]
     if api_key == ApiKey.DELETE_TOPIC:
         return [(Operation.DELETE, Resource(ResourceType.TOPIC, body["name"]))]

@@ -18,7 +18,7 @@ version 0) is always answered, so a client can ask first.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from fabric.errors import MalformedRequestError, UnknownApiError, UnsupportedVersionError
 from fabric.protocol import groups as _groups
@@ -280,15 +280,32 @@ DESCRIBE_REPLICAS_RESPONSE_V0: Schema = (
                                  ("throttle_bytes_per_s", "i64"))))),
 )
 
+# Topics whose names start with INTERNAL_TOPIC_PREFIX are Fabric's own (``__consumer_offsets``,
+# ``__queue_state``): their records are the coordinators' state, replayed on every leader
+# change. Clients may read them; only nodes write them or create them, with version
+# INTERNAL_VERSION of PRODUCE and CREATE_TOPIC; nobody deletes them or adds partitions.
+# Kafka refuses client appends to its internal topics the same way.
+INTERNAL_TOPIC_PREFIX: Final[str] = "__"
+INTERNAL_VERSION: Final[int] = 1
+
+
+def is_internal_topic(name: str) -> bool:
+    return name.startswith(INTERNAL_TOPIC_PREFIX)
+
+
 # (api_key, api_version) -> (request schema, response schema)
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.API_VERSIONS, 0): (API_VERSIONS_REQUEST_V0, API_VERSIONS_RESPONSE_V0),
     (ApiKey.METADATA, 0): (METADATA_REQUEST_V0, METADATA_RESPONSE_V0),
     (ApiKey.PRODUCE, 0): (PRODUCE_REQUEST_V0, PRODUCE_RESPONSE_V0),
+    # Version 1 of PRODUCE and CREATE_TOPIC: the same bodies, sent by nodes writing or
+    # creating Fabric's internal topics, which version 0 may not touch (PROTOCOL.md 5.2).
+    (ApiKey.PRODUCE, INTERNAL_VERSION): (PRODUCE_REQUEST_V0, PRODUCE_RESPONSE_V0),
     (ApiKey.FETCH, 0): (FETCH_REQUEST_V0, FETCH_RESPONSE_V0),
     (ApiKey.FETCH, 1): (FETCH_REQUEST_V1, FETCH_RESPONSE_V1),
     (ApiKey.LIST_OFFSETS, 0): (LIST_OFFSETS_REQUEST_V0, LIST_OFFSETS_RESPONSE_V0),
     (ApiKey.CREATE_TOPIC, 0): (CREATE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
+    (ApiKey.CREATE_TOPIC, INTERNAL_VERSION): (CREATE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
     (ApiKey.DELETE_TOPIC, 0): (DELETE_TOPIC_REQUEST_V0, RESULT_RESPONSE_V0),
     (ApiKey.DESCRIBE_TOPICS, 0): (DESCRIBE_TOPICS_REQUEST_V0, DESCRIBE_TOPICS_RESPONSE_V0),
     (ApiKey.INIT_PRODUCER_ID, 0): (INIT_PRODUCER_ID_REQUEST_V0, INIT_PRODUCER_ID_RESPONSE_V0),

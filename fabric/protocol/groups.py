@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import re2
 
-from fabric.errors import InvalidGroupIdError, InvalidRequestError
+from fabric.errors import CorruptMessageError, InvalidGroupIdError, InvalidRequestError
 from fabric.protocol import schema as s
 from fabric.protocol.schema import Array, Schema, Struct
 
@@ -206,17 +206,36 @@ def encode_group_value(group_epoch: int, members: list[dict[str, Any]]) -> bytes
 def decode_record(key: bytes, value: bytes | None) -> tuple[str, Any] | None:
     """One record of ``__consumer_offsets`` as ``("offset", (group, topic, partition, value|None))``
     or ``("group", (group, value|None))``; None for a key this version does not know (skipped,
-    so a newer writer's record types do not break an older reader)."""
+    so a newer writer's record types do not break an older reader). Any other bytes raise
+    CorruptMessageError: the coordinator replays this log on every leader change, so one
+    unreadable record must cost that record, never the load."""
     if key.startswith(OFFSET_KEY_PREFIX):
-        parts = key[1:].decode("utf-8").split("\0")
+        parts = _key_text(key).split("\0")
         if len(parts) != 3:
             return None
-        group, topic, partition = parts[0], parts[1], int(parts[2])
-        return "offset", (group, topic, partition, None if value is None else s.decode(OFFSET_VALUE_V0, value))
+        group, topic, partition = parts
+        if not (partition.isascii() and partition.isdigit()):
+            raise CorruptMessageError(f"group offset record key {key[:80]!r}: partition {partition[:20]!r} is not decimal")
+        value_fields = None if value is None else s.decode(OFFSET_VALUE_V0, value)
+        _check_version(value_fields, key)
+        return "offset", (group, topic, int(partition), value_fields)
     if key.startswith(GROUP_KEY_PREFIX):
-        group = key[1:].decode("utf-8")
-        return "group", (group, None if value is None else s.decode(GROUP_VALUE_V0, value))
+        value_fields = None if value is None else s.decode(GROUP_VALUE_V0, value)
+        _check_version(value_fields, key)
+        return "group", (_key_text(key), value_fields)
     return None
+
+
+def _key_text(key: bytes) -> str:
+    try:
+        return key[1:].decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptMessageError(f"group record key {key[:80]!r} is not UTF-8") from None
+
+
+def _check_version(value_fields: dict[str, Any] | None, key: bytes) -> None:
+    if value_fields is not None and value_fields["version"] != 0:
+        raise CorruptMessageError(f"group record {key[:80]!r}: value version {value_fields['version']} is not 0")
 
 
 def tp_list(pairs: Any) -> list[dict[str, Any]]:

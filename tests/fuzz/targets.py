@@ -24,6 +24,7 @@ from typing import Any
 
 from fabric.errors import FabricError
 from fabric.protocol import apis, batch, direct, queues
+from fabric.protocol import groups as group_format
 from fabric.protocol import schema as s
 from fabric.protocol.header import decode_header
 from fabric.protocol.schema import Array, Struct
@@ -145,6 +146,18 @@ def fuzz_direct(data: bytes) -> None:
     _guard(lambda: direct.decode_message(frames, published=bool(data[0] & 1)))
 
 
+def fuzz_state_record(data: bytes) -> None:
+    """The records the coordinators replay on every leader change: ``__consumer_offsets``
+    (key, value) and ``__queue_state`` values. One unreadable record must cost that record
+    (a FabricError the loader skips), never the load: found when a client's garbage key in
+    ``__consumer_offsets`` (UTF-8 that was not) stopped the node at every start."""
+    frames = split_frames(data)
+    key = frames[0]
+    value = frames[1] if len(frames) > 1 else None
+    _guard(lambda: group_format.decode_record(key, value))
+    _guard(lambda: queues.decode_state_record(key))
+
+
 TARGETS: dict[str, Target] = {
     "header": fuzz_header,
     "body": fuzz_body,
@@ -152,6 +165,7 @@ TARGETS: dict[str, Target] = {
     "response": fuzz_response,
     "batch": fuzz_batch,
     "direct": fuzz_direct,
+    "state_record": fuzz_state_record,
 }
 
 
@@ -219,4 +233,11 @@ def seeds(target: str) -> list[bytes]:
                 bytes([0]) + join_frames(direct.error_frames(7, 52, "ValueError", "bad input")),
                 bytes([0]) + join_frames(direct.ping_frames(200)),
                 bytes([1]) + join_frames(direct.publish_frames("orders.eu", 9, 42, b"px", {"k": b"v"}))]
+    if target == "state_record":
+        members = [{"member_id": "m1", "instance_id": "", "member_epoch": 3, "previous_epoch": 2,
+                    "session_timeout_ms": 45_000, "subscribed_topics": ["orders"], "subscribed_topic_regex": "",
+                    "assignment": [{"topic": "orders", "partitions": [0, 1]}], "revoking": []}]
+        return [join_frames([group_format.offset_key("g1", "orders", 3), group_format.encode_offset_value(42, "m", 9)]),
+                join_frames([group_format.group_key("g1"), group_format.encode_group_value(7, members)]),
+                join_frames([queues.encode_state_record(5, "leased", 1, 1_000, "", last_offset=9)])]
     raise KeyError(target)

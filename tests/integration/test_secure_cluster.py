@@ -26,7 +26,7 @@ from fabric.local import LocalCluster, LocalZooKeeper
 from fabric.local_security import LocalSecurity
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
-from fabric.zk import close_client
+from fabric.zk import close_client, live_nodes
 from sdk import Admin, Producer
 from tests.conftest import make_cluster
 
@@ -56,10 +56,31 @@ def admin(secure: LocalCluster) -> Iterator[Admin]:
 
 
 def _user(cluster: LocalCluster) -> tuple[str, ClientSecurity]:
+    """A new principal, once every node knows its key: nodes learn keys through a ZooKeeper
+    watch, and on a loaded machine a request right after the registration could reach a
+    node before it (a CI-like run here: 'the node does not know this client's key')."""
     name = f"user-{uuid.uuid4().hex[:8]}"
     security = _security(cluster)
     security.register(name, Role.USER)
-    return name, security.client(name)
+    client = security.client(name)
+    zk = security.connect()
+    try:
+        addresses = [info.address for info in live_nodes(zk).values()]
+    finally:
+        close_client(zk)
+    deadline = time.monotonic() + ANSWER_WAIT_S
+    for address in addresses:
+        while True:
+            conns = Connections(security=client)
+            try:
+                conns.request(address, ApiKey.API_VERSIONS, {}, timeout_ms=int(ANSWER_WAIT_S * 1000))
+                break
+            except errors.AuthenticationFailedError:
+                assert time.monotonic() < deadline, f"node {address} never learned the key of {name}"
+                time.sleep(0.05)
+            finally:
+                conns.close()
+    return name, client
 
 
 def _acl(cluster: LocalCluster, principal: str, operation: str, resource: str, pattern: str,

@@ -41,7 +41,8 @@ def test_vector_decodes_or_raises_fabric_error_within_memory(path: Path) -> None
 def test_seeds_are_valid_inputs() -> None:
     """The seeds the fuzzer starts from reach the decoders' success paths (else fuzzing
     would only ever explore the first length check)."""
-    from fabric.protocol import apis, batch, direct
+    from fabric.protocol import apis, batch, direct, queues
+    from fabric.protocol import groups as group_format
     from fabric.protocol import schema as s
 
     for seed in targets.seeds("body"):
@@ -54,6 +55,12 @@ def test_seeds_are_valid_inputs() -> None:
         batch.decode_batch(seed[1:])
     for seed in targets.seeds("direct"):
         direct.decode_message(targets.split_frames(seed[1:]), published=bool(seed[0] & 1))
+    for seed in targets.seeds("state_record"):
+        frames = targets.split_frames(seed)
+        if len(frames) == 2:
+            assert group_format.decode_record(frames[0], frames[1]) is not None
+        else:
+            queues.decode_state_record(frames[0])
 
 
 def test_split_frames_inverts_join_frames() -> None:
