@@ -24,6 +24,16 @@ cdef object _python_send = None
 cdef object _record_future = None
 cdef object _partition_for_key = None
 cdef Py_ssize_t _overhead = 0
+cdef object _TS_MIN = -(1 << 63)  # a record timestamp is an i64 (batch_format.TIMESTAMP_MS_MIN/MAX)
+cdef object _TS_MAX = (1 << 63) - 1
+
+
+cdef inline bint _in_window(long long ts, long long first_ts) noexcept:
+    """Whether ``ts`` is within the i32 delta of a batch whose first record is ``first_ts``
+    (batch_format.TIMESTAMP_DELTA_MS_MIN/MAX), without overflow for any two i64s."""
+    if ts >= first_ts:
+        return <unsigned long long>ts - <unsigned long long>first_ts <= 2147483647ULL
+    return <unsigned long long>first_ts - <unsigned long long>ts <= 2147483648ULL
 
 
 def bind(python_send, record_future, partition_for_key, Py_ssize_t record_overhead_bytes):
@@ -64,9 +74,11 @@ def send(self, topic, value, key=None, headers=None, partition=None, timestamp_m
     cdef Py_ssize_t size, count_c, buffered
     cdef _State state
     if (type(value) is not bytes or (key is not None and type(key) is not bytes) or headers or tags
-            or delay_ms or deliver_at_ms or priority is not None or dedup_id or ttl_ms
-            or (timestamp_ms is not None and type(timestamp_ms) is not int)
-            or (partition is not None and type(partition) is not int)):
+            or delay_ms or deliver_at_ms or priority is not None or dedup_id or ttl_ms or type(topic) is not str
+            or (timestamp_ms is not None and (type(timestamp_ms) is not int
+                                              or not _TS_MIN <= timestamp_ms <= _TS_MAX))
+            or (partition is not None and type(partition) is not int)
+            or (callback is not None and not callable(callback))):
         return _python_send(self, topic, value, key, headers, partition, timestamp_ms, callback, tags,
                             delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, priority=priority,
                             dedup_id=dedup_id, ttl_ms=ttl_ms)
@@ -99,8 +111,9 @@ def send(self, topic, value, key=None, headers=None, partition=None, timestamp_m
                     if batch is not None:
                         acc = state.acc
                         buffered = acc.buffered_bytes
-                        if batch.size_bytes + size < state.batch_limit and buffered + size <= state.buffer_max:
-                            records = batch.records
+                        records = batch.records
+                        if (batch.size_bytes + size < state.batch_limit and buffered + size <= state.buffer_max
+                                and _in_window(ts, (<tuple>(<list>records)[0])[0])):
                             future = _record_future.__new__(_record_future)
                             future._batch = batch.result
                             future._index = len(records)

@@ -9,14 +9,30 @@ Thread safety is the caller's: the producer holds one lock around every call.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fabric.protocol import batch as batch_format
+
+log = logging.getLogger("fabric.producer")
+
 RECORD_OVERHEAD_BYTES = 14  # the columnar per-record arrays (3 x i32 + u16)
 Headers = list[tuple[str, bytes | None]]
+_DELTA_MIN, _DELTA_MAX = batch_format.TIMESTAMP_DELTA_MS_MIN, batch_format.TIMESTAMP_DELTA_MS_MAX
+
+
+def check_header_name(name: str) -> None:
+    """A header name the records section can carry (UTF-8, a u16 length), else ValueError."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"header name {name[:40]!r} is not valid UTF-8 (a lone surrogate?)") from None
+    if size > batch_format.HEADER_NAME_BYTES_MAX:
+        raise ValueError(f"header name of {size} bytes: at most {batch_format.HEADER_NAME_BYTES_MAX}")
 
 
 def headers_bytes(headers: Headers) -> int:
@@ -56,7 +72,10 @@ class BatchResult:
         if event is not None:
             event.set()
         for callback in callbacks or ():
-            callback()
+            try:
+                callback()
+            except Exception:  # the caller's code, on the sender thread: it must not stop the producer
+                log.exception("a send callback raised (the producer goes on)")
 
     def wait(self, timeout_s: float | None) -> bool:
         with self._lock:
@@ -213,7 +232,11 @@ class RecordAccumulator:
         # batch_bytes_max is a target, as Kafka's batch.size: a record larger than it gets a
         # batch of its own (sealed below), and the topic's message_bytes_max, which the
         # producer checks before calling here, is the real limit on one record.
-        if batch is None or batch.size_bytes + size > self.batch_bytes_max:
+        # A record outside the open batch's timestamp window (its first record's timestamp
+        # plus or minus an i32 of milliseconds, about 24.8 days) starts a batch of its own:
+        # replayed history can mix timestamps further apart than that.
+        if (batch is None or batch.size_bytes + size > self.batch_bytes_max
+                or not _DELTA_MIN <= timestamp_ms - batch.records[0][0] <= _DELTA_MAX):
             created = True
             if batch is not None:
                 batch.sealed = True

@@ -22,7 +22,13 @@ from typing import Any
 from fabric import errors
 from fabric.limits import BATCH_HEADER_BYTES, BATCH_RECORDS_MAX
 from fabric.protocol import batch as batch_format
-from sdk.accumulator import RECORD_OVERHEAD_BYTES, BatchResult, Headers, headers_bytes
+from sdk.accumulator import (
+    RECORD_OVERHEAD_BYTES,
+    BatchResult,
+    Headers,
+    check_header_name,
+    headers_bytes,
+)
 
 _NULL_LENGTH = (-1).to_bytes(4, "little", signed=True)
 
@@ -156,6 +162,13 @@ class Columns:
             header_list = list(headers)
             if len(header_list) != self.count:
                 raise ValueError(f"headers has {len(header_list)} items, values {self.count}")
+            for record_headers in header_list:
+                if record_headers:
+                    if len(record_headers) > batch_format.HEADERS_PER_RECORD_MAX:
+                        raise ValueError(f"{len(record_headers)} headers on one record: at most "
+                                         f"{batch_format.HEADERS_PER_RECORD_MAX}")
+                    for name, _value in record_headers:
+                        check_header_name(name)
             self.headers = header_list
         # Per-record sizes only where they can differ from value length + overhead.
         self._extra: list[int] | None = None

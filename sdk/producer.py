@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import os
 import random
 import sys
@@ -47,10 +48,12 @@ from sdk.accumulator import (
     ProducerBatch,
     RecordAccumulator,
     RecordFuture,
+    check_header_name,
     headers_bytes,
 )
 
 log = logging.getLogger("fabric.producer")
+_DELTA_MIN, _DELTA_MAX = batch_format.TIMESTAMP_DELTA_MS_MIN, batch_format.TIMESTAMP_DELTA_MS_MAX
 
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
@@ -78,6 +81,27 @@ def _as_bytes(value: Any, what: str) -> bytes | None:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     raise TypeError(f"{what} must be bytes, str or None, not {type(value).__name__}")
+
+
+def _timestamp_ms(value: Any) -> int:
+    """A record timestamp given by the caller: an int (or a float, truncated) the batch
+    format's i64 holds; refused here, before anything is queued."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"timestamp_ms must be an int (milliseconds) or None, not {type(value).__name__}")
+    ts = int(value)  # ValueError for nan, OverflowError for inf
+    if not batch_format.TIMESTAMP_MS_MIN <= ts <= batch_format.TIMESTAMP_MS_MAX:
+        raise ValueError(f"timestamp_ms={ts} outside the i64 range of the batch format")
+    return ts
+
+
+def _partition_index(value: Any) -> int:
+    """An explicit partition: an int (numpy's included, anything with __index__), not a bool."""
+    if isinstance(value, bool):
+        raise TypeError("partition must be an int or None, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"partition must be an int or None, not {type(value).__name__}") from None
 
 
 def _request_groups(batches: list[ProducerBatch]) -> list[list[ProducerBatch]]:
@@ -241,6 +265,14 @@ class _ProducerCore:
         queue-mode options carried as ``fabric.*`` headers (docs/QUEUES.md); bad values raise.
         ``tags`` (e.g. ``("paid", "eu")``) go in the ``fabric.tags`` header and the batch's
         tag bloom, for consumers with a ``tag_filter`` (docs/GROUPS.md, "Tag filters")."""
+        # Everything a caller can get wrong is refused here, before the record is queued: a
+        # record the sender thread could not encode would fail with its whole batch.
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        if partition is not None:
+            partition = _partition_index(partition)
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
         value_b = value if value.__class__ is bytes else _as_bytes(value, "value")
         key_b = key if key is None or key.__class__ is bytes else _as_bytes(key, "key")
         header_list = self._normalize_headers(headers) if headers else None
@@ -249,8 +281,10 @@ class _ProducerCore:
             header_list = [*(header_list or []), *queue_format.send_headers(
                 delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, priority=priority, ttl_ms=ttl_ms, dedup_id=dedup_id)]
         if tags:
+            if isinstance(tags, str | bytes):  # iterating it would make each character a tag
+                raise TypeError(f"tags must be an iterable of str, such as ({tags!r},), not a single {type(tags).__name__}")
             header_list = [*(header_list or []), (tags_format.TAGS_HEADER, tags_format.encode_tags(tags))]
-        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        ts = int(time.time() * 1000) if timestamp_ms is None else _timestamp_ms(timestamp_ms)
         sticky = False  # keyless, no partition given: the sticky partitioner chooses
         with self._lock:
             if self._refusal is not None:
@@ -282,6 +316,7 @@ class _ProducerCore:
                 and header_list is None
                 and batch.size_bytes + size < acc.batch_bytes_max - RECORD_OVERHEAD_BYTES
                 and acc.buffered_bytes + size <= acc.buffer_bytes_max
+                and _DELTA_MIN <= ts - batch.records[0][0] <= _DELTA_MAX  # the batch's i32 timestamp window
             ):
                 records = batch.records
                 future = RecordFuture(batch.result, len(records), ts)
@@ -360,7 +395,11 @@ class _ProducerCore:
         cols = bulk.Columns(values, keys, headers)
         if cols.count == 0:
             return bulk.BulkFuture([])
-        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        if partition is not None:
+            partition = _partition_index(partition)
+        ts = int(time.time() * 1000) if timestamp_ms is None else _timestamp_ms(timestamp_ms)
         with self._lock:
             if self._refusal is not None:
                 raise self._refusal
@@ -427,7 +466,10 @@ class _ProducerCore:
                 raise TypeError(
                     f"headers must be a dict or a list of (str, bytes) pairs; got the item {item!r:.80}"
                 )
+            check_header_name(item[0])
             out.append((item[0], _as_bytes(item[1], f"header {item[0]!r} value")))
+        if len(out) > batch_format.HEADERS_PER_RECORD_MAX:
+            raise ValueError(f"{len(out)} headers: a record carries at most {batch_format.HEADERS_PER_RECORD_MAX}")
         return out
 
     def _await_topic(self, topic: str) -> int:
@@ -641,39 +683,70 @@ class _ProducerCore:
         time.sleep(self.retry_backoff_s)
 
     def _encode(self, batch: ProducerBatch) -> bytes:
-        """Encode once; a retry resends these exact bytes, sequence numbers included."""
+        """Encode once; a retry resends these exact bytes, sequence numbers included. If the
+        encoding fails, the batch's sequence numbers are given back (it never leaves)."""
         if batch.encoded is None:
             base_sequence = -1
+            key = (batch.topic, batch.partition)
             if self.idempotent:
-                key = (batch.topic, batch.partition)
                 base_sequence = self._next_sequence.get(key, 0)
                 self._next_sequence[key] = base_sequence + batch.record_count
                 batch.base_sequence = base_sequence
                 with self._lock:
                     self._unacked.setdefault(key, deque()).append(batch)
-            if batch.prepared is not None:
-                payload, first_ts, bloom = batch.prepared
-                batch.encoded = batch_format.frame_batch(
-                    payload, batch.prepared_count, first_ts, first_ts, producer_id=self.producer_id,
-                    producer_epoch=self.producer_epoch, base_sequence=base_sequence, tag_bloom=bloom)
-                return batch.encoded
-            laid = _records_section(batch.records) if _records_section is not None and not batch.has_headers else None
-            if laid is not None:  # the compiled layout (sdk/_speedups.pyx): the same bytes as encode_batch's
-                section, first_ts, max_ts = laid
-                batch.encoded = batch_format.frame_batch(
-                    batch_format.compress_records(section, self.codec, adaptive=True), len(batch.records), first_ts,
-                    max_ts, producer_id=self.producer_id, producer_epoch=self.producer_epoch, base_sequence=base_sequence)
-                return batch.encoded
-            timestamps, keys, values, headers = batch.columns()
-            batch.encoded = batch_format.encode_batch(
-                timestamps, keys, values, headers,
-                codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                base_sequence=base_sequence, tag_bloom=tags_format.batch_bloom(headers), adaptive=True,
-            )
+            try:
+                return self._frame(batch, base_sequence)
+            except Exception:
+                if self.idempotent:  # it was the last batch numbered for its partition
+                    self._next_sequence[key] = base_sequence
+                    batch.base_sequence = -1
+                    with self._lock:
+                        self._unacked[key].remove(batch)
+                raise
+        return batch.encoded
+
+    def _frame(self, batch: ProducerBatch, base_sequence: int) -> bytes:
+        """The batch's bytes, stored in ``batch.encoded``: header, sequence numbers and records."""
+        if batch.prepared is not None:
+            payload, first_ts, bloom = batch.prepared
+            batch.encoded = batch_format.frame_batch(
+                payload, batch.prepared_count, first_ts, first_ts, producer_id=self.producer_id,
+                producer_epoch=self.producer_epoch, base_sequence=base_sequence, tag_bloom=bloom)
+            return batch.encoded
+        laid = _records_section(batch.records) if _records_section is not None and not batch.has_headers else None
+        if laid is not None:  # the compiled layout (sdk/_speedups.pyx): the same bytes as encode_batch's
+            section, first_ts, max_ts = laid
+            batch.encoded = batch_format.frame_batch(
+                batch_format.compress_records(section, self.codec, adaptive=True), len(batch.records), first_ts,
+                max_ts, producer_id=self.producer_id, producer_epoch=self.producer_epoch, base_sequence=base_sequence)
+            return batch.encoded
+        timestamps, keys, values, headers = batch.columns()
+        batch.encoded = batch_format.encode_batch(
+            timestamps, keys, values, headers,
+            codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+            base_sequence=base_sequence, tag_bloom=tags_format.batch_bloom(headers), adaptive=True,
+        )
         return batch.encoded
 
     def _send_request(self, conns: Connections, address: str, batches: list[ProducerBatch], now: float) -> None:
-        frames_batches = [self._encode(b) for b in batches]
+        frames_batches: list[bytes] = []
+        sendable: list[ProducerBatch] = []
+        for batch in batches:
+            try:
+                frames_batches.append(self._encode(batch))
+            except Exception as exc:
+                # send() refuses what cannot be encoded, so this is a bug; it must cost this
+                # batch's records (failed with the reason), never the sender thread and with
+                # it every later record of the producer.
+                log.exception("a batch of %s/%d could not be encoded", batch.topic, batch.partition)
+                with self._lock:
+                    self._finish(batch, -1, errors.InvalidRequestError(
+                        f"{batch.topic}/{batch.partition}: the batch could not be encoded: {exc!r}"))
+                continue
+            sendable.append(batch)
+        if not sendable:
+            return
+        batches = sendable
         correlation_id = conns.next_id()
         body = {
             "acks": self.acks,

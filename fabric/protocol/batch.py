@@ -70,6 +70,16 @@ ATTRIBUTE_CONTROL = 0x10
 TAG_BLOOM_PRESENT = 0x20  # bytes 22-23 (low half) and 54-55 (high half) hold the batch's tag bloom
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 RECORD_FIXED_BYTES = 14  # 3 x i32 + 1 x u16 per record in the columnar arrays
+# What the records section's fields can hold: a record's timestamp is an i32 delta from
+# the batch's first_timestamp (about 24.8 days either way), its header count a u16, a
+# header name's length a u16. A producer keeps records that do not fit one batch's window
+# in separate batches, and refuses the rest before they are queued.
+TIMESTAMP_MS_MIN = -(1 << 63)
+TIMESTAMP_MS_MAX = (1 << 63) - 1
+TIMESTAMP_DELTA_MS_MIN = -(1 << 31)
+TIMESTAMP_DELTA_MS_MAX = (1 << 31) - 1
+HEADERS_PER_RECORD_MAX = 0xFFFF
+HEADER_NAME_BYTES_MAX = 0xFFFF
 CRC_START = 20
 LZ4_EXPANSION_MAX = 256  # output bytes per compressed byte lz4 can reach, rounded up
 

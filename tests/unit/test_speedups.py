@@ -78,6 +78,18 @@ def _call(rng: random.Random) -> tuple[tuple[Any, ...], dict[str, Any]]:
         kwargs["priority"] = rng.randint(0, 10)  # 10 is refused
     if rng.random() < 0.02:
         kwargs["dedup_id"] = f"d{rng.randint(0, 5)}"
+    # Refused or set apart the same way by both: timestamps beyond an open batch's i32 window
+    # (a batch of their own) or beyond i64, and arguments of the wrong type.
+    if rng.random() < 0.03:
+        kwargs["timestamp_ms"] += rng.choice([-1, 1]) * rng.randint(2**31 - 20_000, 2**31 + 20_000)
+    if rng.random() < 0.005:
+        kwargs["timestamp_ms"] = rng.choice([2**63, -(2**63) - 1, 2**63 - 1, -(2**63)])
+    if rng.random() < 0.005:
+        kwargs["partition"] = rng.choice([True, 0.5, "0"])
+    if rng.random() < 0.005:
+        kwargs["callback"] = 5
+    if rng.random() < 0.005:
+        topic = rng.choice([None, 5, b"a"])
     return (topic, value, key), kwargs
 
 
