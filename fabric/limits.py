@@ -16,6 +16,11 @@ STRING_BYTES_MAX: Final[int] = 65_535
 # client's 65,535-byte name still encodes.
 MESSAGE_TEXT_BYTES_MAX: Final[int] = 1_024
 ARRAY_ITEMS_MAX: Final[int] = 1_000_000
+# The integer widths of the wire (docs/PROTOCOL.md section 3): a value outside them cannot
+# be encoded, so the SDK and the CLI refuse it by name instead of meeting a struct.error.
+I16_MAX: Final[int] = 2**15 - 1
+I32_MAX: Final[int] = 2**31 - 1
+I64_MAX: Final[int] = 2**63 - 1
 
 # Record batches.
 BATCH_HEADER_BYTES: Final[int] = 72

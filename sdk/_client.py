@@ -78,21 +78,38 @@ class Bootstrap:
     def __init__(self, spec: str | Iterable[str]) -> None:
         if isinstance(spec, str):
             parts = [p.strip() for p in spec.split(",") if p.strip()]
+        elif isinstance(spec, Iterable) and not isinstance(spec, bytes):
+            parts = []
+            for p in spec:
+                if not isinstance(p, str):
+                    raise TypeError(f"each bootstrap address must be a str, got {type(p).__name__} {p!r:.60}")
+                if p.strip():
+                    parts.append(p.strip())
         else:
-            parts = [p.strip() for p in spec if p.strip()]
+            raise TypeError(f"bootstrap must be a str such as 'zk://HOST:PORT', got {type(spec).__name__} {spec!r:.60}")
         if not parts:
             raise ValueError("bootstrap is empty: give node addresses or zk://host:port")
         self.zk: str | None = None
         self.addresses: list[str] = []
-        if parts[0].startswith("zk://"):
+        is_zk = parts[0].startswith("zk://")
+        for index, part in enumerate(parts):
+            # Checked here, where every client starts: ZeroMQ would otherwise raise a bare
+            # ZMQError ("Invalid argument") on the first connect, far from the cause.
+            scheme, _sep, rest = part.rpartition("://")
+            if is_zk and scheme not in ("zk", ""):
+                raise ValueError(f"bootstrap {part!r}: give either ZooKeeper (zk://) or node addresses, not both")
+            if not is_zk and scheme not in ("tcp", "ipc", "inproc", ""):
+                raise ValueError(f"bootstrap {part!r}: use zk://HOST:PORT for ZooKeeper or tcp://HOST:PORT for nodes")
+            if scheme in ("ipc", "inproc"):
+                continue  # a path or a name, not HOST:PORT
+            if is_zk and index == len(parts) - 1:
+                rest = rest.split("/", 1)[0]  # the chroot
+            host, colon, port = rest.rpartition(":")
+            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"bootstrap {part!r} is not HOST:PORT (zk://HOST:PORT or tcp://HOST:PORT)")
+        if is_zk:
             self.zk = ",".join(p.removeprefix("zk://") for p in parts)
         else:
-            for part in parts:
-                scheme = part.split("://", 1)[0] if "://" in part else "tcp"
-                if scheme not in ("tcp", "ipc", "inproc"):
-                    raise ValueError(
-                        f"bootstrap {part!r}: use zk://HOST:PORT for ZooKeeper or tcp://HOST:PORT for nodes"
-                    )
             self.addresses = [p if "://" in p else f"tcp://{p}" for p in parts]
 
     def node_addresses(self) -> list[str]:

@@ -94,6 +94,10 @@ class GroupMember:
                 gp.compile_topic_pattern(pattern)
             except errors.InvalidRequestError as exc:
                 raise ValueError(exc.message) from None
+        if listener is not None and not all(callable(getattr(listener, hook, None)) for hook in (
+                "on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost")):
+            # Checked now: a missing hook would otherwise fail inside a later poll().
+            raise TypeError(f"listener must be a ConsumerRebalanceListener, got {type(listener).__name__}")
         self.topics = sorted(set(topics or ()))
         self.pattern = pattern or ""
         if not self.topics and not self.pattern:

@@ -11,6 +11,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
+from sdk._arguments import I32_MAX, I64_MAX, int_arg, str_arg
 from sdk._client import TopicPartition
 
 if TYPE_CHECKING:
@@ -106,15 +107,29 @@ class GroupAdmin:
         """Set the group's committed offsets of ``topic`` to ``earliest``, ``latest``, the first
         record at or after ``timestamp_ms`` (``datetime``) or ``offset``. Refused with
         GroupNotEmptyError while the group has live members. Returns what was committed."""
+        gp.check_group_id(str_arg("group_id", group_id))
+        str_arg("topic", topic)
         if to not in RESET_TARGETS:
             raise ValueError(f"to must be one of {', '.join(RESET_TARGETS)}, got {to!r}")
-        if to == "offset" and (offset is None or offset < 0):
-            raise ValueError("to='offset' needs offset >= 0")
-        if to == "datetime" and timestamp_ms is None:
-            raise ValueError("to='datetime' needs timestamp_ms")
+        if to == "offset":
+            if offset is None:
+                raise ValueError("to='offset' needs offset >= 0")
+            int_arg("offset", offset, 0, I64_MAX)
+        if to == "datetime":
+            if timestamp_ms is None:
+                raise ValueError("to='datetime' needs timestamp_ms")
+            int_arg("timestamp_ms", timestamp_ms, 0, I64_MAX)  # negative ones are LIST_OFFSETS' codes
+        if partitions is not None:
+            if isinstance(partitions, (str, bytes)) or not isinstance(partitions, (list, tuple, range)):
+                raise TypeError(f"partitions must be a list of partition numbers, got {type(partitions).__name__}")
+            for p in partitions:
+                int_arg("each of partitions", p, 0, I32_MAX)
         meta = self._meta.refresh([topic]).topics.get(topic)
         if meta is None:
             raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        missing = sorted(set(partitions or ()) - set(range(meta.partition_count)))
+        if missing:  # else their offsets would read as -1 and be committed as such
+            raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {missing[0]}")
         tps = [TopicPartition(topic, p) for p in (partitions if partitions is not None else range(meta.partition_count))]
         earliest = self._list_offsets(tps, apis.EARLIEST_TIMESTAMP)
         latest = self._list_offsets(tps, apis.LATEST_TIMESTAMP)
@@ -146,7 +161,7 @@ class GroupAdmin:
 
     # -- plumbing ---------------------------------------------------------------------------
     def _group_call(self, group_id: str, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
-        gp.check_group_id(group_id)
+        gp.check_group_id(str_arg("group_id", group_id))
         deadline = time.monotonic() + self.request_timeout_ms / 1000.0
         while True:
             try:

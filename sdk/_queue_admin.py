@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from fabric import errors
+from fabric.limits import PARTITIONS_MAX, REPLICATION_FACTOR_MAX
+from fabric.protocol import apis
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
+from sdk._arguments import I64_MAX, int_arg, optional_str_arg, str_arg
 
 if TYPE_CHECKING:
     from sdk._client import Connections, MetadataClient
@@ -76,7 +79,33 @@ class QueueAdmin:
                      dedup_window_ms: int = qp.DEDUP_WINDOW_MS_DEFAULT, wait: bool = True) -> None:
         """A queue: a topic kept until consumed (no time retention) with queue settings.
         ``dead_letter``: a queue for poison messages, created (with the same partitions)
-        when it does not exist yet."""
+        when it does not exist yet. Settings out of bounds raise InvalidQueueConfigError (or
+        the topic's errors) before anything is created, the dead-letter queue included."""
+        str_arg("name", name)
+        dead_letter = optional_str_arg("dead_letter", dead_letter)
+        int_arg("partitions", partitions, 1, PARTITIONS_MAX, high_name="PARTITIONS_MAX",
+                 error=errors.InvalidPartitionsError)
+        int_arg("replication_factor", replication_factor, 1, REPLICATION_FACTOR_MAX,
+                 high_name="REPLICATION_FACTOR_MAX", error=errors.InvalidReplicationFactorError)
+        config: dict[str, Any] = {
+            "queue": True, "retention_ms": -1, "visibility_timeout_ms": visibility_timeout_ms,
+            "max_deliveries": max_deliveries, "message_ttl_ms": message_ttl_ms, "max_messages": max_messages,
+            "max_bytes": max_bytes, "message_bytes_max": max_message_bytes, "dedup_window_ms": dedup_window_ms}
+        for key, value in config.items():
+            if key != "queue":  # only the type: the bounds are the node's, checked just below
+                int_arg(key, value, -I64_MAX - 1, I64_MAX)
+        if dead_letter:
+            config["dead_letter"] = dead_letter
+        # The node's own rules (fabric/zk.py), applied before anything is created: a queue
+        # refused after its dead-letter queue was made would leave that queue behind.
+        from fabric import zk as zkl  # brings kazoo: loaded only when used
+
+        if apis.is_internal_topic(name):
+            raise errors.InvalidTopicError(f"topic {name!r}: names starting with {apis.INTERNAL_TOPIC_PREFIX!r} "
+                                           "are Fabric's internal topics")
+        zkl.validate_topic_name(name)
+        zkl.TopicConfig.build(partitions, replication_factor,
+                              {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}, 0)
         if dead_letter:
             if dead_letter == name:
                 raise errors.InvalidQueueConfigError("a queue cannot be its own dead-letter queue")
@@ -85,16 +114,10 @@ class QueueAdmin:
                                   wait=wait)
             except errors.TopicAlreadyExistsError:
                 pass
-        config: dict[str, Any] = {
-            "queue": True, "retention_ms": -1, "visibility_timeout_ms": visibility_timeout_ms,
-            "max_deliveries": max_deliveries, "message_ttl_ms": message_ttl_ms, "max_messages": max_messages,
-            "max_bytes": max_bytes, "message_bytes_max": max_message_bytes, "dedup_window_ms": dedup_window_ms}
-        if dead_letter:
-            config["dead_letter"] = dead_letter
         self.create_topic(name, partitions, replication_factor, config, wait=wait)
 
     def delete_queue(self, name: str) -> None:
-        self._queue_settings(name)  # refuses a topic that is not a queue
+        self._queue_settings(str_arg("name", name))  # refuses a topic that is not a queue
         self.delete_topic(name)
 
     def list_queues(self) -> list[str]:
@@ -110,7 +133,8 @@ class QueueAdmin:
         """Counts per partition for ``group``: visible, in flight, delayed, dead-lettered,
         dropped, deduplicated, and the age of the oldest message waiting. Works for any
         topic (consumed in queue mode); a topic made as a queue also shows its settings."""
-        configs = self.describe_topics([name])[0].configs
+        str_arg("group", group)
+        configs = self.describe_topics([str_arg("name", name)])[0].configs
         settings = {k: configs[k] for k in QUEUE_SETTINGS if k in configs}
         deadline = time.monotonic() + timeout_s
         while True:
@@ -125,7 +149,7 @@ class QueueAdmin:
     def describe_queue_groups(self, name: str, *, timeout_s: float = 10.0) -> dict[str, QueueDescription]:
         """Every group consuming ``name`` (as ``describe_queue`` describes one), by group; a
         queue nobody consumes yet has one entry, group ""."""
-        configs = self.describe_topics([name])[0].configs
+        configs = self.describe_topics([str_arg("name", name)])[0].configs
         settings = {k: configs[k] for k in QUEUE_SETTINGS if k in configs}
         deadline = time.monotonic() + timeout_s
         while True:
@@ -182,6 +206,9 @@ class QueueAdmin:
         from sdk.producer import Producer  # the upper layers of the SDK, loaded when used
         from sdk.queue import QueueConsumer
 
+        str_arg("name", name)
+        dead_letter = optional_str_arg("dead_letter", dead_letter)
+        int_arg("max_messages", max_messages, 0, I64_MAX)
         source = dead_letter or self._queue_settings(name).get("dead_letter", "")
         if not source:
             raise errors.InvalidRequestError(f"queue {name!r} has no dead-letter queue; name one with dead_letter=")

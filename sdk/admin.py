@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,8 +11,10 @@ import zmq
 
 from fabric import errors
 from fabric.auth.curve import ClientSecurity
+from fabric.limits import PARTITIONS_MAX, REPLICATION_FACTOR_MAX
 from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
+from sdk._arguments import I32_MAX, I64_MAX, int_arg, names_arg, str_arg
 from sdk._client import (
     METADATA_CONNECT_MS,
     METADATA_QUICK_CONNECT_MS,
@@ -34,13 +37,34 @@ class TopicDescription:
     partitions: tuple[PartitionMetadata, ...]
 
 
+def _topic_configs(name: object, partitions: object, replication_factor: object, config: object,
+                   strict_order: bool) -> list[dict[str, str]]:
+    """CREATE_TOPIC's arguments checked (the node's own rules for the ranges, fabric/zk.py
+    ``TopicConfig.build``) and its configs as wire strings."""
+    str_arg("name", name)
+    int_arg("partitions", partitions, 1, PARTITIONS_MAX, high_name="PARTITIONS_MAX",
+             error=errors.InvalidPartitionsError)
+    int_arg("replication_factor", replication_factor, 1, REPLICATION_FACTOR_MAX,
+             high_name="REPLICATION_FACTOR_MAX", error=errors.InvalidReplicationFactorError)
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict of config name to value, got {type(config).__name__} {config!r:.60}")
+    merged: dict[Any, Any] = dict(config or {})
+    if strict_order:
+        merged["strict_order"] = True
+    for key in merged:
+        str_arg("each config name", key)
+    return [{"key": k, "value": str(v).lower() if isinstance(v, bool) else str(v)} for k, v in merged.items()]
+
+
 class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk/_queue_admin.py
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None,
                  security: ClientSecurity | None = None) -> None:
+        # Checked before a socket is opened (sdk/_arguments.py has the shared checks).
+        self.request_timeout_ms = int_arg("request_timeout_ms", request_timeout_ms, 1, I32_MAX)
+        meta_bootstrap = Bootstrap(bootstrap)
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY.
         self._conns = Connections(context, security=security or FROM_ENV)
-        self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
-        self.request_timeout_ms = request_timeout_ms
+        self._meta = MetadataClient(meta_bootstrap, self._conns)
 
     def _call(self, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
         """The first node that answers. Each gets a short connect wait first, as in a
@@ -75,10 +99,12 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         """Create a topic; with ``wait`` return only once every partition has a serving leader.
 
         ``strict_order=True``: every record gets a global ID from the sequencer and
-        ``sdk.OrderedConsumer`` reads all partitions in one total order."""
-        if strict_order:
-            config = {**(config or {}), "strict_order": True}
-        configs = [{"key": k, "value": str(v).lower() if isinstance(v, bool) else str(v)} for k, v in (config or {}).items()]
+        ``sdk.OrderedConsumer`` reads all partitions in one total order.
+
+        ``partitions`` (1..PARTITIONS_MAX) and ``replication_factor``
+        (1..REPLICATION_FACTOR_MAX) out of range raise InvalidPartitionsError and
+        InvalidReplicationFactorError before anything is sent, as the node would."""
+        configs = _topic_configs(name, partitions, replication_factor, config, strict_order)
         body = self._call(ApiKey.CREATE_TOPIC, {"name": name, "partitions": partitions,
                                                 "replication_factor": replication_factor, "configs": configs})
         errors.raise_for_code(body["error"], body["message"])
@@ -88,6 +114,8 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
     def create_partitions(self, name: str, total: int, *, wait: bool = True) -> None:
         """Grow ``name`` to ``total`` partitions (never shrinks). Keys hash over the new
         count from then on, as in Kafka: per-key order holds only within a partition."""
+        str_arg("name", name)
+        int_arg("total", total, 1, PARTITIONS_MAX, high_name="PARTITIONS_MAX", error=errors.InvalidPartitionsError)
         body = self._call(ApiKey.CREATE_PARTITIONS, {"name": name, "partitions": total})
         errors.raise_for_code(body["error"], body["message"])
         if wait:
@@ -95,6 +123,9 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
 
     def wait_for_topic(self, name: str, partitions: int | None = None, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
         """Block until every partition has a leader that answers LIST_OFFSETS for it."""
+        str_arg("name", name)
+        if partitions is not None:
+            int_arg("partitions", partitions, 1, PARTITIONS_MAX, high_name="PARTITIONS_MAX")
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -128,6 +159,7 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
 
     def delete_topic(self, name: str, *, wait: bool = True, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
         """Delete a topic; with ``wait`` return once no live node lists it any more."""
+        str_arg("name", name)
         body = self._call(ApiKey.DELETE_TOPIC, {"name": name})
         errors.raise_for_code(body["error"], body["message"])
         if not wait:
@@ -152,7 +184,9 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         return sorted(self._meta.refresh().topics)
 
     def describe_topics(self, names: list[str] | None = None) -> list[TopicDescription]:
-        body = self._call(ApiKey.DESCRIBE_TOPICS, {"names": names or []})
+        """The named topics (a list; None or empty: all), in that order."""
+        names = [] if names is None else names_arg("names", names)
+        body = self._call(ApiKey.DESCRIBE_TOPICS, {"names": names})
         out = []
         for t in body["topics"]:
             errors.raise_for_code(t["error"], f"topic {t['name']!r}")
@@ -165,13 +199,14 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         return out
 
     def describe_topic(self, name: str) -> TopicDescription:
-        return self.describe_topics([name])[0]
+        return self.describe_topics([str_arg("name", name)])[0]
 
     def elect_preferred_leaders(self, topics: list[str] | None = None, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> int:
         """Move each partition's leadership back to its first replica where that replica is
         alive and in sync (after restarts leave leaders piled on a few nodes). Returns how
         many partitions moved."""
-        return int(self._ask_controller(ApiKey.ELECT_LEADERS, {"topics": topics or []}, timeout_s)["moved"])
+        topics = [] if topics is None else names_arg("topics", topics)
+        return int(self._ask_controller(ApiKey.ELECT_LEADERS, {"topics": topics}, timeout_s)["moved"])
 
     def reassign_partition(self, topic: str, partition: int, replicas: list[int], *,
                            throttle_bytes_per_s: int = 0, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
@@ -182,6 +217,13 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         once the controller has accepted the move; ``describe_replicas`` or
         ``wait_reassigned`` show when it is done. The same move again changes nothing
         but the throttle; a different one while it runs raises ``ReassignmentInProgressError``."""
+        str_arg("topic", topic)
+        int_arg("partition", partition, 0, I32_MAX)
+        if isinstance(replicas, (str, bytes)) or not isinstance(replicas, (list, tuple)):
+            raise TypeError(f"replicas must be a list of node ids, got {type(replicas).__name__}")
+        for node_id in replicas:
+            int_arg("each node id of replicas", node_id, 0, I32_MAX)
+        int_arg("throttle_bytes_per_s", throttle_bytes_per_s, 0, I64_MAX)
         if not replicas:  # on the wire an empty list cancels: say so rather than cancel by accident
             raise errors.InvalidRequestError("replicas: give at least one node id (cancel_reassignment stops a move)")
         body = {"topic": topic, "partition": partition, "replicas": list(replicas),
@@ -191,6 +233,8 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
     def cancel_reassignment(self, topic: str, partition: int, *, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
         """Stop a running move: the replicas being added go (their partial copies are
         deleted), the ones being removed stay. InvalidRequestError if nothing is moving."""
+        str_arg("topic", topic)
+        int_arg("partition", partition, 0, I32_MAX)
         body = {"topic": topic, "partition": partition, "replicas": [], "throttle_bytes_per_s": 0}
         self._ask_controller(ApiKey.REASSIGN_PARTITION, body, timeout_s)
 
@@ -224,10 +268,11 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         end, high watermark, size on disk, and the reassignment it is acting on. Keyed by
         (topic, partition); each row carries ``node_id``. A node that does not answer
         within ``timeout_ms`` (or refuses) is left out."""
+        topics = [] if topics is None else names_arg("topics", topics)
         out: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for node_id, address in sorted(self._meta.refresh().nodes.items()):
             try:
-                body = self._conns.request(address, ApiKey.DESCRIBE_REPLICAS, {"topics": topics or []},
+                body = self._conns.request(address, ApiKey.DESCRIBE_REPLICAS, {"topics": topics},
                                            timeout_ms=min(timeout_ms, self.request_timeout_ms)).body
             except errors.FabricError:
                 continue  # down, refused (an older node, an ACL): its copies are left out
@@ -256,6 +301,7 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         """Controlled shutdown of one node (as SIGTERM does): its leaderships move to other
         in-sync replicas, then it exits. Returns how many partitions it led when the drain
         began; it has not necessarily exited yet when this returns."""
+        int_arg("node_id", node_id, 0, I32_MAX)
         address = self._meta.refresh().nodes.get(node_id)
         if address is None:
             raise errors.InvalidRequestError(f"node {node_id} is not registered (already stopped or draining?)")

@@ -219,6 +219,14 @@ class AsyncClient:
     async def publish(self, subject: str, payload: bytes | str, **options: Any) -> None:
         await self.direct.publish(subject, payload, **options)
 
+    async def services(self) -> dict[str, Any]:
+        """Every registered service and its instances, read from ZooKeeper now."""
+        return await self.direct.services()
+
+    async def start_publisher(self) -> None:
+        """Bind and register this client's PUB socket now, not on the first publish."""
+        await self.direct.start_publisher()
+
     async def subscribe(self, pattern: str, handler: Callable[..., Any] | None = None, **options: Any) -> Subscription:
         return await self.direct.subscribe(pattern, handler, **options)
 

@@ -55,6 +55,10 @@ class Client:
     def publish(self, subject: str, payload: bytes | str, **options: Any) -> None:
         self.direct.publish(subject, payload, **options)
 
+    def start_publisher(self) -> None:
+        """Bind and register this client's PUB socket now, not on the first publish."""
+        self.direct.start_publisher()
+
     def subscribe(self, pattern: str, handler: Any = None, **options: Any) -> SyncSubscription:
         return self.direct.subscribe(pattern, handler, **options)
 

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +20,13 @@ import zmq
 
 from fabric import allocator, errors
 from fabric.auth.curve import ClientSecurity
+from fabric.limits import FETCH_WAIT_MS_MAX
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.tags import TagFilter, record_tags
 from fabric.transport import FROM_ENV
+from sdk._arguments import I32_MAX, I64_MAX, int_arg, names_arg, optional_str_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
     Bootstrap,
@@ -107,7 +109,44 @@ class RawBatch:
 
 
 def _as_tp(item: TopicPartition | tuple[str, int]) -> TopicPartition:
-    return item if isinstance(item, TopicPartition) else TopicPartition(item[0], int(item[1]))
+    """A TopicPartition from either form, its fields checked: a wrong type would otherwise
+    fail deep in the encoder, and a partition outside i32 as a struct.error."""
+    if isinstance(item, TopicPartition):
+        topic, partition = item.topic, item.partition
+    elif isinstance(item, (tuple, list)) and len(item) == 2:
+        topic, partition = item
+    else:
+        raise TypeError(f"expected a TopicPartition or a (topic, partition) tuple, got {type(item).__name__} {item!r:.60}")
+    str_arg("topic", topic)
+    number = int_arg("partition", partition, -I32_MAX - 1, I32_MAX)
+    if number < 0:  # the answer assign() has always given for a partition the topic lacks
+        raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {number}")
+    return item if isinstance(item, TopicPartition) else TopicPartition(topic, number)
+
+
+def _tp_list(name: str, partitions: object) -> list[TopicPartition]:
+    if isinstance(partitions, (str, bytes, TopicPartition)) or not isinstance(partitions, Iterable):
+        raise TypeError(f"{name} must be a list of TopicPartition or (topic, partition), got "
+                        f"{type(partitions).__name__} {partitions!r:.60}")
+    return [_as_tp(p) for p in partitions]
+
+
+def _poll_args(timeout_ms: int, max_records: int) -> None:
+    # A negative timeout means "do not wait", as it always has; a wrong type is a bug.
+    int_arg("timeout_ms", timeout_ms, -I64_MAX, I64_MAX)
+    int_arg("max_records", max_records, 1, I64_MAX)
+
+
+def _commit_offsets(offsets: object) -> dict[TopicPartition, tuple[int, str]]:
+    """``commit()``'s argument checked whole before anything is sent: partition -> next
+    offset (0 up to i64), or -> (offset, metadata str)."""
+    if not isinstance(offsets, Mapping):
+        raise TypeError(f"offsets must be a dict of partition to offset, got {type(offsets).__name__}")
+    wanted: dict[TopicPartition, tuple[int, str]] = {}
+    for tp, value in offsets.items():
+        offset, metadata = value if isinstance(value, tuple) and len(value) == 2 else (value, "")
+        wanted[_as_tp(tp)] = (int_arg("offset", offset, 0, I64_MAX), str_arg("commit metadata", metadata))
+    return wanted
 
 
 class Consumer:
@@ -122,6 +161,12 @@ class Consumer:
     ``enable_auto_commit`` the positions of records already handed out by ``poll()`` are
     committed every ``auto_commit_interval_ms``, before partitions are revoked, and on
     ``close()``. ``assign()`` keeps working without a group, or with one for commits only.
+
+    Options are checked here, before anything is sent (ValueError names the bound, TypeError
+    a wrong type): ``fetch_max_wait_ms`` 0..FETCH_WAIT_MS_MAX (fabric/limits.py),
+    ``fetch_min_bytes`` >= 0, ``fetch_max_bytes`` and ``partition_fetch_bytes_max`` > 0,
+    the timeouts and intervals > 0 (``auto_commit_interval_ms`` >= 0), all within the wire's
+    i32 (docs/PROTOCOL.md section 5.3).
     """
 
     def __init__(
@@ -145,18 +190,36 @@ class Consumer:
         tag_filter: str | None = None,
         security: ClientSecurity | None = None,
     ) -> None:
+        # Every option is checked before a socket is opened: a value the node refuses
+        # (it answers every FETCH with INVALID_REQUEST) would otherwise only be logged,
+        # and the consumer would return nothing for ever.
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be earliest, latest or none, got {auto_offset_reset!r}")
         self.auto_offset_reset = auto_offset_reset
-        self.fetch_max_wait_ms = fetch_max_wait_ms
-        self.fetch_min_bytes = fetch_min_bytes
-        self.fetch_max_bytes = fetch_max_bytes
-        self.partition_fetch_bytes_max = partition_fetch_bytes_max
-        self.request_timeout_ms = request_timeout_ms
+        self.fetch_max_wait_ms = int_arg("fetch_max_wait_ms", fetch_max_wait_ms, 0, FETCH_WAIT_MS_MAX,
+                                          high_name="FETCH_WAIT_MS_MAX")
+        self.fetch_min_bytes = int_arg("fetch_min_bytes", fetch_min_bytes, 0, I32_MAX)
+        # Above FETCH_BYTES_MAX (fabric/limits.py) the node reads that much: more is harmless.
+        self.fetch_max_bytes = int_arg("fetch_max_bytes", fetch_max_bytes, 1, I32_MAX)
+        self.partition_fetch_bytes_max = int_arg("partition_fetch_bytes_max", partition_fetch_bytes_max, 1, I32_MAX)
+        self.request_timeout_ms = int_arg("request_timeout_ms", request_timeout_ms, 1, I32_MAX)
         self.check_crc = check_crc
+        auto_commit_interval_ms = int_arg("auto_commit_interval_ms", auto_commit_interval_ms, 0, I32_MAX)
+        # The group's session bounds are the coordinator's (nodes/group_state.py, which the
+        # SDK may not import): it refuses the first heartbeat. The wire's i32 is checked here.
+        session_timeout_ms = int_arg("session_timeout_ms", session_timeout_ms, 1, I32_MAX)
+        heartbeat_interval_ms = int_arg("heartbeat_interval_ms", heartbeat_interval_ms, 1, I32_MAX)
+        group_id = optional_str_arg("group_id", group_id)
+        group_instance_id = optional_str_arg("group_instance_id", group_instance_id)
+        parsed_filter = self._parse_tag_filter(tag_filter)
+        meta_bootstrap = Bootstrap(bootstrap)
+        self._group: GroupMember | None = None
+        if group_id is not None:
+            self._group = GroupMember(self, group_id, instance_id=group_instance_id,
+                                      session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms)
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY.
         self._conns = Connections(context, security=security or FROM_ENV)
-        self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
+        self._meta = MetadataClient(meta_bootstrap, self._conns)
         self._assigned: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}  # next offset to hand to the caller
         self._fetch_positions: dict[TopicPartition, int] = {}  # next offset to ask a node for
@@ -173,19 +236,15 @@ class Consumer:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self._next_auto_commit_s = time.monotonic() + auto_commit_interval_ms / 1000.0
         self._committed_positions: dict[TopicPartition, int] = {}
-        self._group: GroupMember | None = None
-        self._tag_filter: TagFilter | None = None
+        self._tag_filter: TagFilter | None = parsed_filter
         self.filtered_bytes = 0  # bytes the nodes left out for our tag filter (never sent)
-        self.set_tag_filter(tag_filter)
-        if group_id is not None:
-            self._group = GroupMember(self, group_id, instance_id=group_instance_id,
-                                      session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms)
         # Strict-order ticks are skipped; sdk.OrderedConsumer turns this off to see them.
         self.skip_control_batches = True
 
     # -- assignment and positions -----------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
-        tps = [_as_tp(p) for p in partitions]
+        """Read exactly ``partitions`` (a list of TopicPartition or (topic, partition))."""
+        tps = _tp_list("partitions", partitions)
         if refresh or any(tp.topic not in self._meta.metadata.topics for tp in tps):
             self._meta.refresh(sorted({tp.topic for tp in tps}))
         for tp in tps:
@@ -208,7 +267,12 @@ class Consumer:
         """Deliver only records whose tags match, e.g. ``"paid || refunded"`` (grammar in
         docs/GROUPS.md). Nodes skip batches that cannot match; ``poll()`` filters exactly.
         Positions and commits still move past filtered-out records."""
-        self._tag_filter = TagFilter(tag_filter) if tag_filter else None
+        self._tag_filter = self._parse_tag_filter(tag_filter)
+
+    @staticmethod
+    def _parse_tag_filter(tag_filter: str | None) -> TagFilter | None:
+        text = optional_str_arg("tag_filter", tag_filter)
+        return TagFilter(text) if text else None
 
     def subscribe(self, topics: Iterable[str] | None = None, *, pattern: str | None = None,
                   listener: ConsumerRebalanceListener | None = None, tag_filter: str | None = None) -> None:
@@ -216,10 +280,13 @@ class Consumer:
         and/or every topic whose whole name matches ``pattern`` (a Python regex). New topics
         and partitions are picked up. ``listener`` hears of revoked/assigned/lost partitions."""
         group = self._require_group("subscribe()")
-        if tag_filter is not None:
-            self.set_tag_filter(tag_filter)
         if isinstance(topics, str):
             topics = [topics]
+        topic_list = None if topics is None else names_arg("topics", topics)
+        pattern = optional_str_arg("pattern", pattern)
+        if tag_filter is not None:
+            self.set_tag_filter(tag_filter)
+        topics = topic_list
         group.subscribe(topics, pattern, listener)
         group.tick()
 
@@ -230,7 +297,7 @@ class Consumer:
         if offsets is None:
             wanted = {tp: (pos, "") for tp, pos in self._positions.items() if tp in set(self._assigned)}
         else:
-            wanted = {_as_tp(tp): (v if isinstance(v, tuple) else (int(v), "")) for tp, v in offsets.items()}
+            wanted = _commit_offsets(offsets)
         group.commit(wanted, in_group=bool(group.subscribed and group.member_id))
         for tp, (offset, _meta) in wanted.items():
             self._committed_positions[tp] = offset
@@ -305,44 +372,65 @@ class Consumer:
 
     def subscribe_all_partitions(self, topic: str) -> list[TopicPartition]:
         """Assign every partition of ``topic`` (no group coordination; that is a later feature)."""
-        meta = self._meta.topic(topic)
+        meta = self._meta.topic(str_arg("topic", topic))
         tps = [TopicPartition(topic, p) for p in range(meta.partition_count)]
         self.assign(tps)
         return tps
 
     def seek(self, partition: TopicPartition | tuple[str, int], offset: int) -> None:
+        """Read ``partition`` (assigned) from ``offset`` on: 0 up to the wire's i64; an offset
+        past the log end is answered OFFSET_OUT_OF_RANGE and reset (``auto_offset_reset``).
+        ``seek_to_beginning``/``seek_to_end`` take no offset."""
         tp = _as_tp(partition)
+        offset = int_arg("offset", offset, 0, I64_MAX)
         if tp not in self._assigned:
             raise errors.InvalidRequestError(f"{tp} is not assigned")
         self._positions[tp] = offset
         self._fetch_positions[tp] = offset
         self._buffer = deque(b for b in self._buffer if (b.topic, b.partition) != (tp.topic, tp.partition))
 
+    def _assigned_only(self, partitions: tuple[TopicPartition | tuple[str, int], ...]) -> list[TopicPartition]:
+        """``partitions`` (all assigned ones if none), refused before any request if one is
+        not assigned: seek() would refuse it only after the offsets were looked up."""
+        tps = [_as_tp(p) for p in partitions] or list(self._assigned)
+        for tp in tps:
+            if tp not in self._assigned:
+                raise errors.InvalidRequestError(f"{tp} is not assigned")
+        return tps
+
     def seek_to_beginning(self, *partitions: TopicPartition | tuple[str, int]) -> None:
-        tps = [_as_tp(p) for p in partitions] or self._assigned
+        tps = self._assigned_only(partitions)
         for tp, offset in self._list_offsets(tps, apis.EARLIEST_TIMESTAMP).items():
             self.seek(tp, offset)
 
     def seek_to_end(self, *partitions: TopicPartition | tuple[str, int]) -> None:
-        tps = [_as_tp(p) for p in partitions] or self._assigned
+        tps = self._assigned_only(partitions)
         for tp, offset in self._list_offsets(tps, apis.LATEST_TIMESTAMP).items():
             self.seek(tp, offset)
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """The first offset at or after each timestamp (ms), or -1 where there is none."""
+        if not isinstance(timestamps, Mapping):
+            raise TypeError(f"timestamps must be a dict of partition to ms, got {type(timestamps).__name__}")
+        # Negative timestamps are LIST_OFFSETS' codes for earliest/latest: not times to ask.
+        checked = {_as_tp(tp): int_arg("timestamp", ts, 0, I64_MAX) for tp, ts in timestamps.items()}
         out: dict[TopicPartition, int] = {}
-        for tp, ts in timestamps.items():
-            out.update(self._list_offsets([_as_tp(tp)], ts))
+        for tp, ts in checked.items():
+            out.update(self._list_offsets([tp], ts))
         return out
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[TopicPartition, int]:
-        return self._list_offsets([_as_tp(p) for p in partitions], apis.EARLIEST_TIMESTAMP)
+        return self._list_offsets(_tp_list("partitions", partitions), apis.EARLIEST_TIMESTAMP)
 
     def end_offsets(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[TopicPartition, int]:
-        return self._list_offsets([_as_tp(p) for p in partitions], apis.LATEST_TIMESTAMP)
+        return self._list_offsets(_tp_list("partitions", partitions), apis.LATEST_TIMESTAMP)
 
     def position(self, partition: TopicPartition | tuple[str, int]) -> int:
+        """The offset of the next record ``poll()`` hands out for an assigned partition
+        (InvalidRequestError for one not assigned, as Kafka's IllegalStateException)."""
         tp = _as_tp(partition)
+        if tp not in self._assigned:
+            raise errors.InvalidRequestError(f"{tp} is not assigned")
         if tp not in self._positions:
             self._reset_position(tp)
         return self._positions[tp]
@@ -386,6 +474,7 @@ class Consumer:
         """Whole decoded batches (columns), the fastest way to read. Positions advance past them."""
         if self._tag_filter is not None:
             raise errors.InvalidRequestError("with a tag filter read records with poll(): batches are not filtered")
+        _poll_args(timeout_ms, max_records)
         return self._poll_batches(timeout_ms, max_records)
 
     def _poll_batches(self, timeout_ms: int, max_records: int) -> list[RecordBatch]:
@@ -426,6 +515,7 @@ class Consumer:
         """
         if self._tag_filter is not None:
             raise errors.InvalidRequestError("with a tag filter read records with poll(): raw batches are not filtered")
+        _poll_args(timeout_ms, 1)
         if not self._wait_for_data(timeout_ms):
             return []
         out: list[RawBatch] = []
@@ -443,6 +533,7 @@ class Consumer:
 
     def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
         """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first."""
+        _poll_args(timeout_ms, max_records)
         out: list[Record] = []
         tag_filter = self._tag_filter
         if tag_filter is None:

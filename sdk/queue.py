@@ -34,6 +34,7 @@ from fabric.protocol import apis
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
+from sdk._arguments import I32_MAX, int_arg, optional_str_arg, str_arg
 from sdk._client import Bootstrap, Connections, MetadataClient
 
 log = logging.getLogger("fabric.queue")
@@ -77,6 +78,12 @@ class QueueConsumer:
                  visibility_timeout_ms: int = 0, context: zmq.Context[Any] | None = None,
                  security: ClientSecurity | None = None) -> None:
         # visibility_timeout_ms: 0 takes the queue's (30 s unless it was created otherwise).
+        # Everything is checked before a socket is opened; the ranges are the node's.
+        str_arg("queue", queue)
+        str_arg("group", group)
+        consumer_id = optional_str_arg("consumer_id", consumer_id)
+        int_arg("visibility_timeout_ms", visibility_timeout_ms, -I32_MAX - 1, I32_MAX)
+        meta_bootstrap = Bootstrap(bootstrap)
         if visibility_timeout_ms and not 0 < visibility_timeout_ms <= qp.VISIBILITY_TIMEOUT_MS_MAX:
             raise errors.InvalidVisibilityTimeoutError(
                 f"visibility_timeout_ms {visibility_timeout_ms} outside 1..VISIBILITY_TIMEOUT_MS_MAX "
@@ -86,7 +93,7 @@ class QueueConsumer:
         self.consumer_id = consumer_id or f"{uuid.uuid4().hex[:12]}"
         self.visibility_timeout_ms = visibility_timeout_ms
         self._conns = Connections(context, security=security or FROM_ENV)
-        self._meta = MetadataClient(Bootstrap(bootstrap), self._conns)
+        self._meta = MetadataClient(meta_bootstrap, self._conns)
         self._buffer: deque[QueueMessage] = deque()
         self._polls: dict[str, tuple[int, float]] = {}  # node address -> (correlation id, give-up time)
         self._closed = False
@@ -97,6 +104,8 @@ class QueueConsumer:
     def receive(self, max_messages: int = 10, wait_ms: int = 0) -> list[QueueMessage]:
         """Up to ``max_messages`` messages leased to this consumer; waits up to ``wait_ms``
         (at most RECEIVE_WAIT_MS_MAX, 20 s) for the first one (long polling)."""
+        int_arg("max_messages", max_messages, -I32_MAX - 1, I32_MAX)  # types; the ranges just below
+        int_arg("wait_ms", wait_ms, -I32_MAX - 1, I32_MAX)
         if not 1 <= max_messages <= qp.RECEIVE_MESSAGES_MAX:
             raise errors.InvalidRequestError(
                 f"max_messages {max_messages} outside 1..RECEIVE_MESSAGES_MAX ({qp.RECEIVE_MESSAGES_MAX})")
@@ -263,6 +272,8 @@ class QueueConsumer:
 
     def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
         """Give back: visible again after ``delay_ms`` (or dead-lettered at max_deliveries)."""
+        int_arg("delay_ms", delay_ms, -I32_MAX - 1, I32_MAX)
+        str_arg("reason", reason)
         if not 0 <= delay_ms <= qp.DELAY_MS_MAX:
             raise errors.InvalidDelayError(f"delay_ms {delay_ms} outside 0..DELAY_MS_MAX ({qp.DELAY_MS_MAX} ms)")
         self._settle(_many(messages), qp.ACTION_NACK, delay_ms, reason)
@@ -270,6 +281,8 @@ class QueueConsumer:
     def extend(self, message: QueueMessage, ms: int) -> int:
         """Keep working: the lease now ends ``ms`` from now (SQS ChangeMessageVisibility).
         Returns the new deadline (wall-clock ms)."""
+        int_arg("ms", ms, -I32_MAX - 1, I32_MAX)
+        message = _many(message, single=True)[0]
         if not 0 < ms <= qp.VISIBILITY_TIMEOUT_MS_MAX:
             raise errors.InvalidVisibilityTimeoutError(
                 f"extend by {ms} ms outside 1..VISIBILITY_TIMEOUT_MS_MAX ({qp.VISIBILITY_TIMEOUT_MS_MAX} ms)")
@@ -343,5 +356,16 @@ class QueueConsumer:
         self.close()
 
 
-def _many(messages: QueueMessage | Iterable[QueueMessage]) -> list[QueueMessage]:
-    return [messages] if isinstance(messages, QueueMessage) else list(messages)
+def _many(messages: object, *, single: bool = False) -> list[QueueMessage]:
+    """The messages to settle, each checked to be a QueueMessage (what ``receive`` returned):
+    anything else is refused before a request goes out."""
+    if isinstance(messages, QueueMessage):
+        return [messages]
+    what = "a QueueMessage" if single else "a QueueMessage or a list of them"
+    if single or isinstance(messages, (str, bytes)) or not isinstance(messages, Iterable):
+        raise TypeError(f"expected {what} (as receive() returns), got {type(messages).__name__} {messages!r:.60}")
+    out = list(messages)
+    for m in out:
+        if not isinstance(m, QueueMessage):
+            raise TypeError(f"expected {what} (as receive() returns), found {type(m).__name__} {m!r:.60} in the list")
+    return out
