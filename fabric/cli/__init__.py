@@ -27,15 +27,50 @@ module to ``COMMAND_GROUPS`` below. Nothing else changes.
 
 from __future__ import annotations
 
-import argparse
 import os
+import signal
 import sys
-import traceback
-from collections.abc import Callable
-from types import ModuleType
+from types import FrameType
 
-from fabric import __version__, errors
-from fabric.cli import (
+EXIT_INTERRUPTED_EARLY = 130  # EXIT_INTERRUPTED, before _common (which defines it) is imported
+
+
+def _exit_interrupted(_signum: int, _frame: FrameType | None) -> None:
+    # os._exit, not an exception: a KeyboardInterrupt or SystemExit raised while the
+    # compiler or an import runs can be lost in C code (seen: the command then ran on and
+    # exited 0). Nothing has been written yet, so nothing is lost by not unwinding.
+    os._exit(EXIT_INTERRUPTED_EARLY)
+
+
+def _started_as_fabric() -> bool:
+    """Whether this process is the ``fabric`` command (``python -m fabric``, ``python -m
+    fabric.cli`` or the console script), not a program that imports the CLI (pytest)."""
+    program = sys.modules.get("__main__")
+    spec = getattr(program, "__spec__", None)
+    if spec is not None:
+        return spec.name in ("fabric.__main__", "fabric.cli.__main__")
+    return os.path.basename(getattr(program, "__file__", None) or "") == "fabric"
+
+
+# Ctrl-C while the imports below run (a tenth of a second of every command's start) would
+# otherwise print a KeyboardInterrupt traceback from deep inside some library: exit 130
+# quietly instead, as main() does later. Only in place of Python's own handler (a SIGINT
+# the shell ignores stays ignored), and handed back once the imports are done.
+_SIGINT_AT_IMPORT = signal.getsignal(signal.SIGINT)
+_QUIET_IMPORT = _SIGINT_AT_IMPORT is signal.default_int_handler and _started_as_fabric()
+if _QUIET_IMPORT:
+    try:
+        signal.signal(signal.SIGINT, _exit_interrupted)
+    except ValueError:  # imported from a thread other than the main one: signals are not ours
+        _QUIET_IMPORT = False
+
+import argparse  # noqa: E402 (after the handler, on purpose)
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from types import ModuleType  # noqa: E402
+
+from fabric import __version__, errors  # noqa: E402
+from fabric.cli import (  # noqa: E402
     bench,
     cluster,
     consume,
@@ -48,7 +83,7 @@ from fabric.cli import (
     status,
     topic,
 )
-from fabric.cli._common import (
+from fabric.cli._common import (  # noqa: E402
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -58,6 +93,9 @@ from fabric.cli._common import (
     one_line,
     quiet_libraries,
 )
+
+if _QUIET_IMPORT:
+    signal.signal(signal.SIGINT, _SIGINT_AT_IMPORT)
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
@@ -90,7 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The ``fabric`` command: an exit code, never a traceback (not even for Ctrl-C while
+    arguments are parsed or a command's own imports run)."""
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     # parse_known_args, so a pass-through command (node, bench) receives its own
     # arguments, --help included; every other command still refuses unknown ones.
@@ -134,6 +180,11 @@ def describe_error(exc: Exception, args: argparse.Namespace) -> tuple[str, str, 
         return prefix, exc.message, exc.exit_code
     if isinstance(exc, errors.ConfigError):  # a bad option value, from a flag or a file named by one
         return "fabric", str(exc), EXIT_USAGE
+    if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
+        # Lone surrogates come from bytes of argv that are not UTF-8 (surrogateescape): an
+        # argument without a utf8_text check, still the user's input rather than a bug.
+        bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
+        return f"fabric {args.command}", f"an argument is not valid UTF-8 (near {bad!r})", EXIT_USAGE
     if isinstance(exc, errors.FabricError):
         return "fabric", str(exc), EXIT_ERROR
     if isinstance(exc, OSError):

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
+
+from fabric.limits import I32_MAX, I64_MAX, PARTITIONS_MAX, REPLICATION_FACTOR_MAX
 
 STATE_FILE = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "local.json"
 PROGRESS_INTERVAL_S = 1.0
@@ -26,6 +29,11 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
 EXIT_INTERRUPTED = 130
+
+NODE_ID_MAX: Final[int] = I32_MAX  # node ids are i32 on the wire (and in fabric/config.py)
+# The longest wait a --timeout flag takes: longer is a typo, and stays far below
+# threading.TIMEOUT_MAX, where Event.wait would raise OverflowError.
+TIMEOUT_S_MAX: Final[float] = 7 * 24 * 3600.0
 
 
 class CliError(Exception):
@@ -62,13 +70,19 @@ class Parser(argparse.ArgumentParser):
 
 
 # -- argument types: each refuses a bad value with a message naming what is allowed ----------
-def non_negative_int(text: str) -> int:
+def _whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def non_negative_int(text: str) -> int:
+    value = _whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
+    if value > I64_MAX:  # no count, size or offset of Fabric's is wider than an i64
+        raise argparse.ArgumentTypeError(f"{value} is more than {I64_MAX:,} (an i64)")
     return value
 
 
@@ -79,18 +93,75 @@ def positive_int(text: str) -> int:
     return value
 
 
-def non_negative_float(text: str) -> float:
+def int_in_range(low: int, high: int, limit: str) -> Callable[[str], int]:
+    """An argument type for a whole number in ``low..high``; ``limit`` names the bound (a
+    constant of fabric/limits.py or the wire type), so the message says which knob it is."""
+
+    def parse(text: str) -> int:
+        value = _whole_number(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low:,}..{high:,} ({limit})")
+        return value
+
+    parse.__name__ = f"int_in_range({low}, {high})"  # argparse names the type in some messages
+    return parse
+
+
+def partition_count(text: str) -> int:
+    """How many partitions a topic has: 1 to PARTITIONS_MAX (what CREATE_TOPIC accepts)."""
+    return int_in_range(1, PARTITIONS_MAX, "PARTITIONS_MAX")(text)
+
+
+def partition_index(text: str) -> int:
+    """One partition of a topic: 0 to PARTITIONS_MAX - 1 (no topic has more)."""
+    return int_in_range(0, PARTITIONS_MAX - 1, "a topic has at most PARTITIONS_MAX partitions")(text)
+
+
+def replication_factor(text: str) -> int:
+    return int_in_range(1, REPLICATION_FACTOR_MAX, "REPLICATION_FACTOR_MAX")(text)
+
+
+def node_id(text: str) -> int:
+    return int_in_range(0, NODE_ID_MAX, "node ids are i32")(text)
+
+
+def _finite_number(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:  # also refuses nan
+    if not math.isfinite(value):  # nan and inf pass float() but no wait or deadline can use them
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _finite_number(text)
+    if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not >= 0")
     return value
 
 
+def timeout_seconds(text: str) -> float:
+    """A wait in seconds: more than 0 (0 or less could only time out) and at most a week."""
+    value = _finite_number(text)
+    if not 0 < value <= TIMEOUT_S_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is outside (0, {TIMEOUT_S_MAX:g}] seconds")
+    return value
+
+
+def utf8_text(text: str) -> str:
+    """Text the wire carries as UTF-8. Python hands bytes of argv that are not UTF-8 over as
+    lone surrogates (surrogateescape); they would fail at .encode(), far from the flag."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not valid UTF-8") from None
+    return text
+
+
 def key_value(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
+    name, sep, value = utf8_text(text).partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
     return name, value

@@ -18,6 +18,9 @@ from fabric.cli._common import (
     Parser,
     Progress,
     bootstrap,
+    node_id,
+    non_negative_int,
+    partition_count,
     positive_int,
     quiet_libraries,
     with_bootstrap,
@@ -28,7 +31,7 @@ from fabric.cli._reassign_demo import reassign_demo
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = subparsers.add_parser("up", help="run ZooKeeper and storage nodes locally until Ctrl-C")
-    up.add_argument("--nodes", type=int, default=3, help="storage nodes to start")
+    up.add_argument("--nodes", type=positive_int, default=3, help="storage nodes to start")
     up.add_argument("--data-dir", help="keep data here (default: a temporary dir, removed on exit)")
     up.add_argument("--zk-servers", type=int, default=1, choices=(1, 3, 5),
                     help="ZooKeeper servers: 1, or an ensemble of 3 or 5")
@@ -40,10 +43,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.set_defaults(run=cmd_up)
 
     demo = subparsers.add_parser("demo", help="start a local cluster, produce and consume messages, print a summary")
-    demo.add_argument("--messages", type=int, default=200_000)
-    demo.add_argument("--size", type=int, default=100, help="message size in bytes")
-    demo.add_argument("--partitions", type=int, default=6)
-    demo.add_argument("--nodes", type=int, default=3, help="storage nodes of the demo's cluster")
+    demo.add_argument("--messages", type=positive_int, default=200_000)
+    demo.add_argument("--size", type=non_negative_int, default=100, help="message size in bytes")
+    demo.add_argument("--partitions", type=partition_count, default=6)
+    demo.add_argument("--nodes", type=positive_int, default=3, help="storage nodes of the demo's cluster")
     demo.set_defaults(run=cmd_demo)
 
     # The node parses its own arguments (it is also ``python -m nodes``): pass them through.
@@ -335,7 +338,7 @@ def cmd_node_drain(argv: list[str]) -> int:
     parser = with_bootstrap(Parser(
         prog="fabric node drain",
         description="Move node N's leaderships to other in-sync replicas, then stop it (as SIGTERM does)."))
-    parser.add_argument("node_id", type=positive_int, help="the node to drain")
+    parser.add_argument("node_id", type=node_id, help="the node to drain")
     args = parser.parse_args(argv)
     debug = os.environ.get("FABRIC_DEBUG", "") not in ("", "0")
     quiet_libraries(debug)

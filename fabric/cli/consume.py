@@ -19,8 +19,10 @@ from fabric.cli._common import (
     bootstrap,
     non_negative_int,
     positive_int,
+    utf8_text,
     with_bootstrap,
 )
+from fabric.cli.group import group_id
 
 POLL_TIMEOUT_MS = 500
 
@@ -54,10 +56,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     consume.add_argument("--print-timestamp", action="store_true", help="print the timestamp (ms since the epoch)")
     consume.add_argument("--print-key", action="store_true", help="print the key")
     consume.add_argument("--print-headers", action="store_true", help="print headers as name=value,name=value")
-    consume.add_argument("--null-text", default="(null)", help="what a null key, value or header value prints as")
+    consume.add_argument("--null-text", type=utf8_text, default="(null)", help="what a null key, value or header value prints as")
     consume.add_argument("--progress", action="store_true", help="a progress line on stderr")
-    consume.add_argument("--group", help="join this consumer group: share partitions, resume at committed offsets")
-    consume.add_argument("--tags", help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
+    consume.add_argument("--group", type=group_id,
+                         help="join this consumer group: share partitions, resume at committed offsets")
+    consume.add_argument("--tags", type=utf8_text, help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
     consume.set_defaults(run=cmd_consume)
 
 
@@ -81,7 +84,7 @@ def format_record(record: Any, args: argparse.Namespace) -> bytes:
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
-    if args.group:
+    if args.group is not None:  # never truthiness: --group '' must not mean "no group" (group_id refuses it)
         from fabric.cli.group import consume_in_group
 
         return consume_in_group(args)

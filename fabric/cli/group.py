@@ -5,7 +5,26 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timezone
 
-from fabric.cli._common import bootstrap, with_bootstrap
+from fabric.cli._common import (
+    bootstrap,
+    non_negative_int,
+    partition_index,
+    usage_error,
+    with_bootstrap,
+)
+
+
+def group_id(text: str) -> str:
+    """A consumer group id as the nodes accept it: 1 to 200 characters of [A-Za-z0-9._-].
+    Checked here so an empty one is refused, not read as "no group"."""
+    from fabric import errors
+    from fabric.protocol.groups import check_group_id
+
+    try:
+        check_group_id(text)
+    except errors.FabricError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -13,18 +32,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actions = group.add_subparsers(dest="group_command", required=True)
     with_bootstrap(actions.add_parser("list", help="every group and its state")).set_defaults(run=cmd_list)
     describe = with_bootstrap(actions.add_parser("describe", help="members, assignment, committed offsets and lag"))
-    describe.add_argument("group_id")
+    describe.add_argument("group_id", type=group_id)
     describe.set_defaults(run=cmd_describe)
     reset = with_bootstrap(actions.add_parser("reset-offsets", help="move committed offsets (group must be inactive)"))
-    reset.add_argument("group_id")
+    reset.add_argument("group_id", type=group_id)
     reset.add_argument("--topic", required=True)
     reset.add_argument("--to", required=True, choices=("earliest", "latest", "datetime", "offset"))
-    reset.add_argument("--offset", type=int, help="with --to offset")
+    reset.add_argument("--offset", type=non_negative_int, help="with --to offset")
     reset.add_argument("--datetime", help="with --to datetime: ISO 8601, e.g. 2026-11-22T20:00:00Z")
-    reset.add_argument("--partition", type=int, action="append", help="only these partitions (repeatable)")
+    reset.add_argument("--partition", type=partition_index, action="append",
+                       help="only these partitions (repeatable)")
     reset.set_defaults(run=cmd_reset)
     delete = with_bootstrap(actions.add_parser("delete", help="delete a group and its offsets (must be inactive)"))
-    delete.add_argument("group_id")
+    delete.add_argument("group_id", type=group_id)
     delete.set_defaults(run=cmd_delete)
 
 
@@ -66,16 +86,18 @@ def cmd_reset(args: argparse.Namespace) -> int:
     timestamp_ms = None
     if args.to == "datetime":
         if not args.datetime:
-            raise SystemExit("--to datetime needs --datetime (ISO 8601)")
+            raise usage_error("--to datetime needs --datetime (ISO 8601)")
         try:
             moment = datetime.fromisoformat(args.datetime.replace("Z", "+00:00"))
         except ValueError:
-            raise SystemExit(f"--datetime {args.datetime!r} is not ISO 8601") from None
+            raise usage_error(f"--datetime {args.datetime!r} is not ISO 8601") from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=timezone.utc)
         timestamp_ms = int(moment.timestamp() * 1000)
-    if args.to == "offset" and (args.offset is None or args.offset < 0):
-        raise SystemExit("--to offset needs --offset N (N >= 0)")
+        if timestamp_ms < 0:  # LIST_OFFSETS reads a negative timestamp as earliest/latest
+            raise usage_error(f"--datetime {args.datetime!r} is before 1970")
+    if args.to == "offset" and args.offset is None:
+        raise usage_error("--to offset needs --offset N (N >= 0)")
     with Admin(bootstrap(args)) as admin:
         done = admin.reset_offsets(args.group_id, args.topic, to=args.to, offset=args.offset,
                                    timestamp_ms=timestamp_ms, partitions=args.partition)
@@ -104,11 +126,11 @@ def consume_in_group(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
     if args.partition is not None:
-        raise SystemExit("--group and --partition exclude each other: the group assigns partitions")
+        raise usage_error("--group and --partition exclude each other: the group assigns partitions")
     reset = args.from_offset if args.from_offset in ("earliest", "latest") else None
     if reset is None:
-        raise SystemExit("with --group, --from-offset is where a partition without a committed offset starts: "
-                         "earliest or latest")
+        raise usage_error("with --group, --from-offset is where a partition without a committed offset starts: "
+                          "earliest or latest")
     out = sys.stdout.buffer
     remaining = args.max_messages
     with Consumer(bootstrap(args), group_id=args.group, auto_offset_reset=reset, enable_auto_commit=False,

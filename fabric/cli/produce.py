@@ -17,20 +17,43 @@ from fabric.cli._common import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_USAGE,
+    I32_MAX,
     CliError,
     Progress,
     bootstrap,
+    int_in_range,
     key_value,
     non_negative_float,
     non_negative_int,
-    positive_int,
     usage_error,
+    utf8_text,
     with_bootstrap,
 )
-from fabric.limits import MESSAGE_BYTES_MAX_DEFAULT
+from fabric.limits import BATCH_UNCOMPRESSED_BYTES_MAX, MESSAGE_BYTES_MAX_DEFAULT
+from fabric.protocol import batch as batch_format
 
 BATCH_BYTES_MAX_DEFAULT = 256 * 1024  # the SDK's default, shown in --help
 DELIVERY_TIMEOUT_MS_DEFAULT = 120_000
+# No batch or record is larger than what a batch may hold uncompressed, whatever the topic.
+batch_bytes = int_in_range(1, BATCH_UNCOMPRESSED_BYTES_MAX, "BATCH_UNCOMPRESSED_BYTES_MAX")
+delivery_timeout_ms = int_in_range(1, I32_MAX, "an i32 of milliseconds")
+
+
+def header(text: str) -> tuple[str, str]:
+    """``--header NAME=VALUE``: valid UTF-8, a name the batch format can carry."""
+    name, value = key_value(text)
+    name_bytes = len(name.encode("utf-8"))
+    if name_bytes > batch_format.HEADER_NAME_BYTES_MAX:  # a u16 length in the records section (PROTOCOL.md 4.2)
+        raise argparse.ArgumentTypeError(f"header name of {name_bytes:,} bytes: at most "
+                                         f"{batch_format.HEADER_NAME_BYTES_MAX:,}")
+    return name, value
+
+
+def key_separator(text: str) -> str:
+    if not utf8_text(text):
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ))
     produce.add_argument("topic", help="topic to send to")
     produce.add_argument("--file", "-f", help="read lines from this file instead of stdin")
-    produce.add_argument("--key-sep", help="split each line into key and value at the first SEP (no SEP: null key)")
-    produce.add_argument("--header", action="append", type=key_value, default=[], metavar="NAME=VALUE",
+    produce.add_argument("--key-sep", type=key_separator, help="split each line into key and value at the first SEP (no SEP: null key)")
+    produce.add_argument("--header", action="append", type=header, default=[], metavar="NAME=VALUE",
                          help="add this header to every record (repeatable)")
     produce.add_argument("--partition", type=non_negative_int, help="send every record to this partition "
                          "(default: by key hash; records without a key fill one partition at a time)")
@@ -49,12 +72,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          help="all: every in-sync replica has it; 1: the leader has it; 0: do not wait")
     produce.add_argument("--compression", default="lz4", choices=("lz4", "none"), help="batch compression")
     produce.add_argument("--linger-ms", type=non_negative_float, default=5, help="how long a batch waits to fill")
-    produce.add_argument("--batch-bytes-max", type=positive_int, default=BATCH_BYTES_MAX_DEFAULT,
+    produce.add_argument("--batch-bytes-max", type=batch_bytes, default=BATCH_BYTES_MAX_DEFAULT,
                          help="a batch closes at this many bytes (a larger record gets a batch of its own)")
-    produce.add_argument("--record-bytes-max", type=positive_int, default=MESSAGE_BYTES_MAX_DEFAULT,
+    produce.add_argument("--record-bytes-max", type=batch_bytes, default=MESSAGE_BYTES_MAX_DEFAULT,
                          help="refuse input lines longer than this; the topic's message_bytes_max is the "
                               "cluster's limit")
-    produce.add_argument("--delivery-timeout-ms", type=positive_int, default=DELIVERY_TIMEOUT_MS_DEFAULT,
+    produce.add_argument("--delivery-timeout-ms", type=delivery_timeout_ms, default=DELIVERY_TIMEOUT_MS_DEFAULT,
                          help="give up on a record not acknowledged within this long")
     produce.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
     produce.add_argument("--quiet", "-q", action="store_true", help="no progress line")
@@ -73,9 +96,11 @@ def _open_source(path: str | None) -> contextlib.AbstractContextManager[IO[bytes
 def cmd_produce(args: argparse.Namespace) -> int:
     from sdk import Producer
 
-    if args.key_sep == "":
-        raise usage_error("argument --key-sep: must not be empty")
-    sep = args.key_sep.encode() if args.key_sep else None
+    if args.linger_ms >= args.delivery_timeout_ms:
+        # Every record would expire while its batch still waits to fill.
+        raise usage_error(f"argument --linger-ms: {args.linger_ms:g} is not less than --delivery-timeout-ms "
+                          f"({args.delivery_timeout_ms})")
+    sep = args.key_sep.encode() if args.key_sep is not None else None
     headers = [(name, value.encode()) for name, value in args.header] or None
     source_cm = _open_source(args.file)  # before connecting: a bad path is a usage error
     spec = bootstrap(args)
@@ -119,6 +144,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
             except errors.FabricError as exc:
                 stopped = exc
                 break
+            except (ValueError, TypeError) as exc:
+                # The SDK refuses, before queueing, what it could not encode (a header the
+                # checks above let through, a value it cannot carry): the input's fault.
+                stopped = CliError(str(exc), EXIT_USAGE)
+                break
             sent += 1
             progress.add(1)
             if failures:
@@ -138,6 +168,7 @@ def _report(sent: int, delivered: int, failures: list[BaseException], stopped: B
     if stopped is not None:
         summary += ", input not read to the end"
     if delivered == 0:
-        raise CliError(f"{what} ({summary})")
+        usage = isinstance(stopped, CliError) and stopped.exit_code == EXIT_USAGE and not failures
+        raise CliError(f"{what} ({summary})", EXIT_USAGE if usage else EXIT_ERROR)
     print(f"fabric: error: {what} ({summary})", file=sys.stderr)
     return EXIT_PARTIAL if delivered else EXIT_ERROR

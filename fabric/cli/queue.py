@@ -8,7 +8,9 @@ import sys
 from fabric.cli._common import (
     bootstrap,
     non_negative_int,
+    partition_count,
     positive_int,
+    replication_factor,
     usage_error,
     with_bootstrap,
 )
@@ -21,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     qsub = queue.add_subparsers(dest="queue_command", required=True)
     create = with_bootstrap(qsub.add_parser("create", help="create a queue (a topic kept until consumed)"))
     create.add_argument("name", help="1 to 200 characters of [A-Za-z0-9._-]")
-    create.add_argument("--partitions", "-p", type=positive_int, default=1, help="number of partitions")
-    create.add_argument("--replication-factor", "-r", type=positive_int, default=3, help="copies of each partition")
+    create.add_argument("--partitions", "-p", type=partition_count, default=1, help="number of partitions")
+    create.add_argument("--replication-factor", "-r", type=replication_factor, default=3,
+                        help="copies of each partition")
     create.add_argument("--visibility-timeout-ms", type=positive_int, default=qp.VISIBILITY_TIMEOUT_MS_DEFAULT,
                         help=f"how long a received message stays leased (default 30 s, at most "
                              f"{qp.VISIBILITY_TIMEOUT_MS_MAX} ms = 12 h)")

@@ -12,7 +12,15 @@ import argparse
 import json
 from typing import Any
 
-from fabric.cli._common import CliError, non_negative_int, usage_error
+from fabric.cli._common import (
+    NODE_ID_MAX,
+    CliError,
+    non_negative_int,
+    partition_index,
+    timeout_seconds,
+    usage_error,
+)
+from fabric.limits import PARTITIONS_MAX
 
 REASSIGN_WAIT_S_DEFAULT = 600.0
 PLAN_PARTITIONS_MAX = 10_000
@@ -22,7 +30,7 @@ def add_parser(tsub: argparse._SubParsersAction[argparse.ArgumentParser], with_b
     move = with_bootstrap(tsub.add_parser(
         "reassign", help="move partitions to other nodes (new replicas catch up, then the old ones go)"))
     move.add_argument("name", nargs="?", help="topic (or give --plan)")
-    move.add_argument("--partition", type=non_negative_int, help="the partition to move")
+    move.add_argument("--partition", type=partition_index, help="the partition to move")
     move.add_argument("--replicas", type=_node_list, help="the new replica node ids, e.g. 1,2,4 (first = preferred leader)")
     move.add_argument("--plan", metavar="FILE", help='JSON: {"partitions": [{"topic", "partition", "replicas"}, ...]}')
     move.add_argument("--throttle-bytes-per-s", type=non_negative_int, default=0, metavar="BYTES",
@@ -33,7 +41,7 @@ def add_parser(tsub: argparse._SubParsersAction[argparse.ArgumentParser], with_b
     move.add_argument("--cancel", action="store_true",
                       help="stop the running move of TOPIC --partition P (or of each plan entry): new replicas go")
     move.add_argument("--wait", action="store_true", help="return only once every move has finished")
-    move.add_argument("--timeout", type=float, default=REASSIGN_WAIT_S_DEFAULT, metavar="SECONDS",
+    move.add_argument("--timeout", type=timeout_seconds, default=REASSIGN_WAIT_S_DEFAULT, metavar="SECONDS",
                       help=f"with --wait: give up after this long (default {REASSIGN_WAIT_S_DEFAULT:g})")
 
 
@@ -44,6 +52,9 @@ def _node_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected node ids like 1,2,4, got {text!r}") from None
     if not nodes or any(n < 0 for n in nodes):
         raise argparse.ArgumentTypeError(f"expected node ids like 1,2,4, got {text!r}")
+    too_large = [n for n in nodes if n > NODE_ID_MAX]
+    if too_large:  # node ids are i32 on the wire
+        raise argparse.ArgumentTypeError(f"node id {too_large[0]} is more than {NODE_ID_MAX:,} (node ids are i32)")
     return nodes
 
 
@@ -62,12 +73,13 @@ def read_plan(path: str) -> list[tuple[str, int, list[int]]]:
     moves = []
     for i, row in enumerate(rows):
         ok = (isinstance(row, dict) and isinstance(row.get("topic"), str)
-              and isinstance(row.get("partition"), int) and row["partition"] >= 0
+              and isinstance(row.get("partition"), int) and 0 <= row["partition"] < PARTITIONS_MAX
               and isinstance(row.get("replicas"), list) and row["replicas"]
-              and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in row["replicas"]))
+              and all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= NODE_ID_MAX
+                      for r in row["replicas"]))
         if not ok:
-            raise CliError(f"plan {path}: entry {i} needs topic (string), partition (>= 0) and replicas "
-                           "(a list of node ids)")
+            raise CliError(f"plan {path}: entry {i} needs topic (string), partition (0 to {PARTITIONS_MAX - 1}) "
+                           f"and replicas (a list of node ids, 0 to {NODE_ID_MAX})")
         moves.append((row["topic"], row["partition"], list(row["replicas"])))
     return moves
 

@@ -17,7 +17,16 @@ import time
 
 from fabric import errors
 from fabric.cli import security as security_cli
-from fabric.cli._common import bootstrap, positive_int, with_bootstrap
+from fabric.cli._common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    I32_MAX,
+    bootstrap,
+    int_in_range,
+    positive_int,
+    utf8_text,
+    with_bootstrap,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,24 +42,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     credential.set_defaults(run=cmd_service_credential)
 
     request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"))
-    request.add_argument("name")
-    request.add_argument("payload", help="the request body (UTF-8); '-' reads stdin")
+    request.add_argument("name", type=utf8_text)
+    request.add_argument("payload", type=utf8_text, help="the request body (UTF-8); '-' reads stdin")
     request.add_argument("--timeout-ms", type=positive_int, default=5_000)
     request.add_argument("--idempotent", action="store_true", help="allow retries on another instance")
-    request.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    request.add_argument("--header", action="append", type=utf8_text, default=[], metavar="NAME=VALUE")
     request.add_argument("--show-instance", action="store_true", help="print the answering instance on stderr")
     request.set_defaults(run=cmd_request)
 
     subscribe = with_bootstrap(subparsers.add_parser("subscribe", help="print direct-plane messages matching a pattern"))
-    subscribe.add_argument("pattern", help="subject pattern: tokens split by '.', '*' one token, '>' the rest")
-    subscribe.add_argument("--max-messages", type=int)
+    subscribe.add_argument("pattern", type=utf8_text, help="subject pattern: tokens split by '.', '*' one token, '>' the rest")
+    subscribe.add_argument("--max-messages", type=positive_int, help="stop after this many")
     subscribe.add_argument("--timeout-ms", type=positive_int, help="stop after this long without a message")
     subscribe.set_defaults(run=cmd_subscribe)
 
     publish = with_bootstrap(subparsers.add_parser("publish", help="publish one direct-plane message"))
-    publish.add_argument("subject")
-    publish.add_argument("payload")
-    publish.add_argument("--wait-ms", type=int, default=500,
+    publish.add_argument("subject", type=utf8_text)
+    publish.add_argument("payload", type=utf8_text)
+    publish.add_argument("--wait-ms", type=int_in_range(0, I32_MAX, "an i32 of milliseconds"), default=500,
                          help="wait this long for subscribers to connect first (PUB/SUB drops until then)")
     publish.set_defaults(run=cmd_publish)
 
@@ -148,6 +157,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     count = 0
     lost = 0
+    interrupted = False
     try:
         subscription = client.subscribe(args.pattern)
         try:
@@ -161,13 +171,15 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
                 out.flush()
                 count += 1
         except KeyboardInterrupt:
-            pass
+            # Stop reading but still report the lost count below; then exit 130, as
+            # `consume --follow` and `queue receive` do (docs/PROTOCOL.md section 13).
+            interrupted = True
         lost = subscription.lost
     finally:
         client.close()
     if lost:
         print(f"{lost} messages lost (dropped or gaps)", file=sys.stderr)
-    return 0
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabric.cli._common import bootstrap, with_bootstrap
+from fabric.cli._common import bootstrap, timeout_seconds, usage_error, with_bootstrap
 from fabric.cli._queue_status import add_queues, queue_lines
 
 ZK_CONNECT_TIMEOUT_S = 5.0
@@ -30,15 +30,15 @@ EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 EXIT_UNREACHABLE = 3
 LIST_OFFSETS_TIMEOUT_MS = 3_000
-LISTED_PARTITIONS_MAX = 20
-GROUPS_DESCRIBED_MAX = 50  # beyond this, `fabric group list` is the tool  # the text screen lists this many problem partitions, then counts the rest
+LISTED_PARTITIONS_MAX = 20  # the text screen lists this many problem partitions, then counts the rest
+GROUPS_DESCRIBED_MAX = 50  # beyond this, `fabric group list` is the tool
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = with_bootstrap(subparsers.add_parser(
         "status", help="nodes, controller and partition health on one screen; exit 1 when unhealthy"))
     status.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
-    status.add_argument("--timeout", type=float, default=ZK_CONNECT_TIMEOUT_S, metavar="SECONDS",
+    status.add_argument("--timeout", type=timeout_seconds, default=ZK_CONNECT_TIMEOUT_S, metavar="SECONDS",
                         help=f"how long to wait for ZooKeeper (default {ZK_CONNECT_TIMEOUT_S:g})")
     status.add_argument("--no-groups", action="store_true",
                         help="skip consumer groups and queues (asked from the nodes)")
@@ -85,8 +85,8 @@ class Status:
 def _zk_hosts(bootstrap_value: str) -> str:
     parts = [p.strip() for p in bootstrap_value.split(",") if p.strip()]
     if not parts or not parts[0].startswith("zk://"):
-        raise SystemExit("fabric status reads ZooKeeper: pass --bootstrap zk://HOST:PORT[/chroot] "
-                         f"(got {bootstrap_value!r})")
+        raise usage_error("fabric status reads ZooKeeper: pass --bootstrap zk://HOST:PORT[/chroot] "
+                          f"(got {bootstrap_value!r})")
     return ",".join(p.removeprefix("zk://") for p in parts)
 
 
@@ -310,19 +310,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     logging.getLogger("kazoo.client").setLevel(logging.ERROR)
     hosts = _zk_hosts(bootstrap(args, check=False))
     zk = KazooClient(hosts=hosts, timeout=max(args.timeout, 1.0), connection_retry={"max_tries": 1})
+    close = True
     try:
         try:
             zk.start(timeout=args.timeout)
             status = collect(zk, hosts, timeout_s=args.timeout)
-        except (KazooTimeoutError, KazooException, TimeoutError) as exc:
-            reason = f"ZooKeeper at {hosts} did not answer within {args.timeout:g} s ({type(exc).__name__})"
-            if args.json:
+        except (KazooTimeoutError, KazooException, TimeoutError):
+            reason = f"ZooKeeper at {hosts} did not answer within {args.timeout:g} s"
+            if args.json:  # scripts reading stdout get an answer too
                 print(json.dumps({"healthy": False, "zookeeper": hosts, "problems": [reason]}))
-            else:
-                print(f"error: {reason}", file=sys.stderr)
+            # Not a CliError: its exit code is 3 (documented: "the cluster cannot be asked"),
+            # its line the one every failure has (docs/PROTOCOL.md section 13).
+            print(f"fabric: error: {reason}", file=sys.stderr)
             return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        # Ctrl-C exits now: closing would wait for kazoo's connection thread, which can sit
+        # in a connect attempt for up to --timeout; its threads are daemons and die with us.
+        close = False
+        raise
     finally:
-        zkl.close_client(zk)
+        if close:
+            zkl.close_client(zk)
     if not args.no_groups:
         add_groups(status, bootstrap(args))
         add_queues(status, bootstrap(args), LIST_OFFSETS_TIMEOUT_MS)

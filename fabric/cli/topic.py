@@ -6,7 +6,14 @@ import argparse
 from typing import Any
 
 from fabric.cli import reassign
-from fabric.cli._common import bootstrap, key_value, positive_int, with_bootstrap
+from fabric.cli._common import (
+    bootstrap,
+    key_value,
+    partition_count,
+    replication_factor,
+    utf8_text,
+    with_bootstrap,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,8 +22,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     create = with_bootstrap(tsub.add_parser("create", help="create a topic"))
     create.add_argument("name", help="1 to 200 characters of [A-Za-z0-9._-]")
-    create.add_argument("--partitions", "-p", type=positive_int, default=1, help="number of partitions")
-    create.add_argument("--replication-factor", "-r", type=positive_int, default=3,
+    create.add_argument("--partitions", "-p", type=partition_count, default=1, help="number of partitions")
+    create.add_argument("--replication-factor", "-r", type=replication_factor, default=3,
                         help="copies of each partition (at most the number of live nodes)")
     create.add_argument("--config", "-c", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                         help="topic config, repeatable: retention_ms, retention_bytes, message_bytes_max, "
@@ -30,9 +37,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     delete.add_argument("name", help="topic")
     grow = with_bootstrap(tsub.add_parser("add-partitions", help="grow a topic to N partitions"))
     grow.add_argument("name", help="topic")
-    grow.add_argument("--partitions", "-p", type=positive_int, required=True, help="the new total")
+    grow.add_argument("--partitions", "-p", type=partition_count, required=True, help="the new total")
     elect = with_bootstrap(tsub.add_parser("elect-leaders", help="move leaders back to the preferred replicas"))
-    elect.add_argument("names", nargs="*", help="topics (default: all)")
+    elect.add_argument("names", nargs="*", type=utf8_text, help="topics (default: all)")
     reassign.add_parser(tsub, with_bootstrap)
 
 
@@ -69,6 +76,10 @@ def cmd_topic(args: argparse.Namespace) -> int:
         elif args.topic_command == "reassign":
             return reassign.cmd_reassign(admin, args)
         elif args.topic_command == "elect-leaders":
+            if args.names:
+                # The controller skips a name it does not know ("moved 0"): a typo would pass
+                # for success. Ask first, so an unknown topic fails as in `topic describe`.
+                admin.describe_topics(args.names)
             moved = admin.elect_preferred_leaders(args.names or None)
             print(f"moved leadership of {moved} partitions back to their preferred replicas")
     return 0

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,10 +97,32 @@ def free_port() -> int:
     (("consume",), "required"),
     (("request", "svc", "hi", "--timeout-ms", "-5"), "--timeout-ms"),
     (("node", "drain", "two"), "node_id"),
+    # Values the wire cannot carry: refused while parsing, not an "internal error" later.
+    (("topic", "create", "x", "--partitions", "99999999999999999999"), "PARTITIONS_MAX"),
+    (("topic", "create", "x", "--replication-factor", "70000"), "REPLICATION_FACTOR_MAX"),
+    (("topic", "add-partitions", "T", "--partitions", "99999999999"), "PARTITIONS_MAX"),
+    (("topic", "reassign", "T", "--partition", "0", "--replicas", "99999999999,2,3"), "node ids are i32"),
+    (("status", "--timeout", "nan"), "--timeout"),
+    (("status", "--timeout", "inf"), "--timeout"),
+    (("status", "--timeout", "0"), "--timeout"),
+    (("status", "--timeout", "-1"), "--timeout"),
+    (("produce", "T", "--header", "\udcff=v"), "--header"),  # argv byte 0xff: not UTF-8
+    (("produce", "T", "--key-sep", "\udcff"), "--key-sep"),
+    (("consume", "T", "--group", ""), "--group"),
 ])
 def test_bad_flag_values_are_usage_errors(fabric: Fabric, topic: str, args: tuple[str, ...], needle: str) -> None:
     args = tuple(topic if a == "T" else a for a in args)
     assert_one_line_error(fabric(*args), 2, needle)
+
+
+def test_a_header_name_longer_than_a_str_is_a_usage_error(fabric: Fabric, topic: str) -> None:
+    result = fabric("produce", topic, "--header", "n" * 70_000 + "=v", stdin=b"x\n")
+    assert_one_line_error(result, 2, "header name of 70,000 bytes")
+
+
+def test_status_reads_zookeeper_only(fabric: Fabric, cluster: LocalCluster) -> None:
+    node = cluster.bootstrap if not cluster.bootstrap.startswith("zk://") else "tcp://127.0.0.1:1"
+    assert_one_line_error(fabric("status", "-b", node), 2, "fabric status: error:", "zk://HOST:PORT")
 
 
 def test_http_bootstrap_with_input_fails_fast(fabric: Fabric, topic: str) -> None:
@@ -150,6 +173,18 @@ def test_unknown_topic_and_partition(fabric: Fabric, topic: str) -> None:
     assert_one_line_error(fabric("produce", "no-such-topic", stdin=b"x\n"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
     assert_one_line_error(fabric("consume", "no-such-topic"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
     assert_one_line_error(fabric("produce", topic, "--partition", "9", stdin=b"x\n"), 1, "no partition 9")
+
+
+def test_elect_leaders_of_an_unknown_topic(fabric: Fabric, topic: str) -> None:
+    # As `topic describe`: an unknown name fails, rather than "moved 0" and exit 0.
+    assert_one_line_error(fabric("topic", "elect-leaders", "no-such-topic"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
+    assert_one_line_error(fabric("topic", "elect-leaders", topic, "no-such-topic"), 1, "no-such-topic")
+    assert fabric("topic", "elect-leaders", topic).code == 0
+
+
+def test_status_with_zookeeper_down_is_one_line_and_exit_3(fabric: Fabric) -> None:
+    result = fabric("status", "-b", f"zk://127.0.0.1:{free_port()}", "--timeout", "1")
+    assert_one_line_error(result, 3, "fabric: error: ZooKeeper at", "did not answer within 1 s")
 
 
 def test_refused_topic_names(fabric: Fabric) -> None:
@@ -206,3 +241,72 @@ def test_one_megabyte_line(fabric: Fabric, cluster: LocalCluster, topic_name: st
     result = fabric("produce", topic_name, stdin=b"small\n" + line + b"\n")
     assert (result.code, result.stderr) == (0, "")
     assert fabric("consume", topic_name).stdout == b"small\n" + line + b"\n"
+
+
+# -- Ctrl-C: exit 130, quietly, whenever it comes ------------------------------------------
+@pytest.fixture
+def silent_zookeeper() -> Iterator[str]:
+    """A ZooKeeper address that accepts connections and never answers: a command waits on
+    it for as long as it waits on ZooKeeper, so Ctrl-C finds it running."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        yield f"zk://127.0.0.1:{server.getsockname()[1]}"
+
+
+def interrupt(argv: list[str], after_import: str, extra_delay_s: float, tmp_path: Path) -> tuple[int, str]:
+    """Run ``python -m fabric ARGV``, send SIGINT once the module ``after_import`` has been
+    imported (``-X importtime`` reports each import as it completes) plus ``extra_delay_s``,
+    and return the exit code and stderr without the import report. Keyed to imports, not
+    to a delay alone, so the signal lands in Fabric's start on a slow machine too (not in
+    the interpreter's own start, which no code of Fabric's can guard)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FABRIC_HOME": str(tmp_path)}
+    env.pop("FABRIC_DEBUG", None)
+    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "fabric", *argv], cwd=tmp_path, env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    seen: list[str] = []
+    try:
+        for raw in process.stderr:
+            line = raw.decode(errors="replace")
+            seen.append(line)
+            if line.split("|")[-1].strip() == after_import:
+                break
+        time.sleep(extra_delay_s)
+        process.send_signal(signal.SIGINT)
+        rest = process.communicate(timeout=COMMAND_TIMEOUT_S)[1].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stderr = "".join(seen) + rest
+    return process.returncode, "".join(line for line in stderr.splitlines(keepends=True)
+                                       if not line.startswith("import time:"))
+
+
+INTERRUPTED_CODES = (130, -signal.SIGINT)  # both are $? = 130 in a shell
+
+
+@pytest.mark.parametrize("after_import", ["fabric.errors", "fabric.cli._common", "fabric.cli.security"])
+@pytest.mark.parametrize("extra_delay_s", [0.0, 0.05])
+@pytest.mark.parametrize("command", [["status", "--timeout", "60"], ["topic", "list"], ["group", "list"]])
+def test_ctrl_c_while_starting_exits_130_without_a_traceback(silent_zookeeper: str, tmp_path: Path,
+                                                             command: list[str], after_import: str,
+                                                             extra_delay_s: float) -> None:
+    code, stderr = interrupt([*command, "-b", silent_zookeeper], after_import, extra_delay_s, tmp_path)
+    # 130, or killed by the SIGINT itself, which a shell reports as 130 too (seen once in
+    # 18: the signal met the interpreter past the last point Python code could catch it).
+    assert code in INTERRUPTED_CODES, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) <= 1, stderr
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 0.2, 0.3, 1.0])
+def test_ctrl_c_while_status_waits_for_zookeeper(silent_zookeeper: str, tmp_path: Path, delay_s: float) -> None:
+    # Imports done or not, the answer is the same; status must not wait out --timeout either.
+    code, stderr = interrupt(["status", "--timeout", "60", "-b", silent_zookeeper], "fabric.cli", delay_s, tmp_path)
+    assert code in INTERRUPTED_CODES and "Traceback" not in stderr, stderr
+
+
+def test_ctrl_c_ends_subscribe_with_130(cluster: LocalCluster, tmp_path: Path) -> None:
+    code, stderr = interrupt(["subscribe", "cli-errors.*", "-b", cluster.bootstrap], "fabric.cli", 1.0, tmp_path)
+    assert code == 130 and "Traceback" not in stderr, stderr

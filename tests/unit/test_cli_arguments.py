@@ -1,0 +1,105 @@
+"""The ``fabric`` command line refuses bad flag values while parsing: one line, exit 2
+(docs/PROTOCOL.md section 13), never an "internal error" from an encoder further on. No
+cluster: argparse alone, and the pure pieces of the error mapping."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from fabric.cli import build_parser, describe_error
+from fabric.cli._common import EXIT_ERROR, EXIT_USAGE, CliError
+from fabric.cli.produce import _report
+from fabric.limits import PARTITIONS_MAX, REPLICATION_FACTOR_MAX
+
+NOT_UTF8 = b"\xff".decode("utf-8", "surrogateescape")  # what Python makes of a non-UTF-8 argv byte
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one stderr line of a usage error (exit 2) for ``argv``."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_known_args(argv)
+    assert exit_info.value.code == EXIT_USAGE
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fabric ") and ": error: " in lines[0], lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["topic", "create", "x", "--partitions", "99999999999999999999"], "PARTITIONS_MAX"),
+    (["topic", "create", "x", "--partitions", str(PARTITIONS_MAX + 1)], "PARTITIONS_MAX"),
+    (["topic", "create", "x", "--replication-factor", "70000"], "REPLICATION_FACTOR_MAX"),
+    (["topic", "create", "x", "-r", str(REPLICATION_FACTOR_MAX + 1)], "REPLICATION_FACTOR_MAX"),
+    (["topic", "add-partitions", "t1", "--partitions", "99999999999"], "--partitions"),
+    (["topic", "reassign", "t1", "--partition", "0", "--replicas", "99999999999,2,3"], "node ids are i32"),
+    (["topic", "reassign", "t1", "--partition", "99999999999", "--replicas", "1,2,3"], "--partition"),
+    (["topic", "reassign", "t1", "--partition", "0", "--replicas", "1", "--throttle-bytes-per-s", "1" + "0" * 30],
+     "i64"),
+    (["topic", "reassign", "t1", "--partition", "0", "--replicas", "1", "--wait", "--timeout", "nan"], "--timeout"),
+    (["queue", "create", "q", "--partitions", "99999999999"], "PARTITIONS_MAX"),
+    (["queue", "create", "q", "--replication-factor", "70000"], "REPLICATION_FACTOR_MAX"),
+    (["status", "--timeout", "nan"], "not a finite number"),
+    (["status", "--timeout", "inf"], "not a finite number"),
+    (["status", "--timeout", "0"], "--timeout"),
+    (["status", "--timeout", "-1"], "--timeout"),
+    (["produce", "t1", "--header", f"{NOT_UTF8}=v"], "--header"),
+    (["produce", "t1", "--header", f"n={NOT_UTF8}"], "not valid UTF-8"),
+    (["produce", "t1", "--key-sep", NOT_UTF8], "--key-sep"),
+    (["produce", "t1", "--key-sep", ""], "must not be empty"),
+    (["produce", "t1", "--header", "n" * 70_000 + "=v"], "header name of 70,000 bytes"),
+    (["produce", "t1", "--linger-ms", "inf"], "--linger-ms"),
+    (["produce", "t1", "--delivery-timeout-ms", "99999999999999"], "--delivery-timeout-ms"),
+    (["consume", "t1", "--group", ""], "--group"),
+    (["consume", "t1", "--group", "a/b"], "--group"),
+    (["group", "describe", ""], "group id"),
+    (["group", "reset-offsets", "g", "--topic", "t", "--to", "earliest", "--partition", "99999999999"], "--partition"),
+    (["subscribe", "a.*", "--max-messages", "-1"], "--max-messages"),
+    (["publish", "a.b", "x", "--wait-ms", "-1"], "--wait-ms"),
+    (["request", "svc", NOT_UTF8], "not valid UTF-8"),
+])
+def test_bad_values_are_refused_while_parsing(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert needle in refused(argv, capsys)
+
+
+def test_node_drain_refuses_a_node_id_wider_than_i32(capsys: pytest.CaptureFixture[str]) -> None:
+    from fabric.cli.cluster import cmd_node_drain
+
+    with pytest.raises(SystemExit) as exit_info:
+        cmd_node_drain(["99999999999"])
+    assert exit_info.value.code == EXIT_USAGE and "node ids are i32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "attribute", "value"), [
+    (["topic", "create", "x", "--partitions", str(PARTITIONS_MAX), "-r", str(REPLICATION_FACTOR_MAX)],
+     "partitions", PARTITIONS_MAX),
+    (["topic", "reassign", "t1", "--partition", "0", "--replicas", "0,2147483647"], "replicas", [0, 2**31 - 1]),
+    (["status", "--timeout", "0.5"], "timeout", 0.5),
+    (["produce", "t1", "--header", "n" * 65_535 + "=v", "--key-sep", "é"], "key_sep", "é"),
+    (["consume", "t1", "--group", "billing-1"], "group", "billing-1"),
+])
+def test_the_edges_of_each_range_are_accepted(argv: list[str], attribute: str, value: object) -> None:
+    args, rest = build_parser().parse_known_args(argv)
+    assert rest == [] and getattr(args, attribute) == value
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error_wherever_it_fails() -> None:
+    # The safety net for an argument without a utf8_text check: its .encode() fails.
+    try:
+        f"topic-{NOT_UTF8}".encode()
+    except UnicodeEncodeError as exc:
+        prefix, message, code = describe_error(exc, argparse.Namespace(command="topic"))
+    assert (prefix, code) == ("fabric topic", EXIT_USAGE) and "not valid UTF-8" in message
+
+
+def test_a_bug_is_still_an_internal_error() -> None:
+    prefix, message, code = describe_error(ValueError("boom"), argparse.Namespace(command="topic"))
+    assert (prefix, code) == ("fabric", EXIT_ERROR) and message.startswith("internal error ValueError")
+
+
+def test_a_record_the_sdk_refuses_before_anything_was_delivered_is_a_usage_error() -> None:
+    # cmd_produce turns a ValueError/TypeError from Producer.send into this stop.
+    stopped = CliError("header name of 70000 bytes: at most 65535", EXIT_USAGE)
+    with pytest.raises(CliError) as error:
+        _report(0, 0, [], stopped)
+    assert error.value.exit_code == EXIT_USAGE and "0 of 0 records delivered" in error.value.message
