@@ -131,9 +131,11 @@ def _tp_list(name: str, partitions: object) -> list[TopicPartition]:
     return [_as_tp(p) for p in partitions]
 
 
-def _poll_args(timeout_ms: int, max_records: int) -> None:
-    # A negative timeout means "do not wait", as it always has; a wrong type is a bug.
-    int_arg("timeout_ms", timeout_ms, -I64_MAX, I64_MAX)
+def _poll_args(timeout_ms: float, max_records: int) -> None:
+    # A negative timeout means "do not wait", as it always has; a float is a wait too
+    # (``poll(timeout_ms=0.5 * 1000)``); a str or nan is a bug.
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float) or math.isnan(timeout_ms):
+        raise TypeError(f"timeout_ms must be a number of milliseconds, got {type(timeout_ms).__name__} {timeout_ms!r:.60}")
     int_arg("max_records", max_records, 1, I64_MAX)
 
 

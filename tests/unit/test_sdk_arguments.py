@@ -160,7 +160,7 @@ def test_position_and_seek_of_an_unassigned_partition_are_refused(consumer: Cons
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [
-    ({"timeout_ms": "5"}, TypeError), ({"timeout_ms": 1.5}, TypeError),
+    ({"timeout_ms": "5"}, TypeError), ({"timeout_ms": float("nan")}, TypeError), ({"timeout_ms": True}, TypeError),
     ({"max_records": 0}, ValueError), ({"max_records": -1}, ValueError), ({"max_records": "10"}, TypeError),
 ])
 def test_poll_refuses_bad_arguments(consumer: Consumer, kwargs: dict[str, Any], error: type[Exception]) -> None:
@@ -168,6 +168,12 @@ def test_poll_refuses_bad_arguments(consumer: Consumer, kwargs: dict[str, Any], 
         consumer.poll(**kwargs)
     with pytest.raises(error, match=r"timeout_ms|max_records"):
         consumer.poll_batches(**kwargs)
+
+
+def test_poll_takes_a_float_timeout(consumer: Consumer) -> None:
+    """A wait given as a float (``0.5 * 1000``) is a wait, as it always was."""
+    assert consumer.poll(timeout_ms=0.0) == []
+    assert consumer.poll_batches(timeout_ms=1.5) == []
 
 
 def test_tag_filter_of_the_wrong_type(consumer: Consumer) -> None:
