@@ -409,6 +409,8 @@ def create_topic(
     """Create the topic config and every partition state in one ZooKeeper transaction."""
     validate_topic_name(name)
     config = TopicConfig.build(partitions, replication_factor, configs, int(time.time() * 1000))
+    if config.queue and config.dead_letter == name:  # its poison messages would come back forever
+        raise errors.InvalidQueueConfigError(f"queue {name!r} cannot be its own dead-letter queue")
     nodes = live_nodes(zk)
     if not nodes:
         raise errors.LeaderNotAvailableError("no live nodes to host the topic")

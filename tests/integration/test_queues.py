@@ -374,3 +374,14 @@ def test_queues_from_the_asyncio_entry_point(cluster: LocalCluster, topic_name: 
             return got
 
     assert sorted(asyncio.run(run())) == [b"0", b"1", b"2"]  # type: ignore[type-var]
+
+
+def test_a_queue_cannot_be_its_own_dead_letter_queue(cluster: LocalCluster, topic_name: str) -> None:
+    """Refused by the node too, not only by Admin.create_queue: a raw topic config (what a
+    client written from PROTOCOL.md sends) would loop its poison messages forever."""
+    with Admin(cluster.bootstrap) as admin:
+        with pytest.raises(errors.InvalidQueueConfigError, match="own dead-letter"):
+            admin.create_topic(topic_name, partitions=1, config={"queue": True, "dead_letter": topic_name})
+        with pytest.raises(errors.InvalidQueueConfigError, match="own dead-letter"):
+            admin.create_queue(topic_name, dead_letter=topic_name)
+        assert topic_name not in admin.list_topics()
