@@ -71,6 +71,19 @@ class ClusterMetadata:
         return self.nodes.get(meta.partitions[partition].leader)
 
 
+def host_port(address: str, *, chroot: bool = False) -> tuple[str, int]:
+    """(host, port) of one bootstrap address, its scheme (``zk://``, ``tcp://``) left out;
+    with ``chroot`` a ZooKeeper chroot path after the port is dropped. Pure: ValueError
+    naming the address when it is not HOST:PORT (the CLI says the same, fabric/cli/_common.py)."""
+    rest = address.rpartition("://")[2]
+    if chroot:
+        rest = rest.split("/", 1)[0]
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not HOST:PORT (zk://HOST:PORT or tcp://HOST:PORT)")
+    return host.strip("[]"), int(port)
+
+
 class Bootstrap:
     """``tcp://h:p,tcp://h:p`` (or ``h:p,h:p``): node addresses; ``zk://h:p[/chroot]``:
     ZooKeeper, from which the live nodes' addresses are read."""
@@ -95,18 +108,17 @@ class Bootstrap:
         for index, part in enumerate(parts):
             # Checked here, where every client starts: ZeroMQ would otherwise raise a bare
             # ZMQError ("Invalid argument") on the first connect, far from the cause.
-            scheme, _sep, rest = part.rpartition("://")
+            scheme = part.rpartition("://")[0]
             if is_zk and scheme not in ("zk", ""):
                 raise ValueError(f"bootstrap {part!r}: give either ZooKeeper (zk://) or node addresses, not both")
             if not is_zk and scheme not in ("tcp", "ipc", "inproc", ""):
                 raise ValueError(f"bootstrap {part!r}: use zk://HOST:PORT for ZooKeeper or tcp://HOST:PORT for nodes")
             if scheme in ("ipc", "inproc"):
                 continue  # a path or a name, not HOST:PORT
-            if is_zk and index == len(parts) - 1:
-                rest = rest.split("/", 1)[0]  # the chroot
-            host, colon, port = rest.rpartition(":")
-            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"bootstrap {part!r} is not HOST:PORT (zk://HOST:PORT or tcp://HOST:PORT)")
+            try:
+                host_port(part, chroot=is_zk and index == len(parts) - 1)
+            except ValueError as exc:
+                raise ValueError(f"bootstrap {exc}") from None
         if is_zk:
             self.zk = ",".join(p.removeprefix("zk://") for p in parts)
         else:

@@ -22,17 +22,22 @@ log = logging.getLogger("fabric.producer")
 
 RECORD_OVERHEAD_BYTES = 14  # the columnar per-record arrays (3 x i32 + u16)
 Headers = list[tuple[str, bytes | None]]
-_DELTA_MIN, _DELTA_MAX = batch_format.TIMESTAMP_DELTA_MS_MIN, batch_format.TIMESTAMP_DELTA_MS_MAX
+# A record's timestamp as an i32 delta from its batch's first (batch_format); shared with sdk/producer.py.
+DELTA_MS_MIN, DELTA_MS_MAX = batch_format.TIMESTAMP_DELTA_MS_MIN, batch_format.TIMESTAMP_DELTA_MS_MAX
 
 
-def check_header_name(name: str) -> None:
-    """A header name the records section can carry (UTF-8, a u16 length), else ValueError."""
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError(f"header name {name[:40]!r} is not valid UTF-8 (a lone surrogate?)") from None
-    if size > batch_format.HEADER_NAME_BYTES_MAX:
-        raise ValueError(f"header name of {size} bytes: at most {batch_format.HEADER_NAME_BYTES_MAX}")
+def check_headers(headers: Headers) -> None:
+    """One record's headers as the records section can carry them (at most a u16 of them,
+    names of UTF-8 with a u16 length), else ValueError: refused before the record is queued."""
+    if len(headers) > batch_format.HEADERS_PER_RECORD_MAX:
+        raise ValueError(f"{len(headers)} headers: a record carries at most {batch_format.HEADERS_PER_RECORD_MAX}")
+    for name, _value in headers:
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"header name {name[:40]!r} is not valid UTF-8 (a lone surrogate?)") from None
+        if size > batch_format.HEADER_NAME_BYTES_MAX:
+            raise ValueError(f"header name of {size} bytes: at most {batch_format.HEADER_NAME_BYTES_MAX}")
 
 
 def headers_bytes(headers: Headers) -> int:
@@ -236,7 +241,7 @@ class RecordAccumulator:
         # plus or minus an i32 of milliseconds, about 24.8 days) starts a batch of its own:
         # replayed history can mix timestamps further apart than that.
         if (batch is None or batch.size_bytes + size > self.batch_bytes_max
-                or not _DELTA_MIN <= timestamp_ms - batch.records[0][0] <= _DELTA_MAX):
+                or not DELTA_MS_MIN <= timestamp_ms - batch.records[0][0] <= DELTA_MS_MAX):
             created = True
             if batch is not None:
                 batch.sealed = True

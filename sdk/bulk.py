@@ -26,7 +26,7 @@ from sdk.accumulator import (
     RECORD_OVERHEAD_BYTES,
     BatchResult,
     Headers,
-    check_header_name,
+    check_headers,
     headers_bytes,
 )
 
@@ -164,11 +164,7 @@ class Columns:
                 raise ValueError(f"headers has {len(header_list)} items, values {self.count}")
             for record_headers in header_list:
                 if record_headers:
-                    if len(record_headers) > batch_format.HEADERS_PER_RECORD_MAX:
-                        raise ValueError(f"{len(record_headers)} headers on one record: at most "
-                                         f"{batch_format.HEADERS_PER_RECORD_MAX}")
-                    for name, _value in record_headers:
-                        check_header_name(name)
+                    check_headers(record_headers)
             self.headers = header_list
         # Per-record sizes only where they can differ from value length + overhead.
         self._extra: list[int] | None = None

@@ -42,18 +42,19 @@ from sdk._client import (
     MetadataClient,
 )
 from sdk.accumulator import (
+    DELTA_MS_MAX,
+    DELTA_MS_MIN,
     RECORD_OVERHEAD_BYTES,
     BatchResult,
     Headers,
     ProducerBatch,
     RecordAccumulator,
     RecordFuture,
-    check_header_name,
+    check_headers,
     headers_bytes,
 )
 
 log = logging.getLogger("fabric.producer")
-_DELTA_MIN, _DELTA_MAX = batch_format.TIMESTAMP_DELTA_MS_MIN, batch_format.TIMESTAMP_DELTA_MS_MAX
 
 SENDER_POLL_MS_MAX = 50  # the sender thread wakes at least this often
 LEADER_RECHECK_S = 1.0  # a request unanswered this long makes us ask whether its leader moved
@@ -316,7 +317,7 @@ class _ProducerCore:
                 and header_list is None
                 and batch.size_bytes + size < acc.batch_bytes_max - RECORD_OVERHEAD_BYTES
                 and acc.buffered_bytes + size <= acc.buffer_bytes_max
-                and _DELTA_MIN <= ts - batch.records[0][0] <= _DELTA_MAX  # the batch's i32 timestamp window
+                and DELTA_MS_MIN <= ts - batch.records[0][0] <= DELTA_MS_MAX  # the batch's i32 timestamp window
             ):
                 records = batch.records
                 future = RecordFuture(batch.result, len(records), ts)
@@ -466,10 +467,8 @@ class _ProducerCore:
                 raise TypeError(
                     f"headers must be a dict or a list of (str, bytes) pairs; got the item {item!r:.80}"
                 )
-            check_header_name(item[0])
             out.append((item[0], _as_bytes(item[1], f"header {item[0]!r} value")))
-        if len(out) > batch_format.HEADERS_PER_RECORD_MAX:
-            raise ValueError(f"{len(out)} headers: a record carries at most {batch_format.HEADERS_PER_RECORD_MAX}")
+        check_headers(out)
         return out
 
     def _await_topic(self, topic: str) -> int:

@@ -224,29 +224,26 @@ def _process_alive(pid: int) -> bool:
 
 def parse_bootstrap(spec: str, origin: str = "argument --bootstrap") -> tuple[list[tuple[str, int]], bool]:
     """(host, port) pairs and whether they are ZooKeeper. Pure; raises a usage error."""
+    # The SDK's own check, imported here: the CLI imports sdk only once a command runs.
+    from sdk._client import host_port
+
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts:
         raise usage_error(f"{origin}: empty; give zk://HOST:PORT or tcp://HOST:PORT")
     is_zk = parts[0].startswith("zk://")
     endpoints: list[tuple[str, int]] = []
     for index, part in enumerate(parts):
-        rest = part
-        if is_zk and index == 0:
-            rest = part.removeprefix("zk://")
-        elif "://" in part:
+        if "://" in part and not (is_zk and index == 0):
             scheme = part.split("://", 1)[0]
             if scheme != "tcp" or is_zk:
                 raise usage_error(
                     f"{origin}: {part!r} is not an address Fabric speaks: use zk://HOST:PORT for ZooKeeper "
                     "or tcp://HOST:PORT (or HOST:PORT) for nodes"
                 )
-            rest = part.split("://", 1)[1]
-        if is_zk and index == len(parts) - 1 and "/" in rest:
-            rest = rest.split("/", 1)[0]  # the chroot
-        host, colon, port_text = rest.rpartition(":")
-        if not colon or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise usage_error(f"{origin}: {part!r} is not HOST:PORT (zk://HOST:PORT or tcp://HOST:PORT)")
-        endpoints.append((host.strip("[]"), int(port_text)))
+        try:
+            endpoints.append(host_port(part, chroot=is_zk and index == len(parts) - 1))
+        except ValueError as exc:
+            raise usage_error(f"{origin}: {exc}") from None
     return endpoints, is_zk
 
 
