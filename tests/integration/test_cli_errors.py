@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -266,16 +267,22 @@ def interrupt(argv: list[str], after_import: str, extra_delay_s: float, tmp_path
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert process.stderr is not None
     seen: list[str] = []
+    # Reading stderr waits for the next line: bounded, so a command that never reports the
+    # import (or hangs before it) is killed and the test fails on its exit code.
+    watchdog = threading.Timer(COMMAND_TIMEOUT_S, process.kill)
+    watchdog.start()
     try:
         for raw in process.stderr:
             line = raw.decode(errors="replace")
             seen.append(line)
             if line.split("|")[-1].strip() == after_import:
                 break
+        watchdog.cancel()
         time.sleep(extra_delay_s)
         process.send_signal(signal.SIGINT)
         rest = process.communicate(timeout=COMMAND_TIMEOUT_S)[1].decode(errors="replace")
     finally:
+        watchdog.cancel()
         if process.poll() is None:
             process.kill()
             process.wait()
