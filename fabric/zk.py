@@ -56,6 +56,7 @@ PRODUCER_IDS = f"{ROOT}/producer_ids"
 PRODUCER_ID_BLOCK = 1000
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_DECIMAL = re.compile(r"-?[0-9]+")  # a topic config integer as a user may write it
 log = logging.getLogger("fabric.zk")
 
 # -- how long anything waits for ZooKeeper ------------------------------------------------
@@ -286,10 +287,11 @@ class TopicConfig:
                     raise errors.InvalidConfigError(f"{key} must be true or false, got {raw!r}")
                 values[key] = raw.lower() in ("true", "1")
             else:
-                try:
-                    values[key] = int(raw)
-                except ValueError:
-                    raise errors.InvalidConfigError(f"{key} must be an integer, got {raw!r}") from None
+                # Plain ASCII decimal only: int() would also take " 2048", "1_000" and other
+                # scripts' digits, which a config shown back by describe would not match.
+                if _DECIMAL.fullmatch(raw) is None:
+                    raise errors.InvalidConfigError(f"{key} must be a decimal integer, got {raw!r}")
+                values[key] = int(raw)
         values.setdefault("min_insync", min(2, replication_factor))
         config = cls(partitions=partitions, replication_factor=replication_factor, created_ms=now_ms, **values)
         if config.message_bytes_max < 1024 or config.message_bytes_max > 64 * 1024 * 1024:

@@ -156,6 +156,12 @@ def send_headers(
 ) -> list[tuple[str, bytes | None]]:
     """The record headers a producer writes for a queue message (only those set); bad values
     raise before anything is sent (bounds as docs/QUEUES.md states them)."""
+    for name, value in (("delay_ms", delay_ms), ("deliver_at_ms", deliver_at_ms), ("ttl_ms", ttl_ms),
+                        ("priority", 0 if priority is None else priority)):
+        if value.__class__ is not int:  # bool, float, str: refused by name, not by a comparison
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not isinstance(dedup_id, str):
+        raise TypeError(f"dedup_id must be a str, not {type(dedup_id).__name__}")
     if not 0 <= delay_ms <= SEND_DELAY_MS_MAX or deliver_at_ms < 0 or (delay_ms and deliver_at_ms):
         raise InvalidDelayError(
             f"delay_ms must be 0..{SEND_DELAY_MS_MAX} (7 days) and deliver_at_ms >= 0, not both set;"

@@ -26,4 +26,11 @@ def test_queue_send_options_become_headers_and_bad_values_raise() -> None:
         q.send_headers(priority=10)
     with pytest.raises(errors.InvalidDelayError):
         q.send_headers(delay_ms=q.SEND_DELAY_MS_MAX + 1)
+    # The wrong type is refused by name, not by a comparison's TypeError (or, for a bool,
+    # taken as 0 or 1).
+    for bad, name in (({"priority": "5"}, "priority"), ({"delay_ms": 1.5}, "delay_ms"),
+                      ({"ttl_ms": True}, "ttl_ms"), ({"deliver_at_ms": "0"}, "deliver_at_ms"),
+                      ({"dedup_id": b"x"}, "dedup_id")):
+        with pytest.raises(TypeError, match=f"^{name} must be"):
+            q.send_headers(**bad)
     assert "delay_ms" in inspect.signature(Producer.send if hasattr(Producer, "send") else _ProducerCore.send).parameters
