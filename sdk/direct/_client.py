@@ -26,7 +26,7 @@ from sdk.direct._peers import Response, _Peer, _PeerLost, _ServiceView
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, MessageHandler, Publisher, Subscription
 from sdk.direct._secure import DirectCredentials, DirectSecurity
 from sdk.direct._server import CONCURRENCY_DEFAULT, Handler, Service
-from sdk.direct._types import GatherResult, Reply, as_bytes, as_headers
+from sdk.direct._types import GatherResult, Message, Reply, as_bytes, as_headers
 
 log = logging.getLogger("fabric.direct")
 
@@ -71,6 +71,9 @@ class DirectClient:
         self._subscriptions: list[Subscription] = []
         self._publisher: Publisher | None = None
         self._publisher_lock = asyncio.Lock()
+        # Chosen now, so subscriptions made before the publisher starts already know which
+        # registered publisher is this client's own (delivered in process, not connected to).
+        self._publisher_id = random.getrandbits(32)
         self._closed = False
         self._rng = random.Random()
         self._deadlines = Deadlines(self.loop)
@@ -404,15 +407,22 @@ class DirectClient:
                     if self._closed:
                         raise errors.ClientClosedError("direct client is closed")
                     fresh = Publisher(self.zk, self.ctx, bind=self.publisher_bind, advertise=self.advertise,
-                                      security=self.security)
+                                      security=self.security, publisher_id=self._publisher_id)
                     await fresh.start()
                     self._publisher = fresh
         return self._publisher
 
     async def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:
-        """At most once, to every current subscriber; never blocks on a slow one."""
+        """At most once, to every current subscriber; never blocks on a slow one. This
+        client's own subscriptions get it in process, whether or not the PUB socket's
+        subscribers have connected yet (as a NATS connection sees its own publishes)."""
         publisher = self._publisher or await self.start_publisher()
-        publisher.publish(subject, as_bytes(payload, "payload"), as_headers(headers))
+        body, header_map = as_bytes(payload, "payload"), as_headers(headers)
+        sequence = publisher.publish(subject, body, header_map)
+        if self._subscriptions:
+            message = Message(subject, body, header_map or {}, publisher.publisher_id, sequence)
+            for subscription in self._subscriptions:
+                subscription.deliver_local(message)
 
     def publisher(self) -> Publisher | None:
         return self._publisher
@@ -422,7 +432,7 @@ class DirectClient:
         if self._closed:
             raise errors.ClientClosedError("direct client is closed")
         subscription = Subscription(self.zk, self.ctx, pattern, handler, pending_max=pending_max,
-                                    security=self.security)
+                                    security=self.security, own_publisher_id=self._publisher_id)
         await subscription.start()
         self._subscriptions.append(subscription)
         return subscription

@@ -2,7 +2,11 @@
 
 A process publishes through one PUB socket registered under ``/fabric/publishers``;
 each subscription is one SUB socket connected to every registered publisher, filtering on
-the pattern's literal prefix in ZeroMQ and matching the wildcards exactly here. Losses are
+the pattern's literal prefix in ZeroMQ and matching the wildcards exactly here. A client's
+own publishes reach its own subscriptions in process (as a NATS connection's do), not
+through its PUB socket: PUB/SUB would drop them until the subscription had found the
+publisher in ZooKeeper and connected, and a client subscribing to what it publishes
+expects to see it. Losses are
 counted, never hidden: ``dropped`` counts messages this subscriber threw away because its
 queue was full, ``gaps`` counts messages missing from a publisher's sequence (dropped at a
 high-water mark on the way).
@@ -45,7 +49,8 @@ class Publisher:
     """This process's PUB socket (one per DirectClient, bound lazily on first publish)."""
 
     def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], *, bind: str = "tcp://127.0.0.1:*",
-                 advertise: str | None = None, security: DirectSecurity | None = None) -> None:
+                 advertise: str | None = None, security: DirectSecurity | None = None,
+                 publisher_id: int | None = None) -> None:
         self._zk = zk
         self._security = security
         self._ctx = ctx
@@ -53,7 +58,7 @@ class Publisher:
         self._advertise = advertise
         self._sock: zmq.Socket[Any] | None = None
         self._registration: registry.Registration | None = None
-        self.publisher_id = random.getrandbits(32)
+        self.publisher_id = random.getrandbits(32) if publisher_id is None else publisher_id
         self._sequence = 0
         self.address = ""
         self.published = 0
@@ -81,8 +86,9 @@ class Publisher:
             raise
         self._registration = registration
 
-    def publish(self, subject: str, payload: bytes, headers: dict[str, bytes] | None = None) -> None:
-        """Never blocks: a PUB socket drops messages for a subscriber whose queue is full."""
+    def publish(self, subject: str, payload: bytes, headers: dict[str, bytes] | None = None) -> int:
+        """Never blocks: a PUB socket drops messages for a subscriber whose queue is full.
+        Returns the message's sequence number."""
         if self._sock is None:
             raise errors.ClientClosedError("publisher is closed")
         if self._security is not None:
@@ -94,6 +100,7 @@ class Publisher:
             self.published += 1
         except zmq.Again:
             self.dropped += 1
+        return self._sequence
 
     async def close(self) -> None:
         if self._registration is not None:
@@ -111,7 +118,7 @@ class Subscription:
 
     def __init__(self, zk: KazooClient, ctx: zmq.Context[Any], pattern: str,
                  handler: MessageHandler | None = None, *, pending_max: int = PENDING_MAX_DEFAULT,
-                 security: DirectSecurity | None = None) -> None:
+                 security: DirectSecurity | None = None, own_publisher_id: int | None = None) -> None:
         self.pattern = pattern
         self._security = security
         self._tokens = wire.validate_pattern(pattern)
@@ -121,6 +128,8 @@ class Subscription:
         self._zk = zk
         self._ctx = ctx
         self._handler = handler
+        # The owning client's publisher: delivered in process (deliver_local), never connected to.
+        self._own_publisher_id = own_publisher_id
         self._queue: deque[Message] = deque()
         self._ready = asyncio.Event()
         self._sock: zmq.Socket[Any] | None = None
@@ -170,6 +179,9 @@ class Subscription:
     def _publishers_changed(self, found: dict[str, registry.InstanceInfo]) -> None:
         if self._sock is None:
             return
+        if self._own_publisher_id is not None:
+            found = {z: info for z, info in found.items()
+                     if info.metadata.get("publisher_id") != self._own_publisher_id}
         if self._security is not None:
             self._secure_publishers_changed(found)
             return
@@ -219,17 +231,25 @@ class Subscription:
                 and not self._security.allowed(publisher, Operation.PRODUCE, subject):
             self.refused += 1  # a registered publisher without produce on this subject
             return
-        last = self._last_sequence.get(header.aux)
+        self._accept(Message(subject, message.payload, message.headers, header.aux, header.correlation_id))
+
+    def deliver_local(self, message: Message) -> None:
+        """A message the owning client published (its publisher checked the subject)."""
+        if not self._closed and wire.subject_matches(self._tokens, message.subject):
+            self._accept(message)
+
+    def _accept(self, message: Message) -> None:
+        last = self._last_sequence.get(message.publisher_id)
         if last is not None:
-            missing = (header.correlation_id - last - 1) & wire.U32_MAX
+            missing = (message.sequence - last - 1) & wire.U32_MAX
             if missing < 0x80000000:  # a restarted publisher (smaller number) is not a gap
                 self.gaps += missing
-        self._last_sequence[header.aux] = header.correlation_id
+        self._last_sequence[message.publisher_id] = message.sequence
         self.received += 1
         if len(self._queue) >= self.pending_max:
             self.dropped += 1  # the slow subscriber loses; the publisher never waits
             return
-        self._queue.append(Message(subject, message.payload, message.headers, header.aux, header.correlation_id))
+        self._queue.append(message)
         self._ready.set()
 
     async def next(self, timeout_ms: int | None = None) -> Message | None:

@@ -327,6 +327,43 @@ def test_pubsub_wildcards(zk_hosts: str) -> None:
     assert got[">"] == ["orders.new", "orders.eu.paid", "orders.us.paid", "orders.eu.paid.late", "billing.x", "orders"]
 
 
+def test_own_publishes_reach_own_subscriptions_once_and_at_once(zk_hosts: str) -> None:
+    """As a NATS connection sees its own publishes: in process, from the first message on
+    (no wait for the SUB socket to find the publisher), and once, though the client's
+    publisher is registered in ZooKeeper like any other. Another client still gets them
+    over the network."""
+    async def run() -> tuple[list[int], list[int], int, int]:
+        client = await DirectClient.connect(zk_hosts)
+        other = await DirectClient.connect(zk_hosts)
+        try:
+            own = await client.subscribe("echo.>")
+            remote = await other.subscribe("echo.>")
+            for n in range(100):  # the first publish starts the publisher: nothing waits
+                await client.publish(f"echo.{n}", str(n).encode())
+            mine = [int((await own.next(1_000) or Message("", b"-1", {}, 0, 0)).payload) for _ in range(100)]
+            deadline = time.monotonic() + 10
+            while remote.publishers == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # the other client's SUB connects (slow joiner)
+            for n in range(100, 110):
+                await client.publish(f"echo.{n}", str(n).encode())
+            await asyncio.sleep(0.5)
+            while (message := await own.next(0)) is not None:
+                mine.append(int(message.payload))
+            theirs = []
+            while (message := await remote.next(200)) is not None:
+                theirs.append(int(message.payload))
+            return mine, theirs, own.publishers, own.gaps
+        finally:
+            await other.close()
+            await client.close()
+
+    mine, theirs, own_publishers, own_gaps = asyncio.run(run())
+    assert mine == list(range(110))  # every one, once, in order
+    assert own_gaps == 0 and own_publishers == 0  # never connected to its own PUB socket
+    assert theirs[-10:] == list(range(100, 110))
+
+
 def test_slow_subscriber_drops_and_never_blocks_the_publisher(zk_hosts: str) -> None:
     published = 50_000
 
