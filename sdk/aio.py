@@ -15,14 +15,15 @@
 The durable plane's asyncio flavour wraps the threaded Producer and Consumer: a send
 returns an asyncio future bridged from the producer's own future (no thread per send); a
 consumer runs its blocking polls on one dedicated worker thread, because its ZeroMQ
-sockets must stay on one thread. Queues (another part of the SDK) will hang off this
-client the same way (``client.queue_consumer(...)``).
+sockets must stay on one thread. Queues hang off this client the same way
+(``await client.queue_consumer(...)``, sdk/aio_queue.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -100,7 +101,7 @@ class AsyncConsumer:
         self._worker = worker
         self.consumer = consumer
         self.poll_timeout_ms = poll_timeout_ms
-        self._closed = False
+        self._closing = False  # set first by close(); later calls raise ClientClosedError
 
     @classmethod
     async def create(cls, bootstrap: str, *, poll_timeout_ms: int = 500, **config: Any) -> AsyncConsumer:
@@ -114,7 +115,7 @@ class AsyncConsumer:
         return cls(worker, consumer, poll_timeout_ms)
 
     async def _call(self, fn: Callable[[Consumer], T]) -> T:
-        if self._closed:
+        if self._closing:
             raise errors.ClientClosedError("consumer is closed")
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, self.consumer)
 
@@ -144,16 +145,35 @@ class AsyncConsumer:
         return self._records()
 
     async def _records(self) -> AsyncIterator[Record]:
-        while not self._closed:
-            for record in await self.poll(self.poll_timeout_ms):
-                yield record
+        # As the threaded iterator (sdk.consumer.HandOut): a position moves past a record
+        # when the caller asks for the next, so a loop left early commits only what it
+        # finished. The poll leaves positions at the first records on the worker thread, in
+        # the same call (a close queued behind it commits nothing unread); they are then
+        # moved here, on the loop, while the worker is idle, one dict item at a time.
+        while not self._closing:
+            hand_out = await self._call(lambda c: c.poll_for_hand_out(self.poll_timeout_ms))
+            try:
+                for record in hand_out.records:
+                    if self._closing:
+                        break
+                    if hand_out.take(record):
+                        yield record
+                        hand_out.done(record)
+                else:
+                    hand_out.finish()
+            finally:
+                unfinished = hand_out.unfinished()
+                if unfinished and not self._closing:
+                    await self._call(functools.partial(Consumer.refetch, positions=unfinished))
 
     async def close(self) -> None:
-        if self._closed:
+        if self._closing:
             return
-        await self._call(lambda c: c.close())
-        self._closed = True
-        self._worker.shutdown(wait=True)
+        self._closing = True  # first: an ``async for`` in another task stops handing out
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._worker, self.consumer.close)
+        finally:
+            self._worker.shutdown(wait=True)
 
     async def __aenter__(self) -> AsyncConsumer:
         return self

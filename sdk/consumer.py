@@ -151,6 +151,52 @@ def _commit_offsets(offsets: object) -> dict[TopicPartition, tuple[int, str]]:
     return wanted
 
 
+class HandOut:
+    """One poll's records handed to an iterating caller one at a time (``Consumer.__iter__``,
+    ``AsyncConsumer``): a partition's position stays at the record being handled and moves
+    past it only when the caller asks for the next one, so a commit made while the caller is
+    in its loop, or after it left the loop, covers only the records it finished. A partition
+    whose position someone else moves meanwhile (``seek()``, a revocation) gets no more of
+    these records."""
+
+    def __init__(self, consumer: Consumer, records: list[Record]) -> None:
+        self.records = records
+        self._positions = consumer._positions
+        self._ends: dict[TopicPartition, int] = {}  # where poll() left each position: past all it read
+        self._held: dict[TopicPartition, int] = {}  # each position as this hand-out last set it
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            if tp not in self._held and tp in self._positions:
+                self._ends[tp] = self._positions[tp]
+                self._held[tp] = self._positions[tp] = record.offset
+
+    def take(self, record: Record) -> bool:
+        """Whether to hand ``record`` out (its partition's position is still ours); if so
+        the position is now at it."""
+        tp = TopicPartition(record.topic, record.partition)
+        if self._held.get(tp, -1) != self._positions.get(tp):
+            return False
+        self._held[tp] = self._positions[tp] = record.offset
+        return True
+
+    def done(self, record: Record) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        if self._held[tp] == self._positions.get(tp):
+            self._held[tp] = self._positions[tp] = record.offset + 1
+
+    def finish(self) -> None:
+        """Every record handed out: positions go where poll() had put them."""
+        for tp, end in self._ends.items():
+            if self._held[tp] == self._positions.get(tp):
+                self._positions[tp] = self._held[tp] = end
+        self._ends.clear()
+
+    def unfinished(self) -> dict[TopicPartition, int]:
+        """After leaving early: the partitions to read again, from where the caller stopped."""
+        return {tp: self._held[tp] for tp, end in self._ends.items()
+                if self._held[tp] == self._positions.get(tp) and self._held[tp] != end}
+
+
 class Consumer:
     """Read assigned partitions from their leaders.
 
@@ -550,8 +596,37 @@ class Consumer:
                 return out
 
     def __iter__(self) -> Iterator[Record]:
+        """Records one by one until ``close()``. Unlike ``poll()``, which moves each position
+        past everything it returns, iteration moves a partition's position past each record
+        once the caller comes back for the next one. So a loop left early, by ``break`` or
+        by an exception from the caller's handling, commits (auto-commit, ``close()``) only
+        the records the caller finished, and the rest, the one it was handling included, is
+        read again: by this consumer if it iterates again, or by the member that gets the
+        partition (at least once, never skipped)."""
         while not self._closed:
-            yield from self.poll(timeout_ms=1000)
+            yield from self._hand_out(self.poll_for_hand_out(1000))
+
+    def poll_for_hand_out(self, timeout_ms: int) -> HandOut:
+        """``poll()`` for an iterator: the positions stay at each partition's first record
+        returned (in one call, so a commit can never come between)."""
+        return HandOut(self, self.poll(timeout_ms=timeout_ms))
+
+    def _hand_out(self, hand_out: HandOut) -> Iterator[Record]:
+        try:
+            for record in hand_out.records:
+                if hand_out.take(record):
+                    yield record
+                    hand_out.done(record)  # the caller came back for more: it is done with it
+            hand_out.finish()
+        finally:
+            self.refetch(hand_out.unfinished())
+
+    def refetch(self, positions: dict[TopicPartition, int]) -> None:
+        """Read these partitions again from these positions (what an iteration left early
+        had taken past them), unless the consumer closed or lost them meanwhile."""
+        for tp, offset in positions.items():
+            if not self._closed and tp in self._assigned and self._positions.get(tp) == offset:
+                self.seek(tp, offset)
 
     def _take(self, max_records: int) -> list[RecordBatch]:
         out: list[RecordBatch] = []

@@ -380,3 +380,96 @@ def test_tag_filtered_poll_waits_out_its_timeout_without_spinning(cluster: Local
         for _ in range(20):
             assert c.poll(timeout_ms=20) == []
         assert waits <= 2 * 20, f"{waits} waits for 20 empty polls"
+
+
+class _HandlerFailed(Exception):
+    pass
+
+
+def _first_offset_read_by_a_new_member(bootstrap: str, topic: str, group: str) -> int:
+    with Consumer(bootstrap, group_id=group, **FAST) as c:
+        c.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            records = c.poll(timeout_ms=200)
+            if records:
+                return records[0].offset
+    raise AssertionError("the new member read nothing")
+
+
+def test_iteration_left_by_an_exception_commits_only_finished_records(cluster: LocalCluster, topic_name: str) -> None:
+    """``for record in consumer`` (the README's idiom) under auto-commit: a handler that
+    raises at offset 4 of a 100-record poll must leave the group at 4, not past the whole
+    poll (which skipped 96 records before). A ``break`` after finishing a record leaves it
+    past that record, and the same consumer iterating again reads on from there."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    _produce(bootstrap, topic_name, 100, 1)
+    group = f"g-{topic_name}"
+    with pytest.raises(_HandlerFailed), Consumer(bootstrap, group_id=group, **FAST) as c:
+        c.subscribe([topic_name])
+        for record in c:
+            if record.offset == 4:
+                raise _HandlerFailed  # while handling offset 4: 0..3 are done
+    assert _first_offset_read_by_a_new_member(bootstrap, topic_name, group) == 4
+
+    seen: list[int] = []
+    with Consumer(bootstrap, group_id=f"{group}-2", **FAST) as c:
+        c.subscribe([topic_name])
+        for record in c:
+            seen.append(record.offset)
+            if record.offset == 9:
+                break
+        for record in c:  # the same consumer again: on from where the loop stopped
+            seen.append(record.offset)
+            if record.offset == 11:
+                break
+        c.commit()  # positions: the records finished
+        assert c.position(TopicPartition(topic_name, 0)) == 11
+    assert seen == [*range(10), 9, 10, 11]  # the record being handled at a break comes again
+    assert _first_offset_read_by_a_new_member(bootstrap, topic_name, f"{group}-2") == 11
+
+
+def test_async_iteration_commits_only_finished_records_and_close_ends_it(cluster: LocalCluster,
+                                                                          topic_name: str) -> None:
+    import asyncio
+
+    import sdk
+
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    _produce(bootstrap, topic_name, 100, 1)
+    group = f"g-{topic_name}"
+
+    async def run() -> tuple[list[int], bool]:
+        client = await sdk.connect(bootstrap)
+        consumer = await client.consumer([topic_name], group_id=group, **FAST)
+        seen: list[int] = []
+        try:
+            async for record in consumer:
+                seen.append(record.offset)
+                if record.offset == 6:
+                    raise _HandlerFailed
+        except _HandlerFailed:
+            pass
+        await consumer.close()
+        # close() from another task ends an ``async for`` that is waiting for records.
+        idle = await client.consumer([topic_name], group_id=f"{group}-idle", **FAST)
+        await idle.seek_to_end()
+
+        async def drain() -> None:
+            async for _record in idle:
+                pass
+
+        task = asyncio.ensure_future(drain())
+        await asyncio.sleep(1.0)
+        await idle.close()
+        await asyncio.wait_for(task, 10)
+        await client.close()
+        return seen, task.done()
+
+    seen, ended = asyncio.run(run())
+    assert seen == list(range(7)) and ended
+    assert _first_offset_read_by_a_new_member(bootstrap, topic_name, group) == 6
