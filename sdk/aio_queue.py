@@ -2,6 +2,12 @@
 
 The threaded ``QueueConsumer`` runs on one worker thread of its own (its ZeroMQ sockets
 never change threads); each call is awaited there, so the event loop never blocks.
+
+``close()`` may come from another task while ``async for`` waits: it marks the consumer
+closing at once (later calls raise ``ClientClosedError``, the iteration ends quietly) and
+then closes the threaded consumer on the worker, after any receive already running there.
+Iteration takes messages from the threaded consumer's buffer one at a time, so what was
+received but not yet handed out is given back by that close, not left to its lease.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from fabric.protocol import queues as qp
 from sdk.queue import QueueConsumer, QueueMessage
 
 T = TypeVar("T")
+ITERATION_WAIT_MS = 1_000  # each long poll of ``async for``: how long a close() from another task may wait
 
 
 class AsyncQueueConsumer:
@@ -24,7 +31,7 @@ class AsyncQueueConsumer:
     def __init__(self, worker: concurrent.futures.ThreadPoolExecutor, consumer: QueueConsumer) -> None:
         self._worker = worker
         self.consumer = consumer
-        self._closed = False
+        self._closing = False  # set first by close(); later calls are refused
 
     @classmethod
     async def create(cls, bootstrap: str, queue: str, group: str = qp.DEFAULT_GROUP, **options: Any) -> AsyncQueueConsumer:
@@ -38,7 +45,7 @@ class AsyncQueueConsumer:
         return cls(worker, consumer)
 
     async def _call(self, fn: Callable[[QueueConsumer], T]) -> T:
-        if self._closed:
+        if self._closing:
             raise errors.ClientClosedError("queue consumer is closed")
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, self.consumer)
 
@@ -58,17 +65,25 @@ class AsyncQueueConsumer:
         return self._messages()
 
     async def _messages(self) -> AsyncIterator[QueueMessage]:
-        while not self._closed:
-            # Short polls so that close() is noticed within a second.
-            for msg in await self.receive(10, 1_000):
+        while not self._closing:
+            try:
+                # Short polls, so that a close() from another task waits at most this long.
+                msg = await self._call(lambda c: c.next_message(ITERATION_WAIT_MS))
+            except errors.ClientClosedError:
+                return
+            if msg is not None and not self._closing:
                 yield msg
+            # (A message that arrives just as close() begins is not handed out: its lease
+            # runs out and it is delivered again, as after a worker's crash.)
 
     async def close(self) -> None:
-        if self._closed:
+        if self._closing:
             return
-        await asyncio.get_running_loop().run_in_executor(self._worker, self.consumer.close)
-        self._closed = True
-        self._worker.shutdown(wait=False)
+        self._closing = True
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._worker, self.consumer.close)
+        finally:
+            self._worker.shutdown(wait=False)
 
     async def __aenter__(self) -> AsyncQueueConsumer:
         return self

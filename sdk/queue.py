@@ -40,9 +40,10 @@ from sdk._client import Bootstrap, Connections, MetadataClient
 log = logging.getLogger("fabric.queue")
 
 REQUEST_SLACK_MS: Final[int] = 5_000  # a long poll unanswered this long past its wait is abandoned
-RECEIVE_RETRY_S: Final[float] = 0.1
+RECEIVE_RETRY_S: Final[float] = 0.1  # pause after a round in which every node refused
 NO_WAIT_ANSWER_MS: Final[int] = 5_000  # receive(wait_ms=0) waits this long at most for the nodes' answers
-UNREACHABLE_REFRESH_S: Final[float] = 0.25  # a leader unreachable this long: refresh the routing map  # pause after a round in which every node refused
+UNREACHABLE_REFRESH_S: Final[float] = 0.25  # a leader unreachable this long: refresh the routing map
+ITERATION_BATCH_MESSAGES: Final[int] = 10  # what iteration (next_message) asks the nodes for at a time
 BUFFER_MESSAGES_MAX: Final[int] = qp.RECEIVE_MESSAGES_MAX  # leased but not yet handed out
 SETTLE_TIMEOUT_MS: Final[int] = 15_000
 
@@ -105,16 +106,30 @@ class QueueConsumer:
         """Up to ``max_messages`` messages leased to this consumer; waits up to ``wait_ms``
         (at most RECEIVE_WAIT_MS_MAX, 20 s) for the first one (long polling)."""
         int_arg("max_messages", max_messages, -I32_MAX - 1, I32_MAX)  # types; the ranges just below
-        int_arg("wait_ms", wait_ms, -I32_MAX - 1, I32_MAX)
         if not 1 <= max_messages <= qp.RECEIVE_MESSAGES_MAX:
             raise errors.InvalidRequestError(
                 f"max_messages {max_messages} outside 1..RECEIVE_MESSAGES_MAX ({qp.RECEIVE_MESSAGES_MAX})")
-        if not 0 <= wait_ms <= qp.RECEIVE_WAIT_MS_MAX:
-            raise errors.InvalidReceiveWaitError(
-                f"wait_ms {wait_ms} outside 0..RECEIVE_WAIT_MS_MAX ({qp.RECEIVE_WAIT_MS_MAX} ms)")
+        _check_wait(wait_ms)
         self._check_open()
         if wait_ms == 0:
-            return self._receive_now(max_messages)
+            self._receive_now(max_messages)
+        else:
+            self._receive_within(max_messages, wait_ms)
+        return self._hand_out(max_messages)
+
+    def next_message(self, wait_ms: int = qp.RECEIVE_WAIT_MS_MAX) -> QueueMessage | None:
+        """One message, waiting up to ``wait_ms`` (None if none came). Asks the nodes for up
+        to 10 at a time, but takes each from the buffer only as it is handed out: a loop left
+        early (``break``, an exception) leaves the rest buffered, and ``close()`` gives them
+        back at once instead of their leases running out (what iteration uses)."""
+        _check_wait(wait_ms)
+        self._check_open()
+        if not self._buffered():
+            self._receive_within(ITERATION_BATCH_MESSAGES, wait_ms)
+        return self._buffer.popleft() if self._buffered() else None
+
+    def _receive_within(self, max_messages: int, wait_ms: int) -> None:
+        """Long-polls until something is buffered or ``wait_ms`` has passed."""
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             self._take_replies(0)
@@ -126,9 +141,8 @@ class QueueConsumer:
             self._take_replies(max(0, remaining_ms) if all_sent else min(max(0, remaining_ms), int(RECEIVE_RETRY_S * 1000)))
             if self._buffered() or time.monotonic() >= deadline:
                 break
-        return self._hand_out(max_messages)
 
-    def _receive_now(self, max_messages: int) -> list[QueueMessage]:
+    def _receive_now(self, max_messages: int) -> None:
         """``wait_ms=0``: one round to every leader, which answers at once with what is
         visible; wait for those answers (bounded), not for new messages."""
         self._take_replies(0)
@@ -141,7 +155,6 @@ class QueueConsumer:
                 if self._buffer or all_sent:
                     break
                 time.sleep(RECEIVE_RETRY_S)
-        return self._hand_out(max_messages)
 
     def _buffered(self) -> bool:
         """Whether messages are buffered, after dropping those whose lease ended while they
@@ -162,9 +175,11 @@ class QueueConsumer:
         return [self._buffer.popleft() for _ in range(min(max_messages, len(self._buffer)))]
 
     def __iter__(self) -> Iterator[QueueMessage]:
-        """Messages one by one, long-polling for ever (until ``close``)."""
+        """Messages one by one, long-polling for ever (until ``close``); see ``next_message``."""
         while not self._closed:
-            yield from self.receive(10, qp.RECEIVE_WAIT_MS_MAX)
+            message = self.next_message()
+            if message is not None:
+                yield message
 
     def run(self, handler: Callable[[QueueMessage], Any], *, max_messages: int = 10,
             should_stop: Callable[[], bool] = lambda: False) -> None:
@@ -354,6 +369,13 @@ class QueueConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_wait(value: object) -> None:
+    wait_ms = int_arg("wait_ms", value, -I32_MAX - 1, I32_MAX)  # the type; the range just below
+    if not 0 <= wait_ms <= qp.RECEIVE_WAIT_MS_MAX:
+        raise errors.InvalidReceiveWaitError(
+            f"wait_ms {wait_ms} outside 0..RECEIVE_WAIT_MS_MAX ({qp.RECEIVE_WAIT_MS_MAX} ms)")
 
 
 def _many(messages: object, *, single: bool = False) -> list[QueueMessage]:

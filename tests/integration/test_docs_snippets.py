@@ -111,7 +111,7 @@ def test_groups_block(docs_cluster: LocalCluster) -> None:
 
 
 def test_queues_block(docs_cluster: LocalCluster) -> None:
-    (example,) = python_blocks("docs/QUEUES.md")
+    example, asyncio_example = python_blocks("docs/QUEUES.md")
     handled: list[bytes] = []
 
     def handle(value: bytes) -> None:
@@ -123,3 +123,30 @@ def test_queues_block(docs_cluster: LocalCluster) -> None:
         run_block(example, docs_cluster, handle=handle, TransientError=ConnectionError)
     assert sorted(handled) == [b"charge order 17", b"page on-call", b"price tick", b"resize 17.jpg"]
     assert handled[0] == b"page on-call"  # priority 9 first
+
+    async def run_asyncio_example() -> None:
+        code = asyncio_example.replace('"jobs"', '"jobs-async"')  # a queue of its own
+        with Admin(docs_cluster.bootstrap) as admin:
+            admin.create_queue("jobs-async", partitions=2)
+        with Producer(docs_cluster.bootstrap) as producer:
+            for n in range(3):
+                producer.send("jobs-async", f"async {n}".encode()).result(timeout=10)
+        scope: dict[str, Any] = {"bootstrap": docs_cluster.bootstrap}
+        exec("import sdk\nasync def example():\n    global worker\n"
+             + textwrap.indent(code, "    "), scope)
+        task = asyncio.ensure_future(scope["example"]())
+        deadline = asyncio.get_running_loop().time() + 30
+        while await asyncio.to_thread(_unsettled, docs_cluster.bootstrap) > 0:
+            assert asyncio.get_running_loop().time() < deadline, "the asyncio example did not ack its messages"
+            assert not task.done(), task.exception()
+            await asyncio.sleep(0.2)
+        await scope["worker"].close()  # "close() ends it": its loop ends, then client.close() runs
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(run_asyncio_example())
+
+
+def _unsettled(bootstrap: str) -> int:
+    with Admin(bootstrap) as admin:
+        description = admin.describe_queue("jobs-async", "workers")
+    return description.total("visible") + description.total("in_flight")

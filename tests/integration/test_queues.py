@@ -385,3 +385,20 @@ def test_a_queue_cannot_be_its_own_dead_letter_queue(cluster: LocalCluster, topi
         with pytest.raises(errors.InvalidQueueConfigError, match="own dead-letter"):
             admin.create_queue(topic_name, dead_letter=topic_name)
         assert topic_name not in admin.list_topics()
+
+
+def test_a_loop_left_early_gives_the_rest_back_at_close(cluster: LocalCluster, topic_name: str) -> None:
+    """Iteration takes one message at a time from what it received: after a ``break`` on
+    the first message the others are given back by close(), so another worker gets them
+    at once, not after the 30 s visibility timeout (they were leased in the same receive)."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1)
+    _send(cluster.bootstrap, topic_name, [f"job-{i}".encode() for i in range(5)])
+    with QueueConsumer(cluster.bootstrap, topic_name, "workers") as first:
+        for msg in first:
+            first.ack(msg)
+            break
+    with QueueConsumer(cluster.bootstrap, topic_name, "workers") as second:
+        rest = _drain(second, 4, timeout_s=10)
+    assert sorted(m.value for m in rest) == [f"job-{i}".encode() for i in range(1, 5)]
+    assert all(m.delivery_count <= 2 for m in rest)
