@@ -7,14 +7,19 @@
  *      API, record batches (encode, validate, decode with bounded decompression), the key
  *      hash, and the error table. Bytes in, values out. Used by the tests and the fuzzers.
  *   2. fabric_producer_t: batching per partition (linger and size limits), lz4 or none,
- *      acks 0/1/-1, retries of retriable errors with the same batch bytes, at most one
- *      batch in flight per partition so that retries keep order.
+ *      acks 0/1/-1, retries of retriable errors with the same batch bytes, up to
+ *      max_in_flight batches in flight per partition (default 5; a failed batch is resent
+ *      alone and in order, but not idempotently: set max_in_flight = 1 for strict order
+ *      under retries).
  *   3. fabric_consumer_t: assign partitions at an offset, poll records.
  *
  * Threading: an object is used from one thread at a time (ZeroMQ sockets are not
  * thread-safe). The producer has no background thread: the library does I/O inside
  * fabric_produce(), fabric_producer_poll() and fabric_producer_flush(), so an idle
  * application calls fabric_producer_poll() to let linger timers fire.
+ *
+ * Arguments: a NULL object, output pointer or required string gives
+ * FABRIC_ERR_INVALID_ARGUMENT (the *_destroy functions accept NULL).
  *
  * Memory: every object is freed by its *_destroy / *_free function; nothing the library
  * returns needs free() by the caller. Every allocation driven by network input is
@@ -202,8 +207,10 @@ void fabric_producer_config_init(fabric_producer_config_t *config);
 int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
                         const fabric_producer_config_t *config);
 /* Queue one record. partition -1 = by key (crc32(key) % partitions) or, without a key,
- * sticky round robin. key_len/value_len -1 = null. timestamp_ms -1 = now. The bytes are
- * copied. Returns 0, or UNKNOWN_TOPIC_OR_PARTITION, BUFFER_FULL, INVALID_ARGUMENT, ... */
+ * sticky round robin. key_len/value_len -1 = null. timestamp_ms -1 (any negative) = now.
+ * Header names must be UTF-8 of at most 65535 bytes. The bytes are copied. Returns 0, or
+ * UNKNOWN_TOPIC_OR_PARTITION, BUFFER_FULL, INVALID_ARGUMENT, MESSAGE_TOO_LARGE (the record
+ * plus the 72-byte batch header is above the topic's message_bytes_max), ... */
 int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition,
                    const void *key, int32_t key_len, const void *value, int32_t value_len,
                    const fabric_header_t *headers, size_t header_count, int64_t timestamp_ms);
@@ -250,7 +257,10 @@ int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
 int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t partition,
                            int64_t offset);
 /* The next record, waiting up to timeout_ms. *record is NULL when none came in time
- * (return value 0). The record and its bytes stay valid until the next poll or destroy. */
+ * (return value 0). The record and its bytes stay valid until the next poll or destroy.
+ * A FETCH whose answer has not come when timeout_ms runs out stays pending for the next
+ * poll (given up after max_wait_ms + request_timeout_ms); a poll waits at most 100 ms past
+ * timeout_ms for the answer of a FETCH it has just sent. */
 int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record);
 /* The next offset this consumer will return for the partition. */
 int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t partition,

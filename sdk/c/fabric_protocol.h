@@ -341,7 +341,8 @@ size_t fabric_batch_builder_records_bytes(const fabric_batch_builder_t *b);
 size_t fabric_record_bytes(int32_t key_len, int32_t value_len, const fabric_header_t *headers,
                            size_t header_count);
 /* INVALID_ARGUMENT when the record cannot go in this batch (timestamp delta outside i32,
- * more than FABRIC_BATCH_RECORDS_MAX records or a u16 of headers); MESSAGE_TOO_LARGE
+ * more than FABRIC_BATCH_RECORDS_MAX records or a u16 of headers) or is malformed (a header
+ * name that is not UTF-8 or longer than FABRIC_STRING_BYTES_MAX); MESSAGE_TOO_LARGE
  * when the records section would pass FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX. */
 int fabric_batch_builder_add(fabric_batch_builder_t *b, int64_t timestamp_ms, const void *key,
                              int32_t key_len, const void *value, int32_t value_len,

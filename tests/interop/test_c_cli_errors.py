@@ -29,3 +29,32 @@ def test_default_acks_match_the_python_cli(c_client: CClient) -> None:
     usage = subprocess.run([str(c_client.produce), "--help"], capture_output=True, timeout=30, check=False)
     assert "default all" in usage.stdout.decode()
     assert build_parser().parse_args(["produce", "t"]).acks == "all"
+
+
+@pytest.mark.parametrize(
+    ("tool", "flags"),
+    [
+        ("produce", ["--acks", "al"]),  # was acks 0 (atoi): fire and forget, silently
+        ("produce", ["--acks", "2"]),
+        ("produce", ["-p", "abc"]),  # was partition 0
+        ("produce", ["-p", "-3"]),
+        ("produce", ["--linger-ms", "5ms"]),
+        ("produce", ["--batch-bytes", "-1"]),
+        ("produce", ["--timeout-ms", "abc"]),  # was 0: every record failed at the flush
+        ("consume", ["-p", "abc"]),  # was partition 0
+        ("consume", ["-p", "0", "-o", "abc"]),  # was offset 0
+        ("consume", ["-p", "0", "-o", "-5"]),
+        ("consume", ["-p", "0", "-c", "ten"]),  # was 0 records, exit 0
+        ("consume", ["-p", "0", "-i", "2s"]),
+    ],
+)
+def test_bad_numbers_are_refused_not_read_as_zero(c_client: CClient, tool: str, flags: list[str]) -> None:
+    """Numeric flags take a whole integer in range, else exit 2 naming the flag, before any
+    connection (nothing listens on the bootstrap address)."""
+    binary = c_client.produce if tool == "produce" else c_client.consume
+    args = [str(binary), "-b", "tcp://127.0.0.1:1", "-t", "events", *flags]
+    done = subprocess.run(args, input=b"x\n", capture_output=True, timeout=30, check=False)
+    message = done.stderr.decode()
+    assert done.returncode == 2, message
+    assert "wants an integer in" in message, message
+    assert len(message.strip().splitlines()) == 1

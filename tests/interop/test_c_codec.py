@@ -86,3 +86,12 @@ def test_bad_input_is_refused_cleanly(c_client: CClient) -> None:
                          capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, f"seed={BAD_INPUT_SEED}\n{run.stdout}\n{run.stderr}"
     assert "bad-input checks passed" in run.stdout
+
+
+def test_bad_api_arguments_are_refused_cleanly(c_client: CClient) -> None:
+    """NULL pointers, a header array NULL with a count (it crashed), non-UTF-8 header names
+    (the node would refuse the whole batch): INVALID_ARGUMENT at once, offline."""
+    run = subprocess.run([str(c_client.root / "build" / "test_api_args")], capture_output=True,
+                         timeout=60, check=False)
+    assert run.returncode == 0, run.stdout.decode() + run.stderr.decode()
+    assert b"API argument checks passed" in run.stdout

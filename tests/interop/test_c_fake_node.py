@@ -243,3 +243,39 @@ def test_pipelined_batches_of_one_partition_and_in_order_resends(c_client: CClie
     assert node.produce_batches[first_accepted] == [first]  # the earliest batch, resent alone
     values = [v for data in accepted for v in batch_format.decode_batch(data).values]
     assert values == [b"value-%03d" % i for i in range(200)]  # each once, in order
+
+
+def test_consumer_poll_returns_within_its_timeout_when_the_leader_never_answers(
+        c_client: CClient, fake_node: Any) -> None:
+    """A leader that takes FETCH and never answers (stopped, or killed after taking it): each
+    fabric_consumer_poll still returns within its timeout (the FETCH stays pending for the
+    next poll), so fabric-consume -i 300 stops after about 300 ms. It used to wait
+    max_wait + request_timeout_ms (30 s) inside one poll."""
+    node, set_handler = fake_node
+    set_handler(lambda request: None)  # FETCH is read and never answered
+    started = time.monotonic()
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-i", "300"], capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    elapsed = time.monotonic() - started
+    assert run.returncode == 0, run.stderr.decode()
+    assert node.fetch_requests >= 1
+    assert elapsed < 10, f"fabric-consume -i 300 took {elapsed:.1f} s"
+    assert b"0 records" in run.stderr
+
+
+def test_record_above_message_bytes_max_is_refused_before_sending(c_client: CClient, fake_node: Any) -> None:
+    """The topic's message_bytes_max (8 MiB here) is checked per record as the Python producer
+    does: MESSAGE_TOO_LARGE from fabric_produce, instead of a batch the node refuses with the
+    records that share it."""
+    node, set_handler = fake_node
+    set_handler(lambda request: produce_result(request, 0, 0))
+    big = b"x" * (9 << 20)
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-z", "none",
+                          "-s", str(16 << 20)], input=b"small\n" + big + b"\n",
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1, run.stderr.decode()
+    assert b"record 2: MESSAGE_TOO_LARGE" in run.stderr
+    assert b"message_bytes_max=8388608" in run.stderr
+    sent = [frame for request in node.produce_batches for frame in request]
+    assert all(len(frame) <= 8 << 20 for frame in sent)
+    assert [v for frame in sent for v in batch_format.decode_batch(frame).values] == [b"small"]

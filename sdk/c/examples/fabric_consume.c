@@ -10,6 +10,7 @@
  */
 #include "../fabric.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +21,21 @@
 #define POLL_SLICE_MS 500 /* how often a follow loop checks for Ctrl-C */
 
 enum field { F_PARTITION, F_OFFSET, F_TIMESTAMP, F_KEY, F_VALUE, F_HEADERS };
+
+/* A whole decimal integer in [min, max]; anything else (atoi would have read "abc" as 0)
+ * is refused with a message and exit status 2. */
+static long long int_arg(const char *prog, const char *flag, const char *text, long long min,
+                         long long max) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < min || v > max) {
+        fprintf(stderr, "%s: %s wants an integer in [%lld, %lld], not \"%s\"\n", prog, flag, min,
+                max, text);
+        exit(2);
+    }
+    return v;
+}
 
 static volatile sig_atomic_t stopping = 0;
 static void on_signal(int sig) {
@@ -137,15 +153,15 @@ int main(int argc, char **argv) {
         switch (opt) {
         case 'b': bootstrap = optarg; break;
         case 't': topic = optarg; break;
-        case 'p': partition = (int32_t)atoi(optarg); break;
+        case 'p': partition = (int32_t)int_arg("fabric-consume", "--partition", optarg, 0, INT32_MAX); break;
         case 'o':
             if (strcmp(optarg, "beginning") == 0) offset = FABRIC_OFFSET_BEGINNING;
             else if (strcmp(optarg, "end") == 0) offset = FABRIC_OFFSET_END;
-            else offset = strtoll(optarg, NULL, 10);
+            else offset = int_arg("fabric-consume", "--offset (or beginning, end)", optarg, 0, INT64_MAX);
             break;
-        case 'c': count = strtoll(optarg, NULL, 10); break;
+        case 'c': count = int_arg("fabric-consume", "--count", optarg, 0, INT64_MAX); break;
         case 'f': follow = 1; break;
-        case 'i': idle_ms = atoi(optarg); break;
+        case 'i': idle_ms = (int)int_arg("fabric-consume", "--idle-ms", optarg, 0, INT32_MAX); break;
         case 'F':
             if (parse_fields(optarg, fields, &field_count)) {
                 fprintf(stderr, "fabric-consume: bad --fields %s\n", optarg);

@@ -71,8 +71,24 @@ static void usage(FILE *f) {
             "  -z, --compression lz4|none  default lz4\n"
             "  -l, --linger-ms N         default 5\n"
             "  -s, --batch-bytes N       default 262144\n"
-            "  -T, --timeout-ms N        how long to wait for acknowledgements at the end (120000)\n"
+            "  -T, --timeout-ms N        how long to wait for acknowledgements at the end (120000;\n"
+            "                            -1 = no limit)\n"
             "  -q, --quiet               no per-batch error lines\n");
+}
+
+/* A whole decimal integer in [min, max]; anything else (atoi would have read "abc" as 0)
+ * is refused with a message and exit status 2. */
+static long long int_arg(const char *prog, const char *flag, const char *text, long long min,
+                         long long max) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < min || v > max) {
+        fprintf(stderr, "%s: %s wants an integer in [%lld, %lld], not \"%s\"\n", prog, flag, min,
+                max, text);
+        exit(2);
+    }
+    return v;
 }
 
 static volatile sig_atomic_t stopping = 0;
@@ -172,7 +188,7 @@ int main(int argc, char **argv) {
         switch (opt) {
         case 'b': bootstrap = optarg; break;
         case 't': o.topic = optarg; break;
-        case 'p': o.partition = (int32_t)atoi(optarg); break;
+        case 'p': o.partition = (int32_t)int_arg("fabric-produce", "--partition", optarg, -1, INT32_MAX); break;
         case 'k':
             o.key_sep = optarg;
             o.key_sep_len = strlen(optarg);
@@ -187,7 +203,7 @@ int main(int argc, char **argv) {
             break;
         case 'L': o.line_headers = 1; break;
         case 'a':
-            cfg.acks = strcmp(optarg, "all") == 0 ? -1 : atoi(optarg);
+            cfg.acks = strcmp(optarg, "all") == 0 ? -1 : (int)int_arg("fabric-produce", "--acks", optarg, -1, 1);
             break;
         case 'z':
             if (strcmp(optarg, "lz4") == 0) cfg.compression = FABRIC_CODEC_LZ4;
@@ -197,9 +213,12 @@ int main(int argc, char **argv) {
                 return 2;
             }
             break;
-        case 'l': cfg.linger_ms = atoi(optarg); break;
-        case 's': cfg.batch_bytes_max = (size_t)strtoull(optarg, NULL, 10); break;
-        case 'T': timeout_ms = atoi(optarg); break;
+        case 'l': cfg.linger_ms = (int)int_arg("fabric-produce", "--linger-ms", optarg, 0, INT32_MAX); break;
+        case 's':
+            cfg.batch_bytes_max = (size_t)int_arg("fabric-produce", "--batch-bytes", optarg, 1,
+                                                  FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX);
+            break;
+        case 'T': timeout_ms = (int)int_arg("fabric-produce", "--timeout-ms", optarg, -1, INT32_MAX); break;
         case 'q': stats.quiet = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -224,8 +243,7 @@ int main(int argc, char **argv) {
     int32_t partitions;
     rc = fabric_producer_partition_count(p, o.topic, &partitions);
     if (rc) {
-        fprintf(stderr, "fabric-produce: topic %s: %s: %s\n", o.topic, fabric_err_name(rc),
-                fabric_producer_last_error(p));
+        fprintf(stderr, "fabric-produce: %s: %s\n", fabric_err_name(rc), fabric_producer_last_error(p));
         fabric_producer_destroy(p);
         return 1;
     }
@@ -289,7 +307,7 @@ int main(int argc, char **argv) {
     }
     free(buf);
     rc = fabric_producer_flush(p, timeout_ms);
-    if (rc) fprintf(stderr, "fabric-produce: flush: %s\n", fabric_producer_last_error(p));
+    if (rc) fprintf(stderr, "fabric-produce: %s\n", fabric_producer_last_error(p));
     fabric_producer_destroy(p);
     fprintf(stderr,
             "fabric-produce: %llu records sent, %llu acknowledged%s, %llu failed, %llu batches\n",

@@ -533,6 +533,7 @@ const char *client_leader(const client_t *c, const char *topic, int32_t partitio
 int fabric_topic_partition_count(const char *bootstrap, const char *topic, int timeout_ms,
                                  int32_t *count) {
     (void)timeout_ms; /* each attempt is bounded by METADATA_TIMEOUT_MS */
+    if (topic == NULL || count == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     client_t c;
     int rc = client_init(&c, bootstrap);
     if (rc) return rc;

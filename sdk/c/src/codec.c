@@ -305,6 +305,10 @@ static int utf8_valid(const uint8_t *s, size_t len) {
     return 1;
 }
 
+/* For the producer's argument checks (declared in src/internal.h). */
+int codec_utf8_valid(const void *s, size_t len);
+int codec_utf8_valid(const void *s, size_t len) { return utf8_valid((const uint8_t *)s, len); }
+
 /* ---- Body reader ------------------------------------------------------------------------------- */
 typedef struct {
     const uint8_t *p;
@@ -1081,6 +1085,10 @@ int fabric_batch_builder_add(fabric_batch_builder_t *b, int64_t timestamp_ms, co
         if (headers[i].name_len > FABRIC_STRING_BYTES_MAX || headers[i].value_len < -1 ||
             (headers[i].name_len > 0 && headers[i].name == NULL) ||
             (headers[i].value_len > 0 && headers[i].value == NULL))
+            return FABRIC_ERR_INVALID_ARGUMENT;
+        /* The node refuses a batch with a non-UTF-8 header name (CORRUPT_MESSAGE), which
+         * would fail every record batched with this one: refuse the record alone here. */
+        if (headers[i].name_len > 0 && !utf8_valid((const uint8_t *)headers[i].name, headers[i].name_len))
             return FABRIC_ERR_INVALID_ARGUMENT;
     }
     int64_t first = b->record_count ? b->first_timestamp : timestamp_ms;

@@ -4,7 +4,8 @@
  * Synchronous and single-threaded: fabric_consumer_poll hands out the records of the
  * current batch; when they run out it decodes the next batch frame of the current FETCH
  * answer; when those run out it sends one FETCH to the next leader (round robin over
- * the leaders of the assigned partitions) and waits for it. Positions advance per record
+ * the leaders of the assigned partitions) and waits for it until the poll's timeout (an
+ * unanswered FETCH stays pending for the next poll). Positions advance per record
  * returned, so a record below the position (the first batch of a fetch may start before
  * fetch_offset) is skipped.
  */
@@ -17,6 +18,9 @@
 
 #define ASSIGNMENTS_MAX 10000   /* partitions one consumer reads */
 #define LIST_OFFSETS_TIMEOUT_MS 5000
+/* A poll waits this long past its timeout (at most) for the answer of a FETCH it has just
+ * sent, so that poll(c, 0) still returns what a node answers at once. */
+#define FETCH_ANSWER_GRACE_MS 100
 
 typedef struct cpart {
     char *topic;
@@ -42,6 +46,16 @@ struct fabric_consumer {
     uint32_t frames_left_in_result;
     int have_resp;
 
+    /* A FETCH sent and not yet answered: it outlives a poll whose timeout ran out (the next
+     * poll waits for the same answer), so that a poll returns within its timeout_ms even
+     * when the leader is slow or dead. */
+    int fetch_pending;
+    uint32_t fetch_id;
+    conn_t *fetch_conn;
+    int64_t fetch_answer_deadline;
+    int64_t fetch_grace_until; /* sent + max_wait + FETCH_ANSWER_GRACE_MS */
+    int fetch_answer_wait_ms; /* max_wait + request_timeout_ms, for the error text */
+
     /* The batch whose records are being handed out. */
     fabric_batch_t *batch;
     uint32_t record_index;
@@ -60,6 +74,7 @@ void fabric_consumer_config_init(fabric_consumer_config_t *c) {
 
 int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
                         const fabric_consumer_config_t *config) {
+    if (out == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     *out = NULL;
     fabric_consumer_config_t cfg;
     if (config) cfg = *config;
@@ -87,7 +102,7 @@ int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
     return 0;
 }
 
-const char *fabric_consumer_last_error(const fabric_consumer_t *c) { return c->client.error; }
+const char *fabric_consumer_last_error(const fabric_consumer_t *c) { return c ? c->client.error : ""; }
 
 static cpart_t *find_part(fabric_consumer_t *c, const char *topic, int32_t partition) {
     for (size_t i = 0; i < c->part_count; i++) {
@@ -108,11 +123,13 @@ static void drop_response(fabric_consumer_t *c) {
 
 int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t partition,
                            int64_t offset) {
-    if (topic == NULL || partition < 0 || offset < FABRIC_OFFSET_BEGINNING)
+    if (c == NULL || topic == NULL || partition < 0 || offset < FABRIC_OFFSET_BEGINNING)
         return FABRIC_ERR_INVALID_ARGUMENT;
     cpart_t *existing = find_part(c, topic, partition);
-    /* Re-assigning seeks: whatever was fetched for the old position is dropped. */
+    /* Re-assigning seeks: whatever was fetched for the old position is dropped, and the
+     * answer of a FETCH in flight is ignored when it comes (its id no longer matches). */
     drop_response(c);
+    c->fetch_pending = 0;
     if (existing) {
         existing->position = offset;
         return 0;
@@ -135,6 +152,7 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
 
 int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t partition,
                              int64_t *offset) {
+    if (c == NULL || topic == NULL || offset == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     cpart_t *p = find_part(c, topic, partition);
     if (p == NULL) return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
     *offset = p->position;
@@ -199,9 +217,9 @@ static void back_off(fabric_consumer_t *c, cpart_t *p, int64_t now) {
     p->retry_after_ms = now + c->cfg.retry_backoff_ms;
 }
 
-/* Send one FETCH to the next leader that has ready partitions and wait for the answer.
- * Returns 0 with c->have_resp set (or not, if nothing was ready), or an error. */
-static int fetch(fabric_consumer_t *c, int64_t deadline) {
+/* Send one FETCH to the next leader that has ready partitions (c->fetch_pending set when
+ * one went out). Returns 0 or an error. */
+static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     int64_t now = now_ms();
     if (!c->metadata_ready) {
         int rc = refresh(c);
@@ -275,26 +293,53 @@ static int fetch(fabric_consumer_t *c, int64_t deadline) {
         return 0;
     }
     /* The node holds the fetch up to max_wait; allow request_timeout_ms on top. */
-    int64_t answer_deadline = now_ms() + max_wait + c->cfg.request_timeout_ms;
+    c->fetch_pending = 1;
+    c->fetch_id = id;
+    c->fetch_conn = conn;
+    c->fetch_answer_wait_ms = max_wait + c->cfg.request_timeout_ms;
+    c->fetch_answer_deadline = now_ms() + c->fetch_answer_wait_ms;
+    c->fetch_grace_until = now_ms() + max_wait + FETCH_ANSWER_GRACE_MS;
+    return 0;
+}
+
+/* Wait for the pending FETCH's answer until the caller's deadline (it stays pending if that
+ * comes first; a FETCH just sent gets FETCH_ANSWER_GRACE_MS past it) or its own answer
+ * deadline (then it is given up). Returns 0 with
+ * c->have_resp set or not, or an error. */
+static int await_fetch(fabric_consumer_t *c, int64_t deadline) {
+    conn_t *conn = c->fetch_conn;
+    int rc;
+    if (deadline < c->fetch_grace_until) deadline = c->fetch_grace_until;
     for (;;) {
-        int64_t wait = answer_deadline - now_ms();
-        if (wait <= 0) {
+        int64_t now = now_ms();
+        if (now >= c->fetch_answer_deadline || conn->data == NULL) {
+            c->fetch_pending = 0;
             client_drop_data(&c->client, conn);
             client_set_error(&c->client, "FETCH to %s: no answer within %d ms", conn->address,
-                             max_wait + c->cfg.request_timeout_ms);
-            for (size_t i = 0; i < c->part_count; i++) back_off(c, &c->parts[i], now_ms());
+                             c->fetch_answer_wait_ms);
+            for (size_t i = 0; i < c->part_count; i++) back_off(c, &c->parts[i], now);
             return 0;
         }
+        int64_t until = deadline < c->fetch_answer_deadline ? deadline : c->fetch_answer_deadline;
+        int64_t wait = until - now;
         zmq_pollitem_t item = {conn->data, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, (long)wait) <= 0) continue;
+        int ready = zmq_poll(&item, 1, wait > 0 ? (long)wait : 0);
+        if (ready <= 0) {
+            if (now_ms() >= deadline) return 0; /* still pending: the next poll waits on */
+            continue;
+        }
         response_t r;
         rc = client_recv(&c->client, conn->data, &r);
         if (rc == 1) continue;
-        if (rc) return rc;
-        if (r.header.correlation_id != id || r.header.api_key != FABRIC_API_FETCH) {
+        if (rc) {
+            c->fetch_pending = 0;
+            return rc;
+        }
+        if (r.header.correlation_id != c->fetch_id || r.header.api_key != FABRIC_API_FETCH) {
             response_free(&r); /* the answer to a fetch we gave up on */
             continue;
         }
+        c->fetch_pending = 0;
         c->resp = r;
         c->have_resp = 1;
         break;
@@ -358,6 +403,14 @@ static int fetch(fabric_consumer_t *c, int64_t deadline) {
     return 0;
 }
 
+static int fetch(fabric_consumer_t *c, int64_t deadline) {
+    if (!c->fetch_pending) {
+        int rc = send_fetch(c, deadline);
+        if (rc || !c->fetch_pending) return rc;
+    }
+    return await_fetch(c, deadline);
+}
+
 /* Decode the next batch frame of the current answer into c->batch. 1 = no frames left. */
 static int next_batch(fabric_consumer_t *c) {
     if (!c->have_resp || c->frame_index >= c->resp.count) return 1;
@@ -392,8 +445,9 @@ static int next_batch(fabric_consumer_t *c) {
 }
 
 int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record) {
+    if (record == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     *record = NULL;
-    if (c->part_count == 0) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (c == NULL || c->part_count == 0) return FABRIC_ERR_INVALID_ARGUMENT;
     int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     int fetched = 0; /* poll(0) still makes one fetch (with max_wait 0), so it can progress */
     for (;;) {

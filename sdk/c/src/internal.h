@@ -65,6 +65,8 @@ typedef struct response {
 } response_t;
 
 int64_t now_ms(void);
+/* Strict UTF-8 as Python decodes it (src/codec.c). */
+int codec_utf8_valid(const void *s, size_t len);
 void client_set_error(client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 int client_init(client_t *c, const char *bootstrap);

@@ -5,8 +5,10 @@
  * batch builder and a FIFO of closed, encoded batches. A batch closes when the next
  * record would push it past batch_bytes_max, or linger_ms after its first record. Ready
  * batches are grouped by leader into one PRODUCE request per node (up to
- * REQUEST_BATCHES_MAX). At most one batch per partition is in flight, so a retry (same
- * bytes, after a METADATA refresh and retry_backoff_ms) cannot reorder records.
+ * REQUEST_BATCHES_MAX). Up to max_in_flight batches per partition are in flight; a retry
+ * (same bytes, after a METADATA refresh and retry_backoff_ms) is resent alone once nothing
+ * else of its partition is in flight, in creation order. Without idempotence a later batch
+ * that succeeded while an earlier one failed lands first: max_in_flight = 1 keeps order.
  *
  * No background thread: I/O happens inside fabric_produce (when a batch closed, a timer
  * is due, or every IO_EVERY_RECORDS records while requests are in flight),
@@ -106,6 +108,7 @@ void fabric_producer_config_init(fabric_producer_config_t *c) {
 
 int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
                         const fabric_producer_config_t *config) {
+    if (out == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     *out = NULL;
     fabric_producer_config_t cfg;
     if (config) cfg = *config;
@@ -145,7 +148,7 @@ int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
     return 0;
 }
 
-const char *fabric_producer_last_error(const fabric_producer_t *p) { return p->client.error; }
+const char *fabric_producer_last_error(const fabric_producer_t *p) { return p ? p->client.error : ""; }
 
 /* ---- topics and queues ---------------------------------------------------------------------- */
 static ptopic_t *find_topic(fabric_producer_t *p, const char *name) {
@@ -226,6 +229,7 @@ static int topic_for_send(fabric_producer_t *p, const char *name, ptopic_t **out
 }
 
 int fabric_producer_partition_count(fabric_producer_t *p, const char *topic, int32_t *count) {
+    if (p == NULL || topic == NULL || count == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     ptopic_t *t;
     int rc = topic_for_send(p, topic, &t);
     if (rc == 0) *count = t->partition_count;
@@ -654,7 +658,7 @@ static int pending(const fabric_producer_t *p) {
 }
 
 int fabric_producer_next_timeout_ms(fabric_producer_t *p) {
-    if (!pending(p)) return -1;
+    if (p == NULL || !pending(p)) return -1;
     if (p->inflight_count) return 0; /* answers may be waiting */
     int64_t left = p->next_timer_ms == INT64_MAX ? POLL_SLICE_MS_MAX : p->next_timer_ms - now_ms();
     if (left < 0) left = 0;
@@ -662,6 +666,7 @@ int fabric_producer_next_timeout_ms(fabric_producer_t *p) {
 }
 
 int fabric_producer_poll(fabric_producer_t *p, int timeout_ms) {
+    if (p == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     do {
         int64_t left = deadline - now_ms();
@@ -671,6 +676,7 @@ int fabric_producer_poll(fabric_producer_t *p, int timeout_ms) {
 }
 
 int fabric_producer_flush(fabric_producer_t *p, int timeout_ms) {
+    if (p == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
     p->flushing = 1;
     while (pending(p)) {
@@ -693,14 +699,40 @@ static int64_t wall_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The record's arguments, checked before anything is sized, queued or waited for. */
+static int check_record(client_t *c, const char *topic, int32_t partition, const void *key,
+                        int32_t key_len, const void *value, int32_t value_len,
+                        const fabric_header_t *headers, size_t header_count) {
+    const char *what = NULL;
+    if (topic == NULL) what = "topic is NULL";
+    else if (partition < -1) what = "partition is below -1";
+    else if (key_len < -1 || (key_len > 0 && key == NULL)) what = "key_len below -1, or key NULL with key_len > 0";
+    else if (value_len < -1 || (value_len > 0 && value == NULL)) what = "value_len below -1, or value NULL with value_len > 0";
+    else if (header_count > UINT16_MAX) what = "more than 65535 headers";
+    else if (header_count > 0 && headers == NULL) what = "headers is NULL with header_count > 0";
+    for (size_t i = 0; what == NULL && i < header_count; i++) {
+        const fabric_header_t *h = &headers[i];
+        if (h->name_len > FABRIC_STRING_BYTES_MAX || (h->name_len > 0 && h->name == NULL))
+            what = "a header name is NULL or longer than 65535 bytes";
+        else if (h->name_len > 0 && !codec_utf8_valid(h->name, h->name_len))
+            what = "a header name is not UTF-8";
+        else if (h->value_len < -1 || (h->value_len > 0 && h->value == NULL))
+            what = "a header value_len is below -1, or its value NULL with value_len > 0";
+    }
+    if (what == NULL) return 0;
+    client_set_error(c, "fabric_produce: %s", what);
+    return FABRIC_ERR_INVALID_ARGUMENT;
+}
+
 int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, const void *key,
                    int32_t key_len, const void *value, int32_t value_len,
                    const fabric_header_t *headers, size_t header_count, int64_t timestamp_ms) {
-    if (topic == NULL || key_len < -1 || value_len < -1 || (key_len > 0 && key == NULL) ||
-        (value_len > 0 && value == NULL) || header_count > UINT16_MAX || partition < -1)
-        return FABRIC_ERR_INVALID_ARGUMENT;
+    if (p == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    int rc = check_record(&p->client, topic, partition, key, key_len, value, value_len, headers,
+                          header_count);
+    if (rc) return rc;
     ptopic_t *t;
-    int rc = topic_for_send(p, topic, &t);
+    rc = topic_for_send(p, topic, &t);
     if (rc) return rc;
     if (partition >= t->partition_count) {
         client_set_error(&p->client, "topic %s has no partition %d (it has %d)", topic, partition,
@@ -721,6 +753,18 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     if (size > (size_t)FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX) {
         client_set_error(&p->client, "record of %zu bytes exceeds BATCH_UNCOMPRESSED_BYTES_MAX=%d",
                          size, FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX);
+        return FABRIC_ERR_MESSAGE_TOO_LARGE;
+    }
+    /* As the Python producer: a record that cannot fit the topic's message_bytes_max even in
+     * a batch of its own is refused here, not sent to fail (with whatever shares its batch). */
+    const topic_meta_t *meta = client_topic(&p->client, topic);
+    if (meta && meta->message_bytes_max > 0 &&
+        size + FABRIC_BATCH_HEADER_BYTES > (size_t)meta->message_bytes_max) {
+        client_set_error(&p->client,
+                         "record of %zu bytes (key, value, headers and %d bytes of lengths) does "
+                         "not fit topic %s's message_bytes_max=%d with the %d-byte batch header",
+                         size, FABRIC_RECORD_FIXED_BYTES, topic, meta->message_bytes_max,
+                         FABRIC_BATCH_HEADER_BYTES);
         return FABRIC_ERR_MESSAGE_TOO_LARGE;
     }
     /* Backpressure: a bounded wait for acknowledgements, then BUFFER_FULL. */
@@ -764,15 +808,14 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
         close_open_batch(p, q, now);
         closed = 1;
     }
-    rc = fabric_batch_builder_add(&q->open, ts, key, key_len, value, value_len, headers,
-                                  header_count);
-    if (rc == FABRIC_ERR_INVALID_ARGUMENT && q->open.record_count > 0) {
+    if (q->open.record_count > 0 &&
+        (ts - q->open.first_timestamp < INT32_MIN || ts - q->open.first_timestamp > INT32_MAX)) {
         /* The timestamp is too far from the batch's first one for an i32 delta. */
         close_open_batch(p, q, now);
         closed = 1;
-        rc = fabric_batch_builder_add(&q->open, ts, key, key_len, value, value_len, headers,
-                                      header_count);
     }
+    rc = fabric_batch_builder_add(&q->open, ts, key, key_len, value, value_len, headers,
+                                  header_count);
     if (rc) {
         if (rc == FABRIC_ERR_NO_MEMORY) fail_open(p, q, rc, "out of memory adding a record");
         return rc;
