@@ -8,6 +8,7 @@ format and the bootstrap option.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -39,6 +40,31 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
         lowered = {k.lower(): v for k, v in options.items()}
         value = lowered.get(name.lower())
     return value
+
+
+READ_OPTIONS = ("bootstrap", "zk", "subscribe", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
+                "maxOffsetsPerTrigger", "maxRecordsPerPartition", "minPartitions", "includeHeaders", "includeGlobalId",
+                "failOnDataLoss", "pollTimeoutMs")
+WRITE_OPTIONS = ("bootstrap", "zk", "topic", "acks", "compression", "lingerMs", "batchBytesMax", "exactlyOnce", "sinkId")
+SPARK_OPTIONS = ("path", "checkpointLocation", "queryName")  # Spark passes these itself (load(path), writeStream)
+
+
+def check_known(options: Mapping[str, str], known: tuple[str, ...], what: str) -> None:
+    """Refuse an option this side does not use: a misspelt ``startingOffset`` silently read
+    from the default (a stream: latest) instead of failing."""
+    allowed = {name.lower(): name for name in (*known, *SPARK_OPTIONS)}
+    for name in options:
+        lowered = str(name).lower()
+        if lowered in allowed or lowered.startswith("__"):  # "__": Spark's internal options
+            continue
+        if lowered == "kafka.bootstrap.servers":
+            hint = "fabric's is option bootstrap ('zk://host:port' or 'tcp://host:port,...')"
+        elif lowered.startswith("kafka."):
+            hint = "fabric takes no kafka.* client settings"
+        else:
+            close = difflib.get_close_matches(lowered, list(allowed), n=1, cutoff=0.6)
+            hint = f"did you mean {allowed[close[0]]}?" if close else f"the {what} options are {', '.join(known)}"
+        raise FabricOptionError(f"unknown {what} option {name!r}: {hint}")
 
 
 def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:

@@ -494,6 +494,8 @@ def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
                 continue
             idle_deadline = time.monotonic() + part.poll_timeout_ms / 1000.0
             for raw in batches:
+                if position >= part.end:
+                    break  # the range ended inside an earlier batch of this answer: the rest is not ours
                 control = read_header(raw.buf)
                 if control.attributes & ATTRIBUTE_CONTROL:  # a strict-order tick: an offset, no record
                     if control.base_offset + raw.skip > position:

@@ -41,6 +41,7 @@ class _ReadConfig:
     """The read options, parsed and checked once on the driver."""
 
     def __init__(self, options: Mapping[str, str], *, streaming: bool) -> None:
+        opts.check_known(options, opts.READ_OPTIONS, "read")
         self.bootstrap = opts.bootstrap_from(options)
         self.selection = opts.parse_selection(options)
         self.starting = opts.parse_offsets(options, "startingOffsets", "latest" if streaming else "earliest")
@@ -86,14 +87,29 @@ class FabricDataSource(DataSource):
                            opts.parse_bool(self.options, "includeGlobalId", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        self._check_schema(schema)
         return FabricBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._check_schema(schema)
         return FabricStreamReader(self.options, schema)
+
+    def _check_schema(self, schema: StructType) -> None:
+        # A schema given with .schema(...) reaches the reader instead of ours; the tasks
+        # return our columns anyway, and Spark's complaint ("Return schema mismatch")
+        # does not say why. The Kafka source refuses it the same way.
+        fixed = self.schema()
+        if schema is not None and schema != fixed:
+            raise opts.FabricOptionError(
+                f"the fabric source has a fixed schema ({fixed.simpleString()}); drop .schema(...) "
+                "and select or cast the columns after load()")
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from spark_connector._writer import FabricBatchWriter
 
+        if overwrite:  # a topic is append-only; "overwrite" used to append silently
+            raise opts.FabricOptionError(
+                "save mode overwrite is not supported: a fabric topic is append-only; use mode('append')")
         return FabricBatchWriter(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:

@@ -67,13 +67,22 @@ class _WriteConfig:
     """Write options and input columns, checked once on the driver."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        opts.check_known(options, opts.WRITE_OPTIONS, "write")
         self.bootstrap = opts.bootstrap_from(options)
         self.topic = opts._get(options, "topic")
-        self.acks = opts._get(options, "acks") or "all"
-        self.compression = opts._get(options, "compression") or "lz4"
+        self.acks = (opts._get(options, "acks") or "all").strip().lower()
+        if self.acks not in ("0", "1", "all", "-1"):
+            raise opts.FabricOptionError(f"option acks must be 0, 1 or all, got {self.acks!r}")
+        self.compression = (opts._get(options, "compression") or "lz4").strip().lower()
+        if self.compression not in ("lz4", "none"):
+            raise opts.FabricOptionError(f"option compression must be lz4 or none, got {self.compression!r}")
         self.linger_ms = opts.parse_int(options, "lingerMs", 5, minimum=0)
         self.batch_bytes_max = opts.parse_int(options, "batchBytesMax", 256 * 1024)
-        self.sink_id = opts._get(options, "sinkId") or opts._get(options, "checkpointLocation")
+        # Not the checkpoint location: a query restarted from scratch at the same location
+        # (checkpoint deleted) counts its micro-batches from 0 again, and would take the
+        # producer ids of the old query's batches, whose records the node then acknowledges
+        # as duplicates without writing them. The query id (write()) is new for a new checkpoint.
+        self.sink_id = opts._get(options, "sinkId")
         self.exactly_once = opts.parse_bool(options, "exactlyOnce", True)
         fields = {f.name: f.dataType for f in schema.fields}
         if "value" not in fields:
@@ -115,14 +124,30 @@ def _header_value(value: Any) -> bytes | None:
     return value.encode("utf-8") if isinstance(value, str) else value
 
 
-def send_all(config: _WriteConfig, producer: Producer, batches: Iterator[pa.RecordBatch]) -> int:
-    """Send every row in order, flush, and raise the first delivery error. Returns the row count."""
+def send_all(config: _WriteConfig, producer: Producer, batches: Iterator[pa.RecordBatch],
+             keyless_seed: int | None = None) -> int:
+    """Send every row in order, flush, and raise the first delivery error. Returns the row count.
+
+    ``keyless_seed`` (exactly-once): rows with neither a key nor a partition go to partition
+    ``(keyless_seed + i) % count`` for the i-th Arrow batch, not to the producer's sticky
+    partition, whose start is random per producer: a re-run task must send every record to
+    the same partition (with the same sequence numbers) as its first attempt, or the node
+    refuses it (OUT_OF_ORDER_SEQUENCE) or writes it twice."""
     futures = []
     count = 0
     topic_option = config.topic
     send = producer.send
     bulk_futures = []
-    for batch in batches:
+    partition_counts: dict[str, int] = {}
+
+    def keyless_partition(topic: str, turn: int) -> int | None:
+        if keyless_seed is None:
+            return None
+        if topic not in partition_counts:
+            partition_counts[topic] = producer.partitions_for(topic)
+        return (keyless_seed + turn) % partition_counts[topic]
+
+    for turn, batch in enumerate(batches):
         n = batch.num_rows
         if n == 0:
             continue
@@ -134,8 +159,9 @@ def send_all(config: _WriteConfig, producer: Producer, batches: Iterator[pa.Reco
                 bulk_headers = [None if h is None else [(item["key"], _header_value(item["value"])) for item in h]
                                 for h in batch.column("headers").to_pylist()]
             keys_column = batch.column("key") if "key" in config.columns else None
-            bulk_futures.append(producer.send_batch(topic_option, batch.column("value"), keys=keys_column,
-                                                    headers=bulk_headers))
+            bulk_futures.append(producer.send_batch(
+                topic_option, batch.column("value"), keys=keys_column, headers=bulk_headers,
+                partition=keyless_partition(topic_option, turn) if keys_column is None else None))
             count += n
             continue
         values = batch.column("value").to_pylist()
@@ -155,6 +181,8 @@ def send_all(config: _WriteConfig, producer: Producer, batches: Iterator[pa.Reco
         for topic, value, key, partition, header in zip(topics, values, keys, partitions, headers, strict=True):
             if topic is None:
                 raise opts.FabricOptionError("a row has a null 'topic' and no topic option is set")
+            if partition is None and key is None and keyless_seed is not None:
+                partition = keyless_partition(topic, turn)
             futures.append(send(topic, value, key=key, headers=header, partition=partition))
         count += n
     producer.flush(FLUSH_TIMEOUT_S)
@@ -209,7 +237,10 @@ class FabricStreamWriter(DataSourceStreamArrowWriter):
         if context is None:
             raise RuntimeError("FabricStreamWriter.write runs inside a Spark task")
         batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
-        sink_id = self.config.sink_id or context.getLocalProperty(QUERY_ID_PROPERTY)
+        # The query id is kept in the checkpoint: the same for every attempt and restart of
+        # this query, new for a new checkpoint (see _WriteConfig.sink_id).
+        sink_id = "\x00".join(part for part in (self.config.sink_id, context.getLocalProperty(QUERY_ID_PROPERTY))
+                               if part) or None
         return self.write_task(iterator, batch_id=int(batch_id) if batch_id is not None else None,
                                partition_id=context.partitionId(), sink_id=sink_id)
 
@@ -221,11 +252,11 @@ class FabricStreamWriter(DataSourceStreamArrowWriter):
             if batch_id is None or sink_id is None:
                 raise RuntimeError(
                     f"exactly-once needs the micro-batch id and a sink id (batch id {batch_id!r}, sink id {sink_id!r}); "
-                    "set the option sinkId or checkpointLocation")
+                    "set the option sinkId")
             producer_id = producer_id_for(sink_id, batch_id, partition_id)
         producer = self.config.producer(producer_id if producer_id >= 0 else None)
         try:
-            count = send_all(self.config, producer, iterator)
+            count = send_all(self.config, producer, iterator, producer_id if producer_id >= 0 else None)
         finally:
             producer.close()
         return FabricCommitMessage(count, partition_id, producer_id)

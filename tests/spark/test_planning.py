@@ -144,3 +144,30 @@ def test_stream_reader_data_loss_when_a_partition_goes_back() -> None:
     assert end == {"a": {"0": 10, "1": 20}}
     # What the recreated partition holds now is read from its earliest offset.
     assert [(p.partition, p.start, p.end) for p in lenient.partitions(went_back, end)] == [(0, 0, 10), (1, 0, 20)]
+
+
+def test_unknown_and_misspelt_options_are_refused() -> None:
+    """A misspelt option used to be ignored: ``startingOffset`` on a stream read from latest."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from spark_connector._writer import _WriteConfig
+
+    base = {"bootstrap": "zk://h:1", "subscribe": "t"}
+    with pytest.raises(opts.FabricOptionError, match="unknown read option 'startingOffset': did you mean startingOffsets"):
+        FabricStreamReader({**base, "startingOffset": "earliest"}, None)  # type: ignore[arg-type]
+    with pytest.raises(opts.FabricOptionError, match="did you mean failOnDataLoss"):
+        FabricBatchReader({**base, "failondatalos": "false"}, None)  # type: ignore[arg-type]
+    with pytest.raises(opts.FabricOptionError, match="option bootstrap"):
+        FabricBatchReader({"kafka.bootstrap.servers": "h:9092", "subscribe": "t"}, None)  # type: ignore[arg-type]
+    with pytest.raises(opts.FabricOptionError, match="unknown read option 'topic'"):
+        FabricBatchReader({**base, "topic": "t"}, None)  # type: ignore[arg-type]
+    FabricBatchReader({**base, "path": "t", "__internal": "x"}, None)  # type: ignore[arg-type]  # Spark's own
+
+    schema = StructType([StructField("value", BinaryType())])
+    write = {"bootstrap": "zk://h:1", "topic": "t"}
+    _WriteConfig({**write, "checkpointLocation": "/cp", "queryName": "q", "acks": "1", "compression": "none"}, schema)
+    for bad, message in (({"kafka.acks": "all"}, "no kafka"), ({"subscribe": "t"}, "unknown write option 'subscribe'"),
+                         ({"lingerMS": "5", "exactly_once": "true"}, "did you mean exactlyOnce"),
+                         ({"acks": "2"}, "acks must be 0, 1 or all"), ({"compression": "gzip"}, "lz4 or none")):
+        with pytest.raises(opts.FabricOptionError, match=message):
+            _WriteConfig({**write, **bad}, schema)

@@ -249,3 +249,38 @@ def test_stream_reads_added_partitions_from_earliest(spark: Any, cluster: LocalC
         assert json.loads(end) == {topic_name: {"0": 5, "1": 5, "2": 2}}
     finally:
         query.stop()
+
+
+def test_range_ending_inside_a_batch_is_not_data_loss(spark: Any, cluster: LocalCluster, topic_name: str) -> None:
+    """A range that ends inside a fetched batch, with more batches after it in the same
+    fetch answer: the task stops at its end. It used to go on to the next batch of the
+    answer and fail with a false DataLossError ("offsets N..M are missing"), which broke
+    every split range (maxRecordsPerPartition, minPartitions, a default read of a partition
+    over 500,000 records) and endingOffsets inside a batch."""
+    create_topic(cluster.bootstrap, topic_name, 1)
+    with Producer(cluster.bootstrap, acks="all", linger_ms=60_000, batch_bytes_max=2000) as producer:
+        for i in range(1000):
+            producer.send(topic_name, f"r{i:04d}".encode() * 4, partition=0)
+        producer.flush(60)
+    tp = TopicPartition(topic_name, 0)
+    with Consumer(cluster.bootstrap) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        first = consumer.poll_batches(timeout_ms=5000)
+    assert len(first) > 2 and first[0].base_offset == 0 and 10 < len(first[0]) < 200, "batches of some tens of records"
+    end = len(first[0]) // 2  # inside the first batch, which the same fetch answer follows with more
+    df = reader(spark, cluster, subscribe=topic_name, endingOffsets=json.dumps({topic_name: {"0": end}}))
+    assert [o for _, o, _ in rows(df)] == list(range(end))
+    split = reader(spark, cluster, subscribe=topic_name, maxRecordsPerPartition="333")
+    assert split.rdd.getNumPartitions() == 4
+    assert [o for _, o, _ in rows(split)] == list(range(1000))
+
+
+def test_user_schema_and_misspelt_options_are_clear_errors(spark: Any, cluster: LocalCluster, three: str) -> None:
+    """A schema given with .schema(...) used to fail in the tasks with Spark's "Return schema
+    mismatch"; a misspelt option was ignored (here: the whole topic instead of nothing)."""
+    with pytest.raises(Exception, match="fabric source has a fixed schema"):
+        spark.read.format("fabric").schema("value binary").option("bootstrap", cluster.bootstrap) \
+            .option("subscribe", three).load().collect()
+    with pytest.raises(Exception, match="did you mean endingOffsets"):
+        reader(spark, cluster, subscribe=three, endingOffset=json.dumps({three: {"0": 0, "1": 0, "2": 0}})).collect()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,15 @@ def test_write_needs_a_value_column_and_a_topic(spark: Any, cluster: LocalCluste
         writer.save()
 
 
+def test_overwrite_mode_is_refused(spark: Any, cluster: LocalCluster, topic_name: str) -> None:
+    """mode("overwrite") used to append silently; a topic cannot be overwritten (Kafka refuses it too)."""
+    create_topic(cluster.bootstrap, topic_name, 1)
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception, match="save mode overwrite is not supported"):
+        df.write.format("fabric").mode("overwrite").option("bootstrap", cluster.bootstrap).option("topic", topic_name).save()
+    assert read_all(cluster.bootstrap, topic_name, 1) == []
+
+
 def _copy_query(spark: Any, cluster: LocalCluster, source: str, sink: str, checkpoint: Path,
                 exactly_once: bool = True) -> Any:
     df = (spark.readStream.format("fabric").option("bootstrap", cluster.bootstrap).option("subscribe", source)
@@ -102,6 +112,68 @@ def test_same_task_written_twice_is_kept_once(cluster: LocalCluster, topic_name:
     # The next micro-batch is a different producer: its rows are new records.
     writer.write_task(iter(rows()), batch_id=8, partition_id=1, sink_id="test-sink")
     assert len(read_all(cluster.bootstrap, topic_name, 3)) == 1000
+
+
+@needs_idempotence
+@pytest.mark.parametrize("columns", ["value", "topic_value"])
+def test_keyless_task_written_twice_is_kept_once(cluster: LocalCluster, topic_name: str, columns: str) -> None:
+    """Rows without a key (and without a partition) must go to the same partitions on every
+    attempt of a task. The producer's sticky partitioner starts at a random partition per
+    producer, so a re-run used to send them elsewhere: the node refused the re-run
+    (OUT_OF_ORDER_SEQUENCE) or wrote it twice. ``value`` alone takes the bulk path
+    (send_batch); with a ``topic`` column each row goes through send()."""
+    create_topic(cluster.bootstrap, topic_name, 3)
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    fields = [StructField("value", BinaryType())]
+    options = {"bootstrap": cluster.bootstrap, "batchBytesMax": "2048", "topic": topic_name}
+    if columns == "topic_value":
+        fields.insert(0, StructField("topic", StringType()))
+        del options["topic"]
+    writer = FabricStreamWriter(options, StructType(fields))
+
+    def rows(task: int) -> list[pa.RecordBatch]:
+        out = []
+        for i in range(0, 300, 100):
+            values = pa.array([f"task-{task}-event-{j}".encode() * 5 for j in range(i, i + 100)])
+            arrays = [pa.array([topic_name] * 100), values] if columns == "topic_value" else [values]
+            out.append(pa.RecordBatch.from_arrays(arrays, [f.name for f in fields]))
+        return out
+
+    for task in range(4):  # four tasks: a random start would match the first attempt's by chance 1 in 81
+        for _ in range(2):
+            writer.write_task(iter(rows(task)), batch_id=3, partition_id=task, sink_id="keyless-sink")
+    got = read_all(cluster.bootstrap, topic_name, 3)
+    assert sorted(v for _, _, _, v in got) == sorted(
+        f"task-{t}-event-{j}".encode() * 5 for t in range(4) for j in range(300))
+    assert len({p for p, _, _, _ in got}) > 1  # still spread over the partitions
+
+
+def test_query_restarted_from_scratch_writes_everything(spark: Any, cluster: LocalCluster, topic_name: str,
+                                                        tmp_path: Path) -> None:
+    """A checkpoint deleted and a new query started at the same location: its micro-batches
+    count from 0 again. The sink's producer ids used to come from the checkpoint location,
+    so the new query's batches took the old query's ids, and the node acknowledged its
+    records as duplicates without writing them (silent loss). They come from the query id,
+    which is new for a new checkpoint."""
+    first, second, sink = f"{topic_name}-a", f"{topic_name}-b", f"{topic_name}-out"
+    for name in (first, second, sink):
+        create_topic(cluster.bootstrap, name, 1)
+    produce(cluster.bootstrap, first, [f"first-{i}".encode() for i in range(10)])
+    produce(cluster.bootstrap, second, [f"second-{i}".encode() for i in range(10)])
+    checkpoint = tmp_path / "cp"
+    for source in (first, second):
+        shutil.rmtree(checkpoint, ignore_errors=True)  # the user resets the query
+        query = (spark.readStream.format("fabric").option("bootstrap", cluster.bootstrap).option("subscribe", source)
+                 .option("startingOffsets", "earliest").load().select("value").writeStream.format("fabric")
+                 .option("bootstrap", cluster.bootstrap).option("topic", sink)
+                 .option("checkpointLocation", str(checkpoint)).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    got = sorted(v for _, _, _, v in read_all(cluster.bootstrap, sink, 1))
+    assert got == sorted([f"first-{i}".encode() for i in range(10)] + [f"second-{i}".encode() for i in range(10)])
 
 
 @needs_idempotence
