@@ -32,6 +32,8 @@ def check_headers(headers: Headers) -> None:
     if len(headers) > batch_format.HEADERS_PER_RECORD_MAX:
         raise ValueError(f"{len(headers)} headers: a record carries at most {batch_format.HEADERS_PER_RECORD_MAX}")
     for name, _value in headers:
+        if not isinstance(name, str):  # None (a null in a Spark headers column), bytes...
+            raise TypeError(f"header name must be a str, not {type(name).__name__} {name!r:.40}")
         try:
             size = len(name.encode("utf-8"))
         except UnicodeEncodeError:

@@ -290,7 +290,9 @@ class BulkFuture:
 
 
 def by_key(columns: Columns, partition_count: int) -> list[tuple[int, Columns]]:
-    """Keyed records: split by partition (crc32 of the key, as ``send``), keeping order."""
+    """Keyed records: split by partition (crc32 of the key, as ``send``), keeping order.
+    Null keys form the group of target -1: the sticky partitioner's, as ``send(key=None)``
+    (they all went to partition 0 once, piling onto one partition)."""
     from fabric.protocol.keyhash import partition_for_key
 
     keys = [columns.key(i) for i in range(columns.count)] if columns.keys is not None else [None] * columns.count
@@ -298,7 +300,7 @@ def by_key(columns: Columns, partition_count: int) -> list[tuple[int, Columns]]:
     headers = columns.headers
     members: dict[int, list[int]] = {}
     for index, key in enumerate(keys):
-        target = partition_for_key(key, partition_count) if key is not None else 0
+        target = partition_for_key(key, partition_count) if key is not None else -1
         members.setdefault(target, []).append(index)
     out: list[tuple[int, Columns]] = []
     for target, indices in sorted(members.items()):

@@ -389,7 +389,8 @@ class _ProducerCore:
         arrays; ``headers`` one list of (name, value) pairs or None per record. The records
         share one timestamp. Without keys or ``partition`` they fill whole batches that go
         to one partition after another (sticky, as ``send``); with keys each record goes to
-        its key's partition (slower: a Python step per record). Same guarantees as
+        its key's partition (slower: a Python step per record), and records whose key is
+        None go stickily, as without keys. Same guarantees as
         ``send``: acks, idempotence, order within a partition, retries, buffer limits. A
         record that cannot fit ``message_bytes_max`` refuses the whole call, before
         anything is queued."""
@@ -429,7 +430,7 @@ class _ProducerCore:
         payloads = [batch_format.compress_records(piece.records, self.codec, adaptive=True) for _, piece in pieces]
         parts: list[tuple[BatchResult, int]] = []
         with self._lock:
-            if partition is None and cols.keys is None:
+            if any(target < 0 for target, _group in groups):
                 self._sticky[topic] = sticky
                 self._sticky_closed_bytes[topic] = 0  # that partition has taken nothing yet
                 self._sticky_batch.pop(topic, None)

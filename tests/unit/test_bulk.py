@@ -86,3 +86,11 @@ def test_by_key_partitions_as_send_does() -> None:
     for partition, group in groups:
         got = [group.values.item(i) for i in range(group.count)]
         assert got == [v for k, v in zip(keys, values, strict=True) if partition_for_key(k, 4) == partition]
+
+
+def test_null_keys_are_left_to_the_sticky_partitioner() -> None:
+    # Not all to partition 0, as once: send(key=None) spreads them, so does send_batch.
+    keys = [b"a", None, b"b", None]
+    groups = dict(bulk.by_key(bulk.Columns([b"1", b"2", b"3", b"4"], keys), 4))
+    sticky = groups[-1]
+    assert [sticky.values.item(i) for i in range(sticky.count)] == [b"2", b"4"]

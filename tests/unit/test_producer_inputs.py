@@ -110,3 +110,11 @@ def test_a_callback_that_raises_does_not_stop_the_others() -> None:
     result.on_done(lambda: seen.append("after"))
     result.complete(5)  # on the sender thread in a producer: must not raise there
     assert seen == ["after"] and result.base_offset == 5
+
+
+@pytest.mark.parametrize("name", [None, b"h"])
+def test_send_batch_refuses_a_header_name_that_is_not_a_str(core: _ProducerCore, name: object) -> None:
+    # A null in a Spark headers column arrives as None: a TypeError naming it, not an
+    # AttributeError from inside the encoder.
+    with pytest.raises(TypeError, match="header name must be a str"):
+        core.send_batch("t", [b"a", b"b"], headers=[[(name, b"x")], None])  # type: ignore[list-item]
