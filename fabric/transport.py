@@ -231,7 +231,12 @@ def _describe_handshake_failure(event: Any, secure: bool) -> str:
     kind = event.get("event")
     if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return "the node does not know this client's key (register it: fabric principal add)"
-    if not secure:
+    if not secure and event.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
         return "the node requires CURVE; set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY (docs/SECURITY.md)"
+    if not secure:
+        # Something answered that does not speak ZeroMQ: a ZooKeeper address given without
+        # zk:// is the usual case (a bare HOST:PORT means a node).
+        return ("what answers there does not speak ZeroMQ: not a Fabric node (a ZooKeeper address "
+                f"needs zk:// in front) (zmq event {kind}, value {event.get('value')})")
     return ("the CURVE handshake failed: wrong server key, or the node is not secure "
             f"(zmq event {kind}, value {event.get('value')})")
