@@ -162,6 +162,7 @@ class HandOut:
     def __init__(self, consumer: Consumer, records: list[Record]) -> None:
         self.records = records
         self._positions = consumer._positions
+        consumer._iteration = self  # the consumer's next poll reads what this left unfinished again
         self._ends: dict[TopicPartition, int] = {}  # where poll() left each position: past all it read
         self._held: dict[TopicPartition, int] = {}  # each position as this hand-out last set it
         for record in records:
@@ -273,6 +274,7 @@ class Consumer:
         self._fetch_positions: dict[TopicPartition, int] = {}  # next offset to ask a node for
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._buffer: deque[RecordBatch | RawBatch] = deque()
+        self._iteration: HandOut | None = None  # the records an iterator is handing out (HandOut)
         self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int]]] = {}  # corr -> node, sent, {tp: pos}
         self._busy_nodes: set[str] = set()
         self._refresh_needed = True
@@ -536,6 +538,12 @@ class Consumer:
         """Keep fetches going until something is buffered or ``timeout_ms`` passes."""
         if self._closed:
             raise errors.ClientClosedError("poll after close()")
+        if self._iteration is not None:
+            # An iteration left early (its records not all handed out) is read on from
+            # where it stopped: the generator's own cleanup may come later (an async
+            # generator is closed by the loop after the caller's next call).
+            self.refetch(self._iteration.unfinished())
+            self._iteration = None
         group = self._group
         if not self._assigned and (group is None or not group.subscribed):
             raise errors.InvalidRequestError("no partitions assigned; call assign() or subscribe() first")

@@ -455,6 +455,15 @@ def test_async_iteration_commits_only_finished_records_and_close_ends_it(cluster
         except _HandlerFailed:
             pass
         await consumer.close()
+        # Left by break, then read with poll(): on from the record being handled, though
+        # the async generator's cleanup only runs later, on the loop.
+        again = await client.consumer([topic_name], group_id=f"{group}-again", **FAST)
+        async for record in again:
+            if record.offset == 9:
+                break
+        polled = [r.offset for r in await again.poll(5_000)]  # the first poll, not a later one
+        assert polled[:1] == [9], polled[:5]
+        await again.close()
         # close() from another task ends an ``async for`` that is waiting for records.
         idle = await client.consumer([topic_name], group_id=f"{group}-idle", **FAST)
         await idle.seek_to_end()
