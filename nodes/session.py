@@ -135,7 +135,10 @@ def register(node: NodeState) -> None:
 
 
 def reconcile_local_data(node: NodeState) -> None:
-    """At startup, wipe partitions whose topic was deleted (or re-created) while away."""
+    """At startup, wipe partitions whose topic was deleted (or re-created) while away, and
+    copies of partitions this node no longer hosts: a replica removed by a reassignment (or
+    a move cancelled) while it was down. A running node wipes those when the change reaches
+    it (nodes/roles.py); a restarted one never opens them, so they would stay for ever."""
     topics: dict[str, zkl.TopicConfig] = {}
     for name in zkl.get_children(node.zk, zkl.TOPICS):
         try:
@@ -143,13 +146,21 @@ def reconcile_local_data(node: NodeState) -> None:
         except NoNodeError:
             continue
         topics[name] = zkl.TopicConfig.decode(raw)
-    stale: list[tuple[str, int]] = []
+    stale: list[tuple[str, int, str]] = []
     for topic, partition in node.store.partitions():
         config = topics.get(topic)
         if config is None or partition >= config.partitions:
-            stale.append((topic, partition))
-    for topic, partition in stale:
-        log.info("wiping local data of deleted partition %s/%d", topic, partition)
+            stale.append((topic, partition, "deleted partition"))
+            continue
+        try:
+            raw, _ = zkl.get(node.zk, zkl.partition_path(topic, partition))
+        except NoNodeError:
+            continue  # not written yet (a topic being created): leave it
+        state = zkl.PartitionState.decode(partition, raw)
+        if node.node_id not in state.replicas:  # replicas include those being added or removed
+            stale.append((topic, partition, f"partition now on nodes {list(state.replicas)}"))
+    for topic, partition, why in stale:
+        log.info("wiping local data of %s/%d: %s", topic, partition, why)
         PartitionLog(node.store, topic, partition, incarnation=-1).wipe()
 
 

@@ -170,3 +170,40 @@ def test_plans_bad_input_a_second_move_and_a_new_throttle(cluster: LocalCluster,
     assert tuple(after[0].replicas) == tuple(slow) and set(after[0].isr) == set(slow)
     assert tuple(after[1].replicas) == tuple(reversed(p1.replicas))
     assert {r["node_id"]: r["log_end_offset"] for r in copies[(topic, 0)]} == {n: 300 for n in slow}
+
+
+def test_a_replica_removed_while_down_wipes_its_copy_when_it_returns(fresh_cluster: LocalCluster,
+                                                                    topic_name: str) -> None:
+    """OPERATIONS.md: a removed node deletes its copy. A running one does when the move
+    reaches it; one that was down during the move never opened the partition again after
+    its restart, and kept the copy for ever (found by a fault audit). Now it wipes it at
+    startup."""
+    cluster, topic = fresh_cluster, topic_name
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic, partitions=1, replication_factor=3, config={"min_insync": 2})
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(200):
+            producer.send(topic, b"v%d" % i, partition=0)
+        producer.flush(30)
+    cluster.add_node(NEW_NODE)
+    with Admin(cluster.bootstrap) as admin:
+        before = admin.describe_topic(topic).partitions[0]
+    removed = next(r for r in before.replicas if r != before.leader)
+    cluster.stop_node(removed)
+    target = [NEW_NODE if r == removed else r for r in before.replicas]
+    result = fabric("topic", "reassign", topic, "--partition", "0", "--replicas", ",".join(map(str, target)),
+                    "-b", cluster.bootstrap)
+    assert result.returncode == 0, result.stderr
+
+    def moved() -> bool:
+        with Admin(cluster.bootstrap) as admin:
+            now = admin.describe_topic(topic).partitions[0]
+        return tuple(now.replicas) == tuple(target) and NEW_NODE in now.isr
+
+    wait_until(moved, "the move finishes without the removed (stopped) replica", 60)
+    cluster.start_node(removed)
+    wait_for_full_isr(cluster.bootstrap, topic)
+    history = History()
+    collect_replicas(cluster, topic, 1, history)
+    assert len(history.replicas[NEW_NODE].get(0, {})) > 0
+    assert not history.replicas[removed].get(0), f"node {removed} still holds its copy of {topic}/0"
