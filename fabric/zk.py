@@ -81,6 +81,13 @@ ZK_COMMAND_DEADLINE_S = 5.0
 ZK_OP_TIMEOUT_S = 5.0
 # How long a client process waits for its first connection.
 ZK_START_TIMEOUT_S = 15.0
+# kazoo waits session_timeout / (number of servers listed) for a server to answer its
+# connect request. With one server that is the whole session: a restarted server that takes
+# the TCP connection but answers late (still loading) cost nodes their sessions in a fault
+# audit (5 restarts in 20), though an attempt a moment later would have kept them. Each
+# server is listed as many times as it takes to have this many entries, so one attempt
+# waits at most that fraction of the session.
+ZK_CONNECT_ATTEMPTS_PER_SESSION = 3
 
 
 def connection_retry() -> KazooRetry:
@@ -100,9 +107,21 @@ def command_retry() -> KazooRetry:
 
 
 def make_client(hosts: str, session_timeout_s: float = 10.0, **kwargs: Any) -> KazooClient:
-    """A kazoo client with Fabric's retry policy (not kazoo's hour-long backoff)."""
-    return KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=connection_retry(),
+    """A kazoo client with Fabric's retry policy (not kazoo's hour-long backoff) and
+    connect attempts of at most a third of the session each (``connect_hosts``)."""
+    return KazooClient(hosts=connect_hosts(hosts), timeout=session_timeout_s, connection_retry=connection_retry(),
                        command_retry=command_retry(), **kwargs)
+
+
+def connect_hosts(hosts: str) -> str:
+    """``hosts`` (``h1:p1,h2:p2/chroot``) with each server repeated until the list has
+    ZK_CONNECT_ATTEMPTS_PER_SESSION entries (kazoo tries them in random order; a repeat is
+    just another attempt at the same server)."""
+    servers, slash, chroot = hosts.partition("/")
+    entries = [h.strip() for h in servers.split(",") if h.strip()]
+    if entries and len(entries) < ZK_CONNECT_ATTEMPTS_PER_SESSION:
+        entries = entries * -(-ZK_CONNECT_ATTEMPTS_PER_SESSION // len(entries))
+    return ",".join(entries) + slash + chroot
 
 
 def wait(result: IAsyncResult, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:

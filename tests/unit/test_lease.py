@@ -82,3 +82,19 @@ def test_worker_runs_jobs_off_thread_and_hands_results_back() -> None:
     finally:
         worker.stop()
     assert not worker._thread.is_alive()
+
+
+@pytest.mark.parametrize(("hosts", "listed"), [
+    ("zk1:2181", "zk1:2181,zk1:2181,zk1:2181"),
+    ("zk1:2181/fabric/prod", "zk1:2181,zk1:2181,zk1:2181/fabric/prod"),
+    ("zk1:2181,zk2:2181", "zk1:2181,zk2:2181,zk1:2181,zk2:2181"),
+    ("zk1:2181,zk2:2181,zk3:2181/c", "zk1:2181,zk2:2181,zk3:2181/c"),
+])
+def test_a_connect_attempt_waits_at_most_a_third_of_the_session(hosts: str, listed: str) -> None:
+    """kazoo gives a connect request session_timeout / len(hosts) to be answered: with one
+    server, the whole session, and a restarted server that answered late took it."""
+    assert zkl.connect_hosts(hosts) == listed
+    client = zkl.make_client(hosts, session_timeout_s=6.0)
+    assert len(client.hosts) >= zkl.ZK_CONNECT_ATTEMPTS_PER_SESSION
+    chroot = hosts.partition("/")[2]
+    assert client.chroot == (f"/{chroot}" if chroot else "")
