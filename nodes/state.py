@@ -225,6 +225,14 @@ class NodeState:
         """Connected with a session we hold: metadata changes may be attempted."""
         return self.zk_ok.is_set() and not self.verify_session and not self.session_lost
 
+    def may_coordinate(self) -> bool:
+        """Consumer groups may be coordinated here (nodes/group_coordinator.py): within the
+        lease, as acks=1 writes and METADATA answers (nodes/lease.py). Its answers steer
+        members as those steer clients, and past the lease a new coordinator may exist. Not
+        ``session_ok``: a ZooKeeper that restarts in a second then cost every group a
+        reload and its members their commits (a fault audit saw 40 s without progress)."""
+        return not self.session_lost and not self.verify_session and self.lease.within_lease(time.monotonic())
+
     def check_write_allowed(self, acks: int) -> None:
         """The lease rule (nodes/lease.py): acks=all while the ISR holds, acks=0/1 only while
         our session cannot have expired, nothing after a stall until ZooKeeper confirms us."""
