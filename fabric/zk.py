@@ -84,9 +84,9 @@ ZK_START_TIMEOUT_S = 15.0
 # kazoo waits session_timeout / (number of servers listed) for a server to answer its
 # connect request. With one server that is the whole session: a restarted server that takes
 # the TCP connection but answers late (still loading) cost nodes their sessions in a fault
-# audit (5 restarts in 20), though an attempt a moment later would have kept them. Each
-# server is listed as many times as it takes to have this many entries, so one attempt
-# waits at most that fraction of the session.
+# audit (5 restarts in 20), though an attempt a moment later would have kept them. The
+# server list counts as this many entries (make_client), so one attempt waits at most that
+# fraction of the session.
 ZK_CONNECT_ATTEMPTS_PER_SESSION = 3
 
 
@@ -108,20 +108,23 @@ def command_retry() -> KazooRetry:
 
 def make_client(hosts: str, session_timeout_s: float = 10.0, **kwargs: Any) -> KazooClient:
     """A kazoo client with Fabric's retry policy (not kazoo's hour-long backoff) and
-    connect attempts of at most a third of the session each (``connect_hosts``)."""
-    return KazooClient(hosts=connect_hosts(hosts), timeout=session_timeout_s, connection_retry=connection_retry(),
-                       command_retry=command_retry(), **kwargs)
+    connect attempts of at most a third of the session each (``_Servers``)."""
+    client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=connection_retry(),
+                         command_retry=command_retry(), **kwargs)
+    client.hosts = _Servers(client.hosts)
+    return client
 
 
-def connect_hosts(hosts: str) -> str:
-    """``hosts`` (``h1:p1,h2:p2/chroot``) with each server repeated until the list has
-    ZK_CONNECT_ATTEMPTS_PER_SESSION entries (kazoo tries them in random order; a repeat is
-    just another attempt at the same server)."""
-    servers, slash, chroot = hosts.partition("/")
-    entries = [h.strip() for h in servers.split(",") if h.strip()]
-    if entries and len(entries) < ZK_CONNECT_ATTEMPTS_PER_SESSION:
-        entries = entries * -(-ZK_CONNECT_ATTEMPTS_PER_SESSION // len(entries))
-    return ",".join(entries) + slash + chroot
+class _Servers(list[tuple[str, int]]):
+    """kazoo's list of servers, which counts as at least ZK_CONNECT_ATTEMPTS_PER_SESSION
+    entries. kazoo gives a connect request ``session_timeout / len(client.hosts)`` to be
+    answered, and iterates the list itself to try each server once per round. Listing a
+    server several times would shorten the wait too, but it also makes kazoo reconnect at
+    once, without its backoff, after a connection drops (the next entry is the same server),
+    which fights any other client attaching to the session."""
+
+    def __len__(self) -> int:
+        return max(super().__len__(), ZK_CONNECT_ATTEMPTS_PER_SESSION)
 
 
 def wait(result: IAsyncResult, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> Any:
