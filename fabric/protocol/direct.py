@@ -10,6 +10,7 @@ send to subscribers over PUB -> SUB. Every message starts with one 16-byte heade
     6      1    flags           u8    bit 0 IDEMPOTENT, bit 1 HAS_HEADERS
     7      1    reserved        u8    0
     8      4    correlation_id  u32   request/reply pairing; PUBLISH: the sequence number
+                                      (per subject)
     12     4    aux             u32   REQUEST: timeout_ms; PING: the sender's heartbeat
                                       interval in ms (0: 200); PONG: load;
                                       PUBLISH: the publisher id; else 0

@@ -28,7 +28,7 @@ from sdk.direct import _balance as balance
 from sdk.direct._client import TIMEOUT_MS_MAX, DirectClient
 from sdk.direct._io import make_socket, recv_frames_within, send_frames
 from sdk.direct._peers import Response, _Peer, _ServiceView
-from sdk.direct._types import Reply, as_bytes, as_headers
+from sdk.direct._types import Reply, as_bytes, as_headers, count_arg, ms_arg
 
 RunOnLoop = Callable[[Coroutine[Any, Any, Any], float], Any]
 SWEEP_MIN = 64  # sockets of all threads before those of ended threads are looked for
@@ -58,10 +58,8 @@ class BlockingCaller:
         """The rules of ``DirectClient.request``, blocking the calling thread."""
         if self._on_loop_thread():
             raise RuntimeError("a blocking Fabric call from inside the client's own loop (use the asyncio API there)")
-        if not 0 < timeout_ms <= TIMEOUT_MS_MAX:
-            raise errors.InvalidRequestError(f"timeout_ms={timeout_ms} must be within (0, {TIMEOUT_MS_MAX}]")
-        if attempts_max < 1:
-            raise errors.InvalidRequestError("attempts_max must be at least 1")
+        ms_arg("timeout_ms", timeout_ms, TIMEOUT_MS_MAX)
+        count_arg("attempts_max", attempts_max, 1)
         body = as_bytes(payload, "payload")
         wire_headers = as_headers(headers)
         with self._lock:

@@ -26,7 +26,7 @@ from sdk.direct._peers import Response, _Peer, _PeerLost, _ServiceView
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, MessageHandler, Publisher, Subscription
 from sdk.direct._secure import DirectCredentials, DirectSecurity
 from sdk.direct._server import CONCURRENCY_DEFAULT, Handler, Service
-from sdk.direct._types import GatherResult, Message, Reply, as_bytes, as_headers
+from sdk.direct._types import GatherResult, Message, Reply, as_bytes, as_headers, count_arg, ms_arg
 
 log = logging.getLogger("fabric.direct")
 
@@ -235,10 +235,8 @@ class DirectClient:
         out it fails with RequestTimeout (outcome unknown), never sent twice. Requests an
         instance refused without running them (overloaded, stopping) are retried either way.
         """
-        if not 0 < timeout_ms <= TIMEOUT_MS_MAX:
-            raise errors.InvalidRequestError(f"timeout_ms={timeout_ms} must be within (0, {TIMEOUT_MS_MAX}]")
-        if attempts_max < 1:
-            raise errors.InvalidRequestError("attempts_max must be at least 1")
+        ms_arg("timeout_ms", timeout_ms, TIMEOUT_MS_MAX)
+        count_arg("attempts_max", attempts_max, 1)
         body = as_bytes(payload, "payload")
         wire_headers = as_headers(headers)
         view = self._views.get(name)
@@ -278,6 +276,8 @@ class DirectClient:
                         return result
                     retry_safe = self._refused(result, peer)
                     problem = str(result)
+            if self._closed:  # close() failed this attempt: no retry on closed sockets (as the blocking path)
+                raise errors.ClientClosedError(f"direct client closed during the request ({problem})")
             now = time.monotonic()
             if not attempts.may_repeat(now, retry_safe=retry_safe):
                 raise attempts.failure(name, problem, now, retry_safe=retry_safe)
@@ -327,8 +327,9 @@ class DirectClient:
         """Ask every live instance once; return what came back within ``timeout_ms`` and
         name the instances that did not answer. With ``min_replies``, fewer replies than
         that raise RequestTimeout (carrying the partial result as ``result``)."""
-        if not 0 < timeout_ms <= TIMEOUT_MS_MAX:
-            raise errors.InvalidRequestError(f"timeout_ms={timeout_ms} must be within (0, {TIMEOUT_MS_MAX}]")
+        ms_arg("timeout_ms", timeout_ms, TIMEOUT_MS_MAX)
+        if min_replies is not None:
+            count_arg("min_replies", min_replies, 0)
         body = as_bytes(payload, "payload")
         wire_headers = as_headers(headers)
         view = await self._view(name, timeout_ms)
@@ -393,6 +394,7 @@ class DirectClient:
                           metadata=metadata, bind=bind, queue_max=queue_max, advertise=advertise or self.advertise,
                           security=self.security)
         await service.start()
+        self._services = [s for s in self._services if not s.stopped]  # stopped ones are done with
         self._services.append(service)
         return service
 
@@ -434,6 +436,7 @@ class DirectClient:
         subscription = Subscription(self.zk, self.ctx, pattern, handler, pending_max=pending_max,
                                     security=self.security, own_publisher_id=self._publisher_id)
         await subscription.start()
+        self._subscriptions = [s for s in self._subscriptions if not s.closed]  # closed ones are done with
         self._subscriptions.append(subscription)
         return subscription
 

@@ -8,8 +8,11 @@ through its PUB socket: PUB/SUB would drop them until the subscription had found
 publisher in ZooKeeper and connected, and a client subscribing to what it publishes
 expects to see it. Losses are
 counted, never hidden: ``dropped`` counts messages this subscriber threw away because its
-queue was full, ``gaps`` counts messages missing from a publisher's sequence (dropped at a
-high-water mark on the way).
+queue was full, ``gaps`` counts messages missing from a publisher's sequence for a subject
+(dropped at a high-water mark on the way). Sequences are per subject, not per publisher: a
+subscription sees only the subjects its pattern matches (ZeroMQ filters the rest at the
+publisher), so a sequence shared by all subjects would count every message of another
+subject as lost.
 """
 
 from __future__ import annotations
@@ -34,13 +37,17 @@ from sdk.direct import _registry as registry
 from sdk.direct._io import SocketReader, make_socket, send_frames
 from sdk.direct._io import bind as bind_socket
 from sdk.direct._secure import DirectSecurity
-from sdk.direct._types import Message
+from sdk.direct._types import Message, count_arg, handler_arg
 
 log = logging.getLogger("fabric.direct")
 
 PUB_HWM = 10_000  # messages queued per subscriber at the publisher before ZeroMQ drops
 SUB_HWM = 10_000
 PENDING_MAX_DEFAULT = 10_000  # messages a subscription queues for its handler
+# Subjects whose sequence a publisher (and, per publisher, a subscriber) keeps; past this
+# the least recently used is forgotten: its numbering restarts at 1, which a subscriber
+# takes for a restart, not a gap.
+SUBJECTS_TRACKED_MAX = 10_000
 
 MessageHandler = Callable[[Message], Awaitable[None] | None]
 
@@ -59,7 +66,7 @@ class Publisher:
         self._sock: zmq.Socket[Any] | None = None
         self._registration: registry.Registration | None = None
         self.publisher_id = random.getrandbits(32) if publisher_id is None else publisher_id
-        self._sequence = 0
+        self._sequences: dict[str, int] = {}  # subject -> last sequence, least recently used first
         self.address = ""
         self.published = 0
         self.dropped = 0  # sends refused locally (never: PUB drops silently at its HWM)
@@ -88,19 +95,23 @@ class Publisher:
 
     def publish(self, subject: str, payload: bytes, headers: dict[str, bytes] | None = None) -> int:
         """Never blocks: a PUB socket drops messages for a subscriber whose queue is full.
-        Returns the message's sequence number."""
+        Returns the message's sequence number (1, 2, 3, ... per subject)."""
         if self._sock is None:
             raise errors.ClientClosedError("publisher is closed")
         if self._security is not None:
             self._security.require(Operation.PRODUCE, subject)
-        self._sequence = (self._sequence + 1) & wire.U32_MAX
-        frames = wire.publish_frames(subject, self.publisher_id, self._sequence, payload, headers)
+        sequences = self._sequences
+        sequence = (sequences.pop(subject, 0) + 1) & wire.U32_MAX
+        frames = wire.publish_frames(subject, self.publisher_id, sequence, payload, headers)
+        sequences[subject] = sequence  # after the checks: a refused subject is not kept
+        if len(sequences) > SUBJECTS_TRACKED_MAX:
+            del sequences[next(iter(sequences))]
         try:
             send_frames(self._sock, frames)
             self.published += 1
         except zmq.Again:
             self.dropped += 1
-        return self._sequence
+        return sequence
 
     async def close(self) -> None:
         if self._registration is not None:
@@ -122,8 +133,8 @@ class Subscription:
         self.pattern = pattern
         self._security = security
         self._tokens = wire.validate_pattern(pattern)
-        if pending_max < 1:
-            raise errors.InvalidRequestError("pending_max must be at least 1")
+        handler_arg(handler, optional=True)
+        count_arg("pending_max", pending_max, 1)
         self.pending_max = pending_max
         self._zk = zk
         self._ctx = ctx
@@ -140,7 +151,8 @@ class Subscription:
         # publisher's (pinned) key and is dropped unless its principal may produce the subject.
         self._links: dict[str, tuple[zmq.Socket[Any], SocketReader]] = {}
         self.refused = 0  # secure mode: messages dropped because their publisher may not produce the subject
-        self._last_sequence: dict[int, int] = {}  # publisher id -> last sequence seen
+        # (publisher id, subject) -> last sequence seen, least recently used first
+        self._last_sequence: dict[tuple[int, str], int] = {}
         self._dispatcher: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,6 +171,14 @@ class Subscription:
     def publishers(self) -> int:
         return len(self._connected)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def next_nowait(self) -> Message | None:
+        """A message already queued, or None."""
+        return self._queue.popleft() if self._queue else None
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self._security is not None:
@@ -170,7 +190,11 @@ class Subscription:
         loop = self._loop
         self._watch = registry.RegistryWatch(
             self._zk, registry.PUBLISHERS, lambda found: loop.call_soon_threadsafe(self._publishers_changed, found))
-        await asyncio.to_thread(self._watch.start)
+        try:
+            await asyncio.to_thread(self._watch.start)
+        except BaseException:
+            await self.close()  # the SUB socket is not left open behind a failed start
+            raise
         if self._handler is not None:
             if not (inspect.iscoroutinefunction(self._handler)):
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-sub")
@@ -239,12 +263,16 @@ class Subscription:
             self._accept(message)
 
     def _accept(self, message: Message) -> None:
-        last = self._last_sequence.get(message.publisher_id)
+        key = (message.publisher_id, message.subject)
+        last_sequence = self._last_sequence
+        last = last_sequence.pop(key, None)
         if last is not None:
             missing = (message.sequence - last - 1) & wire.U32_MAX
             if missing < 0x80000000:  # a restarted publisher (smaller number) is not a gap
                 self.gaps += missing
-        self._last_sequence[message.publisher_id] = message.sequence
+        last_sequence[key] = message.sequence
+        if len(last_sequence) > SUBJECTS_TRACKED_MAX:
+            del last_sequence[next(iter(last_sequence))]
         self.received += 1
         if len(self._queue) >= self.pending_max:
             self.dropped += 1  # the slow subscriber loses; the publisher never waits

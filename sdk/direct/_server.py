@@ -24,7 +24,7 @@ from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
 from sdk.direct._io import SocketReader, bind, make_socket, recv_frames_with_principal, send_frames
 from sdk.direct._secure import DirectSecurity
-from sdk.direct._types import Reply, Request, as_bytes
+from sdk.direct._types import Reply, Request, as_bytes, as_headers, count_arg, handler_arg
 
 log = logging.getLogger("fabric.direct")
 
@@ -65,8 +65,10 @@ class Service:
                  bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None, advertise: str | None = None,
                  security: DirectSecurity | None = None) -> None:
         registry.validate_service_name(name)
-        if concurrency < 1:
-            raise errors.InvalidRequestError(f"concurrency={concurrency} must be at least 1")
+        handler_arg(handler)
+        count_arg("concurrency", concurrency, 1)
+        if queue_max is not None:
+            count_arg("queue_max", queue_max, 0)
         self.name = name
         self.concurrency = concurrency
         self.version = version
@@ -104,6 +106,11 @@ class Service:
     def in_flight(self) -> int:
         """Handler calls running plus requests waiting for a slot."""
         return self._running + len(self._waiting)
+
+    @property
+    def stopped(self) -> bool:
+        """stop() has begun (or ended): the instance takes nothing new."""
+        return self._stopping
 
     @property
     def callers(self) -> int:
@@ -303,13 +310,19 @@ class Service:
         self._running -= 1
         if exc is None:
             try:
+                # Every frame is bytes before the first is sent: a str payload or header
+                # value would otherwise fail mid-message and leave half a reply queued on
+                # the ROUTER, corrupting the next message it sends.
                 if isinstance(result, Reply):
-                    frames = wire.reply_frames(cid, result.payload, result.headers or None)
+                    frames = wire.reply_frames(cid, as_bytes(result.payload, "handler result payload"),
+                                               as_headers(result.headers))
                 else:
                     frames = wire.reply_frames(cid, as_bytes(result, "handler result"))
                 self.handled += 1
             except errors.FabricError as bad:
                 exc = bad
+            except Exception as bad:  # a Reply with headers that are not a dict of bytes or str
+                exc = errors.InvalidRequestError(f"handler result: {type(bad).__name__}: {bad}")
         if exc is not None:
             self.failed += 1
             code = exc.code if isinstance(exc, errors.FabricError) and exc.code > 0 else errors.RemoteError.code

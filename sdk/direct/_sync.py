@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from fabric import errors
 from sdk.direct._blocking import BlockingCaller
-from sdk.direct._client import TIMEOUT_MS_DEFAULT, DirectClient
+from sdk.direct._client import TIMEOUT_MS_DEFAULT, TIMEOUT_MS_MAX, DirectClient
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, Subscription
 from sdk.direct._server import CONCURRENCY_DEFAULT, DRAIN_TIMEOUT_MS_DEFAULT, Service
-from sdk.direct._types import GatherResult, Message, Reply
+from sdk.direct._types import GatherResult, Message, Reply, ms_arg
 
 T = TypeVar("T")
 CALL_MARGIN_S = 10.0  # on top of a call's own timeout: ZooKeeper reads, loop scheduling
@@ -46,6 +46,9 @@ class LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("a blocking Fabric call from inside the client's own loop (use the asyncio API there)")
+        if self.loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise errors.ClientClosedError("direct client is closed")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout_s)
@@ -82,7 +85,16 @@ class SyncService:
         return self.service.znode
 
     def stop(self, *, drain_timeout_ms: int = DRAIN_TIMEOUT_MS_DEFAULT) -> None:
+        if self.service.stopped:
+            return  # stopped already (also by the client's close): nothing to wait for
         self._loop.run(self.service.stop(drain_timeout_ms=drain_timeout_ms), drain_timeout_ms / 1000 + CALL_MARGIN_S)
+
+    def __getattr__(self, name: str) -> Any:
+        """The Service's counters and settings (``handled``, ``failed``, ``refused``,
+        ``in_flight``, ``callers``, ``callers_lost``, ``requests_dropped``, ``name``, ...)."""
+        if name == "service":
+            raise AttributeError(name)
+        return getattr(self.service, name)
 
 
 class SyncSubscription:
@@ -92,8 +104,43 @@ class SyncSubscription:
         self._loop = loop
         self.subscription = subscription
 
-    def next(self, timeout_ms: int = 1_000) -> Message | None:
+    def next(self, timeout_ms: int | None = 1_000) -> Message | None:
+        """The next message, or None after ``timeout_ms`` (None: wait until one comes or
+        the subscription closes) or once closed."""
+        if self.subscription.closed:  # nothing arrives any more (and the loop may be gone)
+            return self.subscription.next_nowait()
+        if timeout_ms is None:
+            while True:  # in bounded slices, so a wedged loop still surfaces as an error
+                message = self._loop.run(self.subscription.next(1_000), 1.0 + CALL_MARGIN_S)
+                if message is not None or self.subscription.closed:
+                    return message
+        if timeout_ms != 0:  # 0: only what is queued already
+            ms_arg("timeout_ms", timeout_ms, TIMEOUT_MS_MAX)
         return self._loop.run(self.subscription.next(timeout_ms), timeout_ms / 1000 + CALL_MARGIN_S)
+
+    def __iter__(self) -> Iterator[Message]:
+        """Messages until the subscription closes (the blocking twin of ``async for``)."""
+        while True:
+            message = self.next(None)
+            if message is None:
+                return
+            yield message
+
+    @property
+    def pattern(self) -> str:
+        return self.subscription.pattern
+
+    @property
+    def publishers(self) -> int:
+        return self.subscription.publishers
+
+    @property
+    def refused(self) -> int:
+        return self.subscription.refused
+
+    @property
+    def handler_errors(self) -> int:
+        return self.subscription.handler_errors
 
     @property
     def received(self) -> int:
@@ -112,7 +159,8 @@ class SyncSubscription:
         return self.subscription.lost
 
     def close(self) -> None:
-        self._loop.run(self.subscription.close(), CALL_MARGIN_S)
+        if not self.subscription.closed:
+            self._loop.run(self.subscription.close(), CALL_MARGIN_S)
 
 
 class SyncDirect:
@@ -126,16 +174,19 @@ class SyncDirect:
             self._loop.stop()
             raise
         self._blocking = BlockingCaller(self.direct, self._loop.run, self._loop.on_thread)
+        self._closed = False
 
     def request(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
                 headers: dict[str, bytes | str] | None = None, idempotent: bool = False,
                 attempts_max: int = 3) -> Reply:
         # On the calling thread, not the loop's (sdk.direct._blocking says why).
+        ms_arg("timeout_ms", timeout_ms, TIMEOUT_MS_MAX)
         return self._blocking.request(name, payload, timeout_ms=timeout_ms, headers=headers, idempotent=idempotent,
                                       attempts_max=attempts_max, margin_s=timeout_ms / 1000 + CALL_MARGIN_S)
 
     def gather(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
                headers: dict[str, bytes | str] | None = None, min_replies: int | None = None) -> GatherResult:
+        ms_arg("timeout_ms", timeout_ms, TIMEOUT_MS_MAX)
         return self._loop.run(self.direct.gather(name, payload, timeout_ms=timeout_ms, headers=headers,
                                                  min_replies=min_replies), timeout_ms / 1000 + CALL_MARGIN_S)
 
@@ -162,6 +213,9 @@ class SyncDirect:
         return self._loop.run(self.direct.services(), CALL_MARGIN_S)
 
     def close(self, *, drain_timeout_ms: int = DRAIN_TIMEOUT_MS_DEFAULT) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._blocking.close()
         try:
             self._loop.run(self.direct.close(drain_timeout_ms=drain_timeout_ms), drain_timeout_ms / 1000 + CALL_MARGIN_S)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from fabric import errors
 
@@ -63,7 +65,38 @@ def as_bytes(value: object, what: str) -> bytes:
     raise errors.InvalidRequestError(f"{what} must be bytes or str, got {type(value).__name__}")
 
 
-def as_headers(headers: dict[str, bytes | str] | None) -> dict[str, bytes] | None:
+def as_headers(headers: Mapping[str, bytes | str] | None) -> dict[str, bytes] | None:
     if not headers:
         return None
+    if not isinstance(headers, Mapping):
+        raise TypeError(f"headers must be a dict of name -> bytes or str, got {type(headers).__name__}")
     return {str(k): as_bytes(v, f"header {k!r}") for k, v in headers.items()}
+
+
+# Argument checks of the public calls: a wrong type is a TypeError naming the argument, a
+# value out of range an InvalidRequestError (as the other SDK calls, sdk/_arguments.py).
+
+
+def ms_arg(name: str, value: object, high: int) -> float:
+    """A duration in milliseconds within (0, high]; int or float, not bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of milliseconds, got {type(value).__name__} {value!r:.60}")
+    if not 0 < value <= high:
+        raise errors.InvalidRequestError(f"{name}={value} must be within (0, {high}]")
+    return value
+
+
+def count_arg(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
+    if value < low:
+        raise errors.InvalidRequestError(f"{name}={value} must be at least {low}")
+    return value
+
+
+def handler_arg(value: object, *, optional: bool = False) -> Callable[..., Any] | None:
+    if value is None and optional:
+        return None
+    if not callable(value):
+        raise TypeError(f"handler must be callable{' or None' if optional else ''}, got {type(value).__name__}")
+    return value
