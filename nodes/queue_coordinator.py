@@ -31,7 +31,6 @@ log = logging.getLogger("fabric.queues")
 
 QUEUE_APIS: Final[frozenset[int]] = frozenset(key for key, _ in qp.SCHEMAS)
 PARKED_RECEIVES_MAX: Final[int] = 10_000  # long polls waiting on this node; past it, answered empty
-NAME_BYTES_MAX: Final[int] = 255  # group and consumer ids
 LOAD_WAIT_S: Final[float] = 2.0  # even a receive with wait_ms 0 waits this long for a loading partition
 
 
@@ -235,8 +234,12 @@ class QueueCoordinator(QueueDurability):
             finished = [done] if done is not None else []
         elif action == qp.ACTION_EXTEND:
             deadline = g.state.extend(consumer, offset, now_ms, entry["arg_ms"])
+        elif action == qp.ACTION_RELEASE:  # visible at once, the delivery not counted (as ``_unlease``)
+            if not g.state.unlease(consumer, offset, now_ms):
+                raise errors.LeaseNotHeldError(f"offset {offset} is not leased to {consumer!r}")
         else:
-            raise errors.InvalidRequestError(f"unknown settle action {action}; known: ack 0, nack 1, extend 2")
+            raise errors.InvalidRequestError(
+                f"unknown settle action {action}; known: ack 0, nack 1, extend 2, release 3")
         self._collect(slot, group, g, finished)
         touched[id(slot)] = slot
         return deadline
@@ -377,8 +380,8 @@ class QueueCoordinator(QueueDurability):
 
 
 def _check_name(what: str, name: str) -> None:
-    if not name or len(name.encode()) > NAME_BYTES_MAX:
-        raise errors.InvalidRequestError(f"{what} must be 1..{NAME_BYTES_MAX} bytes")
+    if not name or len(name.encode()) > qp.NAME_BYTES_MAX:
+        raise errors.InvalidRequestError(f"{what} must be 1..{qp.NAME_BYTES_MAX} bytes")
 
 
 # -- the node's hooks (nodes/server.py) ----------------------------------------------------------

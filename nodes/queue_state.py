@@ -291,16 +291,18 @@ class ShareState:
         self._record(e)
         return None
 
-    def unlease(self, consumer: str, offset: int, now_ms: int) -> None:
-        """Undo a lease whose answer never left the node (its caller had gone): visible
-        again now and the delivery not counted, as if it had not been handed out."""
+    def unlease(self, consumer: str, offset: int, now_ms: int) -> bool:
+        """Undo a lease whose message never reached the application (the answer never left
+        the node, or the consumer gave back what it had buffered): visible again now and the
+        delivery not counted, as if it had not been handed out. False if not held."""
         e = self._entries.get(offset)
-        if e is None or e.state != LEASED or e.consumer != consumer:
-            return
+        if e is None or e.state != LEASED or e.consumer != consumer or e.deadline_ms <= now_ms:
+            return False
         e.delivery_count -= 1
         e.visible_at_ms = now_ms
         self._make_available(e, now_ms)
         self._record(e)
+        return True
 
     def extend(self, consumer: str, offset: int, now_ms: int, ms: int) -> int:
         """Move the lease deadline to ``now_ms + ms`` (SQS ChangeMessageVisibility); returns it."""

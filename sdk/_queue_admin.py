@@ -133,7 +133,9 @@ class QueueAdmin:
         """Counts per partition for ``group``: visible, in flight, delayed, dead-lettered,
         dropped, deduplicated, and the age of the oldest message waiting. Works for any
         topic (consumed in queue mode); a topic made as a queue also shows its settings."""
-        str_arg("group", group)
+        if not str_arg("group", group):
+            # "" asks the nodes for every group at once: the totals would add groups up.
+            raise errors.InvalidRequestError("describe_queue needs a group; describe_queue_groups(name) has them all")
         configs = self.describe_topics([str_arg("name", name)])[0].configs
         settings = {k: configs[k] for k in QUEUE_SETTINGS if k in configs}
         deadline = time.monotonic() + timeout_s

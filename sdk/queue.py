@@ -81,8 +81,10 @@ class QueueConsumer:
         # visibility_timeout_ms: 0 takes the queue's (30 s unless it was created otherwise).
         # Everything is checked before a socket is opened; the ranges are the node's.
         str_arg("queue", queue)
-        str_arg("group", group)
+        _check_name("group", str_arg("group", group))
         consumer_id = optional_str_arg("consumer_id", consumer_id)
+        if consumer_id:
+            _check_name("consumer_id", consumer_id)
         int_arg("visibility_timeout_ms", visibility_timeout_ms, -I32_MAX - 1, I32_MAX)
         meta_bootstrap = Bootstrap(bootstrap)
         if visibility_timeout_ms and not 0 < visibility_timeout_ms <= qp.VISIBILITY_TIMEOUT_MS_MAX:
@@ -131,6 +133,7 @@ class QueueConsumer:
     def _receive_within(self, max_messages: int, wait_ms: int) -> None:
         """Long-polls until something is buffered or ``wait_ms`` has passed."""
         deadline = time.monotonic() + wait_ms / 1000.0
+        refused_rounds = 0
         while True:
             self._take_replies(0)
             if self._buffered():
@@ -141,6 +144,14 @@ class QueueConsumer:
             self._take_replies(max(0, remaining_ms) if all_sent else min(max(0, remaining_ms), int(RECEIVE_RETRY_S * 1000)))
             if self._buffered() or time.monotonic() >= deadline:
                 break
+            if all_sent and not self._polls:
+                # Every node answered before the wait ended, with nothing: refusals
+                # (NOT_LEADER, NODE_NOT_READY while a leader changes). Ask again at once
+                # (the metadata was refreshed), then pause between rounds, not a request
+                # and a metadata refresh per node in a tight loop for the whole wait.
+                refused_rounds += 1
+                if refused_rounds > 1:
+                    time.sleep(min(RECEIVE_RETRY_S, max(0.0, deadline - time.monotonic())))
 
     def _receive_now(self, max_messages: int) -> None:
         """``wait_ms=0``: one round to every leader, which answers at once with what is
@@ -183,20 +194,43 @@ class QueueConsumer:
 
     def run(self, handler: Callable[[QueueMessage], Any], *, max_messages: int = 10,
             should_stop: Callable[[], bool] = lambda: False) -> None:
-        """A worker loop: each message to ``handler``; acked (batched per receive) when it
-        returns, nacked with the exception as reason when it raises."""
+        """A worker loop: each message to ``handler``; acked when it returns (batched per
+        receive, but sent before half of a lease has passed, so a batch of slow handlers
+        does not outlive its leases), nacked with the exception as reason when it raises.
+        A message whose lease ended before its turn is skipped (another worker may have it)
+        and a settle refused because a lease ended is logged, not raised: the message is
+        delivered again, as docs/QUEUES.md says. What was handled is acked even when the
+        loop is left by an exception that is not the handler's ``Exception``."""
         while not self._closed and not should_stop():
             batch = self.receive(max_messages, 1_000)
+            received_ms = time.time() * 1000
             done: list[QueueMessage] = []
-            for msg in batch:
-                try:
-                    handler(msg)
-                except Exception as exc:  # the handler's failure is the message's, not the loop's
-                    self.nack(msg, reason=f"{type(exc).__name__}: {exc}")
-                else:
-                    done.append(msg)
-            if done:
-                self.ack(done)
+            try:
+                for msg in batch:
+                    now_ms = time.time() * 1000
+                    if msg.deadline_ms <= now_ms:
+                        log.warning("%s/%d: lease ended before the handler's turn; not handled (delivered again)",
+                                    msg.partition, msg.offset)
+                        continue
+                    if done and now_ms >= (received_ms + min(m.deadline_ms for m in done)) / 2:
+                        self._settle_quietly(done, qp.ACTION_ACK, "")
+                        done = []
+                    try:
+                        handler(msg)
+                    except Exception as exc:  # the handler's failure is the message's, not the loop's
+                        self._settle_quietly([msg], qp.ACTION_NACK, f"{type(exc).__name__}: {exc}")
+                    else:
+                        done.append(msg)
+            finally:
+                if done and not self._closed:
+                    self._settle_quietly(done, qp.ACTION_ACK, "")
+
+    def _settle_quietly(self, messages: list[QueueMessage], action: int, reason: str) -> None:
+        """``run()``'s settles: a lease that ended is the documented redelivery, not an error."""
+        try:
+            self._settle(messages, action, 0, reason)
+        except errors.LeaseNotHeldError as exc:
+            log.warning("%s; they are delivered again", exc.message)
 
     def _node_addresses(self) -> set[str]:
         now = time.monotonic()
@@ -357,7 +391,7 @@ class QueueConsumer:
             return
         if self._buffer:
             try:
-                self.nack(list(self._buffer), reason="consumer closed")
+                self._settle(list(self._buffer), qp.ACTION_RELEASE, 0, "consumer closed")
             except errors.FabricError:
                 pass  # their leases end on their own
             self._buffer.clear()
@@ -369,6 +403,13 @@ class QueueConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_name(what: str, name: str) -> None:
+    """The node's bounds on group and consumer ids (fabric/protocol/queues.py NAME_BYTES_MAX),
+    checked here so a bad one fails at construction, not at the first receive."""
+    if not name or len(name.encode()) > qp.NAME_BYTES_MAX:
+        raise errors.InvalidRequestError(f"{what} must be 1..{qp.NAME_BYTES_MAX} bytes, got {name!r:.60}")
 
 
 def _check_wait(value: object) -> None:

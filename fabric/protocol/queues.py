@@ -50,10 +50,15 @@ QUEUE_MESSAGE_BYTES_DEFAULT: Final[int] = 1024 * 1024  # a queue's message_bytes
 DEFAULT_GROUP: Final[str] = "default"  # the group a QueueConsumer joins unless told otherwise
 
 # QUEUE_SETTLE actions.
+NAME_BYTES_MAX: Final[int] = 255  # group and consumer ids (UTF-8), as the node checks them
 ACTION_ACK: Final[int] = 0
 ACTION_NACK: Final[int] = 1
 ACTION_EXTEND: Final[int] = 2  # arg_ms: the new visibility from now
-ACTIONS: Final[frozenset[int]] = frozenset({ACTION_ACK, ACTION_NACK, ACTION_EXTEND})
+# Give back a message the consumer received but never handed to its application (what
+# QueueConsumer.close() does with its buffer): visible again at once, the delivery not
+# counted. A nack would count it, and dead-letter at max_deliveries a message nobody handled.
+ACTION_RELEASE: Final[int] = 3
+ACTIONS: Final[frozenset[int]] = frozenset({ACTION_ACK, ACTION_NACK, ACTION_EXTEND, ACTION_RELEASE})
 
 # Record headers a producer sets (docs/QUEUES.md); values are UTF-8 decimal or text.
 HEADER_DELAY_MS: Final[str] = "fabric.delay_ms"
@@ -101,7 +106,7 @@ RECEIVE_RESPONSE_V0: Schema = (
 SETTLE_ENTRY: Schema = (
     ("partition", "i32"),
     ("offset", "i64"),
-    ("action", "i8"),  # ACTION_ACK / ACTION_NACK / ACTION_EXTEND
+    ("action", "i8"),  # ACTION_ACK / ACTION_NACK / ACTION_EXTEND / ACTION_RELEASE
     ("arg_ms", "i32"),  # nack: delay; extend: new visibility; ack: 0
     ("reason", "str"),  # nack: why (kept as the dead letter's last reason)
 )

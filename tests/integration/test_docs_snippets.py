@@ -122,7 +122,8 @@ def test_queues_block(docs_cluster: LocalCluster) -> None:
     with pytest.raises(_Done):
         run_block(example, docs_cluster, handle=handle, TransientError=ConnectionError)
     assert sorted(handled) == [b"charge order 17", b"page on-call", b"price tick", b"resize 17.jpg"]
-    assert handled[0] == b"page on-call"  # priority 9 first
+    # (Priority orders each partition's messages; these four span partitions, so which
+    # comes first depends on which leader answers first.)
 
     async def run_asyncio_example() -> None:
         code = asyncio_example.replace('"jobs"', '"jobs-async"')  # a queue of its own

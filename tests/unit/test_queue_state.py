@@ -169,6 +169,18 @@ def test_unlease_gives_back_a_lease_whose_answer_never_left() -> None:
     assert [(x.offset, x.delivery_count) for x in s.acquire("w", 5, 5)[0]] == [(0, 1)]
 
 
+def test_unlease_refuses_a_lease_that_ended() -> None:
+    """QueueConsumer.close() releases what it buffered (settle action release): a lease that
+    ended meanwhile is not undone (it counts as delivered, as any expired lease)."""
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=100))
+    fill(s, 2)
+    s.acquire("w", 2, 0)
+    assert s.unlease("w", 0, 50) is True
+    assert s.unlease("w", 1, 100) is False  # its lease ended at 100
+    assert s.unlease("w", 0, 60) is False  # not leased any more
+    assert [(x.offset, x.delivery_count) for x in s.acquire("v", 5, 100)[0]] == [(0, 1), (1, 2)]
+
+
 def test_replayed_append_is_ignored() -> None:
     s = qs.ShareState(qs.QueueConfig(), start_offset=10)
     s.append(10, 0)

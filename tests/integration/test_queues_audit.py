@@ -1,0 +1,108 @@
+"""Queue-mode regressions found by an audit of the SDK against docs/QUEUES.md: what a
+worker written from the docs alone meets first (close(), run(), asyncio, bad arguments)."""
+
+from __future__ import annotations
+
+import time
+
+from fabric.local import LocalCluster
+from sdk import Admin, Producer, QueueConsumer
+
+
+def _send(bootstrap: str, queue: str, values: list[bytes]) -> None:
+    with Producer(bootstrap, linger_ms=1) as producer:
+        for f in [producer.send(queue, v) for v in values]:
+            f.result(timeout=30)
+
+
+def test_close_gives_back_unhanded_messages_without_counting_a_delivery(cluster: LocalCluster, topic_name: str) -> None:
+    """docs/QUEUES.md: a loop left early leaves the rest with the consumer and close() gives
+    them back (visible again). They never reached the application: close() must not count
+    a delivery for them, so with max_deliveries=1 they were dead-lettered unhandled."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1, max_deliveries=1, dead_letter=f"{topic_name}.dlq")
+    _send(cluster.bootstrap, topic_name, [f"m{i}".encode() for i in range(10)])
+    worker = QueueConsumer(cluster.bootstrap, topic_name, "workers")
+    for msg in worker:  # iteration takes up to 10 from the nodes, hands out one
+        worker.ack(msg)
+        break
+    worker.close()
+    with Admin(cluster.bootstrap) as admin:
+        desc = admin.describe_queue(topic_name, "workers")
+        assert (desc.total("visible"), desc.total("in_flight"), desc.total("dead_lettered")) == (9, 0, 0)
+    with QueueConsumer(cluster.bootstrap, topic_name, "workers") as again:
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < 9 and time.monotonic() < deadline:
+            got += again.receive(10, 500)
+        assert sorted(m.value for m in got) == sorted(f"m{i}".encode() for i in range(1, 10))
+        assert {m.delivery_count for m in got} == {1}  # the first delivery the application sees
+        again.ack(got)
+
+
+def test_run_acks_before_a_batch_outlives_its_leases_and_survives_a_lost_lease(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """run() acked a batch only after its last handler, and raised LeaseNotHeldError out of
+    the worker loop when that was past the leases: four 0.6 s handlers under a 2 s lease
+    killed the loop and every message came back, although each handler was quick."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1, visibility_timeout_ms=2_000)
+    values = [f"m{i}".encode() for i in range(4)]
+    _send(cluster.bootstrap, topic_name, values)
+    handled: list[bytes] = []
+
+    def handle(msg: object) -> None:
+        handled.append(msg.value)  # type: ignore[attr-defined]
+        time.sleep(0.6)
+
+    with QueueConsumer(cluster.bootstrap, topic_name, "workers") as worker:
+        worker.run(handle, max_messages=4, should_stop=lambda: bool(handled))  # must not raise
+        assert handled and handled[0] == b"m0"
+        time.sleep(2.5)  # every lease of that batch has ended by now
+        again: list = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            batch = worker.receive(10, 300)
+            worker.ack(batch)
+            again += batch
+    # The first handled messages were acked in time: only the tail (if any) comes back.
+    assert b"m0" not in {m.value for m in again} and b"m1" not in {m.value for m in again}
+    assert sorted(set(handled) | {m.value for m in again}) == values
+
+
+def test_async_iteration_cancelled_by_wait_for_does_not_strand_a_message(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """``await asyncio.wait_for(anext(it), t)`` cancels the awaiting task, but the receive
+    already running on the consumer's worker goes on and takes the next message from the
+    buffer: it was neither handed out nor given back, and came back only after its lease."""
+    import asyncio
+
+    from sdk.aio_queue import AsyncQueueConsumer
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1)  # 30 s visibility timeout
+
+    async def scenario() -> list[bytes]:
+        worker = await AsyncQueueConsumer.create(cluster.bootstrap, topic_name, "workers")
+        producer = Producer(cluster.bootstrap, linger_ms=1)
+        try:
+            await worker.receive(1, 0)  # connected, the partition's state loaded
+            try:
+                await asyncio.wait_for(worker.__aiter__().__anext__(), 0.05)
+            except TimeoutError:
+                pass  # the worker's long poll (up to 1 s) is still running
+            producer.send(topic_name, b"first").result(timeout=30)
+            got: list[bytes] = []
+
+            async def take() -> None:
+                async for msg in worker:
+                    got.append(msg.value or b"")
+                    await worker.ack(msg)
+                    return
+            await asyncio.wait_for(take(), 10)  # not 30 s: the message was kept for the next iteration
+            return got
+        finally:
+            producer.close()
+            await worker.close()
+
+    assert asyncio.run(scenario()) == [b"first"]
