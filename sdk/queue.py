@@ -172,14 +172,32 @@ class QueueConsumer:
         waited there (a receive asks every leader, so more can arrive than one call takes,
         and a poll's answer can sit unread while the worker is busy): the leader gives them
         to another worker, which may have acked them already. ``deadline_ms`` is the
-        leader's wall clock, so this assumes synchronized clocks, as leases do anyway."""
+        leader's wall clock, so this assumes synchronized clocks, as leases do anyway. A
+        lease also ends when its partition's leader changes (docs/QUEUES.md): messages
+        granted by a node that no longer leads their partition, as far as this consumer's
+        map knows, are dropped too (``_drop_granted_by`` when a node's connection drops)."""
         now_ms = time.time() * 1000
-        if any(m.deadline_ms <= now_ms for m in self._buffer):
-            live = deque(m for m in self._buffer if m.deadline_ms > now_ms)
-            log.warning("%d received messages not handed out: their lease ended before they were (if this "
-                        "happens on arrival, this host's clock is ahead of the nodes')", len(self._buffer) - len(live))
+        leader_of = self._meta.metadata.leader_address
+        queue = self.queue
+        if any(m.deadline_ms <= now_ms or leader_of(queue, m.partition) not in (None, m.granted_by)
+               for m in self._buffer):
+            live = deque(m for m in self._buffer
+                         if m.deadline_ms > now_ms and leader_of(queue, m.partition) in (None, m.granted_by))
+            log.warning("%d received messages not handed out: their lease ended before they were (the "
+                        "partition's leader changed, or this host's clock is ahead of the nodes')",
+                        len(self._buffer) - len(live))
             self._buffer = live
         return bool(self._buffer)
+
+    def _drop_granted_by(self, address: str) -> None:
+        """The connection to ``address`` dropped (killed, restarted): the leases it granted
+        end with its leadership, and another worker may get and ack those messages before
+        this one would hand them out (a fault test saw 49 handled twice that way)."""
+        if any(m.granted_by == address for m in self._buffer):
+            live = deque(m for m in self._buffer if m.granted_by != address)
+            log.warning("%d received messages not handed out: node %s, which leased them, went away",
+                        len(self._buffer) - len(live), address)
+            self._buffer = live
 
     def _hand_out(self, max_messages: int) -> list[QueueMessage]:
         self._buffered()
@@ -295,9 +313,11 @@ class QueueConsumer:
                     m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]], address))
         now = time.monotonic()
         for address in self._conns.take_disconnected():
-            # The node went away (killed, restarted): its long poll will not be answered.
+            # The node went away (killed, restarted): its long poll will not be answered,
+            # and the leases it granted end with its leadership.
             if self._polls.pop(address, None) is not None:
                 refresh = True
+            self._drop_granted_by(address)
             self._conns.drop(address)
         for address, (_cid, give_up) in list(self._polls.items()):
             if now > give_up:
