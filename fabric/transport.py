@@ -234,9 +234,11 @@ def _describe_handshake_failure(event: Any, secure: bool) -> str:
     if not secure and event.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
         return "the node requires CURVE; set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY (docs/SECURITY.md)"
     if not secure:
-        # Something answered that does not speak ZeroMQ: a ZooKeeper address given without
-        # zk:// is the usual case (a bare HOST:PORT means a node).
-        return ("what answers there does not speak ZeroMQ: not a Fabric node (a ZooKeeper address "
-                f"needs zk:// in front) (zmq event {kind}, value {event.get('value')})")
+        # A CURVE node often just closes a plaintext handshake (no detail, EPIPE), and so
+        # does anything that is not ZeroMQ: a ZooKeeper address given without zk:// is the
+        # usual slip (a bare HOST:PORT means a node). Both are named.
+        return ("either the node requires CURVE (set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY, docs/SECURITY.md) "
+                "or what answers there is not a Fabric node (a ZooKeeper address needs zk:// in front) "
+                f"(zmq event {kind}, value {event.get('value')})")
     return ("the CURVE handshake failed: wrong server key, or the node is not secure "
             f"(zmq event {kind}, value {event.get('value')})")

@@ -202,7 +202,7 @@ def test_a_replica_removed_while_down_wipes_its_copy_when_it_returns(fresh_clust
 
     wait_until(moved, "the move finishes without the removed (stopped) replica", 60)
     cluster.start_node(removed)
-    wait_for_full_isr(cluster.bootstrap, topic)
+    cluster.wait_for_nodes([removed])  # registered: its startup, the wipe included, is done
     history = History()
     collect_replicas(cluster, topic, 1, history)
     assert len(history.replicas[NEW_NODE].get(0, {})) > 0

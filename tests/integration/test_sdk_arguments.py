@@ -53,8 +53,8 @@ def test_refused_create_calls_create_nothing(cluster: LocalCluster, topic_name: 
 
 def test_a_zookeeper_address_without_zk_scheme_is_named_as_such(zk_server: object) -> None:
     # A bare HOST:PORT is a node address; given ZooKeeper's, the handshake fails. The error
-    # once said "the node requires CURVE", which sent users to the security docs.
+    # once said only "the node requires CURVE", which sent users to the security docs.
     address = zk_server.address.split("/")[0]  # type: ignore[attr-defined]
-    with pytest.raises(errors.AuthenticationFailedError, match=r"does not speak ZeroMQ.*needs zk://"), \
+    with pytest.raises(errors.AuthenticationFailedError, match=r"not a Fabric node.*needs zk://"), \
             Admin(address, request_timeout_ms=5_000) as admin:
         admin.list_topics()
