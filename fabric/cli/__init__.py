@@ -27,10 +27,12 @@ module to ``COMMAND_GROUPS`` below. Nothing else changes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
 EXIT_INTERRUPTED_EARLY = 130  # EXIT_INTERRUPTED, before _common (which defines it) is imported
 
@@ -96,6 +98,24 @@ from fabric.cli._common import (  # noqa: E402
 
 if _QUIET_IMPORT:
     signal.signal(signal.SIGINT, _SIGINT_AT_IMPORT)
+
+
+def _lost_interrupt(unraisable: Any) -> None:
+    """Python drops an exception raised inside a callback it runs for itself (an import's
+    module-lock cleanup is one) with "Exception ignored in ...": a Ctrl-C landing there,
+    while a command's own imports run, was lost, and the command ran on until it failed
+    (exit 1, CI saw it). Such a KeyboardInterrupt ends the command with 130 instead."""
+    if isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED_EARLY)
+    _UNRAISABLE_HOOK(unraisable)
+
+
+_UNRAISABLE_HOOK = sys.unraisablehook
+if _started_as_fabric():
+    sys.unraisablehook = _lost_interrupt
 
 # The registry: one line per command group, in the order ``fabric --help`` lists them.
 COMMAND_GROUPS: tuple[ModuleType, ...] = (

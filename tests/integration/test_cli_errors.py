@@ -317,3 +317,24 @@ def test_ctrl_c_while_status_waits_for_zookeeper(silent_zookeeper: str, tmp_path
 def test_ctrl_c_ends_subscribe_with_130(cluster: LocalCluster, tmp_path: Path) -> None:
     code, stderr = interrupt(["subscribe", "cli-errors.*", "-b", cluster.bootstrap], "fabric.cli", 1.0, tmp_path)
     assert code == 130 and "Traceback" not in stderr, stderr
+
+
+def test_a_ctrl_c_python_would_swallow_still_ends_the_command() -> None:
+    """A KeyboardInterrupt raised inside a callback Python runs for itself (an import's
+    module-lock cleanup, a weakref callback) is printed as "Exception ignored" and dropped;
+    a fresh-clone CI run saw a command run on after such a Ctrl-C and exit 1. The CLI's
+    unraisable hook ends it with 130, quietly."""
+    code = (
+        "import sys, weakref\n"
+        "sys.modules['__main__'].__spec__ = type('Spec', (), {'name': 'fabric.__main__'})()  # as python -m fabric\n"
+        "import fabric.cli\n"
+        "class Owner: pass\n"
+        "owner = Owner()\n"
+        "def interrupted(_ref): raise KeyboardInterrupt\n"
+        "ref = weakref.ref(owner, interrupted)\n"
+        "del owner\n"
+        "print('ran on')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
