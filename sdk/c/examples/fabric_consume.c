@@ -9,8 +9,8 @@
  * for --idle-ms.
  */
 #include "../fabric.h"
+#include "int_arg.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,21 +21,6 @@
 #define POLL_SLICE_MS 500 /* how often a follow loop checks for Ctrl-C */
 
 enum field { F_PARTITION, F_OFFSET, F_TIMESTAMP, F_KEY, F_VALUE, F_HEADERS };
-
-/* A whole decimal integer in [min, max]; anything else (atoi would have read "abc" as 0)
- * is refused with a message and exit status 2. */
-static long long int_arg(const char *prog, const char *flag, const char *text, long long min,
-                         long long max) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || v < min || v > max) {
-        fprintf(stderr, "%s: %s wants an integer in [%lld, %lld], not \"%s\"\n", prog, flag, min,
-                max, text);
-        exit(2);
-    }
-    return v;
-}
 
 static volatile sig_atomic_t stopping = 0;
 static void on_signal(int sig) {

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE /* memmem */
 #include "../fabric.h"
+#include "int_arg.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -74,21 +75,6 @@ static void usage(FILE *f) {
             "  -T, --timeout-ms N        how long to wait for acknowledgements at the end (120000;\n"
             "                            -1 = no limit)\n"
             "  -q, --quiet               no per-batch error lines\n");
-}
-
-/* A whole decimal integer in [min, max]; anything else (atoi would have read "abc" as 0)
- * is refused with a message and exit status 2. */
-static long long int_arg(const char *prog, const char *flag, const char *text, long long min,
-                         long long max) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || v < min || v > max) {
-        fprintf(stderr, "%s: %s wants an integer in [%lld, %lld], not \"%s\"\n", prog, flag, min,
-                max, text);
-        exit(2);
-    }
-    return v;
 }
 
 static volatile sig_atomic_t stopping = 0;
