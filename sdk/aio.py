@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -152,19 +151,15 @@ class AsyncConsumer:
         # moved here, on the loop, while the worker is idle, one dict item at a time.
         while not self._closing:
             hand_out = await self._call(lambda c: c.poll_for_hand_out(self.poll_timeout_ms))
-            try:
-                for record in hand_out.records:
-                    if self._closing:
-                        break
-                    if hand_out.take(record):
-                        yield record
-                        hand_out.done(record)
-                else:
-                    hand_out.finish()
-            finally:
-                unfinished = hand_out.unfinished()
-                if unfinished and not self._closing:
-                    await self._call(functools.partial(Consumer.refetch, positions=unfinished))
+            for record in hand_out.records:
+                if self._closing:
+                    break
+                if hand_out.take(record):
+                    yield record
+                    hand_out.done(record)
+            else:
+                hand_out.finish()
+            # Left early: the consumer's next poll reads on from where the caller stopped.
 
     async def close(self) -> None:
         if self._closing:

@@ -540,9 +540,9 @@ class Consumer:
             raise errors.ClientClosedError("poll after close()")
         if self._iteration is not None:
             # An iteration left early (its records not all handed out) is read on from
-            # where it stopped: the generator's own cleanup may come later (an async
-            # generator is closed by the loop after the caller's next call).
-            self.refetch(self._iteration.unfinished())
+            # where it stopped. Here rather than in the iterator's cleanup, which may come
+            # later (an async generator is closed by the loop after the caller's next call).
+            self._refetch(self._iteration.unfinished())
             self._iteration = None
         group = self._group
         if not self._assigned and (group is None or not group.subscribed):
@@ -620,16 +620,15 @@ class Consumer:
         return HandOut(self, self.poll(timeout_ms=timeout_ms))
 
     def _hand_out(self, hand_out: HandOut) -> Iterator[Record]:
-        try:
-            for record in hand_out.records:
-                if hand_out.take(record):
-                    yield record
-                    hand_out.done(record)  # the caller came back for more: it is done with it
-            hand_out.finish()
-        finally:
-            self.refetch(hand_out.unfinished())
+        # Left early, nothing to clean up here: the next poll of any kind reads on from
+        # where the caller stopped (``_wait_for_data``), and only a poll fetches.
+        for record in hand_out.records:
+            if hand_out.take(record):
+                yield record
+                hand_out.done(record)  # the caller came back for more: it is done with it
+        hand_out.finish()
 
-    def refetch(self, positions: dict[TopicPartition, int]) -> None:
+    def _refetch(self, positions: dict[TopicPartition, int]) -> None:
         """Read these partitions again from these positions (what an iteration left early
         had taken past them), unless the consumer closed or lost them meanwhile."""
         for tp, offset in positions.items():
