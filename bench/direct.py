@@ -11,7 +11,9 @@ Each pair is one client process (this one) and one server process:
    the same server: the floor of any asyncio client.
 2. Fabric direct: ``serve("echo", async handler)`` in a child process, found through
    ZooKeeper; ``await client.request(...)`` here (asyncio core). Same two figures, plus
-   the blocking API (``sdk.Client.request``) latency.
+   the blocking API (``sdk.Client.request``) latency, and the asyncio client's latency
+   against a *sync* handler (``serve("echo", def handler)``, run on the instance's
+   handler threads).
 3. Scatter-gather: 8 instances of a service (one child process hosting 8 ROUTERs),
    ``await client.gather(...)`` latency to all 8.
 
@@ -92,15 +94,19 @@ def run_on(loop: str, coro: Any) -> Any:
 
 
 def fabric_server(zk: str, name: str, instances: int, loop: str = "asyncio") -> None:
+    """``name`` ending in ``-sync``: a sync handler, else an async one."""
     from sdk.direct import DirectClient, Request
 
     async def echo(request: Request) -> bytes:
         return request.payload
 
+    def echo_sync(request: Request) -> bytes:
+        return request.payload
+
     async def run() -> None:
         client = await DirectClient.connect(zk)
         for _ in range(instances):
-            await client.serve(name, echo, concurrency=IN_FLIGHT * 2)
+            await client.serve(name, echo_sync if name.endswith("-sync") else echo, concurrency=IN_FLIGHT * 2)
         print("READY", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
         await client.close(drain_timeout_ms=1_000)
@@ -197,20 +203,24 @@ async def bare_asyncio_figures(requests: int, payload: bytes) -> dict[str, Any]:
         stop(server)
 
 
-async def direct_async_figures(zk: str, requests: int, seconds: float, payload: bytes) -> dict[str, Any]:
+async def direct_async_figures(zk: str, requests: int, seconds: float, payload: bytes,
+                               name: str = "echo") -> dict[str, Any]:
+    """Latency of sequential requests; throughput with 64 in flight unless ``seconds`` is 0."""
     from sdk.direct import DirectClient
 
     client = await DirectClient.connect(zk)
     try:
         request = client.request
         for _ in range(1000):
-            await request("echo", payload)
+            await request(name, payload)
         samples: list[int] = []
         clock = time.perf_counter_ns
         for _ in range(requests):
             began = clock()
-            await request("echo", payload)
+            await request(name, payload)
             samples.append(clock() - began)
+        if not seconds:
+            return summary_us(samples)
         done = 0
         deadline = time.perf_counter() + seconds
 
@@ -299,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                "median": {key: median_figures([run[key] for run in runs]) for key in runs[0]}}
     medians = results["median"]
     print("medians over the runs (each ratio is taken within its run, then the median):")
-    for key in ("bare_pyzmq", "bare_pyzmq_asyncio", "direct_async", "direct_sync", "gather_8"):
+    for key in ("bare_pyzmq", "bare_pyzmq_asyncio", "direct_async", "direct_sync", "direct_sync_handler", "gather_8"):
         print(f"  {key:20s}", medians[key])
     print(f"  ratios: {medians['ratios']}")
     print(json.dumps(results))
@@ -327,6 +337,12 @@ def one_run(zk: str, requests: int, seconds: float, payload: bytes, loop: str = 
         print("fabric (asyncio)", run["direct_async"], flush=True)
         run["direct_sync"] = direct_sync_figures(zk, requests // 2, payload)
         print("fabric (sync)   ", run["direct_sync"], flush=True)
+    finally:
+        stop(server)
+    server = spawn("--fabric-server", zk, "echo-sync", "1", "--loop", loop)
+    try:
+        run["direct_sync_handler"] = run_on(loop, direct_async_figures(zk, requests // 2, 0, payload, "echo-sync"))
+        print("sync handler    ", run["direct_sync_handler"], flush=True)
     finally:
         stop(server)
     fanout = spawn("--fabric-server", zk, "fanout", str(GATHER_INSTANCES), "--loop", loop)

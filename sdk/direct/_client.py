@@ -387,7 +387,8 @@ class DirectClient:
                     bind: str = "tcp://127.0.0.1:*", queue_max: int | None = None,
                     advertise: str | None = None) -> Service:
         """Bind, register and answer requests for ``name`` until ``service.stop()`` (or
-        this client's close). Sync handlers run on a pool of ``concurrency`` threads."""
+        this client's close). Sync handlers run on up to ``concurrency`` threads of the
+        instance, which send their replies themselves."""
         if self._closed:
             raise errors.ClientClosedError("direct client is closed")
         service = Service(self.zk, self.ctx, name, handler, concurrency=concurrency, version=version,

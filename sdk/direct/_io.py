@@ -14,6 +14,7 @@ argument checks and IntFlag arithmetic, a visible share of a ~100 us round trip.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -113,15 +114,21 @@ def recv_frames_with_principal(sock: zmq.Socket[Any]) -> list[bytes]:
 
 class SocketReader:
     """Calls ``on_message(frames)`` on the loop for every message the socket receives
-    (read with ``recv``: ``recv_frames``, or ``recv_frames_with_principal`` in secure mode)."""
+    (read with ``recv``: ``recv_frames``, or ``recv_frames_with_principal`` in secure mode).
+
+    ``lock``, when other threads send on the socket too (a service's sync-handler threads
+    send their own replies): held around every use of the socket here, ``on_message``
+    included, so it must be re-entrant for sends made from ``on_message``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: zmq.Socket[Any],
                  on_message: Callable[[list[bytes]], None],
-                 recv: Callable[[zmq.Socket[Any]], list[bytes]] = recv_frames) -> None:
+                 recv: Callable[[zmq.Socket[Any]], list[bytes]] = recv_frames,
+                 lock: threading.RLock | None = None) -> None:
         self._loop = loop
         self._sock = sock
         self._on_message = on_message
         self._recv = recv
+        self._lock = lock
         self._fd: int = sock.FD
         self._closed = False
         self._draining = False
@@ -129,6 +136,13 @@ class SocketReader:
         loop.call_soon(self.drain)  # anything that arrived before the reader was added
 
     def drain(self) -> None:
+        if self._lock is None:
+            self._drain()
+            return
+        with self._lock:
+            self._drain()
+
+    def _drain(self) -> None:
         if self._closed:
             return
         sock = self._sock
@@ -153,6 +167,13 @@ class SocketReader:
 
     def kick(self) -> None:
         """Call after sending on this socket: the send may have swallowed the read edge."""
+        if self._lock is None:
+            self._kick()
+            return
+        with self._lock:
+            self._kick()
+
+    def _kick(self) -> None:
         if not self._closed and not self._draining and _get(self._sock, _EVENTS) & _POLLIN:
             self._loop.call_soon(self.drain)
 

@@ -86,6 +86,67 @@ def test_sync_client_with_sync_handlers_and_concurrency(zk_server: LocalZooKeepe
         assert (instances.version, instances.metadata) == ("2.1", {"zone": "a"})
 
 
+def test_sync_handler_threads_answer_a_pipelined_flood_and_drain_on_stop(zk_server: LocalZooKeeper) -> None:
+    """Sync-handler threads send their replies on the ROUTER themselves, beside the loop
+    that reads it: thousands of requests in flight from two callers must all be answered,
+    each with its own payload (no reply lost to a hidden read edge, no frames of two
+    replies interleaved); the threads stay within ``concurrency``; stop() waits for a
+    handler still running and its reply still arrives; the threads end after stop()."""
+    hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
+    release = threading.Event()
+
+    def handler(request: Request) -> bytes:
+        if request.payload == b"hold":
+            release.wait(10)
+        elif request.payload.startswith(b"fail"):
+            raise ValueError(request.payload.decode())
+        return request.payload[::-1]
+
+    async def run() -> None:
+        server = await DirectClient.connect(hosts)
+        callers = [await DirectClient.connect(hosts) for _ in range(2)]
+        try:
+            service = await server.serve("flood", handler, concurrency=4, queue_max=10_000)
+            count = 1500
+
+            async def one(caller: DirectClient, n: int) -> bytes | str:
+                payload = f"{'fail' if n % 97 == 0 else 'req'}-{n}".encode()
+                try:
+                    return (await caller.request("flood", payload, timeout_ms=30_000)).payload
+                except errors.RemoteError as exc:
+                    return exc.message
+
+            answers = await asyncio.gather(*[one(callers[n % 2], n) for n in range(count)])
+            for n, answer in enumerate(answers):
+                if n % 97 == 0:
+                    assert isinstance(answer, str) and f"fail-{n}" in answer
+                else:
+                    assert answer == f"req-{n}".encode()[::-1]
+            assert (service.handled, service.failed) == (count - len(range(0, count, 97)), len(range(0, count, 97)))
+            threads = [t for t in threading.enumerate() if t.name.startswith("svc-flood-")]
+            assert 1 <= len(threads) <= 4
+
+            held = asyncio.ensure_future(callers[0].request("flood", b"hold", timeout_ms=30_000))
+            while service.in_flight == 0:
+                await asyncio.sleep(0.01)
+            stopping = asyncio.ensure_future(service.stop(drain_timeout_ms=10_000))
+            await asyncio.sleep(0.3)
+            assert not stopping.done()  # draining: the held handler still runs
+            release.set()
+            assert (await held).payload == b"dloh"
+            await stopping
+            deadline = time.monotonic() + 5
+            while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert not any(t.is_alive() for t in threads)
+        finally:
+            for caller in callers:
+                await caller.close()
+            await server.close()
+
+    asyncio.run(run())
+
+
 def test_overloaded_instance_refuses_without_running(zk_server: LocalZooKeeper) -> None:
     hosts = f"{zk_server.address}/direct-{uuid.uuid4().hex[:10]}"
 
