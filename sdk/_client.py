@@ -8,6 +8,7 @@ caller's thread.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,17 +129,24 @@ class Bootstrap:
         if self.zk is None:
             return list(self.addresses)
         from kazoo.client import KazooClient
+        from kazoo.exceptions import NoNodeError
 
         from fabric import zk as zkl
 
         client = KazooClient(hosts=self.zk)
         try:
-            client.start(timeout=METADATA_TIMEOUT_MS / 1000)
+            with warnings.catch_warnings():  # kazoo warns of a missing chroot; said below instead
+                warnings.simplefilter("ignore", UserWarning)
+                client.start(timeout=METADATA_TIMEOUT_MS / 1000)
         except Exception as exc:
             zkl.close_client(client)  # a client left running would retry in the background
             raise errors.NoBrokersAvailableError(f"ZooKeeper {self.zk} did not answer: {exc}") from exc
         try:
             return [n.address for _, n in sorted(zkl.live_nodes(client).items())]
+        except NoNodeError:
+            raise errors.NoBrokersAvailableError(
+                f"no Fabric cluster at zk://{self.zk}: ZooKeeper has no {zkl.NODES} there (a mistyped chroot? "
+                "`fabric up` prints the bootstrap address)") from None
         finally:
             zkl.close_client(client)
 

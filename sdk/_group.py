@@ -185,8 +185,9 @@ class GroupMember:
             self.consumer._drop(lost)
             self.listener.on_partitions_lost(lost)
 
-    def leave(self) -> None:
-        """Leave the group now (a static member keeps its partitions for the session)."""
+    def leave(self, *, rejoin_later: bool = False) -> None:
+        """Leave the group now (a static member keeps its partitions for the session).
+        ``rejoin_later`` (unsubscribe): a later subscribe() joins as a new member."""
         if not self.subscribed or not self.member_id:
             return
         if self.owned:
@@ -202,6 +203,9 @@ class GroupMember:
             log.info("group %s: leave not acknowledged (%s); the session timeout will end it", self.group_id, exc)
         self.subscribed = False
         self.owned = set()
+        if rejoin_later:
+            self.member_id = "" if not self.instance_id else self.member_id
+            self.member_epoch = gp.JOIN_EPOCH
 
     # -- offsets ----------------------------------------------------------------------------
     def commit(self, offsets: dict[TopicPartition, tuple[int, str]], *, in_group: bool) -> None:

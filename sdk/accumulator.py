@@ -26,6 +26,36 @@ Headers = list[tuple[str, bytes | None]]
 DELTA_MS_MIN, DELTA_MS_MAX = batch_format.TIMESTAMP_DELTA_MS_MIN, batch_format.TIMESTAMP_DELTA_MS_MAX
 
 
+def as_bytes(value: Any, what: str) -> bytes | None:
+    """A key, value or header value as the records section carries it: bytes (str as
+    UTF-8, bytearray and memoryview copied) or None; anything else is a TypeError."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, str or None, not {type(value).__name__}")
+
+
+def normalize_headers(headers: Any) -> Headers:
+    """One record's headers, a dict or a list of (name, value) pairs with bytes, str or None
+    values, as checked (name, bytes) pairs; anything else is refused, not guessed at
+    (``["ab", "cd"]`` would otherwise unpack into the headers a=b and c=d)."""
+    items = headers.items() if isinstance(headers, dict) else headers
+    out: Headers = []
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise TypeError(
+                f"headers must be a dict or a list of (str, bytes) pairs; got the item {item!r:.80}"
+            )
+        if not isinstance(item[0], str):  # None (a null in a Spark headers column), bytes...
+            raise TypeError(f"header name must be a str, not {type(item[0]).__name__} {item[0]!r:.40}")
+        out.append((item[0], as_bytes(item[1], f"header {item[0]!r} value")))
+    check_headers(out)
+    return out
+
+
 def check_headers(headers: Headers) -> None:
     """One record's headers as the records section can carry them (at most a u16 of them,
     names of UTF-8 with a u16 length), else ValueError: refused before the record is queued."""
@@ -45,6 +75,14 @@ def check_headers(headers: Headers) -> None:
 def headers_bytes(headers: Headers) -> int:
     """Bytes the headers of one record take in the records section (u16 + name + i32 + value)."""
     return sum(6 + len(n.encode("utf-8")) + (len(v) if v is not None else 0) for n, v in headers)
+
+
+def run_callbacks(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # the caller's code, on the sender thread: it must not stop the producer
+            log.exception("a send callback raised (the producer goes on)")
 
 
 class BatchResult:
@@ -68,9 +106,14 @@ class BatchResult:
         self._lock = threading.Lock()
 
     def complete(self, base_offset: int, exception: BaseException | None = None) -> None:
+        run_callbacks(self.settle(base_offset, exception))
+
+    def settle(self, base_offset: int, exception: BaseException | None = None) -> list[Callable[[], None]]:
+        """Resolve and wake the waiters; return the callbacks for the caller to run once it
+        holds no lock of its own (``run_callbacks``): a callback may call the producer."""
         with self._lock:
             if self.done:
-                return
+                return []
             self.base_offset = base_offset
             self.exception = exception
             self.done = True
@@ -78,11 +121,7 @@ class BatchResult:
             self._callbacks = None
         if event is not None:
             event.set()
-        for callback in callbacks or ():
-            try:
-                callback()
-            except Exception:  # the caller's code, on the sender thread: it must not stop the producer
-                log.exception("a send callback raised (the producer goes on)")
+        return callbacks or []
 
     def wait(self, timeout_s: float | None) -> bool:
         with self._lock:
@@ -370,10 +409,13 @@ class RecordAccumulator:
     def pending_batches(self) -> int:
         return sum(len(q) for q in self.batches.values())
 
-    def abort_all(self, exc: BaseException) -> None:
+    def abort_all(self, exc: BaseException) -> list[Callable[[], None]]:
+        """Fail every queued batch; returns their callbacks, for the caller to run unlocked."""
         self.open.clear()
+        callbacks: list[Callable[[], None]] = []
         for queue in self.batches.values():
             while queue:
                 batch = queue.popleft()
                 self.release(batch)
-                batch.result.complete(-1, exc)
+                callbacks += batch.result.settle(-1, exc)
+        return callbacks

@@ -51,6 +51,11 @@ class AsyncProducer:
         self.producer = producer
         self._loop = asyncio.get_running_loop()
 
+    @property
+    def closed(self) -> bool:
+        """close() was called (send() raises ClientClosedError)."""
+        return self.producer.closed
+
     def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
              headers: dict[str, bytes | str | None] | None = None, partition: int | None = None,
              timestamp_ms: int | None = None, *, delay_ms: int = 0, deliver_at_ms: int = 0,
@@ -125,6 +130,10 @@ class AsyncConsumer:
     async def subscribe_all_partitions(self, topic: str) -> list[TopicPartition]:
         return await self._call(lambda c: c.subscribe_all_partitions(topic))
 
+    async def unsubscribe(self) -> None:
+        """``Consumer.unsubscribe``: leave the group (committing first with auto commit)."""
+        await self._call(lambda c: c.unsubscribe())
+
     async def seek(self, partition: TopicPartition | tuple[str, int], offset: int) -> None:
         await self._call(lambda c: c.seek(partition, offset))
 
@@ -183,7 +192,7 @@ class AsyncClient:
     def __init__(self, bootstrap: str, direct: DirectClient | None) -> None:
         self.bootstrap = bootstrap
         self._direct = direct
-        self._producers: list[AsyncProducer] = []
+        self._producers: dict[str, AsyncProducer] = {}  # by options: producer()
         self._consumers: list[AsyncConsumer] = []
         self._queue_consumers: list[AsyncQueueConsumer] = []
 
@@ -196,8 +205,13 @@ class AsyncClient:
 
     # The durable plane.
     def producer(self, **config: Any) -> AsyncProducer:
-        producer = AsyncProducer(Producer(self.bootstrap, **config))
-        self._producers.append(producer)
+        """The client's producer for these options: made on first use, then the same one
+        for the same options (a producer is a thread, sockets and a buffer, meant to be
+        shared, as Kafka's), closed by ``client.close()``; one closed meanwhile is replaced."""
+        key = repr(sorted(config.items()))
+        producer = self._producers.get(key)
+        if producer is None or producer.closed:
+            producer = self._producers[key] = AsyncProducer(Producer(self.bootstrap, **config))
         return producer
 
     async def consumer(self, topics: Iterable[str] = (), **config: Any) -> AsyncConsumer:
@@ -249,7 +263,7 @@ class AsyncClient:
         """Services deregister and drain first, then producers flush, then the rest closes."""
         if self._direct is not None:
             await self._direct.close()
-        for producer in self._producers:
+        for producer in self._producers.values():
             await producer.close()
         for consumer in self._consumers:
             await consumer.close()

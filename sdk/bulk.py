@@ -26,8 +26,9 @@ from sdk.accumulator import (
     RECORD_OVERHEAD_BYTES,
     BatchResult,
     Headers,
-    check_headers,
+    as_bytes,
     headers_bytes,
+    normalize_headers,
 )
 
 _NULL_LENGTH = (-1).to_bytes(4, "little", signed=True)
@@ -49,7 +50,7 @@ class _Column:
         try:
             b"".join(items)  # every item is bytes: the common case, checked at C speed
         except TypeError:
-            items = [_as_bytes(item, what) for item in items]
+            items = [as_bytes(item, f"{what} items") for item in items]
         self.items: list[bytes | None] = items
         self.has_nulls = None in items if items else False
         lengths = [-1 if v is None else len(v) for v in items] if self.has_nulls else list(map(len, items))
@@ -127,16 +128,6 @@ class _Column:
         return self.items[index]
 
 
-def _as_bytes(value: Any, what: str) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"{what} items must be bytes, str or None, not {type(value).__name__}")
-
-
 @dataclass(frozen=True)
 class Piece:
     """Records [start, end) of the input, bound for one partition as one batch."""
@@ -151,7 +142,7 @@ class Piece:
 class Columns:
     """The validated input of one ``send_batch`` call."""
 
-    def __init__(self, values: Any, keys: Any = None, headers: Sequence[Headers | None] | None = None) -> None:
+    def __init__(self, values: Any, keys: Any = None, headers: Sequence[Any] | None = None) -> None:
         self.values = _Column(values, "values")
         self.count = self.values.count
         self.keys = _Column(keys, "keys") if keys is not None else None
@@ -162,10 +153,9 @@ class Columns:
             header_list = list(headers)
             if len(header_list) != self.count:
                 raise ValueError(f"headers has {len(header_list)} items, values {self.count}")
-            for record_headers in header_list:
-                if record_headers:
-                    check_headers(record_headers)
-            self.headers = header_list
+            # Each record's headers as send() takes them: a dict or (name, value) pairs,
+            # values bytes, str or None.
+            self.headers = [normalize_headers(h) if h else None for h in header_list]
         # Per-record sizes only where they can differ from value length + overhead.
         self._extra: list[int] | None = None
         if self.keys is not None or self.headers is not None:

@@ -293,7 +293,15 @@ class Consumer:
 
     # -- assignment and positions -----------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
-        """Read exactly ``partitions`` (a list of TopicPartition or (topic, partition))."""
+        """Read exactly ``partitions`` (a list of TopicPartition or (topic, partition)).
+        Not while subscribed to a group (``unsubscribe()`` first), as Kafka's consumer."""
+        if self._group is not None and self._group.subscribed:
+            raise errors.InvalidRequestError(
+                f"assign() while subscribed to group {self._group.group_id!r}: the group decides this member's "
+                "partitions; call unsubscribe() first")
+        self._assign(partitions, refresh=refresh)
+
+    def _assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
         tps = _tp_list("partitions", partitions)
         if refresh or any(tp.topic not in self._meta.metadata.topics for tp in tps):
             self._meta.refresh(sorted({tp.topic for tp in tps}))
@@ -340,6 +348,18 @@ class Consumer:
         group.subscribe(topics, pattern, listener)
         group.tick()
 
+    def unsubscribe(self) -> None:
+        """Stop reading, as Kafka's ``unsubscribe()``: in a group, commit what was handed out
+        (with auto commit) and leave at once (the listener hears the partitions revoked;
+        the group hands them to others); the partitions of ``assign()`` are dropped too.
+        ``subscribe()`` or ``assign()`` may follow; a second call does nothing."""
+        group = self._group
+        if group is not None and group.subscribed:
+            if group.owned:
+                self._auto_commit(force=True)
+            group.leave(rejoin_later=True)
+        self._assign([], refresh=False)
+
     def commit(self, offsets: dict[TopicPartition, int] | dict[TopicPartition, tuple[int, str]] | None = None) -> None:
         """Commit ``offsets`` (next offset to read, optionally with a metadata string), or the
         positions of everything ``poll()`` has handed out. Returns once the commit is durable."""
@@ -348,7 +368,17 @@ class Consumer:
             wanted = {tp: (pos, "") for tp, pos in self._positions.items() if tp in set(self._assigned)}
         else:
             wanted = _commit_offsets(offsets)
-        group.commit(wanted, in_group=bool(group.subscribed and group.member_id))
+        in_group = bool(group.subscribed and group.member_id)
+        if in_group and offsets is not None:
+            # The coordinator takes a member's commits only for partitions it holds (so a
+            # member cannot move offsets under another one), answering FENCED_MEMBER_EPOCH
+            # (docs/GROUPS.md): the same error, with a message that says which and why.
+            foreign = sorted((tp for tp in wanted if tp not in group.owned), key=str)
+            if foreign:
+                raise errors.FencedMemberEpochError(
+                    f"commit() of {', '.join(map(str, foreign[:5]))}: not assigned to this member of group "
+                    f"{group.group_id!r} (assignment: {sorted(group.owned, key=str)})")
+        group.commit(wanted, in_group=in_group)
         for tp, (offset, _meta) in wanted.items():
             self._committed_positions[tp] = offset
 
@@ -386,7 +416,7 @@ class Consumer:
     def _drop(self, tps: list[TopicPartition]) -> None:
         """Group hook: stop reading ``tps`` and forget their buffered data."""
         gone = set(tps)
-        self.assign([tp for tp in self._assigned if tp not in gone], refresh=False)
+        self._assign([tp for tp in self._assigned if tp not in gone], refresh=False)
         for tp in gone:
             self._committed_positions.pop(tp, None)
 
@@ -395,7 +425,7 @@ class Consumer:
         if that fails nothing changes, and the caller retries)."""
         committed = self._require_group("a group assignment").committed(tps)
         self._refresh_needed = True
-        self.assign([*self._assigned, *tps], refresh=False)
+        self._assign([*self._assigned, *tps], refresh=False)
         for tp in tps:
             found = committed.get(tp)
             if found is not None:
@@ -494,6 +524,13 @@ class Consumer:
             address = self._meta.metadata.leader_address(tp.topic, tp.partition)
             try:
                 if address is None:
+                    # No such topic or partition is an answer, not a reason to wait (as assign()).
+                    meta = self._meta.topic(tp.topic)
+                    if tp.partition >= meta.partition_count:  # partitions added since the cache was filled?
+                        self._meta.refresh([tp.topic])
+                        meta = self._meta.topic(tp.topic)
+                    if not 0 <= tp.partition < meta.partition_count:
+                        raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
                     raise errors.LeaderNotAvailableError(f"no leader for {tp}")
                 message = self._conns.request(
                     address, ApiKey.LIST_OFFSETS,
@@ -798,8 +835,11 @@ class Consumer:
             self._last_recheck_s = now
             # A long-poll that outlives its max_wait by this much: its leader may be dead
             # or paused. Look again; resend to a new leader instead of waiting the timeout.
+            # Not from the silent leaders themselves: a paused one would hold the refresh
+            # (and this poll, past its timeout_ms) for a whole metadata timeout.
+            suspects = {a for a, sent, _p in self._in_flight.values() if overdue(a, sent)}
             try:
-                self._meta.refresh(sorted({tp.topic for tp in self._assigned}))
+                self._meta.refresh(sorted({tp.topic for tp in self._assigned}), avoid=suspects)
             except errors.FabricError:
                 pass
         for correlation_id, (address, sent, positions) in list(self._in_flight.items()):

@@ -25,7 +25,7 @@ import zmq
 
 from fabric import allocator, errors
 from fabric.auth.curve import ClientSecurity
-from fabric.limits import BATCH_HEADER_BYTES, MESSAGE_BYTES_MAX_DEFAULT
+from fabric.limits import BATCH_HEADER_BYTES, I32_MAX, I64_MAX, MESSAGE_BYTES_MAX_DEFAULT
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as queue_format
@@ -34,6 +34,7 @@ from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
 from fabric.transport import unique_inproc_endpoint
 from sdk import bulk
+from sdk._arguments import int_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
     Bootstrap,
@@ -50,8 +51,10 @@ from sdk.accumulator import (
     ProducerBatch,
     RecordAccumulator,
     RecordFuture,
-    check_headers,
+    as_bytes,
     headers_bytes,
+    normalize_headers,
+    run_callbacks,
 )
 
 log = logging.getLogger("fabric.producer")
@@ -74,14 +77,26 @@ NEW_CONNECTION_WAIT_MS = 100  # a produce to a node we have no socket to yet wai
 UNCLOSED_FLUSH_S_MAX = 10.0
 
 
-def _as_bytes(value: Any, what: str) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"{what} must be bytes, str or None, not {type(value).__name__}")
+_ACKS: dict[int | str, int] = {0: 0, 1: 1, -1: -1, "0": 0, "1": 1, "-1": -1, "all": -1}
+
+
+def _check_options(*, acks: Any, linger_ms: Any, compression: Any, enable_idempotence: Any, **ints: Any) -> None:
+    """The producer's options, checked before anything starts (as the Consumer's): a
+    TypeError or ValueError naming the option and its bounds, the same on the compiled and
+    the pure-Python path, instead of a failure later on the sender thread."""
+    if isinstance(acks, bool) or (acks.lower() if isinstance(acks, str) else acks) not in _ACKS:
+        raise ValueError(f"acks must be 0, 1 or 'all' (or -1), got {acks!r}")
+    if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float):
+        raise TypeError(f"linger_ms must be a number of milliseconds, got {type(linger_ms).__name__} {linger_ms!r:.60}")
+    if not 0 <= linger_ms <= I32_MAX:  # NaN too
+        raise ValueError(f"linger_ms={linger_ms} outside [0, {I32_MAX}]")
+    str_arg("compression", compression)
+    if enable_idempotence is not None and not isinstance(enable_idempotence, bool):
+        raise TypeError(f"enable_idempotence must be True, False or None, got {enable_idempotence!r}")
+    lows = {"batch_bytes_max": 1, "buffer_bytes_max": 1, "max_block_ms": 0, "delivery_timeout_ms": 1,
+            "request_timeout_ms": 1, "retry_backoff_ms": 0, "metadata_max_age_ms": 0}
+    for name, value in ints.items():
+        int_arg(name, value, lows[name], I64_MAX if name == "buffer_bytes_max" else I32_MAX)
 
 
 def _timestamp_ms(value: Any) -> int:
@@ -164,9 +179,16 @@ class _ProducerCore:
     ) -> None:
         # security: CURVE keys for a secure cluster; None reads $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY
         # (read here, so a bad key file fails the constructor, not the sender thread).
+        _check_options(acks=acks, linger_ms=linger_ms, batch_bytes_max=batch_bytes_max, compression=compression,
+                       buffer_bytes_max=buffer_bytes_max, max_block_ms=max_block_ms,
+                       delivery_timeout_ms=delivery_timeout_ms, request_timeout_ms=request_timeout_ms,
+                       retry_backoff_ms=retry_backoff_ms, metadata_max_age_ms=metadata_max_age_ms,
+                       enable_idempotence=enable_idempotence)
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):  # its range: below
+            raise TypeError(f"max_in_flight must be an int, got {type(max_in_flight).__name__} {max_in_flight!r:.60}")
         self._security = security or ClientSecurity.from_env()
         allocator.tune()  # batches are large buffers: keep them off per-buffer mmap (fabric/allocator.py)
-        self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
+        self.acks = _ACKS[acks.lower() if isinstance(acks, str) else acks]
         if enable_idempotence is None:
             enable_idempotence = self.acks == -1  # as Kafka: on by default with acks=all
         if enable_idempotence and self.acks != -1:
@@ -184,8 +206,6 @@ class _ProducerCore:
         self.producer_id = producer_id if producer_id is not None else -1
         self.producer_epoch = producer_epoch if enable_idempotence else -1
         self._next_sequence: dict[tuple[str, int], int] = {}
-        if self.acks not in (0, 1, -1):
-            raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
         if compression not in batch_format.CODECS:
             raise ValueError(f"compression must be one of {sorted(batch_format.CODECS)}, got {compression!r}")
         if delivery_timeout_ms < request_timeout_ms:
@@ -199,6 +219,9 @@ class _ProducerCore:
         self.metadata_max_age_s = metadata_max_age_ms / 1000.0
         self._acc = RecordAccumulator(batch_bytes_max=batch_bytes_max, linger_ms=linger_ms, buffer_bytes_max=buffer_bytes_max)
         self._lock = threading.Lock()
+        self._due: list[Callable[[], None]] = []  # callbacks of resolved batches, run by _run_due
+        self._refreshes_begun = 0  # metadata refreshes the sender started, and the last one done
+        self._refreshes_done = 0
         self._space = threading.Condition(self._lock)
         self._metadata_ready = threading.Condition(self._lock)
         self._partition_counts: dict[str, int] = {}
@@ -274,9 +297,9 @@ class _ProducerCore:
             partition = _partition_index(partition)
         if callback is not None and not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
-        value_b = value if value.__class__ is bytes else _as_bytes(value, "value")
-        key_b = key if key is None or key.__class__ is bytes else _as_bytes(key, "key")
-        header_list = self._normalize_headers(headers) if headers else None
+        value_b = value if value.__class__ is bytes else as_bytes(value, "value")
+        key_b = key if key is None or key.__class__ is bytes else as_bytes(key, "key")
+        header_list = normalize_headers(headers) if headers else None
         if delay_ms or deliver_at_ms or priority is not None or dedup_id or ttl_ms:
             # queue-mode options travel as documented record headers (docs/QUEUES.md)
             header_list = [*(header_list or []), *queue_format.send_headers(
@@ -303,7 +326,7 @@ class _ProducerCore:
                     partition = self._sticky.get(topic)
                     if partition is None or partition >= count:
                         partition = self._sticky[topic] = self._sticky_start % count
-            elif not 0 <= partition < count:
+            elif not 0 <= partition < count and not (partition > 0 and partition < self._fresh_count(topic)):
                 raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
             acc = self._acc
             size = RECORD_OVERHEAD_BYTES + (len(value_b) if value_b else 0) + (len(key_b) if key_b else 0)
@@ -379,21 +402,23 @@ class _ProducerCore:
         topic: str,
         values: Any,
         keys: Any = None,
-        headers: Sequence[Headers | None] | None = None,
+        headers: Sequence[Headers | dict[str, bytes | str | None] | None] | None = None,
         partition: int | None = None,
         timestamp_ms: int | None = None,
     ) -> bulk.BulkFuture:
         """Queue many records at once; returns a BulkFuture (``result()`` lists the batches).
 
         ``values`` (and ``keys``) are sequences of bytes/str/None or Arrow binary/string
-        arrays; ``headers`` one list of (name, value) pairs or None per record. The records
-        share one timestamp. Without keys or ``partition`` they fill whole batches that go
+        arrays; ``headers`` per record None, a dict or a list of (name, value) pairs, as
+        for ``send``. The records share one timestamp. Without keys or ``partition`` they fill whole batches that go
         to one partition after another (sticky, as ``send``); with keys each record goes to
         its key's partition (slower: a Python step per record), and records whose key is
         None go stickily, as without keys. Same guarantees as
         ``send``: acks, idempotence, order within a partition, retries, buffer limits. A
         record that cannot fit ``message_bytes_max`` refuses the whole call, before
-        anything is queued."""
+        anything is queued; the call waits up to ``max_block_ms`` for buffer room for all
+        of its records (an empty buffer takes any size), so ``BufferFullError`` too means
+        that nothing was queued."""
         cols = bulk.Columns(values, keys, headers)
         if cols.count == 0:
             return bulk.BulkFuture([])
@@ -430,12 +455,15 @@ class _ProducerCore:
         payloads = [batch_format.compress_records(piece.records, self.codec, adaptive=True) for _, piece in pieces]
         parts: list[tuple[BatchResult, int]] = []
         with self._lock:
+            # Room for the whole call before any of it is queued (an empty buffer takes any
+            # size, as for one large record): a BufferFullError then means nothing went in,
+            # and the caller may simply send the call again.
+            self._wait_for_room(sum(piece.size_bytes for _, piece in pieces))
             if any(target < 0 for target, _group in groups):
                 self._sticky[topic] = sticky
                 self._sticky_closed_bytes[topic] = 0  # that partition has taken nothing yet
                 self._sticky_batch.pop(topic, None)
             for (chosen, piece), payload in zip(pieces, payloads, strict=True):
-                self._wait_for_room(piece.size_bytes)
                 result = self._acc.append_prepared(topic, chosen, (payload, ts, piece.tag_bloom), piece.record_count,
                                                    piece.size_bytes, time.monotonic())
                 parts.append((result, piece.record_count))
@@ -446,6 +474,10 @@ class _ProducerCore:
         """Block (lock held, released while waiting) until the buffer has room, up to max_block_ms."""
         if self._acc.has_room(size):
             return
+        if threading.current_thread() is self._thread:
+            raise errors.BufferFullError(
+                f"producer buffer of buffer_bytes_max={self._acc.buffer_bytes_max} is full, and send() from a send "
+                "callback cannot wait for room: the callback runs on the thread that would free it")
         deadline = time.monotonic() + self.max_block_s
         while not self._acc.has_room(size):
             remaining = deadline - time.monotonic()
@@ -457,23 +489,13 @@ class _ProducerCore:
             if self._closed:
                 raise errors.ClientClosedError("producer closed while send() was blocked")
 
-    @staticmethod
-    def _normalize_headers(headers: Headers | dict[str, bytes | str | None]) -> Headers:
-        """A dict or a list of (name, value) pairs; anything else is refused, not guessed at
-        (``["ab", "cd"]`` would otherwise unpack into the headers a=b and c=d)."""
-        items = headers.items() if isinstance(headers, dict) else headers
-        out: Headers = []
-        for item in items:
-            if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
-                raise TypeError(
-                    f"headers must be a dict or a list of (str, bytes) pairs; got the item {item!r:.80}"
-                )
-            out.append((item[0], _as_bytes(item[1], f"header {item[0]!r} value")))
-        check_headers(out)
-        return out
-
     def _await_topic(self, topic: str) -> int:
         """Ask the sender thread for this topic's metadata; called with the lock held."""
+        if threading.current_thread() is self._thread:
+            raise errors.InvalidRequestError(
+                f"topic {topic!r} is new to this producer, and send() from a send callback cannot wait for its "
+                "metadata (the callback runs on the thread that fetches it): send to it, or call "
+                "partitions_for() on it, once outside the callback first")
         self._unknown_topics.pop(topic, None)
         self._wanted_topics.add(topic)
         self._wake()
@@ -488,6 +510,24 @@ class _ProducerCore:
             self._metadata_ready.wait(min(remaining, 0.1))
         return self._partition_counts[topic]
 
+    def _fresh_count(self, topic: str) -> int:
+        """The topic's partition count from a metadata refresh begun after this call (lock
+        held): a partition past the cached count may have been added since (as Kafka's
+        producer, which asks again before it refuses). Not on the sender thread, which
+        does the refresh; the cached count then."""
+        if threading.current_thread() is self._thread:
+            return self._partition_counts.get(topic, 0)
+        wanted = self._refreshes_begun + 1
+        self._refresh_needed = True
+        self._wake()
+        deadline = time.monotonic() + self.max_block_s
+        while self._refreshes_done < wanted and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._metadata_ready.wait(min(remaining, 0.1))
+        return self._partition_counts.get(topic, 0)
+
     def _wake(self) -> None:
         try:
             self._wake_push.send(b"", zmq.NOBLOCK)
@@ -496,6 +536,9 @@ class _ProducerCore:
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now and wait until each batch is acknowledged or failed."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("flush() from a send callback would wait for itself: the callback runs on "
+                               "the producer's sender thread, which resolves the batches")
         with self._lock:
             results = [b.result for b in self._pending_batches()]
             self._acc.flushing = True
@@ -531,11 +574,12 @@ class _ProducerCore:
         self._wake()
         self._thread.join(timeout=10)
         with self._lock:
-            self._acc.abort_all(errors.ClientClosedError("producer closed before the record was sent"))
+            self._due += self._acc.abort_all(errors.ClientClosedError("producer closed before the record was sent"))
             for flight in self._in_flight.values():
                 for batch in flight.batches:
-                    batch.result.complete(-1, errors.ClientClosedError("producer closed before an answer came"))
+                    self._due += batch.result.settle(-1, errors.ClientClosedError("producer closed before an answer came"))
             self._in_flight.clear()
+        self._run_due()
         self._wake_push.close(linger=0)
 
     def close_unattended(self) -> None:
@@ -565,6 +609,11 @@ class _ProducerCore:
         batches += [b for q in self._unacked.values() for b in q]
         return list({id(b): b for b in batches}.values())
 
+    @property
+    def closed(self) -> bool:
+        """close() was called: send() raises ClientClosedError."""
+        return self._closed
+
     def partitions_for(self, topic: str) -> int:
         with self._lock:
             count = self._partition_counts.get(topic)
@@ -578,19 +627,31 @@ class _ProducerCore:
         try:
             while not self._stop.is_set():
                 self._sender_turn(conns, meta)
+                self._run_due()
         except Exception as exc:  # a bug, not an operating error: fail loudly, never hang
             log.exception("producer sender thread died")
             with self._lock:
                 fatal = errors.UnknownServerError(f"producer sender thread died: {exc!r}")
                 self._refusal = fatal
-                self._acc.abort_all(fatal)
+                self._due += self._acc.abort_all(fatal)
                 for batch in self._pending_batches():
-                    batch.result.complete(-1, fatal)
+                    self._due += batch.result.settle(-1, fatal)
                 self._metadata_ready.notify_all()
                 self._space.notify_all()
         finally:
+            self._run_due()
             conns.close()
             self._wake_pull.close(linger=0)
+
+    def _run_due(self) -> None:
+        """Run the callbacks of batches resolved so far, holding no lock: a callback may
+        call send(), flush() or close() (they take the lock), and a slow one must not hold
+        up send() in other threads. Only the sender thread and close() resolve batches."""
+        if not self._due:
+            return
+        with self._lock:
+            due, self._due = self._due, []
+        run_callbacks(due)
 
     def _sender_turn(self, conns: Connections, meta: MetadataClient) -> None:
         now = time.monotonic()
@@ -627,6 +688,7 @@ class _ProducerCore:
             timeout_s = min(timeout_s, max(0.0, oldest + self.request_timeout_s - time.monotonic()))
         for address, frames in conns.poll(math.ceil(timeout_s * 1000)):  # rounded up: never spin
             self._handle_response(address, frames)
+            self._run_due()
         while True:
             try:
                 self._wake_pull.recv(zmq.NOBLOCK)
@@ -638,11 +700,14 @@ class _ProducerCore:
         with self._lock:
             wanted = set(self._wanted_topics)
             known = set(self._partition_counts)
+            self._refreshes_begun += 1
+            begun = self._refreshes_begun
         try:
             metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None, avoid=avoid or ())
         except errors.FabricError as exc:
             log.warning("metadata refresh failed: %s", exc)
             with self._lock:
+                self._refreshes_done = begun
                 for topic in wanted:
                     self._unknown_topics[topic] = exc
                     self._wanted_topics.discard(topic)
@@ -660,6 +725,7 @@ class _ProducerCore:
                         errors.AuthorizationFailedError(f"this principal may not describe topic {topic!r}")
                         if topic in meta.denied else errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}"))
                 self._wanted_topics.discard(topic)
+            self._refreshes_done = begun
             self._metadata_ready.notify_all()
 
     def _init_producer_id(self, conns: Connections, meta: MetadataClient) -> None:
@@ -873,7 +939,7 @@ class _ProducerCore:
         if self._sticky_batch.get(batch.topic) is batch:  # its size is final: keep the count, not the batch
             self._sticky_closed_bytes[batch.topic] = self._sticky_closed_bytes.get(batch.topic, 0) + batch.size_bytes
             del self._sticky_batch[batch.topic]
-        batch.result.complete(base_offset, exc)
+        self._due += batch.result.settle(base_offset, exc)  # callbacks run once the lock is released
 
     def _expire_queued(self, now: float) -> None:
         """Fail every queued batch older than delivery_timeout_ms, sendable or not."""

@@ -452,3 +452,26 @@ def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> No
             await client.close()
 
     assert sorted(asyncio.run(run())) == sorted(f"g{n}".encode() for n in range(10))
+
+
+def test_async_client_shares_one_producer_per_set_of_options(cluster: LocalCluster, topic_name: str) -> None:
+    with sdk.Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+
+    async def run() -> None:
+        client = await sdk.connect(cluster.bootstrap)
+        try:
+            threads = threading.active_count()
+            for n in range(10):  # the README's one-liner in a loop: one producer, not ten
+                await client.producer().send(topic_name, f"{n}")
+            assert threading.active_count() <= threads + 1
+            assert client.producer() is client.producer() and client.producer(linger_ms=7) is not client.producer()
+            first = client.producer()
+            await first.close()
+            replaced = client.producer()
+            assert replaced is not first and not replaced.closed
+            assert (await replaced.send(topic_name, b"after")).offset == 10
+        finally:
+            await client.close()
+
+    asyncio.run(run())

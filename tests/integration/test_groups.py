@@ -482,3 +482,48 @@ def test_async_iteration_commits_only_finished_records_and_close_ends_it(cluster
     seen, ended = asyncio.run(run())
     assert seen == list(range(7)) and ended
     assert _first_offset_read_by_a_new_member(bootstrap, topic_name, group) == 6
+
+
+def test_unsubscribe_hands_partitions_over_and_assign_needs_it(cluster: LocalCluster, topic_name: str) -> None:
+    """As Kafka's consumer: assign() while subscribed is refused (the group decides the
+    partitions); unsubscribe() commits what was handed out, leaves at once (another member
+    gets the partitions without waiting for a session timeout), and then assign() and a
+    fresh subscribe() both work."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, replication_factor=3)
+    _produce(bootstrap, topic_name, 10, 2)
+    group = f"g-{topic_name}"
+    revoked: list[TopicPartition] = []
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            revoked.extend(partitions)
+
+    # A long session: without the leave, the second member would wait 30 s for the partitions.
+    slow_expiry = {"session_timeout_ms": 30_000, "heartbeat_interval_ms": 500}
+    with Consumer(bootstrap, group_id=group, auto_offset_reset="earliest", **slow_expiry) as first, \
+            Consumer(bootstrap, group_id=group, auto_offset_reset="earliest", **slow_expiry) as second:
+        first.subscribe([topic_name], listener=Listener())
+        got: dict[int, list[Any]] = {}
+        _poll_until([first], lambda: len(got.get(0, [])) == 10, sink=got)
+        with pytest.raises(errors.InvalidRequestError, match="unsubscribe"):
+            first.assign([TopicPartition(topic_name, 0)])
+        first.unsubscribe()
+        first_tps = [TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)]
+        assert first.assignment() == [] and sorted(revoked, key=str) == first_tps
+        assert first.committed(TopicPartition(topic_name, 0)) + first.committed(TopicPartition(topic_name, 1)) == 10
+        first.unsubscribe()  # nothing to do
+        second.subscribe([topic_name])
+        _poll_until([second], lambda: len(second.assignment()) == 2, timeout_s=20)
+        first.assign(first_tps)
+        first.seek_to_beginning()
+        _poll_until([first], lambda: len(got.get(0, [])) == 20, sink=got)
+        first.unsubscribe()
+        assert first.assignment() == []
+        first.subscribe([topic_name])  # joins again as a new member: one partition each
+        _poll_until([first, second], lambda: len(first.assignment()) == 1 and len(second.assignment()) == 1,
+                    timeout_s=20)
+        (theirs,) = second.assignment()
+        with pytest.raises(errors.FencedMemberEpochError, match="not assigned to this member"):
+            first.commit({theirs: 1})  # refused by the coordinator too; said plainly here

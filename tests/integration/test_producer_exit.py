@@ -21,6 +21,7 @@ from fabric.local import LocalCluster
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from sdk import Admin, Producer
+from sdk.accumulator import normalize_headers
 from sdk.producer import _ProducerCore
 from tests.integration.helpers import read_all
 
@@ -153,12 +154,12 @@ def test_delivery_timeout_holds_without_answers(silent_node: SilentNode) -> None
 
 
 def test_headers_must_be_pairs() -> None:
-    normalize = _ProducerCore._normalize_headers
+    normalize = normalize_headers
     assert normalize([("a", b"b"), ("c", "d"), ("e", None)]) == [("a", b"b"), ("c", b"d"), ("e", None)]
     assert normalize({"a": b"b"}) == [("a", b"b")]
     for bad in (["ab", "cd"], [("a", b"b", b"c")], [(1, b"b")], [("a", 5)]):
         with pytest.raises(TypeError, match="header"):
-            normalize(bad)  # type: ignore[arg-type]
+            normalize(bad)
 
 
 def test_one_megabyte_record_with_default_settings(cluster: LocalCluster, topic_name: str) -> None:

@@ -19,8 +19,9 @@ import pytest
 from fabric import errors
 from fabric.local import free_port
 from fabric.protocol import batch as batch_format
+from sdk import bulk
 from sdk.accumulator import BatchResult
-from sdk.producer import _ProducerCore
+from sdk.producer import _ACKS, _check_options, _ProducerCore
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -118,3 +119,55 @@ def test_send_batch_refuses_a_header_name_that_is_not_a_str(core: _ProducerCore,
     # AttributeError from inside the encoder.
     with pytest.raises(TypeError, match="header name must be a str"):
         core.send_batch("t", [b"a", b"b"], headers=[[(name, b"x")], None])  # type: ignore[list-item]
+
+
+def test_send_batch_takes_headers_as_send_does(core: _ProducerCore) -> None:
+    # A dict, str values and None values, as send() takes them; wrong shapes and value
+    # types are a TypeError naming the header, not an unpacking error from inside.
+    cols = bulk.Columns([b"a", b"b", b"c"], headers=[{"h": "1"}, None, [("n", None), ("b", bytearray(b"2"))]])
+    assert cols.headers == [[("h", b"1")], None, [("n", None), ("b", b"2")]]
+    for bad, text in (([[("h", 5)]], "header 'h' value"), ([{"h"}], "pairs"), ([[("h", b"1", b"2")]], "pairs")):
+        with pytest.raises(TypeError, match=text):
+            core.send_batch("t", [b"a"], headers=bad)  # type: ignore[arg-type]
+
+
+def test_send_batch_that_finds_no_room_queues_nothing() -> None:
+    # Room for the whole call or nothing: a BufferFullError after some of the call's
+    # batches were queued would leave the caller unable to tell what to send again.
+    made = _ProducerCore(f"tcp://127.0.0.1:{free_port()}", acks="all", producer_id=7, linger_ms=600_000,
+                         delivery_timeout_ms=600_000, request_timeout_ms=600_000, max_block_ms=100,
+                         buffer_bytes_max=20_000, batch_bytes_max=1_000)
+    try:
+        with made._lock:
+            made._partition_counts["t"] = 2
+        made.send_batch("t", [b"x" * 100] * 100)  # about 12 KB: fits
+        queued = made._acc.pending_records()
+        with pytest.raises(errors.BufferFullError):
+            made.send_batch("t", [b"y" * 100] * 100)  # room for some of its batches, not all
+        assert made._acc.pending_records() == queued
+    finally:
+        closer = threading.Thread(target=made.close, args=(0,))
+        closer.start()
+        closer.join()
+
+
+@pytest.mark.parametrize(("option", "error", "text"), [
+    ({"acks": "ALLx"}, ValueError, "acks must be"), ({"acks": None}, ValueError, "acks must be"),
+    ({"acks": True}, ValueError, "acks must be"), ({"linger_ms": None}, TypeError, "linger_ms"),
+    ({"linger_ms": "5"}, TypeError, "linger_ms"), ({"linger_ms": -1}, ValueError, "linger_ms"),
+    ({"linger_ms": float("nan")}, ValueError, "linger_ms"),
+    ({"buffer_bytes_max": 1.5e6}, TypeError, "buffer_bytes_max"),  # the compiled path failed on send() before
+    ({"request_timeout_ms": 0}, ValueError, "request_timeout_ms"), ({"retry_backoff_ms": -5}, ValueError, "retry"),
+    ({"max_block_ms": -1}, ValueError, "max_block_ms"), ({"compression": 5}, TypeError, "compression"),
+    ({"enable_idempotence": "yes"}, TypeError, "enable_idempotence"), ({"max_in_flight": 0}, ValueError, "with idempotence"),
+    ({"max_in_flight": 2.0}, TypeError, "max_in_flight"), ({"batch_bytes_max": 0}, ValueError, "batch_bytes_max"),
+])
+def test_producer_options_are_checked_before_it_starts(option: dict[str, object], error: type[Exception], text: str) -> None:
+    with pytest.raises(error, match=text):
+        _ProducerCore(f"tcp://127.0.0.1:{free_port()}", **option)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("acks", "expected"), [("ALL", -1), ("all", -1), (-1, -1), ("-1", -1), ("1", 1), (0, 0)])
+def test_acks_spellings(acks: int | str, expected: int) -> None:
+    _check_options(acks=acks, linger_ms=0, compression="lz4", enable_idempotence=None)
+    assert _ACKS[acks.lower() if isinstance(acks, str) else acks] == expected
