@@ -40,6 +40,11 @@ CONFIG_FILE_BYTES_MAX = 1024 * 1024  # a node's TOML file is small; anything big
 PORT_MAX = 65_535
 
 
+def _bound(number: float) -> str:
+    """A bound as written: 2147483647, not 2.14748e+09."""
+    return str(int(number)) if number == int(number) else str(number)
+
+
 @dataclass(frozen=True)
 class Option:
     """One node option. ``kind`` is int, str or float; ``unit`` is what the number counts."""
@@ -90,9 +95,9 @@ class Option:
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where} must be one of {', '.join(self.choices)}, got {raw!r}")
         if self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"{where} must be >= {self.minimum:g}, got {value}")
+            raise ConfigError(f"{where} must be >= {_bound(self.minimum)}, got {value}")
         if self.maximum is not None and value > self.maximum:
-            raise ConfigError(f"{where} must be <= {self.maximum:g}, got {value}")
+            raise ConfigError(f"{where} must be <= {_bound(self.maximum)}, got {value}")
         return value
 
 
@@ -168,7 +173,9 @@ def argument_parser(prog: str = "fabric node") -> argparse.ArgumentParser:
     only what the command line said (the other sources fill the rest)."""
     parser = argparse.ArgumentParser(prog=prog, description="Run one Fabric storage node. Every option is also "
                                      f"an environment variable ({ENV_PREFIX}<NAME>) and a key of the --config file.",
-                                     argument_default=argparse.SUPPRESS)
+                                     argument_default=argparse.SUPPRESS,
+                                     epilog="Controlled shutdown of a running node: fabric node drain ID "
+                                            "(see fabric node drain --help).")
     parser.add_argument("--config", metavar="FILE.toml", help=f"TOML file of options (or ${CONFIG_ENV})")
     for option in NODE_OPTIONS:
         unit = f" [{option.unit}]" if option.unit else ""

@@ -92,6 +92,11 @@ class ManagedProcess:
         return self.proc is not None and self.proc.poll() is None
 
     @property
+    def exit_status(self) -> int | None:
+        """The status it exited with (negative: the signal that ended it); None while it runs."""
+        return None if self.proc is None else self.proc.poll()
+
+    @property
     def pid(self) -> int:
         if self.proc is None:
             raise RuntimeError(f"{self.name} was never started")
@@ -378,9 +383,11 @@ class Supervisor:
 
     ``fabric up`` calls ``check()`` once a second: a node (or ZooKeeper server) that died
     is reported, restarted after RESTART_DELAY_S (doubling up to RESTART_DELAY_MAX_S), and
-    given up on after RESTARTS_MAX crashes within RESTART_WINDOW_S. Processes stopped on
-    purpose (``LocalCluster.stop_node``) are left alone. The clock is a parameter, so the
-    policy is testable without sleeping.
+    given up on after RESTARTS_MAX crashes within RESTART_WINDOW_S. A process that exited
+    with status 0 stopped cleanly (``fabric node drain``, a SIGTERM): it is restarted after
+    RESTART_DELAY_S and not counted as a crash, so rehearsing rolling restarts does not use
+    up the crash budget. Processes stopped on purpose (``LocalCluster.stop_node``) are left
+    alone. The clock is a parameter, so the policy is testable without sleeping.
     """
 
     def __init__(self) -> None:
@@ -388,14 +395,21 @@ class Supervisor:
         self.due: dict[str, float] = {}  # name -> when to restart it
         self.given_up: set[str] = set()
 
-    def check(self, processes: dict[str, tuple[bool, Callable[[], None]]], now: float | None = None) -> list[str]:
-        """``processes``: name -> (running, restart). Returns what happened, one line each."""
+    def check(self, processes: dict[str, tuple[bool, Callable[[], None], int | None]],
+              now: float | None = None) -> list[str]:
+        """``processes``: name -> (running, restart, exit status or None). Returns what
+        happened, one line each."""
         now = time.monotonic() if now is None else now
         said: list[str] = []
-        for name, (running, restart) in processes.items():
+        for name, (running, restart, status) in processes.items():
             if running or name in self.given_up:
                 if running:
                     self.due.pop(name, None)
+                continue
+            if name not in self.due and status == 0:
+                self.due[name] = now + RESTART_DELAY_S
+                said.append(f"{name} stopped cleanly (exit status 0: drained or told to stop); "
+                            f"restarting it in {RESTART_DELAY_S:.0f} s")
                 continue
             if name not in self.due:
                 recent = [t for t in self.crashes.get(name, []) if now - t < RESTART_WINDOW_S]
@@ -614,15 +628,17 @@ class LocalCluster:
     def supervise(self, now: float | None = None) -> list[str]:
         """Restart whatever died (nodes, sequencers, ZooKeeper servers) by the Supervisor's policy;
         returns one line per event for the caller to print."""
-        processes: dict[str, tuple[bool, Callable[[], None]]] = {}
+        processes: dict[str, tuple[bool, Callable[[], None], int | None]] = {}
         for server in self.zookeeper_servers():
             if server.process is not None:
-                processes[server.name] = (server.process.running, functools.partial(server.start, wait=False))
+                processes[server.name] = (server.process.running, functools.partial(server.start, wait=False),
+                                          server.process.exit_status)
         for node_id, node in self.nodes.items():
             if node_id not in self._stopped_on_purpose:
-                processes[f"node {node_id}"] = (node.process.running, node.start)
+                processes[f"node {node_id}"] = (node.process.running, node.start, node.process.exit_status)
         for sequencer_id, sequencer in self.sequencers.items():
-            processes[f"sequencer {sequencer_id}"] = (sequencer.process.running, sequencer.start)
+            processes[f"sequencer {sequencer_id}"] = (sequencer.process.running, sequencer.start,
+                                                      sequencer.process.exit_status)
         return self.supervisor.check(processes, now)
 
     def stop(self) -> None:

@@ -16,7 +16,7 @@ _CONSUMED_HERE = ("log_format",)
 
 
 def server_argv(settings: dict[str, Any]) -> list[str]:
-    """The resolved settings as explicit flags for ``nodes.server.main``: every value is
+    """The resolved settings as explicit flags for ``server_main``: every value is
     spelled out, so the node's own defaults never override a file or the environment."""
     argv: list[str] = []
     for option in config.NODE_OPTIONS:
@@ -33,6 +33,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.setup(settings["log_level"], settings["log_format"], process=f"node{settings['id']}",
                node_id=settings["id"])
-    from nodes.server import main as server_main
-
     return server_main(server_argv(settings))
+
+
+def server_main(argv: list[str] | None = None) -> int:
+    """Build the node, start it (ZooKeeper, registration, roles), then serve until stopped.
+    A node that cannot start says why in one line and exits 1."""
+    import logging
+    import os
+
+    import zmq
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from fabric import errors
+    from nodes import drain, session
+    from nodes.server import Node
+    from nodes.state import parse_node_args
+
+    config, log_level = parse_node_args(argv)
+    logging.basicConfig(level=log_level, format=f"%(asctime)s node{config.node_id} %(levelname)s %(message)s")
+    try:
+        node = Node(config)
+        drain.install_signals(node.state, node.stop)  # SIGTERM: a controlled shutdown
+        node.start()
+    except (errors.FabricError, OSError, zmq.ZMQError, KazooException, KazooTimeoutError) as exc:
+        # One line, not a traceback: a port in use, a data dir that is a file, key files
+        # missing, ZooKeeper not answering. os._exit: sockets, the store and ZooKeeper's
+        # threads may be half made, and closing them must not hang the exit.
+        what = exc.message if isinstance(exc, errors.FabricError) else (str(exc) or type(exc).__name__)
+        if isinstance(exc, KazooTimeoutError):
+            what = f"ZooKeeper at {config.zk} did not answer within {session.ZK_START_TIMEOUT_S:.0f} s"
+        logging.getLogger("fabric.node").error("node %d cannot start: %s", config.node_id, what)
+        print(f"fabric node: error: node {config.node_id} cannot start: {what}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(1)
+    node.run()
+    return 0

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fabric import errors
@@ -223,7 +223,7 @@ class _StateCollector(Collector):
     def __init__(self, metrics: NodeMetrics) -> None:
         self.metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         m = self.metrics
         snap = m.latest
         tp = ["topic", "partition"]
@@ -293,13 +293,16 @@ class _StateCollector(Collector):
         yield from queue_families(snap)
 
 
-def queue_families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
+def queue_families(snap: Snapshot) -> Iterator[Metric]:
     """Queue depth per queue partition this node leads, and how messages left other than by ack."""
     depth = GaugeMetricFamily("fabric_queue_messages", "Messages of a queue partition by state, per group.",
                               labels=["queue", "partition", "group", "state"])
-    finished = GaugeMetricFamily("fabric_queue_finished_total",
-                                 "Messages that left a queue partition without an ack, per group and outcome.",
-                                 labels=["queue", "partition", "group", "outcome"])
+    # A counter (exported as fabric_queue_finished_total): it only grows while this node
+    # leads the partition; a new leader starts from the partition's state, a reset that
+    # rate() and increase() handle.
+    finished = CounterMetricFamily("fabric_queue_finished",
+                                   "Messages that left a queue partition without an ack, per group and outcome.",
+                                   labels=["queue", "partition", "group", "outcome"])
     for queue, partition, group, items in snap.queues:
         counts = dict(items)
         for state in ("visible", "in_flight", "delayed"):

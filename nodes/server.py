@@ -62,7 +62,7 @@ from nodes.authz import NodeSecurity, next_release, release_duty
 from nodes.duty import Duty
 from nodes.group_coordinator import GroupCoordinator
 from nodes.log import Store
-from nodes.state import Envelope, NodeConfig, NodeState, Sockets, parse_node_args
+from nodes.state import Envelope, NodeConfig, NodeState, Sockets
 
 log = logging.getLogger("fabric.node")
 
@@ -144,9 +144,14 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
-        store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
-        # Secure mode starts first: its ZAP handler must run before any CURVE socket binds.
+        # Secure mode starts first: its ZAP handler must run before any CURVE socket binds,
+        # and a missing key file stops the node before it creates its data dir.
         self.authz = NodeSecurity.start(config, self.ctx) if config.security == "curve" else None
+        try:
+            os.makedirs(config.data_dir, exist_ok=True)
+        except OSError as exc:
+            raise errors.ConfigError(f"data_dir {config.data_dir!r} cannot be a directory: {exc.strerror}") from None
+        store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
         zk: KazooClient = zkl.make_client(config.zk, config.session_timeout_ms / 1000.0,
                                           **(self.authz.zk_kwargs() if self.authz else {}))
         routing = zkl.RoutingCache(zk, on_change=lambda what: session.on_routing_change(self.state, what))
@@ -204,18 +209,25 @@ class Node:
         return sockets
 
     def _bind_socket(self, sock: zmq.Socket[Any], port: int) -> str:
-        if port:
-            sock.bind(f"tcp://{self.config.host}:{port}")
-        else:
-            port = sock.bind_to_random_port(f"tcp://{self.config.host}")
+        try:
+            if port:
+                sock.bind(f"tcp://{self.config.host}:{port}")
+            else:
+                port = sock.bind_to_random_port(f"tcp://{self.config.host}")
+        except zmq.ZMQError as exc:  # a port in use, a host that is not this machine's
+            raise errors.ConfigError(f"cannot listen on tcp://{self.config.host}:{port or '*'}: {exc.strerror} "
+                                     "(options host, port, replication_port)") from None
         return f"tcp://{self.config.host}:{port}"
 
     # -- main loop -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect to ZooKeeper, register and take up the node's roles (before run())."""
+        session.start(self.state)
+        roles.apply_roles(self.state)
+
     def run(self) -> None:
         node = self.state
         sockets = node.sockets
-        session.start(node)
-        roles.apply_roles(node)
         log.info("node %d serving on %s (replication %s)", node.node_id, node.address, node.replication_address)
         now = time.monotonic()
         for duty in self.duties:
@@ -379,14 +391,3 @@ class Node:
         except Exception as exc:
             log.exception("request %s failed", ApiKey(api).name)
             node.send_error(envelope, request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    config, log_level = parse_node_args(argv)
-    logging.basicConfig(level=log_level, format=f"%(asctime)s node{config.node_id} %(levelname)s %(message)s")
-    os.makedirs(config.data_dir, exist_ok=True)
-    node = Node(config)
-
-    drain.install_signals(node.state, node.stop)  # SIGTERM: a controlled shutdown
-    node.run()
-    return 0

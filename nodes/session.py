@@ -90,11 +90,17 @@ def record_session(node: NodeState) -> None:
             log.warning("could not record the ZooKeeper session: %s", exc)
 
 
+# A node's first connection waits longer than a client's (fabric.zk.ZK_START_TIMEOUT_S): a
+# cluster's nodes are often started with their ZooKeeper, which may still be loading.
+ZK_START_TIMEOUT_S = 30.0
+
+
 # -- the loop thread -----------------------------------------------------------------------
 def start(node: NodeState) -> None:
     """Connect, register and read the world, before the loop serves anyone."""
     node.zk.add_listener(lambda state: on_zk_state(node, state))
-    node.zk.start(timeout=30)
+    log.info("connecting to ZooKeeper at %s (waiting up to %.0f s)", node.config.zk, ZK_START_TIMEOUT_S)
+    node.zk.start(timeout=ZK_START_TIMEOUT_S)
     node.zk_ok.set()
     record_session(node)
     zkl.ensure_layout(node.zk)  # retried through a connection lost while starting

@@ -65,8 +65,8 @@ def read_plan(path: str) -> list[tuple[str, int, list[int]]]:
             data = json.load(f)
     except OSError as exc:
         raise CliError(f"cannot read plan {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise CliError(f"plan {path} is not JSON: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CliError(f"plan {path} is not JSON (UTF-8): {exc}") from None
     rows = data.get("partitions") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows or len(rows) > PLAN_PARTITIONS_MAX:
         raise CliError(f'plan {path}: expected {{"partitions": [...]}} with 1 to {PLAN_PARTITIONS_MAX} entries')

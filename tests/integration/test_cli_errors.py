@@ -153,6 +153,17 @@ def test_zookeeper_address_without_scheme_is_plainly_refused(fabric: Fabric, zk_
     assert_one_line_error(result, 1, "not a Fabric node", f"zk://{address}")
 
 
+def test_a_mistyped_chroot_and_a_plan_that_is_not_utf8_are_one_line(fabric: Fabric, zk_server: LocalZooKeeper,
+                                                                     tmp_path: Path) -> None:
+    address = zk_server.address.removeprefix("zk://")
+    for command in (("topic", "list"), ("topic", "create", "x")):
+        result = fabric(*command, "-b", f"zk://{address}/no-such-chroot")  # not "internal error NoNodeError"
+        assert_one_line_error(result, 1, "no Fabric cluster", "chroot")
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(b"\xff\xfe")
+    assert_one_line_error(fabric("topic", "reassign", "--plan", str(plan)), 1, "not JSON")
+
+
 def test_zookeeper_down_is_one_line(fabric: Fabric, topic: str) -> None:
     result = fabric("consume", topic, "-b", f"zk://127.0.0.1:{free_port()}")
     assert_one_line_error(result, 1, "cannot reach ZooKeeper")

@@ -28,12 +28,28 @@ def test_supervisor_backs_off_and_gives_up() -> None:
     said: list[str] = []
     for _ in range(2000):  # a process that dies at once after every restart
         now += 0.5
-        said += supervisor.check({"node 1": (running, lambda t=now: restarts.append(t))}, now)
+        said += supervisor.check({"node 1": (running, lambda t=now: restarts.append(t), -9)}, now)
     assert len(restarts) == 5, said  # RESTARTS_MAX within the window, then it stays down
     gaps = [b - a for a, b in itertools.pairwise(restarts)]
     assert gaps == sorted(gaps), f"backoff must grow: {gaps}"
     assert "not restarting it again" in said[-1]
-    assert supervisor.check({"node 2": (True, lambda: None)}, now) == []
+    assert supervisor.check({"node 2": (True, lambda: None, None)}, now) == []
+
+
+def test_supervisor_restarts_a_cleanly_stopped_node_without_counting_a_crash() -> None:
+    # fabric node drain ends the node with status 0: ten drains in a row are ten restarts
+    # a second after each, never "given up" (before, the sixth drain left the node down).
+    supervisor = Supervisor()
+    restarts: list[float] = []
+    now = 0.0
+    for _ in range(10):
+        said = supervisor.check({"node 2": (False, lambda t=now: restarts.append(t), 0)}, now)
+        assert said and "stopped cleanly" in said[0]
+        now += 1.0
+        assert supervisor.check({"node 2": (False, lambda t=now: restarts.append(t), 0)}, now) == ["node 2 restarted"]
+        now += 5.0
+        assert supervisor.check({"node 2": (True, lambda: None, None)}, now) == []
+    assert len(restarts) == 10 and not supervisor.given_up
 
 
 def _wait_for(condition: object, what: str, proc: subprocess.Popen[str], timeout_s: float = UP_TIMEOUT_S) -> None:

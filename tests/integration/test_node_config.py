@@ -57,3 +57,37 @@ def test_fabric_up_refuses_a_bad_config_before_starting_anything(tmp_path: Path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "fsync must be one of none, interval, every-batch" in result.stderr
     assert "Traceback" not in result.stderr and "starting" not in result.stdout
+
+
+def _node(tmp_path: Path, zk: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "nodes", "--id", "7", "--zk", zk, *flags], env=env,
+                          capture_output=True, text=True, timeout=90, check=False)
+
+
+def test_a_node_that_cannot_start_says_why_in_one_line(zk_server: LocalZooKeeper, tmp_path: Path) -> None:
+    """Past option checking, a node may still fail to start: each cause is one line
+    naming it, exit status 1, no traceback, and a missing key file stops it before it
+    creates its data dir."""
+    import socket
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        cases = [
+            (["--data-dir", str(a_file)], "data_dir"),
+            (["--data-dir", str(tmp_path / "d1"), "--port", str(taken.getsockname()[1])], "cannot listen on"),
+            (["--data-dir", str(tmp_path / "d2"), "--host", "192.0.2.1"], "cannot listen on"),
+            (["--data-dir", str(tmp_path / "d3"), "--security", "curve"], "key"),
+        ]
+        for flags, text in cases:
+            result = _node(tmp_path, zk_server.address, *flags, "--metrics-port", "-1")
+            assert result.returncode == 1, (flags, result.stderr[-2000:])
+            assert "fabric node: error: node 7 cannot start" in result.stderr and text in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr, result.stderr
+        assert not (tmp_path / "d3").exists()  # the key check came first
+    finally:
+        taken.close()
