@@ -466,6 +466,13 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     except NoNodeError:
         raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
     config = TopicConfig.decode(raw)
+    if config.strict_order:
+        # Its ordered readers merge a fixed set of partitions by global ID: a partition
+        # added later would hold IDs below what they already delivered (a reader would
+        # have to place them earlier than records it handed out), or be skipped unseen.
+        raise errors.InvalidPartitionsError(
+            f"topic {name!r} is strict-order: its partition count is fixed at creation (create a new topic "
+            "with more partitions and move producers to it)")
     if not config.partitions < total <= PARTITIONS_MAX:
         raise errors.InvalidPartitionsError(
             f"topic {name!r} has {config.partitions} partitions; the new total must be more, at most {PARTITIONS_MAX}"

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -261,6 +262,11 @@ class SequencerService:
         try:
             self.zk.create_async(SEQUENCER_ACTIVE, me.encode(), ephemeral=True).get(timeout=ZK_CALL_TIMEOUT_S)
         except NodeExistsError:
+            # Ours, while we stand by? A create of ours timed out (ZooKeeper paused) and was
+            # applied afterwards: the znode names us, nobody grants IDs, and the other
+            # instances wait for it to go. Remove it; the watch brings everyone back here.
+            if self._delete_own_active_znode():
+                log.warning("removed an active znode of our own session that a timed-out create left behind")
             return
         except Exception as exc:
             log.warning("could not register as active: %s", exc)
@@ -349,28 +355,52 @@ class SequencerService:
             if self._confirm() is False:
                 self._session_lost.set()  # the loop steps down; this thread only reports
 
-    def _delete_own_active_znode(self) -> None:
+    def _delete_own_active_znode(self) -> bool:
+        """Delete the active znode if our session owns it; True if it did."""
         try:
             stat = self.zk.exists_async(SEQUENCER_ACTIVE).get(timeout=ZK_CALL_TIMEOUT_S)
             session_id = self.zk.client_id[0] if self.zk.client_id else None
             if stat is not None and stat.ephemeralOwner == session_id:
                 self.zk.delete_async(SEQUENCER_ACTIVE, version=stat.version).get(timeout=ZK_CALL_TIMEOUT_S)
+                return True
         except Exception as exc:
             log.debug("could not delete the active znode: %s", exc)
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import signal
 
+    def ranged(low: int, high: int) -> Callable[[str], int]:
+        def parse(text: str) -> int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            if not low <= value <= high:
+                raise argparse.ArgumentTypeError(f"{value} outside [{low}, {high}]")
+            return value
+        return parse
+
+    def zk_hosts(text: str) -> str:
+        """HOST:PORT[,HOST:PORT...][/chroot], checked here: kazoo's own parse error is a traceback."""
+        for part in text.split("/", 1)[0].split(","):
+            host, _, port = part.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) <= 65_535:
+                raise argparse.ArgumentTypeError(f"{part!r} is not HOST:PORT")
+        return text
+
     parser = argparse.ArgumentParser(prog="fabric sequencer",
                                      description="Run one sequencer instance (one of them is active).")
-    parser.add_argument("--zk", required=True, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
-    parser.add_argument("--id", type=int, default=1, dest="sequencer_id", help="this instance's id, for logs")
+    parser.add_argument("--zk", required=True, type=zk_hosts, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
+    parser.add_argument("--id", type=ranged(0, 2**31 - 1), default=1, dest="sequencer_id",
+                        help="this instance's id, for logs")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="port for ALLOCATE_IDS; 0 picks a free one")
-    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
-    parser.add_argument("--metrics-port", type=int, default=0,
+    parser.add_argument("--port", type=ranged(0, 65_535), default=0, help="port for ALLOCATE_IDS; 0 picks a free one")
+    parser.add_argument("--session-timeout-ms", type=ranged(1_000, 600_000), default=6_000,
+                        help="ZooKeeper session timeout: how long a dead active instance holds its place")
+    parser.add_argument("--metrics-port", type=ranged(-1, 65_535), default=0,
                         help="Prometheus endpoint port (/metrics); 0 picks a free one, -1 turns it off")
     logs.add_arguments(parser)
     parser.add_argument("--server-key-file", default="", help="secure mode: the cluster key pair (docs/SECURITY.md)")

@@ -161,3 +161,32 @@ def test_bad_requests_get_errors_and_the_sequencer_keeps_serving(sequencers: Loc
         assert peek.id_count == 0 and peek.records_end == grant.end_id
     finally:
         conns.close()
+
+
+def test_an_active_znode_a_standby_left_behind_is_removed(zk_server: LocalZooKeeper) -> None:
+    """A create that timed out in a ZooKeeper pause and was applied afterwards leaves the
+    active znode owned by an instance that stands by: nobody granted IDs until its session
+    ended. The instance now removes it on its next try, and the try after takes over."""
+    from fabric.sequencer_client import SEQUENCER_ACTIVE, SEQUENCER_ROOT
+    from sequencer.service import ACTIVE, STANDBY, SequencerService
+
+    chroot = f"{zk_server.address}/seq-left-{time.monotonic_ns()}"
+    root = KazooClient(hosts=zk_server.address)
+    root.start(timeout=30)
+    root.ensure_path(chroot.split("/", 1)[1])
+    zkl.close_client(root)
+    service = SequencerService(chroot, 1, session_timeout_ms=SESSION_TIMEOUT_MS)
+    service.zk.start(timeout=30)
+    try:
+        service.zk.ensure_path(SEQUENCER_ROOT)
+        service.zk.create(SEQUENCER_ACTIVE, b"{}", ephemeral=True)  # the late create, in our session
+        assert service.state == STANDBY
+        service._try_become_active()  # finds it, sees it is ours, removes it
+        assert service.zk.exists(SEQUENCER_ACTIVE) is None and service.state == STANDBY
+        service._try_become_active()
+        assert service.state == ACTIVE
+        assert service.zk.exists(SEQUENCER_ACTIVE).ephemeralOwner == service.zk.client_id[0]
+    finally:
+        service.router.close(linger=0)
+        service.ctx.term()
+        zkl.close_client(service.zk)

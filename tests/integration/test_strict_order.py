@@ -129,6 +129,16 @@ def test_a_normal_topic_refuses_an_ordered_reader(strict_cluster: LocalCluster, 
         OrderedConsumer(strict_cluster.bootstrap, topic_name)
 
 
+def test_a_strict_order_topic_keeps_its_partition_count(strict_cluster: LocalCluster, topic_name: str) -> None:
+    # An open ordered reader skipped the records of partitions added after it started (and
+    # a late one would sit below IDs already delivered): growth is refused instead.
+    with Admin(strict_cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, strict_order=True)
+        with pytest.raises(errors.InvalidPartitionsError, match="strict-order"):
+            admin.create_partitions(topic_name, 4)
+        assert len(admin.describe_topic(topic_name).partitions) == 2
+
+
 def test_the_strict_order_flag_in_the_cli(strict_cluster: LocalCluster, topic_name: str) -> None:
     import subprocess
     import sys
