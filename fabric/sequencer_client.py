@@ -58,10 +58,11 @@ class ActiveSequencer:
                    str(data.get("metrics_address", "")))
 
 
-def read_active(zk: KazooClient) -> ActiveSequencer | None:
-    """The active instance as registered now, or None while there is none."""
+def read_active(zk: KazooClient, timeout_s: float = ZK_CALL_TIMEOUT_S) -> ActiveSequencer | None:
+    """The active instance as registered now, or None while there is none (or no answer
+    within ``timeout_s``)."""
     try:
-        raw, _ = zk.get_async(SEQUENCER_ACTIVE).get(timeout=ZK_CALL_TIMEOUT_S)
+        raw, _ = zk.get_async(SEQUENCER_ACTIVE).get(timeout=timeout_s)
     except Exception:  # NoNodeError, connection loss, timeout: all mean "none known now"
         return None
     try:
@@ -119,9 +120,12 @@ class SequencerClient:
                     f"no grant of {count} IDs within {timeout_ms} ms: {last_problem}")
             active = self.active
             if active is None:
-                active = read_active(self.zk)  # the watch may lag a reconnect
+                # The watch may lag a reconnect. Within the caller's deadline: a node's loop
+                # waits on this, and a paused ZooKeeper used to hold it for ZK_CALL_TIMEOUT_S
+                # (plain topics on that node stalled for seconds with it).
+                active = read_active(self.zk, timeout_s=remaining_ms / 1000.0)
                 if active is None:
-                    time.sleep(RETRY_BACKOFF_S)
+                    time.sleep(min(RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
                     continue
             try:
                 # Bounded by the caller's deadline, connecting included: a paused instance
