@@ -43,6 +43,7 @@ from fabric.auth.curve import (
     ClientSecurity,
     ServerSecurity,
     ZapAuthenticator,
+    current_principal,
     user_id,
 )
 from fabric.auth.quota import Throttle
@@ -115,12 +116,11 @@ class NodeSecurity:
     def admit(self, node: NodeState, envelope: Envelope, first_frame: Any, request: apis.Message) -> bool:
         """True when the request may proceed; otherwise it has been answered with
         AUTHORIZATION_FAILED and logged."""
-        principal = user_id(first_frame)
         authorizer = self.cache.authorizer
+        principal, why = current_principal(authorizer, user_id(first_frame))
         api = request.header.api_key
-        if principal not in authorizer.principals:
-            self._refuse(node, envelope, request.header, principal, "use", "the cluster",
-                         "the principal is not registered (removed after it connected?)")
+        if why is not None:
+            self._refuse(node, envelope, request.header, principal, "use", "the cluster", why)
             return False
         self.principal = principal  # for the METADATA filter, which runs right after this
         if api == ApiKey.METADATA:
@@ -160,7 +160,10 @@ class NodeSecurity:
                 if authorizer.authorize(principal, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic["name"])):
                     topics.append(topic)
                 elif named:
-                    topics.append({**topic, "error": errors.AuthorizationFailedError.code, "partitions": []})
+                    # Only the name asked for and the refusal: the same answer whether the
+                    # topic exists or not (its settings would tell a guesser that it does).
+                    topics.append({"error": errors.AuthorizationFailedError.code, "name": topic["name"],
+                                   "strict_order": 0, "message_bytes_max": 0, "partitions": []})
             return {**body, "topics": topics}
 
         handlers[ApiKey.METADATA] = metadata

@@ -29,6 +29,7 @@ import zmq
 
 from fabric import errors
 from fabric import zk as zkl
+from fabric.auth.curve import ClientSecurity
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol import groups as gp
@@ -71,7 +72,7 @@ class _Partition:
 class GroupCoordinator:
     def __init__(self, node_id: int, address: str, routing: zkl.RoutingCache, send: Send,
                  context: zmq.Context[Any], poller: zmq.Poller, *, serving: Callable[[], bool] = lambda: True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, security: ClientSecurity | None = None) -> None:
         self.node_id = node_id
         self.address = address
         self.routing = routing
@@ -79,7 +80,10 @@ class GroupCoordinator:
         self._serving = serving  # False while the node is unsure of its ZooKeeper session
         self._clock = clock
         # Requests to our own node share the node's poller, so their replies wake its loop.
-        self._conns = Connections(context, poller=poller, security=None)  # node-side: never a user's key from the env
+        # ``security``: the node's own key on a secure cluster (its own socket takes only
+        # CURVE); never a user's key from the environment. Without it, every request to
+        # the node itself failed its handshake and no group worked on a secure cluster.
+        self._conns = Connections(context, poller=poller, security=security)
         self._partitions: dict[int, _Partition] = {}
         self._requests: dict[int, tuple[float, Callable[[apis.Message | None], None]]] = {}
         self._creating_topic_until = 0.0

@@ -15,7 +15,10 @@ authentication). ``ZapAuthenticator`` runs pyzmq's ThreadAuthenticator with a ca
 that asks the current ``Authorizer`` (the ZooKeeper-watched principal cache), so a key
 registered or removed takes effect for the next connection without restarts. It also
 maps the key to the principal's name, which ZeroMQ then attaches to every message as the
-``User-Id`` property: that is what the node's dispatch checks the ACLs against.
+``User-Id`` property, with the key itself (``"name key"``): the node's dispatch checks
+the ACLs against the name, and that the name still has that key, so a connection made
+with a key that was rotated out (``principal remove``, then ``add`` with a new key) gets
+nothing, even while the name is registered again.
 
 Three ZAP domains: ``fabric`` (client ROUTER) admits every registered key; ``fabric-replication``
 (the replication PUB) admits only node and super keys, so a user key cannot subscribe to
@@ -135,8 +138,9 @@ class _Authenticator(ThreadAuthenticator):
         # it was removed in between: then an empty name, which no ACL check passes).
         from zmq.utils import z85
 
-        principal = self._authorizer().principal_for_key(z85.encode(client_public_key).decode("ascii"))
-        return principal.name if principal is not None else ""
+        key = z85.encode(client_public_key).decode("ascii")
+        principal = self._authorizer().principal_for_key(key)
+        return f"{principal.name} {key}" if principal is not None else ""
 
 
 class ZapAuthenticator:
@@ -161,9 +165,27 @@ class ZapAuthenticator:
 
 
 def user_id(frame: Any) -> str:
-    """The principal a received frame came from (the ZAP User-Id), '' when plaintext."""
+    """The ZAP User-Id of a received frame, ``"name key"`` (``split_user_id``), '' when plaintext."""
     try:
         value = frame.get("User-Id")
     except (zmq.ZMQError, AttributeError, KeyError):
         return ""
     return value if isinstance(value, str) else ""
+
+
+def split_user_id(value: str) -> tuple[str, str]:
+    """(principal name, the Z85 key it connected with) of a User-Id; ('', '') for none."""
+    name, _, key = value.partition(" ")
+    return name, key
+
+
+def current_principal(authorizer: Authorizer, value: str) -> tuple[str, str | None]:
+    """The principal name of a User-Id, and why it may do nothing (None when it may go on
+    to the ACLs): removed after it connected, or its key rotated since."""
+    name, key = split_user_id(value)
+    known = authorizer.principals.get(name)
+    if known is None:
+        return name, "the principal is not registered (removed after it connected?)"
+    if known.public_key != key:
+        return name, "the principal's key changed after this connection was made (rotated?): connect again"
+    return name, None

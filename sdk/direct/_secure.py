@@ -45,7 +45,7 @@ from kazoo.exceptions import NoNodeError
 
 from fabric import errors
 from fabric.auth.acl import Authorizer, Operation, Resource, ResourceType
-from fabric.auth.curve import DOMAIN_DIRECT, ENV_KEY_FILE, ZapAuthenticator
+from fabric.auth.curve import DOMAIN_DIRECT, ENV_KEY_FILE, ZapAuthenticator, current_principal
 from fabric.auth.keys import load_key_pair
 from fabric.auth.store import DIRECT_REGISTRY_ROOTS, SecurityCache, read_digest
 
@@ -157,11 +157,16 @@ class DirectSecurity:
                 f"principal {principal!r} may not {operation.value} {resource}",
                 principal=principal, operation=operation.value, resource=resource)
 
-    def refusal(self, principal: str, operation: Operation, name: str) -> str | None:
-        """None when allowed, else the AUTHORIZATION_FAILED message (and a log line)."""
-        if self.allowed(principal, operation, name):
+    def refusal(self, zap_user_id: str, operation: Operation, name: str) -> str | None:
+        """None when allowed, else the AUTHORIZATION_FAILED message (and a log line).
+        ``zap_user_id``: a request's User-Id, the principal and the key it connected with
+        (a connection made with a key rotated out since is refused, as on the nodes)."""
+        principal, why = current_principal(self.cache.authorizer, zap_user_id)
+        if why is None and self.allowed(principal, operation, name):
             return None
         message = f"principal {principal!r} may not {operation.value} {Resource(ResourceType.SERVICE, name)}"
+        if why is not None:
+            message += f": {why}"
         log.warning("direct plane denied: %s", message)
         return message
 

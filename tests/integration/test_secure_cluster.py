@@ -20,7 +20,7 @@ from fabric import errors
 from fabric.auth import store
 from fabric.auth.acl import AclEntry, Role
 from fabric.auth.curve import ClientSecurity
-from fabric.auth.keys import generate_key_pair
+from fabric.auth.keys import generate_key_pair, load_key_pair
 from fabric.auth.quota import Quota
 from fabric.local import LocalCluster, LocalZooKeeper
 from fabric.local_security import LocalSecurity
@@ -322,3 +322,85 @@ def test_queue_workers_need_consume_on_the_topic_and_the_group(secure: LocalClus
             if batch:
                 worker.ack(batch)
     assert len(got) == 3
+
+
+def test_a_consumer_group_on_a_secure_cluster(secure: LocalCluster, admin: Admin) -> None:
+    """The group coordinator's requests to its own node (creating __consumer_offsets,
+    writing commits, loading them) went in plaintext, which the node's CURVE socket
+    refuses: FIND_COORDINATOR answered 'creating the offsets topic' for ever and no group
+    worked on a secure cluster. A user with consume on the topic and the group joins,
+    reads, commits, and a second member of the group resumes at the commit."""
+    from sdk import Consumer, TopicPartition
+
+    topic = _topic(admin, "secg")
+    group = f"secg-{uuid.uuid4().hex[:8]}"
+    name, security = _user(secure)
+    _acl(secure, name, "produce", "topic", topic)
+    _acl(secure, name, "consume", "topic", topic)
+    _acl(secure, name, "consume", "group", group)
+    time.sleep(CHANGE_VISIBLE_S)
+    _produce(security, secure, topic, count=5)
+    options = {"group_id": group, "security": security, "auto_offset_reset": "earliest",
+               "enable_auto_commit": False, "session_timeout_ms": 6_000, "heartbeat_interval_ms": 500}
+    with Consumer(secure.bootstrap, **options) as consumer:  # type: ignore[arg-type]
+        consumer.subscribe([topic])
+        got: list[object] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 5 and time.monotonic() < deadline:
+            got += consumer.poll(timeout_ms=500)
+        assert len(got) == 5
+        consumer.commit({TopicPartition(topic, 0): 3})
+    with Consumer(secure.bootstrap, **options) as consumer:  # type: ignore[arg-type]
+        assert consumer.committed(TopicPartition(topic, 0)) == 3
+
+
+def test_a_refused_metadata_answer_does_not_say_whether_the_topic_exists(secure: LocalCluster, admin: Admin) -> None:
+    topic = _topic(admin)
+    _name, security = _user(secure)
+    conns = Connections(security=security)
+    try:
+        address = next(iter(admin.nodes().values()))
+        entries = []
+        for asked in (topic, f"no-such-{uuid.uuid4().hex[:8]}"):
+            body = conns.request(address, ApiKey.METADATA, {"topics": [asked]}, timeout_ms=int(ANSWER_WAIT_S * 1000)).body
+            (entry,) = body["topics"]
+            assert entry["error"] == errors.AuthorizationFailedError.code
+            entries.append({k: v for k, v in entry.items() if k != "name"})
+        assert entries[0] == entries[1]  # message_bytes_max and strict_order gave an existing topic away
+    finally:
+        conns.close()
+
+
+def test_a_connection_made_with_a_rotated_key_gets_nothing(secure: LocalCluster, admin: Admin, tmp_path: Path) -> None:
+    """docs/SECURITY.md rotates a key by removing the principal and adding it again with a
+    new key. A connection the old key had made checked only the name, so once the name was
+    back it got the principal's rights again (a name reused for someone else would have
+    handed them the new owner's rights). It is refused now; the new key works."""
+    topic = _topic(admin)
+    name, old = _user(secure)
+    _acl(secure, name, "consume", "topic", topic)
+    time.sleep(CHANGE_VISIBLE_S)
+    leader = _leader(admin, topic)
+    conns = Connections(security=old)
+    try:
+        def fetch() -> None:
+            conns.request(leader, ApiKey.FETCH, {
+                "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+                "partitions": [{"topic": topic, "partition": 0, "fetch_offset": 0, "partition_bytes_max": 1 << 20,
+                                "current_leader_epoch": -1}]}, timeout_ms=int(ANSWER_WAIT_S * 1000))
+
+        fetch()  # allowed, on this connection
+        _new_public, new_secret = generate_key_pair(tmp_path, "rotated")
+        security = _security(secure)
+        zk = security.connect()
+        try:
+            store.remove_principal(zk, name)
+            store.add_principal(zk, name, load_key_pair(new_secret).public_key, Role.USER)
+        finally:
+            close_client(zk)
+        time.sleep(CHANGE_VISIBLE_S)
+        with pytest.raises(errors.AuthorizationFailedError, match="key changed"):
+            fetch()  # the old key's connection, the name registered again with another key
+    finally:
+        conns.close()
+    _fetch(ClientSecurity.from_files(new_secret, security.server_public_key_file), leader, topic)  # the new key works
