@@ -176,8 +176,12 @@ class AsyncConsumer:
         self._closing = True  # first: an ``async for`` in another task stops handing out
         try:
             await asyncio.get_running_loop().run_in_executor(self._worker, self.consumer.close)
-        finally:
-            self._worker.shutdown(wait=True)
+        except BaseException:
+            # Cancelled (asyncio.wait_for): the close goes on on the worker; waiting for it
+            # here would block the event loop until it ends.
+            self._worker.shutdown(wait=False)
+            raise
+        self._worker.shutdown(wait=True)  # the close ran: the worker is idle, this is quick
 
     async def __aenter__(self) -> AsyncConsumer:
         return self
@@ -195,6 +199,11 @@ class AsyncClient:
         self._producers: dict[str, AsyncProducer] = {}  # by options: producer()
         self._consumers: list[AsyncConsumer] = []
         self._queue_consumers: list[AsyncQueueConsumer] = []
+        self._closed = False  # close() was called: nothing new is made (it would never be closed)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClientClosedError("the client is closed")
 
     @property
     def direct(self) -> DirectClient:
@@ -208,6 +217,7 @@ class AsyncClient:
         """The client's producer for these options: made on first use, then the same one
         for the same options (a producer is a thread, sockets and a buffer, meant to be
         shared, as Kafka's), closed by ``client.close()``; one closed meanwhile is replaced."""
+        self._check_open()
         key = repr(sorted(config.items()))
         producer = self._producers.get(key)
         if producer is None or producer.closed:
@@ -218,21 +228,36 @@ class AsyncClient:
         """A consumer of ``topics``: with ``group_id=...`` in ``config`` it joins that group
         (partitions shared with the other members, offsets committed); without, it reads
         every partition itself (``auto_offset_reset`` decides where it starts)."""
-        consumer = await AsyncConsumer.create(self.bootstrap, **config)
+        self._check_open()
         names = list(topics)
-        if names and config.get("group_id") is not None:
-            await consumer._call(lambda c: c.subscribe(names))
-        else:
-            for topic in names:
-                await consumer.subscribe_all_partitions(topic)
-        self._consumers.append(consumer)
+        consumer = await AsyncConsumer.create(self.bootstrap, **config)
+        self._consumers.append(consumer)  # at once: closed by close() even if what follows is cancelled
+        try:
+            if names and config.get("group_id") is not None:
+                await consumer._call(lambda c: c.subscribe(names))
+            else:
+                for topic in names:
+                    await consumer.subscribe_all_partitions(topic)
+        except BaseException:
+            # Failed or cancelled (asyncio.wait_for) half made: leave the group now, not
+            # after its session timeout with the group's partitions held meanwhile.
+            self._consumers.remove(consumer)
+            await asyncio.shield(consumer.close())
+            raise
+        if self._closed:
+            await consumer.close()
+            raise errors.ClientClosedError("the client was closed meanwhile")
         return consumer
 
     async def queue_consumer(self, queue: str, group: str = "default", **options: Any) -> AsyncQueueConsumer:
         """A worker of ``queue`` in ``group`` (docs/QUEUES.md): messages leased one worker
         at a time, ``await ack/nack/extend``."""
+        self._check_open()
         consumer = await AsyncQueueConsumer.create(self.bootstrap, queue, group, **options)
         self._queue_consumers.append(consumer)
+        if self._closed:
+            await consumer.close()
+            raise errors.ClientClosedError("the client was closed meanwhile")
         return consumer
 
     # The direct plane (sdk.direct.DirectClient has the full documentation).
@@ -260,7 +285,9 @@ class AsyncClient:
         return await self.direct.subscribe(pattern, handler, **options)
 
     async def close(self) -> None:
-        """Services deregister and drain first, then producers flush, then the rest closes."""
+        """Services deregister and drain first, then producers flush, then the rest closes.
+        Later calls that would make something new raise ClientClosedError."""
+        self._closed = True
         if self._direct is not None:
             await self._direct.close()
         for producer in self._producers.values():

@@ -1,23 +1,29 @@
 """``AsyncQueueConsumer``: queue mode for asyncio services (``await client.queue_consumer(...)``).
 
-The threaded ``QueueConsumer`` runs on one worker thread of its own (its ZeroMQ sockets
-never change threads); each call is awaited there, so the event loop never blocks.
+The threaded ``QueueConsumer`` is not thread-safe (its ZeroMQ sockets never change
+threads), so it runs on one worker thread of its own, and each receive is awaited there:
+the event loop never blocks. Settling (ack, nack, extend) runs on a second worker with a
+second ``QueueConsumer`` under the same consumer id (leases belong to the consumer id,
+not to a socket): an ack must not wait behind a long poll of up to 20 s on the receiving
+worker, or its lease would run out meanwhile and the message be delivered again.
 
-``close()`` may come from another task while ``async for`` waits: it marks the consumer
-closing at once (later calls raise ``ClientClosedError``, the iteration ends quietly) and
-then closes the threaded consumer on the worker, after any receive already running there.
-Iteration takes messages from the threaded consumer's buffer one at a time, so what was
-received but not yet handed out is given back by that close, not left to its lease. A
-message taken from the buffer that the iteration could not hand out (close() came first,
-or the awaiting task was cancelled, as ``asyncio.wait_for`` does) is kept: the next
-iteration hands it out, or close() gives it back.
+``close()`` may come from another task while ``async for`` or ``receive`` waits: it marks
+the consumer closing at once (later calls raise ``ClientClosedError``, the iteration ends
+quietly) and then closes the threaded consumer on the worker, after any receive already
+running there; what that receive got goes back to the buffer, which the close gives back.
+Iteration takes messages from the buffer one at a time, so what was received but not yet
+handed out is given back by that close, not left to its lease. Messages taken on the
+worker that no caller will see (the awaiting task was cancelled, as ``asyncio.wait_for``
+does, or close() came first) go back to the buffer too: the next receive or iteration
+hands them out, or close() gives them back. Any number of tasks may iterate or receive
+at once; each message goes to one of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import time
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -32,41 +38,77 @@ ITERATION_WAIT_MS = 1_000  # each long poll of ``async for``: how long a close()
 class AsyncQueueConsumer:
     """``async for msg in consumer`` long-polls for ever; ``await receive/ack/nack/extend``."""
 
-    def __init__(self, worker: concurrent.futures.ThreadPoolExecutor, consumer: QueueConsumer) -> None:
+    def __init__(self, worker: concurrent.futures.ThreadPoolExecutor, consumer: QueueConsumer,
+                 make_settler: Callable[[], QueueConsumer] | None = None) -> None:
         self._worker = worker
         self.consumer = consumer
         self._closing = False  # set first by close(); later calls are refused
-        # Taken from the consumer's buffer on the worker but not yet handed out by the loop:
-        # written and read on the worker; the loop clears it only as it hands the message out.
-        self._in_transit: QueueMessage | None = None
+        self._make_settler = make_settler
+        self._settle_worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._settler: QueueConsumer | None = None  # made on the settling worker, on first use
+        self._settle_lock = threading.Lock()
 
     @classmethod
     async def create(cls, bootstrap: str, queue: str, group: str = qp.DEFAULT_GROUP, **options: Any) -> AsyncQueueConsumer:
         worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-queue")
+        future = worker.submit(lambda: QueueConsumer(bootstrap, queue, group, **options))
         try:
-            consumer = await asyncio.get_running_loop().run_in_executor(
-                worker, lambda: QueueConsumer(bootstrap, queue, group, **options))
+            consumer = await asyncio.wrap_future(future)
         except BaseException:
+            # Cancelled while it was being made (asyncio.wait_for): close it once it exists.
+            future.add_done_callback(_close_when_made)
             worker.shutdown(wait=False)
             raise
-        return cls(worker, consumer)
 
-    async def _call(self, fn: Callable[[QueueConsumer], T]) -> T:
+        def make_settler() -> QueueConsumer:
+            settle_options = {k: v for k, v in options.items() if k != "consumer_id"}
+            return QueueConsumer(bootstrap, queue, group, consumer_id=consumer.consumer_id, **settle_options)
+
+        return cls(worker, consumer, make_settler)
+
+    # -- calls on the receiving worker -------------------------------------------------------
+    async def _receive_call(self, fn: Callable[[QueueConsumer], list[QueueMessage]]) -> list[QueueMessage]:
+        """Run ``fn`` on the receiving worker. Messages it got that nobody will see (the
+        caller was cancelled, or close() came meanwhile) go back to the buffer."""
         if self._closing:
             raise errors.ClientClosedError("queue consumer is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, self.consumer)
+        worker_thread: list[int] = []
+
+        def on_worker(consumer: QueueConsumer) -> list[QueueMessage]:
+            worker_thread.append(threading.get_ident())
+            got = fn(consumer)
+            if self._closing:  # close() is queued behind us: it gives these back
+                consumer._buffer.extendleft(reversed(got))
+                return []
+            return got
+
+        future = self._worker.submit(on_worker, self.consumer)
+        try:
+            got = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(lambda f: self._give_back(f, worker_thread))
+            raise
+        if not got and self._closing:
+            raise errors.ClientClosedError("queue consumer closed during the receive")
+        return got
+
+    def _give_back(self, future: concurrent.futures.Future[list[QueueMessage]], worker_thread: list[int]) -> None:
+        """A cancelled caller's messages, back to the buffer: here if this runs on the worker
+        (the call just finished, before any close() queued behind it), else as the worker's
+        next job."""
+        if future.cancelled() or future.exception() is not None or not future.result():
+            return
+        got = future.result()
+        if worker_thread and threading.get_ident() == worker_thread[0]:
+            self.consumer._buffer.extendleft(reversed(got))
+            return
+        try:
+            self._worker.submit(lambda: self.consumer._buffer.extendleft(reversed(got)))
+        except RuntimeError:
+            pass  # the worker is shut down: closed; their leases end on their own
 
     async def receive(self, max_messages: int = 10, wait_ms: int = 0) -> list[QueueMessage]:
-        return await self._call(lambda c: c.receive(max_messages, wait_ms))
-
-    async def ack(self, messages: QueueMessage | Iterable[QueueMessage]) -> None:
-        await self._call(lambda c: c.ack(messages))
-
-    async def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
-        await self._call(lambda c: c.nack(messages, delay_ms, reason))
-
-    async def extend(self, message: QueueMessage, ms: int) -> int:
-        return await self._call(lambda c: c.extend(message, ms))
+        return await self._receive_call(lambda c: c.receive(max_messages, wait_ms))
 
     def __aiter__(self) -> AsyncIterator[QueueMessage]:
         return self._messages()
@@ -75,39 +117,73 @@ class AsyncQueueConsumer:
         while not self._closing:
             try:
                 # Short polls, so that a close() from another task waits at most this long.
-                msg = await self._call(self._next)
+                got = await self._receive_call(_next_message)
             except errors.ClientClosedError:
                 return
-            if msg is not None and not self._closing:
-                self._in_transit = None  # handed out: the application's now
-                yield msg
+            if got:
+                yield got[0]
 
-    def _next(self, consumer: QueueConsumer) -> QueueMessage | None:
-        """On the worker: the message a cancelled or closing iteration did not hand out, or
-        the next one."""
-        if self._in_transit is not None and self._in_transit.deadline_ms <= time.time() * 1000:
-            self._in_transit = None  # its lease ended meanwhile: another worker may have it
-        if self._in_transit is None:
-            self._in_transit = consumer.next_message(ITERATION_WAIT_MS)
-        return self._in_transit
+    # -- settling, on its own worker ---------------------------------------------------------
+    async def _settle_call(self, fn: Callable[[QueueConsumer], T]) -> T:
+        if self._closing:
+            raise errors.ClientClosedError("queue consumer is closed")
+        if self._make_settler is None:  # made directly, not by create(): settle where we receive
+            return await asyncio.get_running_loop().run_in_executor(self._worker, fn, self.consumer)
+        with self._settle_lock:
+            if self._settle_worker is None:
+                self._settle_worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-settle")
+            worker = self._settle_worker
+        return await asyncio.get_running_loop().run_in_executor(worker, self._on_settler, fn)
 
-    def _close_on_worker(self) -> None:
-        if self._in_transit is not None:
-            self.consumer._buffer.appendleft(self._in_transit)  # never handed out: close() gives it back
-            self._in_transit = None
-        self.consumer.close()
+    def _on_settler(self, fn: Callable[[QueueConsumer], T]) -> T:
+        if self._settler is None:
+            assert self._make_settler is not None
+            self._settler = self._make_settler()
+        return fn(self._settler)
 
+    async def ack(self, messages: QueueMessage | Iterable[QueueMessage]) -> None:
+        await self._settle_call(lambda c: c.ack(messages))
+
+    async def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
+        await self._settle_call(lambda c: c.nack(messages, delay_ms, reason))
+
+    async def extend(self, message: QueueMessage, ms: int) -> int:
+        return await self._settle_call(lambda c: c.extend(message, ms))
+
+    # -- closing -----------------------------------------------------------------------------
     async def close(self) -> None:
         if self._closing:
             return
         self._closing = True
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.get_running_loop().run_in_executor(self._worker, self._close_on_worker)
+            await loop.run_in_executor(self._worker, self.consumer.close)
+            with self._settle_lock:
+                settle_worker = self._settle_worker
+            if settle_worker is not None:
+                await loop.run_in_executor(settle_worker, self._close_settler)
         finally:
             self._worker.shutdown(wait=False)
+            if self._settle_worker is not None:
+                self._settle_worker.shutdown(wait=False)
+
+    def _close_settler(self) -> None:
+        if self._settler is not None:
+            self._settler.close()
 
     async def __aenter__(self) -> AsyncQueueConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _next_message(consumer: QueueConsumer) -> list[QueueMessage]:
+    """On the receiving worker: the next message, as a list of at most one."""
+    msg = consumer.next_message(ITERATION_WAIT_MS)
+    return [] if msg is None else [msg]
+
+
+def _close_when_made(future: concurrent.futures.Future[QueueConsumer]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()

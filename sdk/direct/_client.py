@@ -265,6 +265,11 @@ class DirectClient:
                 self._deadlines.add(future, attempt_s)
                 try:
                     response = await future
+                except asyncio.CancelledError:
+                    # The caller gave up (asyncio.wait_for, a cancelled task): it is not
+                    # outstanding at this instance any more, for least-outstanding selection.
+                    peer.pending.pop(cid, None)
+                    raise
                 except _PeerLost as exc:
                     problem = str(exc)
                 except asyncio.TimeoutError:
@@ -355,7 +360,12 @@ class DirectClient:
                 peer.pending.pop(cid, None)
                 missing.append(znode)
         if futures:
-            await asyncio.wait(list(futures.values()), timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                await asyncio.wait(list(futures.values()), timeout=max(0.0, deadline - time.monotonic()))
+            except asyncio.CancelledError:
+                for peer, cid in sent.values():  # given up: not outstanding any more (as request())
+                    peer.pending.pop(cid, None)
+                raise
         replies: list[Reply] = []
         failed: dict[str, errors.FabricError] = {}
         for znode, future in futures.items():

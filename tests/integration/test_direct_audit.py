@@ -258,3 +258,34 @@ def test_close_ends_asyncio_requests_in_flight_with_client_closed(zk_hosts: str)
 
     outcomes = asyncio.run(run())
     assert [type(o).__name__ for o in outcomes] == ["ClientClosedError", "ClientClosedError"]
+
+
+def test_a_cancelled_request_is_not_outstanding_any_more(zk_hosts: str) -> None:
+    """asyncio.wait_for around request()/gather() cancels them: the instance must not keep
+    counting them as outstanding, or least-outstanding selection sends everything to the
+    other instances (200 cancelled requests skewed a split 150/0 in an audit)."""
+
+    async def run() -> None:
+        server = await DirectClient.connect(zk_hosts)
+        client = await DirectClient.connect(zk_hosts)
+        hold = asyncio.Event()
+
+        async def stuck(request: Request) -> bytes:
+            await hold.wait()
+            return b""
+
+        try:
+            await server.serve("stuck", stuck, concurrency=64)
+            for _ in range(20):
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(client.request("stuck", b"x", timeout_ms=30_000), 0.05)
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(client.gather("stuck", b"x", timeout_ms=30_000), 0.05)
+            peers = list(client._views["stuck"].peers.values())
+            assert peers and all(not peer.pending for peer in peers)
+        finally:
+            hold.set()
+            await client.close()
+            await server.close()
+
+    asyncio.run(run())

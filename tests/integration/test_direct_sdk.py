@@ -475,3 +475,42 @@ def test_async_client_shares_one_producer_per_set_of_options(cluster: LocalClust
             await client.close()
 
     asyncio.run(run())
+
+
+def test_async_client_after_close_and_a_cancelled_group_consumer(cluster: LocalCluster, topic_name: str) -> None:
+    """A group consumer whose creation was cancelled (asyncio.wait_for) left an orphan
+    member holding the group's partitions for its session; after close() the client made
+    new producers and consumers that nothing would close."""
+    with sdk.Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2)
+    group = f"g-{topic_name}"
+
+    async def run() -> None:
+        client = await sdk.connect(cluster.bootstrap)
+        for delay_s in (0.001, 0.05, 0.2, 0.5):  # some cancel the creation, some the subscribe
+            try:
+                consumer = await asyncio.wait_for(client.consumer([topic_name], group_id=group,
+                                                                  session_timeout_ms=30_000), delay_s)
+            except asyncio.TimeoutError:
+                continue
+            await consumer.close()
+        with sdk.Admin(cluster.bootstrap) as admin:
+
+            def members() -> int:
+                try:
+                    return len(admin.describe_group(group).members)
+                except errors.GroupIdNotFoundError:
+                    return 0  # nobody ever joined
+            deadline = time.monotonic() + 10
+            while members() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert not members()  # no orphan holds the partitions (the session is 30 s)
+        await client.close()
+        with pytest.raises(errors.ClientClosedError):
+            client.producer()
+        with pytest.raises(errors.ClientClosedError):
+            await client.consumer([topic_name])
+        with pytest.raises(errors.ClientClosedError):
+            await client.queue_consumer(topic_name)
+
+    asyncio.run(run())

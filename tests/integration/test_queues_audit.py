@@ -106,3 +106,70 @@ def test_async_iteration_cancelled_by_wait_for_does_not_strand_a_message(
             await worker.close()
 
     assert asyncio.run(scenario()) == [b"first"]
+
+
+def test_async_queue_consumer_shared_by_tasks_settles_beside_a_long_poll_and_keeps_cancelled_receives(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """Three findings of an asyncio audit, one consumer each way a service uses it:
+    tasks iterating one AsyncQueueConsumer each get different messages (the same message
+    went to two tasks before); an ack does not wait behind another task's long poll (it
+    waited until the poll ended, its lease having run out meanwhile); a receive cancelled
+    by wait_for leaves what it leased for the next receive, not for its lease to end."""
+    import asyncio
+
+    from sdk.aio_queue import AsyncQueueConsumer
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2)  # 30 s visibility timeout
+    count = 60
+
+    async def scenario() -> None:
+        worker = await AsyncQueueConsumer.create(cluster.bootstrap, topic_name, "workers")
+        producer = Producer(cluster.bootstrap, linger_ms=1)
+        try:
+            for i in range(count):
+                producer.send(topic_name, b"%d" % i)
+            producer.flush(30)
+            seen: list[bytes] = []
+
+            async def iterate() -> None:
+                async for msg in worker:
+                    seen.append(msg.value or b"")
+                    await worker.ack(msg)
+                    if len(seen) >= count:
+                        return
+
+            tasks = [asyncio.ensure_future(iterate()) for _ in range(3)]
+            await asyncio.wait_for(_until(lambda: len(seen) >= count), 30)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            assert sorted(seen) == sorted(b"%d" % i for i in range(count))  # each once
+
+            producer.send(topic_name, b"settle-me").result(timeout=30)
+            (msg,) = await worker.receive(1, 5_000)
+            polling = asyncio.ensure_future(worker.receive(1, 15_000))  # nothing else to get: waits 15 s
+            await asyncio.sleep(0.2)
+            await asyncio.wait_for(worker.ack(msg), 10)
+            assert not polling.done()  # the ack went past the long poll
+            polling.cancel()  # leases nothing (the queue is empty); the worker's poll runs on
+
+            late = asyncio.ensure_future(worker.receive(1, 3_000))
+            await asyncio.sleep(0.2)
+            late.cancel()
+            producer.send(topic_name, b"kept").result(timeout=30)  # the cancelled receives may lease it
+            got = await worker.receive(1, 20_000)  # from the buffer they gave it back to, or leased now
+            assert [m.value for m in got] == [b"kept"] and got[0].delivery_count == 1
+            await worker.ack(got)
+        finally:
+            producer.close()
+            await worker.close()
+
+    asyncio.run(scenario())
+
+
+async def _until(predicate: object) -> None:
+    import asyncio
+
+    while not predicate():  # type: ignore[operator]
+        await asyncio.sleep(0.02)
