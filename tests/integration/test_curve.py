@@ -19,6 +19,7 @@ from fabric.auth.curve import (
     ClientSecurity,
     ServerSecurity,
     ZapAuthenticator,
+    split_user_id,
     user_id,
 )
 from fabric.local import free_port
@@ -74,7 +75,8 @@ class EchoNode:
             frames = self.sock.recv_multipart(copy=False)
             self.requests += 1
             message = apis.decode_request([f.bytes for f in frames[1:]])
-            reply = apis.encode_error_response(message.header, 81, f"user={user_id(frames[1])}")
+            # The User-Id is "name key": the principal, and the key it connected with.
+            reply = apis.encode_error_response(message.header, 81, f"user={split_user_id(user_id(frames[1]))[0]}")
             self.sock.send_multipart([frames[0].bytes, *reply])
 
     def close(self) -> None:
