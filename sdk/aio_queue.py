@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
@@ -47,6 +48,11 @@ class AsyncQueueConsumer:
         self._settle_worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._settler: QueueConsumer | None = None  # made on the settling worker, on first use
         self._settle_lock = threading.Lock()
+        self._lock = threading.Lock()  # the three below, shared by the worker and the loop
+        self._unclaimed: dict[int, list[QueueMessage]] = {}
+        self._abandoned: set[int] = set()
+        self._stranded: list[QueueMessage] = []
+        self._call_ids = itertools.count()
 
     @classmethod
     async def create(cls, bootstrap: str, queue: str, group: str = qp.DEFAULT_GROUP, **options: Any) -> AsyncQueueConsumer:
@@ -67,45 +73,55 @@ class AsyncQueueConsumer:
         return cls(worker, consumer, make_settler)
 
     # -- calls on the receiving worker -------------------------------------------------------
+    # What a call takes on the worker is handed to its caller through ``_unclaimed`` (call
+    # id -> messages), under ``_lock``. Messages no caller will see go back to the buffer:
+    # a caller cancelled while its call ran marks it abandoned (the worker puts them back
+    # when it ends); one cancelled after its call ended leaves them stranded (the worker's
+    # next job, or close(), puts them back); close() gives back everything unclaimed.
+
     async def _receive_call(self, fn: Callable[[QueueConsumer], list[QueueMessage]]) -> list[QueueMessage]:
-        """Run ``fn`` on the receiving worker. Messages it got that nobody will see (the
-        caller was cancelled, or close() came meanwhile) go back to the buffer."""
         if self._closing:
             raise errors.ClientClosedError("queue consumer is closed")
-        worker_thread: list[int] = []
+        call = next(self._call_ids)
 
-        def on_worker(consumer: QueueConsumer) -> list[QueueMessage]:
-            worker_thread.append(threading.get_ident())
+        def on_worker(consumer: QueueConsumer) -> None:
+            self._reclaim(consumer)
             got = fn(consumer)
-            if self._closing:  # close() is queued behind us: it gives these back
-                consumer._buffer.extendleft(reversed(got))
-                return []
-            return got
+            with self._lock:
+                if self._closing or call in self._abandoned:
+                    self._abandoned.discard(call)
+                    consumer._buffer.extendleft(reversed(got))  # close(), queued behind us, gives them back
+                elif got:
+                    self._unclaimed[call] = got
 
         future = self._worker.submit(on_worker, self.consumer)
         try:
-            got = await asyncio.wrap_future(future)
+            await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            future.add_done_callback(lambda f: self._give_back(f, worker_thread))
+            if not future.cancelled():  # it ran or runs: what it takes must not be stranded
+                with self._lock:
+                    got = self._unclaimed.pop(call, None)
+                    if got is not None:
+                        self._stranded.extend(got)
+                    elif not future.done():
+                        self._abandoned.add(call)
             raise
+        with self._lock:
+            got = self._unclaimed.pop(call, [])
         if not got and self._closing:
             raise errors.ClientClosedError("queue consumer closed during the receive")
         return got
 
-    def _give_back(self, future: concurrent.futures.Future[list[QueueMessage]], worker_thread: list[int]) -> None:
-        """A cancelled caller's messages, back to the buffer: here if this runs on the worker
-        (the call just finished, before any close() queued behind it), else as the worker's
-        next job."""
-        if future.cancelled() or future.exception() is not None or not future.result():
-            return
-        got = future.result()
-        if worker_thread and threading.get_ident() == worker_thread[0]:
-            self.consumer._buffer.extendleft(reversed(got))
-            return
-        try:
-            self._worker.submit(lambda: self.consumer._buffer.extendleft(reversed(got)))
-        except RuntimeError:
-            pass  # the worker is shut down: closed; their leases end on their own
+    def _reclaim(self, consumer: QueueConsumer, *, unclaimed_too: bool = False) -> None:
+        """On the worker: stranded messages (and, closing, every unclaimed one) back to the
+        front of the buffer, for the next call or for close() to give back."""
+        with self._lock:
+            back, self._stranded = self._stranded, []
+            if unclaimed_too:
+                for got in self._unclaimed.values():
+                    back.extend(got)
+                self._unclaimed.clear()
+        consumer._buffer.extendleft(reversed(back))
 
     async def receive(self, max_messages: int = 10, wait_ms: int = 0) -> list[QueueMessage]:
         return await self._receive_call(lambda c: c.receive(max_messages, wait_ms))
@@ -157,7 +173,7 @@ class AsyncQueueConsumer:
         self._closing = True
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._worker, self.consumer.close)
+            await loop.run_in_executor(self._worker, self._close_on_worker)
             with self._settle_lock:
                 settle_worker = self._settle_worker
             if settle_worker is not None:
@@ -166,6 +182,10 @@ class AsyncQueueConsumer:
             self._worker.shutdown(wait=False)
             if self._settle_worker is not None:
                 self._settle_worker.shutdown(wait=False)
+
+    def _close_on_worker(self) -> None:
+        self._reclaim(self.consumer, unclaimed_too=True)
+        self.consumer.close()  # gives back what was received and not handed out
 
     def _close_settler(self) -> None:
         if self._settler is not None:
