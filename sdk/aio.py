@@ -146,6 +146,23 @@ class AsyncConsumer:
     async def position(self, partition: TopicPartition | tuple[str, int]) -> int:
         return await self._call(lambda c: c.position(partition))
 
+    # In a group (``client.consumer(topics, group_id=...)``), as ``Consumer``'s: with
+    # ``enable_auto_commit=False`` these are how an asyncio service commits.
+    async def subscribe(self, topics: Iterable[str] | None = None, **options: Any) -> None:
+        names = None if topics is None else list(topics)
+        await self._call(lambda c: c.subscribe(names, **options))
+
+    async def commit(self, offsets: dict[TopicPartition, int] | dict[TopicPartition, tuple[int, str]] | None = None
+                     ) -> None:
+        """``Consumer.commit``: ``offsets``, or the positions of everything handed out."""
+        await self._call(lambda c: c.commit(offsets))
+
+    async def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
+        return await self._call(lambda c: c.committed(partition))
+
+    async def assignment(self) -> list[TopicPartition]:
+        return await self._call(lambda c: c.assignment())
+
     async def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
         return await self._call(lambda c: c.poll(timeout_ms=timeout_ms, max_records=max_records))
 

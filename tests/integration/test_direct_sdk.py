@@ -15,6 +15,7 @@ import pytest
 import sdk
 from fabric import errors
 from fabric.local import LocalCluster, LocalZooKeeper
+from sdk import TopicPartition
 from sdk.direct import DirectClient, Request, Subscription
 from sdk.direct import _registry as registry
 
@@ -441,12 +442,17 @@ def test_async_consumer_in_a_group(cluster: LocalCluster, topic_name: str) -> No
         try:
             producer = client.producer(linger_ms=1)
             await asyncio.gather(*[producer.send(topic_name, f"g{n}", key=f"k{n}") for n in range(10)])
-            consumer = await client.consumer([topic_name], group_id=f"group-{topic_name}")
+            consumer = await client.consumer([topic_name], group_id=f"group-{topic_name}", enable_auto_commit=False)
             seen: list[bytes] = []
             async for record in consumer:
                 seen.append(record.value or b"")
                 if len(seen) == 10:
                     break
+            # Without auto commit, the asyncio consumer commits itself (it had no commit()).
+            assert len(await consumer.assignment()) == 2
+            await consumer.commit({TopicPartition(topic_name, 0): 1})
+            assert await consumer.committed(TopicPartition(topic_name, 0)) == 1
+            await consumer.commit()  # what was handed out, up to the record the loop stopped at
             return seen
         finally:
             await client.close()
