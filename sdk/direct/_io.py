@@ -136,11 +136,15 @@ class SocketReader:
         loop.call_soon(self.drain)  # anything that arrived before the reader was added
 
     def drain(self) -> None:
+        self._locked(self._drain)
+
+    def _locked(self, step: Callable[[], None]) -> None:
+        """``step`` under the socket lock when there is one (no lock: async handlers only)."""
         if self._lock is None:
-            self._drain()
+            step()
             return
         with self._lock:
-            self._drain()
+            step()
 
     def _drain(self) -> None:
         if self._closed:
@@ -167,11 +171,7 @@ class SocketReader:
 
     def kick(self) -> None:
         """Call after sending on this socket: the send may have swallowed the read edge."""
-        if self._lock is None:
-            self._kick()
-            return
-        with self._lock:
-            self._kick()
+        self._locked(self._kick)
 
     def _kick(self) -> None:
         if not self._closed and not self._draining and _get(self._sock, _EVENTS) & _POLLIN:
