@@ -31,6 +31,7 @@ import heapq
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -133,6 +134,14 @@ class NodeSecurity:
         if api == ApiKey.PRODUCE:
             return self._account(node, envelope, request, principal)
         return True
+
+    def caller(self) -> tuple[str, Callable[[str, str], bool]]:
+        """For the group coordinator: the principal of the request being handled, and the
+        check it filters patterns and OFFSET_FETCH of all partitions with (describe)."""
+        return self.principal, self.may_describe
+
+    def may_describe(self, principal: str, topic: str) -> bool:
+        return self.cache.authorizer.authorize(principal, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic))
 
     def _refuse(self, node: NodeState, envelope: Envelope, header: Header, principal: str, operation: str,
                 resource: str, why: str) -> None:

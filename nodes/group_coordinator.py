@@ -35,7 +35,7 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
-from nodes.group_state import GroupState
+from nodes.group_state import GroupState, MayDescribe
 
 log = logging.getLogger("fabric.groups")
 
@@ -72,7 +72,8 @@ class _Partition:
 class GroupCoordinator:
     def __init__(self, node_id: int, address: str, routing: zkl.RoutingCache, send: Send,
                  context: zmq.Context[Any], poller: zmq.Poller, *, serving: Callable[[], bool] = lambda: True,
-                 clock: Callable[[], float] = time.monotonic, security: ClientSecurity | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, security: ClientSecurity | None = None,
+                 caller: Callable[[], tuple[str, MayDescribe]] | None = None) -> None:
         self.node_id = node_id
         self.address = address
         self.routing = routing
@@ -84,6 +85,7 @@ class GroupCoordinator:
         # CURVE); never a user's key from the environment. Without it, every request to
         # the node itself failed its handshake and no group worked on a secure cluster.
         self._conns = Connections(context, poller=poller, security=security)
+        self._secure_caller = caller  # secure cluster: who sent the request now, and the ACL check
         self._partitions: dict[int, _Partition] = {}
         self._requests: dict[int, tuple[float, Callable[[apis.Message | None], None]]] = {}
         self._creating_topic_until = 0.0
@@ -355,7 +357,9 @@ class GroupCoordinator:
         body = request.body
         part = self._partition_for(body["group_id"])
         group = part.groups.get(body["group_id"]) or GroupState(body["group_id"])
-        result = group.heartbeat(body, self._now_ms(), self._topic_partitions())
+        principal, may_describe = self._caller()
+        result = group.heartbeat(body, self._now_ms(), self._topic_partitions(), principal=principal,
+                                 may_describe=may_describe)
         if result.changed:
             part.groups[group.group_id] = group
 
@@ -401,17 +405,15 @@ class GroupCoordinator:
     def _offset_fetch(self, envelope: list[Any], request: apis.Message) -> None:
         body = request.body
         part = self._partition_for(body["group_id"])
-        group = part.groups.get(body["group_id"])
-        committed = group.offsets if group is not None else {}
-        wanted = [(p["topic"], p["partition"]) for p in body["partitions"]] or sorted(committed)
-        offsets = []
-        for tp in wanted:
-            offset, metadata, commit_ms = committed.get(tp, (-1, "", -1))
-            offsets.append({"topic": tp[0], "partition": tp[1], "offset": offset, "metadata": metadata,
-                            "commit_ms": commit_ms})
-        response = {"error": 0, "message": "", "offsets": offsets}
-        self._reply_after(part, envelope, request, response,
+        group = part.groups.get(body["group_id"]) or GroupState(body["group_id"])
+        principal, may_describe = self._caller()
+        offsets = group.fetch_offsets([(p["topic"], p["partition"]) for p in body["partitions"]], principal, may_describe)
+        self._reply_after(part, envelope, request, {"error": 0, "message": "", "offsets": offsets},
                           lambda code, text: {"error": code, "message": text, "offsets": []})
+
+    def _caller(self) -> tuple[str, MayDescribe | None]:
+        """Who sent the request being handled, and the ACL check, on a secure cluster."""
+        return self._secure_caller() if self._secure_caller is not None else ("", None)
 
     def committed(self) -> Iterator[tuple[str, str, int, int]]:
         """(group, topic, partition, committed offset) for every group coordinated here (metrics)."""
@@ -431,16 +433,12 @@ class GroupCoordinator:
         out = []
         for group_id in group_ids:
             try:
-                part = self._partition_for(group_id)
+                group = self._partition_for(group_id).groups.get(group_id)
             except errors.FabricError as exc:
-                out.append({"error": exc.code, "group_id": group_id, "state": "", "group_epoch": -1, "members": []})
+                out.append(GroupState.not_described(group_id, exc.code))
                 continue
-            group = part.groups.get(group_id)
-            if group is None:
-                out.append({"error": errors.GroupIdNotFoundError.code, "group_id": group_id, "state": "",
-                            "group_epoch": -1, "members": []})
-            else:
-                out.append(group.describe())
+            out.append(group.describe() if group is not None
+                       else GroupState.not_described(group_id, errors.GroupIdNotFoundError.code))
         return {"groups": out}
 
     def _delete_groups(self, envelope: list[Any], request: apis.Message) -> None:

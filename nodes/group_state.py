@@ -36,6 +36,8 @@ HEARTBEAT_INTERVAL_MS_DEFAULT: Final[int] = 3_000  # Kafka's default
 # milliseconds rather than heartbeat intervals.
 HEARTBEAT_INTERVAL_MS_RECONCILING: Final[int] = 100
 GROUP_MEMBERS_MAX: Final[int] = 1_000
+# (principal, topic) -> may that principal describe that topic (secure clusters only)
+MayDescribe = Callable[[str, str], bool]
 
 EMPTY = "empty"
 STABLE = "stable"
@@ -55,6 +57,9 @@ class Member:
     deadline_ms: int = 0  # session expiry; not persisted (a new coordinator restarts the clock)
     previous_epoch: int = -1
     left_static: bool = False
+    # Who the member authenticated as on a secure cluster ("" otherwise): its pattern
+    # matches only topics that principal may describe (docs/SECURITY.md).
+    principal: str = ""
 
     def holds(self) -> set[TopicPartition]:
         return self.assignment | self.revoking
@@ -65,6 +70,7 @@ class Member:
             "previous_epoch": self.previous_epoch, "session_timeout_ms": self.session_timeout_ms, "subscribed_topics": list(self.subscribed_topics),
             "subscribed_topic_regex": self.subscribed_topic_regex,
             "assignment": gp.tp_list(self.assignment), "revoking": gp.tp_list(self.revoking),
+            "principal": self.principal,
         }
 
     @classmethod
@@ -72,7 +78,8 @@ class Member:
         return cls(value["member_id"], value["instance_id"], value["member_epoch"], value["session_timeout_ms"],
                    list(value["subscribed_topics"]), value["subscribed_topic_regex"],
                    gp.tp_set(value["assignment"]), gp.tp_set(value["revoking"]),
-                   deadline_ms=now_ms + value["session_timeout_ms"], previous_epoch=value["previous_epoch"])
+                   deadline_ms=now_ms + value["session_timeout_ms"], previous_epoch=value["previous_epoch"],
+                   principal=value.get("principal", ""))
 
 
 @dataclass
@@ -119,11 +126,19 @@ class GroupState:
     def is_empty(self) -> bool:
         return not self.members
 
-    def subscribed_topics(self, topic_partitions: dict[str, int]) -> set[str]:
-        out: set[str] = set()
-        for m in self.members.values():
-            out |= self._resolve(m, topic_partitions)
-        return out
+    def fetch_offsets(self, wanted: list[TopicPartition], principal: str = "",
+                      may_describe: MayDescribe | None = None) -> list[dict[str, Any]]:
+        """OFFSET_FETCH's answer: ``wanted``, or when empty every committed partition of the
+        topics ``principal`` may describe (a named topic was already checked by the ACL)."""
+        if not wanted:
+            wanted = sorted(tp for tp in self.offsets if may_describe is None or may_describe(principal, tp[0]))
+        return [{"topic": tp[0], "partition": tp[1], "offset": offset, "metadata": metadata, "commit_ms": commit_ms}
+                for tp in wanted for offset, metadata, commit_ms in [self.offsets.get(tp, (-1, "", -1))]]
+
+    @staticmethod
+    def not_described(group_id: str, code: int) -> dict[str, Any]:
+        """DESCRIBE_GROUPS' entry for a group this coordinator cannot describe."""
+        return {"error": code, "group_id": group_id, "state": "", "group_epoch": -1, "members": []}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -136,14 +151,20 @@ class GroupState:
         }
 
     # -- the state machine ----------------------------------------------------------------
-    def heartbeat(self, request: dict[str, Any], now_ms: int, topic_partitions: dict[str, int]) -> HeartbeatResult:
-        """One CONSUMER_GROUP_HEARTBEAT. ``topic_partitions``: the cluster's topics now."""
+    def heartbeat(self, request: dict[str, Any], now_ms: int, topic_partitions: dict[str, int], *,
+                  principal: str = "", may_describe: MayDescribe | None = None) -> HeartbeatResult:
+        """One CONSUMER_GROUP_HEARTBEAT. ``topic_partitions``: the cluster's topics now.
+        On a secure cluster ``principal`` is who sent it and ``may_describe`` the ACL check:
+        a pattern then matches only topics the member's principal may describe (KIP-848's
+        rule), so it neither learns other topics' names nor is given partitions it could
+        not read while members that could read them go without."""
         try:
-            return self._heartbeat(request, now_ms, topic_partitions)
+            return self._heartbeat(request, now_ms, topic_partitions, principal, may_describe)
         except errors.FabricError as exc:
             return HeartbeatResult(_error_response(exc, request["member_id"]), False)
 
-    def _heartbeat(self, req: dict[str, Any], now_ms: int, topic_partitions: dict[str, int]) -> HeartbeatResult:
+    def _heartbeat(self, req: dict[str, Any], now_ms: int, topic_partitions: dict[str, int], principal: str,
+                   may_describe: MayDescribe | None) -> HeartbeatResult:
         epoch = req["member_epoch"]
         member_id = req["member_id"]
         if epoch == gp.LEAVE_EPOCH or epoch == gp.STATIC_LEAVE_EPOCH:
@@ -173,6 +194,9 @@ class GroupState:
                 member.revoking -= released
                 changed = True
         member.deadline_ms = now_ms + timeout_ms
+        if principal != member.principal:
+            member.principal = principal
+            changed = True
         if member.left_static:
             member.left_static = False
         subscription = (sorted(req["subscribed_topics"]), regex, timeout_ms)
@@ -180,7 +204,7 @@ class GroupState:
             member.subscribed_topics, member.subscribed_topic_regex, member.session_timeout_ms = subscription
             self.group_epoch += 1
             changed = True
-        self._compute_target(topic_partitions)
+        self._compute_target(topic_partitions, may_describe)
         changed |= self._reconcile(member)
         waiting = bool(self._target[member.member_id] - member.assignment) or bool(member.revoking)
         return HeartbeatResult({
@@ -236,16 +260,20 @@ class GroupState:
             self.group_epoch += 1
         return gone
 
-    def _resolve(self, member: Member, topic_partitions: dict[str, int]) -> set[str]:
+    @staticmethod
+    def _resolve(member: Member, topic_partitions: dict[str, int], may_describe: MayDescribe | None = None) -> set[str]:
         topics = {t for t in member.subscribed_topics if t in topic_partitions}
         if member.subscribed_topic_regex:
             pattern = gp.compile_topic_pattern(member.subscribed_topic_regex)
-            # Internal topics (names starting "__") are never matched by a pattern.
-            topics |= {t for t in topic_partitions if not t.startswith("__") and pattern.fullmatch(t)}
+            # Internal topics (names starting "__") are never matched by a pattern, nor
+            # on a secure cluster are topics the member's principal may not describe.
+            # (A topic named explicitly stays: the member's fetch then says it is refused.)
+            topics |= {t for t in topic_partitions if not t.startswith("__") and pattern.fullmatch(t)
+                       and (may_describe is None or may_describe(member.principal, t))}
         return topics
 
-    def _compute_target(self, topic_partitions: dict[str, int]) -> None:
-        subscriptions = {m.member_id: self._resolve(m, topic_partitions) for m in self.members.values()}
+    def _compute_target(self, topic_partitions: dict[str, int], may_describe: MayDescribe | None) -> None:
+        subscriptions = {m.member_id: self._resolve(m, topic_partitions, may_describe) for m in self.members.values()}
         current = {m.member_id: m.assignment for m in self.members.values()}
         self._target = assign(subscriptions, topic_partitions, current)
 

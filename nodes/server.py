@@ -162,7 +162,8 @@ class Node:
         self.state.change_listeners.extend(CHANGE_LISTENERS)
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.may_coordinate,
-                                             security=self.authz.client if self.authz else None)
+                                             security=self.authz.client if self.authz else None,
+                                             caller=self.authz.caller if self.authz else None)
         self.handlers = metrics.instrument(dict(DISPATCH))
         if self.authz is not None:
             self.authz.wrap_handlers(self.handlers)  # METADATA answers per topic

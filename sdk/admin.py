@@ -50,6 +50,10 @@ def _topic_configs(name: object, partitions: object, replication_factor: object,
         raise TypeError(f"config must be a dict of config name to value, got {type(config).__name__} {config!r:.60}")
     merged: dict[Any, Any] = dict(config or {})
     if strict_order:
+        given = merged.get("strict_order", True)
+        if str(given).lower() not in ("true", "1"):
+            raise errors.InvalidConfigError(
+                f"strict_order=True and config strict_order={given!r} disagree; give one of them")
         merged["strict_order"] = True
     for key in merged:
         str_arg("each config name", key)

@@ -46,7 +46,7 @@ class Operation(str, Enum):
 class ResourceType(str, Enum):
     TOPIC = "topic"
     GROUP = "group"
-    QUEUE = "queue"
+    QUEUE = "queue"  # a queue is a topic: an entry built for a queue is stored as the topic's
     SERVICE = "service"
     CLUSTER = "cluster"
 
@@ -120,12 +120,17 @@ class AclEntry:
             raise InvalidRequestError("replicate is granted by the node role, not by an ACL")
         if rtype is ResourceType.CLUSTER:
             pattern, ptype = CLUSTER_NAME, PatternType.LITERAL
+        if rtype is ResourceType.QUEUE:
+            # Queue mode's requests name the topic the queue is (required_access), so an
+            # entry for a queue must be one for that topic; kept apart, it granted nothing.
+            rtype = ResourceType.TOPIC
         if not principal or (not pattern and ptype is PatternType.LITERAL):
             raise InvalidRequestError("an ACL needs a principal and a resource name (or --prefix '')")
         return cls(principal, op, rtype, pattern, ptype)
 
     def matches(self, principal: str, operation: Operation, resource: Resource) -> bool:
-        if self.principal not in (principal, ANY_PRINCIPAL) or self.resource_type is not resource.type:
+        entry_type = ResourceType.TOPIC if self.resource_type is ResourceType.QUEUE else self.resource_type  # stored before build() mapped it
+        if self.principal not in (principal, ANY_PRINCIPAL) or entry_type is not resource.type:
             return False
         if self.pattern_type is PatternType.LITERAL:
             if self.pattern != resource.name:

@@ -43,8 +43,8 @@ class KeyPair(NamedTuple):
 
 
 def validate_name(name: str, what: str = "principal") -> str:
-    if not NAME_PATTERN.match(name):
-        raise InvalidRequestError(f"{what} name {name!r}: use 1 to 100 characters of [A-Za-z0-9._-]")
+    if not NAME_PATTERN.match(name) or name in (".", ".."):  # "." and "..": not a ZooKeeper node name
+        raise InvalidRequestError(f"{what} name {name!r}: use 1 to 100 characters of [A-Za-z0-9._-], not . or ..")
     return name
 
 

@@ -146,7 +146,9 @@ def set_quota(zk: KazooClient, principal: str, quota: Quota | None) -> None:
     def change(raw: bytes) -> bytes:
         quotas = decode_quotas(raw)
         if quota is None:
-            quotas.pop(principal, None)
+            if principal not in quotas:
+                raise errors.InvalidRequestError(f"{principal!r} has no quota to remove")
+            del quotas[principal]
         else:
             quotas[principal] = quota
         return encode_quotas(quotas)

@@ -100,6 +100,11 @@ def generate_plan(descriptions: list[Any], nodes: list[int]) -> dict[str, Any]:
 
 def cmd_reassign(admin: Any, args: argparse.Namespace) -> int:
     if args.generate:
+        live = admin.nodes()
+        unknown = sorted(set(args.generate) - set(live))
+        if unknown:  # the plan would be refused when run; say so now
+            raise CliError(f"--generate: {unknown} are not registered nodes "
+                           f"(live nodes: {', '.join(map(str, sorted(live))) or 'none'})")
         print(json.dumps(generate_plan(admin.describe_topics([args.name] if args.name else None), args.generate),
                          indent=1))
         return 0

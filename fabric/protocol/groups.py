@@ -154,6 +154,12 @@ GROUP_MEMBER_V0: Schema = (
     ("revoking", Array(Struct(TOPIC_PARTITIONS))),
 )
 GROUP_VALUE_V0: Schema = (("version", "u8"), ("group_epoch", "i32"), ("members", Array(Struct(GROUP_MEMBER_V0))))
+# V1 adds who each member authenticated as on a secure cluster ("" otherwise), so a new
+# coordinator filters a pattern subscription by that principal's describe rights from its
+# first heartbeat on. Written from V1 on; V0 records still load (principal "").
+GROUP_MEMBER_V1: Schema = (*GROUP_MEMBER_V0, ("principal", "str"))
+GROUP_VALUE_V1: Schema = (("version", "u8"), ("group_epoch", "i32"), ("members", Array(Struct(GROUP_MEMBER_V1))))
+_GROUP_VALUES: Final[dict[int, Schema]] = {0: GROUP_VALUE_V0, 1: GROUP_VALUE_V1}
 
 
 def check_group_id(group_id: str) -> None:
@@ -200,7 +206,7 @@ def encode_offset_value(offset: int, metadata: str, commit_ms: int) -> bytes:
 
 
 def encode_group_value(group_epoch: int, members: list[dict[str, Any]]) -> bytes:
-    return s.encode(GROUP_VALUE_V0, {"version": 0, "group_epoch": group_epoch, "members": members})
+    return s.encode(GROUP_VALUE_V1, {"version": 1, "group_epoch": group_epoch, "members": members})
 
 
 def decode_record(key: bytes, value: bytes | None) -> tuple[str, Any] | None:
@@ -220,8 +226,10 @@ def decode_record(key: bytes, value: bytes | None) -> tuple[str, Any] | None:
         _check_version(value_fields, key)
         return "offset", (group, topic, int(partition), value_fields)
     if key.startswith(GROUP_KEY_PREFIX):
-        value_fields = None if value is None else s.decode(GROUP_VALUE_V0, value)
-        _check_version(value_fields, key)
+        schema = _GROUP_VALUES.get(value[0] if value else 0)
+        if value is not None and schema is None:
+            raise CorruptMessageError(f"group record {key[:80]!r}: value version {value[0]} is not 0 or 1")
+        value_fields = None if value is None or schema is None else s.decode(schema, value)
         return "group", (_key_text(key), value_fields)
     return None
 

@@ -236,7 +236,7 @@ def seeds(target: str) -> list[bytes]:
     if target == "state_record":
         members = [{"member_id": "m1", "instance_id": "", "member_epoch": 3, "previous_epoch": 2,
                     "session_timeout_ms": 45_000, "subscribed_topics": ["orders"], "subscribed_topic_regex": "",
-                    "assignment": [{"topic": "orders", "partitions": [0, 1]}], "revoking": []}]
+                    "assignment": [{"topic": "orders", "partitions": [0, 1]}], "revoking": [], "principal": "alice"}]
         return [join_frames([group_format.offset_key("g1", "orders", 3), group_format.encode_offset_value(42, "m", 9)]),
                 join_frames([group_format.group_key("g1"), group_format.encode_group_value(7, members)]),
                 join_frames([queues.encode_state_record(5, "leased", 1, 1_000, "", last_offset=9)])]

@@ -130,6 +130,9 @@ def test_plans_bad_input_a_second_move_and_a_new_throttle(cluster: LocalCluster,
     unknown = fabric("topic", "reassign", topic, "--partition", "0", "--replicas", "1,9", "-b", cluster.bootstrap)
     assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
     assert "[9] are not registered nodes" in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1
+    unknown = fabric("topic", "reassign", topic, "--generate", "1,9", "-b", cluster.bootstrap)  # printed a plan before
+    assert unknown.returncode == 1 and not unknown.stdout, unknown.stdout
+    assert "[9] are not registered nodes" in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1
     bad_plan = tmp_path / "bad.json"
     bad_plan.write_text('{"partitions": [{"topic": "x"}]}')
     result = fabric("topic", "reassign", "--plan", str(bad_plan), "-b", cluster.bootstrap)

@@ -404,3 +404,44 @@ def test_a_connection_made_with_a_rotated_key_gets_nothing(secure: LocalCluster,
     finally:
         conns.close()
     _fetch(ClientSecurity.from_files(new_secret, security.server_public_key_file), leader, topic)  # the new key works
+
+
+def test_group_patterns_and_offset_listing_keep_to_topics_the_principal_may_describe(
+        secure: LocalCluster, admin: Admin) -> None:
+    """A pattern subscription was resolved against every topic: a member whose principal
+    may read only some of them was given partitions of the others too (learning their
+    names, then failing to fetch them). And OFFSET_FETCH of all partitions listed the
+    group's offsets on every topic. Both now keep to the topics the principal may describe."""
+    from sdk import Consumer, TopicPartition
+
+    stem = f"secp-{uuid.uuid4().hex[:8]}"
+    mine, hidden = f"{stem}-mine", f"{stem}-hidden"
+    for topic in (mine, hidden):
+        admin.create_topic(topic, partitions=1, replication_factor=3)
+    group = f"{stem}-g"
+    name, security = _user(secure)
+    for operation in ("consume", "describe"):
+        _acl(secure, name, operation, "topic", mine)
+    _acl(secure, name, "consume", "group", group)
+    _acl(secure, name, "describe", "group", group)
+    time.sleep(CHANGE_VISIBLE_S)
+    # The operator commits on the hidden topic for the group (it is empty: no member yet).
+    with Consumer(secure.bootstrap, group_id=group, security=_security(secure).client()) as operator:
+        operator.commit({TopicPartition(hidden, 0): 0})
+    options = {"group_id": group, "security": security, "auto_offset_reset": "earliest",
+               "enable_auto_commit": False, "session_timeout_ms": 6_000, "heartbeat_interval_ms": 500}
+    with Consumer(secure.bootstrap, **options) as consumer:  # type: ignore[arg-type]
+        consumer.subscribe(pattern=rf"{stem}-.*")
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200)
+        for _ in range(5):  # a few more heartbeats: the hidden topic never arrives
+            consumer.poll(timeout_ms=200)
+        assert {tp.topic for tp in consumer.assignment()} == {mine}
+        consumer.commit({TopicPartition(mine, 0): 0})
+    with Admin(secure.bootstrap, security=security) as user_admin:
+        listed = user_admin._group_call(group, ApiKey.OFFSET_FETCH, {"group_id": group, "partitions": []})
+    assert {entry["topic"] for entry in listed["offsets"]} == {mine}
+    with Admin(secure.bootstrap, security=_security(secure).client()) as operator_admin:
+        listed = operator_admin._group_call(group, ApiKey.OFFSET_FETCH, {"group_id": group, "partitions": []})
+    assert {entry["topic"] for entry in listed["offsets"]} == {mine, hidden}

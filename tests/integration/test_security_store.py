@@ -56,6 +56,9 @@ def test_cli_principals_and_acls(zk_url: str, zk: KazooClient, tmp_path: Path,
     assert fabric_main(["principal", "add", "alice", "--key", str(tmp_path / "alice.key"), *boot]) == 0
     assert fabric_main(["principal", "add", "bob", "--key", str(tmp_path / "alice.key"), *boot]) != 0  # same key
     assert "already registered" in capsys.readouterr().err
+    for bad in (".", ".."):  # not ZooKeeper node names: an internal error before
+        assert fabric_main(["principal", "add", bad, "--key", str(tmp_path / "alice.key"), *boot]) != 0
+        assert "not . or .." in capsys.readouterr().err
     assert fabric_main(["principal", "list", *boot]) == 0
     assert "alice\tuser\t" in capsys.readouterr().out
     assert fabric_main(["acl", "add", "-p", "alice", "-o", "produce", "--topic-prefix", "team-a.", *boot]) == 0
@@ -147,5 +150,8 @@ def test_quotas_cli_and_cache(zk_url: str, zk: KazooClient, capsys: pytest.Captu
         assert "alice\tproduce_bytes_per_s=1000" in capsys.readouterr().out
         assert fabric_main(["quota", "remove", "alice", *boot]) == 0
         wait_until(lambda: set(cache.quotas) == {"*"}, CHANGE_VISIBLE_S)
+        capsys.readouterr()
+        assert fabric_main(["quota", "remove", "alice", *boot]) != 0  # said "removed" and exited 0
+        assert "no quota to remove" in capsys.readouterr().err
     finally:
         cache.close()

@@ -55,6 +55,19 @@ def test_produce_but_not_consume() -> None:
     assert not auth.authorize("bob", Operation.PRODUCE, topic("events"))
 
 
+def test_a_queue_entry_is_the_topic_entry() -> None:
+    """``--queue jobs`` granted nothing: queue requests are checked against the topic the
+    queue is. An entry for a queue is now the topic's (and one stored before still counts)."""
+    from fabric.protocol import queues
+    entry = AclEntry.build("alice", "consume", "queue", "jobs")
+    assert entry == AclEntry.build("alice", "consume", "topic", "jobs")
+    needs = required_access(queues.API_QUEUE_RECEIVE, {"queue": "jobs", "group": "w"})
+    auth = make([entry, AclEntry.build("alice", "consume", "group", "w")])
+    assert auth.first_denied("alice", needs) is None
+    stored_before = AclEntry("alice", Operation.CONSUME, ResourceType.QUEUE, "jobs")
+    assert make([stored_before]).authorize("alice", Operation.CONSUME, topic("jobs"))
+
+
 def test_prefix_and_wildcard_principal_and_all() -> None:
     auth = make([
         AclEntry.build("alice", "consume", "topic", "team-a.", "prefix"),

@@ -6,6 +6,8 @@ import itertools
 import random
 from typing import Any
 
+import pytest
+
 from fabric import errors
 from fabric.protocol import groups as gp
 from nodes.group_state import (
@@ -172,6 +174,52 @@ def test_pattern_picks_up_new_topic() -> None:
     response = _hb(group, member_id, epoch, gp.tp_set(response["assignment"]), subscribed=[], regex=r"orders\..*",
                    topics={"orders.eu": 2, "orders.us": 1, "other": 3, "__consumer_offsets": 8})
     assert gp.tp_set(response["assignment"]) == {("orders.eu", 0), ("orders.eu", 1), ("orders.us", 0)}
+
+
+def test_pattern_matches_only_topics_the_principal_may_describe() -> None:
+    """Secure cluster: a member's pattern resolves to the topics its principal may
+    describe; a member with wider rights still gets the rest, and the principal is kept in
+    the group record (a new coordinator filters from its first heartbeat)."""
+    group = _group()
+    rights = {"alice": {"orders.eu"}, "bob": {"orders.eu", "orders.us"}}
+
+    def may_describe(principal: str, topic: str) -> bool:
+        return topic in rights.get(principal, set())
+
+    topics = {"orders.eu": 1, "orders.us": 1}
+    request = {"group_id": "g", "member_id": "", "member_epoch": 0, "instance_id": "", "session_timeout_ms": 45_000,
+               "subscribed_topics": [], "subscribed_topic_regex": r"orders\..*", "owned": []}
+    alice = group.heartbeat(request, 0, topics, principal="alice", may_describe=may_describe).response
+    assert gp.tp_set(alice["assignment"]) == {("orders.eu", 0)}
+    bob = group.heartbeat(request, 0, topics, principal="bob", may_describe=may_describe).response
+    assert ("orders.us", 0) in gp.tp_set(bob["assignment"])
+    for member in (alice, bob):  # however often they heartbeat, alice never gets orders.us
+        for _ in range(3):
+            again = dict(request, member_id=member["member_id"], member_epoch=member["member_epoch"],
+                         owned=member["assignment"])
+            principal = "alice" if member is alice else "bob"
+            member.update(group.heartbeat(again, 0, topics, principal=principal, may_describe=may_describe).response)
+    assert ("orders.us", 0) not in gp.tp_set(alice["assignment"])
+    assert ("orders.us", 0) in gp.tp_set(bob["assignment"])
+    decoded = gp.decode_record(gp.group_key("g"), group.to_record())
+    assert decoded is not None
+    assert {m["principal"] for m in decoded[1][1]["members"]} == {"alice", "bob"}
+
+
+def test_group_record_v0_still_loads() -> None:
+    """Records written before the principal was kept (version 0) load with principal ""."""
+    from fabric.protocol import schema
+    member = {"member_id": "m1", "instance_id": "", "member_epoch": 3, "previous_epoch": 2,
+              "session_timeout_ms": 45_000, "subscribed_topics": ["t"], "subscribed_topic_regex": "",
+              "assignment": [{"topic": "t", "partitions": [0]}], "revoking": []}
+    raw = schema.encode(gp.GROUP_VALUE_V0, {"version": 0, "group_epoch": 4, "members": [member]})
+    decoded = gp.decode_record(gp.group_key("g"), raw)
+    assert decoded is not None
+    loaded = GroupState("g")
+    loaded.load_record(decoded[1][1], now_ms=0)
+    assert loaded.members["m1"].principal == "" and loaded.members["m1"].assignment == {("t", 0)}
+    with pytest.raises(errors.CorruptMessageError):
+        gp.decode_record(gp.group_key("g"), bytes([9]) + raw[1:])
 
 
 def test_bad_requests_change_nothing() -> None:
