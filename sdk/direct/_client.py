@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import logging
 import random
+import threading
 import time
 from typing import Any
 
@@ -89,17 +90,23 @@ class DirectClient:
         credentials = credentials or DirectCredentials.from_env()
         # A plaintext client may still hold a ZooKeeper credential ($FABRIC_ZK_DIGEST_FILE).
         zk_digest = credentials.zk_digest if credentials is not None else zk_digest_from_env()
-        zk = await asyncio.to_thread(registry.start_client, zk_hosts, zk_digest=zk_digest)
+        starting = asyncio.ensure_future(asyncio.to_thread(registry.start_client, zk_hosts, zk_digest=zk_digest))
+        try:
+            zk = await asyncio.shield(starting)
+        except asyncio.CancelledError:  # the thread goes on: close its client once started
+            starting.add_done_callback(_close_started_client)
+            raise
         security = None
-        if credentials is not None:
-            security = DirectSecurity(credentials, zk, zmq.Context())
-            try:
+        try:
+            if credentials is not None:
+                security = DirectSecurity(credentials, zk, zmq.Context())
                 await asyncio.to_thread(security.start)
-            except BaseException:
+            return cls(zk, own_zk=True, security=security, **options)
+        except BaseException:  # cancelled, refused, or bad options: nothing may stay open
+            if security is not None:
                 security.close()
-                await asyncio.to_thread(close_client, zk)
-                raise
-        return cls(zk, own_zk=True, security=security, **options)
+            _close_in_background(zk)
+            raise
 
     # -- discovery ---------------------------------------------------------------------
 
@@ -366,6 +373,8 @@ class DirectClient:
                 for peer, cid in sent.values():  # given up: not outstanding any more (as request())
                     peer.pending.pop(cid, None)
                 raise
+        if self._closed:  # as request(): not "no instance answered"
+            raise errors.ClientClosedError("direct client closed while gathering")
         replies: list[Reply] = []
         failed: dict[str, errors.FabricError] = {}
         for znode, future in futures.items():
@@ -497,3 +506,12 @@ class DirectClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+
+def _close_started_client(starting: asyncio.Future[KazooClient]) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        _close_in_background(starting.result())
+
+
+def _close_in_background(zk: KazooClient) -> None:
+    """Close a ZooKeeper client without blocking the loop (or awaiting in a cancelled task)."""
+    threading.Thread(target=close_client, args=(zk,), name="fabric-zk-close", daemon=True).start()

@@ -249,6 +249,8 @@ def test_close_ends_asyncio_requests_in_flight_with_client_closed(zk_hosts: str)
             await server.serve("slow", slow, concurrency=4)
             calls = [asyncio.ensure_future(client.request("slow", b"x", timeout_ms=5_000, idempotent=idempotent))
                      for idempotent in (True, False)]
+            # and a gather, which answered "no instance replied" (every instance missing)
+            calls.append(asyncio.ensure_future(client.gather("slow", b"x", timeout_ms=5_000)))
             await asyncio.sleep(0.5)
             await client.close()
             return await asyncio.gather(*calls, return_exceptions=True)
@@ -257,7 +259,7 @@ def test_close_ends_asyncio_requests_in_flight_with_client_closed(zk_hosts: str)
             await server.close(drain_timeout_ms=100)
 
     outcomes = asyncio.run(run())
-    assert [type(o).__name__ for o in outcomes] == ["ClientClosedError", "ClientClosedError"]
+    assert [type(o).__name__ for o in outcomes] == ["ClientClosedError"] * 3
 
 
 def test_a_cancelled_request_is_not_outstanding_any_more(zk_hosts: str) -> None:
@@ -289,3 +291,34 @@ def test_a_cancelled_request_is_not_outstanding_any_more(zk_hosts: str) -> None:
             await server.close()
 
     asyncio.run(run())
+
+
+def test_a_cancelled_or_refused_connect_closes_its_zookeeper_client(zk_hosts: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``connect()`` cancelled while its ZooKeeper client was starting (asyncio.wait_for
+    running out), or refused for a bad option after it started, left that client running
+    for good: its threads and its session."""
+    from sdk.direct import _registry as registry
+
+    started: list[KazooClient] = []
+    real_start = registry.start_client
+
+    def slow_start(*args: object, **kwargs: object) -> KazooClient:
+        time.sleep(0.3)  # the caller gives up meanwhile
+        client = real_start(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(client)
+        return client
+
+    monkeypatch.setattr(registry, "start_client", slow_start)
+
+    async def run() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(DirectClient.connect(zk_hosts), 0.05)
+        with pytest.raises(TypeError):
+            await DirectClient.connect(zk_hosts, no_such_option=1)
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 10
+    while (len(started) < 2 or any(c.connected for c in started)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(started) == 2 and not any(c.connected for c in started)
