@@ -268,7 +268,8 @@ int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t pa
 const char *fabric_consumer_last_error(const fabric_consumer_t *c);
 void fabric_consumer_destroy(fabric_consumer_t *c);
 
-/* Partition count of a topic, via one METADATA to a bootstrap node (for tools). */
+/* Partition count of a topic, via METADATA to the bootstrap nodes in turn (for tools),
+ * ending by timeout_ms (-1: no limit; each node at most 5 s, at least one 250 ms attempt). */
 int fabric_topic_partition_count(const char *bootstrap, const char *topic, int timeout_ms,
                                  int32_t *count);
 

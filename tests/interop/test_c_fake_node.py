@@ -279,3 +279,25 @@ def test_record_above_message_bytes_max_is_refused_before_sending(c_client: CCli
     sent = [frame for request in node.produce_batches for frame in request]
     assert all(len(frame) <= 8 << 20 for frame in sent)
     assert [v for frame in sent for v in batch_format.decode_batch(frame).values] == [b"small"]
+
+
+def test_metadata_lookups_end_by_the_callers_time(c_client: CClient) -> None:
+    """With every node connected but silent (stopped), a METADATA lookup tried each node
+    for 5 s in turn: fabric_produce of a new topic with max_block_ms=500 and
+    fabric_topic_partition_count(..., 500) both took 20 s against four such nodes. Each
+    now ends by the caller's time (plus one short attempt)."""
+    context = zmq.Context()
+    silent = [context.socket(zmq.ROUTER) for _ in range(4)]  # accept, never answer
+    try:
+        addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in silent]
+        run = subprocess.run([str(c_client.root / "build" / "test_deadlines"), ",".join(addresses)],
+                             capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        for sock in silent:
+            sock.close(linger=0)
+        context.term()
+    assert run.returncode == 0, run.stdout + run.stderr
+    took = {name: (result, int(ms)) for name, result, ms in (line.split() for line in run.stdout.splitlines())}
+    assert set(took) == {"produce", "partition_count"}, run.stdout
+    for name, (result, ms) in took.items():
+        assert result == "NO_NODES" and ms < 5_000, (name, result, ms)  # one node alone took 5 s before

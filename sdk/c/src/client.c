@@ -452,11 +452,11 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
     return 0;
 }
 
-static int metadata_from(client_t *c, const char *address, const fabric_buf_t *body) {
+static int metadata_from(client_t *c, const char *address, const fabric_buf_t *body, int timeout_ms) {
     conn_t *conn = client_conn(c, address);
     if (conn == NULL) return FABRIC_ERR_TRANSPORT;
     response_t resp;
-    int rc = client_request(c, conn, FABRIC_API_METADATA, body, METADATA_TIMEOUT_MS, &resp);
+    int rc = client_request(c, conn, FABRIC_API_METADATA, body, timeout_ms, &resp);
     if (rc) return rc;
     fabric_arena_t arena;
     fabric_arena_init(&arena);
@@ -474,7 +474,8 @@ static int metadata_from(client_t *c, const char *address, const fabric_buf_t *b
     return rc;
 }
 
-int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic_count) {
+int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic_count,
+                            int64_t deadline_ms) {
     fabric_buf_t body;
     fabric_buf_init(&body);
     fabric_buf_put_u32(&body, (uint32_t)topic_count);
@@ -492,13 +493,25 @@ int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic
     for (size_t i = 0; i < c->bootstrap_count; i++) candidates[n++] = dup_bytes(c->bootstrap[i], strlen(c->bootstrap[i]));
     int rc = FABRIC_ERR_NO_NODES;
     char last[ERROR_TEXT_BYTES] = "";
-    for (size_t i = 0; i < n; i++) {
+    size_t tried = 0, start = n ? c->metadata_rotor % n : 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = (start + k) % n;
         if (candidates[i] == NULL) continue;
-        int attempt = metadata_from(c, candidates[i], &body);
+        int64_t left = deadline_ms == NO_DEADLINE ? METADATA_TIMEOUT_MS : deadline_ms - now_ms();
+        if (tried > 0 && left <= 0) {
+            snprintf(last + strlen(last), sizeof last - strlen(last), " (out of time after %zu of %zu nodes)",
+                     tried, n);
+            break;
+        }
+        if (left > METADATA_TIMEOUT_MS) left = METADATA_TIMEOUT_MS;
+        if (left < METADATA_ATTEMPT_MIN_MS) left = METADATA_ATTEMPT_MIN_MS;
+        tried++;
+        int attempt = metadata_from(c, candidates[i], &body, (int)left);
         if (attempt == 0) {
             rc = 0;
             break;
         }
+        c->metadata_rotor = start + k + 1; /* the next refresh starts past this node */
         snprintf(last, sizeof last, "%s", c->error);
         if (attempt == FABRIC_ERR_NO_MEMORY) {
             rc = attempt;
@@ -532,13 +545,13 @@ const char *client_leader(const client_t *c, const char *topic, int32_t partitio
 
 int fabric_topic_partition_count(const char *bootstrap, const char *topic, int timeout_ms,
                                  int32_t *count) {
-    (void)timeout_ms; /* each attempt is bounded by METADATA_TIMEOUT_MS */
     if (topic == NULL || count == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    int64_t deadline = timeout_ms < 0 ? NO_DEADLINE : now_ms() + timeout_ms;
     client_t c;
     int rc = client_init(&c, bootstrap);
     if (rc) return rc;
     rc = client_set_curve(&c, NULL, NULL);
-    if (rc == 0) rc = client_refresh_metadata(&c, &topic, 1);
+    if (rc == 0) rc = client_refresh_metadata(&c, &topic, 1, deadline);
     if (rc == 0) {
         const topic_meta_t *t = client_topic(&c, topic);
         if (t == NULL || t->error) rc = t ? t->error : FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;

@@ -159,11 +159,11 @@ int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t pa
     return 0;
 }
 
-static int refresh(fabric_consumer_t *c) {
+static int refresh(fabric_consumer_t *c, int64_t deadline_ms) {
     const char **names = malloc(sizeof(char *) * (c->part_count + 1));
     if (names == NULL) return FABRIC_ERR_NO_MEMORY;
     for (size_t i = 0; i < c->part_count; i++) names[i] = c->parts[i].topic;
-    int rc = client_refresh_metadata(&c->client, names, c->part_count);
+    int rc = client_refresh_metadata(&c->client, names, c->part_count, deadline_ms);
     free(names);
     if (rc == 0) c->metadata_ready = 1;
     return rc;
@@ -222,7 +222,7 @@ static void back_off(fabric_consumer_t *c, cpart_t *p, int64_t now) {
 static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     int64_t now = now_ms();
     if (!c->metadata_ready) {
-        int rc = refresh(c);
+        int rc = refresh(c, deadline);
         if (rc && !fabric_err_retriable(rc)) return rc;
         if (rc) return 0; /* try again on the next turn */
     }

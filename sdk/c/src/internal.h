@@ -7,11 +7,14 @@
 
 #include "../fabric.h"
 
+#include <stdint.h>
 #include <zmq.h>
 
 /* Timing and sizing constants, with their units. */
 #define CONNECT_WAIT_MS 1000       /* a send to a node we cannot reach fails after this */
 #define METADATA_TIMEOUT_MS 5000   /* one METADATA attempt to one node */
+#define METADATA_ATTEMPT_MIN_MS 250 /* an attempt's wait even when the caller's time is up */
+#define NO_DEADLINE INT64_MAX
 #define SOCKET_HWM_MESSAGES 10000  /* ZeroMQ send/receive queue length, in messages */
 #define ACKS0_CLOSE_LINGER_MS 5000 /* acks=0 data may still be queued at close */
 #define RESPONSE_FRAMES_MAX 1000002 /* header + body + batches; see client_recv */
@@ -48,6 +51,7 @@ typedef struct client {
     topic_meta_t *topics;
     size_t topic_count;
     uint32_t next_correlation_id;
+    size_t metadata_rotor; /* a refresh starts after the node the last one failed on */
     int data_linger_ms;
     int curve; /* 1: every socket is a CURVE client with the keys below */
     char curve_server_key[CURVE_KEY_CHARS + 1];
@@ -92,9 +96,13 @@ void response_free(response_t *r);
 int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf_t *body,
                    int timeout_ms, response_t *out);
 
-/* METADATA for these topics (NULL/0 = all) from any node that answers: known nodes
- * first, then the bootstrap list. */
-int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic_count);
+/* METADATA for these topics (NULL/0 = all) from any node that answers: known nodes,
+ * then the bootstrap list, starting after the one the last refresh failed on. Each
+ * attempt waits at most METADATA_TIMEOUT_MS and at most what is left before deadline_ms
+ * (but METADATA_ATTEMPT_MIN_MS at least); no attempt starts after deadline_ms, so a
+ * refresh ends by then plus one short attempt (NO_DEADLINE: every node is tried). */
+int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic_count,
+                            int64_t deadline_ms);
 const topic_meta_t *client_topic(const client_t *c, const char *name);
 /* The leader's address, or NULL when the map has no leader for it. */
 const char *client_leader(const client_t *c, const char *topic, int32_t partition);

@@ -176,13 +176,13 @@ static int sync_partitions(ptopic_t *t, int32_t count) {
     return 0;
 }
 
-static int refresh(fabric_producer_t *p, const char *extra_topic) {
+static int refresh(fabric_producer_t *p, const char *extra_topic, int64_t deadline_ms) {
     const char **names = malloc(sizeof(char *) * (p->topic_count + 1));
     if (names == NULL) return FABRIC_ERR_NO_MEMORY;
     size_t n = 0;
     for (size_t i = 0; i < p->topic_count; i++) names[n++] = p->topics[i]->name;
     if (extra_topic) names[n++] = extra_topic;
-    int rc = client_refresh_metadata(&p->client, names, n);
+    int rc = client_refresh_metadata(&p->client, names, n, deadline_ms);
     free(names);
     if (rc) return rc;
     for (size_t i = 0; i < p->topic_count; i++) {
@@ -200,7 +200,7 @@ static int topic_for_send(fabric_producer_t *p, const char *name, ptopic_t **out
     }
     const topic_meta_t *m = client_topic(&p->client, name);
     if (m == NULL || m->error) {
-        int rc = refresh(p, name);
+        int rc = refresh(p, name, now_ms() + p->cfg.max_block_ms);
         if (rc) return rc;
         m = client_topic(&p->client, name);
     }
@@ -620,11 +620,12 @@ static int read_answers(fabric_producer_t *p, int wait_ms) {
 
 /* One turn of the state machine: refresh if needed, close lingering batches, send, read
  * answers for up to wait_ms, expire requests. */
-static void service(fabric_producer_t *p, int wait_ms) {
+static void service(fabric_producer_t *p, int wait_ms, int64_t deadline_ms) {
     int64_t now = now_ms();
     p->records_since_io = 0;
     if (p->refresh_needed && now >= p->refresh_after_ms) {
-        if (refresh(p, NULL) == 0) p->refresh_needed = 0;
+        /* Bounded by the caller's time (client_refresh_metadata), not 5 s per node. */
+        if (refresh(p, NULL, deadline_ms) == 0) p->refresh_needed = 0;
         else p->refresh_after_ms = now + p->cfg.retry_backoff_ms;
         now = now_ms();
     }
@@ -670,7 +671,7 @@ int fabric_producer_poll(fabric_producer_t *p, int timeout_ms) {
     int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     do {
         int64_t left = deadline - now_ms();
-        service(p, left <= 0 ? 0 : (int)(left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : left));
+        service(p, left <= 0 ? 0 : (int)(left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : left), deadline);
     } while (now_ms() < deadline && pending(p));
     return 0;
 }
@@ -687,7 +688,7 @@ int fabric_producer_flush(fabric_producer_t *p, int timeout_ms) {
                              p->batches_pending, p->open_records, timeout_ms);
             return FABRIC_ERR_REQUEST_TIMED_OUT;
         }
-        service(p, left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left);
+        service(p, left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left, deadline);
     }
     p->flushing = 0;
     return 0;
@@ -781,7 +782,7 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
                                  p->cfg.buffer_bytes_max, p->cfg.max_block_ms);
                 return FABRIC_ERR_BUFFER_FULL;
             }
-            service(p, left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left);
+            service(p, left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left, deadline);
         }
         p->flushing = 0;
     }
@@ -834,7 +835,7 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     }
     if (closed || now >= p->next_timer_ms ||
         (p->inflight_count && ++p->records_since_io >= IO_EVERY_RECORDS))
-        service(p, 0);
+        service(p, 0, now + p->cfg.max_block_ms); /* as a send waits for room: max_block_ms */
     return 0;
 }
 
