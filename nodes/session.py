@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Final
 
 from kazoo.client import KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -31,6 +31,10 @@ from nodes.log import PartitionLog
 from nodes.state import NodeState
 
 log = logging.getLogger("fabric.node")
+
+# The process's start, not this registration's: a node that registers again after its
+# session expired has not restarted (`fabric status` shows its uptime from this).
+PROCESS_STARTED_MS: Final[int] = int(time.time() * 1000)
 
 REGISTER_WAIT_S = 30.0  # how long a restarted node waits for its old session's znode to expire
 PAUSE_SUSPECT_S = 1.0  # a loop turn this late means we were paused: check the session first
@@ -115,7 +119,7 @@ def start(node: NodeState) -> None:
 def node_info(node: NodeState) -> zkl.NodeInfo:
     """This node's registration: where to reach it, since when, and which release it runs."""
     return zkl.NodeInfo(node_id=node.node_id, address=node.address, replication_address=node.replication_address,
-                        host=node.config.host, pid=os.getpid(), started_ms=int(time.time() * 1000),
+                        host=node.config.host, pid=os.getpid(), started_ms=PROCESS_STARTED_MS,
                         metrics_address=node.metrics.address if node.metrics is not None else "",
                         version=fabric.__version__)
 

@@ -210,12 +210,8 @@ class Service:
 
     def _send(self, identity: bytes, frames: list[bytes]) -> None:
         """Send from the loop; then look for what the send may have hidden from the reader."""
-        lock = self._sock_lock
-        if lock is None:
+        with self._sock_lock or contextlib.nullcontext():  # not while a handler thread sends
             self._send_now(identity, frames)
-        else:
-            with lock:
-                self._send_now(identity, frames)
         if self._reader is not None:
             self._reader.kick()
 

@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from fabric import errors
+from fabric import zk as zkl
 from fabric.local import LocalCluster, LocalZooKeeper
 from fabric.protocol import apis, batch
 from fabric.protocol.apis import ApiKey
@@ -179,11 +180,14 @@ def test_session_expiry_and_zookeeper_outage(zk_server: LocalZooKeeper, tmp_path
         for _round in range(2):
             partition = rng.randrange(partitions)
             victim = leader_of(bootstrap, topic, partition)
+            started_ms = _registration(cluster, victim).started_ms
             expire_session(cluster.zk_address, cluster.nodes[victim].data_dir)
             wait_until(lambda p=partition, v=victim: leader_of(bootstrap, topic, p) not in (v, -1),
                        "a new leader after the session expired")
             cluster.wait_for_nodes([victim])  # it registers again with a new session
             wait_for_full_isr(bootstrap, topic)
+            # ... as the same process: `fabric status` uptime does not start again
+            assert _registration(cluster, victim).started_ms == started_ms
         assert cluster.zookeeper is not None
         cluster.zookeeper.process.pause()
         time.sleep(rng.uniform(1.0, 2.0))
@@ -191,6 +195,15 @@ def test_session_expiry_and_zookeeper_outage(zk_server: LocalZooKeeper, tmp_path
         wait_for_full_isr(bootstrap, topic)
         time.sleep(1.0)
         finish(cluster, topic, partitions, history, seed, [writer], [reader])
+
+
+def _registration(cluster: LocalCluster, node_id: int) -> zkl.NodeInfo:
+    zk = zkl.make_client(cluster.zk_address)
+    try:
+        zk.start(timeout=10)
+        return zkl.live_nodes(zk)[node_id]
+    finally:
+        zkl.close_client(zk)
 
 
 def test_burst_past_pub_hwm_and_kill_a_follower(zk_server: LocalZooKeeper, tmp_path: Path, seed: int) -> None:
