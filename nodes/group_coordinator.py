@@ -298,7 +298,11 @@ class GroupCoordinator:
 
     # -- API handlers -----------------------------------------------------------------------
     def _reply(self, envelope: list[Any], request: apis.Message, body: dict[str, Any]) -> None:
-        self._send(envelope, apis.encode_response(request.header, body))
+        try:
+            frames = apis.encode_response(request.header, body)
+        except (ValueError, OverflowError) as exc:  # sent from the loop's duties too: must not end the loop
+            frames = apis.encode_error_response(request.header, errors.UnknownServerError.code, f"unencodable answer: {exc}")
+        self._send(envelope, frames)
 
     def _reply_after(self, part: _Partition, envelope: list[Any], request: apis.Message, body: dict[str, Any],
                      error_body: Callable[[int, str], dict[str, Any]]) -> None:
@@ -421,12 +425,8 @@ class GroupCoordinator:
                 for g in list(part.groups.values()) for tp, entry in list(g.offsets.items()))
 
     def _list_groups(self) -> dict[str, Any]:
-        groups = []
-        for part in self._partitions.values():
-            if part.mode != ACTIVE:
-                continue
-            for group in part.groups.values():
-                groups.append({"group_id": group.group_id, "state": group.state(), "members": len(group.members)})
+        groups = [{"group_id": g.group_id, "state": g.state(), "members": len(g.members)}
+                  for part in self._partitions.values() if part.mode == ACTIVE for g in part.groups.values()]
         return {"error": 0, "groups": sorted(groups, key=lambda g: g["group_id"])}
 
     def _describe_groups(self, group_ids: list[str]) -> dict[str, Any]:

@@ -76,11 +76,18 @@ class LeaderReplica:
         progress = self.followers.get(replica_id)
         if progress is None:
             return
+        # Never more than the leader has: a report past its log end is not a follower's (a
+        # plaintext client can send REPLICA_ACK or a replica FETCH), and taken as is it made
+        # acks=all writes count a follower that held none of them.
+        log_end_offset = min(log_end_offset, leader_end)
         if log_end_offset >= leader_end:
             progress.caught_up_at_s = now_s
         elif log_end_offset >= progress.leader_end_at_last_ack:
             progress.caught_up_at_s = max(progress.caught_up_at_s, progress.last_ack_at_s)
-        progress.log_end_offset = max(progress.log_end_offset, log_end_offset) if progress.log_end_offset >= 0 else log_end_offset
+        # The latest report, not the largest: an overstated one (above) or a follower that
+        # lost its data (a replaced disk) would otherwise count for the rest of the term. A
+        # report overtaken by a later one only understates, which delays an ack, never a loss.
+        progress.log_end_offset = log_end_offset
         progress.last_ack_at_s = now_s
         progress.leader_end_at_last_ack = leader_end
 

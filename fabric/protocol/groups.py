@@ -55,7 +55,7 @@ TOPIC_PARTITIONS: Schema = (("topic", "str"), ("partitions", Array("i32")))
 FIND_COORDINATOR_REQUEST_V0: Schema = (("group_id", "str"),)
 FIND_COORDINATOR_RESPONSE_V0: Schema = (
     ("error", "i16"),
-    ("message", "str"),
+    ("message", "text"),
     ("node_id", "i32"),
     ("address", "str"),
     ("partition", "i32"),  # the partition of __consumer_offsets that holds the group
@@ -73,7 +73,7 @@ CONSUMER_GROUP_HEARTBEAT_REQUEST_V0: Schema = (
 )
 CONSUMER_GROUP_HEARTBEAT_RESPONSE_V0: Schema = (
     ("error", "i16"),
-    ("message", "str"),
+    ("message", "text"),
     ("member_id", "str"),
     ("member_epoch", "i32"),
     ("heartbeat_interval_ms", "i32"),
@@ -88,7 +88,7 @@ OFFSET_COMMIT_REQUEST_V0: Schema = (
 )
 OFFSET_COMMIT_RESPONSE_V0: Schema = (
     ("error", "i16"),
-    ("message", "str"),
+    ("message", "text"),
     ("results", Array(Struct((("topic", "str"), ("partition", "i32"), ("error", "i16"))))),
 )
 
@@ -98,7 +98,7 @@ OFFSET_FETCH_REQUEST_V0: Schema = (
 )
 OFFSET_FETCH_RESPONSE_V0: Schema = (
     ("error", "i16"),
-    ("message", "str"),
+    ("message", "text"),
     ("offsets", Array(Struct((("topic", "str"), ("partition", "i32"), ("offset", "i64"),  # -1 = none
                               ("metadata", "str"), ("commit_ms", "i64"))))),
 )
@@ -126,7 +126,7 @@ DESCRIBE_GROUPS_RESPONSE_V0: Schema = (
 
 DELETE_GROUPS_REQUEST_V0: Schema = (("group_ids", Array("str")),)
 DELETE_GROUPS_RESPONSE_V0: Schema = (
-    ("results", Array(Struct((("group_id", "str"), ("error", "i16"), ("message", "str"))))),
+    ("results", Array(Struct((("group_id", "str"), ("error", "i16"), ("message", "text"))))),
 )
 
 # (api_key, api_version) -> (request schema, response schema); merged into apis.SCHEMAS.

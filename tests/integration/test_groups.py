@@ -527,3 +527,36 @@ def test_unsubscribe_hands_partitions_over_and_assign_needs_it(cluster: LocalClu
         (theirs,) = second.assignment()
         with pytest.raises(errors.FencedMemberEpochError, match="not assigned to this member"):
             first.commit({theirs: 1})  # refused by the coordinator too; said plainly here
+
+
+def test_an_oversized_id_in_a_group_request_gets_an_error_not_a_dead_coordinator(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """DELETE_GROUPS naming an empty group and a 65,535-byte invalid id: the answer, sent
+    once the deletion was durable, quoted the whole id in a message field that could not
+    encode it, and the exception ended the coordinator node's loop (the node died). A
+    heartbeat with such a member id got UNKNOWN_SERVER_ERROR. Messages are now cut at
+    1,024 bytes as in every other response."""
+    from fabric.protocol.apis import ApiKey
+    from fabric.transport import Connections
+
+    group = f"big-id-{topic_name}"
+    Admin(cluster.bootstrap).create_topic(topic_name, partitions=1, replication_factor=3)
+    with Consumer(cluster.bootstrap, group_id=group) as operator:
+        operator.commit({TopicPartition(topic_name, 0): 1})  # an empty group with an offset
+    with Admin(cluster.bootstrap) as admin:
+        coordinator = admin._find_coordinator(group)
+    huge = "x" * 65_535
+    conns = Connections()
+    try:
+        heartbeat = conns.request(coordinator, ApiKey.CONSUMER_GROUP_HEARTBEAT, {
+            "group_id": group, "member_id": huge, "member_epoch": 3, "instance_id": "", "session_timeout_ms": 45_000,
+            "subscribed_topics": [topic_name], "subscribed_topic_regex": "", "owned": []}, timeout_ms=10_000)
+        assert heartbeat.body["error"] == errors.UnknownMemberIdError.code, heartbeat.body["message"][:200]
+        deleted = conns.request(coordinator, ApiKey.DELETE_GROUPS, {"group_ids": [group, huge]}, timeout_ms=10_000)
+        codes = [(r["group_id"] == group, r["error"]) for r in deleted.body["results"]]
+        assert codes == [(True, 0), (False, errors.InvalidGroupIdError.code)]
+        assert all(len(r["message"].encode()) <= 1_024 for r in deleted.body["results"])
+        time.sleep(0.5)  # the node answered from a duty of its loop; it is still serving
+        assert conns.request(coordinator, ApiKey.API_VERSIONS, {}, timeout_ms=10_000).body
+    finally:
+        conns.close()

@@ -54,3 +54,40 @@ def test_one_way_acks_are_not_answered_and_followers_still_learn_the_hw(cluster:
                 break
             assert time.monotonic() < deadline, copies
             time.sleep(0.05)
+
+
+def test_a_report_past_the_leaders_log_end_does_not_count_a_follower(fresh_cluster: LocalCluster,
+                                                                       topic_name: str) -> None:
+    """Any plaintext client can send REPLICA_ACK (or a replica FETCH). One claiming each
+    follower holds offset 10**15 made the leader count them as holding everything for the
+    rest of its term: with both followers stopped, an acks=all write was then acknowledged
+    at once, held by the leader alone. A report is now capped at the leader's log end and
+    replaced by the follower's next one."""
+    from fabric import errors
+
+    cluster = fresh_cluster
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+        p = admin.describe_topic(topic_name).partitions[0]
+        address = admin.nodes()[p.leader]
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        producer.send(topic_name, b"warm", partition=0).result(30)
+    followers = [r for r in p.replicas if r != p.leader]
+    for follower in followers:
+        ask(address, 0, {"replica_id": follower, "partitions": [
+            {"topic": topic_name, "partition": 0, "leader_epoch": p.leader_epoch, "log_end_offset": 10**15}]})
+    for follower in followers:
+        cluster.nodes[follower].pause()
+    try:
+        with Producer(cluster.bootstrap, acks="all", request_timeout_ms=1_500, delivery_timeout_ms=3_000) as producer:
+            future = producer.send(topic_name, b"only on the leader", partition=0)
+            try:
+                future.result(10)
+                acknowledged = True
+            except errors.FabricError:
+                acknowledged = False
+            producer.flush(10)
+    finally:
+        for follower in followers:
+            cluster.nodes[follower].resume()
+    assert not acknowledged
