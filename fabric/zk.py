@@ -23,10 +23,10 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Final
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, WatchedEvent
@@ -427,6 +427,18 @@ def assign_replicas(topic: str, partitions: int, replication_factor: int, node_i
     return [[ids[(start + p + j) % len(ids)] for j in range(replication_factor)] for p in range(partitions)]
 
 
+INCARNATION_EPOCHS: Final[int] = 1 << 30  # initial epochs repeat after 2^30 ms; 2^30 elections of headroom in an i32
+
+
+def initial_leader_epoch(created_ms: int) -> int:
+    """A new topic's first leader epoch, from its creation time rather than 0: a node that
+    missed a delete and re-create of the topic (paused or cut off meanwhile) still leads the
+    old incarnation, and equal epochs let it serve the old records to the new replicas'
+    fetches and count their acks (they carry the epoch). Different epochs fence it
+    (FENCED/UNKNOWN_LEADER_EPOCH) until it sees the new topic and wipes its old copy."""
+    return created_ms % INCARNATION_EPOCHS
+
+
 def create_topic(
     zk: KazooClient, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
 ) -> TopicConfig:
@@ -443,7 +455,7 @@ def create_topic(
     tx.create(topic_path(name), config.encode())
     tx.create(partitions_path(name), b"")
     for p, replicas in enumerate(assignment):
-        state = PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas))
+        state = PartitionState(p, tuple(replicas), replicas[0], initial_leader_epoch(config.created_ms), tuple(replicas))
         tx.create(partition_path(name, p), state.encode())
     results = commit(tx, f"topic {name!r} transaction")
     failures = [r for r in results if isinstance(r, Exception)]
@@ -484,7 +496,8 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     tx.set_data(topic_path(name), grown.encode(), version=stat.version)
     for p in range(config.partitions, total):
         replicas = assignment[p]
-        tx.create(partition_path(name, p), PartitionState(p, tuple(replicas), replicas[0], 0, tuple(replicas)).encode())
+        tx.create(partition_path(name, p), PartitionState(p, tuple(replicas), replicas[0], initial_leader_epoch(config.created_ms),
+                                                          tuple(replicas)).encode())
     failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]
     if failures:
         raise errors.InvalidPartitionsError(f"topic {name!r} changed while adding partitions; try again: {failures[0]!r}")
@@ -510,8 +523,21 @@ def delete_topic(zk: KazooClient, name: str) -> None:
         raise errors.UnknownServerError(f"deleting topic {name!r} failed: {failures[0]!r}")
 
 
-def write_partition_state(zk: KazooClient, topic: str, state: PartitionState) -> PartitionState:
-    """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``."""
+def write_partition_state(zk: KazooClient, topic: str, state: PartitionState,
+                          incarnation_ms: int | None = None) -> PartitionState:
+    """Version-checked write: fails with BadVersionError if anyone wrote since ``state.version``.
+
+    ``incarnation_ms``: the topic's ``created_ms`` the writer's state belongs to; a topic
+    deleted and created again meanwhile fails the same way. The version alone cannot tell:
+    a new topic's partition znodes start again at version 0, and a leader that missed the
+    re-creation (paused) wrote its old term's state over the new topic's."""
+    if incarnation_ms is not None:
+        try:
+            raw, _stat = get(zk, topic_path(topic))
+        except NoNodeError:
+            raise BadVersionError() from None
+        if TopicConfig.decode(raw).created_ms != incarnation_ms:
+            raise BadVersionError()
     stat = set_data(zk, partition_path(topic, state.partition), state.encode(), version=state.version)
     return dataclasses.replace(state, version=stat.version)
 
@@ -625,7 +651,9 @@ class RoutingCache:
         with self._lock:
             for name, route in fresh.items():
                 cached = self._topics.get(name)
-                if cached is None:
+                if cached is None or cached.config.created_ms != route.config.created_ms:
+                    # New, or deleted and created again: none of the old partition states
+                    # apply (their versions, starting again at 0, cannot be compared).
                     self._topics[name] = route
                     continue
                 cached.config = route.config
@@ -744,10 +772,17 @@ class RoutingCache:
             config = TopicConfig.decode(data)
             with self._lock:
                 route = self._topics.get(name)
-                if route is None:
+                reborn = route is not None and route.config.created_ms != config.created_ms
+                if route is None or reborn:
+                    # Deleted and created again while we were not looking (a pause): the old
+                    # partition states must go, not be mixed with the new config, and the
+                    # new states be read afresh (an event for one could have been dropped
+                    # as older than the old state's version).
                     self._topics[name] = TopicRoute(name, config)
                 else:
                     route.config = config
+            if reborn:
+                self._partition_watches.pop(name, None)
             self._watch_partitions(name, config.partitions)
             self._changed(f"topic:{name}")
             return None

@@ -249,7 +249,7 @@ def check_isr(node: NodeState, now: float) -> None:
         # replace(): a reassignment's fields ride along unchanged.
         new_state = dataclasses.replace(state, isr=tuple(r for r in state.replicas if r in wanted))
         try:
-            node.zk_worker.submit(functools.partial(zkl.write_partition_state, node.zk, tp[0], new_state),
+            node.zk_worker.submit(functools.partial(zkl.write_partition_state, node.zk, tp[0], new_state, plog.incarnation),
                                   functools.partial(_isr_written, node, tp, leader.epoch))
         except errors.NodeNotReadyError:
             return

@@ -183,6 +183,15 @@ def apply_roles(node: NodeState) -> None:
                 continue
             tp = (name, p)
             seen.add(tp)
+            stale = node.logs.get(tp)
+            if stale is not None and stale.incarnation != route.config.created_ms:
+                # Deleted and created again while we did not look (paused, or cut off): our
+                # copy and our role belong to the old topic. Without this the old log was
+                # kept, and served to the new topic's replicas (docs/ZOOKEEPER.md).
+                log.warning("%s/%d: the topic was deleted and created again: wiping the old copy", *tp)
+                apply(node, tp, Event(UNHOSTED))
+                node.logs.pop(tp).wipe()
+                node.states.pop(tp, None)
             if tp not in node.logs:
                 node.logs[tp] = PartitionLog(node.store, name, p, route.config.created_ms)
                 node.pkeys[partition_key(name, p)] = tp
