@@ -26,13 +26,21 @@ from sdk.aio import AsyncClient, AsyncConsumer, AsyncProducer, connect
 from sdk.client import Client
 from sdk.consumer import Consumer, RawBatch, Record, RecordBatch
 from sdk.direct import (
+    AuthenticationFailedError,
+    AuthorizationFailedError,
+    ClientClosedError,
     GatherResult,
+    InvalidRequestError,
+    MalformedRequestError,
     Message,
     NoServiceAvailable,
     RemoteError,
     Reply,
     Request,
     RequestTimeout,
+    ServiceOverloaded,
+    ServiceStopping,
+    UnknownServerError,
 )
 from sdk.ordered import OrderedConsumer
 from sdk.producer import Producer
@@ -51,6 +59,14 @@ __all__ = [
     "Reply",
     "Request",
     "RequestTimeout",
+    "ServiceOverloaded",
+    "ServiceStopping",
+    "AuthenticationFailedError",
+    "AuthorizationFailedError",
+    "ClientClosedError",
+    "InvalidRequestError",
+    "MalformedRequestError",
+    "UnknownServerError",
     "connect",
     "ClientSecurity",
     "Consumer",

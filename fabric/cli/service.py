@@ -119,9 +119,11 @@ def cmd_service_list(args: argparse.Namespace) -> int:
     now_ms = int(time.time() * 1000)
     for name, instances in services.items():
         for znode, info in instances.items():
-            up_s = max(0, now_ms - info.started_ms) // 1000
+            # Entries that did not decode were skipped with a warning on stderr; optional
+            # fields a registrar left out read 0: shown as unknown, not as 1970.
+            up = f"{max(0, now_ms - info.started_ms) // 1000}s" if info.started_ms > 0 else "-"
             print(f"{name:<24} {znode:<22} {info.address:<24} {info.load:>5} {info.version or '-':<10} "
-                  f"{info.host:<16} {info.pid} {up_s}s")
+                  f"{info.host or '-':<16} {info.pid or '-'} {up}")
     return 0
 
 

@@ -8,11 +8,17 @@ found by name through ZooKeeper (docs/DIRECT.md, frames in docs/PROTOCOL.md sect
 """
 
 from fabric.errors import (
+    AuthenticationFailedError,
+    AuthorizationFailedError,
+    ClientClosedError,
+    InvalidRequestError,
+    MalformedRequestError,
     NoServiceAvailable,
     RemoteError,
     RequestTimeout,
     ServiceOverloaded,
     ServiceStopping,
+    UnknownServerError,
 )
 from sdk.direct._client import DirectClient
 from sdk.direct._pubsub import Publisher, Subscription
@@ -23,10 +29,15 @@ from sdk.direct._sync import SyncDirect, SyncService, SyncSubscription
 from sdk.direct._types import GatherResult, Message, Reply, Request
 
 __all__ = [
+    "AuthenticationFailedError",
+    "AuthorizationFailedError",
+    "ClientClosedError",
     "DirectClient",
     "DirectCredentials",
     "GatherResult",
     "InstanceInfo",
+    "InvalidRequestError",
+    "MalformedRequestError",
     "Message",
     "NoServiceAvailable",
     "Publisher",
@@ -41,4 +52,5 @@ __all__ = [
     "SyncDirect",
     "SyncService",
     "SyncSubscription",
+    "UnknownServerError",
 ]

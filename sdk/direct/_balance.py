@@ -81,11 +81,12 @@ class PeerHealth:
 
 class CallerLiveness:
     """An instance's view of its callers: the other half of Paranoid Pirate. A caller that
-    PINGs is held to its own heartbeat interval (the PING's ``aux``); silent for
-    ``liveness`` of its intervals it is declared gone, and the instance drops what it keeps
-    for it (requests still queued for a handler slot). Callers that never PING (a minimal C
-    caller, a one-shot tool) are not tracked, so silence never costs them a request.
-    Bounded: past ``callers_max`` the longest-silent caller is forgotten first."""
+    PINGs is held to its own heartbeat interval (the PING's ``aux``); without any frame
+    from it (a PING, a REQUEST, anything) for ``liveness`` of its intervals it is declared
+    gone, and the instance drops what it keeps for it (requests still queued for a handler
+    slot). Callers that never PING (a minimal C caller, a one-shot tool) are not tracked,
+    so silence never costs them a request. Bounded: past ``callers_max`` the
+    longest-silent caller is forgotten first."""
 
     def __init__(self, *, liveness: int = HEARTBEAT_LIVENESS, callers_max: int = CALLERS_MAX) -> None:
         if liveness <= 0 or callers_max <= 0:
@@ -95,6 +96,11 @@ class CallerLiveness:
         # caller -> the time by which it must be heard again; insertion order is the order
         # of last contact (a PING moves its caller to the end), so the front is the most silent.
         self._deadline_s: dict[bytes, float] = {}
+        self._silence_limit_s: dict[bytes, float] = {}  # caller -> liveness x its interval
+        # Followed callers that sent any other frame since the last expired(): their
+        # deadlines move then, so the request path reads no clock (at most one sweep
+        # interval of extra grace).
+        self._touched: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self._deadline_s)
@@ -104,17 +110,35 @@ class CallerLiveness:
 
     def heard(self, caller: bytes, now: float, interval_ms: int = 0) -> None:
         """A PING from ``caller``, announcing its heartbeat interval (0: the default)."""
-        interval_s = (interval_ms or HEARTBEAT_INTERVAL_MS) / 1000.0
+        limit_s = (interval_ms or HEARTBEAT_INTERVAL_MS) / 1000.0 * self.liveness
         self._deadline_s.pop(caller, None)
-        self._deadline_s[caller] = now + interval_s * self.liveness
+        self._deadline_s[caller] = now + limit_s
+        self._silence_limit_s[caller] = limit_s
         while len(self._deadline_s) > self.callers_max:
-            del self._deadline_s[next(iter(self._deadline_s))]
+            oldest = next(iter(self._deadline_s))
+            del self._deadline_s[oldest]
+            del self._silence_limit_s[oldest]
+
+    def touch(self, caller: bytes) -> None:
+        """Any frame from ``caller`` (called for every one, so kept cheap): a followed
+        caller is alive; callers never PINGed stay untracked."""
+        if caller in self._deadline_s:
+            self._touched.add(caller)
 
     def expired(self, now: float) -> list[bytes]:
-        """Callers silent past their limit, forgotten as they are returned."""
+        """Callers silent past their limit, forgotten as they are returned. Callers
+        touched since the last call are heard as of ``now`` first."""
+        if self._touched:
+            touched, self._touched = self._touched, set()
+            for caller in touched:
+                limit_s = self._silence_limit_s.get(caller)
+                if limit_s is not None:  # not forgotten meanwhile (callers_max)
+                    del self._deadline_s[caller]
+                    self._deadline_s[caller] = now + limit_s
         gone = [caller for caller, deadline in self._deadline_s.items() if now > deadline]
         for caller in gone:
             del self._deadline_s[caller]
+            del self._silence_limit_s[caller]
         return gone
 
 

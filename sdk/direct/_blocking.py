@@ -130,7 +130,7 @@ class BlockingCaller:
         if isinstance(result, Reply):
             return result
         if isinstance(result, errors.ServiceStopping):
-            peer.draining = True
+            peer.stopping(time.monotonic())
             self._direct.loop.call_soon_threadsafe(view.refresh)  # the view belongs to the loop
         elif not isinstance(result, errors.ServiceOverloaded):
             raise result

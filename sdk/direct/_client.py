@@ -20,6 +20,7 @@ from fabric import errors
 from fabric.auth.store import zk_digest_from_env
 from fabric.protocol import direct as wire
 from fabric.zk import close_client
+from sdk._client import Bootstrap
 from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
 from sdk.direct._deadlines import Deadlines
@@ -83,10 +84,13 @@ class DirectClient:
     @classmethod
     async def connect(cls, zk_hosts: str, *, credentials: DirectCredentials | None = None,
                       **options: Any) -> DirectClient:
-        """Connect to ZooKeeper. With ``credentials`` (or ``$FABRIC_KEY_FILE`` set) the
-        client runs secure: CURVE on every direct socket, ACLs on services; serving and
-        publishing also need a ZooKeeper credential that may write the registry
-        (``credentials.zk_digest`` or ``$FABRIC_ZK_DIGEST_FILE``; docs/SECURITY.md)."""
+        """Connect to ZooKeeper: ``zk_hosts`` is ``zk://host:port[,host:port][/chroot]``
+        (as ``sdk.connect`` takes it) or the same without ``zk://``. With ``credentials``
+        (or ``$FABRIC_KEY_FILE`` set) the client runs secure: CURVE on every direct
+        socket, ACLs on services; serving and publishing also need a ZooKeeper credential
+        that may write the registry (``credentials.zk_digest`` or
+        ``$FABRIC_ZK_DIGEST_FILE``; docs/SECURITY.md)."""
+        zk_hosts = zookeeper_hosts(zk_hosts)
         credentials = credentials or DirectCredentials.from_env()
         # A plaintext client may still hold a ZooKeeper credential ($FABRIC_ZK_DIGEST_FILE).
         zk_digest = credentials.zk_digest if credentials is not None else zk_digest_from_env()
@@ -158,13 +162,21 @@ class DirectClient:
             if znode not in found and not peer.leaving:
                 peer.leaving = True  # closed by the heartbeat loop once nothing is in flight
                 peer.left_s = now
+        if view.unusable:
+            view.unusable.intersection_update(found)
         for znode, info in found.items():
-            if znode not in view.peers:
+            if znode not in view.peers and znode not in view.unusable:
                 if self.security is not None and not self.security.trusted_server(info.curve_key, view.name):
                     log.warning("instance %s of %s ignored: its key is not a principal allowed to serve it",
                                 znode, view.name)
                     continue
-                peer = _Peer(self, view, znode, info, now)
+                try:
+                    peer = _Peer(self, view, znode, info, now)
+                except zmq.ZMQError as exc:  # one bad entry must not cost the others: skip it, say so once
+                    view.unusable.add(znode)
+                    log.warning("instance %s of %s ignored: cannot connect to %r: %s", znode, view.name,
+                                info.address, exc)
+                    continue
                 view.peers[znode] = peer
                 peer.health.ping_due(now)
                 peer.send(wire.ping_frames(self.heartbeat_interval_ms))  # admitted as soon as it answers
@@ -180,6 +192,9 @@ class DirectClient:
                     peer.reader.drain()  # frames that came while this loop was stalled count first
                 now = time.monotonic()
                 for znode, peer in list(view.peers.items()):
+                    if peer.draining and now >= peer.draining_until_s:
+                        peer.draining = False  # its SERVICE_STOPPING hold is over: it may serve again
+                        view.refresh()
                     if peer.health.check(now):
                         log.info("instance %s of %s silent for %.0f ms: marked dead", znode, view.name,
                                  peer.health.silence_limit_s * 1000)
@@ -222,8 +237,10 @@ class DirectClient:
             remaining = limit - time.monotonic()
             if remaining <= 0 or not any(not p.leaving for p in view.peers.values()):
                 registered = len(view.peers)
+                stopping = sum(1 for p in view.peers.values() if p.draining)
+                state = f"{stopping} answered SERVICE_STOPPING, the rest not answering" if stopping else "none answering"
                 raise errors.NoServiceAvailable(
-                    f"no live instance of service {view.name!r} ({registered} registered, none answering)"
+                    f"no live instance of service {view.name!r} ({registered} registered, {state})"
                     if registered else f"no instance of service {view.name!r} is registered")
             view.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -309,7 +326,7 @@ class DirectClient:
         if not isinstance(result, (errors.ServiceOverloaded, errors.ServiceStopping)):
             raise result
         if isinstance(result, errors.ServiceStopping):
-            peer.draining = True
+            peer.stopping(time.monotonic())
             peer.view.refresh()
         return True
 
@@ -336,9 +353,11 @@ class DirectClient:
 
     async def gather(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
                      headers: dict[str, bytes | str] | None = None, min_replies: int | None = None) -> GatherResult:
-        """Ask every live instance once; return what came back within ``timeout_ms`` and
-        name the instances that did not answer. With ``min_replies``, fewer replies than
-        that raise RequestTimeout (carrying the partial result as ``result``)."""
+        """Ask every registered instance once; return what came back within ``timeout_ms``
+        and name the instances that did not answer (dead, stopping, silent: ``missing``).
+        Raises NoServiceAvailable only when no instance is registered. With
+        ``min_replies``, fewer replies than that raise RequestTimeout (carrying the partial
+        result as ``result``)."""
         ms_arg("timeout_ms", timeout_ms, TIMEOUT_MS_MAX)
         if min_replies is not None:
             count_arg("min_replies", min_replies, 0)
@@ -346,7 +365,12 @@ class DirectClient:
         wire_headers = as_headers(headers)
         view = await self._view(name, timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
-        await self._wait_pickable(view, deadline)
+        try:
+            await self._wait_pickable(view, deadline)  # a fresh view: let first PINGs be answered
+        except errors.NoServiceAvailable:
+            if not any(not p.leaving for p in view.peers.values()):
+                raise  # nobody registered: nobody to report missing either
+            # Registered but none answering: each is reported missing, as when others answer.
         # Every instance not known dead is asked, also those that have not answered their
         # first PING yet (their request waits in the DEALER queue until the connection is
         # up); dead ones are reported missing rather than skipped.
@@ -467,11 +491,13 @@ class DirectClient:
         return await asyncio.to_thread(registry.list_services, self.zk)
 
     def instances(self, name: str) -> dict[str, str]:
-        """This client's view: instance -> health (connecting, alive, dead, leaving)."""
+        """This client's view: instance -> health (connecting, alive, dead, leaving, or
+        stopping: it answered SERVICE_STOPPING within the last STOPPING_HOLD_S)."""
         view = self._views.get(name)
         if view is None:
             return {}
-        return {z: ("leaving" if p.leaving else p.health.state) for z, p in view.peers.items()}
+        return {z: ("leaving" if p.leaving else "stopping" if p.draining else p.health.state)
+                for z, p in view.peers.items()}
 
     async def close(self, *, drain_timeout_ms: int = 10_000) -> None:
         if self._closed:
@@ -505,6 +531,24 @@ class DirectClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def zookeeper_hosts(spec: str) -> str:
+    """kazoo's ``host:port[,host:port][/chroot]`` from ``spec``, given with or without the
+    ``zk://`` scheme. Any other scheme is refused at once: kazoo would try to resolve it as
+    a host name until the connect timeout."""
+    if not isinstance(spec, str):
+        raise TypeError(f"zk_hosts must be a str such as 'zk://HOST:PORT', got {type(spec).__name__} {spec!r:.60}")
+    if "://" not in spec:
+        return spec
+    try:
+        hosts = Bootstrap(spec).zk
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"zk_hosts {exc}") from None
+    if hosts is None:
+        raise errors.InvalidRequestError(
+            f"zk_hosts {spec!r}: the direct plane finds services through ZooKeeper, zk://HOST:PORT[/chroot]")
+    return hosts
 
 
 def _close_started_client(starting: asyncio.Future[KazooClient]) -> None:

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 
 Response = tuple[wire.DirectHeader, list[bytes]]  # a REPLY or ERROR, its header decoded once
 
+# An instance that answered SERVICE_STOPPING takes nothing new from this client for this
+# long, then is tried again (as a gRPC channel reconnects after a GOAWAY). One that really
+# stops has left the registry and gone silent by then; one that refused for a moment, or
+# keeps serving under the same registration, is back in rotation. A refused request costs
+# its caller one round trip: nothing ran, so it goes elsewhere.
+STOPPING_HOLD_S = 1.0
+
 
 class _PeerLost(Exception):
     """The instance stopped answering (heartbeats) or left the registry with this request in flight."""
@@ -39,7 +46,8 @@ class _Peer:
                                          liveness=client.heartbeat_liveness)
         self.pending: dict[int, asyncio.Future[Response]] = {}
         self.leaving = False  # gone from the registry: finish what is in flight, take nothing new
-        self.draining = False  # answered SERVICE_STOPPING: take nothing new
+        self.draining = False  # answered SERVICE_STOPPING: take nothing new until draining_until_s
+        self.draining_until_s = 0.0
         self.remote_load = 0
         self.blocking_outstanding = 0  # requests in flight from the blocking API's threads
         self.left_s = 0.0  # when it left the registry
@@ -47,9 +55,13 @@ class _Peer:
         self.redials = 0
         self._client = client
         self.sock = make_socket(client.ctx, zmq.DEALER)
-        if client.security is not None:
-            client.security.connect_socket(self.sock, info.curve_key)  # pinned: the registered key
-        self.sock.connect(info.address)
+        try:
+            if client.security is not None:
+                client.security.connect_socket(self.sock, info.curve_key)  # pinned: the registered key
+            self.sock.connect(info.address)
+        except zmq.ZMQError:  # an address (or key) ZeroMQ refuses: the caller skips this instance
+            self.sock.close(linger=0)
+            raise
         self.reader = SocketReader(client.loop, self.sock, self._on_message)
 
     @property
@@ -61,6 +73,13 @@ class _Peer:
         """Requests of this client in flight to the instance, from the loop and from
         blocking callers' threads."""
         return len(self.pending) + self.blocking_outstanding
+
+    def stopping(self, now: float) -> None:
+        """It answered SERVICE_STOPPING: out of selection for STOPPING_HOLD_S (the
+        client's heartbeat loop ends the hold). Safe from a blocking caller's thread: the
+        view is refreshed by whoever calls this, on the loop."""
+        self.draining_until_s = now + STOPPING_HOLD_S
+        self.draining = True
 
     def send(self, frames: list[bytes]) -> bool:
         try:
@@ -119,6 +138,7 @@ class _ServiceView:
         self.known = asyncio.Event()  # the registry answered at least once
         self.changed = asyncio.Event()  # set whenever a peer becomes pickable
         self.watch: registry.RegistryWatch | None = None
+        self.unusable: set[str] = set()  # registered instances ZeroMQ cannot dial: warned about once
         self.error: errors.FabricError | None = None  # the first registry read failed
         self.loading: asyncio.Future[None] | None = None  # the first registry read
         # The pickable peers, recomputed on every change of a peer's state rather than on

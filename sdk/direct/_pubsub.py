@@ -147,6 +147,7 @@ class Subscription:
         self._reader: SocketReader | None = None
         self._watch: registry.RegistryWatch | None = None
         self._connected: dict[str, str] = {}  # znode -> address
+        self._unusable: set[str] = set()  # registered publishers ZeroMQ cannot dial: warned about once
         # Secure mode: one SUB per publisher, so each message is known to come from that
         # publisher's (pinned) key and is dropped unless its principal may produce the subject.
         self._links: dict[str, tuple[zmq.Socket[Any], SocketReader]] = {}
@@ -206,6 +207,8 @@ class Subscription:
         if self._own_publisher_id is not None:
             found = {z: info for z, info in found.items()
                      if info.metadata.get("publisher_id") != self._own_publisher_id}
+        if self._unusable:
+            self._unusable.intersection_update(found)
         if self._security is not None:
             self._secure_publishers_changed(found)
             return
@@ -213,9 +216,18 @@ class Subscription:
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.disconnect(self._connected.pop(znode))
         for znode, info in found.items():
-            if znode not in self._connected:
-                self._sock.connect(info.address)
+            if znode not in self._connected and znode not in self._unusable:
+                try:
+                    self._sock.connect(info.address)
+                except zmq.ZMQError as exc:
+                    self._skip(znode, info, exc)
+                    continue
                 self._connected[znode] = info.address
+
+    def _skip(self, znode: str, info: registry.InstanceInfo, exc: Exception) -> None:
+        """One publisher ZeroMQ cannot dial must not cost the others: skipped, said once."""
+        self._unusable.add(znode)
+        log.warning("publisher %s ignored: cannot connect to %r: %s", znode, info.address, exc)
 
     def _secure_publishers_changed(self, found: dict[str, registry.InstanceInfo]) -> None:
         security, loop = self._security, self._loop
@@ -226,7 +238,7 @@ class Subscription:
             reader.close()
             sock.close(linger=0)
         for znode, info in found.items():
-            if znode in self._links:
+            if znode in self._links or znode in self._unusable:
                 continue
             principal = security.principal_for_key(info.curve_key) if info.curve_key else None
             if principal is None:
@@ -234,8 +246,13 @@ class Subscription:
                 continue
             sock = make_socket(self._ctx, zmq.SUB, hwm=SUB_HWM)
             sock.setsockopt(zmq.SUBSCRIBE, wire.pattern_prefix(self.pattern))
-            security.connect_socket(sock, info.curve_key)
-            sock.connect(info.address)
+            try:
+                security.connect_socket(sock, info.curve_key)
+                sock.connect(info.address)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                self._skip(znode, info, exc)
+                continue
 
             def on_message(frames: list[bytes], principal: str = principal) -> None:
                 self._on_message(frames, principal)

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -35,6 +35,11 @@ ZK_TIMEOUT_S = 5.0  # one ZooKeeper call
 ZK_CONNECT_TIMEOUT_S = 15.0  # a first connection (a loaded machine answers slowly)
 SERVICE_NAME_BYTES_MAX = 200
 _SERVICE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+# A registered address: tcp://HOST:PORT, HOST a DNS name, an IPv4 address or a bracketed
+# IPv6 address (zone id allowed). ZeroMQ's own connect accepts far more (it resolves
+# later and fails quietly), so an entry it cannot use is caught here, by name.
+ADDRESS_CHARS_MAX = 300  # tcp:// + a DNS name (253 at most) + :port, with room
+_TCP_ENDPOINT = re.compile(r"^tcp://(\[[0-9A-Za-z:.%_-]+\]|[A-Za-z0-9_][A-Za-z0-9_.-]*):([0-9]{1,5})$")
 
 log = logging.getLogger("fabric.direct")
 
@@ -65,9 +70,31 @@ class InstanceInfo:
 
     @classmethod
     def decode(cls, raw: bytes) -> InstanceInfo:
-        data = json.loads(raw)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """An entry written by any registrar (docs/ZOOKEEPER.md): a JSON object whose
+        ``address`` is a tcp:// endpoint; the other fields may be absent or null (their
+        defaults) but otherwise have their documented types; unknown keys are ignored.
+        Raises ValueError saying what is wrong, so one foreign entry is skipped by name
+        rather than breaking every caller of the service."""
+        try:
+            data = json.loads(raw)
+        except RecursionError:  # absurdly nested JSON: as unreadable as any other
+            raise ValueError("JSON nested too deeply") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {_json_type(data)}")
+        values: dict[str, Any] = {}
+        for name, kind in _FIELD_TYPES.items():
+            value = data.get(name)
+            if value is None:
+                continue
+            # bool is an int to Python, not to JSON: true is no pid.
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"{name} is {_json_type(value)} {json.dumps(value)[:60]}, expected {_json_type(kind())}")
+            values[name] = value
+        address = values.get("address")
+        if address is None:
+            raise ValueError("no address")
+        check_address(address)
+        return cls(**values)
 
     @classmethod
     def here(cls, address: str, *, version: str = "", metadata: dict[str, Any] | None = None,
@@ -76,7 +103,30 @@ class InstanceInfo:
                    int(time.time() * 1000), curve_key)
 
 
+# The JSON type of every field of InstanceInfo (docs/ZOOKEEPER.md); decode holds entries to it.
+_FIELD_TYPES: dict[str, type] = {"address": str, "version": str, "metadata": dict, "load": int, "host": str,
+                                 "pid": int, "started_ms": int, "curve_key": str}
+_JSON_TYPE_NAMES: dict[type, str] = {str: "string", int: "integer", dict: "object", list: "array", bool: "boolean",
+                                     float: "number"}
+
+
+def _json_type(value: object) -> str:
+    return "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
 WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
+
+
+def check_address(address: str) -> None:
+    """Raises ValueError unless ``address`` is a tcp://HOST:PORT endpoint a caller on
+    another host can dial (a wildcard host is a bind address, never registered)."""
+    match = _TCP_ENDPOINT.match(address) if len(address) <= ADDRESS_CHARS_MAX else None
+    if match is None:
+        raise ValueError(f"address {address[:80]!r} is not tcp://HOST:PORT")
+    if match.group(1) in WILDCARD_HOSTS:
+        raise ValueError(f"address {address!r}: {match.group(1)} is a wildcard, not a host to connect to")
+    if not 0 < int(match.group(2)) <= 65535:
+        raise ValueError(f"address {address!r}: port {match.group(2)} is not 1-65535")
 
 
 def reachable_host(zk: KazooClient) -> str:
@@ -238,8 +288,8 @@ def read_instances(zk: KazooClient, parent: str) -> dict[str, InstanceInfo]:
             out[child] = InstanceInfo.decode(raw)
         except NoNodeError:
             continue
-        except (ValueError, TypeError) as exc:  # a foreign or broken znode: skip it, say so
-            log.warning("ignoring unreadable registry entry %s/%s: %s", parent, child, exc)
+        except ValueError as exc:  # a foreign or broken znode: skip it, say so
+            log.warning("registry entry %s/%s ignored: %s", parent, child, exc)
     return out
 
 
@@ -264,6 +314,9 @@ class RegistryWatch:
         self._on_change = on_change
         self._closed = threading.Event()
         self._known: dict[str, InstanceInfo] = {}
+        # Children whose data is no InstanceInfo: warned about once, then skipped unread
+        # (as a good entry is read once: ephemeral sequential names are never reused).
+        self._unreadable: set[str] = set()
 
     def start(self) -> None:
         self._zk.ensure_path_async(self._parent).get(timeout=ZK_TIMEOUT_S)
@@ -279,15 +332,23 @@ class RegistryWatch:
         for child in children:
             info = self._known.get(child)  # ephemeral sequential names are never reused
             if info is None:
+                if child in self._unreadable:
+                    continue
                 try:
                     raw, _ = self._zk.get_async(f"{self._parent}/{child}").get(timeout=ZK_TIMEOUT_S)
                     info = InstanceInfo.decode(raw)
                 except NoNodeError:
                     continue
-                except Exception as exc:  # unreadable or ZooKeeper gone mid-read: keep the rest
+                except ValueError as exc:  # a foreign or broken entry: skip it, keep the rest
+                    self._unreadable.add(child)
+                    log.warning("registry entry %s/%s ignored: %s", self._parent, child, exc)
+                    continue
+                except Exception as exc:  # ZooKeeper gone mid-read: read again on the next change
                     log.warning("registry entry %s/%s unreadable: %s", self._parent, child, exc)
                     continue
             fresh[child] = info
         self._known = fresh
+        if self._unreadable:
+            self._unreadable.intersection_update(children)  # bounded by the children there are
         self._on_change(dict(fresh))
         return None

@@ -36,6 +36,10 @@ CONCURRENCY_DEFAULT = 16
 QUEUE_PER_SLOT = 64  # requests waiting per concurrency slot before SERVICE_OVERLOADED
 DRAIN_TIMEOUT_MS_DEFAULT = 10_000
 LOAD_REPORT_INTERVAL_S = 2.0
+# Codes that tell a caller the handler did not run, so it may send the request elsewhere
+# even when it is not idempotent. A handler that raises one of these errors itself did
+# run: it is answered REMOTE_ERROR (type name kept), never with its own code.
+NOT_RUN_CODES = (errors.ServiceOverloaded.code, errors.ServiceStopping.code)
 
 
 def _is_async(handler: Callable[..., Any]) -> bool:
@@ -249,6 +253,7 @@ class Service:
         if len(frames) < 2:
             return
         identity = frames[0]
+        self._callers.touch(identity)  # any frame shows a caller alive, not only its PINGs
         try:
             header = wire.decode_header(frames[1])
         except errors.FabricError as exc:
@@ -385,8 +390,11 @@ class Service:
                 exc = bad
             except Exception as bad:  # a Reply with headers that are not a dict of bytes or str
                 exc = errors.InvalidRequestError(f"handler result: {type(bad).__name__}: {bad}")
-        code = exc.code if isinstance(exc, errors.FabricError) and exc.code > 0 else errors.RemoteError.code
-        message = exc.message if isinstance(exc, errors.FabricError) else str(exc)
+        if isinstance(exc, errors.FabricError):
+            code = exc.code if exc.code > 0 and exc.code not in NOT_RUN_CODES else errors.RemoteError.code
+            message = exc.message
+        else:
+            code, message = errors.RemoteError.code, str(exc)
         return wire.error_frames(cid, code, type(exc).__name__, message), False
 
     def _done(self) -> None:

@@ -5,19 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
 from kazoo.client import KazooClient
 
 import sdk
+import sdk.direct
 from fabric import errors
 from fabric.local import LocalZooKeeper
-from sdk.direct import DirectClient, Request
+from sdk.direct import DirectClient, Request, _peers
 
 
 @pytest.fixture
@@ -322,3 +329,387 @@ def test_a_cancelled_or_refused_connect_closes_its_zookeeper_client(zk_hosts: st
     while (len(started) < 2 or any(c.connected for c in started)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(started) == 2 and not any(c.connected for c in started)
+
+
+# -- the second audit: registry entries, refusals, liveness, the wire's edges ------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ensure_chroot(zk_server: LocalZooKeeper, zk_hosts: str) -> None:
+    admin = KazooClient(zk_server.address)
+    admin.start()
+    try:
+        admin.ensure_path(zk_hosts[len(zk_server.address):])
+    finally:
+        admin.stop()
+        admin.close()
+
+
+@pytest.fixture
+def registry_zk(zk_server: LocalZooKeeper, zk_hosts: str) -> Iterator[KazooClient]:
+    """A ZooKeeper client inside the test's chroot, to write registry entries by hand."""
+    _ensure_chroot(zk_server, zk_hosts)
+    zk = KazooClient(zk_hosts)
+    zk.start()
+    try:
+        yield zk
+    finally:
+        zk.stop()
+        zk.close()
+
+
+BAD_ENTRIES: list[object] = [{"address": "127.0.0.1:5555"}, {"address": "not a url"}, {"address": None},
+                             {"address": 123}, {"address": ["x"]}, {"address": "tcp://127.0.0.1:1", "pid": "1"},
+                             123, ["x"]]
+
+
+def _register(zk: KazooClient, parent: str, prefix: str, data: object) -> str:
+    path: str = zk.create(f"{parent}/{prefix}", json.dumps(data).encode(), ephemeral=True, sequence=True,
+                          makepath=True)
+    return path
+
+
+def test_bad_registry_entries_cost_only_themselves(registry_zk: KazooClient, zk_hosts: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """One bad entry under a service (an address without tcp://, null, a number, a wrong
+    type) made every SDK client unable to use the whole service: new clients waited for a
+    registry answer that never came, running ones stopped seeing changes. One bad
+    publisher entry broke subscriptions the same way. Now each is skipped with one
+    warning per znode, and the good instances keep serving."""
+
+    async def run() -> None:
+        server = await DirectClient.connect(zk_hosts)
+        running = await DirectClient.connect(zk_hosts)
+        fresh: DirectClient | None = None
+        try:
+            await server.serve("mixed", lambda request: b"one")
+            assert (await running.request("mixed", b"x", timeout_ms=3_000)).payload == b"one"
+            for data in BAD_ENTRIES:  # one registry change each: a running client sees them all
+                _register(registry_zk, "/fabric/services/mixed", "instance-", data)
+                _register(registry_zk, "/fabric/publishers", "publisher-", data)
+            await asyncio.sleep(0.3)
+            await server.serve("mixed", lambda request: b"two")
+            await _wait_for(lambda: sorted(running.instances("mixed").values()) == ["alive", "alive"])
+            assert sorted(running.instances("mixed").values()) == ["alive", "alive"]
+            gathered = await running.gather("mixed", b"g", timeout_ms=2_000)
+            assert sorted(r.payload for r in gathered.replies) == [b"one", b"two"] and not gathered.missing
+
+            fresh = await DirectClient.connect(zk_hosts)
+            assert (await fresh.request("mixed", b"x", timeout_ms=3_000)).payload in (b"one", b"two")
+            subscription = await fresh.subscribe("mixed.>")
+            await server.start_publisher()
+            await _wait_for(lambda: subscription.publishers == 1)
+            assert subscription.publishers == 1
+            await asyncio.sleep(0.3)  # the TCP connection (slow joiner)
+            await server.publish("mixed.a", b"m")
+            message = await subscription.next(timeout_ms=3_000)
+            assert message is not None and message.payload == b"m"
+        finally:
+            if fresh is not None:
+                await fresh.close()
+            await running.close()
+            await server.close()
+
+    with caplog.at_level(logging.WARNING, logger="fabric.direct"):
+        asyncio.run(run())
+    text = caplog.text
+    assert "Exception in callback" not in text and "Traceback" not in text
+    warnings = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    for parent, clients in (("/fabric/services/mixed", 2), ("/fabric/publishers", 1)):
+        for child in registry_zk.get_children(parent):
+            said = [w for w in warnings if f"{parent}/{child} " in w]
+            if child.startswith(("instance-", "publisher-")) and said:
+                assert len(said) <= clients, said  # once per watching client, not once per change
+    assert sum(1 for w in warnings if "/fabric/services/mixed/" in w) == 2 * len(BAD_ENTRIES)
+
+
+def test_service_list_shows_the_good_entries_and_names_the_bad(registry_zk: KazooClient, zk_hosts: str) -> None:
+    """`fabric service list` failed with "internal error TypeError" on an entry of other
+    JSON types, and showed ~1.8e9 s of uptime for one without started_ms."""
+    _register(registry_zk, "/fabric/services/probe", "instance-", {"address": "tcp://127.0.0.1:2"})
+    bad = [_register(registry_zk, "/fabric/services/probe", "instance-", data)
+           for data in ({"address": "tcp://127.0.0.1:3", "started_ms": "1795509325651"}, {"address": None},
+                        {"address": "tcp://127.0.0.1:4", "pid": None, "load": [1]})]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("FABRIC_DEBUG", None)
+    for extra in ([], ["--json"]):
+        done = subprocess.run([sys.executable, "-m", "fabric", "service", "list", "--bootstrap", f"zk://{zk_hosts}",
+                               *extra], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "internal error" not in done.stderr
+        for path in bad:
+            assert path.rsplit("/", 1)[1] in done.stderr  # named, on stderr
+        if extra:
+            listed = json.loads(done.stdout)["probe"]
+            assert [info["address"] for info in listed.values()] == ["tcp://127.0.0.1:2"]
+        else:
+            row = next(line for line in done.stdout.splitlines() if line.startswith("probe"))
+            assert row.split()[-1] == "-" and "tcp://127.0.0.1:2" in row  # uptime unknown, not 1970
+            assert len([line for line in done.stdout.splitlines() if line.startswith("probe")]) == 1
+
+
+def test_a_handler_raising_overloaded_or_stopping_runs_once(zk_hosts: str) -> None:
+    """Codes 53/54 tell the caller the handler did not run, so it retries elsewhere even a
+    non-idempotent request: a handler that raised ServiceOverloaded (say, from a call of
+    its own) ran 3 times. It is now answered as a handler error, RemoteError."""
+    calls: list[bytes] = []
+
+    async def handler(request: Request) -> bytes:
+        calls.append(request.payload)
+        if request.payload == b"over":
+            raise sdk.ServiceOverloaded("downstream is busy")
+        raise sdk.ServiceStopping("downstream is stopping")
+
+    def sync_handler(request: Request) -> bytes:
+        calls.append(request.payload)
+        raise sdk.ServiceOverloaded("downstream is busy")
+
+    async def run() -> None:
+        server = await DirectClient.connect(zk_hosts)
+        client = await DirectClient.connect(zk_hosts)
+        try:
+            for _ in range(2):  # two instances: the retry had somewhere to go
+                await server.serve("once", handler)
+                await server.serve("once-sync", sync_handler)
+            for name, payload, remote_type in (("once", b"over", "ServiceOverloaded"),
+                                               ("once", b"stop", "ServiceStopping"),
+                                               ("once-sync", b"sync", "ServiceOverloaded")):
+                calls.clear()
+                with pytest.raises(errors.RemoteError) as caught:
+                    await client.request(name, payload, timeout_ms=3_000)
+                assert caught.value.remote_type == remote_type
+                assert calls == [payload]  # ran once, not retried
+        finally:
+            await client.close()
+            await server.close()
+
+    asyncio.run(run())
+    blocking_calls = len(calls)
+    with sdk.Client(f"zk://{zk_hosts}") as client:
+        client.serve("once-blocking", handler)
+        client.serve("once-blocking", handler)
+        with pytest.raises(errors.RemoteError, match="ServiceOverloaded"):
+            client.request("once-blocking", b"over", timeout_ms=3_000)
+    assert len(calls) == blocking_calls + 1
+
+
+class _RawInstance:
+    """A service instance written from docs/PROTOCOL.md section 10, registered by hand: it
+    answers PINGs, and REQUESTs with SERVICE_STOPPING while ``refusing`` is set, else
+    with a REPLY; ``silent`` makes it answer nothing at all."""
+
+    def __init__(self, zk: KazooClient, name: str) -> None:
+        self.refusing = threading.Event()
+        self.silent = threading.Event()
+        self.requests = 0
+        self._stop = threading.Event()
+        self._router = zmq.Context.instance().socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        port = self._router.bind_to_random_port("tcp://127.0.0.1")
+        self.znode = _register(zk, f"/fabric/services/{name}", "instance-",
+                               {"address": f"tcp://127.0.0.1:{port}"}).rsplit("/", 1)[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(20):
+                continue
+            identity, header, *rest = self._router.recv_multipart()
+            if self.silent.is_set():
+                continue
+            _magic, _version, type_, _flags, _reserved, cid, _aux = _HEADER.unpack(header)
+            if type_ == 4:
+                self._router.send_multipart([identity, _header(5, 0)])
+            elif type_ == 1:
+                self.requests += 1
+                if self.refusing.is_set():
+                    body = struct.pack("<hH", 54, 15) + b"ServiceStopping" + struct.pack("<H", 4) + b"busy"
+                    self._router.send_multipart([identity, _header(3, cid), body])
+                else:
+                    self._router.send_multipart([identity, _header(2, cid), b"raw:" + rest[0]])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._router.close()
+
+
+def test_an_instance_that_answered_stopping_is_tried_again(registry_zk: KazooClient, zk_hosts: str) -> None:
+    """One SERVICE_STOPPING retired an instance in that client for good, though it kept
+    answering PINGs and stayed registered ("1 registered, none answering" ever after).
+    It is now out of selection for STOPPING_HOLD_S, then tried again; asyncio and blocking."""
+    raw = _RawInstance(registry_zk, "comeback")
+
+    async def run() -> None:
+        client = await DirectClient.connect(zk_hosts)
+        try:
+            assert (await client.request("comeback", b"a", timeout_ms=3_000)).payload == b"raw:a"
+            raw.refusing.set()
+            with pytest.raises(errors.NoServiceAvailable, match="SERVICE_STOPPING"):
+                await client.request("comeback", b"b", timeout_ms=300)  # well within the 1 s hold
+            assert client.instances("comeback") == {raw.znode: "stopping"}
+            raw.refusing.clear()
+            await asyncio.sleep(_peers.STOPPING_HOLD_S + 0.3)
+            assert client.instances("comeback") == {raw.znode: "alive"}
+            assert (await client.request("comeback", b"c", timeout_ms=3_000)).payload == b"raw:c"
+            # Refused while a request waits: it is sent again once the hold ends (nothing ran).
+            raw.refusing.set()
+            asyncio.get_running_loop().call_later(0.3, raw.refusing.clear)
+            assert (await client.request("comeback", b"d", timeout_ms=5_000)).payload == b"raw:d"
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+        with sdk.Client(f"zk://{zk_hosts}") as client:
+            assert client.request("comeback", b"e", timeout_ms=3_000).payload == b"raw:e"
+            raw.refusing.set()
+            with pytest.raises(errors.NoServiceAvailable):
+                client.request("comeback", b"f", timeout_ms=500)
+            raw.refusing.clear()
+            time.sleep(_peers.STOPPING_HOLD_S + 0.3)
+            assert client.request("comeback", b"g", timeout_ms=3_000).payload == b"raw:g"
+    finally:
+        raw.close()
+
+
+def test_gather_reports_a_silent_instance_missing(registry_zk: KazooClient, zk_hosts: str) -> None:
+    """gather() to a service whose only instance never answers raised NoServiceAvailable,
+    while the same instance beside a live one was reported in ``missing``."""
+    raw = _RawInstance(registry_zk, "quiet")
+    raw.silent.set()
+
+    async def run() -> None:
+        client = await DirectClient.connect(zk_hosts)
+        try:
+            gathered = await client.gather("quiet", b"g", timeout_ms=500)
+            assert (gathered.replies, gathered.missing, gathered.failed) == ([], [raw.znode], {})
+            with pytest.raises(errors.RequestTimeout) as caught:
+                await client.gather("quiet", b"g", timeout_ms=300, min_replies=1)
+            assert caught.value.result.missing == [raw.znode]  # type: ignore[attr-defined]
+            await client.serve("quiet", lambda request: b"here")
+            await _wait_for(lambda: "alive" in client.instances("quiet").values())
+            gathered = await client.gather("quiet", b"g", timeout_ms=500)
+            assert [r.payload for r in gathered.replies] == [b"here"] and gathered.missing == [raw.znode]
+            with pytest.raises(errors.NoServiceAvailable, match="registered"):
+                await client.gather("nobody-here", b"g", timeout_ms=300)
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        raw.close()
+
+
+def _dealer(address: str) -> zmq.Socket[bytes]:
+    dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 5_000)
+    dealer.connect(address)
+    return dealer
+
+
+def test_what_an_instance_answers_to_what_it_cannot_take(zk_hosts: str) -> None:
+    """PROTOCOL.md section 10.1 as it now reads: a header that does not decode is answered
+    ERROR with the specific code (6 bad magic, 4 bad version, 3 anything else) and
+    correlation id 0; a REQUEST with wrong frames, 3 with its id; REPLY, ERROR, PONG and
+    PUBLISH sent to an instance get no answer; a PING is answered PONG (correlation id 0)
+    whatever follows its header."""
+
+    async def run() -> None:
+        client = await DirectClient.connect(zk_hosts)
+        try:
+            service = await client.serve("edges", lambda request: b"ok")
+            dealer = _dealer(service.address)
+            loop = asyncio.get_running_loop()
+
+            async def exchange(frames: list[bytes]) -> list[bytes]:
+                dealer.send_multipart(frames)
+                return await loop.run_in_executor(None, dealer.recv_multipart)
+
+            def error(answer: list[bytes]) -> tuple[int, int]:
+                header = _HEADER.unpack(answer[0])
+                assert header[2] == 3, answer
+                return header[5], struct.unpack_from("<h", answer[1])[0]
+
+            bad_magic = struct.pack("<IBBBBII", 0x31524246, 1, 1, 0, 0, 5, 0)
+            bad_version = struct.pack("<IBBBBII", 0x31444246, 2, 1, 0, 0, 5, 0)
+            assert error(await exchange([bad_magic, b"x"])) == (0, errors.InvalidMagicError.code)
+            assert error(await exchange([bad_version, b"x"])) == (0, errors.UnsupportedVersionError.code)
+            assert error(await exchange([_header(9, 5), b"x"])) == (0, errors.MalformedRequestError.code)
+            assert error(await exchange([_header(1, 5, flags=0x80), b"x"])) == (0, errors.MalformedRequestError.code)
+            assert error(await exchange([b"short"])) == (0, errors.MalformedRequestError.code)
+            assert error(await exchange([_header(1, 5), b"x", b"extra"])) == (5, errors.MalformedRequestError.code)
+            for stray in ([_header(2, 6), b"r"], [_header(3, 6), b"e"], [_header(5, 6)], [_header(6, 6), b"p"]):
+                dealer.send_multipart(stray)
+            answer = await exchange([_header(4, 77, aux=200), b"extra frame"])
+            assert answer == [_header(5, 0, aux=0)]  # the next answer is this PONG: strays got none
+            assert await exchange([_header(1, 8), b"x"]) == [_header(2, 8), b"ok"]
+            dealer.close()
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_caller_that_only_sends_requests_after_one_ping_stays_followed(zk_hosts: str) -> None:
+    """The instance counted only PINGs as signs of life: a caller that PINGed once and
+    then sent only REQUESTs was declared gone 800 ms later and its queued requests were
+    dropped (answered SERVICE_OVERLOADED). Any frame counts now."""
+
+    async def slow_then_quick(request: Request) -> bytes:
+        # The first 8 take 150 ms each, so requests queue while the old rule's 800 ms ran
+        # out; the rest are quick, so the backlog is gone well before the caller's last
+        # frame is 800 ms old (under the new rule too, a caller that stops sending is gone).
+        await asyncio.sleep(0.15 if int(request.payload) < 8 else 0.01)
+        return request.payload
+
+    async def run() -> None:
+        client = await DirectClient.connect(zk_hosts)
+        try:
+            service = await client.serve("steady", slow_then_quick, concurrency=1)
+            dealer = _dealer(service.address)
+            loop = asyncio.get_running_loop()
+            dealer.send_multipart([_header(4, 0, aux=200)])  # followed from now on
+            assert (await loop.run_in_executor(None, dealer.recv_multipart))[0][5] == 5  # PONG
+            for i in range(15):  # a request every 100 ms for 1.5 s, no PING
+                dealer.send_multipart([_header(1, 100 + i), b"%d" % i])
+                await asyncio.sleep(0.1)
+            answers = [await loop.run_in_executor(None, dealer.recv_multipart) for _ in range(15)]
+            assert [_HEADER.unpack(a[0])[2] for a in answers] == [2] * 15, answers  # every one a REPLY
+            assert service.callers_lost == 0 and service.requests_dropped == 0
+            dealer.close()
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_direct_client_connects_with_a_zk_url(zk_server: LocalZooKeeper, zk_hosts: str) -> None:
+    """DIRECT.md's DirectClient.connect(zk, ...) took only host:port: "zk://host:port" (what
+    sdk.connect takes) stalled 15 s on "Cannot resolve zk" and failed."""
+    _ensure_chroot(zk_server, zk_hosts)
+
+    async def run() -> None:
+        started = time.monotonic()
+        client = await DirectClient.connect(f"zk://{zk_hosts}")
+        try:
+            await client.serve("url", lambda request: b"yes")
+            assert (await client.request("url", b"", timeout_ms=3_000)).payload == b"yes"
+        finally:
+            await client.close()
+        assert time.monotonic() - started < 10
+        with pytest.raises(errors.InvalidRequestError, match="ZooKeeper"):
+            await DirectClient.connect("tcp://127.0.0.1:9092")
+
+    asyncio.run(run())
+    direct = sdk.direct.SyncDirect(f"zk://{zk_hosts}")
+    try:
+        assert direct.services()["url"] == {}  # registered before, stopped since
+    finally:
+        direct.close()

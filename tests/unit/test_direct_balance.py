@@ -181,3 +181,18 @@ def test_no_attempt_after_the_deadline() -> None:
     attempts.begin(0.0)
     assert not attempts.may_repeat(0.1, retry_safe=True)
 
+
+
+def test_any_frame_from_a_followed_caller_keeps_it_alive() -> None:
+    """DIRECT.md: a caller is gone after 800 ms "without any frame from it". One that PINGed
+    once and then sent only REQUESTs was declared gone (its queued requests dropped)."""
+    callers = balance.CallerLiveness(liveness=4)
+    callers.heard(b"a", 0.0, interval_ms=200)  # followed: 800 ms of silence allowed
+    for now in (0.3, 0.6, 0.9, 1.2, 1.5):  # a REQUEST every 300 ms, no PING
+        callers.touch(b"a")
+        assert callers.expired(now) == []
+    assert callers.expired(2.2) == []  # heard as of the last sweep (1.5 s) + 800 ms
+    assert callers.expired(2.4) == [b"a"]  # silent since: gone
+    callers.touch(b"a")  # no longer followed: a frame does not follow it again (a PING does)
+    callers.touch(b"never-pinged")  # never followed: untracked, as before
+    assert callers.expired(9.0) == [] and len(callers) == 0

@@ -1,0 +1,132 @@
+"""The direct plane's registry entries (docs/ZOOKEEPER.md): what a caller accepts, and how
+an entry it cannot use is skipped without costing the others. No ZooKeeper here: the
+watch is fed children and data by a stand-in."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from fabric import errors
+from sdk.direct import _registry as registry
+from sdk.direct._client import zookeeper_hosts
+from sdk.direct._registry import InstanceInfo
+
+GOOD = {"address": "tcp://127.0.0.1:5555", "version": "1.4", "metadata": {"zone": "eu-1"}, "load": 3,
+        "host": "h", "pid": 42, "started_ms": 1_700_000_000_000, "curve_key": ""}
+
+
+def test_a_full_entry_round_trips() -> None:
+    info = InstanceInfo.decode(json.dumps(GOOD).encode())
+    assert dataclasses.asdict(info) == GOOD
+    assert InstanceInfo.decode(info.encode()) == info
+
+
+def test_only_the_address_is_required_and_null_reads_as_absent() -> None:
+    info = InstanceInfo.decode(json.dumps({"address": "tcp://[::1]:7", "pid": None, "metadata": None,
+                                           "future_field": [1]}).encode())
+    assert info == InstanceInfo("tcp://[::1]:7")
+
+
+def test_field_types_cover_every_field() -> None:
+    assert set(registry._FIELD_TYPES) == {f.name for f in dataclasses.fields(InstanceInfo)}
+
+
+@pytest.mark.parametrize("data", [
+    {"address": "127.0.0.1:5555"},  # no scheme: ZeroMQ refuses it at connect
+    {"address": "not a url"},
+    {"address": None},
+    {"address": 123},
+    {"address": ["x"]},
+    {"address": "tcp://*:5555"},
+    {"address": "tcp://0.0.0.0:5555"},  # a bind address: a caller elsewhere cannot dial it
+    {"address": "tcp://[::]:5555"},
+    {"address": "tcp://h:0"},
+    {"address": "tcp://h:65536"},
+    {"address": "tcp://a b:1"},
+    {"address": "tcp://h:1;h:2"},
+    {"address": "ipc:///tmp/x"},
+    {"address": "tcp://" + "h" * 400 + ":1"},
+    {},
+    {**GOOD, "load": "3"},
+    {**GOOD, "pid": True},
+    {**GOOD, "started_ms": "1795509325651"},
+    {**GOOD, "started_ms": 1.5},
+    {**GOOD, "metadata": ["x"]},
+    {**GOOD, "curve_key": 7},
+    {**GOOD, "version": 1.4},
+    123, None, ["x"], "tcp://127.0.0.1:5555",
+])
+def test_an_entry_of_the_wrong_shape_is_refused_by_name(data: Any) -> None:
+    with pytest.raises(ValueError):
+        InstanceInfo.decode(json.dumps(data).encode())
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"\xff\xfe", b"[" * 100_000])
+def test_bytes_that_are_no_json_are_refused(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        InstanceInfo.decode(raw)
+
+
+class _Result:
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def get(self, timeout: float) -> Any:
+        return self._value
+
+
+class _FakeZk:
+    """The two calls RegistryWatch makes while children change; counts data reads."""
+
+    def __init__(self, data: dict[str, bytes]) -> None:
+        self.data = data
+        self.reads = 0
+
+    def get_async(self, path: str) -> _Result:
+        self.reads += 1
+        return _Result((self.data[path.rsplit("/", 1)[1]], None))
+
+
+def test_the_watch_skips_a_bad_entry_warns_once_and_keeps_the_good(caplog: pytest.LogCaptureFixture) -> None:
+    """One bad entry made every caller of the service fail (finding 1 of the audit)."""
+    zk = _FakeZk({
+        "instance-1": json.dumps(GOOD).encode(),
+        "instance-2": json.dumps({"address": "127.0.0.1:5555"}).encode(),
+        "instance-3": b"123",
+        "instance-4": json.dumps({**GOOD, "address": "tcp://127.0.0.1:6666"}).encode(),
+    })
+    delivered: list[dict[str, InstanceInfo]] = []
+    watch = registry.RegistryWatch(zk, "/fabric/services/s", delivered.append)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="fabric.direct"):
+        for children in (["instance-1", "instance-2"], ["instance-1", "instance-2", "instance-3"],
+                         ["instance-1", "instance-2", "instance-3", "instance-4"], ["instance-2", "instance-4"]):
+            watch._children_changed(children)
+    assert [sorted(found) for found in delivered] == [
+        ["instance-1"], ["instance-1"], ["instance-1", "instance-4"], ["instance-4"]]
+    warned = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert len(warned) == 2, warned  # one per bad znode, not one per change
+    assert any("instance-2" in w and "tcp://HOST:PORT" in w for w in warned)
+    assert zk.reads == 4  # every znode read once, the bad ones too
+    watch._children_changed([])  # gone: forgotten, so the set stays bounded by the children
+    assert not watch._unreadable
+
+
+@pytest.mark.parametrize("spec, hosts", [
+    ("zk://127.0.0.1:2181", "127.0.0.1:2181"),
+    ("zk://127.0.0.1:2181/chroot/x", "127.0.0.1:2181/chroot/x"),
+    ("zk://a:1,zk://b:2/c", "a:1,b:2/c"),
+    ("127.0.0.1:2181/chroot", "127.0.0.1:2181/chroot"),
+])
+def test_direct_client_takes_zookeeper_with_or_without_its_scheme(spec: str, hosts: str) -> None:
+    assert zookeeper_hosts(spec) == hosts
+
+
+@pytest.mark.parametrize("spec", ["tcp://127.0.0.1:9092", "zk://a:1,tcp://b:2", "zk://"])
+def test_direct_client_refuses_what_is_not_zookeeper(spec: str) -> None:
+    with pytest.raises(errors.InvalidRequestError):
+        zookeeper_hosts(spec)
