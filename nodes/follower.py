@@ -30,6 +30,7 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from nodes import leader as leader_side
 from nodes.leader import STREAM_META, replica_log
+from nodes.log import PartitionLog
 from nodes.reassign import catch_up_throttle
 from nodes.state import NodeState, TopicPartition
 
@@ -161,8 +162,9 @@ def tick(node: NodeState, now: float) -> None:
         addresses = _leader_addresses(node, leader_id)
         if addresses is not None:
             body = {"replica_id": node.node_id, "partitions": partitions}
-            if periodic:
-                _request(node, addresses[0], ApiKey.REPLICA_ACK, body, "ack", None)
+            if periodic:  # version 2: the answer also carries the leader's log start
+                _request(node, addresses[0], ApiKey.REPLICA_ACK, body, "ack", None,
+                         api_version=leader_side.REPLICA_ACK_LOG_START_VERSION)
             else:
                 _request(node, addresses[0], ApiKey.REPLICA_ACK, body, None, None,
                          api_version=leader_side.REPLICA_ACK_ONE_WAY_VERSION)
@@ -277,6 +279,15 @@ def _on_ack_reply(node: NodeState, body: dict[str, Any]) -> None:
         f.leader_log_end = p["log_end_offset"]
         plog = node.logs[tp]
         plog.high_watermark = max(plog.high_watermark, min(p["high_watermark"], plog.log_end_offset))
+        _follow_log_start(tp, f, plog, p.get("log_start_offset", -1))
+
+
+def _follow_log_start(tp: TopicPartition, f: FollowerReplica, plog: PartitionLog, leader_start: int) -> None:
+    if leader_start > plog.log_start_offset:
+        deleted = plog.follow_log_start(leader_start)
+        if deleted:
+            replica_log(tp, f.epoch).info("%s/%d: deleted %d records below the leader's log start %d",
+                                          *tp, deleted, leader_start)
 
 
 def truncation_target(leader_epoch: int, leader_end: int, our_end_for_that_epoch: int, log_start_offset: int) -> int:
@@ -320,6 +331,7 @@ def _on_fetch_reply(node: NodeState, tp: TopicPartition, f: FollowerReplica, res
     if error:
         return
     f.leader_log_end = result["log_end_offset"]
+    _follow_log_start(tp, f, plog, result["log_start_offset"])
     wb = None
     now_ms = int(time.time() * 1000)
     for data in batches:

@@ -187,6 +187,7 @@ def record_replica_fetch(node: NodeState, body: dict[str, Any]) -> None:
 
 
 REPLICA_ACK_ONE_WAY_VERSION = 1  # the follower's ack right after a write: no answer wanted
+REPLICA_ACK_LOG_START_VERSION = 2  # the periodic ack: its answer carries the leader's log start too
 
 
 def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
@@ -201,7 +202,8 @@ def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Messa
     out = []
     for p in body["partitions"]:
         tp = (p["topic"], p["partition"])
-        result = {"topic": tp[0], "partition": tp[1], "error": 0, "high_watermark": -1, "log_end_offset": -1}
+        result = {"topic": tp[0], "partition": tp[1], "error": 0, "high_watermark": -1, "log_end_offset": -1,
+                  "log_start_offset": -1}  # the last only in version 2's answer
         leader = node.leaders.get(tp)
         result["error"] = epoch_error(leader, p["leader_epoch"])
         if leader is not None and not result["error"]:
@@ -211,6 +213,7 @@ def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Messa
                 changed.add(tp)
             result["high_watermark"] = plog.high_watermark
             result["log_end_offset"] = plog.log_end_offset
+            result["log_start_offset"] = plog.log_start_offset
         out.append(result)
     node.partitions_changed(changed)
     return None if request.header.api_version == REPLICA_ACK_ONE_WAY_VERSION else {"partitions": out}

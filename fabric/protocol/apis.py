@@ -250,6 +250,13 @@ REPLICA_ACK_RESPONSE_V0: Schema = (
     ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("error", "i16"),
                                  ("high_watermark", "i64"), ("log_end_offset", "i64"))))),
 )
+# Version 2 adds the leader's log start: a follower deletes what retention deleted on the
+# leader, so a later leader change never brings deleted records back (docs/PROTOCOL.md 5.9).
+REPLICA_ACK_RESPONSE_V2: Schema = (
+    ("partitions", Array(Struct((("topic", "str"), ("partition", "i32"), ("error", "i16"),
+                                 ("high_watermark", "i64"), ("log_end_offset", "i64"),
+                                 ("log_start_offset", "i64"))))),
+)
 # Follower -> new leader: "where does epoch N end in your log?" (KIP-101/279 truncation).
 OFFSETS_FOR_LEADER_EPOCH_REQUEST_V0: Schema = (
     ("replica_id", "i32"),
@@ -312,6 +319,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.REPLICA_ACK, 0): (REPLICA_ACK_REQUEST_V0, REPLICA_ACK_RESPONSE_V0),
     # Version 1: the same request, and the leader sends no response (docs/PROTOCOL.md 5.9).
     (ApiKey.REPLICA_ACK, 1): (REPLICA_ACK_REQUEST_V0, REPLICA_ACK_RESPONSE_V0),
+    (ApiKey.REPLICA_ACK, 2): (REPLICA_ACK_REQUEST_V0, REPLICA_ACK_RESPONSE_V2),
     (ApiKey.OFFSETS_FOR_LEADER_EPOCH, 0): (OFFSETS_FOR_LEADER_EPOCH_REQUEST_V0, OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0),
     (ApiKey.ELECT_LEADERS, 0): (ELECT_LEADERS_REQUEST_V0, ELECT_LEADERS_RESPONSE_V0),
     (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),

@@ -88,3 +88,39 @@ def test_read_all_helper_sees_nothing_in_an_empty_topic(cluster: LocalCluster, t
     with Admin(cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=2)
     assert read_all(cluster.bootstrap, topic_name, 2) == []
+
+
+def test_a_replica_that_copied_late_deletes_what_the_leaders_retention_deleted(
+        zk_server: LocalZooKeeper, tmp_path: Path, topic_name: str) -> None:
+    """Retention counts from when a replica appended a batch; a replica added by a
+    reassignment appended old batches late and kept them that much longer (here 4 s), so a
+    leader change onto it brought deleted records back (the log start went backwards).
+    Followers now delete below the leader's log start, which the answer to their periodic
+    ack (every 100 ms) carries."""
+    cluster = make_cluster(zk_server, tmp_path / "c", nodes=4, node_args=["--retention-check-interval-ms", "100"])
+    with cluster, Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3, config={"retention_ms": 8_000})
+        replicas = list(admin.describe_topic(topic_name).partitions[0].replicas)
+        with Producer(cluster.bootstrap, linger_ms=0) as producer:
+            for i in range(50):
+                producer.send(topic_name, b"r%d" % i).result(10)
+        time.sleep(4.0)  # half the retention: the newcomer copies batches 4 s old
+        newcomer = next(n for n in sorted(cluster.nodes) if n not in replicas)
+        target = [replicas[0], replicas[1], newcomer]
+        admin.reassign_partition(topic_name, 0, target)
+        admin.wait_reassigned(topic_name, 0, target, timeout_s=60)
+
+        def starts() -> dict[int, int]:
+            return {c["node_id"]: c["log_start_offset"] for c in admin.describe_replicas([topic_name])[(topic_name, 0)]}
+
+        deadline = time.monotonic() + 30
+        while starts().get(replicas[0], 0) < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert starts()[replicas[0]] == 50  # the leader's retention ran
+        # Within a few acks the others follow (before: the newcomer 4 s later).
+        deadline = time.monotonic() + 2.5
+        seen = starts()
+        while any(s != 50 for s in seen.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen = starts()
+        assert seen == {n: 50 for n in target}, seen

@@ -37,7 +37,8 @@ def test_replication_lines_carry_node_partition_and_epoch(json_cluster: LocalClu
     cluster = json_cluster
     with Admin(cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=1, replication_factor=3)
-        leader = admin.describe_topic(topic_name).partitions[0].leader
+        first = admin.describe_topic(topic_name).partitions[0]
+        leader, epoch = first.leader, first.leader_epoch  # a new topic's first epoch comes from its creation time
     with Producer(cluster.bootstrap, acks="all") as producer:
         producer.send(topic_name, b"x", partition=0).result(30)
     deadline = time.monotonic() + LOG_WAIT_S
@@ -51,12 +52,12 @@ def test_replication_lines_carry_node_partition_and_epoch(json_cluster: LocalClu
         time.sleep(0.2)
     became = [r for r in lines[leader] if "leader of" in str(r["msg"])]
     assert became, lines[leader]
-    assert became[0]["node"] == leader and became[0]["partition"] == 0 and became[0]["epoch"] == 0
+    assert became[0]["node"] == leader and became[0]["partition"] == 0 and became[0]["epoch"] == epoch
     assert became[0]["process"] == f"node{leader}" and became[0]["level"] == "INFO"
     for n in followers:
         streaming = [r for r in lines[n] if "-> streaming" in str(r["msg"])]
         assert streaming, lines[n]
-        assert streaming[0]["node"] == n and streaming[0]["partition"] == 0 and streaming[0]["epoch"] == 0
+        assert streaming[0]["node"] == n and streaming[0]["partition"] == 0 and streaming[0]["epoch"] == epoch
     # Every line a node wrote is JSON (kazoo's included), none plain text.
     text = cluster.nodes[leader].process.log_path.read_text(errors="replace")
     assert all(line.startswith("{") for line in text.splitlines() if line.strip()), text[:500]
