@@ -414,7 +414,8 @@ class AuthenticationFailedError(FabricError):
     pass
 
 
-@_wire(82, "THROTTLED", "over its produce quota with the node's throttle queue full; nothing was written, retry later")
+@_wire(82, "THROTTLED", "nothing was written, retry later: over its produce quota with the node's throttle queue full, "
+                        "or a PRODUCE batch past the request's lz4 budget (section 4.5, step 7)")
 class ThrottledError(RetriableError):
     pass
 

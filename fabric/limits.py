@@ -29,6 +29,11 @@ BATCH_RECORDS_MAX: Final[int] = 1_000_000
 BATCH_UNCOMPRESSED_BYTES_MAX: Final[int] = 64 * 1024 * 1024
 # Default per-topic limit on one batch as sent on the wire (compressed size).
 MESSAGE_BYTES_MAX_DEFAULT: Final[int] = 8 * 1024 * 1024
+# The lz4 output one PRODUCE request may cost its node (the records_bytes of its lz4
+# batches; the first is always taken). lz4 expands up to ~255x, so without it a request of
+# REQUEST_BYTES_MAX could make the node's one loop decompress tens of GiB (found by
+# fuzzing). As REQUEST_BYTES_MAX, so a request decompresses at most what it may carry.
+PRODUCE_DECOMPRESSED_BYTES_MAX: Final[int] = 128 * 1024 * 1024
 
 # Topics.
 TOPIC_NAME_BYTES_MAX: Final[int] = 200

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabric import errors
-from fabric.limits import PRODUCE_TIMEOUT_MS_MAX
+from fabric.limits import PRODUCE_DECOMPRESSED_BYTES_MAX, PRODUCE_TIMEOUT_MS_MAX
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.header import Header
@@ -55,6 +55,7 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
     outcome = ProduceOutcome()
     results = outcome.results
     ids = strict_order.RequestIds(node, request)
+    decompressed_bytes = 0  # lz4 output of this request's batches so far (PRODUCE_DECOMPRESSED_BYTES_MAX)
     for entry, frame in zip(body["entries"], request.batches, strict=True):
         topic, partition = entry["topic"], entry["partition"]
         result = {"topic": topic, "partition": partition, "error": 0, "base_offset": -1, "log_start_offset": -1, "message": ""}
@@ -66,7 +67,11 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             plog, leader, config = node.leader_log(topic, partition)
             drain.check_writable(node, topic, partition)
             node.check_write_allowed(acks)
-            header = batch_format.validate(frame, config.message_bytes_max)
+            header = batch_format.validate(frame, config.message_bytes_max, contents=False)
+            batch_format.check_produced(header)
+            if header.codec != batch_format.CODEC_NONE:
+                decompressed_bytes = charge_decompression(decompressed_bytes, header.records_bytes)
+            batch_format.check_records(header, batch_format.records_section(frame, header))
             if config.strict_order:
                 strict_order.check_producer_batch(header, topic, partition)
             if acks == -1 and len(leader.isr) < config.min_insync:
@@ -101,6 +106,25 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             result["message"] = exc.message
         results.append(result)
     return outcome
+
+
+def charge_decompression(spent_bytes: int, records_bytes: int) -> int:
+    """The request's decompressed bytes after one more compressed batch, or THROTTLED if
+    that batch would pass PRODUCE_DECOMPRESSED_BYTES_MAX: checked from the header's
+    records_bytes (the lz4 frame's size claim, already checked), before decompressing.
+
+    Retriable, with nothing written: the batches are sound, the request only carried too
+    many of them, and a producer resends a refused batch. The first compressed batch of a
+    request is always taken (records_bytes <= 64 MiB), so every request makes progress and
+    a batch resent alone always gets through; a partition's batches are refused from some
+    point of the request on, never with a gap in its sequences. The Python producer sends
+    at most ~1 MiB of records per request (a larger batch alone) and never meets it; the C
+    client's 64 batches meet it only with batch_bytes_max above 2 MiB."""
+    if spent_bytes and spent_bytes + records_bytes > PRODUCE_DECOMPRESSED_BYTES_MAX:
+        raise errors.ThrottledError(
+            f"the request's compressed batches decompress to more than PRODUCE_DECOMPRESSED_BYTES_MAX="
+            f"{PRODUCE_DECOMPRESSED_BYTES_MAX} bytes; this batch was not written, send it again in another request")
+    return spent_bytes + records_bytes
 
 
 def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOutcome]]) -> None:

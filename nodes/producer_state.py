@@ -16,6 +16,12 @@ The rules, checked in ``check`` (one place decides):
 * epoch above the stored one: the new epoch must start at sequence 0.
 * same epoch: last sequence <= stored last → duplicate (answered, not written);
   first sequence == stored last + 1 → appended; anything else → OUT_OF_ORDER_SEQUENCE.
+
+Sequences wrap from 2^31 - 1 to 0, as Kafka's: record ``i`` of a batch has sequence
+``(base_sequence + i) mod 2^31``, so a producer never runs out of them (at a million
+records a second, one partition passes 2^31 in 36 minutes). "At or below" is then modular:
+a sequence is below another when it is less than 2^30 behind it. The batch header's
+producer fields are range-checked before (``batch_format.check_produced``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field
 
 from fabric.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
+SEQUENCE_MODULUS = 1 << 31  # sequences are i32 >= 0: after 2^31 - 1 comes 0
 RECENT_BATCHES_PER_PRODUCER = 5  # duplicates within this window get their original offset
 PRODUCERS_PER_PARTITION_MAX = 10_000  # least recently used producer ids are forgotten first
 
@@ -60,19 +67,19 @@ class ProducerStates:
                     f"producer {producer_id} new epoch {epoch} must start at sequence 0, got {base_sequence}"
                 )
             return APPEND, -1
-        last_sequence = base_sequence + record_count - 1
-        if last_sequence <= entry.last_sequence:
+        last_sequence = (base_sequence + record_count - 1) % SEQUENCE_MODULUS
+        if _at_or_below(last_sequence, entry.last_sequence):
             for first, last, base_offset in entry.recent:
                 if first == base_sequence and last == last_sequence:
                     return DUPLICATE, base_offset
-            if base_sequence >= 0:
-                return DUPLICATE, -1
-        if base_sequence == entry.last_sequence + 1:
+            return DUPLICATE, -1
+        expected = (entry.last_sequence + 1) % SEQUENCE_MODULUS
+        if base_sequence == expected:
             return APPEND, -1
         raise OutOfOrderSequenceError(
             f"producer {producer_id} epoch {epoch}: sequence {base_sequence} after {entry.last_sequence}",
             producer_id=producer_id,
-            expected_sequence=entry.last_sequence + 1,
+            expected_sequence=expected,
         )
 
     def record(self, producer_id: int, epoch: int, base_sequence: int, record_count: int, base_offset: int) -> None:
@@ -85,11 +92,18 @@ class ProducerStates:
             self.producers[producer_id] = entry
         else:
             self.producers.move_to_end(producer_id)
-        last = base_sequence + record_count - 1
-        entry.last_sequence = max(entry.last_sequence, last)
+        last = (base_sequence + record_count - 1) % SEQUENCE_MODULUS
+        if entry.last_sequence < 0 or not _at_or_below(last, entry.last_sequence):
+            entry.last_sequence = last
         entry.recent.append((base_sequence, last, base_offset))
         while len(self.producers) > PRODUCERS_PER_PARTITION_MAX:
             self.producers.popitem(last=False)
 
     def clear(self) -> None:
         self.producers.clear()
+
+
+def _at_or_below(sequence: int, last: int) -> bool:
+    """Whether ``sequence`` is ``last`` or comes before it, modulo SEQUENCE_MODULUS (less than
+    half the circle behind: a producer is never 2^30 records ahead of what a node stored)."""
+    return (last - sequence) % SEQUENCE_MODULUS < SEQUENCE_MODULUS // 2

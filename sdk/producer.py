@@ -756,7 +756,9 @@ class _ProducerCore:
             key = (batch.topic, batch.partition)
             if self.idempotent:
                 base_sequence = self._next_sequence.get(key, 0)
-                self._next_sequence[key] = base_sequence + batch.record_count
+                # Sequences wrap from 2^31 - 1 to 0, as the node counts them (Kafka's rule,
+                # nodes/producer_state.py): base_sequence is an i32 >= 0.
+                self._next_sequence[key] = (base_sequence + batch.record_count) % (I32_MAX + 1)
                 batch.base_sequence = base_sequence
                 with self._lock:
                     self._unacked.setdefault(key, deque()).append(batch)

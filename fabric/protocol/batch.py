@@ -55,10 +55,17 @@ import lz4.frame
 from fabric.errors import (
     CorruptMessageError,
     DecompressionLimitError,
+    InvalidRequestError,
     MessageTooLargeError,
     UnsupportedCompressionError,
 )
-from fabric.limits import BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BATCH_UNCOMPRESSED_BYTES_MAX
+from fabric.limits import (
+    BATCH_HEADER_BYTES,
+    BATCH_RECORDS_MAX,
+    BATCH_UNCOMPRESSED_BYTES_MAX,
+    I16_MAX,
+    I32_MAX,
+)
 
 BATCH_MAGIC = 1
 CODEC_NONE = 0
@@ -68,6 +75,7 @@ TIMESTAMP_LOG_APPEND = 0x08
 # A control batch (a strict-order tick): counted in offsets, skipped by every consumer.
 ATTRIBUTE_CONTROL = 0x10
 TAG_BLOOM_PRESENT = 0x20  # bytes 22-23 (low half) and 54-55 (high half) hold the batch's tag bloom
+ATTRIBUTES_RESERVED = 0xC0  # bits 6-7: no meaning yet, so 0 in every batch a producer sends
 CODECS = {"none": CODEC_NONE, "lz4": CODEC_LZ4}
 RECORD_FIXED_BYTES = 14  # 3 x i32 + 1 x u16 per record in the columnar arrays
 # What the records section's fields can hold: a record's timestamp is an i32 delta from
@@ -78,6 +86,11 @@ TIMESTAMP_MS_MIN = -(1 << 63)
 TIMESTAMP_MS_MAX = (1 << 63) - 1
 TIMESTAMP_DELTA_MS_MIN = -(1 << 31)
 TIMESTAMP_DELTA_MS_MAX = (1 << 31) - 1
+# With first_timestamp inside these, every i32 delta gives a record timestamp inside the
+# i64: only a batch whose first_timestamp is nearer an end than that has its deltas read.
+_FIRST_TIMESTAMP_SAFE_MIN = TIMESTAMP_MS_MIN - TIMESTAMP_DELTA_MS_MIN
+_FIRST_TIMESTAMP_SAFE_MAX = TIMESTAMP_MS_MAX - TIMESTAMP_DELTA_MS_MAX
+NO_PRODUCER_ID = -1  # producer_id of a batch that is not idempotent (its epoch and sequence are ignored)
 HEADERS_PER_RECORD_MAX = 0xFFFF
 HEADER_NAME_BYTES_MAX = 0xFFFF
 CRC_START = 20
@@ -177,6 +190,7 @@ def validate(buf: bytes | bytearray | memoryview, message_bytes_max: int, *, con
     ``contents``, the default) that the records section decodes: a batch with a valid CRC
     but junk inside would otherwise be acknowledged, stored and then refused by every
     reader of the partition. ``contents=False`` is for bytes a leader already checked.
+    A producer's batch also goes through ``check_produced`` (nodes/produce.py).
     """
     if len(buf) > message_bytes_max:
         raise MessageTooLargeError(
@@ -218,6 +232,43 @@ def validate(buf: bytes | bytearray | memoryview, message_bytes_max: int, *, con
     return header
 
 
+def check_produced(header: BatchHeader) -> None:
+    """What a producer's batch must hold beyond ``validate``, from its header alone (O(1);
+    the node's PRODUCE path calls it, not replication, which stores a leader's bytes).
+
+    * No control bit (attribute bit 4): control batches are strict-order ticks, which a
+      leader appends itself. A producer's would be acknowledged and then skipped by every
+      consumer, its records lost. No reserved bit (6-7) either.
+    * ``first_timestamp <= max_timestamp <= first_timestamp + TIMESTAMP_DELTA_MS_MAX``:
+      record 0's timestamp is ``first_timestamp``, and no record's can pass the largest
+      i32 delta. (``check_records`` checks that the records' timestamps fit an i64.)
+    * ``producer_id`` -1 (not idempotent), or in [0, 2^63 - 1] with ``producer_epoch`` in
+      [0, I16_MAX] and ``base_sequence`` in [0, I32_MAX] (sequences wrap from I32_MAX to 0,
+      nodes/producer_state.py).
+    """
+    attributes = header.attributes
+    if attributes & ATTRIBUTE_CONTROL:
+        raise InvalidRequestError("control batches (attribute bit 4) are written by partition leaders only")
+    if attributes & ATTRIBUTES_RESERVED:
+        raise CorruptMessageError(f"batch attributes 0x{attributes:02x} set bits 6-7, which must be 0")
+    first_ts, max_ts = header.first_timestamp, header.max_timestamp
+    if not first_ts <= max_ts <= first_ts + TIMESTAMP_DELTA_MS_MAX:
+        raise CorruptMessageError(
+            f"max_timestamp {max_ts} outside [first_timestamp, first_timestamp + {TIMESTAMP_DELTA_MS_MAX}] "
+            f"(first_timestamp {first_ts})")
+    producer_id = header.producer_id
+    if producer_id == NO_PRODUCER_ID:
+        return
+    if producer_id < 0:
+        raise CorruptMessageError(f"producer_id {producer_id}: -1 (not idempotent) or 0 to 2^63-1")
+    if not 0 <= header.producer_epoch <= I16_MAX:
+        raise CorruptMessageError(
+            f"producer {producer_id}: producer_epoch {header.producer_epoch} outside [0, {I16_MAX}]")
+    if header.base_sequence < 0:
+        raise CorruptMessageError(
+            f"producer {producer_id}: base_sequence {header.base_sequence} outside [0, {I32_MAX}]")
+
+
 def check_records(header: BatchHeader, records: bytes) -> None:
     """Check that an uncompressed records section holds exactly ``record_count`` records.
 
@@ -230,8 +281,18 @@ def check_records(header: BatchHeader, records: bytes) -> None:
     arrays_bytes = RECORD_FIXED_BYTES * n
     if len(records) < arrays_bytes:
         raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
-    # The timestamp deltas need no check; key and value lengths are checked as one column
-    # (one min, one sum, one count: this runs for every batch a node accepts).
+    first_ts = header.first_timestamp
+    if not _FIRST_TIMESTAMP_SAFE_MIN <= first_ts <= _FIRST_TIMESTAMP_SAFE_MAX:
+        # Within an i32 of an end of the i64 (no real clock): a delta could carry a record
+        # timestamp past it, which readers could not represent. Other batches skip this.
+        deltas = struct.unpack_from(f"<{n}i", records, 0)
+        low, high = first_ts + min(deltas), first_ts + max(deltas)
+        if low < TIMESTAMP_MS_MIN or high > TIMESTAMP_MS_MAX:
+            raise CorruptMessageError(
+                f"record timestamps {low} to {high} (first_timestamp {first_ts} plus the deltas) "
+                f"outside the i64 range [{TIMESTAMP_MS_MIN}, {TIMESTAMP_MS_MAX}]")
+    # Key and value lengths are checked as one column (one min, one sum, one count: this
+    # runs for every batch a node accepts).
     columns = struct.unpack_from(f"<{2 * n}i{n}H", records, 4 * n)
     lengths, header_counts = columns[: 2 * n], columns[2 * n :]
     if min(lengths) < -1:

@@ -14,6 +14,10 @@ Filter grammar (``!`` binds tighter than ``&&``, which binds tighter than ``||``
     and    := unary ( "&&" unary )*
     unary  := "!" unary | "(" filter ")" | TAG
 
+``!`` and ``(`` nest at most ``FILTER_NESTING_MAX`` deep (each ``!`` and each open
+parenthesis is one level): the parser and the evaluators recurse once per level, and a
+1,000-byte filter could otherwise nest 999 deep, past Python's recursion limit.
+
 The client applies the filter exactly to every record. The node can only skip a whole
 batch whose bloom proves that no record in it can match: it treats every negation as
 "may match", so it skips on positive terms only (``paid`` or ``paid && eu`` skip batches;
@@ -34,11 +38,17 @@ TAGS_HEADER: Final[str] = "fabric.tags"
 TAG_BYTES_MAX: Final[int] = 64
 TAGS_PER_RECORD_MAX: Final[int] = 32
 FILTER_BYTES_MAX: Final[int] = 1_000
+# Nesting of "!" and "(" in one filter. Real filters nest a few levels; 32 keeps the
+# parser's recursion (three frames per parenthesis) and the evaluators' far below
+# Python's limit of 1,000 frames, wherever a filter is parsed from.
+FILTER_NESTING_MAX: Final[int] = 32
 BLOOM_BITS: Final[int] = 32
 _TAG = re.compile(r"^[A-Za-z0-9._:/-]+$")
 _TOKEN = re.compile(r"\s*(\|\||&&|!|\(|\)|[A-Za-z0-9._:/-]+)")
 
-Node = tuple[Any, ...]  # ("tag", name) | ("not", node) | ("and"|"or", node, node)
+# ("tag", name) | ("not", node) | ("and"|"or", (node, node, ...)): a chain of one operator
+# is one node, so a tree is as deep as the filter's nesting, not as long as the filter.
+Node = tuple[Any, ...]
 
 
 def check_tags(tags: Iterable[str]) -> list[str]:
@@ -101,6 +111,7 @@ class TagFilter:
         self.text = text
         self._tokens = _tokenize(text)
         self._pos = 0
+        self._depth = 0  # "!" and "(" open around the token being parsed
         self.tree = self._or()
         if self._pos != len(self._tokens):
             raise InvalidRequestError(f"tag filter {text!r}: unexpected {self._tokens[self._pos]!r}")
@@ -108,7 +119,7 @@ class TagFilter:
     def __repr__(self) -> str:
         return f"TagFilter({self.text!r})"
 
-    # -- parser (recursive descent, depth bounded by FILTER_BYTES_MAX) ------------------------
+    # -- parser (recursive descent, depth bounded by FILTER_NESTING_MAX) ----------------------
     def _peek(self) -> str | None:
         return self._tokens[self._pos] if self._pos < len(self._tokens) else None
 
@@ -120,27 +131,33 @@ class TagFilter:
         return token
 
     def _or(self) -> Node:
-        node = self._and()
+        terms = [self._and()]
         while self._peek() == "||":
             self._take()
-            node = ("or", node, self._and())
-        return node
+            terms.append(self._and())
+        return terms[0] if len(terms) == 1 else ("or", tuple(terms))
 
     def _and(self) -> Node:
-        node = self._unary()
+        terms = [self._unary()]
         while self._peek() == "&&":
             self._take()
-            node = ("and", node, self._unary())
-        return node
+            terms.append(self._unary())
+        return terms[0] if len(terms) == 1 else ("and", tuple(terms))
 
     def _unary(self) -> Node:
         token = self._take()
-        if token == "!":
-            return ("not", self._unary())
-        if token == "(":
-            node = self._or()
-            if self._take() != ")":
-                raise InvalidRequestError(f"tag filter {self.text!r}: missing ')'")
+        if token in ("!", "("):
+            if self._depth == FILTER_NESTING_MAX:
+                raise InvalidRequestError(
+                    f"tag filter nests '!' and '(' more than FILTER_NESTING_MAX={FILTER_NESTING_MAX} deep")
+            self._depth += 1
+            if token == "!":
+                node: Node = ("not", self._unary())
+            else:
+                node = self._or()
+                if self._take() != ")":
+                    raise InvalidRequestError(f"tag filter {self.text!r}: missing ')'")
+            self._depth -= 1
             return node
         if token in ("||", "&&", ")"):
             raise InvalidRequestError(f"tag filter {self.text!r}: expected a tag, '!' or '(' before {token!r}")
@@ -178,9 +195,17 @@ def _eval(node: Node, tags: frozenset[str]) -> bool:
         return node[1] in tags
     if kind == "not":
         return not _eval(node[1], tags)
+    # Loops, not all()/any() over a generator: this runs for every record a consumer
+    # filters, and the generator doubles its time.
     if kind == "and":
-        return _eval(node[1], tags) and _eval(node[2], tags)
-    return _eval(node[1], tags) or _eval(node[2], tags)
+        for term in node[1]:  # noqa: SIM110
+            if not _eval(term, tags):
+                return False
+        return True
+    for term in node[1]:  # noqa: SIM110
+        if _eval(term, tags):
+            return True
+    return False
 
 
 def _maybe(node: Node, bloom: int) -> bool:
@@ -192,5 +217,5 @@ def _maybe(node: Node, bloom: int) -> bool:
     if kind == "not":
         return True  # the bloom cannot prove a tag absent from every record
     if kind == "and":
-        return _maybe(node[1], bloom) and _maybe(node[2], bloom)
-    return _maybe(node[1], bloom) or _maybe(node[2], bloom)
+        return all(_maybe(term, bloom) for term in node[1])
+    return any(_maybe(term, bloom) for term in node[1])

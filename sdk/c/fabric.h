@@ -116,7 +116,7 @@ enum fabric_err {
     FABRIC_ERR_INVALID_RECEIVE_WAIT = 76,
     FABRIC_ERR_AUTHORIZATION_FAILED = 80,  /* an ACL does not allow the operation */
     FABRIC_ERR_AUTHENTICATION_FAILED = 81, /* CURVE key not registered, or wrong server key */
-    FABRIC_ERR_THROTTLED = 82,             /* over quota, throttle queue full: nothing written, retry */
+    FABRIC_ERR_THROTTLED = 82,             /* nothing written, retry: over quota, or past a request's lz4 budget */
     FABRIC_ERR_REASSIGNMENT_IN_PROGRESS = 90, /* the partition is already moving (fabric topic reassign) */
     /* client-side only */
     FABRIC_ERR_INVALID_ARGUMENT = -1, /* a caller's argument is out of range */

@@ -111,3 +111,41 @@ def test_producer_batch_with_some_tagged_records_keeps_their_headers() -> None:
     assert bloom == t.bloom_of(["paid"])
     buf = batch_format.encode_batch(timestamps, keys, values, headers, tag_bloom=bloom)
     assert batch_format.tag_bloom(buf) == bloom
+
+
+@pytest.mark.parametrize("text", [
+    "!" * 999 + "a",  # the audit's: both under FILTER_BYTES_MAX, both a RecursionError
+    "(" * 400 + "a" + ")" * 400,
+    "(" * 300 + "a" + ")" * 300,
+    "!" * 300 + "a",
+    "!(" * (t.FILTER_NESTING_MAX // 2) + "!a" + ")" * (t.FILTER_NESTING_MAX // 2),  # one level too deep
+    "a && (" * (t.FILTER_NESTING_MAX + 1) + "b" + ")" * (t.FILTER_NESTING_MAX + 1) + " || c",
+])
+def test_nesting_deeper_than_the_limit_is_refused_by_name(text: str) -> None:
+    assert len(text.encode()) <= t.FILTER_BYTES_MAX
+    with pytest.raises(errors.InvalidRequestError, match=f"FILTER_NESTING_MAX={t.FILTER_NESTING_MAX}"):
+        t.TagFilter(text)
+
+
+def test_nesting_up_to_the_limit_parses_and_evaluates() -> None:
+    depth = t.FILTER_NESTING_MAX
+    parens = t.TagFilter("(" * depth + "paid" + ")" * depth)
+    assert parens.matches(frozenset({"paid"})) and not parens.matches(frozenset())
+    assert not parens.may_match(t.bloom_of(["eu"]))
+    nots = t.TagFilter("!" * depth + "paid")  # an even number of negations
+    assert nots.matches(frozenset({"paid"})) is (depth % 2 == 0)
+    mixed = t.TagFilter("!(" * (depth // 2) + "paid" + ")" * (depth // 2))
+    assert mixed.matches(frozenset({"paid"})) is (depth // 2 % 2 == 0)
+
+
+@pytest.mark.parametrize("op", ["&&", "||"])
+def test_a_long_chain_is_one_node_not_a_deep_tree(op: str) -> None:
+    # 150 terms: a left-nested tree 149 deep before, which the evaluators walked recursively.
+    text = op.join(f"t{i}" for i in range(150))
+    assert len(text.encode()) <= t.FILTER_BYTES_MAX
+    f = t.TagFilter(text)
+    assert f.tree[0] == ("and" if op == "&&" else "or") and len(f.tree[1]) == 150
+    every = frozenset(f"t{i}" for i in range(150))
+    assert f.matches(every)
+    assert f.matches(frozenset({"t149"})) is (op == "||")
+    assert f.may_match(t.bloom_of(every))
