@@ -452,7 +452,12 @@ class LocalCluster:
         zk_servers: int = 1,
         sequencer_count: int = 0,
         secure: bool = False,
+        stable_ports: bool = False,
     ) -> None:
+        # stable_ports: each node gets its client and replication ports once and keeps them
+        # when it is restarted (`fabric up`: the addresses it printed, which C clients and
+        # tools are given, stay right); otherwise a node picks free ones at every start.
+        self.stable_ports = stable_ports
         self.secure = secure  # CURVE, ACLs and ZooKeeper digest ACLs (fabric/local_security.py)
         self.security: LocalSecurity | None = None
         self.sequencer_count = sequencer_count
@@ -519,8 +524,9 @@ class LocalCluster:
         """Start node ``node_id``; ``netns`` runs it inside that network namespace (give it a
         ``--host`` reachable there in ``extra_args``)."""
         secure_args = self.security.node_args(node_id) if self.security is not None else []
-        node = LocalNode(node_id, self.zk_address, self.base_dir, [*self.node_args, *secure_args, *(extra_args or [])],
-                         self.session_timeout_ms, env, netns)
+        port_args = ["--port", str(free_port()), "--replication-port", str(free_port())] if self.stable_ports else []
+        node = LocalNode(node_id, self.zk_address, self.base_dir,
+                         [*self.node_args, *secure_args, *port_args, *(extra_args or [])], self.session_timeout_ms, env, netns)
         self.nodes[node_id] = node
         node.start()
         if wait:

@@ -27,13 +27,16 @@ def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message)
     node.check_routing_current()
     names: list[str] = request.body["topics"]
     topics = node.routing.topics()
-    wanted = names or sorted(topics)
+    wanted = list(dict.fromkeys(names)) if names else sorted(topics)  # a name asked for twice is answered once
     out = []
     for name in wanted:
         route = topics.get(name)
-        if route is None:
-            out.append({"error": errors.UnknownTopicOrPartitionError.code, "name": name, "strict_order": 0,
-                        "message_bytes_max": 0, "partitions": []})
+        if route is None or len(route.partitions) < route.config.partitions:
+            # Not yet known, or known only in part: the config and the partition states
+            # reach this node's cache by separate watches, and an answer with some of the
+            # partitions and error 0 made a client hash keys over the wrong count.
+            code = (errors.UnknownTopicOrPartitionError if route is None else errors.LeaderNotAvailableError).code
+            out.append({"error": code, "name": name, "strict_order": 0, "message_bytes_max": 0, "partitions": []})
             continue
         out.append({
             "error": 0,

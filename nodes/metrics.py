@@ -143,10 +143,10 @@ def snapshot(node: Any) -> Snapshot:
 
 
 def response_error_codes(body: dict[str, Any]) -> list[int]:
-    """The error codes a response carries: its own and its partitions' or topics' (a produce
-    refused with NOT_ENOUGH_REPLICAS answers per partition)."""
+    """The error codes a response carries: its own and its items' (a produce refused with
+    NOT_ENOUGH_REPLICAS answers per partition, in ``results``; fetches in ``partitions``)."""
     codes = [body["error"]] if body.get("error") else []
-    for key in ("partitions", "topics"):
+    for key in ("partitions", "topics", "results"):
         for item in body.get(key) or ():
             if isinstance(item, dict) and item.get("error"):
                 codes.append(int(item["error"]))

@@ -240,6 +240,10 @@ class MetadataClient:
         nodes = {n["node_id"]: n["address"] for n in body["nodes"]}
         topics = dict(self.metadata.topics) if merge else {}
         for t in body["topics"]:
+            known = self.metadata.topics.get(t["name"])
+            if t["error"] == errors.LeaderNotAvailableError.code and known is not None:
+                topics[t["name"]] = known  # the node is still learning its partitions (a topic just grown)
+                continue
             if t["error"]:
                 topics.pop(t["name"], None)
                 if t["error"] == errors.AuthorizationFailedError.code:

@@ -65,7 +65,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
     sequencers = 2
     cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=sequencers,
-                           zk_servers=args.zk_servers, secure=args.secure)
+                           zk_servers=args.zk_servers, secure=args.secure, stable_ports=True)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

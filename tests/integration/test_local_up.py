@@ -80,11 +80,15 @@ def test_fabric_up_restarts_a_killed_node_and_stops_on_ctrl_c(tmp_path: Path) ->
         zk = zkl.make_client(zk_address)
         zk.start(timeout=30)
 
-        def pid_of(node_id: int) -> int:
+        def info_of(node_id: int) -> zkl.NodeInfo:
             raw, _ = zkl.get(zk, zkl.node_path(node_id))
-            return zkl.NodeInfo.decode(raw).pid
+            return zkl.NodeInfo.decode(raw)
 
-        victim = pid_of(1)
+        def pid_of(node_id: int) -> int:
+            return info_of(node_id).pid
+
+        before = info_of(1)
+        victim = before.pid
         os.kill(victim, signal.SIGKILL)
 
         def restarted() -> bool:
@@ -94,6 +98,8 @@ def test_fabric_up_restarts_a_killed_node_and_stops_on_ctrl_c(tmp_path: Path) ->
                 return False
 
         _wait_for(restarted, "node 1 to be restarted", proc)
+        after = info_of(1)  # on the same ports: the addresses fabric up printed stay right
+        assert (after.address, after.replication_address) == (before.address, before.replication_address)
         said = stderr_path.read_text()
         assert "node 1 exited; restarting it" in said and "node 1 restarted" in said, said
         assert proc.poll() is None, "fabric up must keep running"

@@ -280,3 +280,27 @@ def test_fuzz_corpus_never_stops_the_node(cluster: LocalCluster, topic: str, dea
         answered += 1
     assert answered > FUZZ_INPUTS // 2
     assert_healthy(cluster, topic)
+
+
+def test_metadata_right_after_create_topic_has_all_partitions_or_none(cluster: LocalCluster) -> None:
+    """CREATE_TOPIC answered, then METADATA at once to the same node: the topic's config
+    and its partition states reach the node's cache by separate watches, and the answer
+    showed 1 or 2 of 3 partitions (or none) with error 0, so a client following PROTOCOL.md
+    section 6 hashed keys over the wrong count. Now all, or LEADER_NOT_AVAILABLE (retriable)."""
+    from fabric.transport import Connections
+
+    address = next(iter(Admin(cluster.bootstrap).nodes().values()))
+    conns = Connections()
+    seen: set[tuple[int, int]] = set()
+    try:
+        for i in range(20):
+            name = f"imm-{os.getpid()}-{i}"
+            created = conns.request(address, ApiKey.CREATE_TOPIC, {
+                "name": name, "partitions": 3, "replication_factor": 3, "configs": []}, timeout_ms=30_000)
+            assert created.body["error"] == 0, created.body
+            topic = conns.request(address, ApiKey.METADATA, {"topics": [name, name]}, timeout_ms=10_000).body["topics"]
+            assert len(topic) == 1  # asked twice, answered once
+            seen.add((topic[0]["error"], len(topic[0]["partitions"])))
+    finally:
+        conns.close()
+    assert seen <= {(0, 3), (errors.LeaderNotAvailableError.code, 0), (errors.UnknownTopicOrPartitionError.code, 0)}, seen

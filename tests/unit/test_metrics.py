@@ -69,3 +69,14 @@ def test_stop_frees_the_port() -> None:
         again.start_http("127.0.0.1", port)  # would raise EADDRINUSE if the first still held it
     finally:
         again.stop()
+
+
+def test_errors_of_every_item_shape_are_counted() -> None:
+    """PRODUCE answers per partition in ``results``, which was not read: a produce refused
+    with NOT_ENOUGH_REPLICAS never showed in fabric_request_errors_total."""
+    from nodes.metrics import response_error_codes
+
+    refused = errors.NotEnoughReplicasError.code
+    assert response_error_codes({"results": [{"error": refused}, {"error": 0}]}) == [refused]
+    assert response_error_codes({"partitions": [{"error": 3}], "error": 0}) == [3]
+    assert response_error_codes({"error": 5, "topics": [{"error": 7}]}) == [5, 7]
