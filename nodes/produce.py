@@ -71,6 +71,7 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             batch_format.check_produced(header)
             if header.codec != batch_format.CODEC_NONE:
                 decompressed_bytes = charge_decompression(decompressed_bytes, header.records_bytes)
+                node.turn_decompressed_bytes += header.records_bytes
             batch_format.check_records(header, batch_format.records_section(frame, header))
             if config.strict_order:
                 strict_order.check_producer_batch(header, topic, partition)

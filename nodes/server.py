@@ -37,7 +37,7 @@ from kazoo.client import KazooClient
 
 from fabric import errors
 from fabric import zk as zkl
-from fabric.limits import REQUEST_FRAMES_MAX
+from fabric.limits import PRODUCE_DECOMPRESSED_BYTES_MAX, REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import readable_header
@@ -311,9 +311,12 @@ class Node:
         node = self.state
         router = node.sockets.router
         wb, drained_bytes = None, 0
+        node.turn_decompressed_bytes = 0
         staged: dict[GroupCommit, list[tuple[Envelope, apis.Message, Any]]] = {}
         for _ in range(DRAIN_MESSAGES_MAX):
-            if drained_bytes >= DRAIN_BYTES_MAX:
+            # Small lz4 frames can claim much more than their wire bytes: a turn of many
+            # one-bomb requests is bounded by what it decompressed, not only by DRAIN_BYTES_MAX.
+            if drained_bytes >= DRAIN_BYTES_MAX or node.turn_decompressed_bytes >= PRODUCE_DECOMPRESSED_BYTES_MAX:
                 break
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=False)

@@ -165,6 +165,9 @@ class NodeState:
     sub_connected: set[str] = field(default_factory=set)
     sub_disconnect_pending: set[str] = field(default_factory=set)  # see follower.disconnect_streams
     last_ack_sent_s: float = 0.0
+    # lz4 output of this loop turn's PRODUCE batches so far: the turn stops draining requests
+    # past PRODUCE_DECOMPRESSED_BYTES_MAX (nodes/server.py), as past DRAIN_BYTES_MAX of wire bytes.
+    turn_decompressed_bytes: int = 0
 
     # Flags kazoo's threads may flip (then they call wake()); everything else is loop-only.
     stopping: threading.Event = field(default_factory=threading.Event)
