@@ -44,6 +44,7 @@ from fabric.protocol.queues import (
     DEDUP_WINDOW_MS_MAX,
     MAX_DELIVERIES_DEFAULT,
     MAX_DELIVERIES_MAX,
+    QUEUE_MESSAGE_BYTES_DEFAULT,
     VISIBILITY_TIMEOUT_MS_DEFAULT,
     VISIBILITY_TIMEOUT_MS_MAX,
 )
@@ -315,6 +316,12 @@ class TopicConfig:
                     raise errors.InvalidConfigError(f"{key} must be a decimal integer, got {raw!r}")
                 values[key] = int(raw)
         values.setdefault("min_insync", min(2, replication_factor))
+        if values.get("queue"):
+            # A queue keeps its messages until they are consumed, with SQS-like message
+            # sizes (docs/QUEUES.md), whoever creates it: the SDK and the CLI set these, and
+            # a queue made with CREATE_TOPIC and queue=true alone kept them only 7 days.
+            values.setdefault("retention_ms", -1)
+            values.setdefault("message_bytes_max", QUEUE_MESSAGE_BYTES_DEFAULT)
         config = cls(partitions=partitions, replication_factor=replication_factor, created_ms=now_ms, **values)
         if config.message_bytes_max < 1024 or config.message_bytes_max > 64 * 1024 * 1024:
             raise errors.InvalidConfigError("message_bytes_max must be within [1024, 67108864]")
@@ -447,6 +454,16 @@ def create_topic(
     config = TopicConfig.build(partitions, replication_factor, configs, int(time.time() * 1000))
     if config.queue and config.dead_letter == name:  # its poison messages would come back forever
         raise errors.InvalidQueueConfigError(f"queue {name!r} cannot be its own dead-letter queue")
+    if config.dead_letter:
+        # It must exist first (Admin.create_queue creates it before the queue): a queue whose
+        # dead-letter topic is missing took sends and then, at its first poison message,
+        # failed every receive of that partition until someone created the topic.
+        try:
+            get(zk, topic_path(config.dead_letter))
+        except NoNodeError:
+            raise errors.InvalidQueueConfigError(
+                f"dead-letter topic {config.dead_letter!r} does not exist: create it first "
+                f"(fabric queue create {config.dead_letter}, or Admin.create_queue with dead_letter= does both)") from None
     nodes = live_nodes(zk)
     if not nodes:
         raise errors.LeaderNotAvailableError("no live nodes to host the topic")

@@ -215,6 +215,18 @@ class GroupState:
 
     def _join(self, req: dict[str, Any], now_ms: int) -> tuple[Member, bool]:
         instance_id = req["instance_id"]
+        fenced = self.members.get(req["member_id"]) if req["member_id"] and not instance_id else None
+        if fenced is not None:
+            # A member rejoining under its id after FENCED_MEMBER_EPOCH (KIP-848): it has
+            # given up what it held (on_partitions_lost), so its partitions are free now, not
+            # when its old session would have ended (up to session_timeout_ms of nobody
+            # reading them). A higher epoch fences whatever it still sends from before.
+            del self.members[fenced.member_id]
+            member = Member(fenced.member_id, "", fenced.member_epoch + 1, req["session_timeout_ms"],
+                            list(req["subscribed_topics"]), req["subscribed_topic_regex"])
+            self.members[member.member_id] = member
+            self.group_epoch += 1
+            return member, True
         if instance_id:
             previous = next((m for m in self.members.values() if m.instance_id == instance_id), None)
             if previous is not None:

@@ -137,7 +137,9 @@ class GroupMember:
         code = response["error"]
         if code in (errors.UnknownMemberIdError.code, errors.FencedMemberEpochError.code):
             log.warning("group %s: %s; rejoining", self.group_id, response["message"])
-            self._lose()
+            # Fenced: rejoin under the same id, so the coordinator frees what the old
+            # epoch held at once instead of after its session (an unknown id joins anew).
+            self._lose(keep_member_id=code == errors.FencedMemberEpochError.code)
             self._next_heartbeat_s = 0.0
             return
         if code:
@@ -176,10 +178,10 @@ class GroupMember:
             self.owned |= added
             self.listener.on_partitions_assigned(ordered)
 
-    def _lose(self) -> None:
+    def _lose(self, *, keep_member_id: bool = False) -> None:
         lost = sorted(self.owned, key=str)
         self.owned = set()
-        self.member_id = "" if not self.instance_id else self.member_id
+        self.member_id = "" if not (self.instance_id or keep_member_id) else self.member_id
         self.member_epoch = gp.JOIN_EPOCH
         if lost:
             self.consumer._drop(lost)

@@ -437,3 +437,23 @@ def test_messages_buffered_from_a_leader_that_died_are_not_handed_out(fresh_clus
         assert not [m for m in handed if m.granted_by == dead_address], \
             f"messages leased by the dead node {victim} were handed out"
         cluster.nodes[victim].start()
+
+
+def test_a_queue_over_the_wire_gets_queue_defaults_and_a_dead_letter_queue_that_exists(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """Found writing a client from PROTOCOL.md 5.16: CREATE_TOPIC with dead_letter naming a
+    topic that did not exist was accepted, and at the queue's first poison message every
+    receive of that partition failed (UNKNOWN_TOPIC, retried by the node every 200 ms)
+    until someone created it; deleting a queue's dead-letter topic did the same. And a
+    queue made with queue=true alone kept its messages 7 days with 8 MiB messages."""
+    with Admin(cluster.bootstrap) as admin:
+        with pytest.raises(errors.InvalidQueueConfigError, match="does not exist"):
+            admin.create_topic(topic_name, partitions=1, config={"queue": True, "dead_letter": f"{topic_name}.dlq"})
+        admin.create_topic(f"{topic_name}.dlq", partitions=1, config={"queue": True})
+        admin.create_topic(topic_name, partitions=1, config={"queue": True, "dead_letter": f"{topic_name}.dlq"})
+        configs = admin.describe_topic(topic_name).configs
+        assert (configs["retention_ms"], configs["message_bytes_max"]) == ("-1", "1048576")
+        with pytest.raises(errors.InvalidQueueConfigError, match="dead-letter queue of"):
+            admin.delete_topic(f"{topic_name}.dlq")
+        admin.delete_topic(topic_name)
+        admin.delete_topic(f"{topic_name}.dlq")

@@ -166,6 +166,27 @@ def test_static_member_that_does_not_return_expires() -> None:
     assert len(b.owned) == 6
 
 
+def test_a_fenced_member_rejoining_under_its_id_frees_its_partitions_at_once() -> None:
+    """FENCED_MEMBER_EPOCH says the member lost its partitions and must rejoin; rejoining
+    with epoch 0 made a second member, and the old one kept its partitions until its
+    session ended (45 s by default), so nobody read them. Rejoining under the same id
+    now replaces it: its partitions go to whoever the assignor gives them, at once."""
+    group = _group()
+    a, b = SimMember(group), SimMember(group)
+    _settle([a, b])
+    held_by_a = set(a.owned)
+    assert held_by_a and b.owned
+    fenced = _hb(group, a.member_id, a.epoch + 5, a.owned)  # a stale/confused epoch
+    assert fenced["error"] == errors.FencedMemberEpochError.code
+    rejoined = _hb(group, a.member_id, 0, set())  # its client dropped everything, rejoins
+    assert rejoined["error"] == 0 and rejoined["member_id"] == a.member_id
+    assert rejoined["member_epoch"] > a.epoch  # what it sends from before stays fenced
+    assert len(group.members) == 2
+    a.epoch, a.owned = rejoined["member_epoch"], gp.tp_set(rejoined["assignment"])
+    _settle([a, b])
+    assert a.owned | b.owned == set().union(held_by_a, b.owned) and not a.owned & b.owned
+
+
 def test_pattern_picks_up_new_topic() -> None:
     group = _group()
     response = _hb(group, "", 0, set(), subscribed=[], regex=r"orders\..*", topics={"orders.eu": 2, "other": 3})
