@@ -315,6 +315,8 @@ class TopicConfig:
                 if _DECIMAL.fullmatch(raw) is None:
                     raise errors.InvalidConfigError(f"{key} must be a decimal integer, got {raw!r}")
                 values[key] = int(raw)
+                if not -(1 << 63) <= values[key] < 1 << 63:  # clients read configs as i64
+                    raise errors.InvalidConfigError(f"{key}={raw[:40]} does not fit a 64-bit integer")
         values.setdefault("min_insync", min(2, replication_factor))
         if values.get("queue"):
             # A queue keeps its messages until they are consumed, with SQS-like message

@@ -102,6 +102,9 @@ class GroupState:
         self.offsets: dict[TopicPartition, tuple[int, str, int]] = {}
         self._new_member_id = new_member_id or (lambda: uuid.uuid4().hex)
         self._target: dict[str, set[TopicPartition]] = {}
+        # A member left or expired since the target was computed: its partitions are not in
+        # anyone's target until the next heartbeat recomputes it, so the group is not stable.
+        self._target_stale = False
 
     # -- persistence --------------------------------------------------------------------
     def to_record(self) -> bytes:
@@ -119,7 +122,8 @@ class GroupState:
     def state(self) -> str:
         if not self.members:
             return EMPTY
-        if any(m.revoking or m.assignment != self._target.get(m.member_id, m.assignment) for m in self.members.values()):
+        if self._target_stale or any(m.revoking or m.assignment != self._target.get(m.member_id, m.assignment)
+                                     for m in self.members.values()):
             return RECONCILING
         return STABLE
 
@@ -260,6 +264,7 @@ class GroupState:
                                     "heartbeat_interval_ms": 0, "assignment": []}, False)
         del self.members[member_id]
         self.group_epoch += 1
+        self._target_stale = True
         return HeartbeatResult({"error": 0, "message": "", "member_id": member_id, "member_epoch": gp.LEAVE_EPOCH,
                                 "heartbeat_interval_ms": 0, "assignment": []}, True)
 
@@ -270,6 +275,7 @@ class GroupState:
             del self.members[member_id]
         if gone:
             self.group_epoch += 1
+            self._target_stale = True
         return gone
 
     @staticmethod
@@ -285,6 +291,7 @@ class GroupState:
         return topics
 
     def _compute_target(self, topic_partitions: dict[str, int], may_describe: MayDescribe | None) -> None:
+        self._target_stale = False
         subscriptions = {m.member_id: self._resolve(m, topic_partitions, may_describe) for m in self.members.values()}
         current = {m.member_id: m.assignment for m in self.members.values()}
         self._target = assign(subscriptions, topic_partitions, current)

@@ -73,8 +73,9 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
                 decompressed_bytes = charge_decompression(decompressed_bytes, header.records_bytes)
                 node.turn_decompressed_bytes += header.records_bytes
             batch_format.check_records(header, batch_format.records_section(frame, header))
-            if config.strict_order:
-                strict_order.check_producer_batch(header, topic, partition)
+            # Every topic: only a strict-order leader stamps global IDs (readers of a plain
+            # topic would otherwise see IDs nobody issued).
+            strict_order.check_producer_batch(header, topic, partition)
             if acks == -1 and len(leader.isr) < config.min_insync:
                 raise errors.NotEnoughReplicasError(
                     f"{topic}/{partition}: {len(leader.isr)} in-sync replicas {sorted(leader.isr)} < min_insync={config.min_insync}"

@@ -92,6 +92,8 @@ class QueueCoordinator(QueueDurability):
         share (made and loading on first use); raises the error that sends the client on."""
         node = self.node
         node.check_write_allowed(1)  # answers steer workers: only within our lease
+        if partition < -1:
+            raise errors.InvalidRequestError(f"partition {partition}: a partition number, or -1 for every one led here")
         if partition >= 0:
             tps = [(queue, partition)]
         else:

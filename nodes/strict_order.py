@@ -53,13 +53,12 @@ TopicPartition = tuple[str, int]
 
 
 def check_producer_batch(header: batch_format.BatchHeader, topic: str, partition: int) -> None:
-    """A batch a producer sent to a strict-order partition: it must not carry IDs."""
+    """A batch a producer sent, to any topic: it must not carry IDs (a strict-order leader
+    stamps them; the control bit is refused before, by ``batch_format.check_produced``)."""
     if header.global_id_base != NO_GLOBAL_ID:
         raise errors.InvalidGlobalIdError(
             f"{topic}/{partition}: batch carries global_id_base={header.global_id_base}; producers send -1 "
-            "and the partition leader stamps IDs from the sequencer")
-    if header.attributes & batch_format.ATTRIBUTE_CONTROL:
-        raise errors.InvalidRequestError(f"{topic}/{partition}: control batches are written by leaders only")
+            "and the partition leader of a strict-order topic stamps IDs from the sequencer")
 
 
 def last_global_id(last_batch: bytes | None) -> int:

@@ -134,6 +134,7 @@ def test_producer_set_header_fields_out_of_range_are_refused(cluster: LocalClust
         (rewrite(good, producer_id=-2, producer_epoch=0, base_sequence=0), errors.CorruptMessageError),
         (rewrite(good, producer_id=5, producer_epoch=-5, base_sequence=0), errors.CorruptMessageError),
         (rewrite(good, producer_id=5, producer_epoch=0, base_sequence=-7), errors.CorruptMessageError),
+        (rewrite(good, global_id_base=42), errors.InvalidGlobalIdError),  # only a strict-order leader stamps IDs
     ]
     results = produce(cluster, topic, [raw for raw, _ in cases] + [good])
     assert [r["error"] for r in results] == [error.code for _, error in cases] + [0]

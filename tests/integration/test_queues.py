@@ -457,3 +457,21 @@ def test_a_queue_over_the_wire_gets_queue_defaults_and_a_dead_letter_queue_that_
             admin.delete_topic(f"{topic_name}.dlq")
         admin.delete_topic(topic_name)
         admin.delete_topic(f"{topic_name}.dlq")
+
+
+def test_a_receive_for_partition_minus_two_is_refused(cluster: LocalCluster, topic_name: str) -> None:
+    """-1 means every partition led here; -2 was answered with an empty result (error 0)."""
+    from fabric.protocol.apis import ApiKey
+    from fabric.transport import Connections
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1)
+        leader = admin.nodes()[admin.describe_topic(topic_name).partitions[0].leader]
+    conns = Connections()
+    try:
+        with pytest.raises(errors.InvalidRequestError, match="partition -2"):
+            conns.request(leader, ApiKey(qp.API_QUEUE_RECEIVE), {
+                "queue": topic_name, "group": "g", "consumer_id": "c", "partition": -2, "max_messages": 1,
+                "wait_ms": 0, "visibility_timeout_ms": 0}, timeout_ms=10_000)
+    finally:
+        conns.close()

@@ -107,10 +107,14 @@ def test_leave_frees_partitions_for_the_rest() -> None:
     _settle(members)
     assert sorted(len(m.owned) for m in members) == [2, 2, 2]
     gone = members.pop()
+    assert group.state() == "stable"
     response = _hb(group, gone.member_id, gp.LEAVE_EPOCH, gone.owned)
     assert response["error"] == 0
+    # Its partitions belong to nobody until the others' next heartbeat: not "stable" (was).
+    assert group.state() == "reconciling"
     _settle(members)
     assert sorted(len(m.owned) for m in members) == [3, 3]
+    assert group.state() == "stable"
 
 
 def test_session_expiry_removes_member() -> None:

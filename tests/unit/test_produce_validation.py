@@ -39,7 +39,8 @@ MIB = 1024 * 1024
 def rewrite(buf: bytes, **fields: int) -> bytes:
     """``buf`` with header fields replaced (by their byte offsets) and the CRC recomputed."""
     offsets = {"attributes": (21, "<B"), "first_timestamp": (28, "<q"), "max_timestamp": (36, "<q"),
-               "producer_id": (44, "<q"), "producer_epoch": (52, "<h"), "base_sequence": (56, "<i")}
+               "producer_id": (44, "<q"), "producer_epoch": (52, "<h"), "base_sequence": (56, "<i"),
+               "global_id_base": (60, "<q")}
     out = bytearray(buf)
     for name, value in fields.items():
         offset, fmt = offsets[name]

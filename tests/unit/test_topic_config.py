@@ -21,6 +21,13 @@ def test_anything_else_is_refused_by_name(raw: str) -> None:
         TopicConfig.build(1, 1, {"retention_ms": raw}, 0)
 
 
+def test_integers_past_the_i64_are_refused() -> None:
+    """A 40-digit retention_ms was accepted and shown back by describe; clients read configs as i64."""
+    with pytest.raises(errors.InvalidConfigError, match="does not fit a 64-bit integer"):
+        TopicConfig.build(1, 1, {"retention_ms": "9" * 40}, 0)
+    assert TopicConfig.build(1, 1, {"retention_ms": str((1 << 63) - 1)}, 0).retention_ms == (1 << 63) - 1
+
+
 def test_unknown_keys_and_booleans_keep_their_own_errors() -> None:
     with pytest.raises(errors.InvalidConfigError, match="unknown topic config 'retention'"):
         TopicConfig.build(1, 1, {"retention": "1"}, 0)
