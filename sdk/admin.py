@@ -177,7 +177,9 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
                                                 timeout_ms=self.request_timeout_ms).body
                 except errors.RetriableError:
                     continue
-                if reply["topics"][0]["error"] != 0:
+                # Gone from that node; LEADER_NOT_AVAILABLE is a node that has dropped the
+                # partitions but not yet the topic (the deletion half seen), so still listed.
+                if reply["topics"][0]["error"] not in (0, errors.LeaderNotAvailableError.code):
                     pending.discard(address)
             if pending:
                 if time.monotonic() > deadline:
