@@ -17,6 +17,7 @@ from fabric import errors
 from fabric.limits import PRODUCE_DECOMPRESSED_BYTES_MAX, PRODUCE_TIMEOUT_MS_MAX
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
+from fabric.protocol import queues as qp
 from fabric.protocol.header import Header
 from nodes import drain, queue_coordinator, strict_order
 from nodes import leader as leader_side
@@ -72,7 +73,15 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             if header.codec != batch_format.CODEC_NONE:
                 decompressed_bytes = charge_decompression(decompressed_bytes, header.records_bytes)
                 node.turn_decompressed_bytes += header.records_bytes
-            batch_format.check_records(header, batch_format.records_section(frame, header))
+            records = batch_format.records_section(frame, header)
+            batch_format.check_records(header, records)
+            # A client's queue options are record headers: checked here, not dropped at
+            # delivery. (Not the nodes' own dead letters: any topic may be read in queue
+            # mode, so they may carry whatever its producers wrote.)
+            if config.queue and internal_refused:
+                for headers in batch_format.record_headers(header, records):
+                    if headers:
+                        qp.check_sent_headers(headers)
             # Every topic: only a strict-order leader stamps global IDs (readers of a plain
             # topic would otherwise see IDs nobody issued).
             strict_order.check_producer_batch(header, topic, partition)

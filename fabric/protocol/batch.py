@@ -549,6 +549,11 @@ def _checked_records(buf: bytes | bytearray | memoryview, check_crc: bool) -> tu
     return header, records_section(buf, header)
 
 
+def record_headers(header: BatchHeader, records: bytes) -> list[list[Header]]:
+    """Each record's headers, from a records section already decompressed and checked."""
+    return _decode_records(header, records).headers
+
+
 def decode_batch(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> DecodedBatch:
     """Decode a whole batch into columns. Raises CorruptMessageError on any inconsistency."""
     return _decode_records(*_checked_records(buf, check_crc))

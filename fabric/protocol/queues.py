@@ -13,6 +13,7 @@ to the origin, ack), so they need no API of their own.
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any, Final
 
@@ -149,11 +150,24 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
 
 
 # ----- record headers -----
+_DECIMAL_HEADER = re.compile(rb"-?[0-9]{1,19}")
+
+
 def _int_header(name: str, raw: bytes | None) -> int:
-    try:
-        return int((raw or b"").decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        raise InvalidRequestError(f"header {name} must be a decimal integer, got {raw!r}") from None
+    # Plain ASCII decimal only (int() would also take " 5", "1_0" and other scripts' digits).
+    if raw is None or _DECIMAL_HEADER.fullmatch(raw) is None:
+        raise InvalidRequestError(f"header {name} must be a decimal integer, got {raw!r:.60}")
+    return int(raw)
+
+
+def check_sent_headers(headers: list[tuple[str, bytes | None]]) -> None:
+    """A queue record's headers as its partition leader receives them (PRODUCE to a queue):
+    the rules ``send_headers`` applies before an SDK sends, so a client that skipped them
+    is refused (INVALID_DELAY, INVALID_PRIORITY, INVALID_REQUEST) rather than having its
+    priority turned into 4 or its options, dedup id included, dropped at delivery."""
+    fields = read_headers(headers)
+    send_headers(delay_ms=fields["delay_ms"], deliver_at_ms=fields["deliver_at_ms"], priority=fields["priority"],
+                 ttl_ms=fields["ttl_ms"], dedup_id=fields["dedup_id"])
 
 
 def send_headers(

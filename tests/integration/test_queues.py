@@ -475,3 +475,22 @@ def test_a_receive_for_partition_minus_two_is_refused(cluster: LocalCluster, top
                 "wait_ms": 0, "visibility_timeout_ms": 0}, timeout_ms=10_000)
     finally:
         conns.close()
+
+
+def test_bad_queue_headers_are_refused_at_send_not_changed_at_delivery(cluster: LocalCluster, topic_name: str) -> None:
+    """Found writing a client from PROTOCOL.md 5.16: a PRODUCE to a queue with priority 10
+    was delivered at priority 4, and one with a non-decimal delay lost all its queue
+    options (its dedup id too), both acknowledged with error 0. The leader now checks a
+    client's queue headers as the SDK does before sending."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1)
+    cases = [([(qp.HEADER_PRIORITY, b"10")], errors.InvalidPriorityError),
+             ([(qp.HEADER_DELAY_MS, b"abc"), (qp.HEADER_DEDUP_ID, b"d1")], errors.InvalidRequestError),
+             ([(qp.HEADER_PRIORITY, b" 5")], errors.InvalidRequestError),
+             ([(qp.HEADER_DELAY_MS, str(8 * 86_400_000).encode())], errors.InvalidDelayError)]
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for headers, error in cases:
+            with pytest.raises(error):
+                producer.send(topic_name, b"bad", headers=headers).result(15)
+        good = producer.send(topic_name, b"good", headers=[(qp.HEADER_PRIORITY, b"7")]).result(15)
+    assert good.offset == 0  # nothing of the refused sends was written
