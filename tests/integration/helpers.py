@@ -8,7 +8,7 @@ from typing import Any
 import zmq
 
 from fabric.protocol import apis
-from sdk import Admin, Consumer, TopicPartition
+from sdk import Admin, Consumer, Producer, TopicPartition
 
 RAW_TIMEOUT_MS = 10_000
 
@@ -33,6 +33,16 @@ def leader_address(bootstrap: str, topic: str, partition: int = 0) -> str:
         desc = admin.describe_topic(topic)
         nodes = admin.nodes()
     return nodes[desc.partitions[partition].leader]
+
+
+def topic_with_one_record(bootstrap: str, name: str) -> str:
+    """A one-partition topic holding one record ("before" at offset 0): what a test of bad
+    input checks is still there, and still the only thing there, afterwards."""
+    with Admin(bootstrap) as admin:
+        admin.create_topic(name, partitions=1)
+    with Producer(bootstrap) as producer:
+        producer.send(name, b"before", partition=0).result(10)
+    return name
 
 
 def leader_id(bootstrap: str, topic: str, partition: int = 0) -> int:

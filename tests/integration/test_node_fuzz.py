@@ -29,7 +29,13 @@ from fabric.protocol import apis, batch
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import decode_header, encode_request_header
 from sdk import Admin, Producer
-from tests.integration.helpers import decode, leader_address, raw_request, read_all
+from tests.integration.helpers import (
+    decode,
+    leader_address,
+    raw_request,
+    read_all,
+    topic_with_one_record,
+)
 from tests.unit.test_codecs import forge
 from tests.vectors import generate
 
@@ -41,12 +47,7 @@ HUGE_NAME = "t" * STRING_BYTES_MAX
 
 @pytest.fixture(scope="module")
 def topic(cluster: LocalCluster) -> str:
-    name = "fuzzed"
-    with Admin(cluster.bootstrap) as admin:
-        admin.create_topic(name, partitions=1)
-    with Producer(cluster.bootstrap) as producer:
-        producer.send(name, b"before", partition=0).result(10)
-    return name
+    return topic_with_one_record(cluster.bootstrap, "fuzzed")
 
 
 def produce_frames(topic: str, batch_bytes: bytes, *, acks: int = 1, correlation_id: int = 7) -> list[bytes]:

@@ -26,8 +26,8 @@ from fabric.local import LocalCluster
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
-from sdk import Admin, Consumer, Producer, TopicPartition
-from tests.integration.helpers import decode, leader_address, raw_request
+from sdk import Consumer, Producer, TopicPartition
+from tests.integration.helpers import decode, leader_address, raw_request, topic_with_one_record
 from tests.unit.test_produce_validation import rewrite
 
 MIB = 1024 * 1024
@@ -35,12 +35,7 @@ MIB = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def topic(cluster: LocalCluster) -> str:
-    name = "produce-validation"
-    with Admin(cluster.bootstrap) as admin:
-        admin.create_topic(name, partitions=1)
-    with Producer(cluster.bootstrap) as producer:
-        producer.send(name, b"before", partition=0).result(10)
-    return name
+    return topic_with_one_record(cluster.bootstrap, "produce-validation")
 
 
 def produce(cluster: LocalCluster, topic: str, batches: list[bytes], timeout_ms: int = 60_000) -> list[dict[str, Any]]:

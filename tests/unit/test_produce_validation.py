@@ -13,7 +13,6 @@ live node: tests/integration/test_produce_validation.py.
 from __future__ import annotations
 
 import struct
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -26,12 +25,12 @@ from fabric.limits import (
     I64_MAX,
     PRODUCE_DECOMPRESSED_BYTES_MAX,
 )
-from fabric.local import free_port
 from fabric.protocol import batch as batch_format
 from fabric.protocol import tags as tags_format
 from nodes.produce import charge_decompression
 from nodes.producer_state import APPEND, DUPLICATE, ProducerStates
 from sdk.producer import _ProducerCore
+from tests.unit.test_producer_inputs import offline_core
 
 MIB = 1024 * 1024
 
@@ -175,17 +174,7 @@ def test_rebuilt_state_after_a_wrap_matches_the_live_one() -> None:
 
 @pytest.fixture
 def core() -> Iterator[_ProducerCore]:
-    # As tests/unit/test_producer_inputs.py: nobody listens, batches stay queued.
-    made = _ProducerCore(f"tcp://127.0.0.1:{free_port()}", acks="all", producer_id=7, linger_ms=600_000,
-                         delivery_timeout_ms=600_000, request_timeout_ms=600_000, max_block_ms=100)
-    with made._lock:
-        made._partition_counts.update({"s": 1})
-    try:
-        yield made
-    finally:
-        closer = threading.Thread(target=made.close, args=(0,))
-        closer.start()
-        closer.join()
+    yield from offline_core({"s": 1})
 
 
 def test_the_python_producer_wraps_its_sequences_as_the_node_does(core: _ProducerCore) -> None:

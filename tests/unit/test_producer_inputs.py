@@ -26,20 +26,25 @@ from sdk.producer import _ACKS, _check_options, _ProducerCore
 DAY_MS = 24 * 3600 * 1000
 
 
-@pytest.fixture(scope="module")
-def core() -> Iterator[_ProducerCore]:
-    # Nobody listens at the bootstrap and the linger is far beyond the test: batches stay
-    # queued. An idempotent producer with its id given (no INIT_PRODUCER_ID to wait for).
+def offline_core(partition_counts: dict[str, int]) -> Iterator[_ProducerCore]:
+    """A producer core whose batches stay queued: nobody listens at the bootstrap and the
+    linger is far beyond the test. Idempotent with its id given (no INIT_PRODUCER_ID to
+    wait for). ``partition_counts``: the topics it may send to, as if from METADATA."""
     made = _ProducerCore(f"tcp://127.0.0.1:{free_port()}", acks="all", producer_id=7, linger_ms=600_000,
                          delivery_timeout_ms=600_000, request_timeout_ms=600_000, max_block_ms=100)
     with made._lock:
-        made._partition_counts.update({"t": 2, "w": 1, "u": 2})  # one topic per test
+        made._partition_counts.update(partition_counts)
     try:
         yield made
     finally:
         closer = threading.Thread(target=made.close, args=(0,))
         closer.start()
         closer.join()
+
+
+@pytest.fixture(scope="module")
+def core() -> Iterator[_ProducerCore]:
+    yield from offline_core({"t": 2, "w": 1, "u": 2})  # one topic per test
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [
