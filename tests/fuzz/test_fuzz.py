@@ -4,6 +4,7 @@ a fixed seed. The long run is documented in docs/SECURITY.md."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,4 +32,7 @@ def test_fuzz_target_bounded(target: str, tmp_path: Path) -> None:
         f"fuzz target {target} failed (exit {result.returncode}); crash inputs {crashes} in {tmp_path}; "
         f"copy them to tests/vectors/fuzz/. Output tail:\n{result.stderr[-3000:]}"
     )
-    assert f"Done {RUNS_PER_TARGET} runs" in result.stderr
+    # libFuzzer's count may pass -runs by the inputs of the batch it was in (CI once
+    # printed "Done 20057 runs" for 20000): the run ended by its bound, having done them all.
+    done = re.search(r"^Done (\d+) runs", result.stderr, re.MULTILINE)
+    assert done is not None and int(done.group(1)) >= RUNS_PER_TARGET, result.stderr[-500:]
