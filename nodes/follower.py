@@ -286,8 +286,9 @@ def _follow_log_start(tp: TopicPartition, f: FollowerReplica, plog: PartitionLog
     if leader_start > plog.log_start_offset:
         deleted = plog.follow_log_start(leader_start)
         if deleted:
-            replica_log(tp, f.epoch).info("%s/%d: deleted %d records below the leader's log start %d",
-                                          *tp, deleted, leader_start)
+            # Debug: a queue's leader deletes what its groups finished every second.
+            replica_log(tp, f.epoch).debug("%s/%d: deleted %d records below the leader's log start %d",
+                                           *tp, deleted, leader_start)
 
 
 def truncation_target(leader_epoch: int, leader_end: int, our_end_for_that_epoch: int, log_start_offset: int) -> int:

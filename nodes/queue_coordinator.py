@@ -32,6 +32,7 @@ log = logging.getLogger("fabric.queues")
 QUEUE_APIS: Final[frozenset[int]] = frozenset(key for key, _ in qp.SCHEMAS)
 PARKED_RECEIVES_MAX: Final[int] = 10_000  # long polls waiting on this node; past it, answered empty
 LOAD_WAIT_S: Final[float] = 2.0  # even a receive with wait_ms 0 waits this long for a loading partition
+TRIM_INTERVAL_S: Final[float] = 1.0  # how often a queue partition's leader deletes what every group is done with
 
 
 @dataclass
@@ -333,7 +334,33 @@ class QueueCoordinator(QueueDurability):
                     self._collect(slot, name, g, g.state.tick(now_ms))
                     self._wake = True
             self._flush(slot)
+            if plog is not None and now >= slot.next_trim_s:
+                slot.next_trim_s = now + TRIM_INTERVAL_S
+                self._trim(tp, plog, slot, now_ms)
         self._retry_parked(now, overdue_only=False)
+
+    def _trim(self, tp: TopicPartition, plog: PartitionLog, slot: Slot, now_ms: int) -> None:
+        """Delete the leading batches every group is done with (acknowledged, dead-lettered,
+        expired, as written to ``__queue_state``) once the dedup window has passed them, as
+        SQS deletes an acknowledged message: a queue keeps its log until consumed
+        (retention -1), which otherwise meant for ever. Only on a topic made a queue
+        (``queue = true``); followers follow the leader's log start (FETCH and REPLICA_ACK
+        answers carry it)."""
+        config = self.node.configs.get(tp[0])
+        if config is None or not config.queue:
+            return  # a plain topic read in queue mode: its log is for its other readers too
+        groups = [name for name in slot.share.groups if name != COUNTING]
+        starts = slot.written_starts()
+        if all(name.startswith("__") for name in groups) or any(name not in starts for name in groups):
+            # Nobody consumes yet (a redrive, group "__redrive", reads a dead-letter queue
+            # without consuming it: its workers still see what was redriven), or a new
+            # group's position is not written yet.
+            return
+        count = slot.share.trim_batches(plog, min(starts[name] for name in groups), now_ms)
+        if count:
+            deleted = plog.delete_before(count)
+            log.debug("queue %s/%d: %d consumed records deleted; log starts at %d", tp[0], tp[1], deleted,
+                      plog.log_start_offset)
 
     def _retry_parked(self, now: float, *, overdue_only: bool) -> None:
         """Try the parked long polls again: all of them after a wake (new messages, a state

@@ -78,6 +78,17 @@ class Slot:
     queued: int = 0  # state records ever queued on this slot
     written: int = 0  # ... and written
     flushing: bool = False
+    # Each group's start offset (everything below it done) as of the last write that took
+    # every decision made before it (``written_starts``).
+    durable_starts: dict[str, int] = field(default_factory=dict)
+    next_trim_s: float = 0.0
+
+    def written_starts(self) -> dict[str, int]:
+        """Each group's start offset as far as __queue_state holds it: the log may be
+        trimmed below the lowest (nodes/queue_coordinator.py ``_trim``)."""
+        if self.flushing or self.pending or self.dead:
+            return self.durable_starts
+        return _starts(self.share)  # nothing decided is unwritten
 
 
 def state_partition(queue: str, partition: int, partitions: int) -> int:
@@ -88,6 +99,10 @@ def _range_record(run: list[Change]) -> bytes:
     first = run[0]
     return qp.encode_state_record(first.offset, first.state, first.delivery_count, first.visible_at_ms, first.reason,
                                   last_offset=run[-1].offset)
+
+
+def _starts(share: SharePartition) -> dict[str, int]:
+    return {name: g.state.start_offset for name, g in share.groups.items() if name != COUNTING}
 
 
 def wall_ms() -> int:
@@ -154,11 +169,13 @@ class QueueDurability:
             return  # the next flush starts when this one ends (or its retry is due)
         records, dead = slot.pending[:STATE_RECORDS_PER_WRITE], slot.dead
         slot.pending, slot.dead = slot.pending[STATE_RECORDS_PER_WRITE:], []
+        share = slot.share
         if not records and not dead:
             self._release(slot)
             return
         slot.flushing = True
-        share = slot.share
+        # A write taking everything decided so far makes the present start offsets durable.
+        starts = None if slot.pending else _starts(share)
 
         def finished(code: int, text: str) -> None:
             slot.flushing = False
@@ -184,6 +201,8 @@ class QueueDurability:
                     self._reload(slot, f"queue state write failed: {text or code}")  # memory is ahead of the log
                 return
             slot.written += len(records)
+            if starts is not None:
+                slot.durable_starts = starts
             self._release(slot)
             if self._slots.get((share.topic, share.partition)) is slot:
                 self._flush(slot)
@@ -338,13 +357,14 @@ class QueueDurability:
                         log.warning("skipping an unreadable queue state record: %s", exc)
                         continue
                     group = key[len(prefix):].decode("utf-8", "replace")
-                    for offset in range(fields["offset"], fields["last_offset"] + 1):
-                        share.restore(group, Change(offset, fields["state"], fields["delivery_count"],
-                                                    fields["visible_at_ms"], fields["reason"]), plog)
+                    share.restore(group, fields["offset"], fields["last_offset"],
+                                  Change(fields["offset"], fields["state"], fields["delivery_count"],
+                                         fields["visible_at_ms"], fields["reason"]), plog)
                 slot.load_offset = max(slot.load_offset, decoded.header.next_offset)
             # Done when everything is read and everything read is committed.
             if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:
                 slot.mode = ACTIVE
+                share.loaded()
                 self._wake = True
                 log.info("queue %s/%d: serving %d groups (state read to %s/%d offset %d)", share.topic,
                          share.partition, len(share.groups), qp.STATE_TOPIC, k, slot.load_offset)

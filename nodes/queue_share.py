@@ -15,6 +15,7 @@ replayed, newest per offset winning.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -26,7 +27,7 @@ from fabric import zk as zkl
 from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from nodes.log import PartitionLog
-from nodes.queue_state import Change, DedupWindow, QueueConfig, ShareState
+from nodes.queue_state import DEAD, DROPPED, Change, DedupWindow, QueueConfig, ShareState
 
 log = logging.getLogger("fabric.queues")
 
@@ -34,6 +35,11 @@ INGEST_BYTES_MAX: Final[int] = 256 * 1024  # log bytes read per ingestion step
 INGEST_TURN_S: Final[float] = 0.02  # one ingest call replays at most this long, then yields the loop
 BATCH_CACHE_MAX: Final[int] = 64  # decoded batches kept for answering receives
 COUNTING: Final[str] = ""  # the share state that counts a queue nobody consumes yet
+# A consumed batch is kept this much past the dedup window (counted from its records' own
+# timestamps and from its append; the window itself if shorter): a producer whose clock
+# runs behind the leader's must still find the original when a new leader replays the log
+# to rebuild the window.
+TRIM_CLOCK_SLACK_MS: Final[int] = 60_000
 
 Record = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]  # timestamp, key, value, headers
 
@@ -50,6 +56,9 @@ class Group:
     state: ShareState
     dedup: DedupWindow
     restore: dict[int, Change] = field(default_factory=dict)  # persisted changes not yet replayed
+    # Dead letters and drops read while loading whose messages are no longer in the log:
+    # counted once loading ends (by offset: a retried write may repeat a record).
+    gone: dict[int, str] = field(default_factory=dict)
 
 
 class SharePartition:
@@ -88,9 +97,43 @@ class SharePartition:
         return Group(ShareState(self.config, plog.log_start_offset),
                      DedupWindow(self.topic_config.dedup_window_ms, qp.DEDUP_IDS_MAX))
 
-    def restore(self, group: str, change: Change, plog: PartitionLog) -> None:
-        """A persisted change read while loading; applied when its offset is replayed."""
-        self.group(group, plog).restore[change.offset] = change
+    def restore(self, group: str, first: int, last: int, change: Change, plog: PartitionLog) -> None:
+        """A persisted change of offsets ``first..last`` read while loading; applied when its
+        offsets are replayed. Offsets below the log's start are gone (trimmed once every
+        group was done with them, or removed by retention): nothing to keep for them, but
+        the group exists from its first record on, so it holds back the next trim."""
+        g = self.group(group, plog)
+        start = plog.log_start_offset
+        if change.state in (DEAD, DROPPED):
+            for offset in range(first, min(last + 1, start)):
+                g.gone[offset] = change.state
+        for offset in range(max(first, start), last + 1):
+            g.restore[offset] = dataclasses.replace(change, offset=offset)
+
+    def loaded(self) -> None:
+        """Loading ended: a group's dead letters and drops still count when their messages
+        have left the log since (``describe_queue``, the finished counters)."""
+        for g in self.groups.values():
+            for state in g.gone.values():
+                if state == DEAD:
+                    g.state.dead_total += 1
+                else:
+                    g.state.dropped_total += 1
+            g.gone.clear()
+
+    def trim_batches(self, plog: PartitionLog, floor: int, now_ms: int) -> int:
+        """How many leading batches of the log every group is done with: wholly below
+        ``floor`` (the lowest offset some group has not finished, as written to
+        ``__queue_state``) and older than the dedup window, so a new leader replaying what
+        is left rebuilds the same window. O(batches trimmed)."""
+        window_ms = self.topic_config.dedup_window_ms
+        horizon_ms = now_ms - window_ms - min(TRIM_CLOCK_SLACK_MS, window_ms)
+        count = 0
+        for entry in plog.entries:
+            if entry.next_offset > floor or entry.max_timestamp >= horizon_ms or entry.append_ms >= horizon_ms:
+                break
+            count += 1
+        return count
 
     # -- ingestion -------------------------------------------------------------------------
     def ingest(self, g: Group, plog: PartitionLog, now_ms: int) -> bool:

@@ -8,16 +8,18 @@ import time
 POISON_EVERY = 400  # every 400th job always fails: it must end in the dead-letter queue
 DELAYED_EVERY = 100  # every 100th job is sent with a delay and must not arrive early
 DELAY_MS = 300
+DEDUP_WINDOW_MS = 1_000  # short, so the consumed jobs are deleted within the demo (docs/QUEUES.md)
 
 
 def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str, object]:
-    from sdk import Admin, Producer, QueueConsumer
+    from sdk import Admin, Consumer, Producer, QueueConsumer, TopicPartition
 
     queue, dlq = "demo-jobs", "demo-jobs.dlq"
     print(f"== queue mode: {jobs:,} jobs to {workers} competing workers (acks after processing), "
           f"poison jobs to {dlq}, delayed and priority jobs", flush=True)
     with Admin(bootstrap) as admin:
-        admin.create_queue(queue, partitions=2, max_deliveries=2, dead_letter=dlq, visibility_timeout_ms=10_000)
+        admin.create_queue(queue, partitions=2, max_deliveries=2, dead_letter=dlq, visibility_timeout_ms=10_000,
+                           dedup_window_ms=DEDUP_WINDOW_MS)
     due_ms: dict[bytes, float] = {}
     poison = {f"job-{i}".encode() for i in range(jobs) if i % POISON_EVERY == 7}
     with Producer(bootstrap, linger_ms=5) as producer:
@@ -75,6 +77,16 @@ def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str,
             if batch:
                 reader.ack(batch)
     once = len(acked) == good and all(n == 1 for n in acked.values())
+    # Every job finished: the leaders delete the consumed batches (past the dedup window).
+    partitions = [TopicPartition(queue, p) for p in range(2)]
+    left = -1
+    with Consumer(bootstrap) as offsets:
+        deadline = time.monotonic() + 20
+        while left != 0 and time.monotonic() < deadline:
+            start, end = offsets.beginning_offsets(partitions), offsets.end_offsets(partitions)
+            left = sum(end[tp] - start[tp] for tp in partitions)
+            if left:
+                time.sleep(0.25)
     return {"queue_jobs": jobs, "queue_workers": workers, "queue_msgs_per_s": round(jobs / elapsed),
             "queue_acked_once": once, "queue_dead_letters": len(dead), "queue_delayed_early": len(early),
-            "queue_ok": once and dead == poison and not early}
+            "queue_records_left": left, "queue_ok": once and dead == poison and not early and left == 0}

@@ -212,7 +212,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  queue     {queue['queue_jobs']:,} jobs to {queue['queue_workers']} competing workers, "
               f"{queue['queue_msgs_per_s']:,} msg/s: each acked once {'OK' if queue['queue_acked_once'] else 'MISMATCH'}, "
               f"{queue['queue_dead_letters']} poison jobs in the dead-letter queue, "
-              f"delayed jobs early: {queue['queue_delayed_early']} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
+              f"delayed jobs early: {queue['queue_delayed_early']}, records left once consumed: "
+              f"{queue['queue_records_left']} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
         print(f"  operate   node {max(cluster.nodes)} joined; {topic}/0 moved {moved['reassign_from']} -> "
               f"{moved['reassign_to']} in {moved['reassign_seconds']} s ({moved['reassign_bytes']:,} bytes copied, "
               f"throttled): every record on the new node {'OK' if moved['reassign_ok'] else 'MISMATCH'}")

@@ -25,5 +25,6 @@ def test_demo_runs_and_every_check_passes() -> None:
     assert summary["group_ok"]
     assert summary["direct_ok"]
     assert summary["queue_ok"] and summary["queue_acked_once"] and summary["queue_delayed_early"] == 0
+    assert summary["queue_records_left"] == 0  # the consumed jobs were deleted
     assert summary["reassign_ok"] and summary["reassign_bytes"] > 0
     assert "Traceback" not in result.stderr

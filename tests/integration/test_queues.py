@@ -18,7 +18,7 @@ import pytest
 from fabric import errors
 from fabric.local import LocalCluster
 from fabric.protocol import queues as qp
-from sdk import Admin, Producer, QueueConsumer, QueueMessage
+from sdk import Admin, Consumer, Producer, QueueConsumer, QueueMessage, TopicPartition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -494,3 +494,59 @@ def test_bad_queue_headers_are_refused_at_send_not_changed_at_delivery(cluster: 
                 producer.send(topic_name, b"bad", headers=headers).result(15)
         good = producer.send(topic_name, b"good", headers=[(qp.HEADER_PRIORITY, b"7")]).result(15)
     assert good.offset == 0  # nothing of the refused sends was written
+
+
+def _log_start(bootstrap: str, topic: str) -> int:
+    with Consumer(bootstrap) as consumer:
+        return consumer.beginning_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)]
+
+
+def test_consumed_messages_are_deleted_and_the_rest_survive_a_failover(fresh_cluster: LocalCluster,
+                                                                       topic_name: str) -> None:
+    """The leader deletes the leading batches every group is done with (past the dedup
+    window), never one holding a message some group has not finished; followers follow,
+    and a new leader serves exactly what was not acknowledged."""
+    bootstrap = fresh_cluster.bootstrap
+    plain = f"{topic_name}-plain"
+    with Admin(bootstrap) as admin:
+        admin.create_queue(topic_name, visibility_timeout_ms=60_000, dedup_window_ms=300, max_deliveries=1,
+                           dead_letter=f"{topic_name}.dlq")
+        admin.create_topic(plain, config={"dedup_window_ms": 300})  # a plain topic, read in queue mode
+    _send(bootstrap, plain, [b"kept for its other readers"])
+    with QueueConsumer(bootstrap, plain) as reader:
+        reader.ack(_drain(reader, 1, 10, ack=False))
+    values = [f"{i}".encode() for i in range(30)]
+    for chunk in range(0, 30, 5):  # six batches of five
+        _send(bootstrap, topic_name, values[chunk:chunk + 5])
+    worker = QueueConsumer(bootstrap, topic_name)
+    first = _drain(worker, 20, 20, ack=False)
+    assert [m.offset for m in first] == list(range(20))
+    held, poison = first[3], first[7]
+    worker.nack([poison], reason="poison")  # its last delivery: dead-lettered
+    worker.ack([m for m in first if m is not held and m is not poison])
+    time.sleep(3)  # several trim rounds past the window: the batch holding offset 3 stays, so all do
+    assert _log_start(bootstrap, topic_name) == 0
+    worker.ack([held])
+    deadline = time.monotonic() + 30
+    while _log_start(bootstrap, topic_name) < 20 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _log_start(bootstrap, topic_name) == 20, "the acknowledged batches were not deleted"
+    assert _log_start(bootstrap, plain) == 0, "a plain topic lost records to queue-mode reading"
+    worker.close()
+    with Admin(bootstrap) as admin:
+        leader = admin.describe_topic(topic_name).partitions[0].leader
+    time.sleep(1.5)  # the followers learn the leader's log start from their next fetch answers
+    fresh_cluster.nodes[leader].kill()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with Admin(bootstrap) as admin:
+            if admin.describe_topic(topic_name).partitions[0].leader not in (leader, -1):
+                break
+        time.sleep(0.2)
+    assert _log_start(bootstrap, topic_name) == 20, "a follower kept the deleted batches"
+    with QueueConsumer(bootstrap, topic_name) as after:
+        rest = _drain(after, 10, 30)
+        rest += after.receive(100, 500)  # and nothing more
+    assert sorted(m.offset for m in rest) == list(range(20, 30))
+    with Admin(bootstrap) as admin:  # counted by the new leader, though its message left the log
+        assert admin.describe_queue(topic_name).total("dead_lettered") == 1

@@ -385,3 +385,25 @@ def test_counts_kept_as_messages_move_match_a_full_scan() -> None:
         assert counts["delayed"] == sum(e.state == qs.DELAYED for e in entries)
         undone = [e.offset for e in entries if e.state not in (qs.ACKED, qs.DEAD, qs.DROPPED)]
         assert counts["oldest_offset"] == (min(undone) if undone else -1)
+
+
+def test_trim_keeps_a_batch_holding_an_unfinished_message_and_the_dedup_window() -> None:
+    """SharePartition.trim_batches: whole batches below the floor, past the dedup window
+    (plus the clock slack) by both their records' timestamps and their append time."""
+    from types import SimpleNamespace
+
+    from fabric import zk as zkl
+    from nodes.log import IndexEntry
+    from nodes.queue_share import SharePartition
+
+    window_ms = 1_000  # the slack is then the window too: a batch goes 2 s after its time
+    share = SharePartition("q", 0, 1, zkl.TopicConfig(partitions=1, queue=True, dedup_window_ms=window_ms))
+    entries = [IndexEntry(base, 5, 100, max_timestamp=ts, append_ms=appended, leader_epoch=1)
+               for base, ts, appended in [(0, 1_000, 1_000), (5, 1_000, 1_000), (10, 1_000, 5_000), (15, 1_000, 1_000)]]
+    plog = SimpleNamespace(entries=entries)
+    assert share.trim_batches(plog, 20, now_ms=3_001) == 2  # [0,5) and [5,10); [10,15) appended at 5 s
+    assert share.trim_batches(plog, 20, now_ms=2_999) == 0  # inside window + slack
+    assert share.trim_batches(plog, 9, now_ms=10_000) == 1  # offset 9 unfinished: its batch stays
+    assert share.trim_batches(plog, 20, now_ms=7_001) == 4
+    entries[0].max_timestamp = 50_000  # a producer clock ahead: kept until its own time has passed
+    assert share.trim_batches(plog, 20, now_ms=7_001) == 0
