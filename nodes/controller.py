@@ -10,6 +10,7 @@ controller writes a new partition state with a version-checked set: a deposed co
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -117,15 +118,22 @@ def is_due(node: NodeState) -> bool:
 
 def reconcile_leaders(node: NodeState) -> None:
     """Elect a leader wherever the current one is gone (or an offline ISR member is back),
-    and finish reassignments whose new replicas are all in sync (nodes/reassign.py).
+    finish reassignments whose new replicas are all in sync, and give internal topics the
+    copies they were created without (nodes/reassign.py).
 
     Runs on the ZooKeeper worker: it reads the routing cache (thread-safe snapshots),
     writes ZooKeeper with version checks and only flips the loop's dirty flags."""
     live = set(node.routing.nodes())
-    for name, route in node.routing.topics().items():
+    topics = node.routing.topics()
+    load = collections.Counter(r for route in topics.values() for state in route.partitions.values()
+                               for r in state.replicas)
+    grow = functools.partial(reassign.grow_internal, load=load, factor=apis.INTERNAL_REPLICATION_FACTOR)
+    for name, route in topics.items():
         elect_here = functools.partial(elect, unclean=route.config.unclean_leader_election)
+        deciders = (elect_here, reassign.complete, grow) if apis.is_internal_topic(name) else (
+            elect_here, reassign.complete)
         for p, cached in route.partitions.items():
-            for decide in (elect_here, reassign.complete):
+            for decide in deciders:
                 if decide(cached, live) is not None:
                     _decide_and_write(node, name, p, decide)
                     break

@@ -330,7 +330,7 @@ class GroupCoordinator:
         if now < self._creating_topic_until:
             return
         self._creating_topic_until = now + 1.0
-        replicas = max(1, min(3, len(self.routing.nodes())))
+        replicas = max(1, min(apis.INTERNAL_REPLICATION_FACTOR, len(self.routing.nodes())))
         body = {"name": gp.OFFSETS_TOPIC, "partitions": gp.OFFSETS_TOPIC_PARTITIONS, "replication_factor": replicas,
                 "configs": [{"key": "retention_ms", "value": "-1"},
                             {"key": "min_insync", "value": str(min(2, replicas))}]}

@@ -378,7 +378,7 @@ class QueueDurability:
         if now < self._creating_topic_until:
             return
         self._creating_topic_until = now + 1.0
-        replicas = max(1, min(3, len(self.node.routing.nodes())))
+        replicas = max(1, min(apis.INTERNAL_REPLICATION_FACTOR, len(self.node.routing.nodes())))
         body = {"name": qp.STATE_TOPIC, "partitions": STATE_TOPIC_PARTITIONS, "replication_factor": replicas,
                 "configs": [{"key": "retention_ms", "value": "-1"},
                             {"key": "min_insync", "value": str(min(2, replicas))}]}

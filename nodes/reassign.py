@@ -23,6 +23,7 @@ ISR meanwhile makes the controller's write fail and the next round decide again.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from kazoo.exceptions import NoNodeError
@@ -108,6 +109,21 @@ def complete(state: PartitionState, live: set[int]) -> PartitionState | None:
         leader, epoch = candidates[0], epoch + 1
     return dataclasses.replace(state, replicas=target, isr=isr, leader=leader, leader_epoch=epoch,
                                adding=(), removing=(), throttle_bytes_per_s=0)
+
+
+def grow_internal(state: PartitionState, live: set[int], load: Mapping[int, int], factor: int) -> PartitionState | None:
+    """The move that gives an internal topic's partition the copies it lacks: it was created
+    with as many replicas as nodes were up then (a one-node development cluster, a node down
+    at the first group commit), and would otherwise stay that fragile for good. Live nodes
+    not yet replicas join it, least loaded first, through an ordinary move (``begin``, then
+    ``complete`` once they are in sync). None when nothing is to be done."""
+    if state.reassigning or state.leader < 0 or len(state.replicas) >= factor:
+        return None
+    spare = sorted((n for n in live if n not in state.replicas), key=lambda n: (load.get(n, 0), n))
+    if not spare:
+        return None
+    target = state.replicas + tuple(spare[:factor - len(state.replicas)])
+    return begin(state, target, 0, live | set(state.replicas), min_insync=1)
 
 
 def catch_up_throttle(state: PartitionState | None, node_id: int) -> int:

@@ -293,6 +293,9 @@ DESCRIBE_REPLICAS_RESPONSE_V0: Schema = (
 # INTERNAL_VERSION of PRODUCE and CREATE_TOPIC; nobody deletes them or adds partitions.
 # Kafka refuses client appends to its internal topics the same way.
 INTERNAL_TOPIC_PREFIX: Final[str] = "__"
+# Copies of each internal topic partition (__consumer_offsets, __queue_state): fewer when
+# fewer nodes are up at its creation, grown by the controller as nodes join.
+INTERNAL_REPLICATION_FACTOR: Final[int] = 3
 INTERNAL_VERSION: Final[int] = 1
 
 

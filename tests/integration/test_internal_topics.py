@@ -9,15 +9,18 @@ stopped while loading it (UnicodeDecodeError), at every restart."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from fabric import errors
-from fabric.local import LocalCluster
+from fabric.local import LocalCluster, LocalZooKeeper
 from fabric.protocol import apis, batch
 from fabric.protocol import groups as group_format
+from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
-from sdk import Admin, Consumer, Producer, TopicPartition
+from sdk import Admin, Consumer, Producer, QueueConsumer, TopicPartition
+from tests.conftest import make_cluster
 from tests.integration.helpers import decode, leader_address, leader_id, raw_request
 
 FAST = {"heartbeat_interval_ms": 300, "session_timeout_ms": 6_000}
@@ -100,3 +103,48 @@ def test_an_unreadable_group_record_costs_that_record_not_the_node(fresh_cluster
     assert _committed(bootstrap, group, topic_name) == 8
     time.sleep(1.0)  # a node that stopped while loading would be gone by now
     assert all(node.process.running for node in fresh_cluster.nodes.values())
+
+
+def test_internal_topics_made_on_one_node_get_three_copies_as_nodes_join(zk_server: LocalZooKeeper,
+                                                                         tmp_path: Path, topic_name: str) -> None:
+    """A first group commit and a first queue receive on a one-node cluster make the
+    internal topics with one replica each; once two more nodes join, the controller moves
+    every partition of both to three replicas, all in sync, and the committed offset is
+    still there when the first node is gone."""
+    cluster = make_cluster(zk_server, tmp_path / "cluster", nodes=1)
+    cluster.start()
+    try:
+        bootstrap = cluster.bootstrap
+        with Admin(bootstrap) as admin:
+            admin.create_topic(topic_name, partitions=1, replication_factor=1)
+            admin.create_queue(f"{topic_name}-q", replication_factor=1)
+        _commit(bootstrap, "g", topic_name, 7)
+        with QueueConsumer(bootstrap, f"{topic_name}-q") as worker:
+            worker.receive(1, 0)
+        with Admin(bootstrap) as admin:
+            for internal in (group_format.OFFSETS_TOPIC, qp.STATE_TOPIC):
+                assert {len(p.replicas) for p in admin.describe_topic(internal).partitions} == {1}
+        cluster.add_node(2)
+        cluster.add_node(3)
+
+        def grown() -> bool:
+            with Admin(bootstrap) as admin:
+                return all(len(p.replicas) == 3 and len(p.isr) == 3
+                           for internal in (group_format.OFFSETS_TOPIC, qp.STATE_TOPIC)
+                           for p in admin.describe_topic(internal).partitions)
+
+        deadline = time.monotonic() + 90
+        while not grown() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert grown(), "the internal topics were not given three replicas"
+        cluster.nodes[1].kill()
+        deadline = time.monotonic() + 60
+        committed = None
+        while committed != 7 and time.monotonic() < deadline:
+            try:
+                committed = _committed(bootstrap, "g", topic_name)
+            except errors.FabricError:
+                time.sleep(0.5)
+        assert committed == 7
+    finally:
+        cluster.stop()

@@ -11,7 +11,7 @@ from fabric import errors
 from fabric.zk import PartitionState
 from nodes.follower import REPLICA_FETCH_BYTES_MAX, FollowerReplica, fetch_allowance
 from nodes.leader import LeaderReplica
-from nodes.reassign import begin, cancel, catch_up_throttle, complete
+from nodes.reassign import begin, cancel, catch_up_throttle, complete, grow_internal
 
 STATE = PartitionState(0, (1, 2, 3), 1, 5, (1, 2, 3), version=7)
 REGISTERED = {1, 2, 3, 4}
@@ -132,3 +132,18 @@ def test_cancel_moves_leadership_off_a_new_replica_or_refuses() -> None:
     assert back.leader == 2 and back.leader_epoch == 7 and set(back.replicas) == {1, 2, 3} and back.isr == (2,)
     with pytest.raises(errors.InvalidRequestError):
         cancel(dataclasses.replace(led_by_new, isr=(4,)), REGISTERED | {5})
+
+
+def test_grow_internal_adds_the_least_loaded_live_nodes_then_completes_as_a_move() -> None:
+    small = PartitionState(0, (1,), 1, 5, (1,), version=3)
+    grown = grow_internal(small, {1, 2, 3, 4}, load={2: 10, 3: 1, 4: 5}, factor=3)
+    assert grown is not None
+    assert grown.replicas == (1, 3, 4) and grown.adding == (3, 4) and grown.removing == ()
+    assert grown.leader == 1 and grown.leader_epoch == 5  # no leader change: nothing fenced
+    assert complete(dataclasses.replace(grown, isr=(1, 3, 4)), {1, 3, 4}) is not None
+    assert grow_internal(small, {1}, load={}, factor=3) is None  # nobody to add yet
+    assert grow_internal(grown, {1, 2, 3, 4}, load={}, factor=3) is None  # already moving
+    assert grow_internal(STATE, {1, 2, 3, 4}, load={}, factor=3) is None  # three copies already
+    assert grow_internal(dataclasses.replace(small, leader=-1), {1, 2}, load={}, factor=3) is None  # no leader
+    two = grow_internal(small, {1, 2}, load={}, factor=3)
+    assert two is not None and two.replicas == (1, 2)  # what the live nodes allow, more later
