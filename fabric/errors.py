@@ -363,7 +363,7 @@ class UnreleasedInstanceIdError(FabricError):
     pass
 
 
-@_wire(69, "GROUP_MAX_SIZE_REACHED", "the group already has GROUP_MEMBERS_MAX members")
+@_wire(69, "GROUP_MAX_SIZE_REACHED", "the group already has GROUP_MEMBERS_MAX members (a queue partition: QUEUE_GROUPS_MAX groups)")
 class GroupMaxSizeReachedError(FabricError):
     pass
 

@@ -138,6 +138,12 @@ class QueueCoordinator(QueueDurability):
         answer_bytes = 0
         messages: list[dict[str, Any]] = []
         touched: list[Slot] = []
+        try:  # before any lease is taken: a refusal must not strand the leases of other partitions
+            for _tp, _plog, share in led:
+                share.check_group_room(body["group"])
+        except errors.GroupMaxSizeReachedError as exc:
+            self.node.send_error(parked.envelope, parked.request.header, exc)
+            return True
         for i in range(len(led)):
             tp, plog, share = led[(self._turn + i) % len(led)]  # rotate: no partition starves
             slot = self._slots[tp]

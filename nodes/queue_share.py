@@ -85,6 +85,15 @@ class SharePartition:
                 self.groups.pop(COUNTING, None)  # a real group counts from now on
         return found
 
+    def check_group_room(self, name: str) -> None:
+        """Refuse a group this partition does not hold yet once it holds QUEUE_GROUPS_MAX."""
+        if name in self.groups or name == COUNTING:
+            return
+        if sum(1 for n in self.groups if n != COUNTING) >= qp.QUEUE_GROUPS_MAX:
+            raise errors.GroupMaxSizeReachedError(
+                f"queue {self.topic!r} partition {self.partition} already has QUEUE_GROUPS_MAX={qp.QUEUE_GROUPS_MAX} "
+                f"groups (each keeps every message's state): receive with one of them, not group {name!r}")
+
     def view(self, name: str, plog: PartitionLog) -> Group:
         """The group to describe: the group itself; a queue nobody consumes yet counts with
         its stored COUNTING state; a group that does not exist while others do gets a

@@ -219,6 +219,8 @@ def apply_roles(node: NodeState) -> None:
         node.states.pop(tp, None)
         node.pkeys.pop(partition_key(*tp), None)
     node.known_topics = set(topics)
+    for name in [name for name in node.configs if name not in topics]:
+        del node.configs[name]  # a deleted topic's: topics created and deleted in a loop grew it for ever
     # Stop reconnecting to replication streams of processes that are gone (a restarted
     # node publishes on a new port).
     live = {n.replication_address for n in node.routing.nodes().values()}

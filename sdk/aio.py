@@ -107,6 +107,11 @@ class AsyncConsumer:
         self.poll_timeout_ms = poll_timeout_ms
         self._closing = False  # set first by close(); later calls raise ClientClosedError
 
+    @property
+    def closed(self) -> bool:
+        """close() was called (later calls raise ClientClosedError)."""
+        return self._closing
+
     @classmethod
     async def create(cls, bootstrap: str, *, poll_timeout_ms: int = 500, **config: Any) -> AsyncConsumer:
         worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-consumer")
@@ -248,6 +253,9 @@ class AsyncClient:
         self._check_open()
         names = list(topics)
         consumer = await AsyncConsumer.create(self.bootstrap, **config)
+        # The ones their owners closed are forgotten: a long-lived client making a consumer
+        # per task kept every closed one (and its Consumer) for ever.
+        self._consumers = [c for c in self._consumers if not c.closed]
         self._consumers.append(consumer)  # at once: closed by close() even if what follows is cancelled
         try:
             if names and config.get("group_id") is not None:
@@ -271,6 +279,7 @@ class AsyncClient:
         at a time, ``await ack/nack/extend``."""
         self._check_open()
         consumer = await AsyncQueueConsumer.create(self.bootstrap, queue, group, **options)
+        self._queue_consumers = [c for c in self._queue_consumers if not c.closed]  # as consumer()'s
         self._queue_consumers.append(consumer)
         if self._closed:
             await consumer.close()

@@ -54,6 +54,11 @@ class AsyncQueueConsumer:
         self._stranded: list[QueueMessage] = []
         self._call_ids = itertools.count()
 
+    @property
+    def closed(self) -> bool:
+        """close() was called (later calls are refused)."""
+        return self._closing
+
     @classmethod
     async def create(cls, bootstrap: str, queue: str, group: str = qp.DEFAULT_GROUP, **options: Any) -> AsyncQueueConsumer:
         worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-queue")

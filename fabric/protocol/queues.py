@@ -49,6 +49,10 @@ DEDUP_IDS_MAX: Final[int] = 1_000_000  # bound on remembered ids per partition; 
 DEDUP_ID_BYTES_MAX: Final[int] = 128  # as SQS's MessageDeduplicationId
 QUEUE_MESSAGE_BYTES_DEFAULT: Final[int] = 1024 * 1024  # a queue's message_bytes_max (SQS: 256 KiB)
 DEFAULT_GROUP: Final[str] = "default"  # the group a QueueConsumer joins unless told otherwise
+# Groups per queue partition: each holds a share state of every unfinished message of the
+# partition (~300 bytes each), so groups made by name without limit took the node's memory
+# (200 one-message consumers of a 20,000-message queue, each its own group: 1.2 GB).
+QUEUE_GROUPS_MAX: Final[int] = 32  # Kafka: group.share.max.groups, 10
 
 # QUEUE_SETTLE actions.
 NAME_BYTES_MAX: Final[int] = 255  # group and consumer ids (UTF-8), as the node checks them

@@ -6,14 +6,24 @@ from __future__ import annotations
 import struct
 
 import pytest
+import zmq
 
 from fabric import errors
+from fabric.limits import PROTOCOL_VERSION
 from fabric.local import LocalCluster
 from fabric.protocol import apis, batch
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import encode_request_header
 from sdk import Admin, Producer
-from tests.integration.helpers import decode, leader_address, raw_request, read_all
+from tests.integration.helpers import (
+    RAW_TIMEOUT_MS,
+    decode,
+    leader_address,
+    leader_id,
+    raw_request,
+    read_all,
+)
+from tests.integration.test_metrics_endpoint import endpoints, scrape
 from tests.unit.test_codecs import forge, lz4_frame_claiming
 
 
@@ -156,4 +166,34 @@ def test_invalid_acks_and_garbage_body(cluster: LocalCluster, bad_topic: str) ->
     assert request_level_error(address, [frames[0], bytes(body), frames[2]])[0] == errors.InvalidRequestError.code
     garbage = struct.pack("<bi", 1, 1000) + struct.pack("<I", 5) + b"\xff" * 3
     assert request_level_error(address, [frames[0], garbage, frames[2]])[0] == errors.MalformedRequestError.code
+    assert_still_serving(cluster, bad_topic)
+
+
+def test_refused_requests_add_no_metric_series_per_api_key(cluster: LocalCluster, bad_topic: str) -> None:
+    """A refusal echoes the client's api key (here a wrong protocol version), and the node
+    labelled its error counter with it: a client could add a series per key, 65,536 of
+    them (20,000 requests made 20,000 series and 3.5 MB per scrape)."""
+    address = leader_address(cluster.bootstrap, bad_topic)
+    keys = range(1_000, 1_300)  # none is an ApiKey
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        for key in keys:
+            frame = bytearray(encode_request_header(key, 0, key))
+            frame[4] = PROTOCOL_VERSION + 1
+            sock.send_multipart([bytes(frame), b""])
+        answered = 0
+        while answered < len(keys) and sock.poll(RAW_TIMEOUT_MS):
+            assert decode(sock.recv_multipart()).header.error_code == errors.UnsupportedVersionError.code
+            answered += 1
+    finally:
+        sock.close(linger=0)
+    assert answered == len(keys)
+    known = {key.name for key in ApiKey}
+    samples = scrape(endpoints(cluster)[leader_id(cluster.bootstrap, bad_topic)])
+    unknown = {dict(labels)["api"] for (name, labels) in samples
+               if name == "fabric_request_errors_total" and dict(labels)["api"] not in known}
+    assert unknown == {"UNKNOWN"}
     assert_still_serving(cluster, bad_topic)

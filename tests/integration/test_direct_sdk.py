@@ -5,10 +5,13 @@ cached registry while ZooKeeper is down."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 import uuid
+import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -520,3 +523,33 @@ def test_async_client_after_close_and_a_cancelled_group_consumer(cluster: LocalC
             await client.queue_consumer(topic_name)
 
     asyncio.run(run())
+
+
+def test_async_client_forgets_the_consumers_their_owners_closed(cluster: LocalCluster, topic_name: str) -> None:
+    """A long-lived client making a consumer per task kept every closed one (and its
+    Consumer) for ever: 180 made and closed held 180 of each, ~8 KiB apiece."""
+    with sdk.Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+        admin.create_queue(f"{topic_name}-q")
+    made = 20
+
+    async def run() -> tuple[int, int]:
+        client = await sdk.connect(cluster.bootstrap)
+        consumers: weakref.WeakSet[Any] = weakref.WeakSet()
+        queue_consumers: weakref.WeakSet[Any] = weakref.WeakSet()
+        try:
+            for _ in range(made):
+                consumer = await client.consumer([topic_name])
+                consumers.add(consumer)
+                await consumer.close()
+                queue_consumer = await client.queue_consumer(f"{topic_name}-q")
+                queue_consumers.add(queue_consumer)
+                await queue_consumer.close()
+            del consumer, queue_consumer
+            gc.collect()
+            return len(consumers), len(queue_consumers)
+        finally:
+            await client.close()
+
+    kept, queue_kept = asyncio.run(run())
+    assert kept <= 1 and queue_kept <= 1, (kept, queue_kept)  # the last one, until the next is made

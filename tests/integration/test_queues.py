@@ -550,3 +550,21 @@ def test_consumed_messages_are_deleted_and_the_rest_survive_a_failover(fresh_clu
     assert sorted(m.offset for m in rest) == list(range(20, 30))
     with Admin(bootstrap) as admin:  # counted by the new leader, though its message left the log
         assert admin.describe_queue(topic_name).total("dead_lettered") == 1
+
+
+def test_groups_per_queue_partition_are_bounded(cluster: LocalCluster, topic_name: str) -> None:
+    """Each group keeps the state of every unfinished message of the partition, and any
+    receive with a new name made one, for ever: 200 one-message consumers, each in its own
+    group, took a node from 47 MB to 1.2 GB on a 20,000-message queue."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1)
+    _send(cluster.bootstrap, topic_name, [b"job"])
+    for n in range(qp.QUEUE_GROUPS_MAX):
+        with QueueConsumer(cluster.bootstrap, topic_name, f"g{n}") as worker:
+            assert [m.value for m in _drain(worker, 1)] == [b"job"]  # every group gets the message
+    with QueueConsumer(cluster.bootstrap, topic_name, "one-too-many") as worker, \
+            pytest.raises(errors.GroupMaxSizeReachedError, match="QUEUE_GROUPS_MAX"):
+        worker.receive(1, 0)
+    _send(cluster.bootstrap, topic_name, [b"later"])
+    with QueueConsumer(cluster.bootstrap, topic_name, "g0") as worker:  # the groups it holds go on
+        assert [m.value for m in _drain(worker, 1)] == [b"later"]

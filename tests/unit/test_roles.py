@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
-from fabric.zk import PartitionState
+from fabric.zk import PartitionState, TopicConfig, TopicRoute
 from nodes.roles import (
     DROP,
     ELECTED,
@@ -21,6 +24,7 @@ from nodes.roles import (
     Event,
     ImpossibleTransitionError,
     Role,
+    apply_roles,
     event_for,
     transition,
 )
@@ -88,3 +92,32 @@ def test_every_role_answers_every_zookeeper_event() -> None:
             new_role, action = transition(role, event_for(zk_state, ME))
             assert action in (KEEP, LEAD, FOLLOW, DROP)
             assert new_role.name in (LEADER, FOLLOWER, NONE)
+
+
+class _Routing:
+    """The two reads apply_roles makes of the routing map (fabric.zk.RoutingCache)."""
+
+    def __init__(self, topics: dict[str, TopicRoute]) -> None:
+        self._topics = topics
+
+    def topics(self) -> dict[str, TopicRoute]:
+        return self._topics
+
+    def nodes(self) -> dict[int, Any]:
+        return {}
+
+
+def test_topics_created_and_deleted_leave_no_config_behind() -> None:
+    """A node kept the TopicConfig of every topic it ever saw: a loop creating and deleting
+    topics grew ``node.configs`` by one entry per topic, for ever."""
+    node = SimpleNamespace(routing_dirty=True, configs={}, logs={}, states={}, pkeys={}, known_topics=set(),
+                           node_id=ME, sub_connected=set(), sub_disconnect_pending=set())
+    kept = TopicRoute("kept", TopicConfig(partitions=1))
+    for n in range(50):
+        created = TopicRoute(f"churn-{n}", TopicConfig(partitions=1))
+        node.routing = _Routing({"kept": kept, created.name: created})
+        apply_roles(node)  # type: ignore[arg-type]
+        assert set(node.configs) == {"kept", created.name}
+        node.routing = _Routing({"kept": kept})  # deleted
+        apply_roles(node)  # type: ignore[arg-type]
+        assert set(node.configs) == {"kept"}

@@ -80,7 +80,7 @@ static const error_row_t ERROR_ROWS[] = {
     {66, "INVALID_GROUP_ID", 0, "group id empty, too long or with characters outside [A-Za-z0-9._-]"},
     {67, "GROUP_ID_NOT_FOUND", 0, "no such group"},
     {68, "UNRELEASED_INSTANCE_ID", 0, "a live member already uses this group_instance_id"},
-    {69, "GROUP_MAX_SIZE_REACHED", 0, "the group already has GROUP_MEMBERS_MAX members"},
+    {69, "GROUP_MAX_SIZE_REACHED", 0, "the group already has GROUP_MEMBERS_MAX members (a queue partition: QUEUE_GROUPS_MAX groups)"},
     {70, "INVALID_VISIBILITY_TIMEOUT", 0, "visibility/extend out of range: 0 < ms <= VISIBILITY_TIMEOUT_MS_MAX (12 h)"},
     {71, "LEASE_NOT_HELD", 0, "the message is not leased to this consumer (lease expired, acked or redelivered)"},
     {72, "QUEUE_FULL", 1, "the queue is at max_messages or max_bytes; retry once workers catch up"},
