@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import zmq
+
 from fabric import errors
 from fabric.limits import FETCH_BYTES_MAX, FETCH_WAIT_MS_MAX, PARKED_FETCHES_MAX
 from fabric.protocol import apis
@@ -82,7 +84,9 @@ def handle_fetch(node: NodeState, envelope: Envelope, request: apis.Message) -> 
 def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
     """Answer if there is enough data, an error, or ``final``; else leave it parked."""
     body = fetch.body
-    budget = min(body["max_bytes"], FETCH_BYTES_MAX)
+    identity = _identity(fetch.envelope)
+    # Past its unread answers' bound a client reads nothing: parked, then answered empty.
+    budget = min(body["max_bytes"], FETCH_BYTES_MAX, node.reply_budget.room(identity))
     results: list[dict[str, Any]] = []
     frames: list[Any] = []
     total = 0
@@ -107,12 +111,15 @@ def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
                 batches: list[bytes] = []
             else:
                 room = min(p["partition_bytes_max"], budget - total) if total < budget else 0
+                # The first batch is read whatever its size (as Kafka's KIP-74), unless the
+                # client may read nothing at all now.
+                may_read = room > 0 or (total == 0 and budget > 0)
                 tag_filter = body.get("parsed_tag_filter")
-                if tag_filter is not None and (room > 0 or total == 0):
+                if tag_filter is not None and may_read:
                     batches, result["next_fetch_offset"], result["filtered_bytes"] = read_filtered(
                         plog.read, limit, p["fetch_offset"], max(room, 1), tag_filter)
                 else:
-                    batches = plog.read(p["fetch_offset"], max(room, 1), limit) if (room > 0 or total == 0) else []
+                    batches = plog.read(p["fetch_offset"], max(room, 1), limit) if may_read else []
             result["batch_count"] = len(batches)
             frames.extend(batches)
             total += sum(len(b) for b in batches)
@@ -122,8 +129,18 @@ def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
         results.append(result)
     if not fetch_ready(final=final, any_error=any_error, bytes_found=total, min_bytes=body["min_bytes"]):
         return False
-    node.send_response(fetch.envelope, fetch.header, {"partitions": results}, frames)
+    if not frames:
+        node.send_response(fetch.envelope, fetch.header, {"partitions": results})
+        return True
+    frames, tracker = node.reply_budget.tracked(frames)
+    if node.send_response(fetch.envelope, fetch.header, {"partitions": results}, frames):
+        node.reply_budget.sent(identity, tracker, total)
     return True
+
+
+def _identity(envelope: Envelope) -> bytes:
+    first = envelope[0]
+    return first.bytes if isinstance(first, zmq.Frame) else bytes(first)
 
 
 def wake_parked(node: NodeState, touched: set[TopicPartition]) -> None:

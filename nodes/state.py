@@ -28,6 +28,7 @@ from fabric.transport import Connections
 from nodes.lease import SessionLease
 from nodes.log import PartitionLog, Store
 from nodes.metrics import NodeMetrics, frames_bytes, response_error_codes
+from nodes.reply_budget import ReplyBudget
 
 if TYPE_CHECKING:
     from nodes.authz import NodeSecurity
@@ -159,6 +160,7 @@ class NodeState:
     # Requests waiting for something: long-poll fetches (nodes/fetch.py), acks=all
     # produces (nodes/produce.py), follower requests to leaders (nodes/follower.py).
     parked: list[ParkedFetch] = field(default_factory=list)
+    reply_budget: ReplyBudget = field(default_factory=ReplyBudget)  # FETCH answers not yet taken
     pending: list[PendingProduce] = field(default_factory=list)
     replica_requests: dict[int, tuple[str, Any]] = field(default_factory=dict)
     subscribed: set[bytes] = field(default_factory=set)

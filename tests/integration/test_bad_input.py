@@ -3,7 +3,9 @@ and the node keeps serving good traffic."""
 
 from __future__ import annotations
 
+import os
 import struct
+import time
 
 import pytest
 import zmq
@@ -197,3 +199,48 @@ def test_refused_requests_add_no_metric_series_per_api_key(cluster: LocalCluster
                if name == "fabric_request_errors_total" and dict(labels)["api"] not in known}
     assert unknown == {"UNKNOWN"}
     assert_still_serving(cluster, bad_topic)
+
+
+def test_a_client_that_never_reads_gets_a_bounded_amount_of_data(cluster: LocalCluster, topic_name: str) -> None:
+    """ZeroMQ bounds a node's queue to a client by messages only, and a FETCH answer may
+    carry 64 MiB: a client sending fetches and never reading made a node hold every answer
+    (an audit: 57 MB to 4.5 GB). Answers not yet taken are bounded by bytes
+    (nodes/reply_budget.py): past CLIENT_REPLY_BYTES_MAX a fetch reads nothing. Once the
+    client reads, it gets data again."""
+    from nodes.reply_budget import CLIENT_REPLY_BYTES_MAX
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, config={"message_bytes_max": 8 << 20})
+    chunk = 4 << 20
+    with Producer(cluster.bootstrap, acks="all", compression="none", batch_bytes_max=chunk + 4096) as producer:
+        for _ in range(2):
+            producer.send(topic_name, os.urandom(chunk), partition=0).result(60)  # a 4 MiB batch each
+    address = leader_address(cluster.bootstrap, topic_name)
+    fetches = 2 * CLIENT_REPLY_BYTES_MAX // (2 * chunk) + 30  # twice the bound's worth, and more
+    request = apis.encode_request(ApiKey.FETCH, {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 2 * chunk + 65536,
+        "partitions": [{"topic": topic_name, "partition": 0, "fetch_offset": 0,
+                        "partition_bytes_max": 2 * chunk + 65536, "current_leader_epoch": -1}]}, 3)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(address)
+    try:
+        for _ in range(fetches):
+            sock.send_multipart(request)  # and read nothing meanwhile
+        time.sleep(2.0)  # every fetch answered (max_wait_ms 0) into the unread queue
+        with_data = 0
+        for _ in range(fetches):
+            assert sock.poll(30_000), "a fetch went unanswered"
+            reply = decode(sock.recv_multipart())
+            with_data += reply.body["partitions"][0]["batch_count"] > 0
+        # The bound's worth (plus what the kernel's socket buffers took), not all of them.
+        assert with_data <= CLIENT_REPLY_BYTES_MAX // (2 * chunk) + 4, with_data
+        sock.send_multipart(request)
+        assert sock.poll(30_000)
+        assert decode(sock.recv_multipart()).body["partitions"][0]["batch_count"] == 2  # read: served again
+    finally:
+        sock.close(linger=0)
+    with Producer(cluster.bootstrap) as producer:
+        assert producer.send(topic_name, b"after", partition=0).result(10).offset == 2
