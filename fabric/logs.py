@@ -148,7 +148,8 @@ def replica_logger(logger: logging.Logger, *, topic: str, partition: int, epoch:
 
 def add_arguments(parser: argparse.ArgumentParser, default_level: str = "INFO") -> None:
     """``--log-level`` and ``--log-format``, the same in every Fabric command."""
-    parser.add_argument("--log-level", default=default_level, type=str.upper, choices=LOG_LEVELS)
+    parser.add_argument("--log-level", default=default_level, type=str.upper, choices=LOG_LEVELS,
+                        help="least severe level logged")
     parser.add_argument("--log-format", default="text", choices=LOG_FORMATS,
                         help="text for people (default), json for log pipelines (one object per line)")
 

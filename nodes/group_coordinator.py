@@ -382,6 +382,7 @@ class GroupCoordinator:
         tps = [(o["topic"], o["partition"]) for o in body["offsets"]]
         codes = group.check_commit(body["member_id"], body["member_epoch"], tps)
         topics = self._topic_partitions()
+        created = {name: route.config.created_ms for name, route in self.routing.topics().items()}
         records: list[tuple[bytes, bytes | None]] = []
         commit_ms = int(time.time() * 1000)
         results = []
@@ -391,10 +392,9 @@ class GroupCoordinator:
                 code = errors.UnknownTopicOrPartitionError.code
             if code == 0 and entry["offset"] < 0:
                 code = errors.InvalidRequestError.code
-            if code == 0:
-                records.append((gp.offset_key(group.group_id, *tp),
-                                gp.encode_offset_value(entry["offset"], entry["metadata"], commit_ms)))
-                group.offsets[tp] = (entry["offset"], entry["metadata"], commit_ms)
+            if code == 0:  # never stamped before the topic's creation, whatever the clocks (fetch_offsets)
+                group.offsets[tp] = (entry["offset"], entry["metadata"], max(commit_ms, created.get(tp[0], 0)))
+                records.append((gp.offset_key(group.group_id, *tp), gp.encode_offset_value(*group.offsets[tp])))
             results.append({"topic": tp[0], "partition": tp[1], "error": code})
         part.groups[group.group_id] = group
         response = {"error": 0, "message": "", "results": results}
@@ -411,7 +411,9 @@ class GroupCoordinator:
         part = self._partition_for(body["group_id"])
         group = part.groups.get(body["group_id"]) or GroupState(body["group_id"])
         principal, may_describe = self._caller()
-        offsets = group.fetch_offsets([(p["topic"], p["partition"]) for p in body["partitions"]], principal, may_describe)
+        created = {name: route.config.created_ms for name, route in self.routing.topics().items()}
+        offsets = group.fetch_offsets([(p["topic"], p["partition"]) for p in body["partitions"]], principal, may_describe,
+                                      created)
         self._reply_after(part, envelope, request, {"error": 0, "message": "", "offsets": offsets},
                           lambda code, text: {"error": code, "message": text, "offsets": []})
 

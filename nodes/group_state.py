@@ -131,9 +131,17 @@ class GroupState:
         return not self.members
 
     def fetch_offsets(self, wanted: list[TopicPartition], principal: str = "",
-                      may_describe: MayDescribe | None = None) -> list[dict[str, Any]]:
+                      may_describe: MayDescribe | None = None,
+                      created_ms: dict[str, int] | None = None) -> list[dict[str, Any]]:
         """OFFSET_FETCH's answer: ``wanted``, or when empty every committed partition of the
-        topics ``principal`` may describe (a named topic was already checked by the ACL)."""
+        topics ``principal`` may describe (a named topic was already checked by the ACL).
+
+        A commit older than its topic's ``created_ms`` (per topic, when given) was made
+        on a deleted topic of the same name: it is forgotten, as Kafka drops a deleted
+        topic's offsets, or the group would resume the new topic at the old offset and
+        skip its first records."""
+        for tp in [tp for tp, entry in self.offsets.items() if entry[2] < (created_ms or {}).get(tp[0], -1)]:
+            del self.offsets[tp]
         if not wanted:
             wanted = sorted(tp for tp in self.offsets if may_describe is None or may_describe(principal, tp[0]))
         return [{"topic": tp[0], "partition": tp[1], "offset": offset, "metadata": metadata, "commit_ms": commit_ms}

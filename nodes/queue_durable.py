@@ -105,6 +105,15 @@ def _starts(share: SharePartition) -> dict[str, int]:
     return {name: g.state.start_offset for name, g in share.groups.items() if name != COUNTING}
 
 
+def _incarnation(headers: list[tuple[str, bytes | None]]) -> bytes | None:
+    """The queue incarnation a state record was written for; None on a record written
+    before records carried it (taken as the current queue's, as before)."""
+    for name, value in headers:
+        if name == qp.HEADER_STATE_INCARNATION:
+            return value
+    return None
+
+
 def wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -217,7 +226,9 @@ class QueueDurability:
                 return
             k = state_partition(share.topic, share.partition, route.config.partitions)
             now_ms = wall_ms()
-            self._produce(qp.STATE_TOPIC, k, [(now_ms, key, value, []) for key, value in records], finished)
+            incarnation: list[tuple[str, bytes | None]] = [
+                (qp.HEADER_STATE_INCARNATION, str(share.topic_config.created_ms).encode())]
+            self._produce(qp.STATE_TOPIC, k, [(now_ms, key, value, incarnation) for key, value in records], finished)
 
         if dead:
             self._dead_letter(slot, dead, write_state)
@@ -325,6 +336,7 @@ class QueueDurability:
             slot.next_load_s = time.monotonic() + RETRY_INTERVAL_S
             return
         prefix = qp.state_key(share.topic, share.partition, "")
+        incarnation = str(share.topic_config.created_ms).encode()
         body = {"replica_id": apis.CONSUMER_REPLICA_ID, "max_wait_ms": 0, "min_bytes": 0,
                 "max_bytes": LOAD_FETCH_BYTES_MAX,
                 "partitions": [{"topic": qp.STATE_TOPIC, "partition": k, "fetch_offset": slot.load_offset,
@@ -348,9 +360,12 @@ class QueueDurability:
             for buf in message.batches:  # type: ignore[union-attr]
                 decoded = batch_format.decode_batch(buf)
                 base = decoded.header.base_offset
-                for i, (key, value) in enumerate(zip(decoded.keys, decoded.values, strict=True)):
+                for i, (key, value, headers) in enumerate(zip(decoded.keys, decoded.values, decoded.headers,
+                                                              strict=True)):
                     if base + i < slot.load_offset or key is None or value is None or not key.startswith(prefix):
                         continue
+                    if _incarnation(headers) not in (None, incarnation):
+                        continue  # a deleted queue's of the same name: not this queue's state
                     try:
                         fields = qp.decode_state_record(value)
                     except errors.FabricError as exc:

@@ -267,6 +267,8 @@ class GroupMember:
                     address, ApiKey.FIND_COORDINATOR, {"group_id": self.group_id}, timeout_ms=timeout_ms
                 ).body
             except errors.FabricError as exc:
+                if isinstance(exc, errors.AuthorizationFailedError):
+                    raise  # every node would refuse the same: not "no coordinator", retried for ever
                 last = exc
                 continue
             if response["error"]:

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 from kazoo.client import KazooState
@@ -391,12 +391,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise argparse.ArgumentTypeError(f"{part!r} is not HOST:PORT")
         return text
 
-    parser = argparse.ArgumentParser(prog="fabric sequencer",
-                                     description="Run one sequencer instance (one of them is active).")
+    class Defaults(argparse.ArgumentDefaultsHelpFormatter):
+        def _get_help_string(self, action: argparse.Action) -> str | None:
+            return action.help if action.default in (None, "") else super()._get_help_string(action)
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # one line and exit 2, as every fabric command (PROTOCOL.md 13)
+            self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+    parser = Parser(prog="fabric sequencer", description="Run one sequencer instance (one of them is active).",
+                    formatter_class=Defaults)
     parser.add_argument("--zk", required=True, type=zk_hosts, help="ZooKeeper connect string, e.g. 127.0.0.1:2181")
     parser.add_argument("--id", type=ranged(0, 2**31 - 1), default=1, dest="sequencer_id",
                         help="this instance's id, for logs")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind and to register")
     parser.add_argument("--port", type=ranged(0, 65_535), default=0, help="port for ALLOCATE_IDS; 0 picks a free one")
     parser.add_argument("--session-timeout-ms", type=ranged(1_000, 600_000), default=6_000,
                         help="ZooKeeper session timeout: how long a dead active instance holds its place")

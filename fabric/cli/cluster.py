@@ -43,9 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.set_defaults(run=cmd_up)
 
     demo = subparsers.add_parser("demo", help="start a local cluster, produce and consume messages, print a summary")
-    demo.add_argument("--messages", type=positive_int, default=200_000)
+    demo.add_argument("--messages", type=positive_int, default=200_000, help="keyed messages to produce and consume")
     demo.add_argument("--size", type=non_negative_int, default=100, help="message size in bytes")
-    demo.add_argument("--partitions", type=partition_count, default=6)
+    demo.add_argument("--partitions", type=partition_count, default=6, help="partitions of the demo topic")
     demo.add_argument("--nodes", type=positive_int, default=3, help="storage nodes of the demo's cluster")
     demo.set_defaults(run=cmd_demo)
 

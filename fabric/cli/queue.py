@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     send.add_argument("--dedup-id", default="", help="a repeat of this id within the dedup window is dropped")
     receive = with_bootstrap(qsub.add_parser("receive", help="receive, print and acknowledge messages"))
     receive.add_argument("name")
-    receive.add_argument("--group", "-g", default=qp.DEFAULT_GROUP)
+    receive.add_argument("--group", "-g", default=qp.DEFAULT_GROUP, help="consumer group")
     receive.add_argument("--max-messages", "-n", type=positive_int, default=10, help="stop after this many")
     receive.add_argument("--wait-ms", type=non_negative_int, default=5_000, help="long-poll this long (max 20 s)")
     receive.add_argument("--no-ack", action="store_true", help="leave them leased (they come back after the timeout)")

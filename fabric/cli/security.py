@@ -126,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     psub = p.add_subparsers(dest="principal_command", required=True)
     add = _with_zk(psub.add_parser("add"))
     add.add_argument("name")
-    add.add_argument("--key", "-k", required=True, help="Z85 public key, or a .key/.key_secret file")
+    add.add_argument("--key", "-k", required=True,
+                     help=f"Z85 public key, or a .key/.key_secret file (a bare name not found here: in {DEFAULT_KEY_DIR})")
     add.add_argument("--role", choices=[r.value for r in Role], default="user",
                      help="user: ACLs decide; super: operator, may do everything; node: a storage node")
     remove = _with_zk(psub.add_parser("remove"))
@@ -174,10 +175,19 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def key_argument(value: str, key_dir: Path = DEFAULT_KEY_DIR) -> str:
+    """``--key alice.key`` right after ``fabric keys generate alice`` (docs/SECURITY.md): a
+    bare file name that is not in the working directory is looked up where ``keys
+    generate`` writes, so the documented pair of commands works from any directory."""
+    if not Path(value).exists() and Path(value).name == value and (key_dir / value).is_file():
+        return str(key_dir / value)
+    return value
+
+
 def cmd_principal(args: argparse.Namespace) -> int:
     with _zk(args) as zk:
         if args.principal_command == "add":
-            principal = store.add_principal(zk, args.name, keys.read_public_key(args.key), Role(args.role))
+            principal = store.add_principal(zk, args.name, keys.read_public_key(key_argument(args.key)), Role(args.role))
             print(f"added principal {principal.name} ({principal.role.value}) {principal.public_key}")
         elif args.principal_command == "remove":
             store.remove_principal(zk, args.name)

@@ -44,9 +44,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"))
     request.add_argument("name", type=utf8_text)
     request.add_argument("payload", type=utf8_text, help="the request body (UTF-8); '-' reads stdin")
-    request.add_argument("--timeout-ms", type=positive_int, default=5_000)
+    request.add_argument("--timeout-ms", type=positive_int, default=5_000, help="bound of the whole call, retries included")
     request.add_argument("--idempotent", action="store_true", help="allow retries on another instance")
-    request.add_argument("--header", action="append", type=utf8_text, default=[], metavar="NAME=VALUE")
+    request.add_argument("--header", action="append", type=utf8_text, default=[], metavar="NAME=VALUE",
+                         help="a request header (repeatable)")
     request.add_argument("--show-instance", action="store_true", help="print the answering instance on stderr")
     request.set_defaults(run=cmd_request)
 

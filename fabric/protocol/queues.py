@@ -81,6 +81,10 @@ HEADER_DLQ_COUNT: Final[str] = "fabric.dlq.delivery_count"
 HEADER_DLQ_REASON: Final[str] = "fabric.dlq.reason"
 DLQ_HEADERS: Final[frozenset[str]] = frozenset(
     {HEADER_DLQ_QUEUE, HEADER_DLQ_PARTITION, HEADER_DLQ_OFFSET, HEADER_DLQ_COUNT, HEADER_DLQ_REASON})
+# On each ``__queue_state`` record: the queue's incarnation (its topic's ``created_ms``,
+# decimal). A queue deleted and created again under the same name must not inherit the
+# old one's acks and leases (its new messages were taken as already acknowledged).
+HEADER_STATE_INCARNATION: Final[str] = "fabric.incarnation"
 
 RECEIVE_REQUEST_V0: Schema = (
     ("queue", "str"),

@@ -560,3 +560,30 @@ def test_an_oversized_id_in_a_group_request_gets_an_error_not_a_dead_coordinator
         assert conns.request(coordinator, ApiKey.API_VERSIONS, {}, timeout_ms=10_000).body
     finally:
         conns.close()
+
+
+def test_a_topic_created_again_does_not_inherit_the_deleted_ones_committed_offsets(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """A group committed offset 5 on a topic that was then deleted and created again under
+    the same name: the group resumed the new topic at offset 5 and silently skipped its
+    first five records (Kafka drops a deleted topic's committed offsets)."""
+    group = f"{topic_name}-g"
+
+    def consume(count: int) -> list[bytes]:
+        got: list[bytes] = []
+        with Consumer(cluster.bootstrap, group_id=group, auto_offset_reset="earliest", **FAST) as consumer:
+            consumer.subscribe([topic_name])
+            _poll_until([consumer], lambda: len(got) >= count, sink={0: got})  # type: ignore[dict-item]
+            consumer.commit()
+        return [r.value for r in got]
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    _produce(cluster.bootstrap, topic_name, 5, 1)
+    assert consume(5) == [f"v{i}".encode() for i in range(5)]
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic(topic_name)
+        admin.create_topic(topic_name, partitions=1)
+        assert admin.describe_group(group).offsets == ()  # `fabric group describe` showed the old commit
+    _produce(cluster.bootstrap, topic_name, 8, 1, start=100)
+    assert consume(8) == [f"v{i}".encode() for i in range(100, 108)]

@@ -445,3 +445,38 @@ def test_group_patterns_and_offset_listing_keep_to_topics_the_principal_may_desc
     with Admin(secure.bootstrap, security=_security(secure).client()) as operator_admin:
         listed = operator_admin._group_call(group, ApiKey.OFFSET_FETCH, {"group_id": group, "partitions": []})
     assert {entry["topic"] for entry in listed["offsets"]} == {mine, hidden}
+
+
+def test_a_consumer_without_consume_acls_raises_instead_of_retrying_for_ever(secure: LocalCluster,
+                                                                              admin: Admin) -> None:
+    """SECURITY.md: a refusal is AUTHORIZATION_FAILED naming what is missing. A Consumer
+    whose FETCH was refused (produce but no consume on the topic) retried it at once,
+    for ever, logging a warning per refusal (thousands a second on every node);
+    `fabric consume` hung at 40% CPU. Without consume on its group, FIND_COORDINATOR's
+    refusal became a retriable "coordinator not available" and poll() returned nothing,
+    silently, for ever. Both now raise from poll(), as Kafka's consumer does."""
+    from sdk import Consumer, TopicPartition
+
+    topic = _topic(admin, "secr")
+    group = f"secr-{uuid.uuid4().hex[:8]}"
+    name, security = _user(secure)
+    _acl(secure, name, "produce", "topic", topic)
+    time.sleep(CHANGE_VISIBLE_S)
+    _produce(security, secure, topic, count=1)
+
+    def first_refusal(consumer: Consumer) -> errors.AuthorizationFailedError:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                consumer.poll(timeout_ms=200)
+            except errors.AuthorizationFailedError as exc:
+                return exc
+        raise AssertionError("poll() never raised the refusal")
+
+    with Consumer(secure.bootstrap, security=security) as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        assert "consume" in str(first_refusal(consumer))
+    with Consumer(secure.bootstrap, security=security, group_id=group) as consumer, \
+            pytest.raises(errors.AuthorizationFailedError, match=group):
+        consumer.subscribe([topic])  # its first heartbeat already asks for the coordinator
+        first_refusal(consumer)

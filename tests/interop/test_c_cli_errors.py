@@ -3,7 +3,9 @@ and their default acks are the Python CLI's (all)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +60,25 @@ def test_bad_numbers_are_refused_not_read_as_zero(c_client: CClient, tool: str, 
     assert done.returncode == 2, message
     assert "wants an integer in" in message, message
     assert len(message.strip().splitlines()) == 1
+
+
+def test_install_prefix_reaches_the_pkg_config_file(c_client: CClient, tmp_path: Path) -> None:
+    """docs/C_CLIENT.md: `make -C sdk/c`, then `make -C sdk/c install PREFIX=...`, then
+    `gcc app.c $(pkg-config --cflags --libs fabric)`. The install copied the fabric.pc the
+    first `make` had written with the default prefix: pkg-config sent the compiler to
+    /usr/local, and a program could not find fabric.h there."""
+    prefix = tmp_path / "prefix"
+    done = subprocess.run(["make", "-C", str(c_client.root), "install", f"PREFIX={prefix}"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    app = tmp_path / "app.c"
+    app.write_text("#include <fabric.h>\nint main(void) { return fabric_err_retriable(8) ? 0 : 1; }\n")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fabric"], capture_output=True, text=True, timeout=30,
+                           check=True, env={**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")})
+    assert f"-I{prefix}/include" in flags.stdout.split()
+    built = subprocess.run(["gcc", str(app), *flags.stdout.split(), "-o", str(tmp_path / "app")],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run([str(tmp_path / "app")], env={**os.environ, "LD_LIBRARY_PATH": str(prefix / "lib")},
+                         timeout=30, check=False)
+    assert ran.returncode == 0

@@ -5,6 +5,7 @@ cluster: argparse alone, and the pure pieces of the error mapping."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,61 @@ def test_a_record_the_sdk_refuses_before_anything_was_delivered_is_a_usage_error
     with pytest.raises(CliError) as error:
         _report(0, 0, [], stopped)
     assert error.value.exit_code == EXIT_USAGE and "0 of 0 records delivered" in error.value.message
+
+
+def _flags(parser: argparse.ArgumentParser, prog: str) -> list[tuple[str, argparse.Action]]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _flags(sub, f"{prog} {name}")
+        elif action.option_strings:
+            out.append((prog, action))
+    return out
+
+
+def test_every_flag_with_a_default_shows_it_in_help() -> None:
+    """PROTOCOL.md 13: `fabric COMMAND --help` shows every flag with its default. argparse
+    prints no default for a flag without help text: `fabric request --timeout-ms` (5000),
+    `fabric queue receive --group` (default) and `fabric demo --messages` showed none."""
+    missing = [f"{prog} {action.option_strings[0]}" for prog, action in _flags(build_parser(), "fabric")
+               if action.default not in (None, False, argparse.SUPPRESS) and not (action.help or "").strip()]
+    assert missing == []
+
+
+def test_the_sequencer_shows_its_defaults_and_refuses_a_bad_flag_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`fabric sequencer` parses its own flags: its usage errors printed the whole usage
+    block before the error line, and its --help no default (OPERATIONS.md states them)."""
+    from sequencer.service import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--zk", "127.0.0.1:2181", "--port", "x"])
+    assert exit_info.value.code == EXIT_USAGE
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fabric sequencer: error: "), lines
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 1)", "(default: 127.0.0.1)", "(default: 6000)", "(default: 0)"):
+        assert default in help_text
+
+
+def test_a_bare_key_file_name_is_found_where_keys_generate_wrote_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SECURITY.md and `fabric up --secure`: `fabric keys generate alice`, then `fabric
+    principal add alice --key alice.key`. generate writes into ~/.fabric/keys, so the
+    second command failed with "key file alice.key does not exist" from any other
+    directory."""
+    from fabric.auth import keys
+    from fabric.cli.security import key_argument
+
+    key_dir = tmp_path / "keys"
+    keys.generate_key_pair(key_dir, "alice")
+    monkeypatch.chdir(tmp_path)
+    assert key_argument("alice.key", key_dir) == str(key_dir / "alice.key")
+    assert keys.read_public_key(key_argument("alice.key", key_dir)) == keys.load_key_pair(key_dir / "alice.key").public_key
+    (tmp_path / "alice.key").write_text("here")  # one in the working directory wins
+    assert key_argument("alice.key", key_dir) == "alice.key"
+    assert key_argument("sub/bob.key", key_dir) == "sub/bob.key"  # a path is taken as given
+    assert key_argument("carol.key", key_dir) == "carol.key"  # nowhere: the error names what was given
