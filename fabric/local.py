@@ -12,19 +12,21 @@ import contextlib
 import ctypes
 import functools
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from fabric import errors
 
@@ -59,6 +61,50 @@ def _die_with_parent() -> None:
     os.setpgrp()  # own process group: a terminal's Ctrl-C reaches only the parent
 
 
+_Reply = queue.SimpleQueue[tuple[object, BaseException | None]]  # (result, error) of one spawn
+
+
+class _Spawner:
+    """Forks every child from one daemon thread that lives as long as this process.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process:
+    a node restarted from a short-lived thread (a fault test's nemesis thread, a user's
+    supervisor thread) was sent SIGTERM, drained and exited 0 the moment that thread
+    ended. A daemon thread ends only with the process, so children still die with it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], _Reply]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def run(self, make: Callable[[], _T]) -> _T:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():  # not alive: we are a forked child
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._serve, args=(self._jobs,), name="fabric-local-spawner",
+                                                daemon=True)
+                self._thread.start()
+            jobs = self._jobs
+        reply: _Reply = queue.SimpleQueue()
+        jobs.put((make, reply))
+        result, error = reply.get()
+        if error is not None:
+            raise error
+        return result  # type: ignore[return-value]
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[tuple[Callable[[], object], _Reply]]) -> None:
+        while True:
+            make, reply = jobs.get()
+            try:
+                reply.put((make(), None))
+            except BaseException as exc:  # handed to the caller's thread
+                reply.put((None, exc))
+
+
+_SPAWNER = _Spawner()
+
+
 def zookeeper_available() -> bool:
     return all(os.path.exists(p) for p in ZOOKEEPER_JARS) and shutil.which("java") is not None
 
@@ -78,14 +124,15 @@ class ManagedProcess:
         if self.running:
             return
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
-        self.proc = subprocess.Popen(
+        log_file = self._log
+        self.proc = _SPAWNER.run(lambda: subprocess.Popen(
             self.argv,
-            stdout=self._log,
+            stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=self.env,
             preexec_fn=_die_with_parent,
-        )
+        ))
 
     @property
     def running(self) -> bool:
@@ -546,8 +593,10 @@ class LocalCluster:
                     raise RuntimeError(f"node {node_id} exited during start:\n{node.process.log_tail()}")
                 try:
                     raw, _ = zkl.get(zk, zkl.node_path(node_id))
-                except (NoNodeError, errors.RequestTimedOutError):
-                    continue  # not yet, or ZooKeeper is slow (or between leaders): ask again
+                except (NoNodeError, errors.RequestTimedOutError, ConnectionLoss, SessionExpiredError):
+                    # Not yet, or ZooKeeper is slow, between leaders, or the server we talk to
+                    # went away (an ensemble member restarting: kazoo moves to another): ask again.
+                    continue
                 if zkl.NodeInfo.decode(raw).pid == node.process.pid:
                     pending.discard(node_id)
             return True if not pending else None

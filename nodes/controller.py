@@ -105,7 +105,7 @@ def _round(node: NodeState, is_controller: bool) -> bool:
 def _round_done(node: NodeState, is_controller: Any, error: BaseException | None) -> None:
     node.jobs.discard("controller")
     if error is not None:
-        log.warning("controller round failed (will retry): %s", error)
+        log.warning("controller round failed (will retry): %s: %s", type(error).__name__, error)
         node.controller_dirty = True
         return
     node.is_controller = bool(is_controller) and not node.session_lost
@@ -153,7 +153,7 @@ def _decide_and_write(node: NodeState, name: str, p: int,
         node.controller_dirty = True
         return
     except Exception as exc:
-        log.warning("controller decision for %s/%d failed: %s", name, p, exc)
+        log.warning("controller decision for %s/%d failed: %s: %s", name, p, type(exc).__name__, exc)
         node.controller_dirty = True
         return
     node.routing.apply_partition_state(name, written)

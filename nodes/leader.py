@@ -268,7 +268,7 @@ def _isr_written(node: NodeState, tp: TopicPartition, epoch: int, written: Any, 
         node.resync_soon()
         return
     if error is not None:  # connection trouble: the next check tries again
-        replica_log(tp, epoch).warning("ISR update of %s/%d failed: %s", *tp, error)
+        replica_log(tp, epoch).warning("ISR update of %s/%d failed: %s: %s", *tp, type(error).__name__, error)
         return
     leader = node.leaders.get(tp)
     if leader is None or leader.epoch != epoch:

@@ -21,8 +21,14 @@ from fabric.protocol import queues as qp
 from fabric.protocol.header import Header
 from nodes import drain, queue_coordinator, strict_order
 from nodes import leader as leader_side
+from nodes.log import IndexEntry
 from nodes.producer_state import DUPLICATE
 from nodes.state import Envelope, NodeState, TopicPartition
+
+# How far back (in batches, newest first) a retry's batch is looked for when it is older
+# than the producer's last few: a retry comes within its delivery timeout, so it is near
+# the end; the bound keeps a forged old sequence from costing a scan of the whole index.
+DUPLICATE_SEARCH_BATCHES_MAX = 100_000
 
 
 @dataclass
@@ -95,6 +101,8 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             if verdict == DUPLICATE:
                 # A retry of a batch we already have: answer as the first time, write
                 # nothing (and for acks=all, wait until that first copy is replicated).
+                if original_offset < 0:
+                    original_offset = stored_offset(plog.entries, header)
                 result["base_offset"] = original_offset
                 end = original_offset + header.record_count if original_offset >= 0 else plog.log_end_offset
             else:
@@ -117,6 +125,25 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             result["message"] = exc.message
         results.append(result)
     return outcome
+
+
+def stored_offset(entries: list[IndexEntry], header: batch_format.BatchHeader) -> int:
+    """The base offset of the stored batch a retry repeats, found in the index when it is
+    older than the last RECENT_BATCHES_PER_PRODUCER batches of its producer; -1 if it is
+    not there whole (retention deleted it, or the retry overlaps stored batches).
+
+    The producer keeps at most 5 batches of a partition in flight, but a leader answers a
+    request only when every partition in it is done: a batch in a request held up by
+    another partition can see any number of later batches of its partition answered, and
+    its retry on a new leader then came back with base_offset -1, which the SDK resolves
+    as an acks=all write at offset -1 (seen in a combined-fault soak)."""
+    for searched, entry in enumerate(reversed(entries)):
+        if searched >= DUPLICATE_SEARCH_BATCHES_MAX:
+            break
+        if (entry.producer_id == header.producer_id and entry.producer_epoch == header.producer_epoch
+                and entry.base_sequence == header.base_sequence):
+            return entry.base_offset if entry.record_count == header.record_count else -1
+    return -1
 
 
 def charge_decompression(spent_bytes: int, records_bytes: int) -> int:

@@ -266,7 +266,7 @@ def owns_session(node: NodeState) -> bool:
 def session_verified(node: NodeState, owned: Any, error: BaseException | None) -> None:
     node.jobs.discard("session")
     if error is not None:  # expired session, connection loss, timeout: all mean "not sure"
-        log.warning("session check failed: %s", error)
+        log.warning("session check failed: %s: %s", type(error).__name__, error)
         owned = False
     if owned:
         node.verify_session = False

@@ -612,13 +612,19 @@ class Consumer:
         if not self._wait_for_data(timeout_ms):
             return []
         out: list[RawBatch] = []
-        while self._buffer and isinstance(self._buffer[0], RawBatch):
-            entry = self._buffer.popleft()
-            assert isinstance(entry, RawBatch)  # narrowed by the loop condition
+        while self._buffer:
+            entry = self._buffer[0]
+            if isinstance(entry, RecordBatch) and not len(entry):  # a marker past skipped ticks
+                self._buffer.popleft()
+                self._positions[TopicPartition(entry.topic, entry.partition)] = entry.next_offset
+                continue
+            if not isinstance(entry, RawBatch):
+                break
+            self._buffer.popleft()
             header = batch_format.read_header(entry.buf)
             self._positions[TopicPartition(entry.topic, entry.partition)] = header.next_offset
             out.append(entry)
-        if not out:
+        if not out and self._buffer:
             raise errors.InvalidRequestError(
                 "records of a partly taken batch are waiting: read them with poll() before poll_raw_batches()")
         self._send_fetches()
@@ -809,11 +815,15 @@ class Consumer:
                 if skip >= header.record_count:
                     continue
                 if header.attributes & batch_format.ATTRIBUTE_CONTROL and self.skip_control_batches:
-                    # A strict-order tick: takes an offset, holds no record. With nothing of
-                    # this partition waiting for the caller, the caller's position moves past
-                    # it too, so "position >= end offset" still means "read everything".
+                    # A strict-order tick: takes an offset, holds no record. The caller's
+                    # position moves past it too, so "position >= end offset" still means
+                    # "read everything": at once with nothing of this partition waiting for
+                    # the caller, else by an empty marker once the caller gets there (without
+                    # it, a tick fetched with records left the position short of the end).
                     position = header.next_offset
-                    if not any(b.partition == tp.partition and b.topic == tp.topic for b in self._buffer):
+                    if any(b.partition == tp.partition and b.topic == tp.topic for b in self._buffer):
+                        self._buffer.append(RecordBatch(tp.topic, tp.partition, position, [], [], [], []))
+                    else:
                         self._positions[tp] = position
                     continue
                 self._buffer.append(RawBatch(tp.topic, tp.partition, buf, max(skip, 0)))

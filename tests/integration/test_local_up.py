@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from fabric import zk as zkl
-from fabric.local import Supervisor
+from fabric.local import LocalCluster, LocalZooKeeper, ManagedProcess, Supervisor
 
 UP_TIMEOUT_S = 90.0
 
@@ -61,6 +62,52 @@ def _wait_for(condition: object, what: str, proc: subprocess.Popen[str], timeout
             raise AssertionError(f"fabric up exited ({proc.returncode}) while waiting for {what}")
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_child_started_from_a_thread_outlives_that_thread(tmp_path: Path) -> None:
+    # PR_SET_PDEATHSIG fires when the forking *thread* ends: a node a fault test restarted
+    # from its nemesis thread got SIGTERM, drained and exited 0 as soon as that thread ended.
+    child = ManagedProcess("sleeper", ["sleep", "60"], tmp_path / "sleeper.log")
+    starter = threading.Thread(target=child.start)
+    starter.start()
+    starter.join()
+    try:
+        time.sleep(1.0)  # the kernel signals at the thread's exit; give the child time to die of it
+        assert child.running, f"the child died with the thread that started it (status {child.exit_status})"
+    finally:
+        child.kill()
+
+
+@pytest.mark.slow
+def test_wait_for_nodes_rides_out_a_lost_zookeeper_connection(tmp_path: Path) -> None:
+    # A soak on a 3-server ensemble died in LocalCluster.wait_for_nodes with a bare
+    # kazoo ConnectionLoss: the server its client talked to went away mid-request. Here the
+    # request is held in flight (ZooKeeper stopped), then the server is killed (the
+    # connection drops: ConnectionLoss) and restarted; the wait must go on and succeed.
+    zookeeper = LocalZooKeeper(tmp_path / "zk")
+    (tmp_path / "zk").mkdir()
+    zookeeper.start()
+    cluster = LocalCluster(0, tmp_path / "cluster", zk_address=zookeeper.address)
+
+    def bounce() -> None:
+        time.sleep(1.0)  # the wait is polling by now (NoNodeError: ask again)
+        zookeeper.pause()  # its next get stays in flight
+        time.sleep(1.0)
+        zookeeper.kill()  # the connection drops under that get: ConnectionLoss
+        zookeeper.start()
+        cluster.nodes[1].resume()
+
+    bouncer = threading.Thread(target=bounce)
+    try:
+        cluster.add_node(1, wait=False)
+        cluster.nodes[1].pause()  # it cannot register until resumed
+        bouncer.start()
+        cluster.wait_for_nodes([1])
+    finally:
+        if bouncer.is_alive():
+            bouncer.join(timeout=60)  # before stopping: it restarts ZooKeeper
+        cluster.stop()
+        zookeeper.stop()
 
 
 @pytest.mark.slow

@@ -138,6 +138,22 @@ def test_producer_set_header_fields_out_of_range_are_refused(cluster: LocalClust
     assert [(v[0], v[2]) for v in values_from(cluster, topic, start)] == [(start, b"x"), (start + 1, b"y")]
 
 
+def test_a_retry_older_than_the_last_five_batches_gets_its_offset(cluster: LocalCluster, topic: str) -> None:
+    # A combined-fault soak: a leader answers a request only when every partition in it is
+    # done, so a batch held up that way saw later batches of its partition answered; the
+    # leader died, and the retry on the new leader (past the last 5 batches it remembers)
+    # came back base_offset -1: the SDK resolved an acks=all write at offset -1.
+    pid = 6_000_000_003
+    seq_batch = lambda base, n: batch_format.encode_batch(  # noqa: E731
+        [1_700_000_000_000] * n, [None] * n, [b"r"] * n, producer_id=pid, producer_epoch=0, base_sequence=base)
+    first, = produce(cluster, topic, [seq_batch(0, 2)])
+    later = produce(cluster, topic, [seq_batch(2 + i, 1) for i in range(6)])
+    assert first["error"] == 0 and all(r["error"] == 0 for r in later)
+    again, overlapping = produce(cluster, topic, [seq_batch(0, 2), seq_batch(1, 2)])
+    assert again["error"] == 0 and again["base_offset"] == first["base_offset"]  # not written twice, and found
+    assert overlapping["error"] == 0 and overlapping["base_offset"] == -1  # stored, but not as one batch
+
+
 def test_sequences_wrap_at_i32_max(cluster: LocalCluster, topic: str) -> None:
     # The audit's raw case: base_sequence 2^31 - 1 with two records, then the next batch.
     pid = 6_000_000_001
