@@ -317,13 +317,30 @@ class RegistryWatch:
         # Children whose data is no InstanceInfo: warned about once, then skipped unread
         # (as a good entry is read once: ephemeral sequential names are never reused).
         self._unreadable: set[str] = set()
+        self._lock = threading.Lock()
+        self._watching_children = False
 
     def start(self) -> None:
-        self._zk.ensure_path_async(self._parent).get(timeout=ZK_TIMEOUT_S)
-        self._zk.ChildrenWatch(self._parent, self._children_changed)
+        # The parent is watched, not created: a caller asking for a name nobody serves (a
+        # typo, `fabric request` of anything) left a persistent empty znode per name for
+        # good. Until it exists there are no instances; once it does, its children are.
+        self._zk.DataWatch(self._parent, self._parent_changed)
 
     def close(self) -> None:
         self._closed.set()
+
+    def _parent_changed(self, _data: bytes | None, stat: Any) -> bool | None:
+        if self._closed.is_set():
+            return False
+        with self._lock:
+            if stat is None:  # not there (yet), or deleted: its children watch ended with it
+                self._watching_children = False
+                self._known = {}
+                self._on_change({})
+            elif not self._watching_children:
+                self._watching_children = True
+                self._zk.ChildrenWatch(self._parent, self._children_changed)
+        return None
 
     def _children_changed(self, children: list[str]) -> bool | None:
         if self._closed.is_set():

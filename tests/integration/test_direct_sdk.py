@@ -553,3 +553,34 @@ def test_async_client_forgets_the_consumers_their_owners_closed(cluster: LocalCl
 
     kept, queue_kept = asyncio.run(run())
     assert kept <= 1 and queue_kept <= 1, (kept, queue_kept)  # the last one, until the next is made
+
+
+def test_asking_for_a_name_nobody_serves_leaves_nothing_in_zookeeper(zk_server: LocalZooKeeper) -> None:
+    """A caller used to create the service's znode to watch it: every name ever asked for
+    (a typo, `fabric request` of anything) stayed in ZooKeeper as an empty znode for good.
+    It now watches for the znode to appear, and finds a service that starts later."""
+    chroot = f"/direct-{uuid.uuid4().hex[:10]}"
+    bootstrap = f"zk://{zk_server.address}{chroot}"
+    with sdk.Client(bootstrap) as client:
+        for name in ("nobody-serves-this", "nor-this", "late"):
+            with pytest.raises(errors.NoServiceAvailable):
+                client.request(name, b"x", timeout_ms=300)
+        with sdk.Client(bootstrap) as server:
+            server.serve("late", lambda request: b"pong:" + request.payload)
+            with pytest.raises(errors.NoServiceAvailable):
+                client.request("not-late", b"x", timeout_ms=300)
+            deadline = time.monotonic() + 10
+            reply = None
+            while reply is None and time.monotonic() < deadline:
+                try:
+                    reply = client.request("late", b"hi", timeout_ms=1_000)
+                except errors.NoServiceAvailable:
+                    time.sleep(0.1)
+            assert reply is not None and reply.payload == b"pong:hi"
+    zk = registry.start_client(f"{zk_server.address}{chroot}")
+    try:
+        services = set(zk.get_children(registry.service_path("late").rsplit("/", 1)[0]))
+    finally:
+        zk.stop()
+        zk.close()
+    assert services == {"late"}, services
