@@ -27,6 +27,20 @@ from fabric.cli.group import group_id
 POLL_TIMEOUT_MS = 500
 
 
+def tag_filter(text: str) -> str:
+    """A ``--tags`` value that parses (docs/GROUPS.md): a bad one is a usage error (exit 2),
+    not a failure after connecting."""
+    from fabric import errors
+    from fabric.protocol.tags import TagFilter
+
+    text = utf8_text(text)
+    try:
+        TagFilter(text)
+    except errors.FabricError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
 def from_offset(text: str) -> str | int:
     """``earliest``, ``latest`` or an offset >= 0; anything else is a usage error."""
     if text in ("earliest", "latest"):
@@ -60,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     consume.add_argument("--progress", action="store_true", help="a progress line on stderr")
     consume.add_argument("--group", type=group_id,
                          help="join this consumer group: share partitions, resume at committed offsets")
-    consume.add_argument("--tags", type=utf8_text, help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
+    consume.add_argument("--tags", type=tag_filter, help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
     consume.set_defaults(run=cmd_consume)
 
 

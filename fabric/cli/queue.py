@@ -7,6 +7,7 @@ import sys
 
 from fabric.cli._common import (
     bootstrap,
+    int_in_range,
     non_negative_int,
     partition_count,
     positive_int,
@@ -36,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--max-messages", type=non_negative_int, default=0,
                         help="refuse sends (QUEUE_FULL, retriable) past this many waiting messages (0: no limit)")
     create.add_argument("--max-bytes", type=non_negative_int, default=0, help="the same in value bytes (0: no limit)")
-    create.add_argument("--max-message-bytes", type=positive_int, default=qp.QUEUE_MESSAGE_BYTES_DEFAULT,
+    create.add_argument("--max-message-bytes", type=int_in_range(1024, 64 * 1024 * 1024, "message_bytes_max"),
+                        default=qp.QUEUE_MESSAGE_BYTES_DEFAULT,
                         help="largest message (default 1 MiB)")
     create.add_argument("--dedup-window-ms", type=positive_int, default=qp.DEDUP_WINDOW_MS_DEFAULT,
                         help="a repeated dedup id within this window is dropped (default 5 min)")
