@@ -777,9 +777,10 @@ class Consumer:
             self._busy_nodes.discard(flight[0])
             if message.header.error_code:
                 cls = errors.error_for_code(message.header.error_code)
-                if not cls.retriable and cls is not errors.UnknownTopicOrPartitionError:
+                if not cls.retriable and cls not in (errors.UnknownTopicOrPartitionError, errors.UnknownServerError):
                     # A refusal (no consume ACL, a bad request) is the same on every retry:
                     # raised from poll(), as Kafka's consumer does, not retried in a busy loop.
+                    # A node's internal error may pass: it is retried, as Kafka's fetcher does.
                     raise cls(str(message.body.get("message") or f"fetch from {address} refused"))
                 log.warning("fetch from %s failed: %s", address, message.body.get("message"))
                 self._refresh_needed = True
