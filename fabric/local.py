@@ -43,6 +43,7 @@ ZOOKEEPER_READY_TIMEOUT_S = 60.0
 NODE_READY_TIMEOUT_S = 60.0
 REGISTRATION_POLL_S = 0.05  # how often the wait for a node or sequencer registration asks ZooKeeper
 STOP_TIMEOUT_S = 10.0
+SPAWN_TIMEOUT_S = 60.0  # a fork and exec on the spawner thread; far longer means that thread is stuck
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -87,7 +88,10 @@ class _Spawner:
             jobs = self._jobs
         reply: _Reply = queue.SimpleQueue()
         jobs.put((make, reply))
-        result, error = reply.get()
+        try:
+            result, error = reply.get(timeout=SPAWN_TIMEOUT_S)
+        except queue.Empty:
+            raise RuntimeError(f"starting a process took over {SPAWN_TIMEOUT_S:g} s on the spawner thread") from None
         if error is not None:
             raise error
         return result  # type: ignore[return-value]

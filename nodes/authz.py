@@ -53,6 +53,7 @@ from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import Header
 from fabric.zk import close_client
+from nodes.state import envelope_identity
 
 if TYPE_CHECKING:
     from nodes.state import Envelope, NodeConfig, NodeState, Sockets
@@ -205,7 +206,7 @@ class NodeSecurity:
                 f"principal {principal!r} is over its produce quota and {THROTTLED_RESPONSES_MAX} responses "
                 f"are already held; nothing was written, retry after {delay_ms} ms"))
             return False
-        self._held[(_identity(envelope), request.header.correlation_id)] = now + delay_ms / 1000.0
+        self._held[(envelope_identity(envelope), request.header.correlation_id)] = now + delay_ms / 1000.0
         return True
 
     def throttled_count(self) -> int:
@@ -216,7 +217,7 @@ class NodeSecurity:
         """Called for every response: True when it was parked to go out later."""
         if header.api_key != ApiKey.PRODUCE or not self._held:
             return False
-        release_s = self._held.pop((_identity(envelope), header.correlation_id), None)
+        release_s = self._held.pop((envelope_identity(envelope), header.correlation_id), None)
         if release_s is None or release_s <= time.monotonic():
             return False
         # No bound check here: ``_account`` admitted this request only with room for it
@@ -246,9 +247,6 @@ class NodeSecurity:
         close_client(self.zk)
 
 
-def _identity(envelope: Envelope) -> bytes:
-    first = envelope[0]
-    return first.bytes if isinstance(first, zmq.Frame) else bytes(first)
 
 
 # Loop duties (nodes/server.py duties()): send the throttled responses that are due.

@@ -14,15 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
-
 from fabric import errors
 from fabric.limits import FETCH_BYTES_MAX, FETCH_WAIT_MS_MAX, PARKED_FETCHES_MAX
 from fabric.protocol import apis
 from fabric.protocol.header import Header
 from fabric.protocol.tags import TagFilter
 from nodes import leader as leader_side
-from nodes.state import Envelope, NodeState, TopicPartition
+from nodes.state import Envelope, NodeState, TopicPartition, envelope_identity
 from nodes.tag_filter import read_filtered
 
 
@@ -84,7 +82,7 @@ def handle_fetch(node: NodeState, envelope: Envelope, request: apis.Message) -> 
 def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
     """Answer if there is enough data, an error, or ``final``; else leave it parked."""
     body = fetch.body
-    identity = _identity(fetch.envelope)
+    identity = envelope_identity(fetch.envelope)
     # Past its unread answers' bound a client reads nothing: parked, then answered empty.
     budget = min(body["max_bytes"], FETCH_BYTES_MAX, node.reply_budget.room(identity))
     results: list[dict[str, Any]] = []
@@ -138,9 +136,6 @@ def try_answer(node: NodeState, fetch: ParkedFetch, *, final: bool) -> bool:
     return True
 
 
-def _identity(envelope: Envelope) -> bytes:
-    first = envelope[0]
-    return first.bytes if isinstance(first, zmq.Frame) else bytes(first)
 
 
 def wake_parked(node: NodeState, touched: set[TopicPartition]) -> None:

@@ -381,19 +381,18 @@ class GroupCoordinator:
         group = part.groups.get(body["group_id"]) or GroupState(body["group_id"])
         tps = [(o["topic"], o["partition"]) for o in body["offsets"]]
         codes = group.check_commit(body["member_id"], body["member_epoch"], tps)
-        topics = self._topic_partitions()
-        created = {name: route.config.created_ms for name, route in self.routing.topics().items()}
         records: list[tuple[bytes, bytes | None]] = []
         commit_ms = int(time.time() * 1000)
         results = []
         for entry, code in zip(body["offsets"], codes, strict=True):
             tp = (entry["topic"], entry["partition"])
-            if code == 0 and not 0 <= entry["partition"] < topics.get(entry["topic"], 0):
+            route = self.routing.topic(entry["topic"])
+            if code == 0 and (route is None or not 0 <= entry["partition"] < len(route.partitions)):
                 code = errors.UnknownTopicOrPartitionError.code
             if code == 0 and entry["offset"] < 0:
                 code = errors.InvalidRequestError.code
-            if code == 0:  # never stamped before the topic's creation, whatever the clocks (fetch_offsets)
-                group.offsets[tp] = (entry["offset"], entry["metadata"], max(commit_ms, created.get(tp[0], 0)))
+            if code == 0 and route is not None:  # never stamped before the topic's creation (fetch_offsets)
+                group.offsets[tp] = (entry["offset"], entry["metadata"], max(commit_ms, route.config.created_ms))
                 records.append((gp.offset_key(group.group_id, *tp), gp.encode_offset_value(*group.offsets[tp])))
             results.append({"topic": tp[0], "partition": tp[1], "error": code})
         part.groups[group.group_id] = group

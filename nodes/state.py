@@ -48,6 +48,12 @@ TopicPartition = tuple[str, int]
 Envelope = list[Any]  # the ROUTER identity frame(s) a reply goes back through
 
 
+def envelope_identity(envelope: Envelope) -> bytes:
+    """The client's ROUTER identity: what per-client state (ZAP principal, unread answers) is keyed by."""
+    first = envelope[0]
+    return first.bytes if isinstance(first, zmq.Frame) else bytes(first)
+
+
 @dataclass
 class NodeConfig:
     node_id: int

@@ -108,6 +108,12 @@ class RawBatch:
         self.skip = skip
 
 
+def _position_marker(tp: TopicPartition, next_offset: int) -> RecordBatch:
+    """An empty batch whose only use is to move the caller's position to ``next_offset``
+    once it gets there: past batches the node left out for a tag filter, or past ticks."""
+    return RecordBatch(tp.topic, tp.partition, next_offset, [], [], [], [])
+
+
 def _as_tp(item: TopicPartition | tuple[str, int]) -> TopicPartition:
     """A TopicPartition from either form, its fields checked: a wrong type would otherwise
     fail deep in the encoder, and a partition outside i32 as a struct.error."""
@@ -823,7 +829,7 @@ class Consumer:
                     # it, a tick fetched with records left the position short of the end).
                     position = header.next_offset
                     if any(b.partition == tp.partition and b.topic == tp.topic for b in self._buffer):
-                        self._buffer.append(RecordBatch(tp.topic, tp.partition, position, [], [], [], []))
+                        self._buffer.append(_position_marker(tp, position))
                     else:
                         self._positions[tp] = position
                     continue
@@ -834,7 +840,7 @@ class Consumer:
             if skipped_to > position:
                 # The node left out batches that cannot match our tag filter: an empty marker
                 # moves the position (and so commits and lag) past them once we get there.
-                self._buffer.append(RecordBatch(tp.topic, tp.partition, skipped_to, [], [], [], []))
+                self._buffer.append(_position_marker(tp, skipped_to))
                 position = skipped_to
             self._fetch_positions[tp] = position
 

@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from fabric import errors
 from fabric.cli._common import (
     CliError,
     Progress,
@@ -23,6 +24,7 @@ from fabric.cli._common import (
     with_bootstrap,
 )
 from fabric.cli.group import group_id
+from fabric.protocol.tags import TagFilter
 
 POLL_TIMEOUT_MS = 500
 
@@ -30,9 +32,6 @@ POLL_TIMEOUT_MS = 500
 def tag_filter(text: str) -> str:
     """A ``--tags`` value that parses (docs/GROUPS.md): a bad one is a usage error (exit 2),
     not a failure after connecting."""
-    from fabric import errors
-    from fabric.protocol.tags import TagFilter
-
     text = utf8_text(text)
     try:
         TagFilter(text)
