@@ -10,19 +10,40 @@ None)``), the accounting, the sticky partition and the future are the same, and 
 batch encoder (pure Python, shared) makes identical wire bytes. ``FABRIC_PURE_PYTHON=1``
 (read at import) turns it off; ``tests/unit/test_speedups.py`` checks the two side by side.
 
+What makes the C path fast is what it does not do per record: look up its state by name
+(``FastSend`` holds it, and is what ``Producer.send`` is bound to), call a lock's Python
+methods (``FastLock`` is taken from C), or build a future through ``type.__new__`` and
+three attribute stores (``RecordFuture`` here is an extension type with a free list). The
+compiled ``RecordFuture`` and ``ProducerBatch`` are twins of sdk/accumulator.py's, with the
+same attributes and methods; sdk/accumulator.py uses them when this module is built.
+
 Built by ``scripts/install.sh`` (``cythonize -i``); without a C compiler the SDK runs on
 the pure-Python path and says so at debug level.
 """
 
+cimport cython
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    PY_LOCK_ACQUIRED,
+    PyLockStatus,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object)
+    ctypedef long long PY_TIMEOUT_T
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, PY_TIMEOUT_T, int) nogil
 
 cdef object _python_send = None
-cdef object _record_future = None
 cdef object _partition_for_key = None
+cdef object _record_metadata = None
+cdef object _batch_result = None
 cdef Py_ssize_t _overhead = 0
 cdef object _TS_MIN = -(1 << 63)  # a record timestamp is an i64 (batch_format.TIMESTAMP_MS_MIN/MAX)
 cdef object _TS_MAX = (1 << 63) - 1
@@ -36,11 +57,18 @@ cdef inline bint _in_window(long long ts, long long first_ts) noexcept:
     return <unsigned long long>first_ts - <unsigned long long>ts <= 2147483648ULL
 
 
-def bind(python_send, record_future, partition_for_key, Py_ssize_t record_overhead_bytes):
+def bind_accumulator(record_metadata, batch_result):
+    """Called once by sdk/accumulator.py: the classes ``RecordFuture.result`` returns and
+    ``ProducerBatch`` holds."""
+    global _record_metadata, _batch_result
+    _record_metadata = record_metadata
+    _batch_result = batch_result
+
+
+def bind(python_send, partition_for_key, Py_ssize_t record_overhead_bytes):
     """Called once by sdk/producer.py with the pieces the fast path shares with Python."""
-    global _python_send, _record_future, _partition_for_key, _overhead
+    global _python_send, _partition_for_key, _overhead
     _python_send = python_send
-    _record_future = record_future
     _partition_for_key = partition_for_key
     _overhead = record_overhead_bytes
 
@@ -52,87 +80,250 @@ cdef inline long long _now_ms():
     return <long long>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
 
 
-cdef class _State:
-    """What send reads on every call and that never changes for a producer: looked up once."""
-    cdef object acquire, release, partition_counts, sticky, acc, open_batches
+cdef class FastLock:
+    """``threading.Lock``'s interface (acquire, release, locked, ``with``) over CPython's own
+    lock, so that ``FastSend`` takes and drops the producer's lock with two C calls instead
+    of two Python method calls that parse their arguments. ``threading.Condition`` works on
+    it as on a Lock. A blocked ``acquire`` waits without the GIL; unlike Lock's, it is not
+    interrupted by a signal (the producer holds its lock for microseconds, never across a
+    wait: its conditions release it)."""
+
+    cdef PyThread_type_lock _handle
+    cdef bint _held
+
+    def __cinit__(self):
+        self._handle = PyThread_allocate_lock()
+        if self._handle == NULL:
+            raise MemoryError("could not allocate a lock")
+
+    def __dealloc__(self):
+        if self._handle != NULL:
+            if self._held:  # as CPython's lock does: a lock is never freed while held
+                PyThread_release_lock(self._handle)
+            PyThread_free_lock(self._handle)
+
+    cdef inline bint _try(self) noexcept:
+        if PyThread_acquire_lock(self._handle, NOWAIT_LOCK):
+            self._held = True
+            return True
+        return False
+
+    cdef inline void _release(self) noexcept:
+        self._held = False
+        PyThread_release_lock(self._handle)
+
+    def acquire(self, bint blocking=True, double timeout=-1):
+        cdef PY_TIMEOUT_T wait_us
+        cdef PyLockStatus status
+        if not blocking and timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if timeout < 0 and timeout != -1:
+            raise ValueError("timeout value must be a non-negative number")
+        if self._try():
+            return True
+        if not blocking or timeout == 0:
+            return False
+        wait_us = -1 if timeout == -1 else <PY_TIMEOUT_T>(timeout * 1e6)
+        with nogil:
+            status = PyThread_acquire_lock_timed(self._handle, wait_us, 0)
+        if status == PY_LOCK_ACQUIRED:
+            self._held = True
+            return True
+        return False
+
+    def release(self):
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        self._release()
+
+    def locked(self):
+        return self._held
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+@cython.freelist(256)
+cdef class RecordFuture:
+    """sdk/accumulator.py's ``RecordFuture`` (see there), compiled: what ``Producer.send``
+    returns, resolving to RecordMetadata or raising."""
+
+    cdef public object _batch
+    cdef public Py_ssize_t _index
+    cdef public object _timestamp
+
+    def __init__(self, batch, Py_ssize_t index, timestamp):
+        self._batch = batch
+        self._index = index
+        self._timestamp = timestamp
+
+    def done(self):
+        return self._batch.done
+
+    def result(self, timeout=None):
+        if not self._batch.wait(timeout):
+            raise TimeoutError(f"record not acknowledged within {timeout} s")
+        if self._batch.exception is not None:
+            raise self._batch.exception
+        batch = self._batch
+        base = batch.base_offset
+        return _record_metadata(batch.topic, batch.partition, -1 if base < 0 else base + self._index, self._timestamp)
+
+    def exception(self, timeout=None):
+        if not self._batch.wait(timeout):
+            raise TimeoutError(f"record not acknowledged within {timeout} s")
+        return self._batch.exception
+
+    def add_callback(self, callback):
+        """``callback(metadata, None)`` on success, ``callback(None, exception)`` on failure."""
+
+        def fire():
+            exc = self._batch.exception
+            if exc is not None:
+                callback(None, exc)
+            else:
+                callback(self.result(0), None)
+
+        self._batch.on_done(fire)
+
+
+cdef class ProducerBatch:
+    """sdk/accumulator.py's ``ProducerBatch`` (see there), compiled: records of one
+    partition on their way to one PRODUCE request. ``FastSend`` reads and updates its
+    records and size as C fields."""
+
+    cdef public object order, base_sequence, slots, topic, partition, created_s, has_headers, sealed, result
+    cdef public object encoded, attempts, retry_after_s, first_sent_s, last_error, prepared, prepared_count
+    cdef public list records
+    cdef public Py_ssize_t size_bytes
+
+    def __init__(self, topic, partition, created_s, order=0):
+        self.order = order
+        self.base_sequence = -1
+        self.slots = 1
+        self.topic = topic
+        self.partition = partition
+        self.created_s = created_s
+        self.records = []
+        self.size_bytes = 0
+        self.has_headers = False
+        self.sealed = False
+        self.result = _batch_result(topic, partition)
+        self.encoded = None
+        self.attempts = 0
+        self.retry_after_s = 0.0
+        self.first_sent_s = -1.0
+        self.last_error = None
+        self.prepared = None
+        self.prepared_count = 0
+
+    @property
+    def record_count(self):
+        return self.prepared_count if self.prepared is not None else len(self.records)
+
+    def columns(self):
+        timestamps, keys, values, headers = (list(c) for c in zip(*self.records, strict=True))
+        return timestamps, keys, values, headers if self.has_headers else None
+
+
+cdef class FastSend:
+    """One producer's compiled ``send``: what never changes for a producer, looked up once."""
+
+    cdef object core, acc
+    cdef dict partition_counts, sticky, open_batches
+    cdef FastLock lock
+    cdef public object refusal  # the core's _refusal, mirrored by _ProducerCore._refuse
     cdef Py_ssize_t batch_limit, buffer_max
 
     def __init__(self, core):
-        self.acquire = core._lock.acquire
-        self.release = core._lock.release
+        self.core = core
+        self.lock = <FastLock?>core._lock
         self.partition_counts = core._partition_counts
         self.sticky = core._sticky
         self.acc = core._acc
         self.open_batches = core._acc.open
         self.batch_limit = core._acc.batch_bytes_max - _overhead
         self.buffer_max = core._acc.buffer_bytes_max
+        self.refusal = core._refusal
 
+    cdef RecordFuture _append(self, str topic, bytes value, object key, object chosen, object ts):
+        """The record appended to its partition's open batch, when the Python path would do
+        just that (the lock held); None for everything else: a new or full batch, the buffer
+        limit, a partition to check or to choose, a timestamp outside the batch's window."""
+        cdef Py_ssize_t size, count_c, buffered
+        cdef ProducerBatch batch
+        cdef list records
+        cdef RecordFuture future
+        count = self.partition_counts.get(topic)
+        if count is None:
+            return None
+        count_c = count
+        if chosen is None:
+            if key is not None:
+                chosen = _partition_for_key(key, count_c)
+            else:
+                chosen = self.sticky.get(topic)
+                if chosen is None or chosen >= count_c:
+                    return None  # the Python path resets it
+        elif not 0 <= chosen < count_c:
+            return None  # the Python path raises
+        found = self.open_batches.get((topic, chosen))
+        if type(found) is not ProducerBatch:
+            return None
+        batch = <ProducerBatch>found
+        size = _overhead + len(value) + (len(<bytes>key) if key is not None else 0)
+        records = batch.records
+        acc = self.acc
+        buffered = acc.buffered_bytes
+        if not (batch.size_bytes + size < self.batch_limit and buffered + size <= self.buffer_max
+                and _in_window(ts, (<tuple>records[0])[0])):
+            return None
+        future = RecordFuture.__new__(RecordFuture)
+        future._batch = batch.result
+        future._index = len(records)
+        future._timestamp = ts
+        record = (ts, key, value, None)
+        # ints, bytes and None only: it can never be in a cycle, so the cyclic GC need not
+        # walk it (CPython untracks such tuples itself, at their first collection; this
+        # spares that pass).
+        PyObject_GC_UnTrack(record)
+        records.append(record)
+        batch.size_bytes += size
+        acc.buffered_bytes = buffered + size
+        return future
 
-def send(self, topic, value, key=None, headers=None, partition=None, timestamp_ms=None, callback=None,
-         tags=None, *, delay_ms=0, deliver_at_ms=0, priority=None, dedup_id="", ttl_ms=0):
-    """``_ProducerCore.send`` (see there); this docstring is the compiled path's."""
-    cdef Py_ssize_t size, count_c, buffered
-    cdef _State state
-    if (type(value) is not bytes or (key is not None and type(key) is not bytes) or headers or tags
-            or delay_ms or deliver_at_ms or priority is not None or dedup_id or ttl_ms or type(topic) is not str
-            or (timestamp_ms is not None and (type(timestamp_ms) is not int
-                                              or not _TS_MIN <= timestamp_ms <= _TS_MAX))
-            or (partition is not None and type(partition) is not int)
-            or (callback is not None and not callable(callback))):
-        return _python_send(self, topic, value, key, headers, partition, timestamp_ms, callback, tags,
-                            delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, priority=priority,
-                            dedup_id=dedup_id, ttl_ms=ttl_ms)
-    found = getattr(self, "_speedups_state", None)
-    if found is None:
-        found = _State(self)
-        self._speedups_state = found
-    state = <_State>found
-    ts = _now_ms() if timestamp_ms is None else timestamp_ms
-    chosen = partition
-    future = None
-    state.acquire()
-    try:
-        if self._refusal is None:
-            count = state.partition_counts.get(topic)
-            if count is not None:
-                count_c = count
-                if chosen is None:
-                    if key is not None:
-                        chosen = _partition_for_key(key, count_c)
-                    else:
-                        chosen = state.sticky.get(topic)
-                        if chosen is not None and chosen >= count_c:
-                            chosen = None  # the Python path resets it
-                elif not 0 <= chosen < count_c:
-                    chosen = None  # the Python path raises
-                if chosen is not None:
-                    size = _overhead + len(<bytes>value) + (len(<bytes>key) if key is not None else 0)
-                    batch = state.open_batches.get((topic, chosen))
-                    if batch is not None:
-                        acc = state.acc
-                        buffered = acc.buffered_bytes
-                        records = batch.records
-                        if (batch.size_bytes + size < state.batch_limit and buffered + size <= state.buffer_max
-                                and _in_window(ts, (<tuple>(<list>records)[0])[0])):
-                            future = _record_future.__new__(_record_future)
-                            future._batch = batch.result
-                            future._index = len(records)
-                            future._timestamp = ts
-                            record = (ts, key, value, None)
-                            # ints, bytes and None only: it can never be in a cycle, so the
-                            # cyclic GC need not walk it (CPython untracks such tuples itself,
-                            # at their first collection; this spares that pass).
-                            PyObject_GC_UnTrack(record)
-                            records.append(record)
-                            batch.size_bytes += size
-                            acc.buffered_bytes = buffered + size
-    finally:
-        state.release()
-    if future is None:  # not the common case: the Python path decides (and raises) as it always has
-        return _python_send(self, topic, value, key, headers, partition, timestamp_ms, callback, tags)
-    if callback is not None:
-        future.add_callback(callback)
-    return future
+    def send(self, topic, value, key=None, headers=None, partition=None, timestamp_ms=None, callback=None,
+             tags=None, *, delay_ms=0, deliver_at_ms=0, priority=None, dedup_id="", ttl_ms=0):
+        """``_ProducerCore.send`` (see there); this docstring is the compiled path's."""
+        cdef RecordFuture future = None
+        cdef FastLock lock = self.lock
+        if (type(value) is not bytes or (key is not None and type(key) is not bytes) or headers or tags
+                or delay_ms or deliver_at_ms or priority is not None or dedup_id or ttl_ms or type(topic) is not str
+                or (timestamp_ms is not None and (type(timestamp_ms) is not int
+                                                  or not _TS_MIN <= timestamp_ms <= _TS_MAX))
+                or (partition is not None and type(partition) is not int)
+                or (callback is not None and not callable(callback))):
+            return _python_send(self.core, topic, value, key, headers, partition, timestamp_ms, callback, tags,
+                                delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, priority=priority,
+                                dedup_id=dedup_id, ttl_ms=ttl_ms)
+        ts = _now_ms() if timestamp_ms is None else timestamp_ms
+        # Only when the lock is free: the sender holds it for a turn's bookkeeping, and the
+        # Python path waits for it as it always has. Nothing here releases the GIL or runs
+        # Python code, so the try and the checks under it see one state.
+        if lock._try():
+            try:
+                if self.refusal is None:
+                    future = self._append(topic, value, key, partition, ts)
+            finally:
+                lock._release()
+        if future is None:  # not the common case: the Python path decides (and raises) as it always has
+            return _python_send(self.core, topic, value, key, headers, partition, timestamp_ms, callback, tags)
+        if callback is not None:
+            future.add_callback(callback)
+        return future
 
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE

@@ -10,9 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
-import os
 import random
-import sys
 import threading
 import time
 import weakref
@@ -33,7 +31,7 @@ from fabric.protocol import tags as tags_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
 from fabric.transport import unique_inproc_endpoint
-from sdk import bulk
+from sdk import accumulator, bulk
 from sdk._arguments import int_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
@@ -218,7 +216,7 @@ class _ProducerCore:
         self.retry_backoff_s = retry_backoff_ms / 1000.0
         self.metadata_max_age_s = metadata_max_age_ms / 1000.0
         self._acc = RecordAccumulator(batch_bytes_max=batch_bytes_max, linger_ms=linger_ms, buffer_bytes_max=buffer_bytes_max)
-        self._lock = threading.Lock()
+        self._lock = _new_lock()
         self._due: list[Callable[[], None]] = []  # callbacks of resolved batches, run by _run_due
         self._refreshes_begun = 0  # metadata refreshes the sender started, and the last one done
         self._refreshes_done = 0
@@ -262,6 +260,10 @@ class _ProducerCore:
         self._refresh_needed = True
         self._last_recheck_s = 0.0
         self._dropped = DroppedNodes()  # nodes whose connection dropped: their requests are suspect
+        # The compiled send, when built: an instance attribute, so core.send is it.
+        self._fast = _fast_send(self) if _fast_send is not None else None
+        if self._fast is not None:
+            setattr(self, "send", self._fast.send)  # noqa: B010 (mypy: a method is not assignable)
         self._thread = threading.Thread(target=self._run_sender, name="fabric-producer-sender", daemon=True)
         self._thread.start()
 
@@ -396,6 +398,13 @@ class _ProducerCore:
         return partition
 
     _send_python = send  # the compiled fast path (sdk/_speedups.pyx) hands everything else here
+
+    def _refuse(self, exc: BaseException) -> None:
+        """From now on send() raises ``exc`` (called with the lock held); the compiled send
+        keeps its own copy."""
+        self._refusal = exc
+        if self._fast is not None:
+            self._fast.refusal = exc
 
     def send_batch(
         self,
@@ -568,7 +577,7 @@ class _ProducerCore:
             log.warning("close(): flush timed out; failing what is left")
         with self._lock:
             self._closed = True
-            self._refusal = errors.ClientClosedError("send() after close()")
+            self._refuse(errors.ClientClosedError("send() after close()"))
             self._space.notify_all()
         self._stop.set()
         self._wake()
@@ -632,7 +641,7 @@ class _ProducerCore:
             log.exception("producer sender thread died")
             with self._lock:
                 fatal = errors.UnknownServerError(f"producer sender thread died: {exc!r}")
-                self._refusal = fatal
+                self._refuse(fatal)
                 self._due += self._acc.abort_all(fatal)
                 for batch in self._pending_batches():
                     self._due += batch.result.settle(-1, fatal)
@@ -992,25 +1001,22 @@ class _ProducerCore:
 
 
 def _install_speedups() -> bool:
-    """Let the compiled ``send`` and batch layout (sdk/_speedups.pyx, built by
-    scripts/install.sh) take the common case, unless they are not built or
-    ``FABRIC_PURE_PYTHON=1``. Behaviour and wire bytes are the same either way
-    (tests/unit/test_speedups.py); only the time per record differs."""
-    global _records_section
-    if os.environ.get("FABRIC_PURE_PYTHON", "") == "1" or sys.byteorder != "little":  # it writes native i32s
+    """Let the compiled ``send`` and batch layout (sdk/_speedups.pyx) take the common case
+    when sdk/accumulator.py loaded them (``accumulator.SPEEDUPS``)."""
+    global _records_section, _new_lock, _fast_send
+    speedups = accumulator.SPEEDUPS
+    if speedups is None:
         return False
-    try:
-        from sdk import _speedups
-    except ImportError:
-        log.debug("sdk._speedups is not built (scripts/install.sh builds it): Producer.send runs on pure Python")
-        return False
-    _speedups.bind(_ProducerCore._send_python, RecordFuture, partition_for_key, RECORD_OVERHEAD_BYTES)
-    setattr(_ProducerCore, "send", _speedups.send)  # noqa: B010 (mypy: a method is not assignable)
-    _records_section = _speedups.records_section
+    speedups.bind(_ProducerCore._send_python, partition_for_key, RECORD_OVERHEAD_BYTES)
+    _new_lock = speedups.FastLock
+    _fast_send = speedups.FastSend
+    _records_section = speedups.records_section
     return True
 
 
 _records_section: Callable[[list[Any]], tuple[bytes, int, int] | None] | None = None
+_new_lock: Callable[[], Any] = threading.Lock  # the compiled send takes a FastLock from C
+_fast_send: Callable[[_ProducerCore], Any] | None = None  # a producer's compiled send (sdk/_speedups.pyx)
 SPEEDUPS = _install_speedups()  # whether Producer.send runs the compiled fast path
 
 

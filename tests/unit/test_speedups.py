@@ -25,8 +25,15 @@ import pytest
 
 from fabric.local import free_port
 from fabric.protocol.keyhash import partition_for_key
+from sdk import accumulator
 from sdk import producer as producer_module
-from sdk.accumulator import RECORD_OVERHEAD_BYTES, RecordFuture
+from sdk.accumulator import (
+    RECORD_OVERHEAD_BYTES,
+    BatchResult,
+    PythonProducerBatch,
+    PythonRecordFuture,
+    RecordMetadata,
+)
 from sdk.producer import _ProducerCore
 
 speedups = pytest.importorskip("sdk._speedups", reason="the compiled path is not built (scripts/install.sh builds it)")
@@ -36,7 +43,17 @@ SENDS = 4_000
 
 
 @pytest.fixture
-def cores() -> Iterator[tuple[_ProducerCore, _ProducerCore]]:
+def cores(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_ProducerCore, _ProducerCore]]:
+    """A producer core with the compiled send and one without. Under FABRIC_PURE_PYTHON=1
+    the producer left the compiled path unbound: bind it here as the producer would."""
+    if os.environ.get("FABRIC_PURE_PYTHON", "") != "1":
+        assert producer_module.SPEEDUPS, "sdk._speedups is built but Producer.send does not use it"
+    else:
+        speedups.bind(_ProducerCore._send_python, partition_for_key, RECORD_OVERHEAD_BYTES)
+        speedups.bind_accumulator(RecordMetadata, BatchResult)
+        monkeypatch.setattr(accumulator, "ProducerBatch", speedups.ProducerBatch)
+        monkeypatch.setattr(producer_module, "_new_lock", speedups.FastLock)
+        monkeypatch.setattr(producer_module, "_fast_send", speedups.FastSend)
     made = []
     for _ in range(2):
         # linger and delivery timeouts far beyond the test: every batch stays in the accumulator
@@ -93,9 +110,9 @@ def _call(rng: random.Random) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (topic, value, key), kwargs
 
 
-def _send(send: Any, core: _ProducerCore, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _send(send: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
-        future = send(core, *args, **kwargs)
+        future = send(*args, **kwargs)
     except Exception as exc:  # the type is what is compared
         return type(exc).__name__
     return (future._index, future._timestamp, future._batch.topic, future._batch.partition)
@@ -108,17 +125,26 @@ def _contents(core: _ProducerCore) -> list[tuple[str, int, list[Any]]]:
 
 def test_compiled_and_python_send_leave_the_same_records(cores: tuple[_ProducerCore, _ProducerCore],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    if os.environ.get("FABRIC_PURE_PYTHON", "") != "1":
-        assert producer_module.SPEEDUPS, "sdk._speedups is built but Producer.send does not use it"
-    else:  # the producer left it unbound: bind it as the producer would
-        speedups.bind(_ProducerCore._send_python, RecordFuture, partition_for_key, RECORD_OVERHEAD_BYTES)
     compiled, python = cores
+    assert compiled._fast is not None and compiled.send == compiled._fast.send
     rng = random.Random(20261123)
     outcomes: list[tuple[Any, Any]] = []
-    for _ in range(SENDS):
-        args, kwargs = _call(rng)
-        outcomes.append((_send(speedups.send, compiled, args, kwargs),
-                         _send(_ProducerCore._send_python, python, args, kwargs)))
+    handed_over = 0  # calls the compiled send handed to the Python one
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal handed_over
+        handed_over += 1
+        return _ProducerCore._send_python(*args, **kwargs)
+
+    speedups.bind(counted, partition_for_key, RECORD_OVERHEAD_BYTES)
+    try:
+        for _ in range(SENDS):
+            args, kwargs = _call(rng)
+            outcomes.append((_send(compiled.send, args, kwargs),
+                             _send(lambda *a, **k: _ProducerCore._send_python(python, *a, **k), args, kwargs)))
+    finally:
+        speedups.bind(_ProducerCore._send_python, partition_for_key, RECORD_OVERHEAD_BYTES)
+    assert handed_over < SENDS / 2  # most sends took the compiled path
     assert [a for a, _ in outcomes] == [b for _, b in outcomes]
     assert sum(isinstance(a, str) for a, _ in outcomes) > 10  # errors were compared too
     assert _contents(compiled) == _contents(python)
@@ -143,7 +169,7 @@ def test_compiled_and_python_send_leave_the_same_records(cores: tuple[_ProducerC
     assert laid_out > 20  # batches without headers went through the compiled layout
 
     before = int(time.time() * 1000)
-    future = speedups.send(compiled, "a", b"now")  # no timestamp given: the wall clock, in ms
+    future = compiled.send("a", b"now")  # no timestamp given: the wall clock, in ms
     assert before <= future._timestamp <= int(time.time() * 1000) + 1
 
 
@@ -172,3 +198,92 @@ def test_the_compiled_layout_is_encode_batchs_layout() -> None:
     assert speedups.records_section([(0, None, b"x", None), (2**40, None, b"x", None)]) is None
     assert speedups.records_section([(2**70, None, b"x", None)]) is None
     assert speedups.records_section([(0, None, bytearray(b"x"), None)]) is None
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_the_compiled_twins_behave_as_the_python_classes(compiled: bool) -> None:
+    """``RecordFuture`` and ``ProducerBatch`` compiled and in Python: the same attributes,
+    the same answers before and after their batch resolves, callbacks run the same way."""
+    future_type, batch_type = ((speedups.RecordFuture, speedups.ProducerBatch) if compiled
+                               else (PythonRecordFuture, PythonProducerBatch))
+    batch = batch_type("t", 2, 5.0, 7)
+    assert {name: getattr(batch, name) for name in PythonProducerBatch.__slots__ if name != "result"} == {
+        "attempts": 0, "base_sequence": -1, "created_s": 5.0, "encoded": None, "first_sent_s": -1.0,
+        "has_headers": False, "last_error": None, "order": 7, "partition": 2, "prepared": None,
+        "prepared_count": 0, "records": [], "retry_after_s": 0.0, "sealed": False, "size_bytes": 0,
+        "slots": 1, "topic": "t"}
+    assert type(batch.result) is BatchResult and (batch.result.topic, batch.result.partition) == ("t", 2)
+    batch.records += [(1, None, b"a", None), (2, b"k", b"b", None)]
+    assert batch.record_count == 2 and batch.columns() == ([1, 2], [None, b"k"], [b"a", b"b"], None)
+    batch.prepared, batch.prepared_count = (b"", 1, None), 5
+    assert batch.record_count == 5
+
+    seen: list[Any] = []
+    ok = future_type(batch.result, 1, 99)
+    ok.add_callback(lambda meta, exc: seen.append((meta, exc)))
+    assert not ok.done()
+    with pytest.raises(TimeoutError):
+        ok.result(0.01)
+    with pytest.raises(TimeoutError):
+        ok.exception(0.01)
+    batch.result.complete(40)
+    ok.add_callback(lambda meta, exc: seen.append((meta, exc)))  # after: runs at once
+    assert ok.done() and ok.exception(0) is None
+    assert ok.result(0) == RecordMetadata("t", 2, 41, 99)
+    assert seen == [(RecordMetadata("t", 2, 41, 99), None)] * 2
+    assert (ok._batch, ok._index, ok._timestamp) == (batch.result, 1, 99)
+
+    failed = BatchResult("t", 0)
+    bad = future_type(failed, 0, 1)
+    errors_seen: list[Any] = []
+    bad.add_callback(lambda meta, exc: errors_seen.append((meta, type(exc))))
+    failed.complete(-1, ValueError("no"))
+    with pytest.raises(ValueError):
+        bad.result(0)
+    assert isinstance(bad.exception(0), ValueError) and errors_seen == [(None, ValueError)]
+    unacked = BatchResult("t", 0)
+    unacked.complete(-1)  # acks=0: no offset
+    assert future_type(unacked, 3, 1).result(0).offset == -1
+
+
+def test_the_fast_lock_is_a_lock() -> None:
+    """``FastLock`` has threading.Lock's interface, and a Condition works over it."""
+    lock = speedups.FastLock()
+    assert not lock.locked()
+    assert lock.acquire() and lock.locked()
+    assert not lock.acquire(False)
+    assert not lock.acquire(timeout=0.01)
+    held_elsewhere: list[bool] = []
+    thread = threading.Thread(target=lambda: held_elsewhere.append(lock.acquire(timeout=0.01)))
+    thread.start()
+    thread.join()
+    assert held_elsewhere == [False]
+    lock.release()
+    with pytest.raises(RuntimeError):
+        lock.release()
+    with pytest.raises(ValueError):
+        lock.acquire(False, 1.0)
+    with pytest.raises(ValueError):
+        lock.acquire(timeout=-2)
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+
+    condition = threading.Condition(lock)
+    ready: list[int] = []
+
+    def waiter() -> None:
+        with condition:
+            condition.wait_for(lambda: bool(ready), timeout=10)
+            ready.append(2)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.05)
+    with condition:
+        ready.append(1)
+        condition.notify_all()
+    thread.join(10)
+    assert ready == [1, 2]
+    with pytest.raises(RuntimeError):
+        condition.wait(0.01)  # not held: as with a Lock
