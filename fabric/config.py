@@ -118,6 +118,10 @@ NODE_OPTIONS: tuple[Option, ...] = (
            "stream drops (the follower then fetches)", minimum=1),
     Option("replication_buffer_bytes", int, 0, "bytes", "kernel buffer of the replication sockets; 0 lets "
            "the OS size it", minimum=0),
+    Option("client_heartbeat_timeout_ms", int, 30_000, "ms", "a client connection that answers nothing this "
+           "long, not even the ZeroMQ heartbeats the node sends every third of it, is closed and the answers "
+           "queued to it freed: a client whose host died or whose network went, or one whose receive queue "
+           "stayed full that long (docs/PROTOCOL.md 5.3); 0 turns heartbeats off", minimum=0),
     Option("fsync", str, "none", "", "when the write-ahead log is synced to disk: `none`, `interval`, "
            "`every-batch` (see Durability and fsync)", choices=("none", "interval", "every-batch")),
     Option("fsync_interval_ms", int, FSYNC_INTERVAL_MS_DEFAULT, "ms", "with `fsync = \"interval\"`: how often",

@@ -30,6 +30,22 @@ def unique_inproc_endpoint(prefix: str) -> str:
     (an unclosed producer's thread keeps its own)."""
     return f"inproc://{prefix}-{next(_INPROC_NAMES)}"
 SOCKET_HWM = 10_000
+# ZMTP heartbeats (libzmq >= 4.2). A peer whose host died, or whose network went away
+# without a FIN or RST, otherwise keeps its connection, and every message queued to it,
+# for as long as TCP keeps a silent connection open (hours, or for good without
+# keepalive). libzmq's I/O thread answers the PINGs, so a busy peer (a long loop turn, a
+# GIL held) still answers: only a stopped, dead or cut-off one times out.
+CLIENT_HEARTBEAT_TIMEOUT_MS = 30_000
+HEARTBEAT_INTERVAL_MS_MIN = 100
+
+
+def heartbeat(sock: zmq.Socket[Any], timeout_ms: int) -> None:
+    """Close ``sock``'s connections to peers that answer nothing for ``timeout_ms`` (PINGs
+    every third of it); 0 leaves heartbeats off. Set before bind or connect."""
+    if timeout_ms > 0:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, max(HEARTBEAT_INTERVAL_MS_MIN, timeout_ms // 3))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, timeout_ms)  # the peer may drop us likewise
 # Handshake failures a socket monitor reports: a CURVE key the node refused, a plaintext
 # client meeting a CURVE node (mechanism mismatch), or a wrong server key.
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL

@@ -41,7 +41,7 @@ from fabric.limits import PRODUCE_DECOMPRESSED_BYTES_MAX, REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import readable_header
-from fabric.transport import Connections, unique_inproc_endpoint
+from fabric.transport import Connections, heartbeat, unique_inproc_endpoint
 from nodes import (
     admin,
     controller,
@@ -181,6 +181,7 @@ class Node:
         router.setsockopt(zmq.RCVHWM, ROUTER_HWM_MESSAGES)
         router.setsockopt(zmq.SNDHWM, ROUTER_HWM_MESSAGES)
         router.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_MAX)
+        heartbeat(router, self.config.client_heartbeat_timeout_ms)  # frees what dead clients were sent
         pub = self.ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self.config.replication_hwm)

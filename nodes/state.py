@@ -24,7 +24,7 @@ from fabric import zk as zkl
 from fabric.limits import FSYNC_INTERVAL_MS_DEFAULT, RETENTION_CHECK_INTERVAL_MS_DEFAULT
 from fabric.protocol import apis
 from fabric.protocol.header import Header
-from fabric.transport import Connections
+from fabric.transport import CLIENT_HEARTBEAT_TIMEOUT_MS, Connections
 from nodes.lease import SessionLease
 from nodes.log import PartitionLog, Store
 from nodes.metrics import NodeMetrics, frames_bytes, response_error_codes
@@ -69,6 +69,7 @@ class NodeConfig:
     replica_lag_max_ms: int = 5_000
     replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
     replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
+    client_heartbeat_timeout_ms: int = CLIENT_HEARTBEAT_TIMEOUT_MS  # silent client connections close (0: never)
     metrics_port: int = 0  # Prometheus endpoint; 0 picks a free port, -1 turns it off
     security: str = "none"  # "curve": secure mode (nodes/authz.py, docs/SECURITY.md)
     server_key_file: str = ""
@@ -97,6 +98,8 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
                         help="batches queued per follower before the replication stream drops (it then fetches)")
     parser.add_argument("--replication-buffer-bytes", type=int, default=0,
                         help="kernel buffer of the replication sockets; 0 lets the OS size it")
+    parser.add_argument("--client-heartbeat-timeout-ms", type=int, default=CLIENT_HEARTBEAT_TIMEOUT_MS,
+                        help="close a client connection silent this long, heartbeats included; 0: never")
     parser.add_argument("--fsync", choices=("none", "interval", "every-batch"), default="none")
     parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
@@ -118,6 +121,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
         replica_lag_max_ms=args.replica_lag_max_ms,
         replication_hwm=args.replication_hwm,
         replication_buffer_bytes=args.replication_buffer_bytes,
+        client_heartbeat_timeout_ms=args.client_heartbeat_timeout_ms,
         fsync=args.fsync,
         fsync_interval_ms=args.fsync_interval_ms,
         retention_check_interval_ms=args.retention_check_interval_ms,
