@@ -11,7 +11,7 @@ import pytest
 from fabric import errors
 from fabric.local import LocalCluster
 from fabric.protocol.keyhash import partition_for_key
-from sdk import Admin, Consumer, Producer, TopicPartition
+from sdk import Admin, Consumer, Producer, RecordFuture, TopicPartition
 from tests.integration.helpers import read_all
 
 
@@ -194,3 +194,37 @@ def test_add_partitions(cluster: LocalCluster, topic_name: str) -> None:
     with Producer(cluster.bootstrap) as producer:
         assert producer.send(topic_name, b"new", partition=4).result(30).offset == 0
     assert [r.value for r in read_all(cluster.bootstrap, topic_name, 5)] == [b"new"]
+
+
+def test_threads_sharing_a_producer_lose_and_reorder_nothing(cluster: LocalCluster, topic_name: str) -> None:
+    """Four threads send through one producer at once, keyed and keyless, with a small
+    batch size so batches fill and the sender thread takes the producer's lock all the
+    while: the compiled send only tries that lock and hands the call to the Python path
+    when it is held. Every record is stored once, and each thread's keyed records keep
+    their order."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=3)
+    threads_n, per_thread = 4, 5_000
+    futures: list[list[RecordFuture]] = [[] for _ in range(threads_n)]
+
+    def send_all(t: int) -> None:
+        for i in range(per_thread):
+            key = b"thread-%d" % t if i % 2 == 0 else None
+            futures[t].append(producer.send(topic_name, b"%d:%d" % (t, i), key=key))
+
+    with Producer(cluster.bootstrap, batch_bytes_max=4096, linger_ms=1) as producer:
+        threads = [threading.Thread(target=send_all, args=(t,)) for t in range(threads_n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        producer.flush(60)
+        assert all(f.exception(0) is None for fs in futures for f in fs)
+    records = read_all(cluster.bootstrap, topic_name, 3, expected=threads_n * per_thread)
+    values = [r.value for r in records]
+    assert len(values) == len(set(values)) == threads_n * per_thread
+    for t in range(threads_n):
+        keyed = [r for r in records if r.key == b"thread-%d" % t]
+        assert len(keyed) == per_thread // 2
+        assert [int(r.value.split(b":")[1]) for r in sorted(keyed, key=lambda r: r.offset)] == \
+            list(range(0, per_thread, 2))
