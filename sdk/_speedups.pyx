@@ -311,8 +311,8 @@ cdef class FastSend:
                                 dedup_id=dedup_id, ttl_ms=ttl_ms)
         ts = _now_ms() if timestamp_ms is None else timestamp_ms
         # Only when the lock is free: the sender holds it for a turn's bookkeeping, and the
-        # Python path waits for it as it always has. Nothing here releases the GIL or runs
-        # Python code, so the try and the checks under it see one state.
+        # Python path waits for it as it always has. Held, it guards the state as it does on
+        # the Python path (a keyed record's hash is Python code, so other threads may run).
         if lock._try():
             try:
                 if self.refusal is None:
