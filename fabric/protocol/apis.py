@@ -392,6 +392,9 @@ def decode_request(frames: list[Any]) -> Message:
         raise MalformedRequestError("empty message")
     header = decode_header(frames[0])
     try:
+        if header.flags or header.error_code:  # reserved on requests (PROTOCOL.md 2): room to give them meaning
+            raise MalformedRequestError(f"request header has flags {header.flags:#04x} and error_code "
+                                        f"{header.error_code}; both are 0 on a request")
         request_schema, _ = _schemas_for(header)
         if len(frames) < 2:
             raise MalformedRequestError(f"{ApiKey(header.api_key).name} request has no body frame")

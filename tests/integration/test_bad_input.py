@@ -88,6 +88,16 @@ def test_wrong_protocol_version(cluster: LocalCluster, bad_topic: str) -> None:
     assert_still_serving(cluster, bad_topic)
 
 
+def test_request_with_reserved_header_fields_set(cluster: LocalCluster, bad_topic: str) -> None:
+    frames = produce_frames(bad_topic, 0, good_batch(), correlation_id=41)
+    header = bytearray(frames[0])
+    header[5] = 1  # the response flag, on a request
+    frames[0] = bytes(header)
+    code, message, correlation_id = request_level_error(leader_address(cluster.bootstrap, bad_topic), frames)
+    assert code == errors.MalformedRequestError.code and "flags 0x01" in message and correlation_id == 41
+    assert_still_serving(cluster, bad_topic)
+
+
 def test_unknown_api_version(cluster: LocalCluster, bad_topic: str) -> None:
     frames = [encode_request_header(ApiKey.METADATA, 9, 5), b""]
     code, message, _ = request_level_error(leader_address(cluster.bootstrap, bad_topic), frames)

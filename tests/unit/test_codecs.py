@@ -192,6 +192,18 @@ def test_decode_request_frame_counts() -> None:
         apis.decode_request(frames[:1])
 
 
+def test_request_header_flags_and_error_code_are_zero() -> None:
+    """Both are reserved on requests (PROTOCOL.md section 2); a request with either set, a
+    response sent back as a request for one, is refused with its correlation id."""
+    frames = apis.encode_request(ApiKey.METADATA, {"topics": []}, 9)
+    for offset, value in ((5, 1), (5, 0x80), (10, 3)):
+        header = bytearray(frames[0])
+        header[offset] = value
+        with pytest.raises(errors.MalformedRequestError, match="0 on a request") as raised:
+            apis.decode_request([bytes(header), *frames[1:]])
+        assert raised.value.header.correlation_id == 9  # type: ignore[attr-defined]
+
+
 def test_unknown_api_and_version() -> None:
     with pytest.raises(errors.UnknownApiError):
         apis.decode_request([encode_request_header(999, 0, 1), b""])
