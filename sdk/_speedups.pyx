@@ -233,7 +233,7 @@ cdef class FastSend:
     """One producer's compiled ``send``: what never changes for a producer, looked up once."""
 
     cdef object core, acc
-    cdef dict partition_counts, sticky, open_batches
+    cdef dict partition_counts, sticky, open_batches, topic_limits
     cdef FastLock lock
     cdef public object refusal  # the core's _refusal, mirrored by _ProducerCore._refuse
     cdef Py_ssize_t batch_limit, buffer_max
@@ -245,6 +245,7 @@ cdef class FastSend:
         self.sticky = core._sticky
         self.acc = core._acc
         self.open_batches = core._acc.open
+        self.topic_limits = core._acc.topic_limits
         self.batch_limit = core._acc.batch_bytes_max - _overhead
         self.buffer_max = core._acc.buffer_bytes_max
         self.refusal = core._refusal
@@ -253,7 +254,7 @@ cdef class FastSend:
         """The record appended to its partition's open batch, when the Python path would do
         just that (the lock held); None for everything else: a new or full batch, the buffer
         limit, a partition to check or to choose, a timestamp outside the batch's window."""
-        cdef Py_ssize_t size, count_c, buffered
+        cdef Py_ssize_t size, count_c, buffered, limit = self.batch_limit
         cdef ProducerBatch batch
         cdef list records
         cdef RecordFuture future
@@ -274,11 +275,15 @@ cdef class FastSend:
         if type(found) is not ProducerBatch:
             return None
         batch = <ProducerBatch>found
+        if self.topic_limits:  # a topic whose message_bytes_max is below batch_bytes_max
+            room = self.topic_limits.get(topic)
+            if room is not None:
+                limit = <Py_ssize_t>room - _overhead
         size = _overhead + len(value) + (len(<bytes>key) if key is not None else 0)
         records = batch.records
         acc = self.acc
         buffered = acc.buffered_bytes
-        if not (batch.size_bytes + size < self.batch_limit and buffered + size <= self.buffer_max
+        if not (batch.size_bytes + size < limit and buffered + size <= self.buffer_max
                 and _in_window(ts, (<tuple>records[0])[0])):
             return None
         future = RecordFuture.__new__(RecordFuture)

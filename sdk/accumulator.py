@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fabric.limits import BATCH_HEADER_BYTES
 from fabric.protocol import batch as batch_format
 
 log = logging.getLogger("fabric.producer")
@@ -242,6 +243,9 @@ class RecordAccumulator:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
         self.batch_bytes_max = batch_bytes_max
+        # Per topic whose message_bytes_max leaves a batch less room than batch_bytes_max:
+        # the records bytes a batch of it may hold (set_message_bytes_max).
+        self.topic_limits: dict[str, int] = {}
         self.linger_s = linger_ms / 1000.0
         self.buffer_bytes_max = buffer_bytes_max
         self.buffered_bytes = 0
@@ -249,6 +253,22 @@ class RecordAccumulator:
         self.open: dict[tuple[str, int], ProducerBatch] = {}  # the batch still taking records
         self.flushing = False
         self._order = itertools.count()
+
+    def set_message_bytes_max(self, topic: str, message_bytes_max: int) -> None:
+        """A topic's largest batch frame (from metadata). Its batches close before they
+        outgrow it: a frame is the batch header and at most the records bytes (producers
+        send a batch lz4 did not shrink as it is), so a topic whose limit is below
+        ``batch_bytes_max`` gets smaller batches instead of every batch refused as
+        MESSAGE_TOO_LARGE. (Kafka's producer splits a batch the broker refused instead.)"""
+        room = message_bytes_max - BATCH_HEADER_BYTES
+        if room < self.batch_bytes_max:
+            self.topic_limits[topic] = max(room, RECORD_OVERHEAD_BYTES)
+        else:
+            self.topic_limits.pop(topic, None)
+
+    def limit(self, topic: str) -> int:
+        """The records bytes at which a batch of ``topic`` closes."""
+        return self.topic_limits.get(topic, self.batch_bytes_max)
 
     def has_room(self, size_bytes: int) -> bool:
         return self.buffered_bytes + size_bytes <= self.buffer_bytes_max or self.buffered_bytes == 0
@@ -275,6 +295,7 @@ class RecordAccumulator:
             size += headers_bytes(headers)
         tp = (topic, partition)
         batch = self.open.get(tp)
+        limit = self.topic_limits.get(topic, self.batch_bytes_max)
         full = False
         created = False
         # batch_bytes_max is a target, as Kafka's batch.size: a record larger than it gets a
@@ -283,7 +304,7 @@ class RecordAccumulator:
         # A record outside the open batch's timestamp window (its first record's timestamp
         # plus or minus an i32 of milliseconds, about 24.8 days) starts a batch of its own:
         # replayed history can mix timestamps further apart than that.
-        if (batch is None or batch.size_bytes + size > self.batch_bytes_max
+        if (batch is None or batch.size_bytes + size > limit
                 or not DELTA_MS_MIN <= timestamp_ms - batch.records[0][0] <= DELTA_MS_MAX):
             created = True
             if batch is not None:
@@ -301,7 +322,7 @@ class RecordAccumulator:
             batch.has_headers = True
         batch.size_bytes += size
         self.buffered_bytes += size
-        if batch.size_bytes >= self.batch_bytes_max - RECORD_OVERHEAD_BYTES:
+        if batch.size_bytes >= limit - RECORD_OVERHEAD_BYTES:
             batch.sealed = True
             del self.open[tp]
             full = True

@@ -331,6 +331,7 @@ class _ProducerCore:
             elif not 0 <= partition < count and not (partition > 0 and partition < self._fresh_count(topic)):
                 raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
             acc = self._acc
+            limit = acc.topic_limits.get(topic, acc.batch_bytes_max)  # acc.limit(topic), without the call
             size = RECORD_OVERHEAD_BYTES + (len(value_b) if value_b else 0) + (len(key_b) if key_b else 0)
             # Fast path, most records: the partition's open batch has room and will not be
             # filled by this record. It does what RecordAccumulator.append does for that
@@ -340,7 +341,7 @@ class _ProducerCore:
             if (
                 batch is not None
                 and header_list is None
-                and batch.size_bytes + size < acc.batch_bytes_max - RECORD_OVERHEAD_BYTES
+                and batch.size_bytes + size < limit - RECORD_OVERHEAD_BYTES
                 and acc.buffered_bytes + size <= acc.buffer_bytes_max
                 and DELTA_MS_MIN <= ts - batch.records[0][0] <= DELTA_MS_MAX  # the batch's i32 timestamp window
             ):
@@ -354,16 +355,16 @@ class _ProducerCore:
                 return future
             if header_list is not None:
                 size += headers_bytes(header_list)
-            if size > acc.batch_bytes_max - RECORD_OVERHEAD_BYTES:
-                limit = self._message_bytes_max.get(topic, MESSAGE_BYTES_MAX_DEFAULT)
-                if size + BATCH_HEADER_BYTES > limit:
+            if size > limit - RECORD_OVERHEAD_BYTES:
+                frame_max = self._message_bytes_max.get(topic, MESSAGE_BYTES_MAX_DEFAULT)
+                if size + BATCH_HEADER_BYTES > frame_max:
                     raise errors.MessageTooLargeError(
                         f"record of {size} bytes (key, value, headers and {RECORD_OVERHEAD_BYTES} bytes of lengths) "
-                        f"does not fit topic {topic!r}'s message_bytes_max={limit} with the "
+                        f"does not fit topic {topic!r}'s message_bytes_max={frame_max} with the "
                         f"{BATCH_HEADER_BYTES}-byte batch header",
-                        record_bytes=size, limit_bytes=limit,
+                        record_bytes=size, limit_bytes=frame_max,
                     )
-            if sticky and (batch is None or batch.size_bytes + size > acc.batch_bytes_max):
+            if sticky and (batch is None or batch.size_bytes + size > limit):
                 partition = self._move_sticky(topic, partition, count, size)  # it would open a batch here
             if acc.buffered_bytes + size > acc.buffer_bytes_max:
                 self._wait_for_room(size)
@@ -390,7 +391,7 @@ class _ProducerCore:
         Called with the lock held."""
         opened = self._sticky_batch.pop(topic, None)
         taken = self._sticky_closed_bytes.get(topic, 0) + (opened.size_bytes if opened is not None else 0)
-        if taken + size <= self._acc.batch_bytes_max:
+        if taken + size <= self._acc.limit(topic):
             self._sticky_closed_bytes[topic] = taken  # the batch this record opens is counted apart
             return partition
         self._sticky_closed_bytes[topic] = 0
@@ -443,6 +444,7 @@ class _ProducerCore:
             if count is None:
                 count = self._await_topic(topic)
             limit = self._message_bytes_max.get(topic, MESSAGE_BYTES_MAX_DEFAULT)
+            batch_bytes_max = self._acc.limit(topic)
             sticky = self._sticky.get(topic, self._sticky_start) % count
         if partition is not None and not 0 <= partition < count:
             raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
@@ -453,7 +455,6 @@ class _ProducerCore:
         else:
             groups = [(partition if partition is not None else -1, cols)]
         pieces: list[tuple[int, bulk.Piece]] = []
-        batch_bytes_max = self._acc.batch_bytes_max
         for target, group in groups:
             for start, end in group.cut(0, group.count, batch_bytes_max):
                 if target < 0:  # sticky: each full batch to the next partition
@@ -728,6 +729,7 @@ class _ProducerCore:
             for name, topic_meta in metadata.topics.items():
                 self._partition_counts[name] = topic_meta.partition_count
                 self._message_bytes_max[name] = topic_meta.message_bytes_max
+                self._acc.set_message_bytes_max(name, topic_meta.message_bytes_max)
             for topic in wanted:
                 if topic not in metadata.topics:
                     self._unknown_topics[topic] = (  # secure cluster: say it is a refusal
@@ -1028,7 +1030,8 @@ class Producer:
     stamps batches with a producer id and sequences so that retries never duplicate.
     ``linger_ms``: how long a batch waits to fill. ``batch_bytes_max``: the batch closes
     at this many bytes of records (a target: a larger record gets a batch of its own, up
-    to the topic's ``message_bytes_max``, 8 MiB by default). ``buffer_bytes_max``: memory
+    to the topic's ``message_bytes_max``, 8 MiB by default), or sooner for a topic whose
+    ``message_bytes_max`` less the 72-byte batch header is smaller. ``buffer_bytes_max``: memory
     for unsent records; ``send()`` blocks up to ``max_block_ms`` when it is full, then
     raises BufferFullError. Retriable errors are retried until ``delivery_timeout_ms``,
     which holds in every state (no leader, no producer id, no answer).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pytest
 
@@ -65,3 +67,24 @@ def test_send_batch_refuses_bad_input_and_queues_nothing(cluster: LocalCluster, 
             producer.send_batch(topic_name, [b"ok", 5])
         assert producer._acc.pending_records() == 0
         assert producer.send_batch(topic_name, []).result(0) == []
+
+
+def test_a_topic_smaller_than_a_batch_gets_smaller_batches(cluster: LocalCluster, topic_name: str) -> None:
+    """A topic's message_bytes_max (4096 here) below the producer's batch_bytes_max (256 KiB):
+    batches used to fill to batch_bytes_max and every one was refused as MESSAGE_TOO_LARGE,
+    taking all its records with it. Now a batch of that topic closes at the topic's limit,
+    through send() keyed and keyless and through send_batch, and a record that cannot fit
+    even alone is refused by send() itself."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, config={"message_bytes_max": 4096})
+    with Producer(cluster.bootstrap, linger_ms=50) as producer:
+        # Random values: lz4 cannot shrink them below the limit, as it would repeated bytes.
+        futures = [producer.send(topic_name, os.urandom(100), key=b"k" if i % 3 == 0 else None)
+                   for i in range(600)]
+        whole = producer.send_batch(topic_name, [os.urandom(100) for _ in range(400)])
+        producer.flush(30)
+        assert [f.exception(0) for f in futures] == [None] * 600
+        assert sum(b.record_count for b in whole.result(0)) == 400
+        with pytest.raises(errors.MessageTooLargeError, match="message_bytes_max=4096"):
+            producer.send(topic_name, b"z" * 4096)
+    assert len(read_all(cluster.bootstrap, topic_name, 2, expected=1000)) == 1000

@@ -169,6 +169,19 @@ def test_c_producer_settings(c_client: CClient, cluster: LocalCluster, admin: Ad
     check_c_produced(records, expected, PARTITIONS)
 
 
+def test_c_producer_to_a_topic_smaller_than_its_batches(c_client: CClient, cluster: LocalCluster, admin: Admin,
+                                                        node_addresses: str, topic_name: str) -> None:
+    """message_bytes_max 4096 against the default 256 KiB batches, uncompressed: every batch
+    was refused as MESSAGE_TOO_LARGE; now they close at the topic's limit (as in Python)."""
+    admin.create_topic(topic_name, partitions=PARTITIONS, replication_factor=2, config={"message_bytes_max": 4096})
+    expected = make_records(seed=3, count=SMALL_RUN_RECORDS)
+    run = run_c_producer(c_client, node_addresses, topic_name, produce_lines(expected),
+                         "--compression", "none", "--linger-ms", "20")
+    assert run.returncode == 0, run.stderr.decode()
+    records = consume_all_python(cluster.bootstrap, topic_name, PARTITIONS, SMALL_RUN_RECORDS)
+    check_c_produced(records, expected, PARTITIONS)
+
+
 def parse_c_line(line: str) -> tuple[int, int, bytes | None, bytes | None, Headers]:
     """One fabric-consume --hex line: offset, timestamp, key, value, headers."""
     offset, timestamp, key, value, header_text = line.split("\t")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fabric import errors
+from fabric.limits import BATCH_HEADER_BYTES
 from sdk.accumulator import RecordAccumulator
 
 
@@ -189,3 +190,22 @@ def test_requests_are_cut_by_batch_count_and_bytes() -> None:
     assert [len(g) for g in _request_groups(small)] == [REQUEST_BATCHES_MAX, 1]
     huge = [batch(REQUEST_BYTES_MAX * 2), batch(10)]
     assert [len(g) for g in _request_groups(huge)] == [1, 1]  # a batch larger than the cap goes alone
+
+
+def test_a_topic_with_a_smaller_message_bytes_max_gets_smaller_batches() -> None:
+    """A batch frame is the header and at most the records bytes (a batch lz4 did not
+    shrink goes as it is), so a topic whose message_bytes_max leaves less room than
+    batch_bytes_max closes its batches there; other topics keep batch_bytes_max."""
+    acc = RecordAccumulator(batch_bytes_max=100_000, linger_ms=1000, buffer_bytes_max=10_000_000)
+    acc.set_message_bytes_max("small", 4096)
+    acc.set_message_bytes_max("big", 8 << 20)
+    assert acc.limit("small") == 4096 - BATCH_HEADER_BYTES and acc.limit("big") == 100_000
+    for topic in ("small", "big"):
+        for i in range(500):
+            acc.append(topic, 0, i, None, b"x" * 86, None, 0.0)  # 100 bytes a record
+    small = list(acc.batches[("small", 0)])
+    assert len(small) == 500 * 100 // (4096 - BATCH_HEADER_BYTES) + 1
+    assert all(b.size_bytes <= 4096 - BATCH_HEADER_BYTES for b in small)
+    assert len(acc.batches[("big", 0)]) == 1
+    acc.set_message_bytes_max("small", 8 << 20)  # raised: back to batch_bytes_max
+    assert acc.limit("small") == 100_000

@@ -61,6 +61,8 @@ def cores(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_ProducerCore, _Pro
                              delivery_timeout_ms=600_000, request_timeout_ms=600_000, max_block_ms=100)
         with core._lock:
             core._partition_counts.update(TOPICS)
+            core._message_bytes_max["b"] = 2048  # smaller than batch_bytes_max: its own batch limit
+            core._acc.set_message_bytes_max("b", 2048)
             core._sticky_start = made[0]._sticky_start if made else core._sticky_start  # drawn once, shared
         made.append(core)
     try:
@@ -76,7 +78,7 @@ def cores(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_ProducerCore, _Pro
 def _call(rng: random.Random) -> tuple[tuple[Any, ...], dict[str, Any]]:
     topic = rng.choice(["a", "a", "a", "b"])
     roll = rng.random()
-    value: Any = rng.randbytes(rng.choice([0, 10, 100, 100, 900]))
+    value: Any = rng.randbytes(rng.choice([0, 10, 100, 100, 900, 2100]))
     if roll < 0.05:
         value = None
     elif roll < 0.1:

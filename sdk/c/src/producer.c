@@ -768,6 +768,13 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
                          FABRIC_BATCH_HEADER_BYTES);
         return FABRIC_ERR_MESSAGE_TOO_LARGE;
     }
+    /* A batch frame is the header and at most its records bytes (a batch lz4 did not shrink
+     * goes as it is): a topic whose message_bytes_max leaves less room than batch_bytes_max
+     * closes its batches there, as the Python producer, instead of having each refused. */
+    size_t batch_max = p->cfg.batch_bytes_max;
+    if (meta && meta->message_bytes_max > FABRIC_BATCH_HEADER_BYTES &&
+        (size_t)(meta->message_bytes_max - FABRIC_BATCH_HEADER_BYTES) < batch_max)
+        batch_max = (size_t)(meta->message_bytes_max - FABRIC_BATCH_HEADER_BYTES);
     /* Backpressure: a bounded wait for acknowledgements, then BUFFER_FULL. */
     if (p->buffered_bytes + size > p->cfg.buffer_bytes_max) {
         int64_t deadline = now_ms() + p->cfg.max_block_ms;
@@ -789,13 +796,13 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     int64_t now = now_ms();
     int64_t ts = timestamp_ms < 0 ? wall_ms() : timestamp_ms;
     pqueue_t *q = t->queues[partition];
-    if (sticky && t->sticky_bytes + size > p->cfg.batch_bytes_max &&
+    if (sticky && t->sticky_bytes + size > batch_max &&
         (q->open.record_count == 0 ||
-         fabric_batch_builder_records_bytes(&q->open) + size > p->cfg.batch_bytes_max ||
+         fabric_batch_builder_records_bytes(&q->open) + size > batch_max ||
          q->open.record_count == FABRIC_BATCH_RECORDS_MAX)) {
         /* Sticky partitioning (as the Python producer, and Kafka's KIP-794): a keyless
          * record that would open a batch goes to the next partition once the sticky one
-         * has taken batch_bytes_max bytes; batches sent at their linger before they fill
+         * has taken a batch's bytes; batches sent at their linger before they fill
          * no longer keep every keyless record on one partition. */
         t->sticky = (partition + 1) % t->partition_count;
         partition = t->sticky;
@@ -804,7 +811,7 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     }
     int closed = 0;
     if (q->open.record_count > 0 &&
-        (fabric_batch_builder_records_bytes(&q->open) + size > p->cfg.batch_bytes_max ||
+        (fabric_batch_builder_records_bytes(&q->open) + size > batch_max ||
          q->open.record_count == FABRIC_BATCH_RECORDS_MAX)) {
         close_open_batch(p, q, now);
         closed = 1;
@@ -829,7 +836,7 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     p->buffered_bytes += size;
     if (sticky) t->sticky_bytes += size;
     p->open_records++;
-    if (fabric_batch_builder_records_bytes(&q->open) >= p->cfg.batch_bytes_max) {
+    if (fabric_batch_builder_records_bytes(&q->open) >= batch_max) {
         close_open_batch(p, q, now);
         closed = 1;
     }
