@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,4 +57,16 @@ def test_c_client_produces_and_consumes_on_a_secure_cluster(c_client: CClient, s
     run = subprocess.run(produce, input=b"k\tv\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, env=plain_env,
                          check=False)
     assert run.returncode != 0
-    assert run.stderr.strip(), "a refused C client must say why"
+    assert b"the node requires CURVE; set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY" in run.stderr, run.stderr
+    # With the wrong server key, and with a key the cluster never registered: each says so.
+    wrong_server = {**secure_env, "FABRIC_SERVER_KEY": "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}
+    run = subprocess.run(produce, input=b"k\tv\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, env=wrong_server,
+                         check=False)
+    assert run.returncode != 0 and b"the CURVE handshake failed" in run.stderr, run.stderr
+    stranger = tmp_path / "stranger.key_secret"
+    subprocess.run([sys.executable, "-c", "import sys, zmq.auth; zmq.auth.create_certificates(sys.argv[1], 'stranger')",
+                    str(tmp_path)], check=True, timeout=60)
+    unknown_key = {**secure_env, "FABRIC_KEY_FILE": str(stranger)}
+    run = subprocess.run(produce, input=b"k\tv\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, env=unknown_key,
+                         check=False)
+    assert run.returncode != 0 and b"does not know this client's key" in run.stderr, run.stderr

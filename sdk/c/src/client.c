@@ -151,6 +151,86 @@ static void close_socket(void **sock, int linger_ms) {
     }
 }
 
+/* A DEALER and the PAIR watching its handshakes. */
+static void close_watched(void **sock, void **monitor, int linger_ms) {
+    close_socket(sock, linger_ms);
+    close_socket(monitor, 0);
+}
+
+#define HANDSHAKE_EVENTS                                                                       \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |               \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+
+/* A PAIR receiving sock's failed handshakes, or NULL (then failures are only timeouts).
+ * Set up before sock connects, so that no event is missed. */
+static void *watch_handshakes(client_t *c, void *sock) {
+    char endpoint[96];
+    snprintf(endpoint, sizeof endpoint, "inproc://fabric-handshakes-%p-%u", (void *)c, c->monitor_seq++);
+    if (zmq_socket_monitor(sock, endpoint, HANDSHAKE_EVENTS) != 0) return NULL;
+    void *pair = zmq_socket(c->zctx, ZMQ_PAIR);
+    if (pair == NULL) return NULL;
+    int zero = 0;
+    zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(pair, endpoint) != 0) {
+        zmq_close(pair);
+        return NULL;
+    }
+    return pair;
+}
+
+/* The last failed handshake a monitor reported (event and value), 0 when none. */
+static uint16_t read_handshake_failure(void *monitor, uint32_t *value) {
+    uint16_t last = 0;
+    while (monitor) {
+        zmq_msg_t first, second;
+        zmq_msg_init(&first);
+        if (zmq_msg_recv(&first, monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&first);
+            break;
+        }
+        if (zmq_msg_size(&first) >= 6) { /* u16 event, u32 value, native byte order */
+            const uint8_t *d = zmq_msg_data(&first);
+            memcpy(&last, d, 2);
+            memcpy(value, d + 2, 4);
+        }
+        int more = zmq_msg_more(&first);
+        zmq_msg_close(&first);
+        if (more) { /* the endpoint */
+            zmq_msg_init(&second);
+            zmq_msg_recv(&second, monitor, ZMQ_DONTWAIT);
+            zmq_msg_close(&second);
+        }
+    }
+    return last;
+}
+
+/* Why address could not be reached, when a handshake failed (as the Python SDK words
+ * it, fabric/transport.py); NULL when nothing failed but the connection itself. */
+static const char *handshake_failure(client_t *c, const char *address) {
+    for (size_t i = 0; i < c->conn_count; i++) {
+        conn_t *conn = &c->conns[i];
+        if (strcmp(conn->address, address) != 0) continue;
+        uint32_t value = 0, data_value = 0;
+        uint16_t event = read_handshake_failure(conn->control_monitor, &value);
+        uint16_t data_event = read_handshake_failure(conn->data_monitor, &data_value);
+        if (data_event) {
+            event = data_event;
+            value = data_value;
+        }
+        if (event == 0) return NULL;
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            return "the node does not know this client's key (register it: fabric principal add)";
+        if (!c->curve && event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+            value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            return "the node requires CURVE; set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY (docs/SECURITY.md)";
+        if (!c->curve)
+            return "either the node requires CURVE (set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY, "
+                   "docs/SECURITY.md) or what answers there is not a Fabric node";
+        return "the CURVE handshake failed: wrong server key, or the node is not secure";
+    }
+    return NULL;
+}
+
 static void free_topics(client_t *c) {
     for (size_t i = 0; i < c->topic_count; i++) {
         free(c->topics[i].name);
@@ -169,8 +249,8 @@ static void free_nodes(client_t *c) {
 
 void client_close(client_t *c) {
     for (size_t i = 0; i < c->conn_count; i++) {
-        close_socket(&c->conns[i].data, c->data_linger_ms);
-        close_socket(&c->conns[i].control, 0);
+        close_watched(&c->conns[i].data, &c->conns[i].data_monitor, c->data_linger_ms);
+        close_watched(&c->conns[i].control, &c->conns[i].control_monitor, 0);
         free(c->conns[i].address);
     }
     c->conn_count = 0;
@@ -190,7 +270,7 @@ uint32_t client_next_id(client_t *c) {
     return id;
 }
 
-static void *open_socket(client_t *c, const char *address, int linger_ms) {
+static void *open_socket(client_t *c, const char *address, int linger_ms, void **monitor) {
     void *s = zmq_socket(c->zctx, ZMQ_DEALER);
     if (s == NULL) return NULL;
     int hwm = SOCKET_HWM_MESSAGES, one = 1;
@@ -211,9 +291,12 @@ static void *open_socket(client_t *c, const char *address, int linger_ms) {
         zmq_close(s);
         return NULL;
     }
+    close_socket(monitor, 0); /* the last socket's, if any */
+    *monitor = watch_handshakes(c, s);
     if (zmq_connect(s, address) != 0) {
         client_set_error(c, "cannot connect to %s: %s", address, zmq_strerror(errno));
         zmq_close(s);
+        close_socket(monitor, 0);
         return NULL;
     }
     return s;
@@ -238,15 +321,15 @@ conn_t *client_conn(client_t *c, const char *address) {
         if (conn->address == NULL) return NULL;
         c->conn_count++;
     }
-    if (conn->data == NULL) conn->data = open_socket(c, address, c->data_linger_ms);
-    if (conn->control == NULL) conn->control = open_socket(c, address, 0);
+    if (conn->data == NULL) conn->data = open_socket(c, address, c->data_linger_ms, &conn->data_monitor);
+    if (conn->control == NULL) conn->control = open_socket(c, address, 0, &conn->control_monitor);
     if (conn->data == NULL || conn->control == NULL) return NULL;
     return conn;
 }
 
 void client_drop_data(client_t *c, conn_t *conn) {
     (void)c;
-    close_socket(&conn->data, 0);
+    close_watched(&conn->data, &conn->data_monitor, 0);
 }
 
 int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
@@ -266,8 +349,12 @@ int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
         }
         int64_t left = deadline - now_ms();
         if (left <= 0) {
-            client_set_error(c, "node %s is not reachable (no connection within %d ms)", address,
-                             CONNECT_WAIT_MS);
+            const char *why = handshake_failure(c, address);
+            if (why)
+                client_set_error(c, "node %s refused the connection: %s", address, why);
+            else
+                client_set_error(c, "node %s is not reachable (no connection within %d ms)", address,
+                                 CONNECT_WAIT_MS);
             return FABRIC_ERR_NODE_NOT_READY;
         }
         zmq_pollitem_t item = {sock, 0, ZMQ_POLLOUT, 0};
@@ -358,7 +445,7 @@ int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf
         int64_t left = deadline - now_ms();
         if (left <= 0) {
             /* A fresh control socket, so a late answer cannot be mistaken for a later one. */
-            close_socket(&conn->control, 0);
+            close_watched(&conn->control, &conn->control_monitor, 0);
             client_set_error(c, "request (api %u) to %s timed out after %d ms", api_key,
                              conn->address, timeout_ms);
             return FABRIC_ERR_REQUEST_TIMED_OUT;

@@ -28,6 +28,10 @@ typedef struct conn {
     char *address;
     void *data;    /* DEALER for PRODUCE and FETCH, many requests in flight */
     void *control; /* DEALER for synchronous METADATA and LIST_OFFSETS */
+    /* PAIRs receiving each DEALER's failed handshakes (a libzmq socket monitor), or NULL:
+     * read when a node cannot be reached, to say why (a CURVE mismatch, a refused key). */
+    void *data_monitor;
+    void *control_monitor;
 } conn_t;
 
 typedef struct topic_meta {
@@ -58,6 +62,7 @@ typedef struct client {
     char curve_public_key[CURVE_KEY_CHARS + 1];
     char curve_secret_key[CURVE_KEY_CHARS + 1];
     char error[ERROR_TEXT_BYTES];
+    unsigned monitor_seq; /* names the inproc endpoints of the handshake monitors */
 } client_t;
 
 /* One received multipart message: frames[0] header, frames[1] body, then batches. */
