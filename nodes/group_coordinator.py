@@ -421,9 +421,10 @@ class GroupCoordinator:
         return self._secure_caller() if self._secure_caller is not None else ("", None)
 
     def committed(self) -> Iterator[tuple[str, str, int, int]]:
-        """(group, topic, partition, committed offset) for every group coordinated here (metrics)."""
+        """(group, topic, partition, offset) committed here (metrics), not on a deleted topic of the same name."""
+        created = {name: route.config.created_ms for name, route in self.routing.topics().items()}
         return ((g.group_id, tp[0], tp[1], entry[0]) for part in list(self._partitions.values()) if part.mode == ACTIVE
-                for g in list(part.groups.values()) for tp, entry in list(g.offsets.items()))
+                for g in list(part.groups.values()) for tp, entry in list(g.offsets.items()) if entry[2] >= created.get(tp[0], -1))
 
     def _list_groups(self) -> dict[str, Any]:
         groups = [{"group_id": g.group_id, "state": g.state(), "members": len(g.members)}

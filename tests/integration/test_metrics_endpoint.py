@@ -21,6 +21,7 @@ PARTITIONS = 3
 SCRAPE_TIMEOUT_S = 10
 SETTLE_S = 30.0
 GROUP_OFFSET = 500  # the committed offset the group-lag check sets
+SNAPSHOT_WAIT_S = 3.0  # three of the nodes' metric snapshots (nodes/metrics.py SNAPSHOT_INTERVAL_S)
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -137,3 +138,17 @@ def test_scrape_during_load_counts_what_was_produced(cluster: LocalCluster, topi
             break
         time.sleep(0.5)
     assert lag_by_partition == expected
+
+    # The topic deleted and created again: the group's commits were made on the old one and
+    # are no lag of the new one (they used to be reported against its high watermark).
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic(topic_name)
+        admin.create_topic(topic_name, partitions=PARTITIONS, replication_factor=3)
+    with Producer(cluster.bootstrap) as producer:
+        for p in range(PARTITIONS):
+            producer.send(topic_name, b"x" * VALUE_BYTES, partition=p).result(30)
+    time.sleep(SNAPSHOT_WAIT_S)
+    stale = {dict(ls)["partition"]: v for s in (scrape(url) for url in urls.values()) for (n, ls), v in s.items()
+             if n == "fabric_group_lag_messages" and dict(ls)["group"] == "metrics-group"
+             and dict(ls)["topic"] == topic_name}
+    assert stale == {}
