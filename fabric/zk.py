@@ -276,6 +276,22 @@ class TopicConfig:
         "dedup_window_ms",
     )
 
+    # Keys ALTER_TOPIC_CONFIGS may change later. Fixed: strict_order, queue and dead_letter
+    # (what the data already written means), dedup_window_ms (a queue's log is trimmed by it).
+    ALTERABLE = (
+        "retention_ms",
+        "retention_bytes",
+        "message_bytes_max",
+        "min_insync",
+        "unclean_leader_election",
+        "strict_order_tick_ms",
+        "visibility_timeout_ms",
+        "max_deliveries",
+        "message_ttl_ms",
+        "max_messages",
+        "max_bytes",
+    )
+
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
@@ -521,6 +537,33 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     if failures:
         raise errors.InvalidPartitionsError(f"topic {name!r} changed while adding partitions; try again: {failures[0]!r}")
     return grown
+
+
+def alter_topic_config(zk: KazooClient, name: str, configs: dict[str, str]) -> TopicConfig:
+    """Set some of a topic's configs (the rest keep their values), as Kafka's
+    incrementalAlterConfigs: validated as at creation, written version-checked. Only the
+    keys in ``TopicConfig.ALTERABLE``; the others shape data already written and are fixed."""
+    validate_topic_name(name)
+    if not configs:
+        raise errors.InvalidConfigError("no config to set")
+    for key in configs:
+        if key not in TopicConfig.ALTERABLE:
+            fixed = "is fixed at creation" if key in TopicConfig.SETTABLE else "is not a topic config"
+            raise errors.InvalidConfigError(f"{key!r} {fixed}; alterable: {', '.join(TopicConfig.ALTERABLE)}")
+    try:
+        raw, stat = get(zk, topic_path(name))
+    except NoNodeError:
+        raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+    config = TopicConfig.decode(raw)
+    current = config.as_strings()
+    merged = {key: current[key] for key in TopicConfig.SETTABLE} | configs
+    altered = TopicConfig.build(config.partitions, config.replication_factor, merged, config.created_ms)
+    tx = zk.transaction()
+    tx.set_data(topic_path(name), altered.encode(), version=stat.version)
+    failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]
+    if failures:
+        raise errors.InvalidConfigError(f"topic {name!r} changed while its configs were set; try again: {failures[0]!r}")
+    return altered
 
 
 def delete_topic(zk: KazooClient, name: str) -> None:

@@ -171,6 +171,17 @@ def handle_delete_topic(node: NodeState, envelope: Envelope, request: apis.Messa
     return None
 
 
+def handle_alter_topic_configs(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
+    body = request.body
+    refused = _refuse_internal(body["name"], "alter")  # the coordinators' state: their settings are theirs
+    if refused is not None:
+        return refused
+    configs = {c["key"]: c["value"] for c in body["configs"]}
+    node.answer_later(envelope, request.header, lambda: _admin_result(
+        lambda: zkl.alter_topic_config(node.zk, body["name"], configs)))
+    return None
+
+
 def handle_create_partitions(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
     body = request.body
     refused = _refuse_internal(body["name"], "add partitions to")  # their partitioning is fixed by the coordinators
@@ -179,3 +190,12 @@ def handle_create_partitions(node: NodeState, envelope: Envelope, request: apis.
     node.answer_later(envelope, request.header, lambda: _admin_result(
         lambda: zkl.add_partitions(node.zk, body["name"], body["partitions"])))
     return None
+
+
+# Topic administration, for the node's dispatch table (nodes/server.py).
+TOPIC_APIS: dict[int, Callable[[NodeState, Envelope, apis.Message], dict[str, Any] | None]] = {
+    apis.ApiKey.CREATE_TOPIC: handle_create_topic,
+    apis.ApiKey.DELETE_TOPIC: handle_delete_topic,
+    apis.ApiKey.CREATE_PARTITIONS: handle_create_partitions,
+    apis.ApiKey.ALTER_TOPIC_CONFIGS: handle_alter_topic_configs,
+}

@@ -89,10 +89,8 @@ DISPATCH: dict[int, Handler | GroupCommit] = {
     ApiKey.FETCH: fetch.handle_fetch,
     ApiKey.METADATA: admin.handle_metadata,
     ApiKey.LIST_OFFSETS: admin.handle_list_offsets,
-    ApiKey.CREATE_TOPIC: admin.handle_create_topic,
-    ApiKey.DELETE_TOPIC: admin.handle_delete_topic,
+    **admin.TOPIC_APIS,  # CREATE_TOPIC, DELETE_TOPIC, CREATE_PARTITIONS, ALTER_TOPIC_CONFIGS
     ApiKey.DESCRIBE_TOPICS: admin.handle_describe_topics,
-    ApiKey.CREATE_PARTITIONS: admin.handle_create_partitions,
     ApiKey.INIT_PRODUCER_ID: admin.handle_init_producer_id,
     ApiKey.REPLICA_ACK: leader.handle_replica_ack,
     ApiKey.OFFSETS_FOR_LEADER_EPOCH: leader.handle_offsets_for_leader_epoch,

@@ -57,7 +57,12 @@ def _topic_configs(name: object, partitions: object, replication_factor: object,
         merged["strict_order"] = True
     for key in merged:
         str_arg("each config name", key)
-    return [{"key": k, "value": str(v).lower() if isinstance(v, bool) else str(v)} for k, v in merged.items()]
+    return [{"key": k, "value": _config_value(v)} for k, v in merged.items()]
+
+
+def _config_value(value: object) -> str:
+    """A config value as the wire carries it: booleans as true/false, the rest as str()."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk/_queue_admin.py
@@ -124,6 +129,22 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         errors.raise_for_code(body["error"], body["message"])
         if wait:
             self.wait_for_topic(name, total)
+
+    def alter_topic_config(self, name: str, config: Mapping[str, str | int | bool]) -> None:
+        """Set some of ``name``'s configs, leaving the others as they are (Kafka's
+        incrementalAlterConfigs). Returns once ZooKeeper holds them; each node acts on them
+        as its watch fires (retention at its next check, producers at their next metadata).
+        Alterable: retention_ms, retention_bytes, message_bytes_max, min_insync,
+        unclean_leader_election, strict_order_tick_ms, and a queue's visibility_timeout_ms,
+        max_deliveries, message_ttl_ms, max_messages, max_bytes; the others are fixed at
+        creation (InvalidConfigError), as are partitions (create_partitions grows them)."""
+        str_arg("name", name)
+        if not isinstance(config, Mapping) or not config:
+            raise TypeError(f"config must be a non-empty dict of config name to value, got {config!r:.60}")
+        entries = [{"key": str_arg("each config name", key), "value": _config_value(value)}
+                   for key, value in config.items()]
+        body = self._call(ApiKey.ALTER_TOPIC_CONFIGS, {"name": name, "configs": entries})
+        errors.raise_for_code(body["error"], body["message"])
 
     def wait_for_topic(self, name: str, partitions: int | None = None, timeout_s: float = TOPIC_READY_TIMEOUT_S) -> None:
         """Block until every partition has a leader that answers LIST_OFFSETS for it."""

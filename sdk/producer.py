@@ -762,6 +762,8 @@ class _ProducerCore:
     def _encode(self, batch: ProducerBatch) -> bytes:
         """Encode once; a retry resends these exact bytes, sequence numbers included. If the
         encoding fails, the batch's sequence numbers are given back (it never leaves)."""
+        if batch.encoded is None and batch.base_sequence >= 0:  # renumbered (_give_back_sequences)
+            return self._frame(batch, batch.base_sequence)
         if batch.encoded is None:
             base_sequence = -1
             key = (batch.topic, batch.partition)
@@ -879,8 +881,8 @@ class _ProducerCore:
         now = time.monotonic()
         if message.header.error_code:
             request_error = errors.error_for_code(message.header.error_code)(message.body.get("message", ""))
-            for batch in flight.batches:
-                self._retry_or_fail(batch, request_error, now)
+            for batch in flight.batches:  # a request-level error: the request had no effect (PROTOCOL.md 2)
+                self._retry_or_fail(batch, request_error, now, refused=True)
             return
         # One result per entry, in the request's order (a partition may have several
         # batches in one request).
@@ -891,12 +893,16 @@ class _ProducerCore:
                 result = None
             if result is None:
                 self._retry_or_fail(batch, errors.UnknownServerError("the node's answer left this batch out"), now)
-            elif result["error"] == errors.OutOfOrderSequenceError.code and not self._is_first_unacked(batch):
+            elif result["error"] == errors.OutOfOrderSequenceError.code and (
+                    not self._is_first_unacked(batch) or batch.encoded is None):
                 # An earlier batch of this partition failed or is still on its way (a
-                # pipelined request overtook a resend): resend this one after it, in order.
+                # pipelined request overtook a resend), or was refused while this one was
+                # in flight and gave its sequences back (encoded is None: renumbered since
+                # it was sent): resend this one after it, in order, with its own numbers.
                 self._retry(batch, errors.OutOfOrderSequenceError(result["message"]), now)
             elif result["error"]:
-                self._retry_or_fail(batch, errors.error_for_code(result["error"])(result["message"]), now)
+                self._retry_or_fail(batch, errors.error_for_code(result["error"])(result["message"]), now,
+                                    refused=result["error"] != errors.OutOfOrderSequenceError.code)
             else:
                 with self._lock:
                     self._acknowledged.add((batch.topic, batch.partition))
@@ -918,13 +924,38 @@ class _ProducerCore:
             else:
                 slots.pop(tp, None)
 
-    def _retry_or_fail(self, batch: ProducerBatch, exc: errors.FabricError, now: float) -> None:
+    def _retry_or_fail(self, batch: ProducerBatch, exc: errors.FabricError, now: float, *,
+                       refused: bool = False) -> None:
+        """``refused``: the node answered this batch with ``exc`` (it stored none of it)."""
         if exc.retriable:
             self._refresh_needed = True
             self._retry(batch, exc, now)
         else:
+            if isinstance(exc, errors.MessageTooLargeError):
+                self._refresh_needed = True  # the topic's limit may have been lowered: later batches close at it
             with self._lock:
+                if refused:
+                    self._give_back_sequences(batch)
                 self._finish(batch, -1, exc)
+
+    def _give_back_sequences(self, batch: ProducerBatch) -> None:
+        """A batch the node refused (an answer for it, not retriable: nothing was stored)
+        gives its sequence numbers back, as Kafka's producer adjusts them after a failed
+        batch: the partition's later batches move down by its record count and are framed
+        again. Without this the node refused every later batch of the partition as
+        OUT_OF_ORDER_SEQUENCE, for good (it still expects the refused batch's first number).
+        A later batch already in flight was sent with its old numbers: its
+        OUT_OF_ORDER_SEQUENCE answer is retried (``_handle_response``). Lock held."""
+        key = (batch.topic, batch.partition)
+        queue = self._unacked.get(key)
+        if batch.base_sequence < 0 or not queue or batch not in queue:
+            return
+        count = batch.record_count
+        later = list(queue)[list(queue).index(batch) + 1:]
+        for other in later:
+            other.base_sequence = (other.base_sequence - count) % (I32_MAX + 1)
+            other.encoded = None
+        self._next_sequence[key] = (self._next_sequence.get(key, 0) - count) % (I32_MAX + 1)
 
     def _retry(self, batch: ProducerBatch, exc: BaseException, now: float) -> None:
         with self._lock:

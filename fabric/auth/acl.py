@@ -238,7 +238,7 @@ def required_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operati
         return [(Operation.REPLICATE, CLUSTER)]
     if api_key in (ApiKey.ELECT_LEADERS, ApiKey.REASSIGN_PARTITION):
         return [(Operation.ALTER, CLUSTER)]
-    if api_key == ApiKey.CREATE_PARTITIONS:
+    if api_key in (ApiKey.CREATE_PARTITIONS, ApiKey.ALTER_TOPIC_CONFIGS):
         return [(Operation.ALTER, Resource(ResourceType.TOPIC, body["name"]))]
     group_needs = _group_access(api_key, body)
     if group_needs is not None:

@@ -1,4 +1,4 @@
-"""``fabric topic create|list|describe|delete|add-partitions|elect-leaders|reassign``."""
+"""``fabric topic create|list|describe|delete|alter|add-partitions|elect-leaders|reassign``."""
 
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     describe.add_argument("name", nargs="?", help="topic (default: every topic)")
     delete = with_bootstrap(tsub.add_parser("delete", help="delete a topic and its data"))
     delete.add_argument("name", help="topic")
+    alter = with_bootstrap(tsub.add_parser("alter", help="change some of a topic's configs (the others stay)"))
+    alter.add_argument("name", help="topic")
+    alter.add_argument("--config", "-c", action="append", type=key_value, required=True, metavar="KEY=VALUE",
+                       help="repeatable: retention_ms, retention_bytes, message_bytes_max, min_insync, "
+                            "unclean_leader_election, strict_order_tick_ms, or a queue's visibility_timeout_ms, "
+                            "max_deliveries, message_ttl_ms, max_messages, max_bytes")
     grow = with_bootstrap(tsub.add_parser("add-partitions", help="grow a topic to N partitions"))
     grow.add_argument("name", help="topic")
     grow.add_argument("--partitions", "-p", type=partition_count, required=True, help="the new total")
@@ -70,6 +76,9 @@ def cmd_topic(args: argparse.Namespace) -> int:
         elif args.topic_command == "delete":
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
+        elif args.topic_command == "alter":
+            admin.alter_topic_config(args.name, dict(args.config))
+            print(f"topic {args.name}: " + ", ".join(f"{key}={value}" for key, value in args.config))
         elif args.topic_command == "add-partitions":
             admin.create_partitions(args.name, args.partitions)
             print(f"topic {args.name} now has {args.partitions} partitions")

@@ -48,6 +48,7 @@ class ApiKey(IntEnum):
     OFFSETS_FOR_LEADER_EPOCH = 10
     ELECT_LEADERS = 11
     CREATE_PARTITIONS = 12
+    ALTER_TOPIC_CONFIGS = 13
     # 20-29: the sequencer (fabric/protocol/sequencer.py)
     ALLOCATE_IDS = 20
     # Consumer groups (30-39), schemas in fabric/protocol/groups.py.
@@ -326,6 +327,7 @@ SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (ApiKey.OFFSETS_FOR_LEADER_EPOCH, 0): (OFFSETS_FOR_LEADER_EPOCH_REQUEST_V0, OFFSETS_FOR_LEADER_EPOCH_RESPONSE_V0),
     (ApiKey.ELECT_LEADERS, 0): (ELECT_LEADERS_REQUEST_V0, ELECT_LEADERS_RESPONSE_V0),
     (ApiKey.CREATE_PARTITIONS, 0): ((("name", "str"), ("partitions", "i32")), RESULT_RESPONSE_V0),
+    (ApiKey.ALTER_TOPIC_CONFIGS, 0): ((("name", "str"), ("configs", Array(Struct(CONFIG_ENTRY)))), RESULT_RESPONSE_V0),
     (ApiKey.ALLOCATE_IDS, 0): (ALLOCATE_IDS_REQUEST_V0, ALLOCATE_IDS_RESPONSE_V0),
     (ApiKey.DRAIN_NODE, 0): ((("node_id", "i32"),), (("error", "i16"), ("message", "text"), ("leaderships", "i32"))),
     (ApiKey.REASSIGN_PARTITION, 0): (REASSIGN_PARTITION_REQUEST_V0, RESULT_RESPONSE_V0),

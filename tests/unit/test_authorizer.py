@@ -118,6 +118,7 @@ def test_required_access_table() -> None:
     assert required_access(ApiKey.REPLICA_ACK, {}) == [(Operation.REPLICATE, CLUSTER)]
     assert required_access(ApiKey.API_VERSIONS, {}) == []
     assert required_access(ApiKey.CREATE_TOPIC, {"name": "n"}) == [(Operation.CREATE, topic("n"))]
+    assert required_access(ApiKey.ALTER_TOPIC_CONFIGS, {"name": "n", "configs": []}) == [(Operation.ALTER, topic("n"))]
     receive = {"queue": "jobs", "group": "workers"}
     assert required_access(ApiKey.QUEUE_RECEIVE, receive) == [
         (Operation.CONSUME, topic("jobs")), (Operation.CONSUME, Resource(ResourceType.GROUP, "workers"))]
@@ -132,7 +133,7 @@ def test_every_core_api_has_its_own_decision() -> None:
     from fabric.protocol.apis import SCHEMAS
     from tests.fuzz.targets import sample_value
 
-    for key in (k for k in ApiKey if k <= ApiKey.CREATE_PARTITIONS):
+    for key in (k for k in ApiKey if k <= ApiKey.ALTER_TOPIC_CONFIGS):
         request, _ = SCHEMAS[(key, 0)]
         body = {name: sample_value(t) for name, t in request}
         assert required_access(key, body) != [(Operation.ADMIN, CLUSTER)], key.name
