@@ -1,4 +1,5 @@
-"""The demo's operations step (``fabric demo``): a node joins and a partition moves onto it."""
+"""The demo's operations step (``fabric demo``): a node joins, a partition moves onto it, and the
+topic's retention is changed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 DEMO_THROTTLE_BYTES_PER_S = 5_000_000  # enough to finish in seconds, low enough to be a real limit
 MOVE_TIMEOUT_S = 120.0
 COPIES_SETTLE_S = 30.0  # after the move: the old copy deleted, the new one at the leader's log end
+DEMO_RETENTION_MS = 86_400_000  # what `fabric topic alter` sets afterwards: one day
 
 
 def reassign_demo(cluster: Any, topic: str) -> dict[str, object]:
@@ -41,6 +43,15 @@ def reassign_demo(cluster: Any, topic: str) -> dict[str, object]:
             if ok or time.monotonic() > settle_by:
                 break
             time.sleep(0.2)
-    return {"reassign_ok": ok, "reassign_from": list(before.replicas), "reassign_to": target,
+        # Then the topic keeps a day instead of seven (as `fabric topic alter` does).
+        admin.alter_topic_config(topic, {"retention_ms": DEMO_RETENTION_MS})
+        settle_by = time.monotonic() + COPIES_SETTLE_S
+        while True:
+            altered = admin.describe_topic(topic).configs.get("retention_ms") == str(DEMO_RETENTION_MS)
+            if altered or time.monotonic() > settle_by:
+                break
+            time.sleep(0.1)
+    return {"reassign_ok": ok, "alter_ok": altered, "alter_retention_ms": DEMO_RETENTION_MS,
+            "reassign_from": list(before.replicas), "reassign_to": target,
             "reassign_seconds": round(moved_s, 2),
             "reassign_bytes": new_copy["size_bytes"] if new_copy is not None else 0}

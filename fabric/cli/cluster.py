@@ -195,7 +195,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ok = ok and bool(queue["queue_ok"])
         moved = reassign_demo(cluster, topic)
         summary.update(moved)
-        ok = ok and bool(moved["reassign_ok"])
+        ok = ok and bool(moved["reassign_ok"]) and bool(moved["alter_ok"])
         print("== summary")
         print(f"  produced  {n:,} messages in {produce_s:.2f} s: {summary['produce_msgs_per_s']:,} msg/s, {summary['produce_mb_per_s']} MB/s")
         print(f"  consumed  {count:,} messages in {consume_s:.2f} s: {summary['consume_msgs_per_s']:,} msg/s, {summary['consume_mb_per_s']} MB/s")
@@ -216,7 +216,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"{queue['queue_records_left']} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
         print(f"  operate   node {max(cluster.nodes)} joined; {topic}/0 moved {moved['reassign_from']} -> "
               f"{moved['reassign_to']} in {moved['reassign_seconds']} s ({moved['reassign_bytes']:,} bytes copied, "
-              f"throttled): every record on the new node {'OK' if moved['reassign_ok'] else 'MISMATCH'}")
+              f"throttled): every record on the new node {'OK' if moved['reassign_ok'] else 'MISMATCH'}; "
+              f"retention_ms altered to {moved['alter_retention_ms']:,} {'OK' if moved['alter_ok'] else 'MISMATCH'}")
         print(json.dumps(summary))
     return 0 if ok else 1
 

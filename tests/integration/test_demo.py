@@ -27,4 +27,5 @@ def test_demo_runs_and_every_check_passes() -> None:
     assert summary["queue_ok"] and summary["queue_acked_once"] and summary["queue_delayed_early"] == 0
     assert summary["queue_records_left"] == 0  # the consumed jobs were deleted
     assert summary["reassign_ok"] and summary["reassign_bytes"] > 0
+    assert summary["alter_ok"] and summary["alter_retention_ms"] == 86_400_000
     assert "Traceback" not in result.stderr
