@@ -51,8 +51,11 @@ def heartbeat(sock: zmq.Socket[Any], timeout_ms: int) -> None:
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 # ...and a connection that dropped: a node that stopped or died closes its end at once
-# (the kernel does it for a killed process), long before a request to it times out.
-_MONITORED = _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
+# (the kernel does it for a killed process), long before a request to it times out; and
+# one that came up, so that requests lost with a dropped connection are resent once the
+# socket has reconnected by itself (a node's heartbeat closed the connection of a client
+# that was stopped past client_heartbeat_timeout_ms, PROTOCOL.md 5.3).
+_MONITORED = _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 FROM_ENV: Any = object()  # Connections(security=FROM_ENV): $FABRIC_KEY_FILE/$FABRIC_SERVER_KEY, else plaintext
 
 
@@ -68,6 +71,11 @@ class Connections:
         self._monitors: dict[str, zmq.Socket[Any]] = {}
         self._handshake_errors: dict[str, str] = {}
         self._disconnected: set[str] = set()  # since the last take_disconnected()
+        # Per address: connections dropped so far (kept across drop()), and whether one is up
+        # now. A request sent when drops() was n went out on a connection that is gone once
+        # drops() > n: its answer can no longer come (it would come on that connection).
+        self._drops: dict[str, int] = {}
+        self._up: dict[str, bool] = {}
         self.sockets: dict[str, zmq.Socket[Any]] = {}
         self.by_socket: dict[zmq.Socket[Any], str] = {}
         self.poller = poller or zmq.Poller()
@@ -109,6 +117,9 @@ class Connections:
         """Send without blocking forever: a node that is down raises NodeNotReadyError, with
         ``sent=False`` (nothing went out: safe to send elsewhere or again)."""
         sock = self.socket(address)
+        monitor = self._monitors.get(address)
+        if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+            self._read_monitor(address)  # a drop before this send is counted before it: see drops()
         deadline = time.monotonic() + wait_connect_ms / 1000.0
         while True:
             try:
@@ -136,10 +147,27 @@ class Connections:
                 break
             if event.get("event") == zmq.EVENT_DISCONNECTED:
                 self._disconnected.add(address)
+                self._drops[address] = self._drops.get(address, 0) + 1
+                self._up[address] = False
                 dropped = True
+                continue
+            if event.get("event") == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._up[address] = True
                 continue
             self._handshake_errors[address] = _describe_handshake_failure(event, self.security is not None)
         return dropped
+
+    def drops(self, address: str) -> int:
+        """How many connections to ``address`` dropped so far, as read from its monitor (by
+        send(), take_disconnected() and request()). Note it right after sending a request."""
+        return self._drops.get(address, 0)
+
+    def lost_and_back(self, address: str, drops_at_send: int) -> bool:
+        """The connection a request went out on (``drops(address)`` then: ``drops_at_send``)
+        has dropped, so its answer cannot come, and a new connection is up: resend it now
+        rather than after its timeout. While none is up (the node is down) the caller keeps
+        waiting as before (a new leader, or the timeout)."""
+        return self._drops.get(address, 0) > drops_at_send and self._up.get(address, False)
 
     def take_disconnected(self) -> set[str]:
         """Addresses whose connection dropped since the last call (read from the monitors)."""
@@ -169,6 +197,7 @@ class Connections:
         if monitor is not None:
             monitor.close(linger=0)
         self._handshake_errors.pop(address, None)
+        self._up.pop(address, None)  # a new socket is up only once its handshake succeeds
 
     def drain(self) -> list[tuple[str, list[Any]]]:
         """Every reply already waiting on any socket, without blocking."""

@@ -281,7 +281,8 @@ class Consumer:
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._buffer: deque[RecordBatch | RawBatch] = deque()
         self._iteration: HandOut | None = None  # the records an iterator is handing out (HandOut)
-        self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int]]] = {}  # corr -> node, sent, {tp: pos}
+        # corr -> node, sent, {tp: pos}, Connections.drops(node) when sent
+        self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int], int]] = {}
         self._busy_nodes: set[str] = set()
         self._refresh_needed = True
         self._last_recheck_s = 0.0
@@ -767,7 +768,7 @@ class Consumer:
             except errors.FabricError:
                 self._refresh_needed = True
                 continue
-            self._in_flight[correlation_id] = (address, time.monotonic(), positions)
+            self._in_flight[correlation_id] = (address, time.monotonic(), positions, self._conns.drops(address))
             self._busy_nodes.add(address)
 
     def _receive(self, timeout_ms: int) -> None:
@@ -852,22 +853,27 @@ class Consumer:
         def overdue(address: str, sent: float) -> bool:
             return now - sent > overdue_s or address in dropped
 
-        if (any(overdue(a, sent) for a, sent, _p in self._in_flight.values())
+        if (any(overdue(a, sent) for a, sent, _p, _d in self._in_flight.values())
                 and now - self._last_recheck_s > LEADER_RECHECK_INTERVAL_S):
             self._last_recheck_s = now
             # A long-poll that outlives its max_wait by this much: its leader may be dead
             # or paused. Look again; resend to a new leader instead of waiting the timeout.
             # Not from the silent leaders themselves: a paused one would hold the refresh
             # (and this poll, past its timeout_ms) for a whole metadata timeout.
-            suspects = {a for a, sent, _p in self._in_flight.values() if overdue(a, sent)}
+            suspects = {a for a, sent, _p, _d in self._in_flight.values() if overdue(a, sent)}
             try:
                 self._meta.refresh(sorted({tp.topic for tp in self._assigned}), avoid=suspects)
             except errors.FabricError:
                 pass
-        for correlation_id, (address, sent, positions) in list(self._in_flight.items()):
+        for correlation_id, (address, sent, positions, drops) in list(self._in_flight.items()):
             moved = overdue(address, sent) and any(
                 self._meta.metadata.leader_address(tp.topic, tp.partition) != address for tp in positions)
-            if moved or now - sent > (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000.0:
+            # The connection the fetch went out on dropped (a node's heartbeat closes that of
+            # a consumer stopped past client_heartbeat_timeout_ms) and a new one is up: the
+            # answer went with the old one (PROTOCOL.md 5.3); fetch again now, not after
+            # request_timeout_ms.
+            lost = self._conns.lost_and_back(address, drops)
+            if moved or lost or now - sent > (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000.0:
                 del self._in_flight[correlation_id]
                 self._busy_nodes.discard(address)
                 self._conns.drop(address)

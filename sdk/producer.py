@@ -141,6 +141,7 @@ class _InFlight:
     address: str
     batches: list[ProducerBatch]
     sent_s: float
+    drops: int = 0  # Connections.drops(address) when sent: a later drop lost the answer
 
 
 class _ProducerCore:
@@ -856,7 +857,7 @@ class _ProducerCore:
                     self._finish(batch, -1, None)
             return
         with self._lock:
-            self._in_flight[correlation_id] = _InFlight(address, batches, now)
+            self._in_flight[correlation_id] = _InFlight(address, batches, now, conns.drops(address))
             slots = self._in_flight_slots
             for b in batches:
                 tp = (b.topic, b.partition)
@@ -1017,8 +1018,11 @@ class _ProducerCore:
             and any(meta.metadata.leader_address(b.topic, b.partition) != f.address for b in f.batches)
         }
         with self._lock:
+            # ...or whose connection dropped (a heartbeat closed it while this process was
+            # stopped) and came back: the answers went with it (PROTOCOL.md 5.3).
             dropping = {f.address for cid, f in self._in_flight.items()
-                        if now - f.sent_s >= self.request_timeout_s or cid in moved}
+                        if now - f.sent_s >= self.request_timeout_s or cid in moved
+                        or conns.lost_and_back(f.address, f.drops)}
             # A fresh socket for each of those nodes: late answers to the old one are lost,
             # so every request still waiting on it is resent too (in sequence order).
             for correlation_id, flight in list(self._in_flight.items()):

@@ -122,3 +122,49 @@ def test_a_stopped_client_is_disconnected_and_a_slow_one_is_not(heartbeat_cluste
             os.kill(client.pid, signal.SIGCONT)
             client.kill()
             client.wait(10)
+
+
+# A consumer that prints every value it reads, long-polling all the time.
+_READER = """
+import sys
+from sdk import Consumer, TopicPartition
+with Consumer(sys.argv[1], fetch_max_wait_ms=200) as consumer:
+    consumer.assign([TopicPartition(sys.argv[2], 0)])
+    consumer.seek_to_beginning()
+    print("ready", flush=True)
+    while True:
+        for record in consumer.poll(timeout_ms=200):
+            print(record.value.decode(), flush=True)
+"""
+
+
+def test_a_consumer_stopped_past_the_timeout_reads_again_at_once(heartbeat_cluster: LocalCluster,
+                                                                  topic_name: str) -> None:
+    """The node closes the connection of a consumer stopped past the timeout, and with it the
+    answer to the fetch it had out. Resumed, the consumer's ZeroMQ reconnects by itself and
+    its monitor reports the drop: it fetches again at once, not after request_timeout_ms
+    (30 s), which it waited before."""
+    cluster = heartbeat_cluster
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    reader = subprocess.Popen([sys.executable, "-c", _READER, cluster.bootstrap, topic_name], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout is not None
+        assert reader.stdout.readline().strip() == "ready"
+        with Producer(cluster.bootstrap, acks=1) as producer:
+            producer.send(topic_name, b"before", partition=0).result(10)
+            assert reader.stdout.readline().strip() == "before"
+            os.kill(reader.pid, signal.SIGSTOP)
+            time.sleep(3 * HEARTBEAT_TIMEOUT_MS / 1000)  # its connection is closed meanwhile
+            producer.send(topic_name, b"while-stopped", partition=0).result(10)
+            os.kill(reader.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+        assert reader.stdout.readline().strip() == "while-stopped"
+        waited = time.monotonic() - resumed
+        assert waited < 10, f"the resumed consumer read again only after {waited:.1f} s"
+    finally:
+        os.kill(reader.pid, signal.SIGCONT)
+        reader.kill()
+        reader.wait(10)

@@ -27,8 +27,8 @@ def test_the_recheck_avoids_the_leaders_that_went_silent() -> None:
     try:
         consumer._meta = Metadata()  # type: ignore[assignment]
         now = time.monotonic()
-        consumer._in_flight[1] = ("tcp://10.0.0.9:1", now - 60, {})  # silent for a minute
-        consumer._in_flight[2] = ("tcp://10.0.0.8:1", now, {})  # just sent
+        consumer._in_flight[1] = ("tcp://10.0.0.9:1", now - 60, {}, 0)  # silent for a minute
+        consumer._in_flight[2] = ("tcp://10.0.0.8:1", now, {}, 0)  # just sent
         consumer._last_recheck_s = 0.0
         consumer._check_timeouts()
         assert asked == [{"tcp://10.0.0.9:1"}]
