@@ -946,10 +946,14 @@ class _ProducerCore:
         again. Without this the node refused every later batch of the partition as
         OUT_OF_ORDER_SEQUENCE, for good (it still expects the refused batch's first number).
         A later batch already in flight was sent with its old numbers: its
-        OUT_OF_ORDER_SEQUENCE answer is retried (``_handle_response``). Lock held."""
+        OUT_OF_ORDER_SEQUENCE answer is retried (``_handle_response``). Only a batch sent
+        once: an earlier attempt whose answer never came may have been stored, and the node
+        checks a batch's size before its sequence, so a retry refused after the topic's limit
+        was lowered proves nothing; renumbering then would make the next batch a
+        "duplicate" of the stored one and drop it. Lock held."""
         key = (batch.topic, batch.partition)
         queue = self._unacked.get(key)
-        if batch.base_sequence < 0 or not queue or batch not in queue:
+        if batch.base_sequence < 0 or batch.attempts > 1 or not queue or batch not in queue:
             return
         count = batch.record_count
         later = list(queue)[list(queue).index(batch) + 1:]
