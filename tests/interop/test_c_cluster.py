@@ -182,6 +182,42 @@ def test_c_producer_to_a_topic_smaller_than_its_batches(c_client: CClient, clust
     check_c_produced(records, expected, PARTITIONS)
 
 
+def test_c_producer_follows_a_lowered_message_bytes_max(c_client: CClient, cluster: LocalCluster, admin: Admin,
+                                                        node_addresses: str, topic_name: str) -> None:
+    """The topic's limit lowered while fabric-produce runs: the batch on its way is refused
+    (MESSAGE_TOO_LARGE), which makes the producer ask for metadata again, and its later
+    batches close at the new limit. Before, every later batch was refused as well."""
+    admin.create_topic(topic_name, partitions=1, replication_factor=2)
+    argv = [str(c_client.produce), "-b", node_addresses, "-t", topic_name, "--compression", "none", "-l", "20", "-q"]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None
+    try:
+        def feed(count: int) -> None:
+            assert proc.stdin is not None
+            proc.stdin.write(b"".join(random.randbytes(40).hex().encode() + b"\n" for _ in range(count)))
+            proc.stdin.flush()
+            time.sleep(1.0)  # sent and answered
+
+        feed(2_000)
+        admin.alter_topic_config(topic_name, {"message_bytes_max": 4096})
+        time.sleep(0.5)
+        for _ in range(3):
+            feed(2_000)
+        proc.stdin.close()
+        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        proc.wait(PROCESS_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    # At most the batch in flight at the change fails (one linger's worth of records).
+    acknowledged = int(stderr.split(" acknowledged")[0].rsplit(" ", 1)[1])
+    assert acknowledged >= 6_000, stderr
+    with Consumer(cluster.bootstrap) as consumer:
+        tp = TopicPartition(topic_name, 0)
+        assert consumer.end_offsets([tp])[tp] == acknowledged
+
+
 def parse_c_line(line: str) -> tuple[int, int, bytes | None, bytes | None, Headers]:
     """One fabric-consume --hex line: offset, timestamp, key, value, headers."""
     offset, timestamp, key, value, header_text = line.split("\t")

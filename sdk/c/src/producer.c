@@ -332,6 +332,9 @@ static void retry_or_fail(fabric_producer_t *p, pbatch_t *b, int error, const ch
         requeue_in_order(b->queue, b);
         return;
     }
+    /* The topic's limit may have been lowered (ALTER_TOPIC_CONFIGS): ask again, so that the
+     * next batches close at the new one instead of being refused too (as the Python producer). */
+    if (error == FABRIC_ERR_MESSAGE_TOO_LARGE) p->refresh_needed = 1;
     deliver(p, b, -1, error, message);
 }
 
