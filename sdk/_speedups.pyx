@@ -14,8 +14,9 @@ What makes the C path fast is what it does not do per record: look up its state 
 (``FastSend`` holds it, and is what ``Producer.send`` is bound to), call a lock's Python
 methods (``FastLock`` is taken from C), or build a future through ``type.__new__`` and
 three attribute stores (``RecordFuture`` here is an extension type with a free list). The
-compiled ``RecordFuture`` and ``ProducerBatch`` are twins of sdk/accumulator.py's, with the
-same attributes and methods; sdk/accumulator.py uses them when this module is built.
+compiled ``RecordFuture`` and ``ProducerBatch`` are twins of sdk/accumulator.py's: the same
+attributes as C fields, and its methods (``bind_accumulator``); sdk/accumulator.py uses
+them when this module is built.
 
 Built by ``scripts/install.sh`` (``cythonize -i``); without a C compiler the SDK runs on
 the pure-Python path and says so at debug level.
@@ -42,8 +43,8 @@ cdef extern from "Python.h":
 
 cdef object _python_send = None
 cdef object _partition_for_key = None
-cdef object _record_metadata = None
-cdef object _batch_result = None
+cdef object _PyFuture = None  # sdk/accumulator.py's RecordFuture and ProducerBatch: their methods run the twins'
+cdef object _PyBatch = None
 cdef Py_ssize_t _overhead = 0
 cdef object _TS_MIN = -(1 << 63)  # a record timestamp is an i64 (batch_format.TIMESTAMP_MS_MIN/MAX)
 cdef object _TS_MAX = (1 << 63) - 1
@@ -57,12 +58,13 @@ cdef inline bint _in_window(long long ts, long long first_ts) noexcept:
     return <unsigned long long>first_ts - <unsigned long long>ts <= 2147483648ULL
 
 
-def bind_accumulator(record_metadata, batch_result):
-    """Called once by sdk/accumulator.py: the classes ``RecordFuture.result`` returns and
-    ``ProducerBatch`` holds."""
-    global _record_metadata, _batch_result
-    _record_metadata = record_metadata
-    _batch_result = batch_result
+def bind_accumulator(python_future, python_batch):
+    """Called once by sdk/accumulator.py with its pure-Python ``RecordFuture`` and
+    ``ProducerBatch``: the compiled twins hold their fields in C and run their methods, so
+    the two cannot differ in anything but where the fields live."""
+    global _PyFuture, _PyBatch
+    _PyFuture = python_future
+    _PyBatch = python_batch
 
 
 def bind(python_send, partition_for_key, Py_ssize_t record_overhead_bytes):
@@ -155,39 +157,21 @@ cdef class RecordFuture:
     cdef public Py_ssize_t _index
     cdef public object _timestamp
 
-    def __init__(self, batch, Py_ssize_t index, timestamp):
-        self._batch = batch
-        self._index = index
-        self._timestamp = timestamp
+    def __init__(self, batch, index, timestamp):
+        _PyFuture.__init__(self, batch, index, timestamp)
 
     def done(self):
-        return self._batch.done
+        return _PyFuture.done(self)
 
     def result(self, timeout=None):
-        if not self._batch.wait(timeout):
-            raise TimeoutError(f"record not acknowledged within {timeout} s")
-        if self._batch.exception is not None:
-            raise self._batch.exception
-        batch = self._batch
-        base = batch.base_offset
-        return _record_metadata(batch.topic, batch.partition, -1 if base < 0 else base + self._index, self._timestamp)
+        return _PyFuture.result(self, timeout)
 
     def exception(self, timeout=None):
-        if not self._batch.wait(timeout):
-            raise TimeoutError(f"record not acknowledged within {timeout} s")
-        return self._batch.exception
+        return _PyFuture.exception(self, timeout)
 
     def add_callback(self, callback):
         """``callback(metadata, None)`` on success, ``callback(None, exception)`` on failure."""
-
-        def fire():
-            exc = self._batch.exception
-            if exc is not None:
-                callback(None, exc)
-            else:
-                callback(self.result(0), None)
-
-        self._batch.on_done(fire)
+        _PyFuture.add_callback(self, callback)
 
 
 cdef class ProducerBatch:
@@ -201,32 +185,14 @@ cdef class ProducerBatch:
     cdef public Py_ssize_t size_bytes
 
     def __init__(self, topic, partition, created_s, order=0):
-        self.order = order
-        self.base_sequence = -1
-        self.slots = 1
-        self.topic = topic
-        self.partition = partition
-        self.created_s = created_s
-        self.records = []
-        self.size_bytes = 0
-        self.has_headers = False
-        self.sealed = False
-        self.result = _batch_result(topic, partition)
-        self.encoded = None
-        self.attempts = 0
-        self.retry_after_s = 0.0
-        self.first_sent_s = -1.0
-        self.last_error = None
-        self.prepared = None
-        self.prepared_count = 0
+        _PyBatch.__init__(self, topic, partition, created_s, order)
 
     @property
     def record_count(self):
-        return self.prepared_count if self.prepared is not None else len(self.records)
+        return _PyBatch.record_count.fget(self)
 
     def columns(self):
-        timestamps, keys, values, headers = (list(c) for c in zip(*self.records, strict=True))
-        return timestamps, keys, values, headers if self.has_headers else None
+        return _PyBatch.columns(self)
 
 
 cdef class FastSend:

@@ -456,11 +456,11 @@ def _load_speedups() -> Any:
     except ImportError:
         log.debug("sdk._speedups is not built (scripts/install.sh builds it): Producer.send runs on pure Python")
         return None
-    _speedups.bind_accumulator(RecordMetadata, BatchResult)
+    _speedups.bind_accumulator(PythonRecordFuture, PythonProducerBatch)
     return _speedups
 
 
-PythonRecordFuture, PythonProducerBatch = RecordFuture, ProducerBatch  # kept for tests/unit/test_speedups.py
+PythonRecordFuture, PythonProducerBatch = RecordFuture, ProducerBatch  # the compiled twins run their methods
 SPEEDUPS: Any = _load_speedups()
 if SPEEDUPS is not None and not TYPE_CHECKING:
     # The compiled twins, with the same attributes and methods: what the producer makes.

@@ -952,12 +952,11 @@ class _ProducerCore:
         was lowered proves nothing; renumbering then would make the next batch a
         "duplicate" of the stored one and drop it. Lock held."""
         key = (batch.topic, batch.partition)
-        queue = self._unacked.get(key)
-        if batch.base_sequence < 0 or batch.attempts > 1 or not queue or batch not in queue:
+        numbered = list(self._unacked.get(key, ()))
+        if batch.base_sequence < 0 or batch.attempts > 1 or batch not in numbered:
             return
         count = batch.record_count
-        later = list(queue)[list(queue).index(batch) + 1:]
-        for other in later:
+        for other in numbered[numbered.index(batch) + 1:]:
             other.base_sequence = (other.base_sequence - count) % (I32_MAX + 1)
             other.encoded = None
         self._next_sequence[key] = (self._next_sequence.get(key, 0) - count) % (I32_MAX + 1)

@@ -16,6 +16,7 @@ from fabric import errors
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.conftest import make_cluster
+from tests.fault.harness import wait_until
 
 
 def test_a_shorter_retention_deletes_what_it_no_longer_keeps(zk_server: LocalZooKeeper, tmp_path: Path,
@@ -31,9 +32,7 @@ def test_a_shorter_retention_deletes_what_it_no_longer_keeps(zk_server: LocalZoo
             time.sleep(1.0)  # ten retention checks
             assert consumer.beginning_offsets([tp])[tp] == 0
             admin.alter_topic_config(topic_name, {"retention_ms": 300})
-            deadline = time.monotonic() + 30
-            while consumer.beginning_offsets([tp])[tp] < 10 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(lambda: consumer.beginning_offsets([tp])[tp] >= 10, "retention to delete the old batches", 30)
             assert consumer.beginning_offsets([tp])[tp] == 10
             assert consumer.end_offsets([tp])[tp] == 10
         configs = admin.describe_topic(topic_name).configs
@@ -45,9 +44,7 @@ def test_alterable_keys_change_and_the_others_are_refused(cluster: LocalCluster,
         admin.create_topic(topic_name, partitions=2, config={"retention_bytes": 1_000_000})
         created = admin.describe_topic(topic_name).configs
         admin.alter_topic_config(topic_name, {"min_insync": 3, "unclean_leader_election": True})
-        deadline = time.monotonic() + 10
-        while admin.describe_topic(topic_name).configs["min_insync"] != "3" and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: admin.describe_topic(topic_name).configs["min_insync"] == "3", "the new configs", 10)
         after = admin.describe_topic(topic_name).configs
         assert (after["min_insync"], after["unclean_leader_election"]) == ("3", "true")
         assert {k: v for k, v in after.items() if k not in ("min_insync", "unclean_leader_election")} == \
@@ -121,10 +118,8 @@ def test_cli_topic_alter(cluster: LocalCluster, topic_name: str, tmp_path: Path)
     done = fabric("topic", "alter", topic_name, "-c", "retention_ms=86400000", "-c", "retention_bytes=1000000")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"topic {topic_name}: retention_ms=86400000, retention_bytes=1000000"
-    deadline = time.monotonic() + 10
-    while "retention_ms = 86400000" not in fabric("topic", "describe", topic_name).stdout:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_until(lambda: "retention_ms = 86400000" in fabric("topic", "describe", topic_name).stdout,
+               "describe to show the new retention", 10, interval_s=0.2)
     refused = fabric("topic", "alter", topic_name, "-c", "strict_order=true")
     assert refused.returncode == 1 and "fixed at creation" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,7 @@ import pytest
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk import Admin, Producer
 from tests.conftest import make_cluster
+from tests.fault.harness import wait_until
 from tests.integration.helpers import leader_address
 
 HEARTBEAT_TIMEOUT_MS = 1_000
@@ -75,15 +76,6 @@ def _established_from(port: int) -> set[int]:
     return remotes
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_stopped_client_is_disconnected_and_a_slow_one_is_not(heartbeat_cluster: LocalCluster,
                                                                   topic_name: str) -> None:
     cluster = heartbeat_cluster
@@ -95,7 +87,7 @@ def test_a_stopped_client_is_disconnected_and_a_slow_one_is_not(heartbeat_cluste
         producer.flush(30)
     address = leader_address(cluster.bootstrap, topic_name)
     port = int(address.rsplit(":", 1)[1])
-    assert _wait_for(lambda: not _established_from(port), 10), "the producer's connections did not close"
+    wait_until(lambda: not _established_from(port), "the producer's connections to close", 10)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     clients: list[subprocess.Popen[str]] = []
     ports: list[int] = []
@@ -106,13 +98,14 @@ def test_a_stopped_client_is_disconnected_and_a_slow_one_is_not(heartbeat_cluste
                                       stdout=subprocess.PIPE, text=True)
             clients.append(client)
             assert client.stdout is not None and client.stdout.readline().strip() == "sent"
-            assert _wait_for(lambda before=before: len(_established_from(port) - before) == 1, 10)
+            wait_until(lambda before=before: len(_established_from(port) - before) == 1, "the client's connection", 10)
             (new,) = _established_from(port) - before
             ports.append(new)
         stopped, slow = ports
         os.kill(clients[0].pid, signal.SIGSTOP)
-        assert _wait_for(lambda: stopped not in _established_from(port), 10 * HEARTBEAT_TIMEOUT_MS / 1000), \
-            "the node kept the connection of a client that stopped answering heartbeats"
+        wait_until(lambda: stopped not in _established_from(port),
+                   "the node to close the connection of a client that stopped answering heartbeats",
+                   10 * HEARTBEAT_TIMEOUT_MS / 1000)
         time.sleep(3 * HEARTBEAT_TIMEOUT_MS / 1000)  # well past the timeout
         assert slow in _established_from(port), "the node dropped a live client that only reads slowly"
         with Producer(cluster.bootstrap, acks=1) as producer:

@@ -50,7 +50,7 @@ def cores(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_ProducerCore, _Pro
         assert producer_module.SPEEDUPS, "sdk._speedups is built but Producer.send does not use it"
     else:
         speedups.bind(_ProducerCore._send_python, partition_for_key, RECORD_OVERHEAD_BYTES)
-        speedups.bind_accumulator(RecordMetadata, BatchResult)
+        speedups.bind_accumulator(PythonRecordFuture, PythonProducerBatch)
         monkeypatch.setattr(accumulator, "ProducerBatch", speedups.ProducerBatch)
         monkeypatch.setattr(producer_module, "_new_lock", speedups.FastLock)
         monkeypatch.setattr(producer_module, "_fast_send", speedups.FastSend)
