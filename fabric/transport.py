@@ -10,9 +10,11 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import zmq
+from zmq.backend import Socket as _CythonSocket
 from zmq.utils.monitor import recv_monitor_message
 
 from fabric import errors
@@ -22,6 +24,48 @@ from fabric.protocol.apis import ApiKey, Message
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 _INPROC_NAMES = itertools.count(1)
+
+# pyzmq's Cython socket methods, called with plain-int flags. The sugar layer's
+# send_multipart/recv_multipart/get cost a few microseconds per call in IntFlag arithmetic,
+# enum conversions and argument checks; every request and reply of the SDK and of the
+# nodes' replica connections passes here, and on a path of ~15 thread wake-ups each
+# running cold code, microseconds add up (docs/BENCHMARKS.md, "End to end at low rates").
+zmq_send: Callable[..., Any] = cast(Any, _CythonSocket.send)  # (sock, data, flags, copy=True)
+zmq_recv_frame: Callable[[zmq.Socket[Any], int, bool], zmq.Frame] = cast(Any, _CythonSocket.recv)
+zmq_get: Callable[[zmq.Socket[Any], int], int] = cast(Any, _CythonSocket.get)
+zmq_set: Callable[[zmq.Socket[Any], int, int], None] = cast(Any, _CythonSocket.set)
+NOBLOCK = int(zmq.NOBLOCK)
+MORE_NOBLOCK = int(zmq.SNDMORE) | NOBLOCK
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
+RCVTIMEO = int(zmq.RCVTIMEO)
+COPY_THRESHOLD_BYTES = zmq.COPY_THRESHOLD  # smaller frames are copied: cheaper than tracking a zero-copy one
+
+
+def send_multipart_nowait(sock: zmq.Socket[Any], frames: list[Any]) -> None:
+    """One multipart message without blocking, large frames sent without a copy (as
+    pyzmq's ``send_multipart(copy=False)``). Raises zmq.Again at the high-water mark;
+    ZeroMQ checks it on the first frame only, so nothing was queued then."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        zmq_send(sock, frame, MORE_NOBLOCK if i < last else NOBLOCK, len(frame) < COPY_THRESHOLD_BYTES)
+
+
+def readable(sock: zmq.Socket[Any]) -> bool:
+    """Whether a message is waiting: cheaper than a receive that ends in zmq.Again (an
+    exception per drained socket per loop turn), and it re-arms the FD's edge the same."""
+    return bool(zmq_get(sock, EVENTS) & POLLIN)
+
+
+def recv_multipart_nowait(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    """One multipart message as uncopied frames (``recv_multipart(NOBLOCK, copy=False)``);
+    raises zmq.Again when none is waiting."""
+    frame = zmq_recv_frame(sock, NOBLOCK, False)
+    frames = [frame]
+    while frame.more:
+        frame = zmq_recv_frame(sock, NOBLOCK, False)
+        frames.append(frame)
+    return frames
 
 
 def unique_inproc_endpoint(prefix: str) -> str:
@@ -118,12 +162,12 @@ class Connections:
         ``sent=False`` (nothing went out: safe to send elsewhere or again)."""
         sock = self.socket(address)
         monitor = self._monitors.get(address)
-        if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+        if monitor is not None and zmq_get(monitor, EVENTS) & POLLIN:
             self._read_monitor(address)  # a drop before this send is counted before it: see drops()
         deadline = time.monotonic() + wait_connect_ms / 1000.0
         while True:
             try:
-                sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                send_multipart_nowait(sock, frames)
                 return
             except zmq.Again:
                 if time.monotonic() >= deadline:
@@ -172,7 +216,7 @@ class Connections:
     def take_disconnected(self) -> set[str]:
         """Addresses whose connection dropped since the last call (read from the monitors)."""
         for address, monitor in list(self._monitors.items()):
-            if int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:  # cheaper than a recv that raises Again
+            if zmq_get(monitor, EVENTS) & POLLIN:  # cheaper than a recv that raises Again
                 self.handshake_error(address)
         gone, self._disconnected = self._disconnected, set()
         return gone
@@ -208,11 +252,8 @@ class Connections:
 
     @staticmethod
     def _receive_all(sock: zmq.Socket[Any], address: str, out: list[tuple[str, list[Any]]]) -> None:
-        while True:
-            try:
-                out.append((address, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
-            except zmq.Again:
-                return
+        while readable(sock):
+            out.append((address, recv_multipart_nowait(sock)))
 
     def poll(self, timeout_ms: int) -> list[tuple[str, list[Any]]]:
         out, self._stash = self._stash, []

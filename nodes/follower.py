@@ -28,6 +28,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
+from fabric.transport import readable, recv_multipart_nowait
 from nodes import leader as leader_side
 from nodes.leader import STREAM_META, replica_log
 from nodes.log import PartitionLog
@@ -178,12 +179,12 @@ def drain_stream(node: NodeState) -> None:
     now = time.monotonic()
     now_ms = int(time.time() * 1000)
     for _ in range(SUB_MESSAGES_MAX):
-        try:
-            pkey, meta, data = node.sockets.sub.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
+        if not readable(node.sockets.sub):
             break
-        except ValueError:
-            continue  # not three frames: not from a Fabric leader
+        frames = recv_multipart_nowait(node.sockets.sub)
+        if len(frames) != 3:
+            continue  # not from a Fabric leader
+        pkey, meta, data = (frame.bytes for frame in frames)
         tp = node.pkeys.get(pkey)
         if tp is None:
             continue
@@ -222,7 +223,7 @@ def drain_stream(node: NodeState) -> None:
 def disconnect_streams(node: NodeState) -> None:
     """Disconnect the SUB from replication streams of processes that are gone.
 
-    Only here, right after ``recv_multipart`` has taken whatever the last poll pre-read:
+    Only here, right after the drain has received whatever the last poll pre-read:
     polling a SUB reads the first frame of its next message ahead (libzmq's
     ``xsub_t::xhas_in``), and disconnecting that message's pipe before its other frames
     are read makes libzmq abort the whole process (``Assertion failed: !_more

@@ -25,6 +25,7 @@ from kazoo.exceptions import BadVersionError
 from fabric import errors, logs
 from fabric import zk as zkl
 from fabric.protocol import apis
+from fabric.transport import send_multipart_nowait
 from fabric.zk import PartitionState
 from nodes.log import partition_key
 from nodes.state import Envelope, NodeState, TopicPartition
@@ -153,7 +154,7 @@ def publish(node: NodeState, tp: TopicPartition, data: bytes) -> None:
     if leader is None or not leader.followers:
         return
     try:
-        node.sockets.pub.send_multipart([partition_key(*tp), STREAM_META.pack(leader.epoch, node.node_id), data], zmq.NOBLOCK)
+        send_multipart_nowait(node.sockets.pub, [partition_key(*tp), STREAM_META.pack(leader.epoch, node.node_id), data])
     except zmq.Again:
         pass  # PUB is full; followers see the gap and fetch
 

@@ -41,7 +41,13 @@ from fabric.limits import PRODUCE_DECOMPRESSED_BYTES_MAX, REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import readable_header
-from fabric.transport import Connections, heartbeat, unique_inproc_endpoint
+from fabric.transport import (
+    Connections,
+    heartbeat,
+    readable,
+    recv_multipart_nowait,
+    unique_inproc_endpoint,
+)
 from nodes import (
     admin,
     controller,
@@ -242,11 +248,8 @@ class Node:
                 session.note_turn(node, now, last_turn, timeout_ms)
                 last_turn = now
                 if sockets.wake_pull in events:
-                    while True:
-                        try:
-                            sockets.wake_pull.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
+                    while readable(sockets.wake_pull):
+                        sockets.wake_pull.recv(zmq.NOBLOCK)
                 node.zk_worker.run_completions()
                 session.check(node, now)
                 if node.routing_dirty and not node.session_lost:
@@ -317,10 +320,9 @@ class Node:
             # one-bomb requests is bounded by what it decompressed, not only by DRAIN_BYTES_MAX.
             if drained_bytes >= DRAIN_BYTES_MAX or node.turn_decompressed_bytes >= PRODUCE_DECOMPRESSED_BYTES_MAX:
                 break
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not readable(router):
                 break
+            frames = recv_multipart_nowait(router)
             drained_bytes += sum(len(f) for f in frames)
             envelope, message = self._split_envelope(frames)
             if message is None:

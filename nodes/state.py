@@ -24,7 +24,7 @@ from fabric import zk as zkl
 from fabric.limits import FSYNC_INTERVAL_MS_DEFAULT, RETENTION_CHECK_INTERVAL_MS_DEFAULT
 from fabric.protocol import apis
 from fabric.protocol.header import Header
-from fabric.transport import CLIENT_HEARTBEAT_TIMEOUT_MS, Connections
+from fabric.transport import CLIENT_HEARTBEAT_TIMEOUT_MS, Connections, send_multipart_nowait
 from nodes.lease import SessionLease
 from nodes.log import PartitionLog, Store
 from nodes.metrics import NodeMetrics, frames_bytes, response_error_codes
@@ -320,7 +320,7 @@ class NodeState:
     def send(self, envelope: Envelope, frames: list[Any]) -> bool:
         """False when the answer did not leave: the caller is gone or not reading."""
         try:
-            self.sockets.router.send_multipart(envelope + frames, zmq.NOBLOCK, copy=False)
+            send_multipart_nowait(self.sockets.router, envelope + frames)
         except zmq.ZMQError as exc:
             # The client went away (EHOSTUNREACH) or stopped reading (EAGAIN): it will
             # time out and retry; the write itself, if any, is already durable.

@@ -20,11 +20,14 @@ def int_arg(name: str, value: object, low: int, high: int, *, high_name: str = "
             error: type[Exception] = ValueError) -> int:
     """``value`` as an int within [low, high]. bool is refused: ``partitions=True`` is a
     bug, not 1. ``high_name`` names the constant behind ``high`` in the message."""
-    if isinstance(value, bool):
+    if type(value) is int:  # the common case, without the Protocol check below (~10 us)
+        number = value
+    elif isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool {value!r}")
-    if not isinstance(value, SupportsIndex):  # int and int-likes (numpy); not float or str
+    elif not isinstance(value, SupportsIndex):  # int and int-likes (numpy); not float or str
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
-    number = operator.index(value)
+    else:
+        number = operator.index(value)
     if not low <= number <= high:
         bound = f"{high_name} ({high})" if high_name else str(high)
         raise error(f"{name}={number} outside [{low}, {bound}]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fabric import errors
@@ -232,7 +232,9 @@ class MetadataClient:
         # Forget the cached node addresses only once the bootstrap answered: while
         # ZooKeeper is away, the routing map we have is the best there is.
         known = self.bootstrap.node_addresses()
-        self.metadata.nodes.clear()
+        # A new object, not the old one cleared: readers cache what they derived from
+        # ``self.metadata`` for as long as it is the same object (the consumer's fetch plan).
+        self.metadata = replace(self.metadata, nodes={})
         self._known = known
         return list(self._known)
 

@@ -284,6 +284,11 @@ class Consumer:
         # corr -> node, sent, {tp: pos}, Connections.drops(node) when sent
         self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int], int]] = {}
         self._busy_nodes: set[str] = set()
+        # The assigned partitions by leader address, for the metadata and the assignment
+        # list it was made from (both are replaced, never changed in place): a poll sends
+        # fetches several times, and rebuilding this each time was a third of a consumer's
+        # CPU per small fetch answer (docs/BENCHMARKS.md, "End to end at low rates").
+        self._plan: tuple[Any, list[TopicPartition], dict[str, list[TopicPartition]], bool] | None = None
         self._refresh_needed = True
         self._last_recheck_s = 0.0
         self._dropped = DroppedNodes()  # nodes whose connection dropped: their fetches are suspect
@@ -730,21 +735,21 @@ class Consumer:
                 return
         if len(self._buffer) >= BUFFERED_BATCHES_MAX:
             return  # the caller is behind; fetching more would only grow memory
-        by_node: dict[str, list[TopicPartition]] = {}
-        for tp in self._assigned:
-            if tp not in self._fetch_positions:
-                try:
-                    self._reset_position(tp)
-                except errors.RetriableError:
-                    self._refresh_needed = True
-                    continue
-            address = self._meta.metadata.leader_address(tp.topic, tp.partition)
-            if address is None:
-                self._refresh_needed = True
+        leaders, leaderless = self._fetch_plan()
+        if leaderless:
+            self._refresh_needed = True
+        for address, led in leaders.items():
+            tps = []
+            for tp in led:  # a new partition's position is set now even if its node is busy
+                if tp not in self._fetch_positions:
+                    try:
+                        self._reset_position(tp)
+                    except errors.RetriableError:
+                        self._refresh_needed = True
+                        continue
+                tps.append(tp)
+            if not tps or address in self._busy_nodes:
                 continue
-            if address not in self._busy_nodes:
-                by_node.setdefault(address, []).append(tp)
-        for address, tps in by_node.items():
             positions = {tp: self._fetch_positions[tp] for tp in tps}
             body = {
                 "replica_id": apis.CONSUMER_REPLICA_ID,
@@ -770,6 +775,22 @@ class Consumer:
                 continue
             self._in_flight[correlation_id] = (address, time.monotonic(), positions, self._conns.drops(address))
             self._busy_nodes.add(address)
+
+    def _fetch_plan(self) -> tuple[dict[str, list[TopicPartition]], bool]:
+        """The assigned partitions by leader address, and whether any has no known leader."""
+        metadata, assigned = self._meta.metadata, self._assigned
+        plan = self._plan
+        if plan is None or plan[0] is not metadata or plan[1] is not assigned:
+            leaders: dict[str, list[TopicPartition]] = {}
+            leaderless = False
+            for tp in assigned:
+                address = metadata.leader_address(tp.topic, tp.partition)
+                if address is None:
+                    leaderless = True
+                else:
+                    leaders.setdefault(address, []).append(tp)
+            plan = self._plan = (metadata, assigned, leaders, leaderless)
+        return plan[2], plan[3]
 
     def _receive(self, timeout_ms: int) -> None:
         for address, frames in self._conns.poll(timeout_ms):

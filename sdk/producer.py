@@ -30,7 +30,7 @@ from fabric.protocol import queues as queue_format
 from fabric.protocol import tags as tags_format
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.keyhash import partition_for_key
-from fabric.transport import unique_inproc_endpoint
+from fabric.transport import readable, unique_inproc_endpoint
 from sdk import accumulator, bulk
 from sdk._arguments import int_arg, str_arg
 from sdk._client import (
@@ -700,11 +700,8 @@ class _ProducerCore:
         for address, frames in conns.poll(math.ceil(timeout_s * 1000)):  # rounded up: never spin
             self._handle_response(address, frames)
             self._run_due()
-        while True:
-            try:
-                self._wake_pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        while readable(self._wake_pull):
+            self._wake_pull.recv(zmq.NOBLOCK)
         self._check_timeouts(conns, meta)
 
     def _refresh_metadata(self, meta: MetadataClient, avoid: set[str] | None = None) -> None:

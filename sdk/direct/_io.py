@@ -6,9 +6,10 @@ EAGAIN (in bounded bursts, yielding to the loop between them), and ``kick`` re-c
 every send made outside ``drain``, because a send may consume the pending edge. This is
 the lean path the benchmark measures; each socket belongs to the loop's thread only.
 
-Sends and receives call pyzmq's Cython socket methods with plain-int flags: the sugar
-layer's ``send_multipart``/``recv_multipart`` cost a few microseconds per message in
-argument checks and IntFlag arithmetic, a visible share of a ~100 us round trip.
+Sends and receives call pyzmq's Cython socket methods with plain-int flags
+(``fabric/transport.py``): the sugar layer's ``send_multipart``/``recv_multipart`` cost a
+few microseconds per message in argument checks and IntFlag arithmetic, a visible share of
+a ~100 us round trip.
 """
 
 from __future__ import annotations
@@ -16,26 +17,23 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
-from zmq.backend import Socket as _CythonSocket
 
 from fabric.protocol import direct as wire
+from fabric.transport import EVENTS as _EVENTS
+from fabric.transport import MORE_NOBLOCK as _MORE_NOBLOCK
+from fabric.transport import NOBLOCK as _NOBLOCK
+from fabric.transport import POLLIN as _POLLIN
+from fabric.transport import RCVTIMEO as _RCVTIMEO
+from fabric.transport import zmq_get as _get
+from fabric.transport import zmq_recv_frame as _recv_frame
+from fabric.transport import zmq_send as _send
+from fabric.transport import zmq_set as _set
 
 BURST_MAX = 256  # messages read per wake-up before other sockets get a turn
 SOCKET_HWM = 10_000
-
-# Typed as they are called here: int options with int values, uncopied receives (Frame).
-_send: Callable[[zmq.Socket[Any], bytes, int], None] = cast(Any, _CythonSocket.send)
-_recv_frame: Callable[[zmq.Socket[Any], int, bool], zmq.Frame] = cast(Any, _CythonSocket.recv)
-_get: Callable[[zmq.Socket[Any], int], int] = cast(Any, _CythonSocket.get)
-_set: Callable[[zmq.Socket[Any], int, int], None] = cast(Any, _CythonSocket.set)
-_NOBLOCK = int(zmq.NOBLOCK)
-_MORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_RCVTIMEO = int(zmq.RCVTIMEO)
 
 
 def make_socket(ctx: zmq.Context[Any], kind: int, *, hwm: int = SOCKET_HWM) -> zmq.Socket[Any]:
