@@ -176,6 +176,7 @@ def tick(node: NodeState, now: float) -> None:
 def drain_stream(node: NodeState) -> None:
     """Apply batches from leaders' PUB streams that continue our logs exactly."""
     wb = None
+    appended: set[TopicPartition] = set()
     now = time.monotonic()
     now_ms = int(time.time() * 1000)
     for _ in range(SUB_MESSAGES_MAX):
@@ -214,10 +215,34 @@ def drain_stream(node: NodeState) -> None:
             wb = node.store.new_write_batch()
         plog.append(wb, bytearray(data), header, header.leader_epoch, now_ms, stamp=False)
         f.last_progress_s = now
+        appended.add(tp)
     disconnect_streams(node)
     if wb is not None:
         node.store.write(wb)
-        tick(node, now)  # ack at once: the leader's HW waits on us
+        ack_appended(node, appended)  # at once: the leader's HW waits on us
+
+
+def ack_appended(node: NodeState, tps: set[TopicPartition]) -> None:
+    """One-way REPLICA_ACKs for the partitions a drain just appended, one per leader. Not
+    the whole ``tick``: that walks every followed partition, on the acks=all path, and
+    runs later in the same loop turn anyway (it acks the rest, and periodically asks for
+    answers)."""
+    by_leader: dict[int, list[dict[str, Any]]] = {}
+    for tp in tps:
+        f = node.followers.get(tp)
+        plog = node.logs.get(tp)
+        if f is None or plog is None or f.mode != STREAMING or plog.log_end_offset == f.acked_log_end:
+            continue
+        by_leader.setdefault(f.leader_id, []).append(
+            {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
+    for leader_id, partitions in by_leader.items():
+        addresses = _leader_addresses(node, leader_id)
+        if addresses is None:
+            continue  # (tick tries again)
+        _request(node, addresses[0], ApiKey.REPLICA_ACK, {"replica_id": node.node_id, "partitions": partitions},
+                 None, None, api_version=leader_side.REPLICA_ACK_ONE_WAY_VERSION)
+        for p in partitions:
+            node.followers[(p["topic"], p["partition"])].acked_log_end = p["log_end_offset"]
 
 
 def disconnect_streams(node: NodeState) -> None:
