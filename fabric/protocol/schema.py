@@ -248,15 +248,19 @@ def _steps(schema: Schema) -> list[tuple[tuple[str, ...], struct.Struct] | tuple
     (little-endian, no padding: the same bytes as packing them one by one)."""
     steps: list[tuple[tuple[str, ...], struct.Struct] | tuple[str, FieldType]] = []
     run: list[tuple[str, str]] = []
-    for name, ftype in [*schema, ("", "")]:  # a sentinel closes the last run
-        if isinstance(ftype, str) and ftype in _INTS:
-            run.append((name, ftype))
-            continue
+
+    def close_run() -> None:
         if run:
             steps.append((tuple(n for n, _t in run), struct.Struct("<" + "".join(_INTS[t].format[1:] for _n, t in run))))
-            run = []
-        if name:
+            run.clear()
+
+    for name, ftype in schema:
+        if isinstance(ftype, str) and ftype in _INTS:
+            run.append((name, ftype))
+        else:
+            close_run()
             steps.append((name, ftype))
+    close_run()
     return steps
 
 

@@ -92,6 +92,14 @@ def test_an_iterator_for_an_array_is_encoded_whole() -> None:
     assert schema.encode(sch, values) == schema.encode_walk(sch, listed)
 
 
+def test_any_field_name_is_kept() -> None:
+    odd: Schema = (("", "str"), ("n", "i32"), ("'q\"", "bytes"))
+    values = {"": "empty name", "n": 3, "'q\"": b"x"}
+    wire = schema.encode_walk(odd, values)
+    assert schema.encode(odd, values) == wire
+    assert schema.decode(odd, wire) == schema.decode_walk(odd, wire) == values
+
+
 def test_int_runs_are_one_struct() -> None:
     steps = schema._steps((("a", "i8"), ("b", "i32"), ("c", "str"), ("d", "u16"), ("e", "i64")))
     assert [(s[0], s[1].format if isinstance(s[1], struct.Struct) else s[1]) for s in steps] == [
