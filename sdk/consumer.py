@@ -286,8 +286,9 @@ class Consumer:
         self._busy_nodes: set[str] = set()
         # The assigned partitions by leader address, for the metadata and the assignment
         # list it was made from (both are replaced, never changed in place): a poll sends
-        # fetches several times, and rebuilding this each time was a third of a consumer's
-        # CPU per small fetch answer (docs/BENCHMARKS.md, "End to end at low rates").
+        # fetches several times, and rebuilding this each time was about a tenth of a
+        # consumer's CPU per small fetch answer (cProfile; docs/BENCHMARKS.md, "End to end
+        # at low rates").
         self._plan: tuple[Any, list[TopicPartition], dict[str, list[TopicPartition]], bool] | None = None
         self._refresh_needed = True
         self._last_recheck_s = 0.0
