@@ -153,24 +153,36 @@ def tick(node: NodeState, now: float) -> None:
             f.request_in_flight = _request(node, address, ApiKey.FETCH, body, "fetch", (tp, f.epoch))
             f.request_sent_s = now
         if f.mode == STREAMING and (plog.log_end_offset != f.acked_log_end or now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S):
-            acks.setdefault(f.leader_id, []).append(
-                {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
-            f.acked_log_end = plog.log_end_offset
+            _queue_ack(acks, tp, f, plog)
     # The periodic ack asks for an answer (the leader's HW and log end, which the stall
     # check reads); the ack right after a write does not (leader.handle_replica_ack).
     periodic = now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S
+    _send_acks(node, acks, answered=periodic)
+    if periodic:
+        node.last_ack_sent_s = now
+
+
+def _queue_ack(acks: dict[int, list[dict[str, Any]]], tp: TopicPartition, f: FollowerReplica,
+               plog: PartitionLog) -> None:
+    """Add ``tp``'s log end to the ack for its leader; counted as told from now on."""
+    acks.setdefault(f.leader_id, []).append(
+        {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
+    f.acked_log_end = plog.log_end_offset
+
+
+def _send_acks(node: NodeState, acks: dict[int, list[dict[str, Any]]], *, answered: bool) -> None:
+    """One REPLICA_ACK per leader: version 2 (answered, with the leader's log start) or
+    version 1 (one-way)."""
     for leader_id, partitions in acks.items():
         addresses = _leader_addresses(node, leader_id)
         if addresses is not None:
             body = {"replica_id": node.node_id, "partitions": partitions}
-            if periodic:  # version 2: the answer also carries the leader's log start
+            if answered:
                 _request(node, addresses[0], ApiKey.REPLICA_ACK, body, "ack", None,
                          api_version=leader_side.REPLICA_ACK_LOG_START_VERSION)
             else:
                 _request(node, addresses[0], ApiKey.REPLICA_ACK, body, None, None,
                          api_version=leader_side.REPLICA_ACK_ONE_WAY_VERSION)
-    if periodic:
-        node.last_ack_sent_s = now
 
 
 def drain_stream(node: NodeState) -> None:
@@ -227,22 +239,15 @@ def ack_appended(node: NodeState, tps: set[TopicPartition]) -> None:
     the whole ``tick``: that walks every followed partition, on the acks=all path, and
     runs later in the same loop turn anyway (it acks the rest, and periodically asks for
     answers)."""
-    by_leader: dict[int, list[dict[str, Any]]] = {}
+    acks: dict[int, list[dict[str, Any]]] = {}
     for tp in tps:
         f = node.followers.get(tp)
         plog = node.logs.get(tp)
         if f is None or plog is None or f.mode != STREAMING or plog.log_end_offset == f.acked_log_end:
             continue
-        by_leader.setdefault(f.leader_id, []).append(
-            {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
-    for leader_id, partitions in by_leader.items():
-        addresses = _leader_addresses(node, leader_id)
-        if addresses is None:
-            continue  # (tick tries again)
-        _request(node, addresses[0], ApiKey.REPLICA_ACK, {"replica_id": node.node_id, "partitions": partitions},
-                 None, None, api_version=leader_side.REPLICA_ACK_ONE_WAY_VERSION)
-        for p in partitions:
-            node.followers[(p["topic"], p["partition"])].acked_log_end = p["log_end_offset"]
+        if _leader_addresses(node, f.leader_id) is not None:  # (else the tick tries again)
+            _queue_ack(acks, tp, f, plog)
+    _send_acks(node, acks, answered=False)
 
 
 def disconnect_streams(node: NodeState) -> None:
