@@ -57,7 +57,11 @@ def test_c_client_produces_and_consumes_on_a_secure_cluster(c_client: CClient, s
     run = subprocess.run(produce, input=b"k\tv\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, env=plain_env,
                          check=False)
     assert run.returncode != 0
-    assert b"the node requires CURVE; set $FABRIC_KEY_FILE and $FABRIC_SERVER_KEY" in run.stderr, run.stderr
+    # libzmq reports the refused plaintext handshake as a mechanism mismatch, or, when the
+    # CURVE node just closes it, with no detail (then the client names both causes, as the
+    # Python SDK does): either way the user is told the node requires CURVE and what to set.
+    assert b"requires CURVE" in run.stderr, run.stderr
+    assert b"$FABRIC_KEY_FILE and $FABRIC_SERVER_KEY" in run.stderr, run.stderr
     # With the wrong server key, and with a key the cluster never registered: each says so.
     wrong_server = {**secure_env, "FABRIC_SERVER_KEY": "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}
     run = subprocess.run(produce, input=b"k\tv\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, env=wrong_server,
