@@ -104,15 +104,15 @@ class IndexEntry:
 
 
 class Store:
-    """The node's one RocksDB, opened in raw mode (bytes keys and values, no pickling):
-    batches in the default family, index and metadata in the "meta" family."""
+    """The node's one RocksDB, raw mode: batches in the default family, the rest in "meta"."""
 
-    def __init__(self, path: str, *, fsync: str = "none") -> None:
+    def __init__(self, path: str, *, fsync: str = "none", direct_io: bool = False) -> None:
         if fsync not in ("none", "interval", "every-batch"):
             raise ValueError(f"fsync must be none, interval or every-batch, got {fsync!r}")
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_max_background_jobs(2)
+        options.set_use_direct_io_for_flush_and_compaction(direct_io)  # nodes/direct_io.py
         try:
             names = rocksdict.Rdict.list_cf(path, options)
         except Exception:  # rocksdict raises a plain exception when there is no store yet

@@ -26,7 +26,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,12 +61,12 @@ from nodes import (
     retention,
     roles,
     session,
+    storage_setup,
     strict_order,
 )
 from nodes.authz import NodeSecurity, next_release, release_duty
 from nodes.duty import Duty
 from nodes.group_coordinator import GroupCoordinator
-from nodes.log import Store
 from nodes.state import Envelope, NodeConfig, NodeState, Sockets
 
 log = logging.getLogger("fabric.node")
@@ -151,11 +150,7 @@ class Node:
         # Secure mode starts first: its ZAP handler must run before any CURVE socket binds,
         # and a missing key file stops the node before it creates its data dir.
         self.authz = NodeSecurity.start(config, self.ctx) if config.security == "curve" else None
-        try:
-            os.makedirs(config.data_dir, exist_ok=True)
-        except OSError as exc:
-            raise errors.ConfigError(f"data_dir {config.data_dir!r} cannot be a directory: {exc.strerror}") from None
-        store = Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync)
+        store = storage_setup.open_store(config)
         zk: KazooClient = zkl.make_client(config.zk, config.session_timeout_ms / 1000.0,
                                           **(self.authz.zk_kwargs() if self.authz else {}))
         routing = zkl.RoutingCache(zk, on_change=lambda what: session.on_routing_change(self.state, what))

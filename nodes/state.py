@@ -64,6 +64,7 @@ class NodeConfig:
     replication_port: int = 0
     fsync: str = "none"
     fsync_interval_ms: int = FSYNC_INTERVAL_MS_DEFAULT
+    direct_io: str = "auto"  # RocksDB table files with O_DIRECT (nodes/direct_io.py)
     retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT
     session_timeout_ms: int = 6_000
     replica_lag_max_ms: int = 5_000
@@ -102,6 +103,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
                         help="close a client connection silent this long, heartbeats included; 0: never")
     parser.add_argument("--fsync", choices=("none", "interval", "every-batch"), default="none")
     parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
+    parser.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint; 0 picks a free port, -1 off")
@@ -124,6 +126,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
         client_heartbeat_timeout_ms=args.client_heartbeat_timeout_ms,
         fsync=args.fsync,
         fsync_interval_ms=args.fsync_interval_ms,
+        direct_io=args.direct_io,
         retention_check_interval_ms=args.retention_check_interval_ms,
         session_timeout_ms=args.session_timeout_ms,
         metrics_port=args.metrics_port,

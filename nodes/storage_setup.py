@@ -1,0 +1,84 @@
+"""Opening the node's store: its data directory, then RocksDB, with or without O_DIRECT.
+
+The node's ``direct_io`` option: with ``direct_io`` on, memtable flushes and compactions write their table files with
+O_DIRECT; the write-ahead log and all reads still go through the page cache. Why
+(docs/DESIGN.md, "Table files past the page cache"): a node that stores every byte it
+takes writes it twice, once to the WAL and once to a table file at the next flush, and
+the second copy is of no use in the page cache (readers of the tail are served from the
+memtable). Buffered, that copy grows the page cache by the whole ingest rate. On this
+project's benchmark VMs every page of memory the guest touches for the first time costs
+about 10 us in the hypervisor, and the flush thread spent most of its time there: node
+CPU per stored byte doubled once a few hundred MB had been written (docs/BENCHMARKS.md,
+"Flushes past the page cache").
+
+``auto`` (the default) probes the data directory: file systems without O_DIRECT (tmpfs
+before Linux 6.6, some FUSE and network file systems, macOS) keep buffered writes. ``on``
+refuses to start where the probe fails, rather than have RocksDB fail its first flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import tempfile
+
+from fabric.errors import ConfigError
+from nodes.log import Store
+from nodes.state import NodeConfig
+
+MODES = ("auto", "on", "off")
+PROBE_BYTES = 4096  # one aligned block: what O_DIRECT needs at least, on any device here
+
+log = logging.getLogger("fabric.node")
+
+
+def open_store(config: NodeConfig) -> Store:
+    """The node's RocksDB under ``data_dir``, which is made first if missing."""
+    try:
+        os.makedirs(config.data_dir, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"data_dir {config.data_dir!r} cannot be a directory: {exc.strerror}") from None
+    return Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync,
+                 direct_io=use_direct_io(config.direct_io, config.data_dir))
+
+
+def supported(directory: str) -> bool:
+    """True if a file in ``directory`` opens with O_DIRECT and takes an aligned write.
+    Some file systems accept the flag at open and refuse the write, so both are tried."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        handle, path = tempfile.mkstemp(prefix=".direct-io-probe-", dir=directory)
+    except OSError:
+        return False
+    os.close(handle)
+    buffer = mmap.mmap(-1, PROBE_BYTES)  # page-aligned, as O_DIRECT wants
+    try:
+        fd = os.open(path, os.O_WRONLY | flag)
+        try:
+            return os.write(fd, buffer) == PROBE_BYTES
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        buffer.close()
+        os.unlink(path)
+
+
+def use_direct_io(mode: str, directory: str) -> bool:
+    """The node's ``direct_io`` setting resolved against its data directory."""
+    if mode not in MODES:
+        raise ConfigError(f"direct_io must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "off":
+        return False
+    if supported(directory):
+        log.info("table files (flushes, compactions) are written with O_DIRECT")
+        return True
+    if mode == "on":
+        raise ConfigError(f"direct_io = on, but the file system of data_dir {directory!r} refuses O_DIRECT writes "
+                          f"(use auto or off)")
+    log.info("data_dir %r refuses O_DIRECT writes: table files go through the page cache", directory)
+    return False
