@@ -112,7 +112,7 @@ class Store:
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_max_background_jobs(2)
-        options.set_use_direct_io_for_flush_and_compaction(direct_io)  # nodes/direct_io.py
+        options.set_use_direct_io_for_flush_and_compaction(direct_io)  # nodes/storage_setup.py
         try:
             names = rocksdict.Rdict.list_cf(path, options)
         except Exception:  # rocksdict raises a plain exception when there is no store yet

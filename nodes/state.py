@@ -64,7 +64,7 @@ class NodeConfig:
     replication_port: int = 0
     fsync: str = "none"
     fsync_interval_ms: int = FSYNC_INTERVAL_MS_DEFAULT
-    direct_io: str = "auto"  # RocksDB table files with O_DIRECT (nodes/direct_io.py)
+    direct_io: str = "auto"  # RocksDB table files with O_DIRECT (nodes/storage_setup.py)
     retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT
     session_timeout_ms: int = 6_000
     replica_lag_max_ms: int = 5_000

@@ -1,18 +1,18 @@
 """Opening the node's store: its data directory, then RocksDB, with or without O_DIRECT.
 
-The node's ``direct_io`` option: with ``direct_io`` on, memtable flushes and compactions write their table files with
-O_DIRECT; the write-ahead log and all reads still go through the page cache. Why
-(docs/DESIGN.md, "Table files past the page cache"): a node that stores every byte it
-takes writes it twice, once to the WAL and once to a table file at the next flush, and
-the second copy is of no use in the page cache (readers of the tail are served from the
-memtable). Buffered, that copy grows the page cache by the whole ingest rate. On this
-project's benchmark VMs every page of memory the guest touches for the first time costs
-about 10 us in the hypervisor, and the flush thread spent most of its time there: node
-CPU per stored byte doubled once a few hundred MB had been written (docs/BENCHMARKS.md,
-"Flushes past the page cache").
+The node's ``direct_io`` option: when it is on, memtable flushes and compactions write
+their table files with O_DIRECT; the write-ahead log and all reads still go through the
+page cache. Why (docs/DESIGN.md, "Table files past the page cache"): a node that stores
+every byte it takes writes it twice, once to the WAL and once to a table file at the next
+flush, and the second copy is of no use in the page cache (readers of the tail are served
+from the memtable). Buffered, that copy grows the page cache by the whole ingest rate. On
+this project's benchmark VMs every page of memory the guest touches for the first time
+costs about 10 us in the hypervisor, and the flush thread spent most of its time there:
+node CPU per stored byte doubled once a few hundred MB had been written
+(docs/BENCHMARKS.md, "Flushes past the page cache").
 
 ``auto`` (the default) probes the data directory: file systems without O_DIRECT (tmpfs
-before Linux 6.6, some FUSE and network file systems, macOS) keep buffered writes. ``on``
+on older kernels, some FUSE and network file systems, macOS) keep buffered writes. ``on``
 refuses to start where the probe fails, rather than have RocksDB fail its first flush.
 """
 
