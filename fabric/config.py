@@ -127,8 +127,8 @@ NODE_OPTIONS: tuple[Option, ...] = (
     Option("fsync_interval_ms", int, FSYNC_INTERVAL_MS_DEFAULT, "ms", "with `fsync = \"interval\"`: how often",
            minimum=1),
     Option("direct_io", str, "auto", "", "RocksDB writes its table files (flushes, compactions) with O_DIRECT, "
-           "past the page cache; the WAL and reads still use it. `auto`: where the data dir's file system "
-           "allows it; `on`: refuse to start where it does not; `off` (see Table files past the page cache)",
+           "past the page cache; the WAL and reads still use it. `auto`: where the file system of "
+           "`data_dir/rocksdb` allows it; `on`: refuse to start where it does not; `off` (see Table files past the page cache)",
            choices=("auto", "on", "off")),
     Option("retention_check_interval_ms", int, RETENTION_CHECK_INTERVAL_MS_DEFAULT, "ms",
            "how often retention deletes old batches", minimum=1),

@@ -11,7 +11,7 @@ costs about 10 us in the hypervisor, and the flush thread spent most of its time
 node CPU per stored byte doubled once a few hundred MB had been written
 (docs/BENCHMARKS.md, "Flushes past the page cache").
 
-``auto`` (the default) probes the data directory: file systems without O_DIRECT (tmpfs
+``auto`` (the default) probes the RocksDB directory: file systems without O_DIRECT (tmpfs
 on older kernels, some FUSE and network file systems, macOS) keep buffered writes. ``on``
 refuses to start where the probe fails, rather than have RocksDB fail its first flush.
 """
@@ -34,13 +34,15 @@ log = logging.getLogger("fabric.node")
 
 
 def open_store(config: NodeConfig) -> Store:
-    """The node's RocksDB under ``data_dir``, which is made first if missing."""
+    """The node's RocksDB in ``data_dir/rocksdb``, made first if missing. The probe runs in
+    that directory, not in ``data_dir``: an operator may have mounted or linked it
+    elsewhere, and the table files go where it is."""
+    path = os.path.join(config.data_dir, "rocksdb")
     try:
-        os.makedirs(config.data_dir, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"data_dir {config.data_dir!r} cannot be a directory: {exc.strerror}") from None
-    return Store(os.path.join(config.data_dir, "rocksdb"), fsync=config.fsync,
-                 direct_io=use_direct_io(config.direct_io, config.data_dir))
+    return Store(path, fsync=config.fsync, direct_io=use_direct_io(config.direct_io, path))
 
 
 def supported(directory: str) -> bool:
@@ -78,7 +80,7 @@ def use_direct_io(mode: str, directory: str) -> bool:
         log.info("table files (flushes, compactions) are written with O_DIRECT")
         return True
     if mode == "on":
-        raise ConfigError(f"direct_io = on, but the file system of data_dir {directory!r} refuses O_DIRECT writes "
+        raise ConfigError(f"direct_io = on, but the file system of {directory!r} refuses O_DIRECT writes "
                           f"(use auto or off)")
-    log.info("data_dir %r refuses O_DIRECT writes: table files go through the page cache", directory)
+    log.info("%r refuses O_DIRECT writes: table files go through the page cache", directory)
     return False

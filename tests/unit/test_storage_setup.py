@@ -46,6 +46,18 @@ def test_open_store_makes_the_data_dir_or_says_why_not(tmp_path: Path) -> None:
         storage_setup.open_store(NodeConfig(node_id=1, zk="127.0.0.1:1", data_dir=str(tmp_path / "file" / "x")))
 
 
+def test_the_probe_runs_where_the_table_files_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "other-disk"
+    elsewhere.mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rocksdb").symlink_to(elsewhere)  # RocksDB linked to another file system
+    probed: list[str] = []
+    monkeypatch.setattr(storage_setup, "supported", lambda directory: probed.append(directory) or False)
+    storage_setup.open_store(NodeConfig(node_id=1, zk="127.0.0.1:1", data_dir=str(tmp_path / "data"))).close()
+    assert probed == [str(tmp_path / "data" / "rocksdb")]
+    assert (elsewhere / "CURRENT").exists()
+
+
 def test_batches_flushed_with_o_direct_read_back_after_a_restart(tmp_path: Path) -> None:
     if not storage_setup.supported(str(tmp_path)):
         pytest.skip("this file system refuses O_DIRECT")
