@@ -225,7 +225,7 @@ def drain_stream(node: NodeState) -> None:
             continue
         if wb is None:
             wb = node.store.new_write_batch()
-        plog.append(wb, bytearray(data), header, header.leader_epoch, now_ms, stamp=False)
+        plog.append(wb, data, header, header.leader_epoch, now_ms, stamp=False)
         f.last_progress_s = now
         appended.add(tp)
     disconnect_streams(node)
@@ -378,7 +378,7 @@ def _on_fetch_reply(node: NodeState, tp: TopicPartition, f: FollowerReplica, res
         batch_format.validate(raw, len(raw), contents=False)  # the leader checked the records
         if wb is None:
             wb = node.store.new_write_batch()
-        plog.append(wb, bytearray(raw), header, header.leader_epoch, now_ms, stamp=False)
+        plog.append(wb, raw, header, header.leader_epoch, now_ms, stamp=False)
     if wb is not None:
         node.store.write(wb)
         f.last_progress_s = time.monotonic()

@@ -285,35 +285,34 @@ class PartitionLog:
     def append(
         self,
         wb: rocksdict.WriteBatch,
-        buf: bytearray,
+        data: bytes | bytearray | memoryview,
         header: batch_format.BatchHeader,
         leader_epoch: int,
         append_ms: int,
         *,
         stamp: bool = True,
-    ) -> int:
-        """Stamp (when leading) and stage one batch in ``wb``; return its base offset.
-
-        Memory is updated at once; the caller writes ``wb`` before answering anyone. A
-        failed write is fatal for the node (it exits), as Kafka halts on a log-dir failure,
-        so memory never gets ahead of disk in a process that keeps serving.
-        """
+    ) -> tuple[int, bytes]:
+        """Stage one batch in ``wb``, stamped when leading; return its base offset and the
+        bytes staged (what a leader publishes). Memory is updated at once; the caller writes
+        ``wb`` before answering anyone. A failed write is fatal for the node (it exits), as
+        Kafka halts on a log-dir failure, so memory never gets ahead of disk."""
         if stamp:
             base = self.log_end_offset
-            batch_format.stamp(buf, base, leader_epoch)
+            stored = batch_format.stamped(data, base, leader_epoch)
         else:
             base = header.base_offset
             if base != self.log_end_offset:
                 raise OffsetOutOfRangeError(
                     f"replica append at {base} but log end is {self.log_end_offset}", log_end_offset=self.log_end_offset
                 )
+            stored = data if isinstance(data, bytes) else bytes(data)
         meta_cf = self.store.meta_cf
         if not self.epochs or self.epochs[-1][0] < leader_epoch:
             self.epochs.append((leader_epoch, base))
             wb.put(self._meta_prefix + b"e", self._encode_epochs(), meta_cf)
-        entry = IndexEntry(base, header.record_count, len(buf), header.max_timestamp, append_ms, leader_epoch,
+        entry = IndexEntry(base, header.record_count, len(stored), header.max_timestamp, append_ms, leader_epoch,
                            header.producer_id, header.producer_epoch, header.base_sequence, self.store.take_sequence())
-        wb.put(b"s" + _U64.pack(entry.sequence), bytes(buf))
+        wb.put(b"s" + _U64.pack(entry.sequence), stored)
         wb.put(
             self._index_prefix + _U64.pack(base),
             _INDEX.pack(entry.record_count, entry.batch_bytes, entry.max_timestamp, append_ms, leader_epoch,
@@ -322,7 +321,7 @@ class PartitionLog:
         )
         self._remember(entry)
         self.log_end_offset = entry.next_offset
-        return base
+        return base, stored
 
     def assign_epoch(self, leader_epoch: int) -> None:
         """A new leader starts its epoch at its log end (persisted before it takes writes)."""

@@ -108,14 +108,17 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             else:
                 if config.queue and (config.max_messages or config.max_bytes):
                     queue_coordinator.check_room(node, (topic, partition), header.record_count, header.batch_length)
-                buf = bytearray(frame)
                 # Stamped only here, after the duplicate check: a retry is never stamped twice.
-                global_id = ids.stamp((topic, partition), leader.epoch, buf, header.record_count) \
-                    if config.strict_order else -1
-                result["base_offset"] = plog.append(wb, buf, header, leader.epoch, now_ms)
+                # A strict-order batch takes its global ID (and a new CRC) in a copy first.
+                if config.strict_order:
+                    data: Any = bytearray(frame)
+                    global_id = ids.stamp((topic, partition), leader.epoch, data, header.record_count)
+                else:
+                    data = frame
+                result["base_offset"], stored = plog.append(wb, data, header, leader.epoch, now_ms)
                 if config.strict_order:
                     ids.appended((topic, partition), leader.epoch, global_id, header.record_count)
-                outcome.appended.append(((topic, partition), bytes(buf)))
+                outcome.appended.append(((topic, partition), stored))
                 end = result["base_offset"] + header.record_count
             if acks == -1:
                 outcome.waits[len(results)] = ((topic, partition), end)

@@ -287,8 +287,7 @@ def tick(node: NodeState, now: float) -> None:
         except errors.FabricError as exc:
             log.warning("tick of %s/%d refused: %s", tp[0], tp[1], exc)
             continue
-        node.logs[tp].append(wb, buf, header, leader.epoch, now_ms)
-        staged.append((tp, base_id, bytes(buf)))
+        staged.append((tp, base_id, node.logs[tp].append(wb, buf, header, leader.epoch, now_ms)[1]))
     if not staged:
         return
     node.store.write(wb)

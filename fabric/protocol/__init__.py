@@ -20,7 +20,7 @@ from fabric.protocol.batch import (
     decode_batch,
     encode_batch,
     read_header,
-    stamp,
+    stamped,
     validate,
 )
 from fabric.protocol.header import Header, decode_header, encode_header
@@ -46,6 +46,6 @@ __all__ = [
     "key_hash",
     "partition_for_key",
     "read_header",
-    "stamp",
+    "stamped",
     "validate",
 ]

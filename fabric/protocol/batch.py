@@ -328,10 +328,12 @@ def _check_lz4_claim(payload: memoryview, records_bytes: int) -> None:
         )
 
 
-def stamp(buf: bytearray, base_offset: int, leader_epoch: int) -> None:
-    """Write the leader's base offset and epoch into a batch in place (CRC unaffected)."""
-    _STAMP.pack_into(buf, 0, base_offset)
-    _EPOCH.pack_into(buf, 12, leader_epoch)
+def stamped(data: bytes | bytearray | memoryview, base_offset: int, leader_epoch: int) -> bytes:
+    """The batch with the leader's base offset and epoch written in (CRC unaffected), as
+    new bytes made in one copy: what the node stores and publishes. (A bytearray stamped
+    in place and then turned into bytes copies every record twice.)"""
+    view = memoryview(data)
+    return b"".join((_STAMP.pack(base_offset), view[8:12], _EPOCH.pack(leader_epoch), view[16:]))
 
 
 def stamp_global_id(buf: bytearray, global_id_base: int) -> None:

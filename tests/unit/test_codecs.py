@@ -36,10 +36,14 @@ def test_batch_round_trip(codec: int) -> None:
 
 
 def test_stamp_keeps_crc_valid() -> None:
-    buf = bytearray(sample())
-    batch.stamp(buf, 123_456, 9)
-    header = batch.validate(buf, 1 << 20)
-    assert (header.base_offset, header.leader_epoch) == (123_456, 9)
+    raw = sample()
+    for data in (raw, bytearray(raw), memoryview(raw)):
+        out = batch.stamped(data, 123_456, 9)
+        header = batch.validate(out, 1 << 20)
+        assert (header.base_offset, header.leader_epoch) == (123_456, 9)
+        # Only the two stamped fields differ; the input is left as it was.
+        assert len(out) == len(raw) and out[8:12] == raw[8:12] and out[16:] == raw[16:]
+        assert bytes(data) == raw
 
 
 def test_bad_crc_is_corrupt() -> None:

@@ -22,7 +22,7 @@ def make_batch(values: list[bytes], ts: int = 1_000, producer_id: int = -1, seq:
 def append(log: PartitionLog, store: Store, values: list[bytes], append_ms: int = 0, epoch: int = 0, **kw: int) -> int:
     buf = make_batch(values, **kw)
     wb = store.new_write_batch()
-    base = log.append(wb, buf, batch.read_header(buf), epoch, append_ms)
+    base, _stored = log.append(wb, buf, batch.read_header(buf), epoch, append_ms)
     store.write(wb)
     return base
 
@@ -191,9 +191,8 @@ def test_a_store_from_before_the_sequence_is_migrated(tmp_path: Path) -> None:
     for base, values in ((0, [b"a", b"b"]), (2, [b"c"])):
         raw = bytes(make_batch(values))
         header = batch.read_header(bytearray(raw))
-        buf = bytearray(raw)
-        batch.stamp(buf, base, 3)
-        old[b"d" + pkey + base.to_bytes(8, "big")] = bytes(buf)
+        buf = batch.stamped(raw, base, 3)
+        old[b"d" + pkey + base.to_bytes(8, "big")] = buf
         old[b"i" + pkey + base.to_bytes(8, "big")] = struct.pack(
             "<iiqqiqhi", header.record_count, len(buf), header.max_timestamp, 0, 3, -1, -1, -1)
     old[b"m" + pkey + b"c"] = struct.pack("<q", 1)

@@ -79,10 +79,8 @@ def test_batch_carries_bloom_inside_crc() -> None:
 def test_node_skips_batches_that_cannot_match() -> None:
     def make(base: int, tag: str, n: int = 5) -> bytes:
         headers = [[(t.TAGS_HEADER, tag.encode())]] * n
-        buf = bytearray(batch_format.encode_batch([0] * n, [None] * n, [b"v"] * n, headers,
-                                                  tag_bloom=t.batch_bloom(headers)))
-        batch_format.stamp(buf, base, 0)
-        return bytes(buf)
+        return batch_format.stamped(batch_format.encode_batch([0] * n, [None] * n, [b"v"] * n, headers,
+                                                              tag_bloom=t.batch_bloom(headers)), base, 0)
 
     log = [make(0, "refunded"), make(5, "other"), make(10, "paid"), make(15, "other")]
 
