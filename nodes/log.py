@@ -19,17 +19,16 @@ integers big-endian so that RocksDB's byte order is numeric order)::
 
 where ``pkey = topic UTF-8 + b"\\x00" + u32 partition`` (topic names cannot hold NUL).
 
-Why a node-wide sequence (docs/DESIGN.md, "Storage"): every batch lands after the one
-before it, whatever its partition, so each memtable flush is a run of keys after every
-older file and compaction moves it down without rewriting it. Keyed by partition and
-offset, each flush spanned every hosted partition's newest offsets, overlapped nearly all
-of level 1, and compaction rewrote batches again and again as data grew. The index stays
-per partition, in its own family so that its keys never widen a flush of batches.
+Why a node-wide sequence (docs/DESIGN.md, "Storage"): each batch lands after the one before,
+whatever its partition, so a flush is a run of keys after every older file, which compaction
+moves down without rewriting; the index has its own family, never widening a flush.
 
-A batch and its index entry go in one WriteBatch (it spans the families), so they appear
-together or not at all, and RocksDB's WAL makes an acknowledged write survive a SIGKILL
-of the process even without fsync (the WAL is in the OS page cache before put()
-returns); fsync is only needed against power loss or a kernel crash.
+A batch and its index entry go in one WriteBatch (it spans the families): both or
+neither. RocksDB's WAL makes an acknowledged write survive a SIGKILL without fsync (it is
+in the page cache before put() returns); fsync guards against power loss and kernel
+crashes. WAL files are bounded (``WAL_BYTES_MAX``): RocksDB keeps one until every family
+flushed its part, the meta family seldom fills its memtable, and WALs piled up to 1 GiB
+(RocksDB's default), each written into fresh page cache, all replayed at a restart.
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ NO_SEQUENCE = -1
 _I64 = struct.Struct("<q")
 _EPOCH_ENTRY = struct.Struct("<iq")
 MIGRATE_BATCH_KEYS = 100_000
+WAL_BYTES_MAX = 256 * 1024 * 1024  # then RocksDB flushes the families holding the oldest WAL
 _META_KEY_RANGES = ((b"i", b"j"), (b"m", b"n"))  # every index and metadata key
 
 
@@ -106,13 +106,14 @@ class IndexEntry:
 class Store:
     """The node's one RocksDB, raw mode: batches in the default family, the rest in "meta"."""
 
-    def __init__(self, path: str, *, fsync: str = "none", direct_io: bool = False) -> None:
+    def __init__(self, path: str, *, fsync: str = "none", direct_io: bool = False, wal_bytes_max: int = WAL_BYTES_MAX) -> None:
         if fsync not in ("none", "interval", "every-batch"):
             raise ValueError(f"fsync must be none, interval or every-batch, got {fsync!r}")
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_max_background_jobs(2)
         options.set_use_direct_io_for_flush_and_compaction(direct_io)  # nodes/storage_setup.py
+        options.set_max_total_wal_size(wal_bytes_max)
         try:
             names = rocksdict.Rdict.list_cf(path, options)
         except Exception:  # rocksdict raises a plain exception when there is no store yet
