@@ -174,7 +174,7 @@ class DecompressionLimitError(FabricError):
     pass
 
 
-@_wire(13, "REQUEST_TIMED_OUT", "the request did not complete within its timeout")
+@_wire(13, "REQUEST_TIMED_OUT", "the request did not complete within its timeout (a PRODUCE batch answered so was written and may yet be committed: section 5.2)")
 class RequestTimedOutError(RetriableError):
     pass
 
@@ -204,7 +204,7 @@ class TopicAlreadyExistsError(FabricError):
     pass
 
 
-@_wire(19, "INVALID_TOPIC", "topic name empty, too long or with characters outside [A-Za-z0-9._-]")
+@_wire(19, "INVALID_TOPIC", "topic name empty, too long, . or .., or with characters outside [A-Za-z0-9._-]; or an internal topic a client may not write (section 5.2)")
 class InvalidTopicError(FabricError):
     pass
 

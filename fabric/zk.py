@@ -417,7 +417,8 @@ class TopicRoute:
 def validate_topic_name(name: str) -> None:
     if not name or len(name.encode()) > TOPIC_NAME_BYTES_MAX or not _TOPIC_NAME.match(name) or name in (".", ".."):
         raise errors.InvalidTopicError(
-            f"invalid topic name {name!r}: 1 to {TOPIC_NAME_BYTES_MAX} characters of [A-Za-z0-9._-]"
+            f"invalid topic name {name!r}: 1 to {TOPIC_NAME_BYTES_MAX} characters of [A-Za-z0-9._-], "
+            "not '.' or '..' (a topic is a ZooKeeper node of that name)"
         )
 
 

@@ -146,13 +146,26 @@ def _refuse_internal(name: str, action: str) -> dict[str, Any] | None:
                        f"topics, which clients may not {action}"}
 
 
+def _config_map(entries: list[dict[str, str]]) -> dict[str, str] | str:
+    """The request's configs as a dict, or why not: a key given twice is refused rather than
+    one of its values silently winning (the caller meant one of them; which, it must say)."""
+    configs: dict[str, str] = {}
+    for entry in entries:
+        if entry["key"] in configs:
+            return f"config {entry['key']!r} is given more than once"
+        configs[entry["key"]] = entry["value"]
+    return configs
+
+
 def handle_create_topic(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
     body = request.body
     if request.header.api_version < apis.INTERNAL_VERSION:
         refused = _refuse_internal(body["name"], "create")
         if refused is not None:
             return refused
-    configs = {c["key"]: c["value"] for c in body["configs"]}
+    configs = _config_map(body["configs"])
+    if isinstance(configs, str):
+        return {"error": errors.InvalidConfigError.code, "message": configs}
     node.answer_later(envelope, request.header, lambda: _admin_result(
         lambda: zkl.create_topic(node.zk, body["name"], body["partitions"], body["replication_factor"], configs)))
     return None
@@ -176,7 +189,9 @@ def handle_alter_topic_configs(node: NodeState, envelope: Envelope, request: api
     refused = _refuse_internal(body["name"], "alter")  # the coordinators' state: their settings are theirs
     if refused is not None:
         return refused
-    configs = {c["key"]: c["value"] for c in body["configs"]}
+    configs = _config_map(body["configs"])
+    if isinstance(configs, str):
+        return {"error": errors.InvalidConfigError.code, "message": configs}
     node.answer_later(envelope, request.header, lambda: _admin_result(
         lambda: zkl.alter_topic_config(node.zk, body["name"], configs)))
     return None

@@ -529,10 +529,11 @@ def records_section(buf: bytes | bytearray | memoryview, header: BatchHeader) ->
         raise CorruptMessageError(f"lz4 frame does not decompress: {exc}") from exc
     if decompressor.unused_data:
         raise CorruptMessageError(f"{len(decompressor.unused_data)} bytes after the end of the lz4 frame")
-    if len(records) != header.records_bytes or not decompressor.eof:
+    if len(records) != header.records_bytes:
         raise CorruptMessageError(
-            f"lz4 frame decompressed to {len(records)} bytes (eof={decompressor.eof}), header says {header.records_bytes}"
-        )
+            f"lz4 frame decompressed to {len(records)} bytes, header says records_bytes={header.records_bytes}")
+    if not decompressor.eof:
+        raise CorruptMessageError("lz4 frame is cut short: its end mark is missing")
     return bytes(records)
 
 

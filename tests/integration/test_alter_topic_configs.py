@@ -14,9 +14,12 @@ import pytest
 
 from fabric import errors
 from fabric.local import LocalCluster, LocalZooKeeper
+from fabric.protocol import apis
+from fabric.protocol.apis import ApiKey
 from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.conftest import make_cluster
 from tests.fault.harness import wait_until
+from tests.integration.helpers import decode, raw_request
 
 
 def test_a_shorter_retention_deletes_what_it_no_longer_keeps(zk_server: LocalZooKeeper, tmp_path: Path,
@@ -125,3 +128,21 @@ def test_cli_topic_alter(cluster: LocalCluster, topic_name: str, tmp_path: Path)
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
     usage = fabric("topic", "alter", topic_name)
     assert usage.returncode == 2 and "--config" in usage.stderr
+
+
+def test_a_config_key_given_twice_is_refused_and_changes_nothing(cluster: LocalCluster, topic_name: str) -> None:
+    """CREATE_TOPIC and ALTER_TOPIC_CONFIGS with one key twice (a raw client can send that;
+    the SDK's dict cannot): INVALID_CONFIG naming the key, not one value silently winning."""
+    twice = [{"key": "retention_ms", "value": "1000"}, {"key": "retention_ms", "value": "2000"}]
+    create = apis.encode_request(ApiKey.CREATE_TOPIC, {"name": topic_name, "partitions": 1, "replication_factor": 1,
+                                                       "configs": twice}, 1)
+    with Admin(cluster.bootstrap) as admin:
+        address = next(iter(admin.nodes().values()))
+        body = decode(raw_request(address, create)).body
+        assert body["error"] == errors.InvalidConfigError.code and "'retention_ms' is given more than once" in body["message"]
+        assert topic_name not in admin.list_topics()
+        admin.create_topic(topic_name, partitions=1, replication_factor=1, config={"retention_ms": 5000})
+        alter = apis.encode_request(ApiKey.ALTER_TOPIC_CONFIGS, {"name": topic_name, "configs": twice}, 2)
+        body = decode(raw_request(address, alter)).body
+        assert body["error"] == errors.InvalidConfigError.code and "more than once" in body["message"]
+        assert admin.describe_topic(topic_name).configs["retention_ms"] == "5000"

@@ -46,6 +46,16 @@ def test_stamp_keeps_crc_valid() -> None:
         assert bytes(data) == raw
 
 
+def test_an_lz4_frame_without_its_end_mark_is_corrupt_and_says_so() -> None:
+    raw = batch.encode_batch([1_000] * 50, [None] * 50, [b"value-%d" % i for i in range(50)], codec=batch.CODEC_LZ4)
+    cut = bytearray(raw[:-4])  # the frame's 4-byte end mark (no content checksum follows it)
+    struct.pack_into("<i", cut, 8, len(cut))
+    struct.pack_into("<I", cut, 16, batch.compute_crc(cut))
+    header = batch.validate(cut, 1 << 20, contents=False)
+    with pytest.raises(errors.CorruptMessageError, match="end mark is missing"):
+        batch.records_section(cut, header)
+
+
 def test_bad_crc_is_corrupt() -> None:
     buf = bytearray(sample())
     buf[-1] ^= 0xFF

@@ -37,7 +37,9 @@ static const error_row_t ERROR_ROWS[] = {
     {10, "OFFSET_OUT_OF_RANGE", 0, "offset below the log start or above the log end"},
     {11, "MESSAGE_TOO_LARGE", 0, "batch larger than the topic's message_bytes_max"},
     {12, "DECOMPRESSION_LIMIT", 0, "compressed frame claims a size above the limit or header"},
-    {13, "REQUEST_TIMED_OUT", 1, "the request did not complete within its timeout"},
+    {13, "REQUEST_TIMED_OUT", 1,
+     "the request did not complete within its timeout (a PRODUCE batch answered so was "
+     "written and may yet be committed: section 5.2)"},
     {14, "NOT_ENOUGH_REPLICAS", 1, "fewer in-sync replicas than min_insync; nothing written"},
     {15, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", 1,
      "written by the leader but ISR shrank below min_insync"},
@@ -45,7 +47,8 @@ static const error_row_t ERROR_ROWS[] = {
     {17, "UNKNOWN_LEADER_EPOCH", 1, "the request's leader epoch is newer than the node's"},
     {18, "TOPIC_ALREADY_EXISTS", 0, "a topic with that name exists"},
     {19, "INVALID_TOPIC", 0,
-     "topic name empty, too long or with characters outside [A-Za-z0-9._-]"},
+     "topic name empty, too long, . or .., or with characters outside [A-Za-z0-9._-]; or an "
+     "internal topic a client may not write (section 5.2)"},
     {20, "INVALID_PARTITIONS", 0, "partition count out of range"},
     {21, "INVALID_REPLICATION_FACTOR", 0,
      "replication factor above the live node count or out of range"},
