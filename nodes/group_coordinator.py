@@ -395,13 +395,13 @@ class GroupCoordinator:
                 group.offsets[tp] = (entry["offset"], entry["metadata"], max(commit_ms, route.config.created_ms))
                 records.append((gp.offset_key(group.group_id, *tp), gp.encode_offset_value(*group.offsets[tp])))
             results.append({"topic": tp[0], "partition": tp[1], "error": code})
-        part.groups[group.group_id] = group
         response = {"error": 0, "message": "", "results": results}
 
         def error_body(code: int, text: str) -> dict[str, Any]:
             return {"error": code, "message": text, "results": [dict(r, error=code) for r in results]}
 
         if records:
+            part.groups[group.group_id] = group  # not before: a wholly refused commit makes no group
             self._write(part, records, lambda _c, _t: None)
         self._reply_after(part, envelope, request, response, error_body)
 

@@ -587,3 +587,41 @@ def test_a_topic_created_again_does_not_inherit_the_deleted_ones_committed_offse
         assert admin.describe_group(group).offsets == ()  # `fabric group describe` showed the old commit
     _produce(cluster.bootstrap, topic_name, 8, 1, start=100)
     assert consume(8) == [f"v{i}".encode() for i in range(100, 108)]
+
+
+def test_a_refused_commit_does_not_make_a_group(cluster: LocalCluster, topic_name: str) -> None:
+    """An OFFSET_COMMIT whose every partition was refused (an unknown member, an unknown
+    topic) stored an empty group in the coordinator's memory: DESCRIBE_GROUPS answered it
+    `empty` instead of GROUP_ID_NOT_FOUND and LIST_GROUPS listed it, until the coordinator
+    next reloaded (nothing had been written)."""
+    from fabric.protocol.apis import ApiKey
+    from fabric.transport import Connections
+
+    group = f"refused-{topic_name}"
+    Admin(cluster.bootstrap).create_topic(topic_name, partitions=1, replication_factor=3)
+    with Consumer(cluster.bootstrap, group_id=f"{group}-warm") as warm:  # offsets topic made and loaded
+        warm.commit({TopicPartition(topic_name, 0): 0})
+    with Admin(cluster.bootstrap) as admin:
+        coordinator = admin._find_coordinator(group)
+    conns = Connections()
+    try:
+        for member_id, topic in (("no-such-member", topic_name), ("", f"{topic_name}-missing")):
+            body = {"group_id": group, "member_id": member_id, "member_epoch": 1,
+                    "offsets": [{"topic": topic, "partition": 0, "offset": 1, "metadata": ""}]}
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    committed = conns.request(coordinator, ApiKey.OFFSET_COMMIT, body, timeout_ms=10_000)
+                    break
+                except errors.CoordinatorLoadInProgressError:  # its partition may still be loading
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert committed.body["error"] == 0
+            assert committed.body["results"][0]["error"] in (
+                errors.UnknownMemberIdError.code, errors.UnknownTopicOrPartitionError.code)
+        described = conns.request(coordinator, ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]}, timeout_ms=10_000)
+        assert described.body["groups"][0]["error"] == errors.GroupIdNotFoundError.code
+        listed = conns.request(coordinator, ApiKey.LIST_GROUPS, {}, timeout_ms=10_000)
+        assert group not in [g["group_id"] for g in listed.body["groups"]]
+    finally:
+        conns.close()
