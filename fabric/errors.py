@@ -358,7 +358,7 @@ class GroupIdNotFoundError(FabricError):
     pass
 
 
-@_wire(68, "UNRELEASED_INSTANCE_ID", "a live member already uses this group_instance_id")
+@_wire(68, "UNRELEASED_INSTANCE_ID", "reserved: not sent by this version's nodes (a replaced static member gets UNKNOWN_MEMBER_ID)")
 class UnreleasedInstanceIdError(FabricError):
     pass
 
@@ -389,7 +389,7 @@ class InvalidQueueConfigError(FabricError):
     pass
 
 
-@_wire(74, "INVALID_DELAY", "delay_ms/deliver_at_ms out of range: at most DELAY_MS_MAX (7 days) ahead")
+@_wire(74, "INVALID_DELAY", "delay_ms or a nack's delay outside 0..DELAY_MS_MAX (7 days), deliver_at_ms negative or more than 7 days ahead, or both set")
 class InvalidDelayError(FabricError):
     pass
 

@@ -37,7 +37,14 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from fabric import errors
-from fabric.auth.acl import Authorizer, Operation, Resource, ResourceType, required_access
+from fabric.auth.acl import (
+    CLUSTER_NAME,
+    Authorizer,
+    Operation,
+    Resource,
+    ResourceType,
+    required_access,
+)
 from fabric.auth.curve import (
     DOMAIN_CLIENTS,
     DOMAIN_REPLICATION,
@@ -140,6 +147,11 @@ class NodeSecurity:
         """For the group coordinator: the principal of the request being handled, and the
         check it filters patterns and OFFSET_FETCH of all partitions with (describe)."""
         return self.principal, self.may_describe
+
+    def caller_may_replicate(self) -> bool:
+        """Whether the request being handled comes from a node or super key: what version 1
+        of PRODUCE (the nodes' own) needs to skip a queue's header checks on a secure cluster."""
+        return self.cache.authorizer.authorize(self.principal, Operation.REPLICATE, Resource(ResourceType.CLUSTER, CLUSTER_NAME))
 
     def may_describe(self, principal: str, topic: str) -> bool:
         return self.cache.authorizer.authorize(principal, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic))

@@ -83,11 +83,12 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             batch_format.check_records(header, records)
             # A client's queue options are record headers: checked here, not dropped at
             # delivery. (Not the nodes' own dead letters: any topic may be read in queue
-            # mode, so they may carry whatever its producers wrote.)
-            if config.queue and internal_refused:
+            # mode, so they may carry whatever its producers wrote. Version 1 is theirs; on
+            # a secure cluster a user key sending it is checked all the same.)
+            if config.queue and (internal_refused or (node.authz is not None and not node.authz.caller_may_replicate())):
                 for headers in batch_format.record_headers(header, records):
                     if headers:
-                        qp.check_sent_headers(headers)
+                        qp.check_sent_headers(headers, now_ms)
             # Every topic: only a strict-order leader stamps global IDs (readers of a plain
             # topic would otherwise see IDs nobody issued).
             strict_order.check_producer_batch(header, topic, partition)

@@ -306,7 +306,8 @@ class _ProducerCore:
         if delay_ms or deliver_at_ms or priority is not None or dedup_id or ttl_ms:
             # queue-mode options travel as documented record headers (docs/QUEUES.md)
             header_list = [*(header_list or []), *queue_format.send_headers(
-                delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, priority=priority, ttl_ms=ttl_ms, dedup_id=dedup_id)]
+                delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, priority=priority, ttl_ms=ttl_ms, dedup_id=dedup_id,
+                now_ms=int(time.time() * 1000))]
         if tags:
             if isinstance(tags, str | bytes):  # iterating it would make each character a tag
                 raise TypeError(f"tags must be an iterable of str, such as ({tags!r},), not a single {type(tags).__name__}")

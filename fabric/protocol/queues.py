@@ -168,31 +168,37 @@ def _int_header(name: str, raw: bytes | None) -> int:
     return int(raw)
 
 
-def check_sent_headers(headers: list[tuple[str, bytes | None]]) -> None:
+def check_sent_headers(headers: list[tuple[str, bytes | None]], now_ms: int) -> None:
     """A queue record's headers as its partition leader receives them (PRODUCE to a queue):
     the rules ``send_headers`` applies before an SDK sends, so a client that skipped them
     is refused (INVALID_DELAY, INVALID_PRIORITY, INVALID_REQUEST) rather than having its
     priority turned into 4 or its options, dedup id included, dropped at delivery."""
     fields = read_headers(headers)
     send_headers(delay_ms=fields["delay_ms"], deliver_at_ms=fields["deliver_at_ms"], priority=fields["priority"],
-                 ttl_ms=fields["ttl_ms"], dedup_id=fields["dedup_id"])
+                 ttl_ms=fields["ttl_ms"], dedup_id=fields["dedup_id"], now_ms=now_ms)
 
 
 def send_headers(
-    *, delay_ms: int = 0, deliver_at_ms: int = 0, priority: int | None = None, ttl_ms: int = 0, dedup_id: str = ""
+    *, delay_ms: int = 0, deliver_at_ms: int = 0, priority: int | None = None, ttl_ms: int = 0, dedup_id: str = "",
+    now_ms: int,
 ) -> list[tuple[str, bytes | None]]:
     """The record headers a producer writes for a queue message (only those set); bad values
-    raise before anything is sent (bounds as docs/QUEUES.md states them)."""
+    raise before anything is sent (bounds as docs/QUEUES.md states them). ``now_ms``: the
+    wall clock of whoever checks (the SDK before sending, the leader on receipt), which
+    ``deliver_at_ms`` may be at most ``SEND_DELAY_MS_MAX`` ahead of: a time given in the
+    wrong unit (microseconds) would otherwise hold its message, and every batch after it
+    from deletion, for ever."""
     for name, value in (("delay_ms", delay_ms), ("deliver_at_ms", deliver_at_ms), ("ttl_ms", ttl_ms),
                         ("priority", 0 if priority is None else priority)):
         if value.__class__ is not int:  # bool, float, str: refused by name, not by a comparison
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if not isinstance(dedup_id, str):
         raise TypeError(f"dedup_id must be a str, not {type(dedup_id).__name__}")
-    if not 0 <= delay_ms <= SEND_DELAY_MS_MAX or deliver_at_ms < 0 or (delay_ms and deliver_at_ms):
+    if not 0 <= delay_ms <= SEND_DELAY_MS_MAX or not 0 <= deliver_at_ms <= now_ms + SEND_DELAY_MS_MAX \
+            or (delay_ms and deliver_at_ms):
         raise InvalidDelayError(
-            f"delay_ms must be 0..{SEND_DELAY_MS_MAX} (7 days) and deliver_at_ms >= 0, not both set;"
-            f" got delay_ms={delay_ms} deliver_at_ms={deliver_at_ms}")
+            f"delay_ms must be 0..{SEND_DELAY_MS_MAX} (7 days) and deliver_at_ms 0..now + 7 days ({now_ms} + "
+            f"{SEND_DELAY_MS_MAX} here), not both set; got delay_ms={delay_ms} deliver_at_ms={deliver_at_ms}")
     if priority is not None and not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise InvalidPriorityError(f"priority {priority} outside 0..9")
     if ttl_ms < 0:

@@ -487,7 +487,9 @@ def test_bad_queue_headers_are_refused_at_send_not_changed_at_delivery(cluster: 
     cases = [([(qp.HEADER_PRIORITY, b"10")], errors.InvalidPriorityError),
              ([(qp.HEADER_DELAY_MS, b"abc"), (qp.HEADER_DEDUP_ID, b"d1")], errors.InvalidRequestError),
              ([(qp.HEADER_PRIORITY, b" 5")], errors.InvalidRequestError),
-             ([(qp.HEADER_DELAY_MS, str(8 * 86_400_000).encode())], errors.InvalidDelayError)]
+             ([(qp.HEADER_DELAY_MS, str(8 * 86_400_000).encode())], errors.InvalidDelayError),
+             # a time in microseconds: it would hold its message and the log after it for ever
+             ([(qp.HEADER_DELIVER_AT_MS, str(int(time.time() * 1_000_000)).encode())], errors.InvalidDelayError)]
     with Producer(cluster.bootstrap, acks="all") as producer:
         for headers, error in cases:
             with pytest.raises(error):

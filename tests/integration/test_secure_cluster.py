@@ -324,6 +324,37 @@ def test_queue_workers_need_consume_on_the_topic_and_the_group(secure: LocalClus
     assert len(got) == 3
 
 
+def test_a_user_key_sending_the_nodes_produce_version_still_has_its_queue_headers_checked(
+        secure: LocalCluster, admin: Admin) -> None:
+    """PRODUCE version 1 is the nodes' own (dead letters keep whatever headers their source
+    topic's producers wrote); a user key that sent it skipped the queue-header checks (a
+    client written from the docs found a priority of 10 stored and handed out as 4)."""
+    from fabric.protocol import apis
+    from fabric.protocol import batch as batch_format
+    from fabric.protocol import queues as qp
+
+    queue = f"secv1-{uuid.uuid4().hex[:8]}"
+    admin.create_queue(queue, partitions=1)
+    name, security = _user(secure)
+    _acl(secure, name, "produce", "topic", queue)
+    time.sleep(CHANGE_VISIBLE_S)
+    raw = batch_format.encode_batch([int(time.time() * 1000)], [None], [b"v"], [[(qp.HEADER_PRIORITY, b"10")]])
+    frames = apis.encode_request(ApiKey.PRODUCE, {"acks": 1, "timeout_ms": 5_000, "entries": [
+        {"topic": queue, "partition": 0}]}, 1, api_version=apis.INTERNAL_VERSION, batches=[raw])
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    security.apply(sock)
+    sock.connect(_leader(admin, queue))
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(int(ANSWER_WAIT_S * 1000)), "no answer to the PRODUCE"
+        result = apis.decode_response(sock.recv_multipart()).body["results"][0]
+    finally:
+        sock.close(linger=0)
+    assert result["error"] == errors.InvalidPriorityError.code, result
+    assert result["base_offset"] == -1
+
+
 def test_a_consumer_group_on_a_secure_cluster(secure: LocalCluster, admin: Admin) -> None:
     """The group coordinator's requests to its own node (creating __consumer_offsets,
     writing commits, loading them) went in plaintext, which the node's CURVE socket

@@ -49,7 +49,7 @@ def test_queue_keys_are_in_their_range_and_do_not_collide() -> None:
 
 
 def test_send_headers_read_back() -> None:
-    hs = q.send_headers(delay_ms=500, priority=9, ttl_ms=60_000, dedup_id="order-17")
+    hs = q.send_headers(delay_ms=500, priority=9, ttl_ms=60_000, dedup_id="order-17", now_ms=0)
     assert q.read_headers([*hs, ("other", None)]) == {
         "delay_ms": 500, "deliver_at_ms": 0, "priority": 9, "ttl_ms": 60_000, "dedup_id": "order-17"}
     assert q.read_headers([]) == {"delay_ms": 0, "deliver_at_ms": 0, "priority": None, "ttl_ms": 0, "dedup_id": ""}
