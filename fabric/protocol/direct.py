@@ -142,7 +142,12 @@ def decode_headers(frame: bytes | memoryview) -> dict[str, bytes]:
         pos += name_len
         (value_len,) = struct.unpack_from("<I", data, pos)
         pos += 4
-        if value_len > HEADER_VALUE_BYTES_MAX or pos + value_len > len(data):
+        # The limit is checked on its own: a complete frame with an over-long value is not
+        # truncated, and its sender needs to know which limit it broke.
+        if value_len > HEADER_VALUE_BYTES_MAX:
+            raise errors.MalformedRequestError(
+                f"header {name!r} value is {value_len} bytes (max {HEADER_VALUE_BYTES_MAX})")
+        if pos + value_len > len(data):
             raise errors.MalformedRequestError(f"header {name!r} value length {value_len} runs past the frame")
         out[name] = data[pos:pos + value_len]
         pos += value_len

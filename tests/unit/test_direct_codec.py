@@ -72,6 +72,18 @@ def test_headers_round_trip_and_refusals() -> None:
         wire.encode_headers({"big": b"x" * (wire.HEADER_VALUE_BYTES_MAX + 1)})
 
 
+def test_an_over_long_header_value_is_refused_by_its_limit_not_as_truncated() -> None:
+    """A complete frame whose value is one byte past the limit: the error names the limit
+    (it said "runs past the frame" before, which sent its sender looking for a framing bug)."""
+    value_len = wire.HEADER_VALUE_BYTES_MAX + 1
+    frame = b"\x01\x00" + b"\x01a" + value_len.to_bytes(4, "little") + b"x" * value_len
+    with pytest.raises(errors.MalformedRequestError, match=r"header 'a' value is 65537 bytes \(max 65536\)"):
+        wire.decode_headers(frame)
+    truncated = b"\x01\x00" + b"\x01a" + (10).to_bytes(4, "little") + b"x" * 5  # within the limit, cut short
+    with pytest.raises(errors.MalformedRequestError, match="value length 10 runs past the frame"):
+        wire.decode_headers(truncated)
+
+
 def test_error_body_cuts_long_text_and_refuses_truncation() -> None:
     body = wire.encode_error(52, "T" * 1000, "é" * 5000)
     decoded = wire.decode_error(body)
