@@ -103,6 +103,7 @@ class Service:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._registration: registry.Registration | None = None
         self._stopping = False
+        self._stopping_as = ""  # how refusals name this instance once stop() has deregistered it
         self._reported_load = -1
         self._background: asyncio.Task[None] | None = None
         self._callers = balance.CallerLiveness()
@@ -273,7 +274,7 @@ class Service:
         if self._stopping:
             self.refused += 1
             self._send(identity, wire.error_frames(cid, errors.ServiceStopping.code, "ServiceStopping",
-                                                   f"instance {self.znode} of {self.name!r} is stopping"))
+                                                   f"instance {self._stopping_as} of {self.name!r} is stopping"))
             return
         if self._running >= self.concurrency and len(self._waiting) >= self.queue_max:
             self.refused += 1
@@ -422,6 +423,9 @@ class Service:
         flight finish for up to ``drain_timeout_ms``, then close."""
         if self._stopping:
             return
+        # Named now: deregistering forgets the znode, and every refusal from here on names it.
+        znode = self.znode
+        self._stopping_as = f"{znode.rpartition('/')[2]} at {self.address}" if znode else self.address
         if self._registration is not None:
             await asyncio.to_thread(self._registration.close)  # never raises: ZooKeeper may be away
         self._stopping = True

@@ -1,7 +1,10 @@
 """How a service instance answers its handler's outcome (docs/PROTOCOL.md section 10.2),
-without sockets: Service._reply turns a result or an exception into frames."""
+without sockets: Service._reply turns a result or an exception into frames; a stopping
+instance refuses new requests."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -43,3 +46,28 @@ def test_other_fabric_errors_keep_their_code_and_plain_exceptions_are_remote_err
 def test_a_result_is_a_reply() -> None:
     frames, ok = _service()._reply(9, Reply(b"x", {"h": b"1"}), None)
     assert ok and wire.decode_header(frames[0]).type == wire.REPLY and frames[1] == b"x"
+
+
+class _Registered:
+    """A Registration as stop() sees it: close() forgets the path, as the real one does."""
+
+    path: str | None = "/fabric/services/svc/instance-0000000007"
+
+    def close(self) -> None:
+        self.path = None
+
+
+def test_a_stopping_instance_names_itself_after_deregistering() -> None:
+    """stop() deregisters before it refuses anything, so the refusal cannot read the
+    znode then (it said "instance None of 'svc' is stopping")."""
+    service = _service()
+    service._registration = _Registered()  # type: ignore[assignment]
+    service.address = "tcp://127.0.0.1:5555"
+    asyncio.run(service.stop())
+    sent: list[list[bytes]] = []
+    service._send = lambda identity, frames: sent.append(frames)  # type: ignore[method-assign]
+    request = wire.request_frames(9, b"x", timeout_ms=100, idempotent=False)
+    service._on_message([b"caller", *request])
+    _cid, body = _error(sent[0])
+    assert body.code == errors.ServiceStopping.code
+    assert body.message == "instance instance-0000000007 at tcp://127.0.0.1:5555 of 'svc' is stopping"
