@@ -11,9 +11,9 @@ send to subscribers over PUB -> SUB. Every message starts with one 16-byte heade
     7      1    reserved        u8    0
     8      4    correlation_id  u32   request/reply pairing; PUBLISH: the sequence number
                                       (per subject)
-    12     4    aux             u32   REQUEST: timeout_ms; PING: the sender's heartbeat
-                                      interval in ms (0: 200); PONG: load;
-                                      PUBLISH: the publisher id; else 0
+    12     4    aux             u32   REQUEST: this attempt's timeout_ms; PING: the
+                                      sender's heartbeat interval in ms (0: 200); PONG:
+                                      load; PUBLISH: the publisher id; else 0
 
 No socket, no clock, no thread here: the SDK, the tests and a C service share this code's
 rules through the document.

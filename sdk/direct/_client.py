@@ -36,7 +36,7 @@ TIMEOUT_MS_DEFAULT = 5_000
 ATTEMPTS_MAX_DEFAULT = 3
 TIMEOUT_MS_MAX = 24 * 3600 * 1000  # fits the header's u32 with room to spare
 LEAVING_GRACE_S = 5.0  # an instance gone from the registry stays a last resort while it answers
-DISCOVERY_WAIT_MS = 2_000  # how long a first request waits for a registered instance to answer a PING
+DISCOVERY_WAIT_MS = 2_000  # a call with no instance ready waits this long (within its deadline) for one
 
 
 class DirectClient:

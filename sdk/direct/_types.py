@@ -16,7 +16,11 @@ class Request:
     payload: bytes
     headers: dict[str, bytes] = field(default_factory=dict)
     idempotent: bool = False
-    timeout_ms: int = 0  # the caller's remaining budget when it sent the request
+    # The REQUEST's aux: this attempt's timeout as the caller sent it (the SDK: the time
+    # left over the attempts still allowed, all of it when not idempotent; a gather: its
+    # whole timeout), 0 for none. Time spent queued at the instance is not taken off
+    # (docs/PROTOCOL.md section 10.1).
+    timeout_ms: int = 0
     service: str = ""
 
 

@@ -72,6 +72,18 @@ def test_headers_round_trip_and_refusals() -> None:
         wire.encode_headers({"big": b"x" * (wire.HEADER_VALUE_BYTES_MAX + 1)})
 
 
+def test_what_receivers_accept_as_documented() -> None:
+    """docs/PROTOCOL.md section 10: the reserved byte is not checked; a headers frame may
+    have count 0, an empty name, and a name twice (the last value wins)."""
+    header = bytearray(wire.encode_header(wire.REPLY, 7, flags=wire.FLAG_HAS_HEADERS, aux=9))
+    header[7] = 0xAB
+    assert wire.decode_header(bytes(header)) == wire.DirectHeader(wire.REPLY, wire.FLAG_HAS_HEADERS, 7, 9)
+    assert wire.decode_headers(b"\x00\x00") == {}
+    one = (1).to_bytes(4, "little")
+    frame = b"\x03\x00" + b"\x00" + one + b"e" + b"\x01d" + one + b"1" + b"\x01d" + one + b"2"
+    assert wire.decode_headers(frame) == {"": b"e", "d": b"2"}
+
+
 def test_an_over_long_header_value_is_refused_by_its_limit_not_as_truncated() -> None:
     """A complete frame whose value is one byte past the limit: the error names the limit
     (it said "runs past the frame" before, which sent its sender looking for a framing bug)."""
