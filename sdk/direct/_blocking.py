@@ -75,12 +75,13 @@ class BlockingCaller:
     def _request(self, name: str, body: bytes, timeout_ms: int, wire_headers: dict[str, bytes] | None,
                  idempotent: bool, attempts_max: int, margin_s: float) -> Reply:
         direct = self._direct
+        started_s = time.monotonic()  # timeout_ms bounds the whole call, a first registry read included
         view = direct._views.get(name)
         if view is None or not view.known.is_set():
             view = self._run_on_loop(direct._view(name, timeout_ms), margin_s)
         with self._lock:
             attempts = balance.Attempts(timeout_ms=timeout_ms, idempotent=idempotent, attempts_max=attempts_max,
-                                        budget=self._budget, now=time.monotonic())
+                                        budget=self._budget, now=started_s)
         tried: list[str] = []
         while True:
             peer = view.pick(tried, direct._rng) or self._pick_waiting(view, tried, attempts.deadline_s, margin_s)

@@ -263,12 +263,13 @@ class DirectClient:
         count_arg("attempts_max", attempts_max, 1)
         body = as_bytes(payload, "payload")
         wire_headers = as_headers(headers)
+        started_s = time.monotonic()  # timeout_ms bounds the whole call, a first registry read included
         view = self._views.get(name)
         if view is None or not view.known.is_set():
             view = await self._view(name, timeout_ms)
         loop = self.loop
         attempts = balance.Attempts(timeout_ms=timeout_ms, idempotent=idempotent, attempts_max=attempts_max,
-                                    budget=self.retry_budget, now=time.monotonic())
+                                    budget=self.retry_budget, now=started_s)
         tried: list[str] = []
         while True:
             peer = view.pick(tried, self._rng) or await self._pick_waiting(view, tried, attempts.deadline_s)
@@ -363,8 +364,8 @@ class DirectClient:
             count_arg("min_replies", min_replies, 0)
         body = as_bytes(payload, "payload")
         wire_headers = as_headers(headers)
+        deadline = time.monotonic() + timeout_ms / 1000  # the whole call, a first registry read included
         view = await self._view(name, timeout_ms)
-        deadline = time.monotonic() + timeout_ms / 1000
         try:
             await self._wait_pickable(view, deadline)  # a fresh view: let first PINGs be answered
         except errors.NoServiceAvailable:
@@ -383,7 +384,8 @@ class DirectClient:
             cid = next(self._ids) & wire.U32_MAX
             future: asyncio.Future[Response] = self.loop.create_future()
             peer.pending[cid] = future
-            frames = wire.request_frames(cid, body, timeout_ms=timeout_ms, idempotent=True, headers=wire_headers)
+            frames = wire.request_frames(cid, body, timeout_ms=max(1, int(timeout_ms)), idempotent=True,
+                                         headers=wire_headers)
             if peer.send(frames):
                 futures[znode] = future
                 sent[znode] = (peer, cid)
