@@ -83,8 +83,8 @@ class QueueCoordinator(QueueDurability):
         parked = _Parked(envelope, request, now + body["wait_ms"] / 1000.0, now)
         if self._try_receive(parked, final=body["wait_ms"] == 0):
             return
-        if len(self._parked) >= PARKED_RECEIVES_MAX:
-            self._try_receive(parked, final=True)
+        if len(self._parked) >= PARKED_RECEIVES_MAX:  # no room to wait, for a loading partition either
+            self._try_receive(parked, final=True, may_wait=False)
         else:
             self._parked.append(parked)
 
@@ -121,15 +121,16 @@ class QueueCoordinator(QueueDurability):
             log.info("queue %s/%d (epoch %d): loading its state", tp[0], tp[1], leader.epoch)
         return plog, slot
 
-    def _try_receive(self, parked: _Parked, *, final: bool) -> bool:
-        """Lease what is visible and answer once that is durable; False to keep waiting."""
+    def _try_receive(self, parked: _Parked, *, final: bool, may_wait: bool = True) -> bool:
+        """Lease what is visible and answer once that is durable; False to keep waiting
+        (never with ``may_wait`` False: then it answers, empty if need be)."""
         body = parked.request.body
         try:
             led = self._led(body["queue"], body["partition"])
         except errors.FabricError as exc:
             self.node.send_error(parked.envelope, parked.request.header, exc)
             return True
-        if final and any(self._slots[tp].mode != ACTIVE for tp, _plog, _share in led) \
+        if final and may_wait and any(self._slots[tp].mode != ACTIVE for tp, _plog, _share in led) \
                 and time.monotonic() < parked.arrived_s + LOAD_WAIT_S:
             final = False  # a partition is still reading its state (first use, new leader): wait for it
         now_ms = wall_ms()

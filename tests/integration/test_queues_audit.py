@@ -4,9 +4,11 @@ worker written from the docs alone meets first (close(), run(), asyncio, bad arg
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from fabric.local import LocalCluster
+from fabric.local import LocalCluster, LocalZooKeeper
 from sdk import Admin, Producer, QueueConsumer
+from tests.conftest import make_cluster
 
 
 def _send(bootstrap: str, queue: str, values: list[bytes]) -> None:
@@ -200,3 +202,42 @@ def test_a_queue_created_again_does_not_inherit_the_deleted_ones_acks(cluster: L
         admin.create_queue(topic_name, partitions=1)
     _send(cluster.bootstrap, topic_name, [b"new-0", b"new-1", b"new-2"])
     assert sorted(_drain(cluster.bootstrap, topic_name, 3)) == [b"new-0", b"new-1", b"new-2"]
+
+
+def test_a_receive_past_the_parked_limit_is_answered_while_its_partition_loads(
+        zk_server: LocalZooKeeper, tmp_path: Path) -> None:
+    """With PARKED_RECEIVES_MAX long polls parked on a node, a new receive is answered at
+    once, empty if need be. One for a partition still reading its state (a queue's first
+    receive) was neither answered nor parked: its caller heard nothing until its own
+    timeout."""
+    import zmq
+
+    from fabric.protocol import apis
+    from fabric.protocol import queues as qp
+    from nodes.queue_coordinator import PARKED_RECEIVES_MAX
+
+    def receive(queue: str, wait_ms: int, cid: int) -> list[bytes]:
+        return apis.encode_request(apis.ApiKey(qp.API_QUEUE_RECEIVE), {
+            "queue": queue, "group": "g", "consumer_id": "c", "partition": 0, "max_messages": 1,
+            "wait_ms": wait_ms, "visibility_timeout_ms": 30_000}, cid)
+
+    with make_cluster(zk_server, tmp_path / "c", nodes=1) as cluster, Admin(cluster.bootstrap) as admin:
+        admin.create_queue("parked", partitions=1, replication_factor=1)
+        admin.create_queue("fresh", partitions=1, replication_factor=1)
+        address = next(iter(admin.nodes().values()))
+        with QueueConsumer(cluster.bootstrap, "parked", "g") as warm:
+            warm.receive(1, 100)  # "parked" has loaded its state: its long polls park
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(address)
+        try:
+            for cid in range(PARKED_RECEIVES_MAX):
+                sock.send_multipart(receive("parked", qp.RECEIVE_WAIT_MS_MAX, cid))
+            time.sleep(2)  # all of them parked (an answer now would be the fresh queue's)
+            sock.send_multipart(receive("fresh", qp.RECEIVE_WAIT_MS_MAX, 999_999))
+            assert sock.poll(10_000), "no answer for the fresh queue's receive"
+            reply = apis.decode_response(sock.recv_multipart())
+            assert reply.header.correlation_id == 999_999 and reply.body["messages"] == []
+        finally:
+            sock.close(linger=0)
