@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -341,3 +342,80 @@ def test_short_lived_producers_start_keyless_records_on_random_partitions(
         by_kind[bytes(record.value)[:1].decode()].add(record.partition)
     assert len(records) == 2 * runs
     assert len(by_kind["c"]) > 1 and len(by_kind["p"]) > 1, dict(by_kind)
+
+
+_FLUSH_THEN_PRODUCE_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fabric.h>
+
+static int failed, acknowledged;
+
+static void on_delivery(const fabric_delivery_t *d, void *opaque) {
+    (void)opaque;
+    if (d->error) failed += (int)d->record_count;
+    else acknowledged += (int)d->record_count;
+}
+
+/* argv: bootstrap topic. Round 1 is refused (the topic's limit was lowered after this
+ * producer read it); round 2, produced right after the flush, must be batched by the new
+ * limit. */
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    fabric_producer_config_t cfg;
+    fabric_producer_config_init(&cfg);
+    cfg.compression = FABRIC_CODEC_NONE;
+    cfg.linger_ms = 1000;
+    cfg.on_delivery = on_delivery;
+    fabric_producer_t *p;
+    if (fabric_producer_new(&p, argv[1], &cfg)) return 3;
+    char value[1000];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 60; i++) {
+            for (size_t j = 0; j < sizeof value; j++) value[j] = (char)rand();
+            if (fabric_produce(p, argv[2], 0, NULL, -1, value, sizeof value, NULL, 0, -1)) return 4;
+        }
+        if (fabric_producer_flush(p, 30000)) return 5;
+        printf("round %d: acknowledged %d failed %d\n", round, acknowledged, failed);
+        fflush(stdout);
+        if (round == 0) {  /* the first batch read the old limit: wait for the lower one */
+            char line[16];
+            if (fgets(line, sizeof line, stdin) == NULL) return 6;
+        }
+    }
+    fabric_producer_destroy(p);
+    return 0;
+}
+"""
+
+
+def test_c_producer_batches_by_a_lowered_limit_right_after_a_flush(c_client: CClient, cluster: LocalCluster,
+                                                                   admin: Admin, node_addresses: str,
+                                                                   topic_name: str, tmp_path: Path) -> None:
+    """A refusal (MESSAGE_TOO_LARGE) among a flush's last answers asks for METADATA; the
+    flush now asks before it returns. Records produced right after it were batched by the
+    old limit and refused again, until some later poll had refreshed (found writing a
+    program from docs/C_CLIENT.md)."""
+    admin.create_topic(topic_name, partitions=1, replication_factor=1)
+    source = tmp_path / "flush_then_produce.c"
+    source.write_text(_FLUSH_THEN_PRODUCE_C)
+    binary = tmp_path / "flush_then_produce"
+    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{c_client.root}", str(source), str(c_client.root / "libfabric.a"),
+                    "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
+    proc = subprocess.Popen([str(binary), node_addresses, topic_name], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "round 0: acknowledged 60 failed 0"
+        admin.alter_topic_config(topic_name, {"message_bytes_max": 15_000})
+        time.sleep(0.5)  # every node has the new limit
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "round 1: acknowledged 60 failed 60"  # sized by the old limit
+        assert proc.stdout.readline().strip() == "round 2: acknowledged 120 failed 60"
+        assert proc.wait(PROCESS_TIMEOUT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -621,17 +621,22 @@ static int read_answers(fabric_producer_t *p, int wait_ms) {
     return 0;
 }
 
+/* Ask for METADATA when an answer said to (a leader moved, a topic's limit was lowered)
+ * and the backoff since the last try has passed. Bounded by the caller's time
+ * (client_refresh_metadata), not 5 s per node. */
+static void refresh_if_due(fabric_producer_t *p, int64_t deadline_ms) {
+    int64_t now = now_ms();
+    if (!p->refresh_needed || now < p->refresh_after_ms) return;
+    if (refresh(p, NULL, deadline_ms) == 0) p->refresh_needed = 0;
+    else p->refresh_after_ms = now + p->cfg.retry_backoff_ms;
+}
+
 /* One turn of the state machine: refresh if needed, close lingering batches, send, read
  * answers for up to wait_ms, expire requests. */
 static void service(fabric_producer_t *p, int wait_ms, int64_t deadline_ms) {
-    int64_t now = now_ms();
     p->records_since_io = 0;
-    if (p->refresh_needed && now >= p->refresh_after_ms) {
-        /* Bounded by the caller's time (client_refresh_metadata), not 5 s per node. */
-        if (refresh(p, NULL, deadline_ms) == 0) p->refresh_needed = 0;
-        else p->refresh_after_ms = now + p->cfg.retry_backoff_ms;
-        now = now_ms();
-    }
+    refresh_if_due(p, deadline_ms);
+    int64_t now = now_ms();
     p->next_timer_ms = INT64_MAX;
     if (p->refresh_needed) timer_at(p, p->refresh_after_ms);
     for (size_t ti = 0; ti < p->topic_count; ti++) {
@@ -676,6 +681,7 @@ int fabric_producer_poll(fabric_producer_t *p, int timeout_ms) {
         int64_t left = deadline - now_ms();
         service(p, left <= 0 ? 0 : (int)(left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : left), deadline);
     } while (now_ms() < deadline && pending(p));
+    refresh_if_due(p, deadline); /* an answer of the last turn asked: before the next records */
     return 0;
 }
 
@@ -694,6 +700,10 @@ int fabric_producer_flush(fabric_producer_t *p, int timeout_ms) {
         service(p, left > POLL_SLICE_MS_MAX ? POLL_SLICE_MS_MAX : (int)left, deadline);
     }
     p->flushing = 0;
+    /* A refusal among the last answers (MESSAGE_TOO_LARGE after the topic's limit was
+     * lowered) asked for METADATA: ask now, so that records produced after the flush are
+     * batched by the new limit rather than refused again. */
+    refresh_if_due(p, deadline);
     return 0;
 }
 
