@@ -41,6 +41,7 @@ def server_main(argv: list[str] | None = None) -> int:
     A node that cannot start says why in one line and exits 1."""
     import logging
     import os
+    import signal
 
     import zmq
     from kazoo.exceptions import KazooException
@@ -53,10 +54,18 @@ def server_main(argv: list[str] | None = None) -> int:
 
     config, log_level = parse_node_args(argv)
     logging.basicConfig(level=log_level, format=f"%(asctime)s node{config.node_id} %(levelname)s %(message)s")
+    # While starting (ZooKeeper may take its 30 s to answer, or never), SIGINT and SIGTERM
+    # end the start at once; the serving node's own handlers (a drain) come after it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         node = Node(config)
-        drain.install_signals(node.state, node.stop)  # SIGTERM: a controlled shutdown
         node.start()
+    except KeyboardInterrupt:
+        logging.getLogger("fabric.node").error("node %d: start interrupted", config.node_id)
+        print(f"fabric node: node {config.node_id}: start interrupted", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(130)  # as below: half-made sockets and ZooKeeper threads must not hang the exit
     except (errors.FabricError, OSError, zmq.ZMQError, KazooException, KazooTimeoutError) as exc:
         # One line, not a traceback: a port in use, a data dir that is a file, key files
         # missing, ZooKeeper not answering. os._exit: sockets, the store and ZooKeeper's
@@ -68,5 +77,6 @@ def server_main(argv: list[str] | None = None) -> int:
         print(f"fabric node: error: node {config.node_id} cannot start: {what}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(1)
+    drain.install_signals(node.state, node.stop)  # SIGTERM: a controlled shutdown
     node.run()
     return 0

@@ -140,7 +140,9 @@ def register(node: NodeState) -> None:
             except NoNodeError:
                 continue
             if time.monotonic() > deadline:
-                raise RuntimeError(f"node id {node.node_id} is registered by another live process") from None
+                raise errors.ConfigError(
+                    f"node id {node.node_id} is registered by another live process (its ZooKeeper session "
+                    f"outlived {REGISTER_WAIT_S:.0f} s of waiting): each node needs an id of its own") from None
             time.sleep(0.2)
 
 

@@ -23,7 +23,7 @@ import mmap
 import os
 import tempfile
 
-from fabric.errors import ConfigError
+from fabric.errors import ConfigError, StorageError
 from nodes.log import Store
 from nodes.state import NodeConfig
 
@@ -42,7 +42,14 @@ def open_store(config: NodeConfig) -> Store:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"data_dir {config.data_dir!r} cannot be a directory: {exc.strerror}") from None
-    return Store(path, fsync=config.fsync, direct_io=use_direct_io(config.direct_io, path))
+    direct_io = use_direct_io(config.direct_io, path)
+    try:
+        return Store(path, fsync=config.fsync, direct_io=direct_io)
+    except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's status
+        if "lock" in str(exc).lower():  # "IO error: While lock file: .../LOCK: Resource temporarily unavailable"
+            raise ConfigError(f"data_dir {config.data_dir!r} is in use by another process (RocksDB's LOCK file "
+                              "is held): each node needs a data_dir of its own") from None
+        raise StorageError(f"RocksDB in {path!r} does not open: {exc}") from None
 
 
 def supported(directory: str) -> bool:

@@ -79,3 +79,15 @@ def test_batches_flushed_with_o_direct_read_back_after_a_restart(tmp_path: Path)
     read = [v for raw in again.read(0, 1 << 30, again.log_end_offset) for v in batch.decode_batch(raw).values]
     assert read == values
     store.close()
+
+
+def test_a_data_dir_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    """A second node started on a running node's data_dir: RocksDB's LOCK refuses it, and
+    the node said so with a traceback (rocksdict raises a plain Exception)."""
+    config = NodeConfig(node_id=1, zk="127.0.0.1:1", data_dir=str(tmp_path))
+    store = storage_setup.open_store(config)
+    try:
+        with pytest.raises(ConfigError, match="in use by another process"):
+            storage_setup.open_store(NodeConfig(node_id=2, zk="127.0.0.1:1", data_dir=str(tmp_path)))
+    finally:
+        store.close()
