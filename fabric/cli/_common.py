@@ -50,10 +50,12 @@ def usage_error(message: str) -> CliError:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except where there is none to show (None, False)."""
+    """Shows each option's default, except where there is none to show (None, False) or
+    the help already says it in words ("(default 30 s, ...)", not "(default: 30000)" too)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS \
+                or "(default" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action) or ""
 

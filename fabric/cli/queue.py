@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     send.add_argument("name")
     send.add_argument("--message", "-m", action="append", help="a message (repeatable; default: stdin lines)")
     send.add_argument("--delay-ms", type=non_negative_int, default=0, help="not delivered before this long")
-    send.add_argument("--priority", type=int, choices=range(qp.PRIORITY_MIN, qp.PRIORITY_MAX + 1), metavar="0..9")
+    send.add_argument("--priority", type=int, choices=range(qp.PRIORITY_MIN, qp.PRIORITY_MAX + 1), metavar="0..9",
+                      help=f"higher is handed out first (default {qp.PRIORITY_DEFAULT} when not given)")
     send.add_argument("--ttl-ms", type=non_negative_int, default=0, help="dropped if not delivered within this long")
     send.add_argument("--dedup-id", default="", help="a repeat of this id within the dedup window is dropped")
     receive = with_bootstrap(qsub.add_parser("receive", help="receive, print and acknowledge messages"))
