@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from typing import Any, NoReturn
 import zmq
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from fabric import errors, logs
 from fabric import zk as zkl
@@ -79,6 +81,7 @@ class SequencerService:
         self.granted_requests = 0
         self.granted_ids = 0
         self._stop = threading.Event()
+        self.started = False  # ZooKeeper answered: from then on a signal stops the service cleanly
         self._active_changed = threading.Event()
         self._session_lost = threading.Event()
         self._lock = threading.Lock()  # guards state changes against the lease thread
@@ -103,6 +106,7 @@ class SequencerService:
     def run(self) -> None:
         self.zk.add_listener(self._on_zk_state)
         self.zk.start(timeout=30)
+        self.started = True
         try:
             self.zk.ensure_path(SEQUENCER_ROOT)
             if self._server is not None:  # the ZAP handler runs before the CURVE socket binds
@@ -421,13 +425,23 @@ def main(argv: list[str] | None = None) -> int:
                                zk_digest_file=args.zk_digest_file, metrics_port=args.metrics_port)
 
     def on_signal(_signum: int, _frame: Any) -> None:
+        if not service.zk.connected and not service.started:
+            raise KeyboardInterrupt  # still waiting for ZooKeeper (up to 30 s, or for ever): end the start now
         service.stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
         service.run()
-    except Exception as exc:  # no traceback for a user: say what failed
-        log.error("sequencer %d stopped: %s", args.sequencer_id, exc)
+    except KeyboardInterrupt:
+        print(f"fabric sequencer: sequencer {args.sequencer_id}: start interrupted", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(130)  # kazoo's threads may be half started; closing them must not hang the exit
+    except Exception as exc:  # no traceback for a user: say what failed, in one line
+        what = str(exc) or type(exc).__name__
+        if isinstance(exc, KazooTimeoutError):
+            what = f"ZooKeeper at {args.zk} did not answer within 30 s"
+        log.error("sequencer %d stopped: %s", args.sequencer_id, what)
+        print(f"fabric sequencer: error: sequencer {args.sequencer_id} stopped: {what}", file=sys.stderr, flush=True)
         return 1
     return 0
