@@ -69,3 +69,21 @@ def read_all(bootstrap: str, topic: str, partitions: int, expected: int | None =
 
 def decode(frames: list[bytes]) -> apis.Message:
     return apis.decode_response(frames)
+
+
+def interrupted_start(argv: list[str], signum: int, cwd: str, wait_s: float = 3.0) -> tuple[int, str]:
+    """Start ``argv`` (a node or sequencer pointed at a ZooKeeper that never answers),
+    send ``signum`` once its imports are done and it waits, and return its exit status and
+    stderr. Killed if it has not exited 10 s after the signal."""
+    import subprocess
+
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(wait_s)
+        proc.send_signal(signum)
+        _out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode, err

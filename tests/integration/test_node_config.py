@@ -98,26 +98,18 @@ def test_a_starting_node_stops_at_once_on_sigint_or_sigterm(tmp_path: Path) -> N
     SIGTERM until that wait ended; it now stops at once, exit status 130, one line."""
     import signal
     import socket
-    import time
+
+    from tests.integration.helpers import interrupted_start
 
     silent = socket.socket()  # listens, never speaks ZooKeeper: the session never starts
     silent.bind(("127.0.0.1", 0))
     silent.listen()
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            proc = subprocess.Popen(
+            code, err = interrupted_start(
                 [sys.executable, "-m", "nodes", "--id", "7", "--zk", f"127.0.0.1:{silent.getsockname()[1]}",
-                 "--data-dir", str(tmp_path / f"d{signum}"), "--metrics-port", "-1"],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            try:
-                time.sleep(3)  # imports done, waiting for ZooKeeper
-                proc.send_signal(signum)
-                _out, err = proc.communicate(timeout=10)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
-            assert proc.returncode == 130, err[-2000:]
+                 "--data-dir", str(tmp_path / f"d{signum}"), "--metrics-port", "-1"], signum, str(ROOT))
+            assert code == 130, err[-2000:]
             assert "fabric node: node 7: start interrupted" in err and "Traceback" not in err, err[-2000:]
     finally:
         silent.close()

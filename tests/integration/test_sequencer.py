@@ -197,27 +197,19 @@ def test_a_starting_sequencer_stops_at_once_on_sigint_or_sigterm() -> None:
     for the whole 30 s wait; it now stops at once, exit status 130, one line."""
     import signal
     import socket
-    import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    from tests.integration.helpers import interrupted_start
+
     silent = socket.socket()  # listens, never speaks ZooKeeper
     silent.bind(("127.0.0.1", 0))
     silent.listen()
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            proc = subprocess.Popen(
+            code, err = interrupted_start(
                 [sys.executable, "-m", "sequencer", "--zk", f"127.0.0.1:{silent.getsockname()[1]}", "--id", "3",
-                 "--metrics-port", "-1"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            try:
-                time.sleep(3)  # imports done, waiting for ZooKeeper
-                proc.send_signal(signum)
-                _out, err = proc.communicate(timeout=10)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
-            assert proc.returncode == 130, err[-2000:]
+                 "--metrics-port", "-1"], signum, str(Path(__file__).resolve().parents[2]))
+            assert code == 130, err[-2000:]
             assert "fabric sequencer: sequencer 3: start interrupted" in err and "Traceback" not in err, err[-2000:]
     finally:
         silent.close()
