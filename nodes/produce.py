@@ -59,6 +59,10 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
         raise errors.InvalidRequestError(f"timeout_ms={body['timeout_ms']} outside [0, {PRODUCE_TIMEOUT_MS_MAX}]")
     now_ms = int(time.time() * 1000)
     internal_refused = request.header.api_version < apis.INTERNAL_VERSION
+    # Queue headers are checked unless a node wrote them (its dead letters keep whatever the
+    # source topic's producers wrote, as any topic may be read in queue mode): version 1,
+    # and on a secure cluster only from a node or super key.
+    queue_headers_checked = internal_refused or (node.authz is not None and not node.authz.caller_may_replicate())
     outcome = ProduceOutcome()
     results = outcome.results
     ids = strict_order.RequestIds(node, request)
@@ -82,10 +86,8 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
             records = batch_format.records_section(frame, header)
             batch_format.check_records(header, records)
             # A client's queue options are record headers: checked here, not dropped at
-            # delivery. (Not the nodes' own dead letters: any topic may be read in queue
-            # mode, so they may carry whatever its producers wrote. Version 1 is theirs; on
-            # a secure cluster a user key sending it is checked all the same.)
-            if config.queue and (internal_refused or (node.authz is not None and not node.authz.caller_may_replicate())):
+            # delivery (queue_headers_checked above says whose are).
+            if config.queue and queue_headers_checked:
                 for headers in batch_format.record_headers(header, records):
                     if headers:
                         qp.check_sent_headers(headers, now_ms)

@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                                zk_digest_file=args.zk_digest_file, metrics_port=args.metrics_port)
 
     def on_signal(_signum: int, _frame: Any) -> None:
-        if not service.zk.connected and not service.started:
+        if not service.started:
             raise KeyboardInterrupt  # still waiting for ZooKeeper (up to 30 s, or for ever): end the start now
         service.stop()
 
