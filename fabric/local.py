@@ -13,6 +13,7 @@ import ctypes
 import functools
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -46,10 +47,45 @@ STOP_TIMEOUT_S = 10.0
 SPAWN_TIMEOUT_S = 60.0  # a fork and exec on the spawner thread; far longer means that thread is stuck
 
 
+PORT_FLOOR = 20_000  # free_port's lowest pick; the kernel's ephemeral range starts above it
+PORT_PICKS_MAX = 200
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port nothing listens on, taken from below the kernel's ephemeral range.
+
+    Not port 0: the kernel hands every bind(0) and every outgoing connection a port from its
+    ephemeral range. A node's port from there can, once the node is gone, become another
+    program's listener, and ZeroMQ sockets still reconnecting to the dead node then send
+    their greeting to that program (Spark's Python-worker handshake read a ZMTP greeting as
+    a length and failed the query); and before a node restarts on its port, an outgoing
+    connection can hold it as its local port."""
+    ceiling = _ephemeral_floor()
+    floor = min(PORT_FLOOR, ceiling // 2)
+    for _ in range(PORT_PICKS_MAX):
+        port = random.randrange(floor, ceiling)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all picks taken: any port
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(f"{flag}=") for arg in args)
 
 
 def _die_with_parent() -> None:
@@ -365,17 +401,26 @@ class LocalNode:
             str(self.data_dir),
             "--session-timeout-ms",
             str(session_timeout_ms),
-            *(extra_args or []),
         ]
-        if netns:
-            # `ip netns exec` enters the namespace and execs: the pid we signal stays the node's.
-            argv = ["ip", "netns", "exec", netns, *argv]
+        self._argv_head = ["ip", "netns", "exec", netns, *argv] if netns else argv
+        # `ip netns exec` enters the namespace and execs: the pid we signal stays the node's.
+        self._extra_args = list(extra_args or [])
         # Extra environment, e.g. LD_PRELOAD of libfaketime for a skewed clock. (A wrapper
         # command like `faketime` would fork, and then the pid we signal is not the node's.)
-        self.process = ManagedProcess(f"node{node_id}", argv, base_dir / f"node{node_id}.log",
+        self.process = ManagedProcess(f"node{node_id}", self._argv(), base_dir / f"node{node_id}.log",
                                       env={**os.environ, **env} if env else None)
 
+    def _argv(self) -> list[str]:
+        # Ports the caller did not pin are picked afresh at each start (a restarted node may
+        # come back elsewhere, as with port 0) but from free_port's range, never the kernel's
+        # ephemeral one; the caller's arguments come last and win.
+        ports = [[flag, str(free_port())] for flag in ("--port", "--replication-port")
+                 if not _has_flag(self._extra_args, flag)]
+        return [*self._argv_head, *(arg for pair in ports for arg in pair), *self._extra_args]
+
     def start(self) -> None:
+        if not self.process.running:
+            self.process.argv = self._argv()
         self.process.start()
 
     def kill(self) -> None:
@@ -403,11 +448,18 @@ class LocalSequencer:
     def __init__(self, sequencer_id: int, zk_address: str, base_dir: Path, session_timeout_ms: int = 6_000,
                  extra_args: list[str] | None = None) -> None:
         self.sequencer_id = sequencer_id
-        argv = [sys.executable, "-m", "sequencer", "--id", str(sequencer_id), "--zk", zk_address,
-                "--session-timeout-ms", str(session_timeout_ms), *(extra_args or [])]
-        self.process = ManagedProcess(f"sequencer{sequencer_id}", argv, base_dir / f"sequencer{sequencer_id}.log")
+        self._argv_head = [sys.executable, "-m", "sequencer", "--id", str(sequencer_id), "--zk", zk_address,
+                           "--session-timeout-ms", str(session_timeout_ms)]
+        self._extra_args = list(extra_args or [])
+        self.process = ManagedProcess(f"sequencer{sequencer_id}", self._argv(), base_dir / f"sequencer{sequencer_id}.log")
+
+    def _argv(self) -> list[str]:
+        port = [] if _has_flag(self._extra_args, "--port") else ["--port", str(free_port())]  # as LocalNode._argv
+        return [*self._argv_head, *port, *self._extra_args]
 
     def start(self) -> None:
+        if not self.process.running:
+            self.process.argv = self._argv()
         self.process.start()
 
     def kill(self) -> None:
