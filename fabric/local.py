@@ -49,6 +49,7 @@ SPAWN_TIMEOUT_S = 60.0  # a fork and exec on the spawner thread; far longer mean
 
 PORT_FLOOR = 20_000  # free_port's lowest pick; the kernel's ephemeral range starts above it
 PORT_PICKS_MAX = 200
+PORT_FLOOR_ROOM = 1_000  # at least this many ports to pick from, or pick from the lower half
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
@@ -70,7 +71,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     a length and failed the query); and before a node restarts on its port, an outgoing
     connection can hold it as its local port."""
     ceiling = _ephemeral_floor()
-    floor = min(PORT_FLOOR, ceiling // 2)
+    floor = PORT_FLOOR if ceiling - PORT_FLOOR >= PORT_FLOOR_ROOM else ceiling // 2  # an ephemeral range starting low
     for _ in range(PORT_PICKS_MAX):
         port = random.randrange(floor, ceiling)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
