@@ -29,9 +29,10 @@ Hierarchy::
     │   └── NotControllerError
     ├── OutOfOrderSequenceError      idempotent producer saw a sequence gap
     ├── InvalidProducerEpochError    a newer producer with the same id fenced this one
-    ├── consumer groups (60-69): UnknownMemberIdError, FencedMemberEpochError,
+    ├── consumer groups (60-69, then 91): UnknownMemberIdError, FencedMemberEpochError,
     │   GroupNotEmptyError, InvalidGroupIdError, GroupIdNotFoundError,
-    │   UnreleasedInstanceIdError, GroupMaxSizeReachedError; retriable:
+    │   UnreleasedInstanceIdError, GroupMaxSizeReachedError, FencedInstanceIdError
+    │   (fatal: another consumer took this one's instance id); retriable:
     │   NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError
     ├── UnknownServerError           anything else the node could not classify
     ├── sequencer (40-49): NotActiveSequencerError, SequencerNotAvailableError,
@@ -358,7 +359,7 @@ class GroupIdNotFoundError(FabricError):
     pass
 
 
-@_wire(68, "UNRELEASED_INSTANCE_ID", "reserved: not sent by this version's nodes (a replaced static member gets UNKNOWN_MEMBER_ID)")
+@_wire(68, "UNRELEASED_INSTANCE_ID", "reserved: not sent by this version's nodes (a join with an instance id in use takes it over; the older member gets FENCED_INSTANCE_ID)")
 class UnreleasedInstanceIdError(FabricError):
     pass
 
@@ -423,6 +424,18 @@ class ThrottledError(RetriableError):
 @_wire(90, "REASSIGNMENT_IN_PROGRESS", "the partition is already moving to other replicas; wait for it to finish")
 class ReassignmentInProgressError(FabricError):
     pass
+
+
+# Consumer groups again: their block (60-69) is full, so their next codes follow the last
+# code assigned (90), not a gap in another feature's block.
+@_wire(91, "FENCED_INSTANCE_ID", "another consumer joined the group with this member's instance id; this one is "
+                                 "fenced for good: it must stop, not rejoin")
+class FencedInstanceIdError(FabricError):
+    """Raised by the consumer's poll() and commit() from then on; ``group_id`` and
+    ``instance_id`` say which. Only ``close()`` (or ``unsubscribe()``) is left to do."""
+
+    group_id: str = ""
+    instance_id: str = ""
 
 
 # Client-side only: these never cross the wire, so they keep code -1.

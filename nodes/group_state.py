@@ -14,6 +14,13 @@ two members, and members whose partitions do not move never stop reading.
 Member epochs fence zombies: every change of a member's assignment bumps its epoch; a
 heartbeat or commit with an older epoch is refused (the previous epoch is still accepted
 when the member holds nothing it was not given, which covers a lost response).
+
+Instance ids fence replaced static members (KIP-345's rule): a join with an instance id
+and no member id is a process (re)starting, and always takes the instance over; from then
+on every request of the member it replaced (heartbeat, rejoin under its old member id,
+leave, commit) is answered FENCED_INSTANCE_ID, which the SDK treats as fatal. So two live
+processes with one instance id cannot take the partitions from each other for ever: the
+older one stops.
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ HEARTBEAT_INTERVAL_MS_DEFAULT: Final[int] = 3_000  # Kafka's default
 # milliseconds rather than heartbeat intervals.
 HEARTBEAT_INTERVAL_MS_RECONCILING: Final[int] = 100
 GROUP_MEMBERS_MAX: Final[int] = 1_000
+# Member ids replaced by a static join that a commit is still answered FENCED_INSTANCE_ID
+# for (a commit carries no instance id). Kept in memory only: after a coordinator reload
+# such a commit gets UNKNOWN_MEMBER_ID, refused all the same, and the member's next
+# heartbeat, which does carry its instance id, still gets FENCED_INSTANCE_ID.
+REPLACED_MEMBER_IDS_MAX: Final[int] = GROUP_MEMBERS_MAX
 # (principal, topic) -> may that principal describe that topic (secure clusters only)
 MayDescribe = Callable[[str, str], bool]
 
@@ -101,6 +113,8 @@ class GroupState:
         # (topic, partition) -> (offset, metadata, commit_ms)
         self.offsets: dict[TopicPartition, tuple[int, str, int]] = {}
         self._new_member_id = new_member_id or (lambda: uuid.uuid4().hex)
+        # member id -> the instance id a later static join took from it (oldest first)
+        self._replaced: dict[str, str] = {}
         self._target: dict[str, set[TopicPartition]] = {}
         # A member left or expired since the target was computed: its partitions are not in
         # anyone's target until the next heartbeat recomputes it, so the group is not stable.
@@ -179,6 +193,11 @@ class GroupState:
                    may_describe: MayDescribe | None) -> HeartbeatResult:
         epoch = req["member_epoch"]
         member_id = req["member_id"]
+        # Before anything changes: a replaced member may neither leave for the member that
+        # replaced it (marking it left) nor rejoin under its old id and take the instance back.
+        # An empty member id is a new process, which always wins (_join).
+        if member_id:
+            self._check_instance(member_id, req["instance_id"])
         if epoch == gp.LEAVE_EPOCH or epoch == gp.STATIC_LEAVE_EPOCH:
             return self._leave(member_id, epoch)
         timeout_ms = req["session_timeout_ms"]
@@ -240,11 +259,17 @@ class GroupState:
             self.group_epoch += 1
             return member, True
         if instance_id:
-            previous = next((m for m in self.members.values() if m.instance_id == instance_id), None)
+            previous = self._instance_owner(instance_id)
             if previous is not None:
                 # A static member restarting (after a clean close or a crash) takes over its
-                # old identity's partitions: no rebalance. The old member id is fenced.
+                # old identity's partitions: no rebalance. The old member id is fenced
+                # (_check_instance, check_commit). Only a join with no member id gets here
+                # with someone else's instance: a process that rejoins with its old member id
+                # was refused by _check_instance if the instance has moved on since.
                 del self.members[previous.member_id]
+                self._replaced[previous.member_id] = instance_id
+                while len(self._replaced) > REPLACED_MEMBER_IDS_MAX:
+                    del self._replaced[next(iter(self._replaced))]
                 member = Member(self._new_member_id(), instance_id, previous.member_epoch + 1,
                                 previous.session_timeout_ms, previous.subscribed_topics,
                                 previous.subscribed_topic_regex, set(previous.assignment), set(previous.revoking),
@@ -260,6 +285,20 @@ class GroupState:
         self.members[member.member_id] = member
         self.group_epoch += 1
         return member, True
+
+    def _check_instance(self, member_id: str, instance_id: str) -> None:
+        """Refuse (FENCED_INSTANCE_ID) a request from ``member_id`` naming an instance id that
+        a different member holds now: a later join with that instance id replaced it."""
+        owner = self._instance_owner(instance_id)
+        if owner is not None and owner.member_id != member_id:
+            raise errors.FencedInstanceIdError(
+                f"member {member_id!r} of group {self.group_id!r} was replaced: member {owner.member_id!r} "
+                f"joined later with its instance id {instance_id!r}")
+
+    def _instance_owner(self, instance_id: str) -> Member | None:
+        if not instance_id:
+            return None
+        return next((m for m in self.members.values() if m.instance_id == instance_id), None)
 
     def _leave(self, member_id: str, epoch: int) -> HeartbeatResult:
         member = self.members.get(member_id)
@@ -335,6 +374,9 @@ class GroupState:
             return [code] * len(tps)
         member = self.members.get(member_id)
         if member is None:
+            owner = self._instance_owner(self._replaced.get(member_id, ""))
+            if owner is not None:  # a static join replaced it, and that instance is still live
+                return [errors.FencedInstanceIdError.code] * len(tps)
             return [errors.UnknownMemberIdError.code] * len(tps)
         if member_epoch not in (member.member_epoch, member.previous_epoch):
             return [errors.FencedMemberEpochError.code] * len(tps)

@@ -12,6 +12,12 @@ Reconciling an assignment is done in this order, which is what keeps a partition
 ever being read by two members: revoke first (commit its position, call
 ``on_partitions_revoked``, drop its buffered data), then report the smaller ownership in
 the next heartbeat, sent at once; only then can the coordinator give it to someone else.
+
+FENCED_INSTANCE_ID (another process joined with this member's ``instance_id``) is fatal,
+as Kafka's FencedInstanceIdException: the member gives its partitions up as lost, stops,
+and raises to the application from every later poll() and commit(). It never rejoins:
+rejoining would take the instance back from the other process, whose SDK would take it
+back in turn, and both would read the partitions in turns for ever.
 """
 
 from __future__ import annotations
@@ -85,10 +91,13 @@ class GroupMember:
         self._coordinator: str | None = None
         self._next_heartbeat_s = 0.0
         self._last_ok_s = clock()
+        # Why this member was fenced (FENCED_INSTANCE_ID), "" while it was not: for good.
+        self.fenced = ""
 
     # -- subscription --------------------------------------------------------------------
     def subscribe(self, topics: Iterable[str] | None, pattern: str | None,
                   listener: ConsumerRebalanceListener | None) -> None:
+        self.raise_if_fenced()
         if pattern:
             try:
                 gp.compile_topic_pattern(pattern)
@@ -109,8 +118,25 @@ class GroupMember:
     # -- the heartbeat loop ------------------------------------------------------------------
     def tick(self) -> None:
         """Called from poll(): heartbeat if due, and apply what the coordinator says."""
-        if not self.subscribed:
-            return
+        if not self.fenced and self.subscribed:
+            self._tick()
+        if self.fenced:
+            self._lose()  # lost, not revoked: the other process owns them now, so no commit
+            self.raise_if_fenced()
+
+    def raise_if_fenced(self) -> None:
+        if self.fenced:
+            raise errors.FencedInstanceIdError(self.fenced, group_id=self.group_id, instance_id=self.instance_id)
+
+    def _fence(self, detail: str) -> None:
+        """Remember that the coordinator answered FENCED_INSTANCE_ID; ``tick`` acts on it."""
+        if not self.fenced:
+            log.error("group %s: fenced: %s", self.group_id, detail)
+        self.fenced = (f"another consumer joined group {self.group_id!r} with instance id {self.instance_id!r}: "
+                       f"this one is fenced, reads none of the group's partitions and does not rejoin; close it "
+                       f"(two live consumers must not share an instance id)")
+
+    def _tick(self) -> None:
         now = self._clock()
         if self.owned and (now - self._last_ok_s) * 1000 > self.session_timeout_ms - self.fence_margin_ms:
             # We have not been heard for (nearly) a whole session: the coordinator may give
@@ -135,6 +161,9 @@ class GroupMember:
             self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
             return
         code = response["error"]
+        if code == errors.FencedInstanceIdError.code:
+            self._fence(response["message"])
+            return
         if code in (errors.UnknownMemberIdError.code, errors.FencedMemberEpochError.code):
             log.warning("group %s: %s; rejoining", self.group_id, response["message"])
             # Fenced: rejoin under the same id, so the coordinator frees what the old
@@ -165,6 +194,8 @@ class GroupMember:
             self.consumer._drop(ordered)
             self.owned -= revoked
             self._next_heartbeat_s = 0.0  # confirm the revocation at once: someone is waiting
+            if self.fenced:
+                return  # that commit found us replaced: take nothing more, tick() stops the member
         if added:
             ordered = sorted(added, key=str)
             try:
@@ -190,6 +221,12 @@ class GroupMember:
     def leave(self, *, rejoin_later: bool = False) -> None:
         """Leave the group now (a static member keeps its partitions for the session).
         ``rejoin_later`` (unsubscribe): a later subscribe() joins as a new member."""
+        if self.fenced:
+            # Nothing to tell the coordinator (it would refuse it), and a fenced member
+            # never joins again: subscribe() raises.
+            self._lose()
+            self.subscribed = False
+            return
         if not self.subscribed or not self.member_id:
             return
         if self.owned:
@@ -220,6 +257,10 @@ class GroupMember:
                             for tp, (off, meta) in sorted(offsets.items(), key=lambda kv: str(kv[0]))]}
         response = self._call(ApiKey.OFFSET_COMMIT, body)
         errors.raise_for_code(response["error"], response["message"])
+        if any(r["error"] == errors.FencedInstanceIdError.code for r in response["results"]):
+            # Told before our next heartbeat was: the member stops at the next poll().
+            self._fence(f"commit refused with FENCED_INSTANCE_ID, member {self.member_id!r}")
+            self.raise_if_fenced()
         for result in response["results"]:
             if result["error"]:
                 errors.raise_for_code(result["error"], f"commit of {result['topic']}/{result['partition']} refused",

@@ -377,6 +377,7 @@ class Consumer:
         """Commit ``offsets`` (next offset to read, optionally with a metadata string), or the
         positions of everything ``poll()`` has handed out. Returns once the commit is durable."""
         group = self._require_group("commit()")
+        group.raise_if_fenced()  # first: a fenced member holds nothing, so there may be nothing to send
         if offsets is None:
             wanted = {tp: (pos, "") for tp, pos in self._positions.items() if tp in set(self._assigned)}
         else:
@@ -446,8 +447,8 @@ class Consumer:
                 self._committed_positions[tp] = found[0]
 
     def _auto_commit(self, *, force: bool = False, only: set[TopicPartition] | None = None) -> None:
-        if not self.enable_auto_commit or self._group is None:
-            return
+        if not self.enable_auto_commit or self._group is None or self._group.fenced:
+            return  # fenced: the other consumer with our instance id owns the positions now
         now = time.monotonic()
         if not force and now < self._next_auto_commit_s:
             return

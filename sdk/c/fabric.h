@@ -118,6 +118,7 @@ enum fabric_err {
     FABRIC_ERR_AUTHENTICATION_FAILED = 81, /* CURVE key not registered, or wrong server key */
     FABRIC_ERR_THROTTLED = 82,             /* nothing written, retry: over quota, or past a request's lz4 budget */
     FABRIC_ERR_REASSIGNMENT_IN_PROGRESS = 90, /* the partition is already moving (fabric topic reassign) */
+    FABRIC_ERR_FENCED_INSTANCE_ID = 91, /* consumer groups (60-69 is full): another consumer took this one's instance id */
     /* client-side only */
     FABRIC_ERR_INVALID_ARGUMENT = -1, /* a caller's argument is out of range */
     FABRIC_ERR_NO_MEMORY = -2,        /* malloc failed or a buffer limit was reached */

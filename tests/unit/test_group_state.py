@@ -170,6 +170,47 @@ def test_static_member_that_does_not_return_expires() -> None:
     assert len(b.owned) == 6
 
 
+def test_a_replaced_static_member_is_fenced_and_cannot_take_its_instance_back() -> None:
+    """Two live processes with one instance id: the second's join (no member id) replaced the
+    first, whose next heartbeat got UNKNOWN_MEMBER_ID; its SDK rejoined under its old member
+    id with the same instance id, which replaced the second, and so on for ever. Now every
+    request of the replaced member gets FENCED_INSTANCE_ID and changes nothing; only a new
+    process (a join with no member id) takes the instance over."""
+    group = _group()
+    first = SimMember(group, instance_id="host-a")
+    other = SimMember(group, instance_id="host-b")
+    _settle([first, other])
+    second = SimMember(group, instance_id="host-a")  # a second process, same instance id
+    assert second.owned == first.owned and second.member_id != first.member_id
+    fenced = errors.FencedInstanceIdError.code
+    epoch_before = group.group_epoch
+    # Its heartbeat, its rejoin under its old id, its leaves and its commits: all refused.
+    for epoch in (first.epoch, 0, gp.STATIC_LEAVE_EPOCH, gp.LEAVE_EPOCH):
+        result = group.heartbeat({"group_id": "g", "member_id": first.member_id, "member_epoch": epoch,
+                                  "instance_id": "host-a", "session_timeout_ms": 45_000, "subscribed_topics": ["t"],
+                                  "subscribed_topic_regex": "", "owned": gp.tp_list(first.owned)}, 0, TOPICS)
+        assert result.response["error"] == fenced and not result.changed, (epoch, result.response)
+        assert "host-a" in result.response["message"] and second.member_id in result.response["message"]
+    assert group.check_commit(first.member_id, first.epoch, sorted(first.owned)) == [fenced] * len(first.owned)
+    # The second one still holds the instance, undisturbed (not left, same epoch).
+    member = group.members[second.member_id]
+    assert member.instance_id == "host-a" and not member.left_static and member.member_epoch == second.epoch
+    assert group.group_epoch == epoch_before and set(group.members) == {second.member_id, other.member_id}
+    assert second.beat()["error"] == 0 and other.beat()["error"] == 0
+    assert group.check_commit(second.member_id, second.epoch, sorted(second.owned)) == [0] * len(second.owned)
+    # A new process always wins: a third one (no member id) replaces the second, fenced in turn.
+    third = SimMember(group, instance_id="host-a")
+    assert third.owned == second.owned
+    assert second.beat()["error"] == fenced
+    assert group.check_commit(second.member_id, second.epoch, sorted(second.owned)) == [fenced] * len(second.owned)
+    _settle([third, other])
+    # Without an instance id a request says nothing about one: an unknown member, as before.
+    assert _hb(group, first.member_id, first.epoch, set())["error"] == errors.UnknownMemberIdError.code
+    # Once the instance has no member (the third's session ended), nobody is fenced by it.
+    assert group.expire(now_ms=10**9) and group.is_empty()
+    assert group.check_commit(first.member_id, 1, [("t", 0)]) == [errors.UnknownMemberIdError.code]
+
+
 def test_a_fenced_member_rejoining_under_its_id_frees_its_partitions_at_once() -> None:
     """FENCED_MEMBER_EPOCH says the member lost its partitions and must rejoin; rejoining
     with epoch 0 made a second member, and the old one kept its partitions until its

@@ -82,7 +82,7 @@ static const error_row_t ERROR_ROWS[] = {
     {65, "COORDINATOR_LOAD_IN_PROGRESS", 1, "the coordinator is still reading the group's state"},
     {66, "INVALID_GROUP_ID", 0, "group id empty, too long or with characters outside [A-Za-z0-9._-]"},
     {67, "GROUP_ID_NOT_FOUND", 0, "no such group"},
-    {68, "UNRELEASED_INSTANCE_ID", 0, "reserved: not sent by this version's nodes (a replaced static member gets UNKNOWN_MEMBER_ID)"},
+    {68, "UNRELEASED_INSTANCE_ID", 0, "reserved: not sent by this version's nodes (a join with an instance id in use takes it over; the older member gets FENCED_INSTANCE_ID)"},
     {69, "GROUP_MAX_SIZE_REACHED", 0, "the group already has GROUP_MEMBERS_MAX members (a queue partition: QUEUE_GROUPS_MAX groups)"},
     {70, "INVALID_VISIBILITY_TIMEOUT", 0, "visibility/extend out of range: 0 < ms <= VISIBILITY_TIMEOUT_MS_MAX (12 h)"},
     {71, "LEASE_NOT_HELD", 0, "the message is not leased to this consumer (lease expired, acked or redelivered)"},
@@ -95,6 +95,8 @@ static const error_row_t ERROR_ROWS[] = {
     {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
     {82, "THROTTLED", 1, "over its produce quota with the node's throttle queue full; nothing was written, retry later"},
     {90, "REASSIGNMENT_IN_PROGRESS", 0, "the partition is already moving to other replicas; wait for it to finish"},
+    /* consumer groups again (60-69 is full) */
+    {91, "FENCED_INSTANCE_ID", 0, "another consumer joined the group with this member's instance id; this one is fenced for good: it must stop, not rejoin"},
     {-1, "INVALID_ARGUMENT", 0, "an argument is out of range (client-side)"},
     {-2, "NO_MEMORY", 0, "out of memory or a buffer limit reached (client-side)"},
     {-3, "TRANSPORT", 0, "a ZeroMQ call failed (client-side)"},
