@@ -49,6 +49,8 @@ Hierarchy::
     │   └── ServiceStopping          the instance is draining; it did not run the handler
     ├── AuthorizationFailedError     an ACL does not allow the operation (security, 80-89)
     ├── AuthenticationFailedError    CURVE handshake refused: unknown or wrong key
+    ├── ThrottledError (82, retriable) over a produce quota or a request's lz4 budget
+    ├── ReassignmentInProgressError  the partition is already moving (90)
     └── client-side only (no wire code, code = -1):
         ├── BufferFullError          the producer buffer stayed full for max_block_ms
         ├── DeliveryTimeoutError     a batch was not acknowledged within delivery_timeout_ms

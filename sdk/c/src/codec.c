@@ -93,7 +93,8 @@ static const error_row_t ERROR_ROWS[] = {
     {76, "INVALID_RECEIVE_WAIT", 0, "receive wait_ms outside 0..RECEIVE_WAIT_MS_MAX (20 s)"},
     {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
     {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
-    {82, "THROTTLED", 1, "over its produce quota with the node's throttle queue full; nothing was written, retry later"},
+    {82, "THROTTLED", 1, "nothing was written, retry later: over its produce quota with the node's throttle queue full, "
+                         "or a PRODUCE batch past the request's lz4 budget (section 4.5, step 7)"},
     {90, "REASSIGNMENT_IN_PROGRESS", 0, "the partition is already moving to other replicas; wait for it to finish"},
     /* consumer groups again (60-69 is full) */
     {91, "FENCED_INSTANCE_ID", 0, "another consumer joined the group with this member's instance id; this one is fenced for good: it must stop, not rejoin"},
