@@ -9,6 +9,7 @@ passes their batches, their ``timeout_ms`` ends, or this node stops leading.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from nodes.log import IndexEntry
 from nodes.producer_state import DUPLICATE
 from nodes.state import Envelope, NodeState, TopicPartition
 
+log = logging.getLogger("fabric.node")
+
 # How far back (in batches, newest first) a retry's batch is looked for when it is older
 # than the producer's last few: a retry comes within its delivery timeout, so it is near
 # the end; the bound keeps a forged old sequence from costing a scan of the whole index.
@@ -36,6 +39,7 @@ class ProduceOutcome:
     results: list[dict[str, Any]] = field(default_factory=list)
     appended: list[tuple[TopicPartition, bytes]] = field(default_factory=list)  # to publish
     waits: dict[int, tuple[TopicPartition, int]] = field(default_factory=dict)  # result index -> (tp, end offset)
+    parked: bool = False  # waits for a sequencer grant (nodes/strict_grants.py): staged later
 
 
 @dataclass
@@ -49,8 +53,11 @@ class PendingProduce:
     deadline: float
 
 
-def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) -> ProduceOutcome:
-    """Validate and stage every batch of one request (a request-level error raises)."""
+def stage(node: NodeState, wb: Any, envelope: Envelope, request: apis.Message,
+          ids: strict_order.RequestIds | None = None) -> ProduceOutcome:
+    """Validate and stage every batch of one request (a request-level error raises). A
+    request with strict-order batches is parked for its grant first, and staged again with
+    ``ids`` when the grant (or its error) is back (``stage_granted``)."""
     body = request.body
     acks = body["acks"]
     if acks not in (0, 1, -1):
@@ -64,8 +71,20 @@ def stage(node: NodeState, wb: Any, _envelope: Envelope, request: apis.Message) 
     # and on a secure cluster only from a node or super key.
     queue_headers_checked = internal_refused or (node.authz is not None and not node.authz.caller_may_replicate())
     outcome = ProduceOutcome()
+    if ids is None:
+        ids = strict_order.RequestIds(node, None, None)
+        ids_needed = strict_order.records_to_stamp(node, request)
+        if ids_needed:
+            asker = strict_order.for_node(node).asker
+            assert asker is not None  # made with the order
+            try:
+                asker.park(envelope, request, ids_needed, node.authz.principal if node.authz is not None else "",
+                           time.monotonic())
+                outcome.parked = True
+                return outcome
+            except errors.FabricError as exc:  # answered now: duplicates from the log, new batches refused
+                ids.failure = exc
     results = outcome.results
-    ids = strict_order.RequestIds(node, request)
     decompressed_bytes = 0  # lz4 output of this request's batches so far (PRODUCE_DECOMPRESSED_BYTES_MAX)
     for entry, frame in zip(body["entries"], request.batches, strict=True):
         topic, partition = entry["topic"], entry["partition"]
@@ -173,6 +192,7 @@ def charge_decompression(spent_bytes: int, records_bytes: int) -> int:
 
 def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOutcome]]) -> None:
     """After the turn's write: publish the batches, then answer or park each producer."""
+    staged = [item for item in staged if not item[2].parked]
     touched: set[TopicPartition] = set()
     for _envelope, _request, outcome in staged:
         for tp, data in outcome.appended:
@@ -194,6 +214,35 @@ def commit(node: NodeState, staged: list[tuple[Envelope, apis.Message, ProduceOu
         node.pending.append(PendingProduce(envelope, request.header, outcome.results, outcome.waits, deadline))
         touched.update(tp for tp, _end in outcome.waits.values())
     node.partitions_changed(touched)
+
+
+def stage_granted(node: NodeState, now: float) -> None:
+    """A loop duty: stage the parked produce requests whose sequencer grant is back, oldest
+    first, in one write, then answer or park them as ``commit`` does."""
+    asker = node.strict_order.asker if node.strict_order is not None else None
+    ready = asker.take_ready(now) if asker is not None else []
+    if not ready:
+        return
+    wb = node.store.new_write_batch()
+    staged: list[tuple[Envelope, apis.Message, ProduceOutcome]] = []
+    for parked, answer in ready:
+        if node.authz is not None:
+            node.authz.principal = parked.principal  # as when it was admitted
+        try:
+            ids = strict_order.RequestIds(node, answer.pool, answer.failure)
+            staged.append((parked.envelope, parked.request, stage(node, wb, parked.envelope, parked.request, ids)))
+        except errors.FabricError as exc:
+            node.send_error(parked.envelope, parked.request.header, exc)
+        except Exception as exc:  # a bug: this request fails, the node keeps serving
+            log.exception("staging a produce request after its grant failed")
+            node.send_error(parked.envelope, parked.request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
+    node.write_staged(wb)
+    commit(node, staged)
+
+
+def next_grant_deadline(node: NodeState) -> float | None:
+    asker = node.strict_order.asker if node.strict_order is not None else None
+    return asker.next_deadline() if asker is not None else None
 
 
 def withhold_if_lease_ended(node: NodeState, results: list[dict[str, Any]]) -> None:

@@ -136,6 +136,7 @@ def duties(config: NodeConfig) -> list[Duty]:
         Duty("storage sync", sync_storage, config.fsync_interval_ms / 1000.0),
         Duty("metrics snapshot", metrics.snapshot_duty, metrics.SNAPSHOT_INTERVAL_S),
         Duty("throttled responses", release_duty, deadline=next_release),
+        Duty("sequencer grants", produce.stage_granted, deadline=produce.next_grant_deadline),
         Duty("strict-order ticks", strict_order.tick, strict_order.TICK_CHECK_INTERVAL_S),
         Duty("queue coordinator", queue_coordinator.tick, deadline=queue_coordinator.next_deadline),
     ]
@@ -369,12 +370,7 @@ class Node:
     def _commit(self, wb: Any, staged: dict[GroupCommit, list[tuple[Envelope, apis.Message, Any]]]) -> None:
         """Write the turn's staged requests once, then let each API answer or park them."""
         node = self.state
-        try:
-            node.store.write(wb)
-        except errors.StorageError:
-            log.critical("storage write failed; stopping the node so nothing is acknowledged from memory")
-            node.stopping.set()
-            raise
+        node.write_staged(wb)
         for handler, items in staged.items():
             handler.commit(node, items)
 

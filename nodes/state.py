@@ -231,6 +231,16 @@ class NodeState:
     def node_id(self) -> int:
         return self.config.node_id
 
+    def write_staged(self, wb: Any) -> None:
+        """Write a turn's staged requests; a failed write stops the node, so nothing is
+        acknowledged from memory."""
+        try:
+            self.store.write(wb)
+        except errors.StorageError:
+            log.critical("storage write failed; stopping the node so nothing is acknowledged from memory")
+            self.stopping.set()
+            raise
+
     def wake(self) -> None:
         """Wake the loop from another thread (kazoo's) or a signal handler."""
         with self._wake_lock:

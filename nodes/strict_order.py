@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING
 from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
-from fabric.protocol.sequencer import ID_KIND_RECORDS, ID_KIND_TICKS, SEQUENCER_GRANT_IDS_MAX, Grant
+from fabric.protocol.sequencer import ID_KIND_RECORDS, SEQUENCER_GRANT_IDS_MAX, Grant
 from fabric.sequencer_client import SequencerClient
+from nodes.strict_grants import GrantAsker
 
 if TYPE_CHECKING:
     from nodes.state import NodeState
@@ -72,15 +73,20 @@ def last_global_id(last_batch: bytes | None) -> int:
 
 
 class GrantPool:
-    """One grant, handed out in order to the batches of one produce request."""
+    """One grant, handed out in order to the batches of the produce requests it was asked for."""
 
     def __init__(self, grant: Grant) -> None:
         self.grant = grant
         self.next_id = grant.first_id
 
+    @property
+    def remaining(self) -> int:
+        return self.grant.end_id - self.next_id
+
     def take(self, count: int) -> int:
-        if self.next_id + count > self.grant.end_id:
-            raise RuntimeError(f"grant {self.grant} cannot cover {count} more IDs from {self.next_id}")
+        if self.next_id + count > self.grant.end_id:  # more records than one grant may hold
+            raise errors.SequencerNotAvailableError(
+                f"grant {self.grant} cannot cover {count} more IDs from {self.next_id}; retry")
         base = self.next_id
         self.next_id += count
         return base
@@ -112,6 +118,7 @@ class StrictOrder:
         self.last_append_s: dict[TopicPartition, float] = {}
         self.failed_at = float("-inf")
         self.close: Callable[[], None] = lambda: None
+        self.asker: GrantAsker | None = None  # the node's: asks grants off its loop (nodes/strict_grants.py)
 
     def forget(self, tp: TopicPartition) -> None:
         """Leadership changed: the last ID is read from the log again when next needed."""
@@ -119,14 +126,27 @@ class StrictOrder:
         self.last_append_s.pop(tp, None)
 
     def grant(self, count: int, kind: int = ID_KIND_RECORDS) -> GrantPool:
-        """One grant for ``count`` IDs (raises SequencerNotAvailableError, retriable)."""
-        if self.clock() - self.failed_at < GRANT_RETRY_BACKOFF_S:
-            raise errors.SequencerNotAvailableError("the sequencer did not answer a moment ago; retry")
+        """One grant for ``count`` IDs, asked here and now (raises SequencerNotAvailableError,
+        retriable). The node asks on its grant thread instead (nodes/strict_grants.py) and
+        calls ``check_backoff``, ``failed`` and ``accept`` on its loop."""
+        self.check_backoff()
         try:
             grant = self.grant_source(count, kind)
         except errors.FabricError:
-            self.failed_at = self.clock()
+            self.failed()
             raise
+        return self.accept(grant, count)
+
+    def check_backoff(self) -> None:
+        if self.clock() - self.failed_at < GRANT_RETRY_BACKOFF_S:
+            raise errors.SequencerNotAvailableError("the sequencer did not answer a moment ago; retry")
+
+    def failed(self) -> None:
+        self.failed_at = self.clock()
+
+    def accept(self, grant: Grant, count: int) -> GrantPool:
+        """Take ``grant``, asked for ``count`` IDs, if it may be used: not from an older
+        sequencer epoch, not short."""
         if grant.epoch < self.highest_epoch:
             raise errors.StaleSequencerEpochError(
                 f"grant {grant} comes from sequencer epoch {grant.epoch}; this node has seen {self.highest_epoch}")
@@ -185,7 +205,17 @@ def for_node(node: NodeState) -> StrictOrder:
     client = SequencerClient(node.zk, request_timeout_ms=GRANT_REQUEST_TIMEOUT_MS,
                              security=node.authz.client if node.authz is not None else None)
     made = StrictOrder(lambda count, kind: client.allocate(count, timeout_ms=GRANT_TIMEOUT_MS_DEFAULT, kind=kind))
-    made.close = client.close
+    # The client is used on the asker's thread only; closed after that thread ends.
+    made.asker = GrantAsker(made, made.grant_source, node.wake)
+
+    def close_both() -> None:
+        parked = made.asker.close() if made.asker is not None else []
+        client.close()
+        for p in parked:  # the node is stopping: the producers retry elsewhere
+            node.send_error(p.envelope, p.request.header, errors.NodeNotReadyError(
+                f"node {node.node_id} stopped while the request waited for the sequencer"))
+
+    made.close = close_both
     node.strict_order = made
     return made
 
@@ -205,73 +235,73 @@ def read_last_batch(node: NodeState, tp: TopicPartition) -> bytes | None:
 
 
 class RequestIds:
-    """The IDs of one produce request: one grant for all its strict-order records, asked
-    for when its first strict-order batch needs it (or the error that grant ended in)."""
+    """The IDs of one produce request: the grant asked for all its strict-order records
+    before it was staged (nodes/strict_grants.py), or the error that grant ended in."""
 
-    def __init__(self, node: NodeState, request: apis.Message) -> None:
+    def __init__(self, node: NodeState, pool: GrantPool | None, failure: errors.FabricError | None) -> None:
         self.node = node
-        self.request = request
-        self.pool: GrantPool | None = None
-        self.failure: errors.FabricError | None = None
+        self.pool = pool
+        self.failure = failure
 
     def stamp(self, tp: TopicPartition, leader_epoch: int, buf: bytearray, record_count: int) -> int:
-        order = for_node(self.node)
-        if self.failure is not None:
-            raise self.failure
         if self.pool is None:
-            try:
-                self.pool = order.grant(self._records_to_stamp())
-            except errors.FabricError as exc:
-                self.failure = exc
-                raise
-        return order.stamp(tp, leader_epoch, buf, record_count, self.pool, lambda: read_last_batch(self.node, tp))
+            raise self.failure or errors.SequencerNotAvailableError("no grant was asked for this request")
+        return for_node(self.node).stamp(tp, leader_epoch, buf, record_count, self.pool,
+                                         lambda: read_last_batch(self.node, tp))
 
     def appended(self, tp: TopicPartition, leader_epoch: int, base_id: int, record_count: int) -> None:
         for_node(self.node).appended(tp, leader_epoch, base_id, record_count, time.monotonic())
 
-    def _records_to_stamp(self) -> int:
-        total = 0
-        for entry, frame in zip(self.request.body["entries"], self.request.batches, strict=True):
-            config = self.node.configs.get(entry["topic"])
-            if config is not None and config.strict_order:
-                try:
-                    total += max(0, batch_format.read_header(frame).record_count)
-                except errors.FabricError:
-                    continue  # refused by validation anyway
-        return max(1, min(total, SEQUENCER_GRANT_IDS_MAX))
+
+def records_to_stamp(node: NodeState, request: apis.Message) -> int:
+    """How many IDs a produce request's strict-order batches need (0: none of its topics is
+    strict-order). Duplicates count too: which batches are retries is decided when staging."""
+    total, strict = 0, False
+    for entry, frame in zip(request.body["entries"], request.batches, strict=True):
+        config = node.configs.get(entry["topic"])
+        if config is not None and config.strict_order:
+            strict = True
+            try:
+                total += max(0, batch_format.read_header(frame).record_count)
+            except errors.FabricError:
+                continue  # refused by validation anyway
+    return max(1, min(total, SEQUENCER_GRANT_IDS_MAX)) if strict else 0
 
 
 def tick(node: NodeState, now: float) -> None:
     """A loop duty: append a tick to every led strict-order partition that is idle for its
     ``strict_order_tick_ms`` and below the sequencer's ``records_end``, with one grant for
     all of them, one write, then publish. Asks the sequencer for ``records_end`` at most
-    once a tick interval while idle partitions wait."""
+    once a tick interval while idle partitions wait. Grants are asked on the asker's thread
+    (nodes/strict_grants.py) and used on a later tick: this never waits for one."""
     led = [(tp, node.configs[tp[0]].strict_order_tick_ms / 1000.0) for tp in node.leaders
            if tp[0] in node.configs and node.configs[tp[0]].strict_order]
     if not led or not node.session_ok():
         return
     order = for_node(node)
+    asker = order.asker
+    assert asker is not None  # made with the order (for_node)
+    answer = asker.take_ticks_answer(now)  # a records_end answer has moved records_end already
     idle = order.idle(led, now)
     if not idle:
         return
     for tp in idle:
         order.known_last_id(tp, node.leaders[tp].epoch, functools.partial(read_last_batch, node, tp))
     due = [tp for tp in idle if order.needs_tick(tp)]
-    interval_s = min(interval for _tp, interval in led)
-    if not due and now - order.asked_records_end_s >= interval_s:
-        order.asked_records_end_s = now
-        try:
-            order.grant(0)  # no IDs: only records_end, to see whether anyone waits on us
-        except errors.FabricError as exc:
-            log.debug("could not ask the sequencer for records_end: %s", exc)
-            return
-        due = [tp for tp in idle if order.needs_tick(tp)]
-    if not due:
+    pool = answer.pool if answer is not None and answer.pool is not None and answer.pool.remaining else None
+    if pool is None:
+        if answer is not None and answer.failure is not None:
+            log.debug("no ticks this turn: %s", answer.failure)
+        elif asker.ticks_asked:
+            pass
+        elif due:
+            asker.ask_ticks(len(due), now)
+        elif now - order.asked_records_end_s >= min(interval for _tp, interval in led):
+            order.asked_records_end_s = now
+            asker.ask_records_end(now)  # no IDs: only records_end, to see whether anyone waits on us
         return
-    try:
-        pool = order.grant(len(due), ID_KIND_TICKS)
-    except errors.FabricError as exc:
-        log.debug("no ticks this turn: %s", exc)
+    due = due[:pool.remaining]  # the rest on a later tick; IDs left unused are a gap, as allowed
+    if not due:
         return
     from nodes import leader as leader_side  # the leader's publish/HW rules live there
 
@@ -284,8 +314,8 @@ def tick(node: NodeState, now: float) -> None:
         header = batch_format.read_header(buf)
         try:
             base_id = order.stamp(tp, leader.epoch, buf, 1, pool, functools.partial(read_last_batch, node, tp))
-        except errors.FabricError as exc:
-            log.warning("tick of %s/%d refused: %s", tp[0], tp[1], exc)
+        except errors.FabricError as exc:  # a record took a newer grant since this one was asked
+            log.debug("tick of %s/%d refused: %s", tp[0], tp[1], exc)
             continue
         staged.append((tp, base_id, node.logs[tp].append(wb, buf, header, leader.epoch, now_ms)[1]))
     if not staged:

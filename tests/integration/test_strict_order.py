@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import zmq
 
 from fabric import errors
 from fabric.local import LocalCluster, LocalZooKeeper
@@ -225,3 +226,38 @@ def test_an_idle_topic_stops_ticking(strict_cluster: LocalCluster, topic_name: s
         after = consumer.end_offsets(tps)
     assert before == after, f"idle partitions kept ticking: {before} -> {after}"
     assert sum(after.values()) <= 2 * PARTITIONS
+
+
+def test_a_paused_sequencer_does_not_hold_up_the_nodes_other_requests(
+        strict_cluster: LocalCluster, topic_name: str) -> None:
+    """A strict-order produce waits for its grant off the node's loop (nodes/strict_grants.py):
+    with the sequencer paused, a request sent after it on the same connection is answered
+    first. (The loop used to wait up to 500 ms inside the grant, again and again while the
+    sequencer was paused, and plain topics on the node waited with it.)"""
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, strict_order=True)
+    with Producer(bootstrap) as producer:  # the leader has asked its sequencer before
+        producer.send(topic_name, b"first", partition=0).result(timeout=30)
+    address = leader_address(bootstrap, topic_name)
+    produce = apis.encode_request(ApiKey.PRODUCE, {"acks": -1, "timeout_ms": 10_000,
+                                                   "entries": [{"topic": topic_name, "partition": 0}]}, 1,
+                                  batches=[batch.encode_batch([1], [None], [b"waits"])])
+    metadata = apis.encode_request(ApiKey.METADATA, {"topics": [topic_name]}, 2)
+    sequencer = strict_cluster.sequencers[strict_cluster.wait_for_active_sequencer()]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    answered: list[int] = []
+    sequencer.pause()
+    try:
+        sock.send_multipart(produce)
+        sock.send_multipart(metadata)
+        while len(answered) < 2:
+            assert sock.poll(30_000), f"answers so far: {answered}"
+            answered.append(decode(sock.recv_multipart()).header.correlation_id)
+    finally:
+        sequencer.resume()
+        sock.close(linger=0)
+    assert answered == [2, 1]  # METADATA first; the produce when its grant came back or failed
+    strict_cluster.wait_for_active_sequencer()
