@@ -222,8 +222,9 @@ def write_outputs(figures: dict[str, Any], out_dir: Path) -> list[Path]:
     return [out_dir / "peers.json", out_dir / "peers.md", *report.plots(figures, out_dir)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.peers") -> int:
+    """``prog``: how errors and --help name the command (``fabric bench --peers`` passes its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="CI mode: small counts, one repeat")
     parser.add_argument("--messages", type=int, help=f"messages per publish run (default {FULL['messages']:,})")
     parser.add_argument("--repeats", type=int, help=f"publish+consume runs per system (default {FULL['repeats']})")

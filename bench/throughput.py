@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 
 from bench.stats import median
+from fabric.limits import MESSAGE_BYTES_MAX_DEFAULT
 from fabric.local import LocalCluster, free_port
 from fabric.protocol import batch as batch_format
 from sdk import Admin, Consumer, Producer, TopicPartition
@@ -111,15 +112,26 @@ def run_baseline(n: int, size: int, workdir: Path) -> tuple[float, float]:
     return produce_s, consume_s
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sizes", default="100,1024")
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    """``prog``: how errors and --help name the command (``fabric bench`` passes its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per size (the median is reported)")
+    parser.add_argument("--sizes", default="100,1024", help="message sizes in bytes, comma-separated")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the producing thread (first run)")
     args = parser.parse_args(argv)
     n = args.messages
-    sizes = [int(s) for s in args.sizes.split(",")]
+    # Checked before the cluster starts: a bad value used to end in a traceback from the
+    # middle of a run (int('abc'), or the median of no runs).
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"argument --sizes: {args.sizes!r} is not byte counts like 100,1024")
+    if n < 1 or args.repeats < 1:
+        parser.error("--messages and --repeats must be at least 1")
+    if not all(1 <= size <= MESSAGE_BYTES_MAX_DEFAULT for size in sizes):
+        parser.error(f"argument --sizes: each size must be 1 to {MESSAGE_BYTES_MAX_DEFAULT:,} bytes "
+                     "(a topic's default message_bytes_max)")
     figures: dict[str, Any] = {"bench": "throughput", "messages": n, "repeats": args.repeats,
                                "partitions": PARTITIONS, "nodes": 1, "acks": 1, "compression": "lz4"}
     with tempfile.TemporaryDirectory(prefix="fabric-bench-") as tmp, LocalCluster(1, Path(tmp) / "cluster") as cluster:

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -176,14 +176,30 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return table
 
 
+# The usage line a command-line error shows: argparse's own lists all 20-odd options (a
+# dozen lines) and buries the error under them; --help lists them.
+NODE_USAGE = "%(prog)s [--config FILE.toml] --id ID --zk HOST:PORT --data-dir DIR [OPTION ...]"
+
+
+class _NodeArgumentParser(argparse.ArgumentParser):
+    """Raises what argparse would print and exit with: the entry point prints it once, as
+    ``fabric node: error: ...`` after the short usage line (not argparse's message and
+    then a second error line pointing at it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message, usage=self.format_usage().strip())
+
+
 def argument_parser(prog: str = "fabric node") -> argparse.ArgumentParser:
     """Flags for every option; none has an argparse default, so the parse result holds
-    only what the command line said (the other sources fill the rest)."""
-    parser = argparse.ArgumentParser(prog=prog, description="Run one Fabric storage node. Every option is also "
-                                     f"an environment variable ({ENV_PREFIX}<NAME>) and a key of the --config file.",
-                                     argument_default=argparse.SUPPRESS,
-                                     epilog="Controlled shutdown of a running node: fabric node drain ID "
-                                            "(see fabric node drain --help).")
+    only what the command line said (the other sources fill the rest). A flag it refuses
+    raises ConfigError whose ``usage`` field is the usage line."""
+    parser = _NodeArgumentParser(prog=prog, usage=NODE_USAGE,
+                                 description="Run one Fabric storage node. Every option is also an environment "
+                                             f"variable ({ENV_PREFIX}<NAME>) and a key of the --config file.",
+                                 argument_default=argparse.SUPPRESS,
+                                 epilog="Controlled shutdown of a running node: fabric node drain ID "
+                                        "(see fabric node drain --help).")
     parser.add_argument("--config", metavar="FILE.toml", help=f"TOML file of options (or ${CONFIG_ENV})")
     for option in NODE_OPTIONS:
         unit = f" [{option.unit}]" if option.unit else ""
@@ -196,14 +212,7 @@ def argument_parser(prog: str = "fabric node") -> argparse.ArgumentParser:
 def load_node_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every option's value by precedence flag > environment > file > default."""
     environ = os.environ if environ is None else environ
-    parser = argument_parser()
-    try:
-        flags = vars(parser.parse_args(list(argv)))
-    except SystemExit as exc:
-        if exc.code in (0, None):  # --help: argparse printed it; exit as it asked
-            raise
-        # argparse printed the usage and the reason already.
-        raise ConfigError("invalid command line (see the message above)") from exc
+    flags = vars(argument_parser().parse_args(list(argv)))  # --help exits 0; a bad flag raises ConfigError
     config_path = flags.pop("config", None) or environ.get(CONFIG_ENV)
     from_file = _read_toml(Path(config_path)) if config_path else {}
     unknown_env = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k != CONFIG_ENV

@@ -48,6 +48,7 @@ from fabric.protocol.queues import (
     VISIBILITY_TIMEOUT_MS_DEFAULT,
     VISIBILITY_TIMEOUT_MS_MAX,
 )
+from fabric.wording import plural
 
 ROOT = "/fabric"
 NODES = f"{ROOT}/nodes"
@@ -447,7 +448,7 @@ def assign_replicas(topic: str, partitions: int, replication_factor: int, node_i
     ids = sorted(node_ids)
     if replication_factor > len(ids):
         raise errors.InvalidReplicationFactorError(
-            f"replication_factor={replication_factor} but only {len(ids)} live nodes"
+            f"replication_factor={replication_factor} but only {plural(len(ids), 'live node')}"
         )
     start = zlib.crc32(topic.encode()) % len(ids)
     return [[ids[(start + p + j) % len(ids)] for j in range(replication_factor)] for p in range(partitions)]

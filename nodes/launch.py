@@ -29,6 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = config.load_node_settings(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
+        usage = exc.fields.get("usage")
+        if usage:  # a flag argparse refused: the usage line first, as argparse prints it
+            print(usage, file=sys.stderr)
         print(f"fabric node: error: {exc.message}", file=sys.stderr)
         return 2
     logs.setup(settings["log_level"], settings["log_format"], process=f"node{settings['id']}",

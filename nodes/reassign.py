@@ -31,6 +31,7 @@ from kazoo.exceptions import NoNodeError
 from fabric import errors
 from fabric import zk as zkl
 from fabric.protocol import apis
+from fabric.wording import plural
 from fabric.zk import PartitionState
 from nodes.state import Envelope, NodeState
 
@@ -51,7 +52,8 @@ def begin(state: PartitionState, target: tuple[int, ...], throttle_bytes_per_s: 
         raise errors.InvalidReplicationFactorError(f"{len(target)} replicas: at most {zkl.REPLICATION_FACTOR_MAX}")
     if len(target) < min_insync:
         raise errors.InvalidReplicationFactorError(
-            f"{len(target)} replicas is fewer than the topic's min_insync={min_insync}: acks=all writes would all fail")
+            f"replicas {list(target)}: {plural(len(target), 'node')}, fewer than the topic's min_insync={min_insync}: "
+            "acks=all writes would all fail")
     if throttle_bytes_per_s < 0 or 0 < throttle_bytes_per_s < THROTTLE_BYTES_PER_S_MIN:
         raise errors.InvalidRequestError(
             f"throttle_bytes_per_s={throttle_bytes_per_s}: 0 (none) or at least {THROTTLE_BYTES_PER_S_MIN}")

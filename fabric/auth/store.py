@@ -270,7 +270,7 @@ def read_digest(path: str | os.PathLike[str]) -> str:
     try:
         text = Path(path).read_text().strip()
     except OSError as exc:
-        raise errors.InvalidRequestError(f"cannot read ZooKeeper credentials {path}: {exc}") from None
+        raise errors.InvalidRequestError(f"cannot read ZooKeeper credentials {path}: {exc.strerror or exc}") from None
     user, sep, password = text.partition(":")
     if not sep or not user or not password:
         raise errors.InvalidRequestError(f"{path} must hold one line user:password")

@@ -138,8 +138,9 @@ FABRIC_DEBUG=1 shows tracebacks and the client libraries' log messages."""
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # keeps_unknown: a pass-through command's arguments come back from parse_known_args.
     parser = Parser(prog="fabric", description="Fabric messaging: local cluster, topics, produce, consume.",
-                    epilog=EPILOG)
+                    epilog=EPILOG, keeps_unknown=True)
     parser.add_argument("--version", action="version", version=f"fabric {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for module in COMMAND_GROUPS:
@@ -159,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     parser = build_parser()
     # parse_known_args, so a pass-through command (node, bench) receives its own
-    # arguments, --help included; every other command still refuses unknown ones.
+    # arguments, --help included; every other command refuses unknown ones while parsing
+    # (Parser.parse_known_args), naming itself.
     args, rest = parser.parse_known_args(argv)
     run_argv: Callable[[list[str]], int] | None = getattr(args, "run_argv", None)
     if run_argv is not None:
         return run_argv(rest)
-    if rest:
+    if rest:  # only ever the top parser's own: a flag before any command (`fabric --frob topic list`)
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     debug = os.environ.get("FABRIC_DEBUG", "") not in ("", "0")
     quiet_libraries(debug)
@@ -194,17 +196,20 @@ def run_guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespa
 
 
 def describe_error(exc: Exception, args: argparse.Namespace) -> tuple[str, str, int]:
-    """(prefix, message, exit code) for an exception that reached the top."""
+    """(prefix, message, exit code) for an exception that reached the top. A usage error
+    names the command as typed (``fabric queue send: error:``, docs/PROTOCOL.md section 13);
+    any other says ``fabric: error:``."""
+    # Parser records the deepest command's prog; "fabric" for a namespace not made by it.
+    command: str = getattr(args, "command_prog", "fabric")
     if isinstance(exc, CliError):
-        prefix = f"fabric {args.command}" if exc.exit_code == EXIT_USAGE else "fabric"
-        return prefix, exc.message, exc.exit_code
+        return (command if exc.exit_code == EXIT_USAGE else "fabric"), exc.message, exc.exit_code
     if isinstance(exc, errors.ConfigError):  # a bad option value, from a flag or a file named by one
-        return "fabric", str(exc), EXIT_USAGE
+        return command, exc.message, EXIT_USAGE
     if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
         # Lone surrogates come from bytes of argv that are not UTF-8 (surrogateescape): an
         # argument without a utf8_text check, still the user's input rather than a bug.
         bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
-        return f"fabric {args.command}", f"an argument is not valid UTF-8 (near {bad!r})", EXIT_USAGE
+        return command, f"an argument is not valid UTF-8 (near {bad!r})", EXIT_USAGE
     if isinstance(exc, errors.FabricError):
         return "fabric", str(exc), EXIT_ERROR
     if isinstance(exc, OSError):

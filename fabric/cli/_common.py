@@ -14,11 +14,12 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from fabric.limits import I32_MAX, I64_MAX, PARTITIONS_MAX, REPLICATION_FACTOR_MAX
+from fabric.wording import plural
 
 STATE_FILE = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "local.json"
 PROGRESS_INTERVAL_S = 1.0
@@ -61,11 +62,39 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with defaults in --help and a usage error as one line (exit 2)."""
+    """argparse with defaults in --help and a usage error as one line (exit 2), which names
+    the command the user typed (``fabric topic list: error: ...``), also for a flag that
+    command does not know.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``keeps_unknown``: the parser hands arguments it does not know to its caller instead of
+    refusing them; only for the top parser and commands that parse their own arguments
+    (``fabric node``, ``fabric sequencer``, ``fabric bench``)."""
+
+    def __init__(self, *args: Any, keeps_unknown: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.keeps_unknown = keeps_unknown
+        # argparse copies a sub-parser's results over its parent's, so after parsing this
+        # holds the prog of the deepest command given: the prefix of a usage error that its
+        # handler raises later (describe_error), "fabric queue send", not "fabric queue".
+        self.set_defaults(command_prog=self.prog)
+
+    def parse_known_args(  # type: ignore[override]  # one signature for typeshed's three overloads
+            self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # A sub-parser's unknown arguments would otherwise travel up to the top parser and be
+        # reported as "fabric: error:", naming no command: the parser that did not know
+        # them says so itself, with its own prog.
+        parsed, rest = super().parse_known_args(args, namespace)
+        if rest and not self.keeps_unknown:
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        return parsed, rest
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        # Without a metavar, argparse names the choice by its dest in errors ("argument
+        # queue_command: invalid choice") and lists every command in braces in the usage.
+        kwargs.setdefault("metavar", "COMMAND")
+        return super().add_subparsers(**kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
@@ -167,6 +196,35 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
     return name, value
+
+
+def make_directory(path: str, flag: str) -> Path:
+    """``path`` (the value of ``flag``) as a directory that exists, made with its parents if
+    need be; else a usage error saying why in one line. Without it a file in the way read
+    "File exists" and a file among the parents "Not a directory", neither naming the flag
+    or what to change."""
+    directory = Path(path)
+    try:
+        if directory.exists() and not directory.is_dir():
+            raise usage_error(f"{flag} {path} is a file, not a directory")
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise usage_error(f"cannot create {flag} {path}: {_why_not_made(directory, exc)}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):  # everything the command keeps there is written
+        raise usage_error(f"{flag} {path} is not writable by this user")
+    return directory
+
+
+def _why_not_made(directory: Path, exc: OSError) -> str:
+    """The reason mkdir failed, in terms of the path: which part of it is in the way."""
+    existing = next((p for p in (directory, *directory.parents) if os.path.lexists(p)), None)
+    if existing == directory and directory.is_symlink():  # lexists, yet not exists: dangling
+        return f"it is a symbolic link to {os.readlink(directory)}, which does not exist"
+    if existing is not None and existing != directory and not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if isinstance(exc, PermissionError) and existing is not None:
+        return f"no permission to create it in {existing}"
+    return exc.strerror or str(exc)
 
 
 def with_bootstrap(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -321,8 +379,8 @@ class Progress:
 
     def _print(self, now: float, end: str = "\r") -> None:
         rate = self.count / max(now - self.started, 1e-9)
-        of = f"/{self.total:,}" if self.total else ""
-        sys.stderr.write(f"{self.label}: {self.count:,}{of} messages, {rate:,.0f} msg/s   {end}")
+        done = f"{self.count:,}/{plural(self.total, 'message')}" if self.total else plural(self.count, "message")
+        sys.stderr.write(f"{self.label}: {done}, {rate:,.0f} msg/s   {end}")
         sys.stderr.flush()
 
     def done(self) -> float:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from fabric.wording import plural
+
 if TYPE_CHECKING:
     from fabric.cli.status import Status
 
@@ -31,7 +33,7 @@ def add_queues(status: Status, bootstrap_value: str, timeout_ms: int) -> None:
                 except errors.FabricError as exc:
                     status.queues.append({"queue": name, "group": None, "error": exc.message})
             if len(names) > QUEUES_DESCRIBED_MAX:
-                status.queues_error = f"{len(names) - QUEUES_DESCRIBED_MAX} more queues not described"
+                status.queues_error = f"{plural(len(names) - QUEUES_DESCRIBED_MAX, 'more queue')} not described"
     except errors.FabricError as exc:
         status.queues_error = f"queues unavailable: {exc.message}"
 

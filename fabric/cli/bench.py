@@ -7,7 +7,8 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # The benchmark parses its own arguments: pass them through.
-    bench = subparsers.add_parser("bench", help="run the benchmark (see fabric bench --help)", add_help=False)
+    bench = subparsers.add_parser("bench", help="run the benchmark (see fabric bench --help)", add_help=False,
+                                  keeps_unknown=True)
     bench.set_defaults(run_argv=cmd_bench)
 
 
@@ -15,7 +16,7 @@ def cmd_bench(argv: list[str]) -> int:
     if "--peers" in argv:  # fabric bench --peers [...]: the side-by-side benchmark (python -m bench.peers)
         from bench.peers import main as peers_main
 
-        return peers_main([a for a in argv if a != "--peers"])
+        return peers_main([a for a in argv if a != "--peers"], prog="fabric bench --peers")
     from bench.__main__ import main as bench_main
 
-    return bench_main(argv)
+    return bench_main(argv, prog="fabric bench")

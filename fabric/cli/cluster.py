@@ -12,14 +12,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 from fabric.cli._common import (
     STATE_FILE,
     Parser,
     Progress,
     bootstrap,
+    int_in_range,
+    make_directory,
     node_id,
-    non_negative_int,
     partition_count,
     positive_int,
     quiet_libraries,
@@ -27,6 +29,14 @@ from fabric.cli._common import (
 )
 from fabric.cli._queue_demo import queue_demo
 from fabric.cli._reassign_demo import reassign_demo
+from fabric.wording import plural
+
+# Each demo message starts with its sequence number in this many digits, so a smaller
+# --size was sent as this many bytes while the summary (and its MB/s) said --size.
+DEMO_SEQUENCE_BYTES = 24
+DEMO_MESSAGE_BYTES_MAX = 1024 * 1024  # 200,000 of them by default: far more is a typo
+demo_message_bytes = int_in_range(DEMO_SEQUENCE_BYTES, DEMO_MESSAGE_BYTES_MAX,
+                                  "each message carries its 24-digit sequence number; at most 1 MiB")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,20 +54,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     demo = subparsers.add_parser("demo", help="start a local cluster, produce and consume messages, print a summary")
     demo.add_argument("--messages", type=positive_int, default=200_000, help="keyed messages to produce and consume")
-    demo.add_argument("--size", type=non_negative_int, default=100, help="message size in bytes")
+    demo.add_argument("--size", type=demo_message_bytes, default=100,
+                      help=f"message size in bytes, {DEMO_SEQUENCE_BYTES} to {DEMO_MESSAGE_BYTES_MAX:,}")
     demo.add_argument("--partitions", type=partition_count, default=6, help="partitions of the demo topic")
     demo.add_argument("--nodes", type=positive_int, default=3, help="storage nodes of the demo's cluster")
     demo.set_defaults(run=cmd_demo)
 
     # The node parses its own arguments (it is also ``python -m nodes``): pass them through.
-    node = subparsers.add_parser("node", help="run one storage node (see fabric node --help)", add_help=False)
+    node = subparsers.add_parser("node", help="run one storage node (see fabric node --help)", add_help=False,
+                                 keeps_unknown=True)
     node.set_defaults(run_argv=cmd_node)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from fabric.local import LocalCluster
 
-    base_dir = Path(args.data_dir) if args.data_dir else None
+    base_dir = make_directory(args.data_dir, "--data-dir") if args.data_dir else None
     node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
     if node_args:
         from fabric import config
@@ -71,7 +83,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     zookeeper = "ZooKeeper" if args.zk_servers == 1 else f"a {args.zk_servers}-server ZooKeeper ensemble"
     mode = "secure (CURVE, ACLs)" if args.secure else "plaintext"
-    print(f"starting {zookeeper}, {args.nodes} {mode} storage nodes and {sequencers} sequencers ...", flush=True)
+    print(f"starting {zookeeper}, {plural(args.nodes, f'{mode} storage node')} and {plural(sequencers, 'sequencer')} ...",
+          flush=True)
     cluster.start()
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -126,14 +139,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     n = args.messages
     topic = "demo-events"
-    print(f"== Fabric demo: ZooKeeper + {args.nodes} storage nodes, {n:,} messages of {args.size} bytes, "
+    print(f"== Fabric demo: ZooKeeper + {plural(args.nodes, 'storage node')}, {plural(n, 'message')} of "
+          f"{plural(args.size, 'byte')}, "
           f"replication factor {min(3, args.nodes)}, acks=all, idempotent producer", flush=True)
     with LocalCluster(args.nodes, sequencer_count=2) as cluster:
         print(f"cluster up: ZooKeeper {cluster.zk_address}, nodes {sorted(cluster.nodes)}, "
               f"sequencers {sorted(cluster.sequencers)}", flush=True)
         with Admin(cluster.bootstrap) as admin:
             admin.create_topic(topic, partitions=args.partitions, replication_factor=min(3, args.nodes))
-        filler = b"x" * max(0, args.size - 24)
+        filler = b"x" * (args.size - DEMO_SEQUENCE_BYTES)
         progress = Progress("produce", n)
         sent: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(args.partitions)}
         with Producer(cluster.bootstrap, acks="all", linger_ms=5) as producer:
@@ -197,21 +211,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         summary.update(moved)
         ok = ok and bool(moved["reassign_ok"]) and bool(moved["alter_ok"])
         print("== summary")
-        print(f"  produced  {n:,} messages in {produce_s:.2f} s: {summary['produce_msgs_per_s']:,} msg/s, {summary['produce_mb_per_s']} MB/s")
-        print(f"  consumed  {count:,} messages in {consume_s:.2f} s: {summary['consume_msgs_per_s']:,} msg/s, {summary['consume_mb_per_s']} MB/s")
+        print(f"  produced  {plural(n, 'message')} in {produce_s:.2f} s: {summary['produce_msgs_per_s']:,} msg/s, {summary['produce_mb_per_s']} MB/s")
+        print(f"  consumed  {plural(count, 'message')} in {consume_s:.2f} s: {summary['consume_msgs_per_s']:,} msg/s, {summary['consume_mb_per_s']} MB/s")
         print(f"  verified  count {'OK' if count == n else 'MISMATCH'}, sha256 over per-partition order {'OK' if summary['checksum_match'] else 'MISMATCH'}")
-        print(f"  strict    {strict['strict_order_records']:,} records from 4 producers into a strict-order topic; "
+        print(f"  strict    {plural(cast(int, strict['strict_order_records']), 'record')} from 4 producers into a strict-order topic; "
               f"2 ordered readers: same sequence {'OK' if strict['strict_order_readers_agree'] else 'MISMATCH'}, "
               f"global IDs increasing {'OK' if strict['strict_order_ids_increasing'] else 'MISMATCH'}")
-        print(f"  group     2 members of group demo-billing split {args.partitions} partitions "
-              f"{group['group_assignment']}, read {group['group_records']:,} records, committed offsets "
+        print(f"  group     2 members of group demo-billing split {plural(args.partitions, 'partition')} "
+              f"{group['group_assignment']}, read {plural(cast(int, group['group_records']), 'record')}, committed offsets "
               f"at the log end {'OK' if group['group_committed_at_end'] else 'MISMATCH'}")
         print(f"  direct    {direct['direct_requests']:,} requests to 2 instances of service 'demo-echo', "
               f"p50 {direct['direct_p50_us']} us, p99 {direct['direct_p99_us']} us, per instance {direct['direct_per_instance']}; "
-              f"gather: {direct['direct_gather_replies']} replies {'OK' if direct['direct_ok'] else 'MISMATCH'}")
+              f"gather: {plural(cast(int, direct['direct_gather_replies']), 'reply', 'replies')} "
+              f"{'OK' if direct['direct_ok'] else 'MISMATCH'}")
         print(f"  queue     {queue['queue_jobs']:,} jobs to {queue['queue_workers']} competing workers, "
               f"{queue['queue_msgs_per_s']:,} msg/s: each acked once {'OK' if queue['queue_acked_once'] else 'MISMATCH'}, "
-              f"{queue['queue_dead_letters']} poison jobs in the dead-letter queue, "
+              f"{plural(cast(int, queue['queue_dead_letters']), 'poison job')} in the dead-letter queue, "
               f"delayed jobs early: {queue['queue_delayed_early']}, records left once consumed: "
               f"{queue['queue_records_left']} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
         print(f"  operate   node {max(cluster.nodes)} joined; {topic}/0 moved {moved['reassign_from']} -> "
@@ -292,7 +307,7 @@ def _strict_order_demo(bootstrap: str, partitions: int, replication_factor: int)
 
     topic, producers, per_producer = "demo-ledger", 4, 2_500
     print(f"== strict order: {producers} producers x {per_producer:,} records into {topic} "
-          f"({partitions} partitions), read back by 2 ordered readers", flush=True)
+          f"({plural(partitions, 'partition')}), read back by 2 ordered readers", flush=True)
     with Admin(bootstrap) as admin:
         admin.create_topic(topic, partitions=partitions, replication_factor=replication_factor, strict_order=True)
 
@@ -352,5 +367,5 @@ def _drain(args: argparse.Namespace) -> int:
 
     with Admin(bootstrap(args)) as admin:
         led = admin.drain_node(args.node_id)
-    print(f"node {args.node_id} is draining: its {led} leaderships move to in-sync replicas, then it stops")
+    print(f"node {args.node_id} is draining: {plural(led, 'leadership')} to move to in-sync replicas, then it stops")
     return 0

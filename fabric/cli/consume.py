@@ -18,7 +18,7 @@ from fabric.cli._common import (
     CliError,
     Progress,
     bootstrap,
-    non_negative_int,
+    partition_index,
     positive_int,
     utf8_text,
     with_bootstrap,
@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "Without --follow, stop at the end offsets seen at the start.",
     ))
     consume.add_argument("topic", help="topic to read")
-    consume.add_argument("--partition", type=non_negative_int, help="read only this partition (default: all)")
+    consume.add_argument("--partition", type=partition_index, help="read only this partition (default: all)")
     consume.add_argument("--from-offset", type=from_offset, default="earliest",
                          help="earliest, latest or an offset N (past a partition's end: an error)")
     consume.add_argument("--follow", action="store_true", help="keep waiting for new messages")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import datetime, timezone
 
 from fabric.cli._common import (
@@ -12,6 +13,7 @@ from fabric.cli._common import (
     usage_error,
     with_bootstrap,
 )
+from fabric.wording import plural
 
 
 def group_id(text: str) -> str:
@@ -64,7 +66,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
     with Admin(bootstrap(args)) as admin:
         desc = admin.describe_group(args.group_id)
-    print(f"group {desc.group_id}: {desc.state}, epoch {desc.group_epoch}, {len(desc.members)} members")
+    print(f"group {desc.group_id}: {desc.state}, epoch {desc.group_epoch}, {plural(len(desc.members), 'member')}")
     for m in desc.members:
         subscription = ",".join(m.subscribed_topics) or ""
         if m.subscribed_pattern:
@@ -98,12 +100,29 @@ def cmd_reset(args: argparse.Namespace) -> int:
             raise usage_error(f"--datetime {args.datetime!r} is before 1970")
     if args.to == "offset" and args.offset is None:
         raise usage_error("--to offset needs --offset N (N >= 0)")
+    if args.offset is not None and args.to != "offset":  # it was dropped without a word
+        raise usage_error(f"--offset goes with --to offset, not --to {args.to}")
+    if args.datetime is not None and args.to != "datetime":
+        raise usage_error(f"--datetime goes with --to datetime, not --to {args.to}")
     with Admin(bootstrap(args)) as admin:
         done = admin.reset_offsets(args.group_id, args.topic, to=args.to, offset=args.offset,
                                    timestamp_ms=timestamp_ms, partitions=args.partition)
     for tp, offset in sorted(done.items(), key=lambda kv: kv[0].partition):
+        if args.offset is not None and offset != args.offset:
+            print(clamp_warning(str(tp), args.offset, offset), file=sys.stderr)
         print(f"{tp}\t{offset}")
     return 0
+
+
+def clamp_warning(partition: str, asked: int, committed: int) -> str:
+    """The line saying that ``--to offset`` was kept inside the partition's log: as Kafka's
+    kafka-consumer-groups, the reset still happens (Admin.reset_offsets clamps to the log
+    start or end offset), but not silently."""
+    if asked > committed:
+        where = f"past the partition's end offset {committed} (the offset its next record gets)"
+    else:
+        where = f"before the partition's log start offset {committed} (older records are gone)"
+    return f"fabric group reset-offsets: warning: {partition}: offset {asked} is {where}; set to {committed}"
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -120,7 +139,6 @@ GROUP_IDLE_EXIT_S = 2.0  # without --follow, a group consumer stops after this l
 
 def consume_in_group(args: argparse.Namespace) -> int:
     """``fabric consume T --group G``: a member of G; commits exactly what it printed."""
-    import sys
     import time
 
     from sdk import Consumer, TopicPartition

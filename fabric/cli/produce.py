@@ -25,13 +25,14 @@ from fabric.cli._common import (
     int_in_range,
     key_value,
     non_negative_float,
-    non_negative_int,
+    partition_index,
     usage_error,
     utf8_text,
     with_bootstrap,
 )
 from fabric.limits import BATCH_UNCOMPRESSED_BYTES_MAX, MESSAGE_BYTES_MAX_DEFAULT
 from fabric.protocol import batch as batch_format
+from fabric.wording import plural
 
 BATCH_BYTES_MAX_DEFAULT = 256 * 1024  # the SDK's default, shown in --help
 DELIVERY_TIMEOUT_MS_DEFAULT = 120_000
@@ -66,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     produce.add_argument("--key-sep", type=key_separator, help="split each line into key and value at the first SEP (no SEP: null key)")
     produce.add_argument("--header", action="append", type=header, default=[], metavar="NAME=VALUE",
                          help="add this header to every record (repeatable)")
-    produce.add_argument("--partition", type=non_negative_int, help="send every record to this partition "
+    produce.add_argument("--partition", type=partition_index, help="send every record to this partition "
                          "(default: by key hash; records without a key fill one partition at a time)")
     produce.add_argument("--acks", default="all", choices=("0", "1", "all"),
                          help="all: every in-sync replica has it; 1: the leader has it; 0: do not wait")
@@ -164,7 +165,7 @@ def _report(sent: int, delivered: int, failures: list[BaseException], stopped: B
     first = failures[0] if failures else stopped
     what = first.message if isinstance(first, CliError) else str(first)
     failed = len(failures)
-    summary = f"{delivered:,} of {sent:,} records delivered, {failed:,} failed"
+    summary = f"{delivered:,} of {plural(sent, 'record')} delivered, {failed:,} failed"
     if stopped is not None:
         summary += ", input not read to the end"
     if delivered == 0:

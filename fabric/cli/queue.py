@@ -16,6 +16,7 @@ from fabric.cli._common import (
     with_bootstrap,
 )
 from fabric.protocol import queues as qp
+from fabric.wording import plural
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,7 +85,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 max_messages=args.max_messages, max_bytes=args.max_bytes, max_message_bytes=args.max_message_bytes,
                 dedup_window_ms=args.dedup_window_ms)
             dlq = f", dead letters to {args.dead_letter}" if args.dead_letter else ""
-            print(f"created queue {args.name} with {args.partitions} partitions{dlq}")
+            print(f"created queue {args.name} with {plural(args.partitions, 'partition')}{dlq}")
         elif command == "delete":
             admin.delete_queue(args.name)
             print(f"deleted queue {args.name}")
@@ -104,7 +105,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                       f"{p.dropped:>9} {p.deduplicated:>9} {age:>9}")
         elif command == "redrive":
             moved = admin.redrive(args.name, dead_letter=args.source, max_messages=args.max_messages)
-            print(f"moved {moved} dead letters back to {args.name}")
+            print(f"moved {plural(moved, 'dead letter')} back to {args.name}")
     return 0
 
 
@@ -119,7 +120,7 @@ def _send(args: argparse.Namespace) -> int:
                                  ttl_ms=args.ttl_ms, dedup_id=args.dedup_id) for line in lines]
         for future in futures:
             future.result(timeout=60)
-    print(f"sent {len(lines)} messages to {args.name}", file=sys.stderr)
+    print(f"sent {plural(len(lines), 'message')} to {args.name}", file=sys.stderr)
     return 0
 
 
@@ -140,5 +141,6 @@ def _receive(args: argparse.Namespace) -> int:
             if not args.no_ack:
                 worker.ack(batch)
             got += len(batch)
-    print(f"received {got} messages" + (" (left leased)" if args.no_ack else " (acknowledged)"), file=sys.stderr)
+    print(f"received {plural(got, 'message')}" + (" (left leased)" if args.no_ack else " (acknowledged)"),
+          file=sys.stderr)
     return 0

@@ -21,6 +21,7 @@ from fabric.cli._common import (
     usage_error,
 )
 from fabric.limits import PARTITIONS_MAX
+from fabric.wording import plural
 
 REASSIGN_WAIT_S_DEFAULT = 600.0
 PLAN_PARTITIONS_MAX = 10_000
@@ -55,6 +56,9 @@ def _node_list(text: str) -> list[int]:
     too_large = [n for n in nodes if n > NODE_ID_MAX]
     if too_large:  # node ids are i32 on the wire
         raise argparse.ArgumentTypeError(f"node id {too_large[0]} is more than {NODE_ID_MAX:,} (node ids are i32)")
+    twice = next((n for i, n in enumerate(nodes) if n in nodes[:i]), None)
+    if twice is not None:  # a node holds one copy of a partition: --generate 1,1,1 planned [1, 1, 1]
+        raise argparse.ArgumentTypeError(f"node {twice} appears twice in {text!r}")
     return nodes
 
 
@@ -84,41 +88,86 @@ def read_plan(path: str) -> list[tuple[str, int, list[int]]]:
     return moves
 
 
-def generate_plan(descriptions: list[Any], nodes: list[int]) -> dict[str, Any]:
+def target_replicas(replicas: list[int] | tuple[int, ...], rows: list[dict[str, Any]]) -> list[int]:
+    """A partition's replicas once its running move is done: while one runs, the replicas
+    are the old and the new ones together (the leader's DESCRIBE_REPLICAS row says which
+    leave), and counting them all would plan a replica too many."""
+    leader = next((r for r in rows if r["role"] == "leader"), None)
+    leaving = set(leader["removing"]) if leader is not None else set()
+    return [r for r in replicas if r not in leaving]
+
+
+def generate_plan(descriptions: list[Any], nodes: list[int],
+                  copies: dict[tuple[str, int], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Each topic's partitions spread round robin over ``nodes`` (as topic creation does),
-    keeping each partition's replica count; partitions already placed so are left out."""
+    keeping each partition's replica count; partitions already placed so are left out.
+    ``copies``: DESCRIBE_REPLICAS rows, so a partition that is moving counts as its target.
+    Every partition must have at most ``len(nodes)`` replicas (``too_few_nodes``)."""
     from fabric import zk as zkl
 
     moves = []
     for desc in descriptions:
         for p in desc.partitions:
-            wanted = zkl.assign_replicas(desc.name, len(desc.partitions), len(p.replicas), nodes)[p.partition]
-            if list(p.replicas) != wanted:
+            target = target_replicas(p.replicas, (copies or {}).get((desc.name, p.partition), []))
+            wanted = zkl.assign_replicas(desc.name, len(desc.partitions), len(target), nodes)[p.partition]
+            if target != wanted:
                 moves.append({"topic": desc.name, "partition": p.partition, "replicas": wanted})
     return {"partitions": moves}
 
 
+def too_few_nodes(descriptions: list[Any], nodes: list[int],
+                  copies: dict[tuple[str, int], list[dict[str, Any]]]) -> str | None:
+    """Why ``nodes`` cannot hold the topics' replicas, or None: a partition keeps its replica
+    count, one copy per node, so a plan needs at least that many nodes. (It was reported
+    as "replication_factor=3 but only 1 live nodes", blaming the cluster for the list.)"""
+    most = max(((len(target_replicas(p.replicas, copies.get((d.name, p.partition), []))), d.name)
+                for d in descriptions for p in d.partitions), default=(0, ""))
+    count, topic = most
+    if count <= len(nodes):
+        return None
+    return (f"topic {topic} keeps {plural(count, 'replica')} of each partition, one per node, so a plan for it "
+            f"needs at least {plural(count, 'node')}; {len(nodes)} given")
+
+
+def _generate(admin: Any, args: argparse.Namespace) -> int:
+    """``--generate NODES``: print a plan, move nothing."""
+    given = ",".join(map(str, args.generate))
+    ignored = [flag for flag, value in (("--plan", args.plan), ("--partition", args.partition is not None),
+                                        ("--replicas", args.replicas), ("--cancel", args.cancel), ("--wait", args.wait),
+                                        ("--throttle-bytes-per-s", args.throttle_bytes_per_s)) if value]
+    if ignored:  # it only prints a plan: these would be silently dropped
+        raise usage_error(f"--generate only prints a plan for TOPIC (or every topic): drop {', '.join(ignored)}, "
+                          "or run the plan with --plan")
+    live = admin.nodes()
+    registered = ", ".join(map(str, sorted(live))) or "none"
+    unknown = sorted(set(args.generate) - set(live))
+    if unknown:  # the plan would be refused when run; say so now
+        which = f"node {unknown[0]} is" if len(unknown) == 1 else f"nodes {unknown} are"
+        raise CliError(f"--generate {given}: {which} not registered (registered nodes: {registered})")
+    topics = [args.name] if args.name else None
+    descriptions = admin.describe_topics(topics)
+    copies = admin.describe_replicas(topics)
+    short = too_few_nodes(descriptions, args.generate, copies)
+    if short is not None:
+        raise CliError(f"--generate {given}: {short} (registered nodes: {registered})")
+    print(json.dumps(generate_plan(descriptions, args.generate, copies), indent=1))
+    return 0
+
+
 def cmd_reassign(admin: Any, args: argparse.Namespace) -> int:
     if args.generate:
-        live = admin.nodes()
-        unknown = sorted(set(args.generate) - set(live))
-        if unknown:  # the plan would be refused when run; say so now
-            raise CliError(f"--generate: {unknown} are not registered nodes "
-                           f"(live nodes: {', '.join(map(str, sorted(live))) or 'none'})")
-        print(json.dumps(generate_plan(admin.describe_topics([args.name] if args.name else None), args.generate),
-                         indent=1))
-        return 0
+        return _generate(admin, args)
     if args.plan:
         if args.name or args.partition is not None or args.replicas:
             raise usage_error("give either --plan or TOPIC --partition --replicas, not both")
         moves = read_plan(args.plan)
     elif args.cancel:
         if not args.name or args.partition is None or args.replicas:
-            raise usage_error("fabric topic reassign TOPIC --partition P --cancel")
+            raise usage_error("--cancel takes TOPIC --partition P (or --plan FILE), and no --replicas")
         moves = [(args.name, args.partition, [])]
     else:
         if not args.name or args.partition is None or not args.replicas:
-            raise usage_error("fabric topic reassign TOPIC --partition P --replicas 1,2,4 (or --plan FILE)")
+            raise usage_error("give TOPIC --partition P --replicas 1,2,4, or --plan FILE, or --generate NODES")
         moves = [(args.name, args.partition, args.replicas)]
     if args.cancel:
         for topic, partition, _replicas in moves:
@@ -134,7 +183,7 @@ def cmd_reassign(admin: Any, args: argparse.Namespace) -> int:
                 admin.wait_reassigned(topic, partition, replicas, timeout_s=args.timeout)
             except TimeoutError as exc:
                 raise CliError(f"{exc}; it keeps moving: fabric topic describe {topic}") from None
-        print(f"done: {len(moves)} partition(s) moved")
+        print(f"done: {plural(len(moves), 'partition')} moved")
     else:
         print("follow the progress with: fabric topic describe" + (f" {moves[0][0]}" if len(moves) == 1 else ""))
     return 0
@@ -155,7 +204,7 @@ def log_line(rows: list[dict[str, Any]]) -> str:
     if leader is None:
         return "log ? (no leader answered)"
     start, end = leader["log_start_offset"], leader["high_watermark"]
-    text = f"log {start}..{end} ({end - start:,} records, {_size(leader['size_bytes'])})"
+    text = f"log {start}..{end} ({plural(end - start, 'record')}, {_size(leader['size_bytes'])})"
     if leader["adding"] or leader["removing"]:
         leader_end = leader["log_end_offset"]
         progress = []

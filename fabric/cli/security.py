@@ -34,7 +34,16 @@ from fabric import errors
 from fabric.auth import keys, store
 from fabric.auth.acl import AclEntry, Operation, ResourceType, Role
 from fabric.auth.quota import Quota
-from fabric.cli._common import STATE_FILE
+from fabric.cli._common import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    STATE_FILE,
+    CliError,
+    make_directory,
+    parse_bootstrap,
+    positive_int,
+    usage_error,
+)
 
 DEFAULT_KEY_DIR = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "keys"
 
@@ -48,26 +57,48 @@ def _state() -> dict[str, Any]:
 
 
 def _zk_hosts(args: argparse.Namespace) -> str:
-    value = getattr(args, "bootstrap", None) or os.environ.get("FABRIC_BOOTSTRAP") or _state().get("bootstrap")
+    # CliError, not SystemExit: that printed the bare text (no "fabric ...: error:") and
+    # exited 1 for what is a usage error.
+    if getattr(args, "bootstrap", None):
+        value, origin = args.bootstrap, "argument --bootstrap"
+    elif os.environ.get("FABRIC_BOOTSTRAP"):
+        value, origin = os.environ["FABRIC_BOOTSTRAP"], "$FABRIC_BOOTSTRAP"
+    else:
+        value, origin = _state().get("bootstrap"), f"the cluster recorded in {STATE_FILE}"
     if not value:
-        raise SystemExit("no cluster given: pass --bootstrap zk://HOST:PORT, set FABRIC_BOOTSTRAP, or run `fabric up`")
+        raise CliError("no cluster given: pass --bootstrap zk://HOST:PORT, set FABRIC_BOOTSTRAP, or run `fabric up`")
     if not str(value).startswith("zk://"):
-        raise SystemExit(f"principals and ACLs live in ZooKeeper: pass --bootstrap zk://HOST:PORT (got {value})")
+        raise usage_error(f"principals, ACLs and quotas live in ZooKeeper: pass --bootstrap zk://HOST:PORT "
+                          f"(got {value})")
+    parse_bootstrap(str(value), origin)  # the form (HOST:PORT), at once: kazoo waits out its timeout on a bad one
     return str(value)[len("zk://"):]
 
 
 def _digest(args: argparse.Namespace) -> str | None:
-    path = getattr(args, "zk_digest_file", None) or os.environ.get("FABRIC_ZK_DIGEST_FILE") \
-        or _state().get("zk_digest_file")
-    return store.read_digest(path) if path else None
+    """The ZooKeeper credentials, or None on a plaintext cluster. A file that cannot be read
+    is said to be that, naming where it was given, before anything connects (it read as
+    "cannot reach ZooKeeper")."""
+    if getattr(args, "zk_digest_file", None):
+        path, origin, code = args.zk_digest_file, "argument --zk-digest-file", EXIT_USAGE
+    elif os.environ.get("FABRIC_ZK_DIGEST_FILE"):
+        path, origin, code = os.environ["FABRIC_ZK_DIGEST_FILE"], "$FABRIC_ZK_DIGEST_FILE", EXIT_USAGE
+    elif _state().get("zk_digest_file"):
+        path, origin, code = _state()["zk_digest_file"], f"the digest file recorded in {STATE_FILE}", EXIT_ERROR
+    else:
+        return None
+    try:
+        return store.read_digest(path)
+    except errors.FabricError as exc:
+        raise CliError(f"{origin}: {exc.message}", code) from None
 
 
 @contextmanager
 def _zk(args: argparse.Namespace) -> Iterator[Any]:
     from fabric.zk import close_client
 
+    hosts, digest = _zk_hosts(args), _digest(args)  # the user's mistakes, before "cannot reach"
     try:
-        zk = store.connect(_zk_hosts(args), _digest(args))
+        zk = store.connect(hosts, digest)
     except Exception as exc:  # kazoo raises its own timeout types
         raise errors.NoBrokersAvailableError(f"cannot reach ZooKeeper: {exc}") from None
     try:
@@ -109,7 +140,7 @@ def _entry(args: argparse.Namespace) -> AclEntry:
         if value is not None:
             return AclEntry.build(args.principal, args.operation, rtype.value, value,
                                   "prefix" if suffix else "literal")
-    raise SystemExit("name a resource: --topic, --topic-prefix, ..., or --cluster")
+    raise usage_error("name a resource: --topic, --topic-prefix, ..., or --cluster")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -147,7 +178,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     qsub = q.add_subparsers(dest="quota_command", required=True)
     qset = _with_zk(qsub.add_parser("set"))
     qset.add_argument("principal", help="principal name, or '*' for every principal without its own quota")
-    qset.add_argument("--produce-bytes-per-s", type=int, required=True)
+    qset.add_argument("--produce-bytes-per-s", type=positive_int, required=True,
+                      help="bytes per second this principal may produce (at least 1)")
     qremove = _with_zk(qsub.add_parser("remove"))
     qremove.add_argument("principal")
     _with_zk(qsub.add_parser("list"))
@@ -168,6 +200,7 @@ def cmd_quota(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
+    make_directory(args.dir, "--dir")  # a file in the way read "File exists" otherwise
     public_path, secret_path = keys.generate_key_pair(args.dir, args.name, overwrite=args.force)
     print(f"public key  {public_path}   (register it: fabric principal add {args.name} --key {public_path})")
     print(f"secret key  {secret_path}   (mode 0600; give it only to {args.name})")

@@ -11,7 +11,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("sequencer", help="run one sequencer instance (see fabric sequencer --help)",
-                                   add_help=False)
+                                   add_help=False, keeps_unknown=True)
     parser.set_defaults(run_argv=cmd_sequencer)
 
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 
 from fabric import errors
 from fabric.cli import security as security_cli
@@ -23,10 +24,40 @@ from fabric.cli._common import (
     I32_MAX,
     bootstrap,
     int_in_range,
+    key_value,
     positive_int,
     utf8_text,
     with_bootstrap,
 )
+from fabric.protocol import direct as direct_format
+from fabric.wording import plural
+
+
+def direct_timeout_ms(text: str) -> int:
+    """A direct-plane wait in ms: 1 up to what the SDK accepts (it refused a longer one only
+    after connecting, as an INVALID_REQUEST with exit 1)."""
+    from sdk.direct._client import TIMEOUT_MS_MAX  # the SDK only once a command parses (fabric.cli)
+
+    return int_in_range(1, TIMEOUT_MS_MAX, "TIMEOUT_MS_MAX, 24 h")(text)
+
+
+def _checked_by(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argument type from a fabric.protocol.direct check: its refusal becomes a usage
+    error naming the flag (exit 2) instead of a cluster error after connecting (exit 1)."""
+
+    def parse(text: str) -> str:
+        try:
+            check(utf8_text(text))
+        except errors.FabricError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return text
+
+    parse.__name__ = check.__name__  # argparse names the type in some messages
+    return parse
+
+
+subject_pattern = _checked_by(direct_format.validate_pattern)
+subject = _checked_by(direct_format.encode_subject)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,21 +75,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"))
     request.add_argument("name", type=utf8_text)
     request.add_argument("payload", type=utf8_text, help="the request body (UTF-8); '-' reads stdin")
-    request.add_argument("--timeout-ms", type=positive_int, default=5_000, help="bound of the whole call, retries included")
+    request.add_argument("--timeout-ms", type=direct_timeout_ms, default=5_000,
+                         help="bound of the whole call, retries included")
     request.add_argument("--idempotent", action="store_true", help="allow retries on another instance")
-    request.add_argument("--header", action="append", type=utf8_text, default=[], metavar="NAME=VALUE",
+    request.add_argument("--header", action="append", type=key_value, default=[], metavar="NAME=VALUE",
                          help="a request header (repeatable)")
     request.add_argument("--show-instance", action="store_true", help="print the answering instance on stderr")
     request.set_defaults(run=cmd_request)
 
     subscribe = with_bootstrap(subparsers.add_parser("subscribe", help="print direct-plane messages matching a pattern"))
-    subscribe.add_argument("pattern", type=utf8_text, help="subject pattern: tokens split by '.', '*' one token, '>' the rest")
+    subscribe.add_argument("pattern", type=subject_pattern,
+                           help="subject pattern: tokens split by '.', '*' one token, '>' the rest")
     subscribe.add_argument("--max-messages", type=positive_int, help="stop after this many")
-    subscribe.add_argument("--timeout-ms", type=positive_int, help="stop after this long without a message")
+    subscribe.add_argument("--timeout-ms", type=direct_timeout_ms, help="stop after this long without a message")
     subscribe.set_defaults(run=cmd_subscribe)
 
     publish = with_bootstrap(subparsers.add_parser("publish", help="publish one direct-plane message"))
-    publish.add_argument("subject", type=utf8_text)
+    publish.add_argument("subject", type=subject, help="tokens split by '.', no wildcards")
     publish.add_argument("payload", type=utf8_text)
     publish.add_argument("--wait-ms", type=int_in_range(0, I32_MAX, "an i32 of milliseconds"), default=500,
                          help="wait this long for subscribers to connect first (PUB/SUB drops until then)")
@@ -109,6 +142,9 @@ def cmd_service_list(args: argparse.Namespace) -> int:
         close_client(zk)
     if args.name:
         services = {args.name: services.get(args.name, {})}
+        if not services[args.name] and not args.json:  # "no services registered" while others are
+            print(f"no instance of service {args.name!r} is registered")
+            return 0
     if args.json:
         print(json.dumps({name: {z: i.__dict__ for z, i in inst.items()} for name, inst in services.items()},
                          indent=2, sort_keys=True))
@@ -132,12 +168,7 @@ def cmd_request(args: argparse.Namespace) -> int:
     from sdk.direct import SyncDirect
 
     payload = sys.stdin.buffer.read() if args.payload == "-" else args.payload.encode()
-    headers: dict[str, bytes | str] = {}
-    for item in args.header:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise errors.InvalidRequestError(f"--header {item!r}: expected NAME=VALUE")
-        headers[name] = value
+    headers: dict[str, bytes | str] = dict(args.header)  # NAME=VALUE pairs, checked while parsing
     client = SyncDirect(_zk(args))
     try:
         reply = client.request(args.name, payload, timeout_ms=args.timeout_ms, headers=headers or None,
@@ -181,7 +212,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if lost:
-        print(f"{lost} messages lost (dropped or gaps)", file=sys.stderr)
+        print(f"{plural(lost, 'message')} lost (dropped or gaps)", file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from fabric.cli._common import bootstrap, timeout_seconds, usage_error, with_bootstrap
 from fabric.cli._queue_status import add_queues, queue_lines
+from fabric.wording import plural
 
 ZK_CONNECT_TIMEOUT_S = 5.0
 ZK_CALL_TIMEOUT_S = 5.0
@@ -178,23 +179,24 @@ def collect(zk: Any, zookeeper: str, timeout_s: float = ZK_CALL_TIMEOUT_S) -> St
         status.problems.append(f"controller {status.controller} is not a live node")
     for node in status.nodes:
         if not node["up"]:
-            status.problems.append(f"node {node['id']} is down (it holds replicas of {node['replicas']} partitions)")
+            status.problems.append(f"node {node['id']} is down (it holds replicas of "
+                                   f"{plural(node['replicas'], 'partition')})")
     if status.offline:
         electable = sum(1 for row in status.offline if row["live_isr"])
         status.problems.append(
-            f"{len(status.offline)} partition(s) offline (no live leader): reads and writes fail; "
+            f"{plural(len(status.offline), 'partition')} offline (no live leader): reads and writes fail; "
             f"{electable} with a live in-sync replica to elect, {len(status.offline) - electable} waiting for "
             "a replica to come back")
     if status.under_replicated:
-        status.problems.append(f"{len(status.under_replicated)} partition(s) under-replicated")
+        status.problems.append(f"{plural(len(status.under_replicated), 'partition')} under-replicated")
     if status.below_min_insync:
-        status.problems.append(f"{len(status.below_min_insync)} partition(s) below min_insync: acks=all writes "
+        status.problems.append(f"{plural(len(status.below_min_insync), 'partition')} below min_insync: acks=all writes "
                                "are refused")
     if not live:
         status.problems.append("no storage node is up")
     if status.strict_order_topics and status.sequencer is None:
-        status.problems.append(f"no active sequencer: writes to {status.strict_order_topics} strict-order "
-                               "topic(s) fail")
+        status.problems.append(f"no active sequencer: writes to "
+                               f"{plural(status.strict_order_topics, 'strict-order topic')} fail")
     return status
 
 
@@ -271,7 +273,7 @@ def _sequencer_line(status: Status) -> str:
 
 def render(status: Status) -> str:
     up = sum(1 for n in status.nodes if n["up"])
-    verdict = "HEALTHY" if status.healthy else f"UNHEALTHY ({len(status.problems)} problem(s))"
+    verdict = "HEALTHY" if status.healthy else f"UNHEALTHY ({plural(len(status.problems), 'problem')})"
     lines = [
         f"cluster     zk://{status.zookeeper}   {verdict}",
         f"controller  {'node ' + str(status.controller) if status.controller is not None else 'none'}",
@@ -283,7 +285,7 @@ def render(status: Status) -> str:
         lines.append(f"  {n['id']:>4}  {'up' if n['up'] else 'DOWN':<5}  {n['address'] or '-':<28}  "
                      f"{n['leaders']:>7}  {n['replicas']:>8}  {_uptime(n['uptime_s']):>8}  {n['version'] or '-':<8}"
                      f"{'  (controller)' if n['controller'] else ''}")
-    lines.append(f"partitions  {status.partitions} in {status.topics} topic(s): {len(status.offline)} offline, "
+    lines.append(f"partitions  {status.partitions} in {plural(status.topics, 'topic')}: {len(status.offline)} offline, "
                  f"{len(status.under_replicated)} under-replicated, {len(status.below_min_insync)} below min_insync")
     lines += _partition_lines("offline", status.offline)
     lines += _partition_lines("under-replicated", status.under_replicated)

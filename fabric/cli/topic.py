@@ -14,6 +14,7 @@ from fabric.cli._common import (
     utf8_text,
     with_bootstrap,
 )
+from fabric.wording import plural
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,7 +59,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
             admin.create_topic(args.name, args.partitions, args.replication_factor, config,
                                strict_order=args.strict_order)
             kind = " (strict order)" if args.strict_order else ""
-            print(f"created topic {args.name} with {args.partitions} partitions{kind}")
+            print(f"created topic {args.name} with {plural(args.partitions, 'partition')}{kind}")
         elif args.topic_command == "list":
             for name in admin.list_topics():
                 print(name)
@@ -81,7 +82,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
             print(f"topic {args.name}: " + ", ".join(f"{key}={value}" for key, value in args.config))
         elif args.topic_command == "add-partitions":
             admin.create_partitions(args.name, args.partitions)
-            print(f"topic {args.name} now has {args.partitions} partitions")
+            print(f"topic {args.name} now has {plural(args.partitions, 'partition')}")
         elif args.topic_command == "reassign":
             return reassign.cmd_reassign(admin, args)
         elif args.topic_command == "elect-leaders":
@@ -90,5 +91,5 @@ def cmd_topic(args: argparse.Namespace) -> int:
                 # for success. Ask first, so an unknown topic fails as in `topic describe`.
                 admin.describe_topics(args.names)
             moved = admin.elect_preferred_leaders(args.names or None)
-            print(f"moved leadership of {moved} partitions back to their preferred replicas")
+            print(f"moved leadership of {plural(moved, 'partition')} back to their preferred replicas")
     return 0

@@ -206,13 +206,105 @@ def test_refused_topic_names(fabric: Fabric) -> None:
 
 def test_partial_success_is_exit_3(fabric: Fabric, topic: str) -> None:
     result = fabric("produce", topic, "--partition", "1", "--record-bytes-max", "10", stdin=b"short\n" + b"y" * 50 + b"\n")
-    assert_one_line_error(result, 3, "longer than --record-bytes-max=10", "1 of 1 records delivered")
+    assert_one_line_error(result, 3, "longer than --record-bytes-max=10", "1 of 1 record delivered")
 
 
 def test_debug_shows_the_traceback(fabric: Fabric) -> None:
     result = fabric("consume", "t", "-b", f"zk://127.0.0.1:{free_port()}", extra_env={"FABRIC_DEBUG": "1"})
     assert result.code == 1 and "Traceback" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("fabric: error: cannot reach ZooKeeper")
+
+
+# -- the review of the command line: each fails on the tree before its fix ----------------------
+NODE_USAGE = "usage: fabric node [--config FILE.toml] --id ID --zk HOST:PORT --data-dir DIR [OPTION ...]"
+
+
+def test_an_unknown_flag_is_refused_by_the_command_it_was_given_to(fabric: Fabric) -> None:
+    # The node printed the usage of all its options, the error, and a second error line.
+    node = fabric("node", "--frob")
+    assert (node.code, node.stderr.splitlines()) == (2, [NODE_USAGE, "fabric node: error: unrecognized arguments: --frob"])
+    # The other commands: their own name (topic list said "fabric: error:", bench "python -m bench").
+    assert_one_line_error(fabric("topic", "list", "--frob"), 2, "fabric topic list: error: unrecognized arguments: --frob")
+    assert_one_line_error(fabric("sequencer", "--zk", "127.0.0.1:1", "--frob"), 2,
+                          "fabric sequencer: error: unrecognized arguments: --frob")
+    bench = fabric("bench", "--frob")
+    assert bench.code == 2 and bench.stderr.strip().splitlines()[-1] == "fabric bench: error: unrecognized arguments: --frob"
+    bench = fabric("bench", "--sizes", "abc")  # a ValueError traceback
+    assert bench.code == 2 and "Traceback" not in bench.stderr
+    assert bench.stderr.strip().splitlines()[-1].startswith("fabric bench: error: argument --sizes: 'abc'")
+
+
+def test_a_usage_error_names_the_subcommand_as_typed(fabric: Fabric, topic: str, tmp_path: Path) -> None:
+    # Each said "fabric queue:", "fabric group:", "fabric topic:" or "fabric: error: [CONFIG_ERROR]".
+    assert_one_line_error(fabric("queue", "send", topic, "-m", "a", "-m", "b", "--dedup-id", "x"), 2,
+                          "fabric queue send: error: --dedup-id names one message")
+    assert_one_line_error(fabric("group", "reset-offsets", "g", "--topic", topic, "--to", "offset"), 2,
+                          "fabric group reset-offsets: error: --to offset needs --offset")
+    assert_one_line_error(fabric("topic", "reassign", topic), 2, "fabric topic reassign: error: give TOPIC")
+    assert_one_line_error(fabric("up", "--config", str(tmp_path / "none.toml")), 2,
+                          "fabric up: error: cannot read config file")
+    assert_one_line_error(fabric("principal", "list", "-b", "tcp://127.0.0.1:1"), 2,  # bare text, exit 1
+                          "fabric principal list: error: principals, ACLs and quotas live in ZooKeeper")
+
+
+def test_a_data_dir_that_cannot_be_one_says_why(fabric: Fabric, tmp_path: Path) -> None:
+    afile = tmp_path / "afile"  # "File exists", and for a path below it "Not a directory"
+    afile.write_text("x")
+    assert_one_line_error(fabric("up", "--data-dir", str(afile)), 2,
+                          f"fabric up: error: --data-dir {afile} is a file, not a directory")
+    assert_one_line_error(fabric("up", "--data-dir", str(afile / "node")), 2,
+                          f"fabric up: error: cannot create --data-dir {afile}/node: {afile} is a file, not a directory")
+    assert_one_line_error(fabric("keys", "generate", "bob", "--dir", str(afile)), 2,
+                          f"fabric keys generate: error: --dir {afile} is a file, not a directory")
+
+
+def test_generate_says_the_node_list_is_too_short(fabric: Fabric, topic: str) -> None:
+    # It said "replication_factor=3 but only 1 live nodes", with 3 live; 1,1,1 printed a plan of [1, 1, 1].
+    assert_one_line_error(fabric("topic", "reassign", topic, "--generate", "1"), 1,
+                          f"--generate 1: topic {topic} keeps 3 replicas of each partition", "at least 3 nodes; 1 given")
+    assert_one_line_error(fabric("topic", "reassign", topic, "--generate", "1,1,1"), 2, "node 1 appears twice")
+    assert_one_line_error(fabric("topic", "reassign", topic, "--generate", "1,2,3", "--partition", "0"), 2,
+                          "--generate only prints a plan", "drop --partition")
+    assert fabric("topic", "reassign", topic, "--generate", "3,2,1").code == 0
+
+
+def test_reset_offsets_says_which_partitions_it_clamped(fabric: Fabric, cluster: LocalCluster, topic_name: str) -> None:
+    # Partition 0 holds offsets 0..5, partition 1 none: 3 fits the first and is clamped in the second.
+    topic, group = topic_name, f"clamp-{os.getpid()}"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic, partitions=2)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(5):
+            producer.send(topic, b"v%d" % i, partition=0)
+    result = fabric("group", "reset-offsets", group, "--topic", topic, "--to", "offset", "--offset", "3")
+    assert result.code == 0 and result.stdout == f"{topic}/0\t3\n{topic}/1\t0\n".encode()
+    assert result.stderr.splitlines() == [f"fabric group reset-offsets: warning: {topic}/1: offset 3 is past the "
+                                          "partition's end offset 0 (the offset its next record gets); set to 0"]
+    result = fabric("group", "reset-offsets", group, "--topic", topic, "--to", "offset", "--offset", "99")
+    assert result.code == 0 and len(result.stderr.splitlines()) == 2 and "offset 99 is past" in result.stderr
+    assert_one_line_error(fabric("group", "reset-offsets", group, "--topic", topic, "--to", "latest", "--offset", "5"),
+                          2, "--offset goes with --to offset, not --to latest")
+
+
+def test_one_of_a_thing_is_singular(fabric: Fabric, topic_name: str) -> None:
+    result = fabric("topic", "create", topic_name, "-r", "1")  # "with 1 partitions"
+    assert (result.code, result.stdout) == (0, f"created topic {topic_name} with 1 partition\n".encode())
+    result = fabric("queue", "send", topic_name, "-m", "one")
+    assert (result.code, result.stderr) == (0, f"sent 1 message to {topic_name}\n")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("consume", "T", "--partition", "99999999999999"), "PARTITIONS_MAX"),  # "internal error ValueError"
+    (("request", "svc", "hi", "--header", "novalue"), "'novalue' is not NAME=VALUE"),  # exit 1 after connecting
+    (("subscribe", "a..b"), "has an empty token"),
+    (("publish", "a.*", "x"), "wildcards belong in patterns"),
+    (("quota", "set", "bob", "--produce-bytes-per-s", "0"), "--produce-bytes-per-s"),
+    (("principal", "list", "--zk-digest-file", "/nonexistent"),  # "cannot reach ZooKeeper: ..."
+     "argument --zk-digest-file: cannot read ZooKeeper credentials /nonexistent: No such file or directory"),
+])
+def test_more_bad_values_are_usage_errors(fabric: Fabric, topic: str, args: tuple[str, ...], needle: str) -> None:
+    args = tuple(topic if a == "T" else a for a in args)
+    assert_one_line_error(fabric(*args), 2, f"fabric {args[0]}", needle)
 
 
 # -- what works now ---------------------------------------------------------------------------

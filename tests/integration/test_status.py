@@ -157,7 +157,7 @@ def test_offline_partitions_say_whether_a_live_in_sync_replica_can_be_elected(zk
         zk.stop()
         zk.close()
     assert [(row["partition"], row["live_isr"]) for row in status.offline] == [(0, [1]), (1, [])]
-    assert any("2 partition(s) offline" in p and "1 with a live in-sync replica to elect, 1 waiting" in p
+    assert any("2 partitions offline" in p and "1 with a live in-sync replica to elect, 1 waiting" in p
                for p in status.problems)
     screen = render(status)
     assert "t/0  leader 2" in screen and "live in-sync [1]" in screen and "no live in-sync replica" in screen

@@ -62,6 +62,20 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["subscribe", "a.*", "--max-messages", "-1"], "--max-messages"),
     (["publish", "a.b", "x", "--wait-ms", "-1"], "--wait-ms"),
     (["request", "svc", NOT_UTF8], "not valid UTF-8"),
+    # Each was refused only after connecting (exit 1), or not at all.
+    (["consume", "t1", "--partition", "99999999999999"], "PARTITIONS_MAX"),  # was "internal error ValueError"
+    (["produce", "t1", "--partition", "99999999999"], "PARTITIONS_MAX"),
+    (["request", "svc", "hi", "--header", "novalue"], "--header: 'novalue' is not NAME=VALUE"),
+    (["request", "svc", "hi", "--timeout-ms", "99999999999999"], "TIMEOUT_MS_MAX"),
+    (["subscribe", "a..b"], "has an empty token"),
+    (["subscribe", "a.b", "--timeout-ms", "99999999999999"], "TIMEOUT_MS_MAX"),
+    (["publish", "a.*", "x"], "wildcards belong in patterns"),
+    (["publish", "", "x"], "must be 1 to 255 bytes"),
+    (["quota", "set", "bob", "--produce-bytes-per-s", "0"], "--produce-bytes-per-s"),
+    (["quota", "set", "bob", "--produce-bytes-per-s", "-5"], "--produce-bytes-per-s"),
+    (["topic", "reassign", "t1", "--generate", "1,1,1"], "node 1 appears twice in '1,1,1'"),  # planned [1, 1, 1]
+    (["topic", "reassign", "t1", "--partition", "0", "--replicas", "1,2,1"], "node 1 appears twice"),
+    (["demo", "--size", "10"], "24-digit sequence number"),  # sent 24 bytes, reported 10
 ])
 def test_bad_values_are_refused_while_parsing(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert needle in refused(argv, capsys)
@@ -93,12 +107,12 @@ def test_an_argument_that_is_not_utf8_is_a_usage_error_wherever_it_fails() -> No
     try:
         f"topic-{NOT_UTF8}".encode()
     except UnicodeEncodeError as exc:
-        prefix, message, code = describe_error(exc, argparse.Namespace(command="topic"))
-    assert (prefix, code) == ("fabric topic", EXIT_USAGE) and "not valid UTF-8" in message
+        prefix, message, code = describe_error(exc, argparse.Namespace(command_prog="fabric topic create"))
+    assert (prefix, code) == ("fabric topic create", EXIT_USAGE) and "not valid UTF-8" in message
 
 
 def test_a_bug_is_still_an_internal_error() -> None:
-    prefix, message, code = describe_error(ValueError("boom"), argparse.Namespace(command="topic"))
+    prefix, message, code = describe_error(ValueError("boom"), argparse.Namespace(command_prog="fabric topic create"))
     assert (prefix, code) == ("fabric", EXIT_ERROR) and message.startswith("internal error ValueError")
 
 
@@ -166,3 +180,156 @@ def test_a_bare_key_file_name_is_found_where_keys_generate_wrote_it(
     assert key_argument("alice.key", key_dir) == "alice.key"
     assert key_argument("sub/bob.key", key_dir) == "sub/bob.key"  # a path is taken as given
     assert key_argument("carol.key", key_dir) == "carol.key"  # nowhere: the error names what was given
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["topic", "list", "--frob"], "fabric topic list: error: unrecognized arguments: --frob"),
+    (["topic", "--frob", "list"], "fabric topic: error: unrecognized arguments: --frob"),
+    (["queue", "send", "q", "-m", "x", "--frob", "1"], "fabric queue send: error: unrecognized arguments: --frob 1"),
+    (["group", "reset-offsets", "g", "--topic", "t", "--to", "earliest", "--frob"],
+     "fabric group reset-offsets: error: unrecognized arguments: --frob"),
+    (["--frob", "topic", "list"], "fabric: error: unrecognized arguments: --frob"),
+    (["queue", "purge"], "fabric queue: error: argument COMMAND: invalid choice: 'purge'"),  # not "queue_command"
+])
+def test_an_unknown_flag_is_refused_by_the_command_it_was_given_to(
+        argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fabric topic list --frob` said `fabric: error:`, naming no command (the top parser
+    collected what the sub-parsers did not know)."""
+    if argv[0] == "--frob":  # the top parser's own: _main reports it
+        from fabric.cli import main
+
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == EXIT_USAGE and capsys.readouterr().err.startswith(line)
+        return
+    assert refused(argv, capsys).startswith(line)
+
+
+def test_pass_through_commands_still_receive_their_flags() -> None:
+    for command in ("node", "sequencer", "bench"):
+        args, rest = build_parser().parse_known_args([command, "--frob", "1"])
+        assert rest == ["--frob", "1"] and args.run_argv is not None
+
+
+@pytest.mark.parametrize(("argv", "prefix"), [
+    (["queue", "send", "q"], "fabric queue send"),
+    (["group", "reset-offsets", "g", "--topic", "t", "--to", "offset"], "fabric group reset-offsets"),
+    (["topic", "reassign"], "fabric topic reassign"),
+    (["status"], "fabric status"),
+    (["up"], "fabric up"),
+])
+def test_a_usage_error_from_a_handler_names_the_command_as_typed(argv: list[str], prefix: str) -> None:
+    """A handler's usage error (CliError, exit 2) was prefixed `fabric queue:` or `fabric
+    group:`, the top command only; a bad --config file `fabric: error: [CONFIG_ERROR]`."""
+    from fabric.errors import ConfigError
+
+    args, _ = build_parser().parse_known_args(argv)
+    assert describe_error(CliError("--dedup-id names one message", EXIT_USAGE), args)[0] == prefix
+    assert describe_error(ConfigError("cannot read config file x"), args) == \
+        (prefix, "cannot read config file x", EXIT_USAGE)
+    assert describe_error(CliError("cannot reach ZooKeeper"), args)[0] == "fabric"  # exit 1: as before
+
+
+def test_the_node_refuses_an_unknown_flag_with_its_usage_line_and_one_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`fabric node --frob` printed argparse's usage of all its options (15 lines), the
+    error, then "fabric node: error: invalid command line (see the message above)"."""
+    from nodes.launch import main
+
+    assert main(["--frob"]) == EXIT_USAGE
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["usage: fabric node [--config FILE.toml] --id ID --zk HOST:PORT --data-dir DIR [OPTION ...]",
+                     "fabric node: error: unrecognized arguments: --frob"]
+
+
+@pytest.mark.parametrize("sizes", ["abc", "100,,1024"])
+def test_bench_refuses_bad_sizes_before_starting_a_cluster(sizes: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fabric bench --sizes abc` ended in a ValueError traceback, under `python -m bench`'s name."""
+    from fabric.cli.bench import cmd_bench
+
+    with pytest.raises(SystemExit) as exit_info:
+        cmd_bench(["--sizes", sizes])
+    assert exit_info.value.code == EXIT_USAGE
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("fabric bench: error: argument --sizes:")
+
+
+def test_plural() -> None:
+    from fabric.wording import plural
+
+    assert [plural(n, "message") for n in (0, 1, 2, 1_000)] == ["0 messages", "1 message", "2 messages",
+                                                                "1,000 messages"]
+    assert plural(1, "reply", "replies") == "1 reply" and plural(3, "reply", "replies") == "3 replies"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--to", "latest", "--offset", "5"], "--offset goes with --to offset, not --to latest"),
+    (["--to", "earliest", "--datetime", "2026-01-01"], "--datetime goes with --to datetime, not --to earliest"),
+])
+def test_reset_offsets_refuses_a_flag_its_target_ignores(argv: list[str], message: str) -> None:
+    from fabric.cli.group import cmd_reset
+
+    args, _ = build_parser().parse_known_args(["group", "reset-offsets", "g", "--topic", "t", *argv])
+    with pytest.raises(CliError) as error:
+        cmd_reset(args)  # refused before anything connects
+    assert (error.value.exit_code, error.value.message) == (EXIT_USAGE, message)
+
+
+def test_reset_offsets_says_when_it_clamped() -> None:
+    from fabric.cli.group import clamp_warning
+
+    assert clamp_warning("t/0", 99, 5) == ("fabric group reset-offsets: warning: t/0: offset 99 is past the "
+                                           "partition's end offset 5 (the offset its next record gets); set to 5")
+    assert clamp_warning("t/1", 3, 10) == ("fabric group reset-offsets: warning: t/1: offset 3 is before the "
+                                           "partition's log start offset 10 (older records are gone); set to 10")
+
+
+def test_make_directory_says_why_it_cannot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fabric up --data-dir FILE` said only "File exists", a file among the parents "Not a
+    directory"."""
+    from fabric.cli._common import make_directory
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for path, message in [
+        (afile, f"--data-dir {afile} is a file, not a directory"),
+        (afile / "sub" / "deeper", f"cannot create --data-dir {afile}/sub/deeper: {afile} is a file, not a directory"),
+    ]:
+        with pytest.raises(CliError) as error:
+            make_directory(str(path), "--data-dir")
+        assert (error.value.exit_code, error.value.message) == (EXIT_USAGE, message)
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(CliError) as error:
+        make_directory(str(dangling), "--data-dir")
+    assert error.value.message == (f"cannot create --data-dir {dangling}: it is a symbolic link to "
+                                   f"{tmp_path / 'nowhere'}, which does not exist")
+    assert make_directory(str(tmp_path / "new" / "dir"), "--data-dir").is_dir()
+
+    def refused_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refused_mkdir)  # root passes any permission check: simulated
+    with pytest.raises(CliError) as error:
+        make_directory(str(tmp_path / "locked" / "x"), "--data-dir")
+    assert error.value.message == f"cannot create --data-dir {tmp_path}/locked/x: no permission to create it in {tmp_path}"
+
+
+def test_security_commands_check_their_bootstrap_and_credentials_before_connecting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node address printed the bare text and exited 1 (SystemExit); an unreadable digest
+    file read "cannot reach ZooKeeper: ..."."""
+    from fabric.cli import security
+
+    monkeypatch.delenv("FABRIC_ZK_DIGEST_FILE", raising=False)
+    args, _ = build_parser().parse_known_args(["principal", "list", "-b", "tcp://127.0.0.1:1"])
+    with pytest.raises(CliError) as error:
+        security._zk_hosts(args)
+    assert error.value.exit_code == EXIT_USAGE and "live in ZooKeeper" in error.value.message
+    args, _ = build_parser().parse_known_args(["principal", "list", "-b", "zk://nohost"])
+    with pytest.raises(CliError, match="is not HOST:PORT"):
+        security._zk_hosts(args)
+    args, _ = build_parser().parse_known_args(["principal", "list", "--zk-digest-file", str(tmp_path)])
+    with pytest.raises(CliError) as error:
+        security._digest(args)
+    assert error.value.exit_code == EXIT_USAGE
+    assert error.value.message == f"argument --zk-digest-file: cannot read ZooKeeper credentials {tmp_path}: Is a directory"

@@ -26,6 +26,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _SPAN = re.compile(r"`((?:python3 -m )?fabric [a-z-][^`]*)`")
 _LINE = re.compile(r"^(?:\$ )?((?:python3 -m )?fabric [a-z].*)$")
 _PLACEHOLDER = re.compile(r"[\[<]|\.\.\.|\w/\w|\b[A-Z][A-Z_]+\b|\bN\b|=$")
+# A line the command prints, quoted in the docs: `fabric topic list: error: ...`.
+_OUTPUT = re.compile(r"^(?:python3 -m )?fabric(?: [a-z-]+)*: (?:error|warning):")
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -37,7 +39,7 @@ def documented_commands() -> list[tuple[str, str]]:
             for command in [*_SPAN.findall(text), *([whole.group(1)] if whole else [])]:
                 # The command itself: before a comment, a pipe, a redirection or a second command.
                 command = re.split(r"\s+#|\s*(?:\||&&|;|>|<)\s*", command)[0].strip()
-                if _PLACEHOLDER.search(command):
+                if _PLACEHOLDER.search(command) or _OUTPUT.match(command):
                     continue
                 found.append((f"{path.name}:{number}", command))
     return found

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from fabric.cli._common import CliError
-from fabric.cli.reassign import log_line, read_plan
+from fabric.cli.reassign import generate_plan, log_line, read_plan, too_few_nodes
+from sdk._client import PartitionMetadata
+from sdk.admin import TopicDescription
 
 
 def test_read_plan_accepts_kafkas_shape(tmp_path: Path) -> None:
@@ -46,3 +48,28 @@ def test_log_line_at_rest_and_while_moving() -> None:
     moving = log_line([row(1, "leader", 0, 200, 200, 500, adding=[4], removing=[1], throttle=1024 * 1024),
                        row(4, "follower", 0, 50, 50, 100)])
     assert "reassigning: adding [4] removing [1], throttle 1.0 MiB/s: node 4 at 50/200 (25%)" in moving
+
+
+def topic(name: str, *replicas: tuple[int, ...]) -> TopicDescription:
+    return TopicDescription(name, {}, tuple(PartitionMetadata(i, r[0], 0, r, r) for i, r in enumerate(replicas)))
+
+
+def test_generate_needs_as_many_nodes_as_replicas() -> None:
+    """`--generate 1` for a topic of 3 replicas said "replication_factor=3 but only 1 live
+    nodes", with three nodes live: the list was too short, not the cluster."""
+    orders = topic("orders", (1, 2, 3), (2, 3, 1))
+    assert too_few_nodes([orders], [1], {}) == ("topic orders keeps 3 replicas of each partition, one per node, "
+                                                "so a plan for it needs at least 3 nodes; 1 given")
+    assert too_few_nodes([orders, topic("solo", (1,))], [4, 5, 6], {}) is None
+    assert too_few_nodes([], [1], {}) is None
+
+
+def test_a_moving_partition_counts_as_its_target() -> None:
+    """While a move runs the replicas are the old and the new ones together: [1, 2, 3, 4]
+    moving to [2, 3, 4] counted 4 replicas (a plan one too many, or "replication_factor=4")."""
+    moving = topic("orders", (1, 2, 3, 4))
+    copies = {("orders", 0): [row(1, "leader", 0, 10, 10, 100, adding=[4], removing=[1])]}
+    assert too_few_nodes([moving], [2, 3, 4], copies) is None
+    assert too_few_nodes([moving], [2, 3, 4], {}) is not None
+    plan = generate_plan([moving], [5, 6, 7], copies)
+    assert [len(move["replicas"]) for move in plan["partitions"]] == [3]
