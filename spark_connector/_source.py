@@ -40,7 +40,9 @@ log = logging.getLogger("fabric.spark")
 class _ReadConfig:
     """The read options, parsed and checked once on the driver."""
 
-    def __init__(self, options: Mapping[str, str], *, streaming: bool) -> None:
+    def __init__(self, options: Mapping[str, str], *, streaming: bool | None) -> None:
+        """``streaming=None``: only the rules batch and stream reads share (load() checks
+        them before it knows which kind of query it serves)."""
         opts.check_known(options, opts.READ_OPTIONS, "read")
         self.bootstrap = opts.bootstrap_from(options)
         self.selection = opts.parse_selection(options)
@@ -48,7 +50,7 @@ class _ReadConfig:
         self.ending = opts.parse_offsets(options, "endingOffsets", "latest")
         if streaming and opts._get(options, "endingOffsets") is not None:
             raise opts.FabricOptionError("option endingOffsets is for batch queries; a stream has no end")
-        if not streaming:
+        if streaming is False:
             if self.starting == "latest" or (isinstance(self.starting, dict) and _has(self.starting, opts.LATEST)):
                 raise opts.FabricOptionError("startingOffsets latest (-1) is not allowed in a batch query: it would read nothing")
             if self.ending == "earliest" or (isinstance(self.ending, dict) and _has(self.ending, opts.EARLIEST)):
@@ -83,8 +85,12 @@ class FabricDataSource(DataSource):
         return "fabric"
 
     def schema(self) -> StructType:
-        return read_schema(opts.parse_bool(self.options, "includeHeaders", False),
-                           opts.parse_bool(self.options, "includeGlobalId", False))
+        # Spark asks for the schema in load(), for batch and stream reads alike: checking the
+        # options here refuses a bad one at load(), as Kafka's source does. A stream's reader
+        # is only made once the query runs, and PySpark's stream runner reports an exception
+        # from its constructor under an UnboundLocalError of its own.
+        config = _ReadConfig(self.options, streaming=None)
+        return read_schema(config.include_headers, config.include_global_id)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         self._check_schema(schema)
@@ -152,7 +158,14 @@ class FabricStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.config = _ReadConfig(options, streaming=True)
+        # load() has checked the options (FabricDataSource.schema); what is left is the rule
+        # only a stream has (no endingOffsets). PySpark's stream runner cannot report an
+        # exception raised here (its cleanup calls stop() on a reader that was never made, and
+        # the user reads PySpark's UnboundLocalError last), so it is raised by the first call.
+        try:
+            self._config: _ReadConfig | str = _ReadConfig(options, streaming=True)
+        except opts.FabricOptionError as exc:
+            self._config = str(exc)
         self._view: _ClusterView | None = None
         self._available_now: dict[TopicPartition, int] | None = None
 
@@ -160,6 +173,12 @@ class FabricStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state = dict(self.__dict__)
         state["_view"] = None
         return state
+
+    @property
+    def config(self) -> _ReadConfig:
+        if isinstance(self._config, str):
+            raise opts.FabricOptionError(self._config)
+        return self._config
 
     @property
     def view(self) -> _ClusterView:

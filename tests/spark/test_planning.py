@@ -10,7 +10,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from sdk import TopicPartition
 from spark_connector import _options as opts
-from spark_connector._source import FabricBatchReader, FabricStreamReader
+from spark_connector._source import FabricBatchReader, FabricDataSource, FabricStreamReader
 from spark_connector._writer import producer_id_for
 
 pytestmark = pytest.mark.spark
@@ -56,8 +56,10 @@ def test_bootstrap_and_batch_offset_rules() -> None:
         FabricBatchReader({**base, "startingOffsets": "latest"}, None)  # type: ignore[arg-type]
     with pytest.raises(opts.FabricOptionError, match="not allowed in a batch"):
         FabricBatchReader({**base, "endingOffsets": '{"t": {"0": -2}}'}, None)  # type: ignore[arg-type]
-    with pytest.raises(opts.FabricOptionError, match="for batch queries"):
-        FabricStreamReader({**base, "endingOffsets": "latest"}, None)  # type: ignore[arg-type]
+    stream_reader = FabricStreamReader({**base, "endingOffsets": "latest"}, None)  # type: ignore[arg-type]
+    with pytest.raises(opts.FabricOptionError, match="for batch queries"):  # by its first call (docs/SPARK.md)
+        stream_reader.getDefaultReadLimit()
+    FabricDataSource({**base, "endingOffsets": "latest"}).schema()  # load() cannot tell a stream from a batch
 
 
 def test_split_range() -> None:
@@ -154,7 +156,7 @@ def test_unknown_and_misspelt_options_are_refused() -> None:
 
     base = {"bootstrap": "zk://h:1", "subscribe": "t"}
     with pytest.raises(opts.FabricOptionError, match="unknown read option 'startingOffset': did you mean startingOffsets"):
-        FabricStreamReader({**base, "startingOffset": "earliest"}, None)  # type: ignore[arg-type]
+        FabricDataSource({**base, "startingOffset": "earliest"}).schema()  # load(), batch or stream
     with pytest.raises(opts.FabricOptionError, match="did you mean failOnDataLoss"):
         FabricBatchReader({**base, "failondatalos": "false"}, None)  # type: ignore[arg-type]
     with pytest.raises(opts.FabricOptionError, match="option bootstrap"):

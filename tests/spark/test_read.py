@@ -284,3 +284,22 @@ def test_user_schema_and_misspelt_options_are_clear_errors(spark: Any, cluster: 
             .option("subscribe", three).load().collect()
     with pytest.raises(Exception, match="did you mean endingOffsets"):
         reader(spark, cluster, subscribe=three, endingOffset=json.dumps({three: {"0": 0, "1": 0, "2": 0}})).collect()
+
+
+def test_a_bad_stream_option_is_refused_at_load_and_reported_plainly(spark: Any, cluster: LocalCluster, three: str,
+                                                                    tmp_path: Path) -> None:
+    """A bad option on a stream was refused only once the query ran, and PySpark's stream
+    runner then ended the report with an UnboundLocalError of its own under the message.
+    Now load() refuses it, as it does for a batch read (and as Kafka's source does); the one
+    rule only a stream has is reported when the query starts, without PySpark's error."""
+    with pytest.raises(Exception, match="did you mean startingOffsets"):
+        stream(spark, cluster, three, startingOffset="earliest")
+    with pytest.raises(Exception, match="option startingOffsets must be earliest, latest or JSON"):
+        stream(spark, cluster, three, startingOffsets="first")
+    query = start_memory_query(stream(spark, cluster, three, endingOffsets="latest"), "stream_ending", tmp_path)
+    try:
+        with pytest.raises(Exception, match="option endingOffsets is for batch queries") as refused:
+            query.processAllAvailable()
+        assert "UnboundLocalError" not in str(refused.value)
+    finally:
+        query.stop()
