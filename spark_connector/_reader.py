@@ -30,6 +30,7 @@ from pyspark.sql.types import (
 )
 
 from fabric import errors
+from fabric.protocol.apis import is_internal_topic
 from fabric.protocol.batch import (
     ATTRIBUTE_CONTROL,
     TIMESTAMP_LOG_APPEND,
@@ -141,7 +142,9 @@ class _ClusterView:
         """The selected partitions that exist now, sorted. Unknown named topics raise."""
         if selection.pattern is not None:
             regex = re.compile(selection.pattern)
-            topics = [t for t in self.admin.list_topics() if regex.fullmatch(t)]
+            # Never Fabric's own __consumer_offsets and __queue_state: Kafka's source (its
+            # consumer excludes internal topics) and the SDK's pattern subscriptions skip them.
+            topics = [t for t in self.admin.list_topics() if not is_internal_topic(t) and regex.fullmatch(t)]
         else:
             topics = sorted({tp.topic for tp in selection.assigned} or set(selection.topics))
         out: list[TopicPartition] = []

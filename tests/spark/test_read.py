@@ -303,3 +303,22 @@ def test_a_bad_stream_option_is_refused_at_load_and_reported_plainly(spark: Any,
         assert "UnboundLocalError" not in str(refused.value)
     finally:
         query.stop()
+
+
+def test_a_pattern_never_matches_internal_topics(spark: Any, cluster: LocalCluster, topic_name: str) -> None:
+    """``subscribePattern`` read Fabric's own ``__consumer_offsets`` when it matched (``.*``
+    did), where Kafka's source and the SDK's pattern subscriptions (docs/GROUPS.md) skip
+    internal topics; naming one in ``subscribe`` still reads it."""
+    create_topic(cluster.bootstrap, topic_name, 1)
+    produce(cluster.bootstrap, topic_name, values("v", 3))
+    with Consumer(cluster.bootstrap, group_id=f"{topic_name}-group", auto_offset_reset="earliest") as consumer:
+        consumer.subscribe([topic_name])  # its commit creates __consumer_offsets
+        polled = 0
+        for _ in range(30):  # a bound, not a sleep: the group's join takes a few polls
+            polled += len(consumer.poll(timeout_ms=1000))
+            if polled == 3:
+                break
+        consumer.commit()
+    matched = reader(spark, cluster, subscribePattern=f"__.*|{topic_name}").select("topic").distinct().collect()
+    assert [r.topic for r in matched] == [topic_name]
+    assert reader(spark, cluster, subscribe="__consumer_offsets").count() > 0
