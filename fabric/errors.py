@@ -273,7 +273,7 @@ class SequencerNotAvailableError(RetriableError):
     pass
 
 
-@_wire(42, "INVALID_GLOBAL_ID", "a producer set global_id_base on a strict-order batch; only the leader stamps it")
+@_wire(42, "INVALID_GLOBAL_ID", "a producer set global_id_base (on any topic); only a strict-order topic's leader stamps it")
 class InvalidGlobalIdError(FabricError):
     pass
 

@@ -63,7 +63,7 @@ static const error_row_t ERROR_ROWS[] = {
     /* 40-49: the sequencer and strict-order topics */
     {40, "NOT_ACTIVE_SEQUENCER", 1, "this sequencer is standing by or was deposed; find the active one in ZooKeeper"},
     {41, "SEQUENCER_NOT_AVAILABLE", 1, "no active sequencer granted global IDs in time; nothing written"},
-    {42, "INVALID_GLOBAL_ID", 0, "a producer set global_id_base on a strict-order batch; only the leader stamps it"},
+    {42, "INVALID_GLOBAL_ID", 0, "a producer set global_id_base (on any topic); only a strict-order topic's leader stamps it"},
     {43, "STALE_SEQUENCER_EPOCH", 1, "a grant from a sequencer epoch older than one already seen; refused"},
     {44, "GLOBAL_ID_REGRESSION", 1, "a grant at or below the last global ID of the partition; refused"},
     {45, "INVALID_ID_COUNT", 0, "an ID request for a count outside 0..SEQUENCER_GRANT_IDS_MAX or an unknown kind"},
