@@ -175,15 +175,19 @@ def test_wal_files_stay_within_their_bound(tmp_path: Path) -> None:
     def wal_bytes() -> int:
         return sum(f.stat().st_size for f in (tmp_path / "db").glob("*.log"))
 
-    deadline = time.monotonic() + 20  # flushes run in RocksDB's background threads
+    # Flushes run in RocksDB's background threads, and the bound is checked when a write
+    # comes (DBImpl::PreprocessWrite): a loaded machine's flushes can lag the 48 writes,
+    # and a node keeps writing, so small writes go on while the test waits.
+    deadline = time.monotonic() + 20
     while wal_bytes() > 2 * bound and time.monotonic() < deadline:
+        append(log, store, [b"small"])
         time.sleep(0.05)
     assert wal_bytes() <= 2 * bound
     store.close()
     store = Store(str(tmp_path / "db"), wal_bytes_max=bound)  # nothing lost with the WALs
     log = PartitionLog(store, "t", 0, incarnation=1)
     read = [v for raw in log.read(0, 1 << 30, log.log_end_offset) for v in batch.decode_batch(raw).values]
-    assert [v[:4] for v in read] == [i.to_bytes(4, "big") for i in range(48)]
+    assert [v[:4] for v in read if v != b"small"] == [i.to_bytes(4, "big") for i in range(48)]
     store.close()
 
 
