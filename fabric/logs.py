@@ -151,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser, default_level: str = "INFO") 
     parser.add_argument("--log-level", default=default_level, type=str.upper, choices=LOG_LEVELS,
                         help="least severe level logged")
     parser.add_argument("--log-format", default="text", choices=LOG_FORMATS,
-                        help="text for people (default), json for log pipelines (one object per line)")
+                        help="text for people, json for log pipelines (one object per line)")
 
 
 def context_of(record: logging.LogRecord) -> Mapping[str, Any]:

@@ -15,6 +15,7 @@ from fabric.cli._common import (
     with_bootstrap,
 )
 from fabric.wording import plural
+from fabric.zk import TopicConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,9 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--partitions", "-p", type=partition_count, default=1, help="number of partitions")
     create.add_argument("--replication-factor", "-r", type=replication_factor, default=3,
                         help="copies of each partition (at most the number of live nodes)")
-    create.add_argument("--config", "-c", action="append", type=key_value, default=[], metavar="KEY=VALUE",
-                        help="topic config, repeatable: retention_ms, retention_bytes, message_bytes_max, "
-                             "min_insync, unclean_leader_election")
+    create.add_argument("--config", "-c", action="append", type=key_value, metavar="KEY=VALUE",
+                        help=f"topic config, repeatable: {', '.join(TopicConfig.SETTABLE)} "
+                             "(docs/PROTOCOL.md 5.5; the queue settings: docs/QUEUES.md)")
     create.add_argument("--strict-order", action="store_true",
                         help="one total order across partitions: records get global IDs from the sequencer")
     with_bootstrap(tsub.add_parser("list", help="list topic names"))
@@ -55,7 +56,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
 
     with Admin(bootstrap(args)) as admin:
         if args.topic_command == "create":
-            config: dict[str, Any] = dict(args.config)
+            config: dict[str, Any] = dict(args.config or [])
             admin.create_topic(args.name, args.partitions, args.replication_factor, config,
                                strict_order=args.strict_order)
             kind = " (strict order)" if args.strict_order else ""
