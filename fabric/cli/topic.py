@@ -59,7 +59,8 @@ def cmd_topic(args: argparse.Namespace) -> int:
             config: dict[str, Any] = dict(args.config or [])
             admin.create_topic(args.name, args.partitions, args.replication_factor, config,
                                strict_order=args.strict_order)
-            kind = " (strict order)" if args.strict_order else ""
+            strict = args.strict_order or str(config.get("strict_order", "")).lower() in ("true", "1")  # as TopicConfig reads it
+            kind = " (strict order)" if strict else ""
             print(f"created topic {args.name} with {plural(args.partitions, 'partition')}{kind}")
         elif args.topic_command == "list":
             for name in admin.list_topics():
