@@ -85,8 +85,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _has_flag(args: list[str], flag: str) -> bool:
-    return any(arg == flag or arg.startswith(f"{flag}=") for arg in args)
+def _argv_with_ports(head: list[str], extra_args: list[str], port_flags: tuple[str, ...]) -> list[str]:
+    """``head``, a free_port() for each of ``port_flags`` the caller did not pin in
+    ``extra_args``, then ``extra_args`` (last, so the caller's arguments win). Called at each
+    start: a restarted process may come back on other ports, as with port 0, but never on
+    one from the kernel's ephemeral range."""
+    pinned = {arg.split("=", 1)[0] for arg in extra_args}
+    ports = [arg for flag in port_flags if flag not in pinned for arg in (flag, str(free_port()))]
+    return [*head, *ports, *extra_args]
 
 
 def _die_with_parent() -> None:
@@ -412,12 +418,7 @@ class LocalNode:
                                       env={**os.environ, **env} if env else None)
 
     def _argv(self) -> list[str]:
-        # Ports the caller did not pin are picked afresh at each start (a restarted node may
-        # come back elsewhere, as with port 0) but from free_port's range, never the kernel's
-        # ephemeral one; the caller's arguments come last and win.
-        ports = [[flag, str(free_port())] for flag in ("--port", "--replication-port")
-                 if not _has_flag(self._extra_args, flag)]
-        return [*self._argv_head, *(arg for pair in ports for arg in pair), *self._extra_args]
+        return _argv_with_ports(self._argv_head, self._extra_args, ("--port", "--replication-port"))
 
     def start(self) -> None:
         if not self.process.running:
@@ -455,8 +456,7 @@ class LocalSequencer:
         self.process = ManagedProcess(f"sequencer{sequencer_id}", self._argv(), base_dir / f"sequencer{sequencer_id}.log")
 
     def _argv(self) -> list[str]:
-        port = [] if _has_flag(self._extra_args, "--port") else ["--port", str(free_port())]  # as LocalNode._argv
-        return [*self._argv_head, *port, *self._extra_args]
+        return _argv_with_ports(self._argv_head, self._extra_args, ("--port",))
 
     def start(self) -> None:
         if not self.process.running:

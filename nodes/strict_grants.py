@@ -73,9 +73,9 @@ class _Out:
 class GrantAsker:
     """Per node, owned by the loop's thread; only ``allocate`` runs on the grant thread."""
 
-    def __init__(self, order: StrictOrder, allocate: Callable[[int, int], Grant], wake: Callable[[], None]) -> None:
+    def __init__(self, order: StrictOrder, wake: Callable[[], None]) -> None:
         self.order = order
-        self.allocate = allocate  # (count, kind) -> Grant, blocking but bounded
+        self.allocate = order.grant_source  # (count, kind) -> Grant, blocking but bounded
         self.worker = zkl.Worker(wake, name="sequencer-grants", queue_max=GRANT_JOBS_MAX)
         self.parked: deque[Parked] = deque()
         self.records_out: _Out | None = None
@@ -107,8 +107,10 @@ class GrantAsker:
         while self.parked and self.parked[0].demand in self._answers:
             head = self.parked.popleft()
             ready.append((head, self._answers[head.demand]))
-        if not any(p.demand == d for p in self.parked for d in self._answers):
-            self._answers.clear()  # every request of those grants is taken
+        # Grants are asked and used oldest first: an answer older than the oldest request
+        # still parked (or any, when none waits on one) has no request left.
+        oldest = self.parked[0].demand if self.parked else 0
+        self._answers = {d: a for d, a in self._answers.items() if oldest and d >= oldest}
         self._ask_records(now_s)
         return ready
 

@@ -206,7 +206,7 @@ def for_node(node: NodeState) -> StrictOrder:
                              security=node.authz.client if node.authz is not None else None)
     made = StrictOrder(lambda count, kind: client.allocate(count, timeout_ms=GRANT_TIMEOUT_MS_DEFAULT, kind=kind))
     # The client is used on the asker's thread only; closed after that thread ends.
-    made.asker = GrantAsker(made, made.grant_source, node.wake)
+    made.asker = GrantAsker(made, node.wake)
 
     def close_both() -> None:
         parked = made.asker.close() if made.asker is not None else []
@@ -288,11 +288,12 @@ def tick(node: NodeState, now: float) -> None:
     for tp in idle:
         order.known_last_id(tp, node.leaders[tp].epoch, functools.partial(read_last_batch, node, tp))
     due = [tp for tp in idle if order.needs_tick(tp)]
-    pool = answer.pool if answer is not None and answer.pool is not None and answer.pool.remaining else None
-    if pool is None:
-        if answer is not None and answer.failure is not None:
-            log.debug("no ticks this turn: %s", answer.failure)
-        elif asker.ticks_asked:
+    if answer is not None and answer.failure is not None:
+        log.debug("no ticks this turn: %s", answer.failure)
+        return
+    pool = answer.pool if answer is not None else None
+    if pool is None or not pool.remaining:  # none yet, or only records_end: ask, unless asked
+        if asker.ticks_asked:
             pass
         elif due:
             asker.ask_ticks(len(due), now)

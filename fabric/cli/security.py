@@ -78,12 +78,13 @@ def _digest(args: argparse.Namespace) -> str | None:
     """The ZooKeeper credentials, or None on a plaintext cluster. A file that cannot be read
     is said to be that, naming where it was given, before anything connects (it read as
     "cannot reach ZooKeeper")."""
+    recorded = _state().get("zk_digest_file")
     if getattr(args, "zk_digest_file", None):
         path, origin, code = args.zk_digest_file, "argument --zk-digest-file", EXIT_USAGE
     elif os.environ.get("FABRIC_ZK_DIGEST_FILE"):
         path, origin, code = os.environ["FABRIC_ZK_DIGEST_FILE"], "$FABRIC_ZK_DIGEST_FILE", EXIT_USAGE
-    elif _state().get("zk_digest_file"):
-        path, origin, code = _state()["zk_digest_file"], f"the digest file recorded in {STATE_FILE}", EXIT_ERROR
+    elif recorded:
+        path, origin, code = recorded, f"the digest file recorded in {STATE_FILE}", EXIT_ERROR
     else:
         return None
     try:
