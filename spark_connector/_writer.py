@@ -34,7 +34,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from sdk import Producer
+from fabric import errors
+from sdk import Admin, Producer
 from spark_connector import _options as opts
 
 log = logging.getLogger("fabric.spark")
@@ -102,6 +103,19 @@ class _WriteConfig:
         if self.topic is None and "topic" not in fields:
             raise opts.FabricOptionError("give the target topic: option topic, or a 'topic' column")
         self.columns = [name for name in ("key", "value", "topic", "partition", "headers") if name in fields]
+
+    def check_topic(self) -> None:
+        """On the driver, before any task starts: an unknown ``topic`` option fails the write
+        with a plain message, instead of every task failing (after the producer's wait for the
+        topic to appear) and Spark retrying it. A ``topic`` column is checked by the tasks."""
+        if self.topic is None:
+            return
+        with Admin(self.bootstrap) as admin:
+            try:
+                admin.describe_topic(self.topic)
+            except errors.UnknownTopicOrPartitionError:
+                raise opts.FabricOptionError(
+                    f"unknown topic {self.topic!r} (option topic); create it first or fix the option") from None
 
     def producer(self, producer_id: int | None = None) -> Producer:
         if producer_id is None:
@@ -211,6 +225,7 @@ class FabricBatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.config = _WriteConfig(options, schema)
+        self.config.check_topic()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FabricCommitMessage:
         from pyspark import TaskContext
@@ -230,6 +245,7 @@ class FabricStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.config = _WriteConfig(options, schema)
+        self.config.check_topic()
         self.idempotent = self.config.exactly_once and idempotence_available()
         if self.config.exactly_once and not self.idempotent:
             log.warning("this SDK has no idempotent producer: the fabric sink is at-least-once")

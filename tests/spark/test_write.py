@@ -54,6 +54,22 @@ def test_write_needs_a_value_column_and_a_topic(spark: Any, cluster: LocalCluste
         writer.save()
 
 
+def test_unknown_topic_option_fails_on_the_driver(spark: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+    """Before any task starts, with a plain message: tasks used to wait for the topic to
+    appear, fail, and be retried by Spark."""
+    df = spark.createDataFrame([("v",)], "value string")
+    with pytest.raises(Exception, match=r"unknown topic 'no-such-topic' \(option topic\)"):
+        df.write.format("fabric").mode("append").option("bootstrap", cluster.bootstrap).option("topic", "no-such-topic").save()
+    stream = spark.readStream.format("rate").option("rowsPerSecond", "1").load().selectExpr("cast(value as string) as value")
+    with pytest.raises(Exception, match=r"unknown topic 'no-such-topic' \(option topic\)"):
+        query = (stream.writeStream.format("fabric").option("bootstrap", cluster.bootstrap)
+                 .option("topic", "no-such-topic").option("checkpointLocation", str(tmp_path / "cp")).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+
 def test_overwrite_mode_is_refused(spark: Any, cluster: LocalCluster, topic_name: str) -> None:
     """mode("overwrite") used to append silently; a topic cannot be overwritten (Kafka refuses it too)."""
     create_topic(cluster.bootstrap, topic_name, 1)
