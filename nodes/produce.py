@@ -103,7 +103,7 @@ def stage(node: NodeState, wb: Any, envelope: Envelope, request: apis.Message,
                 decompressed_bytes = charge_decompression(decompressed_bytes, header.records_bytes)
                 node.turn_decompressed_bytes += header.records_bytes
             records = batch_format.records_section(frame, header)
-            batch_format.check_records(header, records)
+            max_timestamp = batch_format.check_records(header, records)
             # A client's queue options are record headers: checked here, not dropped at
             # delivery (queue_headers_checked above says whose are).
             if config.queue and queue_headers_checked:
@@ -137,6 +137,12 @@ def stage(node: NodeState, wb: Any, envelope: Envelope, request: apis.Message,
                     global_id = ids.stamp((topic, partition), leader.epoch, data, header.record_count)
                 else:
                     data = frame
+                if max_timestamp != header.max_timestamp:
+                    # The producer's claim is not its records' largest timestamp: store the
+                    # truth (new CRC), as Kafka's broker does, since time look-ups and time
+                    # retention read only this field.
+                    data = batch_format.with_max_timestamp(data, max_timestamp)
+                    header = header._replace(max_timestamp=max_timestamp)
                 result["base_offset"], stored = plog.append(wb, data, header, leader.epoch, now_ms)
                 if config.strict_order:
                     ids.appended((topic, partition), leader.epoch, global_id, header.record_count)

@@ -31,11 +31,16 @@ fi
 extras="${FABRIC_EXTRAS:-spark,test,speed}"
 python3 -m pip install -q --disable-pip-version-check -e ".[${extras}]" 2>&1 | grep -v -e "^WARNING: Running pip as" -e "is ignored: it is neither" || true
 
-# The compiled fast path of Producer.send (sdk/_speedups.pyx, Cython from the `speed`
-# extra). Optional: without it the SDK runs the pure-Python path, same behaviour, slower.
+# The compiled fast paths (Cython from the `speed` extra): Producer.send's per-record work
+# (sdk/_speedups.pyx) and the node's check of every produced batch's records
+# (fabric/protocol/_columns.pyx). Optional: without them the pure-Python paths run, same
+# behaviour, slower.
 if python3 -c "import Cython" >/dev/null 2>&1; then
   # (from the repository root: sdk/ holds a queue.py that would shadow the standard library's)
-  if ! python3 -m Cython.Build.Cythonize -i -q -3 sdk/_speedups.pyx >/tmp/fabric-speedups-build.log 2>&1; then
-    echo "warning: sdk/_speedups.pyx did not build (see /tmp/fabric-speedups-build.log): Producer.send runs on pure Python"
-  fi
+  for pyx in sdk/_speedups.pyx fabric/protocol/_columns.pyx; do
+    log="/tmp/fabric-$(basename "$pyx" .pyx)-build.log"
+    if ! python3 -m Cython.Build.Cythonize -i -q -3 "$pyx" >"$log" 2>&1; then
+      echo "warning: $pyx did not build (see $log): its pure-Python twin runs instead"
+    fi
+  done
 fi

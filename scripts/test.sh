@@ -11,9 +11,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m ruff check .
 python3 -m mypy
 if [ $# -eq 0 ]; then
-  # The producer's tests once more on the pure-Python path: the compiled fast path
-  # (sdk/_speedups.pyx) must behave the same, and machines without a compiler run this one.
+  # The producer's and the batch checks' tests once more on the pure-Python paths: the
+  # compiled fast paths (sdk/_speedups.pyx, fabric/protocol/_columns.pyx) must behave the
+  # same, and machines without a compiler run these.
   FABRIC_PURE_PYTHON=1 python3 -m pytest -q -p no:cacheprovider tests/unit/test_speedups.py tests/unit/test_sticky_partitioner.py tests/unit/test_producer_inputs.py \
+    tests/unit/test_record_columns.py tests/unit/test_produce_validation.py tests/integration/test_produce_validation.py \
     tests/integration/test_roundtrip.py tests/integration/test_producer_exit.py tests/integration/test_send_batch.py
 fi
 exec python3 -m pytest -q "$@"

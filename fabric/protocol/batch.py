@@ -44,9 +44,11 @@ decompresses with an output bound.
 
 from __future__ import annotations
 
+import os
 import struct
+import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, pairwise
 from typing import NamedTuple
 
@@ -86,10 +88,6 @@ TIMESTAMP_MS_MIN = -(1 << 63)
 TIMESTAMP_MS_MAX = (1 << 63) - 1
 TIMESTAMP_DELTA_MS_MIN = -(1 << 31)
 TIMESTAMP_DELTA_MS_MAX = (1 << 31) - 1
-# With first_timestamp inside these, every i32 delta gives a record timestamp inside the
-# i64: only a batch whose first_timestamp is nearer an end than that has its deltas read.
-_FIRST_TIMESTAMP_SAFE_MIN = TIMESTAMP_MS_MIN - TIMESTAMP_DELTA_MS_MIN
-_FIRST_TIMESTAMP_SAFE_MAX = TIMESTAMP_MS_MAX - TIMESTAMP_DELTA_MS_MAX
 NO_PRODUCER_ID = -1  # producer_id of a batch that is not idempotent (its epoch and sequence are ignored)
 HEADERS_PER_RECORD_MAX = 0xFFFF
 HEADER_NAME_BYTES_MAX = 0xFFFF
@@ -269,44 +267,78 @@ def check_produced(header: BatchHeader) -> None:
             f"producer {producer_id}: base_sequence {header.base_sequence} outside [0, {I32_MAX}]")
 
 
-def check_records(header: BatchHeader, records: bytes) -> None:
-    """Check that an uncompressed records section holds exactly ``record_count`` records.
+def check_records(header: BatchHeader, records: bytes) -> int:
+    """Check that an uncompressed records section holds exactly ``record_count`` records,
+    and return the largest record timestamp (``first_timestamp`` + the largest delta).
 
     The columns' lengths must add up to the section's size, every header must parse, and
-    nothing may follow the last header, so that whatever passes here decodes later. Costs
-    one ``struct.unpack_from`` and a few C-speed sums; only headers take a Python loop
-    (per header, not per record, and only for records that have headers).
+    nothing may follow the last header, so that whatever passes here decodes later. The
+    fixed-width columns take one pass (``_record_columns``, compiled when built); only
+    headers take a Python loop (per header, not per record, and only for records that have
+    headers). A leader writes the returned timestamp into the batch's ``max_timestamp``
+    when the producer's differs (nodes/produce.py), as Kafka's broker does: time look-ups
+    and time retention trust that field.
     """
     n = header.record_count
     arrays_bytes = RECORD_FIXED_BYTES * n
     if len(records) < arrays_bytes:
         raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
+    low_delta, high_delta, shortest, lengths_total, has_headers = _record_columns(records, n)
     first_ts = header.first_timestamp
-    if not _FIRST_TIMESTAMP_SAFE_MIN <= first_ts <= _FIRST_TIMESTAMP_SAFE_MAX:
-        # Within an i32 of an end of the i64 (no real clock): a delta could carry a record
-        # timestamp past it, which readers could not represent. Other batches skip this.
-        deltas = struct.unpack_from(f"<{n}i", records, 0)
-        low, high = first_ts + min(deltas), first_ts + max(deltas)
-        if low < TIMESTAMP_MS_MIN or high > TIMESTAMP_MS_MAX:
-            raise CorruptMessageError(
-                f"record timestamps {low} to {high} (first_timestamp {first_ts} plus the deltas) "
-                f"outside the i64 range [{TIMESTAMP_MS_MIN}, {TIMESTAMP_MS_MAX}]")
-    # Key and value lengths are checked as one column (one min, one sum, one count: this
-    # runs for every batch a node accepts).
-    columns = struct.unpack_from(f"<{2 * n}i{n}H", records, 4 * n)
-    lengths, header_counts = columns[: 2 * n], columns[2 * n :]
-    if min(lengths) < -1:
+    low, high = first_ts + low_delta, first_ts + high_delta
+    if low < TIMESTAMP_MS_MIN or high > TIMESTAMP_MS_MAX:
+        # Only within an i32 of an end of the i64 (no real clock): readers could not
+        # represent such a record's timestamp.
+        raise CorruptMessageError(
+            f"record timestamps {low} to {high} (first_timestamp {first_ts} plus the deltas) "
+            f"outside the i64 range [{TIMESTAMP_MS_MIN}, {TIMESTAMP_MS_MAX}]")
+    if shortest < -1:
         raise CorruptMessageError("negative key or value length")
-    # Lengths are >= -1, so adding back one per null gives the sum of the real lengths.
-    headers_start = arrays_bytes + sum(lengths) + lengths.count(-1)
+    headers_start = arrays_bytes + lengths_total
     if headers_start > len(records):
         raise CorruptMessageError(
-            f"key and value lengths add up to {headers_start - arrays_bytes} bytes, "
+            f"key and value lengths add up to {lengths_total} bytes, "
             f"the records section has {len(records) - arrays_bytes} after its length arrays"
         )
-    end = _decode_headers(records, headers_start, header_counts)[1] if any(header_counts) else headers_start
+    if has_headers:
+        end = _decode_headers(records, headers_start, struct.unpack_from(f"<{n}H", records, 12 * n))[1]
+    else:
+        end = headers_start
     if end != len(records):
         raise CorruptMessageError(f"records section has {len(records) - end} bytes after the last record")
+    return high
+
+
+def _record_columns_py(records: bytes, n: int) -> tuple[int, int, int, int, bool]:
+    """(smallest timestamp delta, largest delta, smallest key/value length, sum of the
+    non-negative key/value lengths, whether any record has headers) of a records section's
+    fixed-width columns; the caller checked that it holds ``14 * n`` bytes. What
+    ``fabric/protocol/_columns.pyx`` computes without a Python object per record."""
+    columns = struct.unpack_from(f"<{3 * n}i", records, 0)
+    deltas, lengths = columns[:n], columns[n:]
+    total = sum(lengths) + lengths.count(-1)  # the real lengths' sum while none is below -1
+    shortest = min(lengths)
+    if shortest < -1:
+        total = sum(length for length in lengths if length > 0)
+    counts = records[12 * n : 14 * n]
+    return min(deltas), max(deltas), shortest, total, counts.count(0) != len(counts)
+
+
+def _load_record_columns() -> Callable[[bytes, int], tuple[int, int, int, int, bool]]:
+    """The compiled ``record_columns`` (fabric/protocol/_columns.pyx, built by
+    scripts/install.sh), or the pure one: not built, ``FABRIC_PURE_PYTHON=1``, or a
+    big-endian machine (the twin reads native integers). Same results either way."""
+    if os.environ.get("FABRIC_PURE_PYTHON", "") == "1" or sys.byteorder != "little":
+        return _record_columns_py
+    try:
+        from fabric.protocol import _columns
+    except ImportError:
+        return _record_columns_py
+    compiled: Callable[[bytes, int], tuple[int, int, int, int, bool]] = _columns.record_columns
+    return compiled
+
+
+_record_columns = _load_record_columns()
 
 
 def _check_lz4_claim(payload: memoryview, records_bytes: int) -> None:
@@ -334,6 +366,15 @@ def stamped(data: bytes | bytearray | memoryview, base_offset: int, leader_epoch
     in place and then turned into bytes copies every record twice.)"""
     view = memoryview(data)
     return b"".join((_STAMP.pack(base_offset), view[8:12], _EPOCH.pack(leader_epoch), view[16:]))
+
+
+def with_max_timestamp(data: bytes | bytearray | memoryview, max_timestamp: int) -> bytearray:
+    """A copy of the batch with ``max_timestamp`` written in and the CRC, which covers it,
+    recomputed (a leader storing a producer's batch whose claim was wrong)."""
+    buf = bytearray(data)
+    _STAMP.pack_into(buf, 36, max_timestamp)
+    struct.pack_into("<I", buf, 16, compute_crc(buf))
+    return buf
 
 
 def stamp_global_id(buf: bytearray, global_id_base: int) -> None:

@@ -172,3 +172,28 @@ def test_sequences_wrap_at_i32_max(cluster: LocalCluster, topic: str) -> None:
         offsets = [producer.send(topic, f"w{i}".encode(), partition=0).result(10).offset for i in range(4)]
         assert producer._next_sequence[(topic, 0)] == 2
     assert offsets == list(range(offsets[0], offsets[0] + 4)) and offsets[0] >= 0
+
+
+def test_a_wrong_max_timestamp_is_stored_as_the_records_say(cluster: LocalCluster, topic: str) -> None:
+    """A batch whose max_timestamp understated its records' (found by a client written from
+    docs/PROTOCOL.md) was stored as sent, and a look-up by time skipped its later record.
+    The leader now writes the records' largest timestamp in, with a new CRC (as Kafka's
+    broker does); an honest batch is stored byte for byte as before."""
+    start = end_offset(cluster, topic)
+    t0 = 4_000_000_000_000  # after every record the module's other tests write
+    honest = batch_format.encode_batch([t0 + 150_000], [None], [b"c"])
+    understated = rewrite(batch_format.encode_batch([t0, t0 + 100_000], [None, None], [b"a", b"b"]), max_timestamp=t0)
+    results = produce(cluster, topic, [understated, honest])
+    assert [(r["error"], r["base_offset"]) for r in results] == [(0, start), (0, start + 2)]
+    tp = TopicPartition(topic, 0)
+    with Consumer(cluster.bootstrap) as consumer:
+        assert consumer.offsets_for_times({tp: t0 + 50_000}) == {tp: start + 1}
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        stored: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(stored) < 2 and time.monotonic() < deadline:
+            stored.extend(bytes(raw.buf) for raw in consumer.poll_raw_batches(timeout_ms=500))
+    headers = [batch_format.validate(buf, 1 << 20) for buf in stored]  # the CRCs check
+    assert [h.max_timestamp for h in headers] == [t0 + 100_000, t0 + 150_000]
+    assert stored[1][20:] == honest[20:]  # past the stamped base offset and epoch: as sent
