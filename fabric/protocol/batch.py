@@ -47,12 +47,20 @@ from __future__ import annotations
 import os
 import struct
 import sys
-import zlib
 from collections.abc import Callable, Sequence
 from itertools import accumulate, pairwise
 from typing import NamedTuple
 
 import lz4.frame
+
+try:
+    # The same CRC-32 as zlib's, computed with the CPU's carry-less multiply: about 16x
+    # zlib's speed on a 256 KiB batch (3.5 against 58 us here). A producer, every replica
+    # and a checking consumer each run it over every batch byte; in a node storing random
+    # values zlib's loop was 9 % of its CPU. Same results, so zlib remains the fallback.
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal is a dependency; a machine without its wheel
+    from zlib import crc32 as _crc32
 
 from fabric.errors import (
     CorruptMessageError,
@@ -177,7 +185,7 @@ def tag_bloom(buf: bytes | bytearray | memoryview) -> int | None:
 
 
 def compute_crc(buf: bytes | bytearray | memoryview) -> int:
-    return zlib.crc32(memoryview(buf)[CRC_START:]) & 0xFFFFFFFF
+    return _crc32(memoryview(buf)[CRC_START:]) & 0xFFFFFFFF
 
 
 def validate(buf: bytes | bytearray | memoryview, message_bytes_max: int, *, contents: bool = True) -> BatchHeader:
@@ -531,7 +539,7 @@ def frame_batch(
             base_sequence, global_id_base, payload.records_bytes,
         )
     )
-    crc = zlib.crc32(payload.data, zlib.crc32(memoryview(head)[CRC_START:])) & 0xFFFFFFFF
+    crc = _crc32(payload.data, _crc32(memoryview(head)[CRC_START:])) & 0xFFFFFFFF
     struct.pack_into("<I", head, 16, crc)
     return b"".join((head, payload.data))
 

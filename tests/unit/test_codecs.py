@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import struct
+import zlib
 
 import lz4.frame
 import pytest
@@ -314,3 +316,15 @@ def test_adaptive_compression_sends_incompressible_records_uncompressed() -> Non
         assert bf.decode_batch(data).values == values
     # without adaptive the codec asked for is kept (the vectors depend on it)
     assert bf.read_header(bf.encode_batch([1], [None], [b"abc"])).codec == bf.CODEC_LZ4
+
+
+def test_the_batch_crc_is_zlibs_crc32_whatever_computes_it() -> None:
+    """fabric/protocol/batch.py computes the batch CRC with isal's crc32 when it is
+    installed (hardware carry-less multiply): the wire format is zlib's CRC-32, which the
+    C client and section 4.4 of docs/PROTOCOL.md name, so the two must agree everywhere."""
+    rng = random.Random(5)
+    for size in [20, 21, 22, 35, 84, 100, 1000, 4096, 65_537, 262_144 + 3]:
+        buf = rng.randbytes(size)
+        assert batch.compute_crc(buf) == zlib.crc32(buf[batch.CRC_START:]) & 0xFFFFFFFF
+    encoded = batch.encode_batch([1_700_000_000_000] * 50, [None] * 50, [rng.randbytes(100) for _ in range(50)])
+    assert batch.read_header(encoded).crc == zlib.crc32(encoded[batch.CRC_START:]) & 0xFFFFFFFF
