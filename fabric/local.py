@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +52,12 @@ PORT_FLOOR = 20_000  # free_port's lowest pick; the kernel's ephemeral range sta
 PORT_PICKS_MAX = 200
 PORT_FLOOR_ROOM = 1_000  # at least this many ports to pick from, or pick from the lower half
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+# free_port never hands out a port again until this many later picks: a port is only probed,
+# not held, and is bound by its process some time after the pick. Far more picks than any
+# cluster's processes make before the first of them binds (two ports per node, started at once).
+PORTS_REMEMBERED = 1_024
+_handed_out: deque[int] = deque(maxlen=PORTS_REMEMBERED)
+_handed_out_lock = threading.Lock()
 
 
 def _ephemeral_floor() -> int:
@@ -69,20 +76,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     program's listener, and ZeroMQ sockets still reconnecting to the dead node then send
     their greeting to that program (Spark's Python-worker handshake read a ZMTP greeting as
     a length and failed the query); and before a node restarts on its port, an outgoing
-    connection can hold it as its local port."""
+    connection can hold it as its local port.
+
+    Nor a port this process handed out lately (PORTS_REMEMBERED): the probe binds and lets
+    go, so until the process it was picked for binds it, the port still probes free. A
+    cluster starts its nodes at once, two ports each, and a second pick of the same port
+    made one node exit with "Address already in use"."""
     ceiling = _ephemeral_floor()
     floor = PORT_FLOOR if ceiling - PORT_FLOOR >= PORT_FLOOR_ROOM else ceiling // 2  # an ephemeral range starting low
-    for _ in range(PORT_PICKS_MAX):
-        port = random.randrange(floor, ceiling)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
+    with _handed_out_lock:
+        for _ in range(PORT_PICKS_MAX):
+            port = random.randrange(floor, ceiling)
+            if port in _handed_out:
                 continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.append(port)
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all picks taken: any port
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all picks taken: any port
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        _handed_out.append(port)
+        return port
 
 
 def _argv_with_ports(head: list[str], extra_args: list[str], port_flags: tuple[str, ...]) -> list[str]:
