@@ -25,6 +25,7 @@ from tests.fault.harness import (
     Writer,
     collect_replicas,
     create_replicated_topic,
+    keep_logs,
     read_everything,
     seed_from_env,
     wait_for_full_isr,
@@ -41,13 +42,14 @@ SETTLE_S = 2.0  # steady writes before and after each restart, so the stall is m
 
 
 @pytest.fixture
-def cluster(zk_server: LocalZooKeeper, tmp_path: Path) -> Iterator[LocalCluster]:
+def cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     c = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
     c.start()
     try:
         yield c
     finally:
         c.stop()
+        keep_logs(c, request.node.name)
 
 
 def write_stall_s(writer: Writer, start_s: float, end_s: float) -> float:

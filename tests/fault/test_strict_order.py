@@ -21,7 +21,14 @@ import pytest
 from fabric.local import LocalZooKeeper
 from sdk import Admin, Consumer, OrderedConsumer, TopicPartition
 from tests.conftest import make_cluster
-from tests.fault.harness import Writer, leader_of, seed_from_env, wait_for_full_isr, wait_until
+from tests.fault.harness import (
+    Writer,
+    keep_logs,
+    leader_of,
+    seed_from_env,
+    wait_for_full_isr,
+    wait_until,
+)
 from tests.fault.history import History
 
 pytestmark = pytest.mark.slow
@@ -153,3 +160,4 @@ def test_strict_order_survives_sequencer_and_leader_failures(zk_server: LocalZoo
         assert all(s <= STALL_BOUND_S for s in stalls.values()), f"stall above the bound (seed={seed})"
     finally:
         cluster.stop()
+        keep_logs(cluster, "test_strict_order_survives_sequencer_and_leader_failures")
