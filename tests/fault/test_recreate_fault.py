@@ -13,10 +13,13 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fabric import errors
 from fabric.local import LocalZooKeeper
+from fabric.protocol.apis import ApiKey
 from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.conftest import make_cluster
 from tests.fault.harness import keep_logs
@@ -45,13 +48,22 @@ def test_a_replica_paused_through_delete_and_create_serves_nothing_old(zk_server
                 producer.send(topic, b"old-%d" % i, partition=i % PARTITIONS)
             producer.flush(60)
         time.sleep(1.0)
+        # Delete and create through another node: the Admin asks the nodes in the map's order,
+        # and one request to the paused victim waits out the request timeout (30 s), far past
+        # its session. The victim then woke with its session lost and wiped its copy on
+        # registering again: the old incarnation it should wake up holding was gone (seed 404).
+        via = next(address for node_id, address in admin.nodes().items() if node_id != victim)
         cluster.nodes[victim].pause()
+        paused_at = time.monotonic()
         try:
-            admin.delete_topic(topic, wait=False)
-            admin.create_topic(topic, partitions=PARTITIONS, replication_factor=3, wait=False)
+            call_via(admin, via, ApiKey.DELETE_TOPIC, {"name": topic})
+            call_via(admin, via, ApiKey.CREATE_TOPIC, {"name": topic, "partitions": PARTITIONS, "replication_factor": 3,
+                                                       "configs": []})
             time.sleep(0.5)
         finally:
             cluster.nodes[victim].resume()
+        print(f"node {victim} paused {time.monotonic() - paused_at:.1f} s through the delete and create "
+              f"(session timeout {SESSION_TIMEOUT_MS / 1000:g} s)")
         admin.wait_for_topic(topic, PARTITIONS)
         acked: dict[tuple[int, int], bytes] = {}
         with Producer(cluster.bootstrap, acks="all", delivery_timeout_ms=60_000) as producer:
@@ -75,7 +87,8 @@ def test_a_replica_paused_through_delete_and_create_serves_nothing_old(zk_server
                 while time.monotonic() < deadline and not set(acked) <= set(seen):
                     for record in consumer.poll(timeout_ms=500):
                         seen[(record.partition, record.offset)] = record.value
-            states = {p.partition: (p.leader, p.leader_epoch, list(p.isr)) for p in admin.describe_topic(topic).partitions}
+            described = call_via(admin, via, ApiKey.DESCRIBE_TOPICS, {"names": [topic]})["topics"][0]
+            states = {p["partition"]: (p["leader"], p["leader_epoch"], p["isr"]) for p in described["partitions"]}
         finally:
             cluster.nodes[victim].resume()
         print("partitions", states, "seen per partition",
@@ -88,3 +101,11 @@ def test_a_replica_paused_through_delete_and_create_serves_nothing_old(zk_server
     finally:
         cluster.stop()
         keep_logs(cluster, "test_a_replica_paused_through_delete_and_create_serves_nothing_old")
+
+
+def call_via(admin: Admin, address: str, api: ApiKey, body: dict[str, Any]) -> dict[str, Any]:
+    """One admin request to the node at ``address``, not to the first node of the Admin's
+    map, which may be the paused victim."""
+    reply = admin._conns.request(address, api, body).body
+    errors.raise_for_code(reply.get("error", 0), reply.get("message", ""))
+    return reply
