@@ -272,8 +272,8 @@ class SequencerService:
             if self._delete_own_active_znode():
                 log.warning("removed an active znode of our own session that a timed-out create left behind")
             return
-        except Exception as exc:
-            log.warning("could not register as active: %s", exc)
+        except Exception as exc:  # named by type: kazoo's ConnectionLoss and timeouts carry no message
+            log.warning("could not register as active: %s: %s", type(exc).__name__, exc)
             return
         # The create succeeded at or after ``started``: our session is alive until at least
         # started + session timeout, so the lease may begin there.
@@ -293,7 +293,7 @@ class SequencerService:
             except (BadVersionError, NodeExistsError):
                 continue  # a deposed instance's last reservation raced ours: read again
             except Exception as exc:
-                log.warning("takeover failed: %s", exc)
+                log.warning("takeover failed: %s: %s", type(exc).__name__, exc)
                 break
             with self._lock:
                 self.allocator = IdAllocator(new.epoch, start, new.reserved_end, self.block_ids)
@@ -311,7 +311,7 @@ class SequencerService:
             self._set_state(STANDBY, "reservation znode changed under us: a successor took over")
             return False
         except Exception as exc:
-            log.warning("reservation write failed: %s", exc)
+            log.warning("reservation write failed: %s: %s", type(exc).__name__, exc)
             return False
         self.state_version = written.version
         allocator.reserved(reservation)
