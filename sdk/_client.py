@@ -199,6 +199,13 @@ class MetadataClient:
         suspects = set(avoid) | {a for a, t in self._unanswered.items() if now - t < UNANSWERED_LAST_S}
         return sorted(seen, key=lambda a: a in suspects)  # stable: the map's order otherwise
 
+    def unanswered(self, address: str) -> None:
+        """``address`` failed to answer: ask it last for UNANSWERED_LAST_S."""
+        self._unanswered[address] = time.monotonic()
+
+    def answered(self, address: str) -> None:
+        self._unanswered.pop(address, None)
+
     def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
                 avoid: Iterable[str] = ()) -> ClusterMetadata:
         """The routing map from the first node that answers; ``avoid``: addresses suspected
@@ -219,9 +226,9 @@ class MetadataClient:
                     )
                 except errors.FabricError as exc:
                     last = exc
-                    self._unanswered[address] = time.monotonic()
+                    self.unanswered(address)
                     continue
-                self._unanswered.pop(address, None)
+                self.answered(address)
                 self.metadata = self._parse(message.body, merge=bool(topics))
                 return self.metadata
         if isinstance(last, (errors.AuthenticationFailedError, errors.AuthorizationFailedError)):

@@ -18,6 +18,7 @@ from sdk._arguments import I32_MAX, I64_MAX, int_arg, names_arg, str_arg
 from sdk._client import (
     METADATA_CONNECT_MS,
     METADATA_QUICK_CONNECT_MS,
+    METADATA_TIMEOUT_MS,
     Bootstrap,
     Connections,
     MetadataClient,
@@ -75,24 +76,35 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
         self._conns = Connections(context, security=security or FROM_ENV)
         self._meta = MetadataClient(meta_bootstrap, self._conns)
 
-    def _call(self, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, api_key: int, body: dict[str, Any], *, read_only: bool = False) -> dict[str, Any]:
         """The first node that answers. Each gets a short connect wait first, as in a
         metadata refresh: a node that died and is still in the map must not cost every
         call a whole connect wait before the next node is asked. Nodes that took nothing
         (not connected) are then given the patient wait; one the request went out to is
-        not sent it again."""
+        not sent it again. A node that did not answer is asked last for a while (as by
+        metadata refreshes). ``read_only``: any node answers it alike, so each node gets a
+        metadata request's timeout, not ``request_timeout_ms``: a paused node (a stopped
+        process, a frozen VM) then costs a describe 5 s instead of 30. A change keeps the
+        whole timeout on the node it reached: sent again elsewhere while the first node
+        may still carry it out, a create would come back "already exists"."""
         last: Exception | None = None
+        timeout_ms = min(self.request_timeout_ms, METADATA_TIMEOUT_MS) if read_only else self.request_timeout_ms
         unreached = self._meta.candidates()
         for wait_connect_ms in (METADATA_QUICK_CONNECT_MS, METADATA_CONNECT_MS):
             addresses, unreached = unreached, []
             for address in addresses:
                 try:
-                    return self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms,
-                                               wait_connect_ms=wait_connect_ms).body
+                    answer = self._conns.request(address, api_key, body, timeout_ms=timeout_ms,
+                                                 wait_connect_ms=wait_connect_ms).body
                 except (errors.NodeNotReadyError, errors.RequestTimedOutError) as exc:
                     last = exc
                     if exc.fields.get("sent") is False:
                         unreached.append(address)
+                    else:
+                        self._meta.unanswered(address)
+                    continue
+                self._meta.answered(address)
+                return answer
         raise errors.NoBrokersAvailableError(f"no node answered {ApiKey(api_key).name}: {last}")
 
     def create_topic(
@@ -213,7 +225,7 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
     def describe_topics(self, names: list[str] | None = None) -> list[TopicDescription]:
         """The named topics (a list; None or empty: all), in that order."""
         names = [] if names is None else names_arg("names", names)
-        body = self._call(ApiKey.DESCRIBE_TOPICS, {"names": names})
+        body = self._call(ApiKey.DESCRIBE_TOPICS, {"names": names}, read_only=True)
         out = []
         for t in body["topics"]:
             errors.raise_for_code(t["error"], f"topic {t['name']!r}")
