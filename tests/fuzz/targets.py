@@ -29,6 +29,11 @@ from fabric.protocol import schema as s
 from fabric.protocol.header import decode_header
 from fabric.protocol.schema import Array, Struct
 
+try:
+    from fabric.protocol import _columns
+except ImportError:  # not built: the columns target has nothing to compare
+    _columns = None  # type: ignore[assignment]
+
 Target = Callable[[bytes], None]
 
 _U16 = struct.Struct("<H")
@@ -137,6 +142,20 @@ def fuzz_batch(data: bytes) -> None:
     _guard(lambda: batch.read_header(buf))
 
 
+def fuzz_columns(data: bytes) -> None:
+    """The compiled records-section pass (fabric/protocol/_columns.pyx) against its pure
+    twin: the first byte picks the record count, the rest is the section; both must give the
+    same answer or refuse alike (a difference raises, which the fuzzer reports as a crash)."""
+    if not data:
+        return
+    n, records = data[0] % 64 + 1, data[1:]
+    if _columns is None or len(records) < batch.RECORD_FIXED_BYTES * n:
+        return
+    compiled, pure = _columns.record_columns(records, n), batch._record_columns_py(records, n)
+    if compiled != pure:
+        raise AssertionError(f"compiled {compiled} != pure {pure} for n={n}")
+
+
 def fuzz_direct(data: bytes) -> None:
     """The direct plane's messages (fabric/protocol/direct.py); first byte bit 0: as a SUB
     socket receives them (subject first) or as a DEALER/ROUTER does."""
@@ -164,6 +183,7 @@ TARGETS: dict[str, Target] = {
     "request": fuzz_request,
     "response": fuzz_response,
     "batch": fuzz_batch,
+    "columns": fuzz_columns,
     "direct": fuzz_direct,
     "state_record": fuzz_state_record,
 }
@@ -227,6 +247,9 @@ def seeds(target: str) -> list[bytes]:
         return out
     if target == "batch":
         return [bytes([mode]) + b for b in batches for mode in (0x00, 0x04, 0x08, 0x0C, 0x03, 0x07)]
+    if target == "columns":  # the records sections of the sample batches (uncompressed ones decode as they are)
+        sections = [batch.records_section(b, batch.read_header(b)) for b in batches]
+        return [bytes([batch.read_header(b).record_count - 1]) + sec for b, sec in zip(batches, sections, strict=True)]
     if target == "direct":
         return [bytes([0]) + join_frames(direct.request_frames(7, b"hi", timeout_ms=1500, idempotent=True,
                                                                headers={"trace": b"ab"})),
