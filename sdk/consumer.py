@@ -284,6 +284,7 @@ class Consumer:
         # corr -> node, sent, {tp: pos}, Connections.drops(node) when sent
         self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int], int]] = {}
         self._busy_nodes: set[str] = set()
+        self._fetch_turns: dict[str, int] = {}  # node address -> fetches sent to it (their order turns)
         # The assigned partitions by leader address, for the metadata and the assignment
         # list it was made from (both are replaced, never changed in place): a poll sends
         # fetches several times, and rebuilding this each time was about a tenth of a
@@ -752,7 +753,13 @@ class Consumer:
                 tps.append(tp)
             if not tps or address in self._busy_nodes:
                 continue
-            positions = {tp: self._fetch_positions[tp] for tp in tps}
+            # The node fills the answer in this order until max_bytes (docs/PROTOCOL.md
+            # 5.3): a fixed order would serve the first partitions with a backlog and starve
+            # the rest, so each fetch to a node starts one partition further on (Kafka's
+            # consumer rotates its fetch order too, KIP-74).
+            turn = self._fetch_turns[address] = self._fetch_turns.get(address, -1) + 1
+            first = turn % len(tps)
+            positions = {tp: self._fetch_positions[tp] for tp in tps[first:] + tps[:first]}
             body = {
                 "replica_id": apis.CONSUMER_REPLICA_ID,
                 "max_wait_ms": self.fetch_max_wait_ms,

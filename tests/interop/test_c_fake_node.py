@@ -39,16 +39,18 @@ class FakeNode:
     produce_batches: list[list[bytes]] = field(default_factory=list)
     metadata_requests: int = 0
     fetch_requests: int = 0
+    fetch_orders: list[list[int]] = field(default_factory=list)  # each FETCH's partitions, in request order
+    partitions: int = 1  # the topic's partition count in the metadata this node gives
     answered_with_next_waiting: int = 0  # PRODUCE answers sent while another request already waited
 
 
-def metadata_body(address: str) -> dict[str, Any]:
+def metadata_body(address: str, partitions: int = 1) -> dict[str, Any]:
     return {
         "controller_id": 1,
         "nodes": [{"node_id": 1, "address": address}],
         "topics": [{"error": 0, "name": TOPIC, "strict_order": 0, "message_bytes_max": 8 << 20,
-                    "partitions": [{"partition": 0, "error": 0, "leader": 1, "leader_epoch": 0,
-                                    "replicas": [1], "isr": [1]}]}],
+                    "partitions": [{"partition": p, "error": 0, "leader": 1, "leader_epoch": 0,
+                                    "replicas": [1], "isr": [1]} for p in range(partitions)]}],
     }
 
 
@@ -72,12 +74,14 @@ def fake_node() -> Iterator[tuple[FakeNode, Callable[[Handler], None]]]:
             request = apis.decode_request(message)
             if request.header.api_key == ApiKey.METADATA:
                 node.metadata_requests += 1
-                reply: list[Any] | None = apis.encode_response(request.header, metadata_body(node.address))
+                reply: list[Any] | None = apis.encode_response(request.header,
+                                                               metadata_body(node.address, node.partitions))
             else:
                 if request.header.api_key == ApiKey.PRODUCE:
                     node.produce_batches.append([bytes(b) for b in request.batches])
                 if request.header.api_key == ApiKey.FETCH:
                     node.fetch_requests += 1
+                    node.fetch_orders.append([p["partition"] for p in request.body["partitions"]])
                 reply = handlers[0](request)
                 if request.header.api_key == ApiKey.PRODUCE and router.poll(0):
                     node.answered_with_next_waiting += 1
@@ -301,3 +305,25 @@ def test_metadata_lookups_end_by_the_callers_time(c_client: CClient) -> None:
     assert set(took) == {"produce", "partition_count"}, run.stdout
     for name, (result, ms) in took.items():
         assert result == "NO_NODES" and ms < 5_000, (name, result, ms)  # one node alone took 5 s before
+
+
+def test_consumer_turns_the_order_of_its_fetch_partitions(c_client: CClient, fake_node: Any) -> None:
+    """A node fills a FETCH answer in the request's partition order until max_bytes
+    (docs/PROTOCOL.md 5.3): the C consumer listed its partitions in one fixed order, so the
+    first ones with a backlog starved the rest. Each FETCH now starts one partition on."""
+    node, set_handler = fake_node
+    node.partitions = 3
+
+    def empty_answer(request: apis.Message) -> list[Any]:
+        body = {"partitions": [{"topic": p["topic"], "partition": p["partition"], "error": 0, "high_watermark": 0,
+                                "log_start_offset": 0, "log_end_offset": 0, "batch_count": 0}
+                               for p in request.body["partitions"]]}
+        return apis.encode_response(request.header, body)
+
+    set_handler(empty_answer)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-p", "1", "-p", "2",
+                          "-o", "0", "-i", "300"], capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    orders = node.fetch_orders
+    assert len(orders) >= 3 and all(sorted(order) == [0, 1, 2] for order in orders), orders
+    assert {order[0] for order in orders} == {0, 1, 2}, orders[:6]

@@ -1,7 +1,7 @@
 /*
- * fabric-consume: one partition from an offset -> stdout.
+ * fabric-consume: partitions of one topic from an offset -> stdout.
  *
- *   fabric-consume -b tcp://127.0.0.1:9092 -t events -p 0 [-o beginning|end|N] [-c N] [-f]
+ *   fabric-consume -b tcp://127.0.0.1:9092 -t events -p 0 [-p 1 ...] [-o beginning|end|N] [-c N] [-f]
  *
  * Prints one line per record: the --fields (default "value") separated by tabs. With
  * --hex, keys, values and header values are printed in hex (binary safe; a null is "-").
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #define FIELDS_MAX 8
+#define PARTITIONS_MAX 1024
 #define POLL_SLICE_MS 500 /* how often a follow loop checks for Ctrl-C */
 
 enum field { F_PARTITION, F_OFFSET, F_TIMESTAMP, F_KEY, F_VALUE, F_HEADERS };
@@ -45,7 +46,7 @@ static void usage(FILE *f) {
             "usage: fabric-consume -b BOOTSTRAP -t TOPIC -p PARTITION [options]\n"
             "  -b, --bootstrap ADDRS   node addresses, tcp://host:port[,...] (not zk://)\n"
             "  -t, --topic NAME\n"
-            "  -p, --partition N\n"
+            "  -p, --partition N       repeat for more partitions (all from --offset)\n"
             "  -o, --offset OFF        beginning (default), end, or an offset\n"
             "  -c, --count N           stop after N records\n"
             "  -f, --follow            wait for new records forever (Ctrl-C stops)\n"
@@ -118,7 +119,8 @@ static int parse_fields(const char *list, int *fields, size_t *count) {
 
 int main(int argc, char **argv) {
     const char *bootstrap = NULL, *topic = NULL;
-    int32_t partition = -1;
+    int32_t partitions[PARTITIONS_MAX];
+    size_t partition_count = 0;
     int64_t offset = FABRIC_OFFSET_BEGINNING;
     long long count = -1;
     int follow = 0, hex = 0, idle_ms = 2000;
@@ -138,7 +140,13 @@ int main(int argc, char **argv) {
         switch (opt) {
         case 'b': bootstrap = optarg; break;
         case 't': topic = optarg; break;
-        case 'p': partition = (int32_t)int_arg("fabric-consume", "--partition", optarg, 0, INT32_MAX); break;
+        case 'p':
+            if (partition_count == PARTITIONS_MAX) {
+                fprintf(stderr, "fabric-consume: at most %d --partition\n", PARTITIONS_MAX);
+                return 2;
+            }
+            partitions[partition_count++] = (int32_t)int_arg("fabric-consume", "--partition", optarg, 0, INT32_MAX);
+            break;
         case 'o':
             if (strcmp(optarg, "beginning") == 0) offset = FABRIC_OFFSET_BEGINNING;
             else if (strcmp(optarg, "end") == 0) offset = FABRIC_OFFSET_END;
@@ -167,7 +175,7 @@ int main(int argc, char **argv) {
         default: usage(stderr); return 2;
         }
     }
-    if (bootstrap == NULL || topic == NULL || partition < 0 || optind != argc || offset < -2) {
+    if (bootstrap == NULL || topic == NULL || partition_count == 0 || optind != argc || offset < -2) {
         usage(stderr);
         return 2;
     }
@@ -177,7 +185,7 @@ int main(int argc, char **argv) {
 
     fabric_consumer_t *c;
     int rc = fabric_consumer_new(&c, bootstrap, &cfg);
-    if (rc == 0) rc = fabric_consumer_assign(c, topic, partition, offset);
+    for (size_t i = 0; rc == 0 && i < partition_count; i++) rc = fabric_consumer_assign(c, topic, partitions[i], offset);
     if (rc) {
         fprintf(stderr, "fabric-consume: %s: %s\n", fabric_err_name(rc), fabric_strerror(rc));
         fabric_consumer_destroy(c);

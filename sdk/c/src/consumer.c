@@ -36,6 +36,7 @@ struct fabric_consumer {
     size_t part_count;
     int metadata_ready;
     size_t next_leader; /* round robin over conns */
+    size_t next_first;  /* the partition a FETCH lists first, turning: see send_fetch */
 
     /* The FETCH answer being consumed. */
     response_t resp;
@@ -265,8 +266,12 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     fabric_fetch_partition_t *items = malloc(c->part_count * sizeof *items);
     if (items == NULL) return FABRIC_ERR_NO_MEMORY;
     uint32_t n = 0;
-    for (size_t i = 0; i < c->part_count; i++) {
-        cpart_t *p = &c->parts[i];
+    /* A node fills a FETCH answer in the request's partition order until max_bytes
+     * (docs/PROTOCOL.md 5.3): a fixed order would serve the first partitions with a
+     * backlog and starve the rest, so each FETCH starts one partition further on. */
+    size_t first = c->next_first++ % c->part_count;
+    for (size_t k = 0; k < c->part_count; k++) {
+        cpart_t *p = &c->parts[(first + k) % c->part_count];
         if (p->position < 0 || p->retry_after_ms > now) continue;
         const char *a = client_leader(&c->client, p->topic, p->partition);
         if (a == NULL || strcmp(a, leader) != 0) continue;
