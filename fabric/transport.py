@@ -68,6 +68,17 @@ def recv_multipart_nowait(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
     return frames
 
 
+def recv_if_ready(sock: zmq.Socket[Any]) -> list[zmq.Frame] | None:
+    """``recv_multipart_nowait`` after ``readable`` said a message waits, or None if it is
+    gone after all: ZMQ_EVENTS can report POLLIN for a connection whose pipe is torn down
+    before the receive (a node killed mid-answer), and that receive raises zmq.Again. A
+    consumer's poll raised it to the caller once while a leader was being killed."""
+    try:
+        return recv_multipart_nowait(sock)
+    except zmq.Again:
+        return None
+
+
 def unique_inproc_endpoint(prefix: str) -> str:
     """An inproc address no other object in this process has used. Not ``id(obj)``: an
     address is reused after garbage collection while the old socket may still be bound
@@ -253,7 +264,10 @@ class Connections:
     @staticmethod
     def _receive_all(sock: zmq.Socket[Any], address: str, out: list[tuple[str, list[Any]]]) -> None:
         while readable(sock):
-            out.append((address, recv_multipart_nowait(sock)))
+            message = recv_if_ready(sock)
+            if message is None:
+                return
+            out.append((address, message))
 
     def poll(self, timeout_ms: int) -> list[tuple[str, list[Any]]]:
         out, self._stash = self._stash, []

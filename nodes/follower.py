@@ -28,7 +28,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
-from fabric.transport import readable, recv_multipart_nowait
+from fabric.transport import readable, recv_if_ready
 from nodes import leader as leader_side
 from nodes.leader import STREAM_META, replica_log
 from nodes.log import PartitionLog
@@ -194,7 +194,9 @@ def drain_stream(node: NodeState) -> None:
     for _ in range(SUB_MESSAGES_MAX):
         if not readable(node.sockets.sub):
             break
-        frames = recv_multipart_nowait(node.sockets.sub)
+        frames = recv_if_ready(node.sockets.sub)
+        if frames is None:
+            break
         if len(frames) != 3:
             continue  # not from a Fabric leader
         pkey, meta, data = (frame.bytes for frame in frames)

@@ -44,7 +44,7 @@ from fabric.transport import (
     Connections,
     heartbeat,
     readable,
-    recv_multipart_nowait,
+    recv_if_ready,
     unique_inproc_endpoint,
 )
 from nodes import (
@@ -318,7 +318,9 @@ class Node:
                 break
             if not readable(router):
                 break
-            frames = recv_multipart_nowait(router)
+            frames = recv_if_ready(router)
+            if frames is None:
+                break
             drained_bytes += sum(len(f) for f in frames)
             envelope, message = self._split_envelope(frames)
             if message is None:
