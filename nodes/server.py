@@ -75,7 +75,8 @@ DRAIN_MESSAGES_MAX = 256  # client messages handled per loop turn before writing
 DRAIN_BYTES_MAX = 4 * 1024 * 1024  # WriteBatches cost ~40 % more node CPU: BENCHMARKS.md, growth)
 POLL_INTERVAL_MS_MAX = 100  # the loop wakes at least this often to check stop and timers
 MESSAGE_BYTES_MAX = 256 * 1024 * 1024  # a larger ZeroMQ message is dropped by the socket
-ROUTER_HWM_MESSAGES = 10_000
+ROUTER_HWM_MESSAGES = 10_000  # answers queued to one client (their bytes: nodes/reply_budget.py)
+CLIENT_REQUESTS_QUEUED_MAX = 8  # then ZeroMQ stops reading that client: DESIGN.md, "What a node holds in memory"
 
 Handler = Callable[[NodeState, Envelope, apis.Message], "dict[str, Any] | None"]
 
@@ -142,6 +143,18 @@ def duties(config: NodeConfig) -> list[Duty]:
     ]
 
 
+def client_router(ctx: zmq.Context[Any], heartbeat_timeout_ms: int) -> zmq.Socket[Any]:
+    """The client-facing ROUTER with its bounds: requests queued per client, answers per client."""
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVHWM, CLIENT_REQUESTS_QUEUED_MAX)
+    router.setsockopt(zmq.SNDHWM, ROUTER_HWM_MESSAGES)
+    router.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_MAX)
+    heartbeat(router, heartbeat_timeout_ms)  # frees what dead clients were sent
+    return router
+
+
 class Node:
     """One storage node: its sockets, its ``NodeState``, and the loop that serves them."""
 
@@ -175,13 +188,7 @@ class Node:
 
     # -- setup ----------------------------------------------------------------------------
     def _bind(self) -> Sockets:
-        router = self.ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.RCVHWM, ROUTER_HWM_MESSAGES)
-        router.setsockopt(zmq.SNDHWM, ROUTER_HWM_MESSAGES)
-        router.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_MAX)
-        heartbeat(router, self.config.client_heartbeat_timeout_ms)  # frees what dead clients were sent
+        router = client_router(self.ctx, self.config.client_heartbeat_timeout_ms)
         pub = self.ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self.config.replication_hwm)
