@@ -110,8 +110,8 @@ DISPATCH[ApiKey.API_VERSIONS] = functools.partial(admin.handle_api_versions,
 
 # Called, in order, with the partitions whose high watermark moved or took new data.
 CHANGE_LISTENERS: list[Callable[[NodeState, set[tuple[str, int]]], None]] = [
+    fetch.wake_parked,  # readers before writers: docs/DESIGN.md, "Readers first"
     produce.complete_pending,
-    fetch.wake_parked,
 ]
 
 

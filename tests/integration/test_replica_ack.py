@@ -1,13 +1,16 @@
 """REPLICA_ACK on a real cluster: version 1 (a follower's ack right after a write) is not
-answered, version 0 is; followers still learn the high watermark (docs/PROTOCOL.md 5.9)."""
+answered, version 0 is; followers still learn the high watermark (docs/PROTOCOL.md 5.9);
+the high watermark's move answers waiting readers before waiting writers."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import zmq
+
 from fabric.local import LocalCluster
-from fabric.protocol import apis
+from fabric.protocol import apis, batch
 from fabric.protocol.apis import ApiKey
 from sdk import Admin, Producer
 from tests.integration.helpers import decode, raw_request
@@ -91,3 +94,40 @@ def test_a_report_past_the_leaders_log_end_does_not_count_a_follower(fresh_clust
         for follower in followers:
             cluster.nodes[follower].resume()
     assert not acknowledged
+
+
+def test_a_high_watermark_move_answers_the_waiting_reader_before_the_writer(cluster: LocalCluster, topic_name: str) -> None:
+    """When the followers' acks move the high watermark, the leader answers the fetches
+    parked for that data before the acks=all produces that wrote it (nodes/server.py,
+    CHANGE_LISTENERS): the data is committed either way, and a reader that gets it first
+    is what end-to-end latency measures (docs/DESIGN.md, "Readers first"). One connection
+    carries a FETCH parked at the log end, then an acks=all PRODUCE; both wait for the same
+    move, and the order of their answers on the connection is the order they were sent in."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            end = producer.send(topic_name, b"first", partition=0).result(timeout=30).offset + 1
+        address = admin.nodes()[admin.describe_topic(topic_name).partitions[0].leader]
+    fetch = apis.encode_request(ApiKey.FETCH, {
+        "replica_id": apis.CONSUMER_REPLICA_ID, "max_wait_ms": 20_000, "min_bytes": 1, "max_bytes": 1 << 20,
+        "partitions": [{"topic": topic_name, "partition": 0, "fetch_offset": end, "partition_bytes_max": 1 << 20,
+                        "current_leader_epoch": apis.ANY_LEADER_EPOCH}]}, 1)
+    produce = apis.encode_request(ApiKey.PRODUCE, {"acks": -1, "timeout_ms": 20_000,
+                                                   "entries": [{"topic": topic_name, "partition": 0}]}, 2,
+                                  batches=[batch.encode_batch([1], [None], [b"second"])])
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    answered: list[int] = []
+    try:
+        sock.send_multipart(fetch)
+        sock.send_multipart(produce)
+        while len(answered) < 2:
+            assert sock.poll(30_000), f"answers so far: {answered}"
+            message = decode(sock.recv_multipart())
+            answered.append(message.header.correlation_id)
+            if message.header.correlation_id == 1:
+                assert message.body["partitions"][0]["batch_count"] == 1  # the record the produce wrote
+    finally:
+        sock.close(linger=0)
+    assert answered == [1, 2]
