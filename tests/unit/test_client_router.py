@@ -21,7 +21,7 @@ from nodes import server
 
 MESSAGE_BYTES = 1024 * 1024
 SENT_MAX = 200
-QUIET_S = 0.5  # no send accepted for this long: the client is being pushed back
+QUIET_S = 1.0  # no send accepted for this long: the client is being pushed back
 
 
 @pytest.fixture
@@ -46,6 +46,9 @@ def test_a_client_that_outruns_the_node_is_pushed_back(ctx: zmq.Context[zmq.Sock
     client.setsockopt(zmq.LINGER, 0)
     client.setsockopt(zmq.SNDHWM, 1)
     client.connect(f"tcp://127.0.0.1:{port}")
+    client.send(b"hello")  # connected before the flood: a slow connect must not pass for backpressure
+    assert router.poll(10_000)
+    router.recv_multipart()
     payload = b"x" * MESSAGE_BYTES
     accepted, last_accepted = 0, time.monotonic()
     while accepted < SENT_MAX and time.monotonic() - last_accepted < QUIET_S:
@@ -57,7 +60,7 @@ def test_a_client_that_outruns_the_node_is_pushed_back(ctx: zmq.Context[zmq.Sock
         accepted += 1
         last_accepted = time.monotonic()
     print(f"accepted {accepted} of {SENT_MAX} messages of 1 MiB before backpressure")
-    assert server.CLIENT_REQUESTS_QUEUED_MAX <= accepted < SENT_MAX // 2
+    assert 0 < accepted < SENT_MAX // 2  # 15-19 here: 8 queued, the rest in the kernel's buffers
     # Nothing was lost: once the node reads, every accepted message arrives.
     received = 0
     while received < accepted and router.poll(5_000):
