@@ -90,16 +90,12 @@ def consume_newest(bootstrap: str, topic: str, partitions: int, n: int) -> float
         return time.perf_counter() - started
 
 
-def _producer_process(bootstrap: str, topic: str, n: int, together: Any) -> None:
-    produce(bootstrap, topic, n, together)
-
-
 def many_producers(bootstrap: str, topic: str, n: int, count: int) -> float:
     """Wall seconds for ``count`` producer processes to send ``n`` records between them."""
     ctx = multiprocessing.get_context("spawn")
     together = (ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Event())  # ready, go, results, finished
     ready, go, results, finished = together
-    procs = [ctx.Process(target=_producer_process, args=(bootstrap, topic, n // count, together), daemon=True)
+    procs = [ctx.Process(target=produce, args=(bootstrap, topic, n // count, together), daemon=True)
              for _ in range(count)]
     for proc in procs:
         proc.start()
