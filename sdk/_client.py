@@ -26,6 +26,11 @@ METADATA_TIMEOUT_MS = 5_000
 UNANSWERED_LAST_S = 30.0
 METADATA_QUICK_CONNECT_MS = 100  # the first pass of a refresh: how long one node may take to accept
 METADATA_CONNECT_MS = 1_000  # the later passes (Connections.send's own default)
+# A partition just added reaches each node by that node's own ZooKeeper watch, so the node
+# asked for metadata may not have heard of it yet while another node (or describe_topic)
+# already lists it: a client asks again for this long before it calls the partition
+# unknown (Kafka's producer waits up to max.block.ms for the same reason).
+PARTITION_LEARN_WAIT_MS = 3_000
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from fabric.transport import FROM_ENV
 from sdk._arguments import I32_MAX, I64_MAX, int_arg, names_arg, optional_str_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
+    PARTITION_LEARN_WAIT_MS,
     Bootstrap,
     Connections,
     DroppedNodes,
@@ -308,7 +309,9 @@ class Consumer:
     # -- assignment and positions -----------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
         """Read exactly ``partitions`` (a list of TopicPartition or (topic, partition)).
-        Not while subscribed to a group (``unsubscribe()`` first), as Kafka's consumer."""
+        Not while subscribed to a group (``unsubscribe()`` first), as Kafka's consumer.
+        A partition the topic lacks raises UnknownTopicOrPartitionError, after up to
+        PARTITION_LEARN_WAIT_MS of asking again in case it was only just added."""
         if self._group is not None and self._group.subscribed:
             raise errors.InvalidRequestError(
                 f"assign() while subscribed to group {self._group.group_id!r}: the group decides this member's "
@@ -317,12 +320,16 @@ class Consumer:
 
     def _assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
         tps = _tp_list("partitions", partitions)
+        topics = sorted({tp.topic for tp in tps})
         if refresh or any(tp.topic not in self._meta.metadata.topics for tp in tps):
-            self._meta.refresh(sorted({tp.topic for tp in tps}))
-        for tp in tps:
-            meta = self._meta.topic(tp.topic)
-            if not 0 <= tp.partition < meta.partition_count:
+            self._meta.refresh(topics)
+        deadline = time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0
+        while beyond := [tp for tp in tps if tp.partition >= self._meta.topic(tp.topic).partition_count]:
+            if time.monotonic() >= deadline:
+                tp = beyond[0]
                 raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
+            time.sleep(0.05)
+            self._meta.refresh(topics)
         self._assigned = tps
         keep = set(tps)
         for d in (self._positions, self._fetch_positions):

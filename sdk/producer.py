@@ -35,6 +35,7 @@ from sdk import accumulator, bulk
 from sdk._arguments import int_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
+    PARTITION_LEARN_WAIT_MS,
     Bootstrap,
     Connections,
     DroppedNodes,
@@ -330,7 +331,7 @@ class _ProducerCore:
                     partition = self._sticky.get(topic)
                     if partition is None or partition >= count:
                         partition = self._sticky[topic] = self._sticky_start % count
-            elif not 0 <= partition < count and not (partition > 0 and partition < self._fresh_count(topic)):
+            elif not 0 <= partition < count and not (partition > 0 and self._learns_partition(topic, partition)):
                 raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
             acc = self._acc
             limit = acc.topic_limits.get(topic, acc.batch_bytes_max)  # acc.limit(topic), without the call
@@ -448,6 +449,8 @@ class _ProducerCore:
             limit = self._message_bytes_max.get(topic, MESSAGE_BYTES_MAX_DEFAULT)
             batch_bytes_max = self._acc.limit(topic)
             sticky = self._sticky.get(topic, self._sticky_start) % count
+            if partition is not None and partition >= count > 0 and self._learns_partition(topic, partition):
+                count = self._partition_counts[topic]
         if partition is not None and not 0 <= partition < count:
             raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
         bulk.check_fits(cols, topic, limit)
@@ -522,23 +525,30 @@ class _ProducerCore:
             self._metadata_ready.wait(min(remaining, 0.1))
         return self._partition_counts[topic]
 
-    def _fresh_count(self, topic: str) -> int:
-        """The topic's partition count from a metadata refresh begun after this call (lock
-        held): a partition past the cached count may have been added since (as Kafka's
-        producer, which asks again before it refuses). Not on the sender thread, which
-        does the refresh; the cached count then."""
+    def _learns_partition(self, topic: str, partition: int) -> bool:
+        """Whether metadata refreshed after this call (lock held) lists ``partition``: one
+        past the cached count may have been added since (as Kafka's producer, which asks
+        again before it refuses), and the node asked may hear of it a little after the
+        others, so ask again for up to PARTITION_LEARN_WAIT_MS (within max_block_ms). Not
+        on the sender thread, which does the refresh: the cached count then."""
         if threading.current_thread() is self._thread:
-            return self._partition_counts.get(topic, 0)
-        wanted = self._refreshes_begun + 1
-        self._refresh_needed = True
-        self._wake()
-        deadline = time.monotonic() + self.max_block_s
-        while self._refreshes_done < wanted and not self._closed:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            return partition < self._partition_counts.get(topic, 0)
+        deadline = time.monotonic() + min(self.max_block_s, PARTITION_LEARN_WAIT_MS / 1000.0)
+        while not self._closed:
+            wanted = self._refreshes_begun + 1
+            self._refresh_needed = True
+            self._wake()
+            while self._refreshes_done < wanted and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._metadata_ready.wait(min(remaining, 0.1))
+            if partition < self._partition_counts.get(topic, 0):
+                return True
+            if time.monotonic() >= deadline:
                 break
-            self._metadata_ready.wait(min(remaining, 0.1))
-        return self._partition_counts.get(topic, 0)
+            self._metadata_ready.wait(0.05)  # a pause between asks; the lock is released meanwhile
+        return False
 
     def _wake(self) -> None:
         try:

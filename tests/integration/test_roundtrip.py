@@ -196,6 +196,44 @@ def test_add_partitions(cluster: LocalCluster, topic_name: str) -> None:
     assert [r.value for r in read_all(cluster.bootstrap, topic_name, 5)] == [b"new"]
 
 
+def test_assign_right_after_partitions_are_added_waits_for_them(cluster: LocalCluster, topic_name: str) -> None:
+    """A partition just added reaches each node by its own ZooKeeper watch; a consumer whose
+    metadata node has not heard yet asks again rather than call the partition unknown (a
+    Spark stream that saw the new partitions through describe_topic died of this in CI).
+    A partition the topic never gets is still refused."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+        consumers = [Consumer(address) for address in admin.nodes().values()]  # each bootstraps from one node
+        try:
+            for consumer in consumers:
+                consumer.assign([TopicPartition(topic_name, 0)])  # the 1-partition map is cached
+            admin.create_partitions(topic_name, 4, wait=False)
+            for consumer in consumers:
+                wanted = [TopicPartition(topic_name, p) for p in range(4)]
+                consumer.assign(wanted)
+                assert consumer.assignment() == wanted
+            with pytest.raises(errors.UnknownTopicOrPartitionError, match="no partition 4"):
+                consumers[0].assign([TopicPartition(topic_name, 4)])
+        finally:
+            for consumer in consumers:
+                consumer.close()
+
+
+def test_send_right_after_partitions_are_added_waits_for_them(cluster: LocalCluster, topic_name: str) -> None:
+    """The producer's side of the test above, for send() and send_batch()."""
+    with Admin(cluster.bootstrap) as admin, Producer(cluster.bootstrap) as producer:
+        admin.create_topic(topic_name, partitions=1)
+        assert producer.send(topic_name, b"p0", partition=0).result(30).offset == 0  # the count is cached
+        admin.create_partitions(topic_name, 3, wait=False)
+        assert producer.send(topic_name, b"p1", partition=1).result(30).partition == 1
+        admin.create_partitions(topic_name, 5, wait=False)
+        assert producer.send_batch(topic_name, [b"p4"], partition=4).result(30)[0].partition == 4
+        with pytest.raises(errors.UnknownTopicOrPartitionError, match="no partition 5"):
+            producer.send(topic_name, b"p5", partition=5)
+        with pytest.raises(errors.UnknownTopicOrPartitionError, match="no partition 5"):
+            producer.send_batch(topic_name, [b"p5"], partition=5)
+
+
 def test_threads_sharing_a_producer_lose_and_reorder_nothing(cluster: LocalCluster, topic_name: str) -> None:
     """Four threads send through one producer at once, keyed and keyless, with a small
     batch size so batches fill and the sender thread takes the producer's lock all the
