@@ -358,6 +358,14 @@ def silent_zookeeper() -> Iterator[str]:
         yield f"zk://127.0.0.1:{server.getsockname()[1]}"
 
 
+def _as_in_a_terminal() -> None:
+    # A suite started in the background (``nohup``, ``cmd &`` in a script) has SIGINT
+    # ignored, children inherit that, and Python then installs no KeyboardInterrupt handler:
+    # every Ctrl-C test ran to its timeout (a CI run launched so). A terminal's Ctrl-C
+    # meets the default disposition; give the command that.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(argv: list[str], after_import: str, extra_delay_s: float, tmp_path: Path) -> tuple[int, str]:
     """Run ``python -m fabric ARGV``, send SIGINT once the module ``after_import`` has been
     imported (``-X importtime`` reports each import as it completes) plus ``extra_delay_s``,
@@ -367,7 +375,8 @@ def interrupt(argv: list[str], after_import: str, extra_delay_s: float, tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO), "FABRIC_HOME": str(tmp_path)}
     env.pop("FABRIC_DEBUG", None)
     process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "fabric", *argv], cwd=tmp_path, env=env,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               preexec_fn=_as_in_a_terminal)
     assert process.stderr is not None
     seen: list[str] = []
     # Reading stderr waits for the next line: bounded, so a command that never reports the
