@@ -13,10 +13,10 @@ producer's Python work does not hide the node's):
   printed, choose one that fits the time and the disk);
 * partitions: aggregate produce into 64 partitions vs 1 (sticky, whole batches);
 * producers: 16 producer processes at once vs 1, the same total count. Each of the 16
-  first sends one untimed ``send_batch`` of its values (the single producer runs in this
-  long-lived process, whose memory is already in use), and none closes or exits before
-  all have reported, so the timed window holds the 16 producers' sending and nothing of
-  their start-up or teardown.
+  first sends its whole share once, untimed (the single producer runs in this long-lived
+  process, whose memory has long been in use: a new process's first pass touches its
+  buffers for the first time), and none closes or exits before all have reported, so the
+  timed window holds the 16 producers' sending and nothing of their start-up or teardown.
 
 Medians over ``--repeats``; the node's peak RSS is its VmHWM from /proc.
 """
@@ -51,21 +51,24 @@ def _values(count: int) -> list[bytes]:
 def produce(bootstrap: str, topic: str, n: int, together: Any = None) -> float:
     """Seconds to send ``n`` records with send_batch and have them acknowledged.
     ``together`` (ready, go, results, finished), when several processes start at once:
-    warm up, say ready, wait for go; afterwards report and keep the producer open until
-    finished is set."""
+    send the same ``n`` once untimed, say ready, wait for go; afterwards report and keep
+    the producer open until finished is set."""
     chunk = _values(min(CHUNK, n))
+
+    def send_all(producer: Producer) -> None:
+        for start in range(0, n, CHUNK):
+            producer.send_batch(topic, chunk if start + CHUNK <= n else chunk[: n - start])
+        producer.flush(600)
+
     with Producer(bootstrap, acks=1) as producer:
         producer.send(topic, b"warm-up").result(30)
         if together is not None:
             ready, go, results, finished = together
-            producer.send_batch(topic, chunk)  # this process's buffers in use, as the single producer's are
-            producer.flush(120)
+            send_all(producer)  # this process's buffers grown and in use, as the single producer's are
             ready.put("ready")
             go.wait(300)
         started = time.perf_counter()
-        for start in range(0, n, CHUNK):
-            producer.send_batch(topic, chunk if start + CHUNK <= n else chunk[: n - start])
-        producer.flush(600)
+        send_all(producer)
         elapsed_s = time.perf_counter() - started
         if together is not None:
             results.put(elapsed_s)
