@@ -301,6 +301,37 @@ def test_unknown_topic_is_a_clean_error(c_client: CClient, node_addresses: str, 
     assert b"UNKNOWN_TOPIC_OR_PARTITION" in run.stderr
 
 
+def test_c_clients_wait_for_a_partition_being_added(c_client: CClient, cluster: LocalCluster, admin: Admin,
+                                                     node_addresses: str, topic_name: str) -> None:
+    """A partition past the topic's count is asked about again for up to
+    PARTITION_LEARN_WAIT_MS (sdk/c/src/internal.h) before it is called unknown, in the C
+    producer and consumer as in Python: one added a moment later is written and read."""
+    admin.create_topic(topic_name, partitions=1, replication_factor=1)
+    producer = subprocess.Popen([str(c_client.produce), "-b", node_addresses, "-t", topic_name, "-p", "2", "-q"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    consumer = subprocess.Popen([str(c_client.consume), "-b", node_addresses, "-t", topic_name, "-p", "2",
+                                 "-o", "beginning", "-c", "1", "-i", "20000"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert producer.stdin is not None
+        producer.stdin.write(b"late\n")  # sent at once: the producer finds one partition
+        producer.stdin.flush()
+        time.sleep(0.5)  # both have asked and found one partition
+        admin.create_partitions(topic_name, 3)
+        out, err = producer.communicate(timeout=PROCESS_TIMEOUT_S)
+        assert producer.returncode == 0, err.decode()
+        out, err = consumer.communicate(timeout=PROCESS_TIMEOUT_S)
+        assert (consumer.returncode, out) == (0, b"late\n"), err.decode()
+    finally:
+        for process in (producer, consumer):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    # A partition that does not come is still refused, after the wait.
+    run = run_c_producer(c_client, node_addresses, topic_name, b"x\n", "-p", "3")
+    assert run.returncode == 1 and b"UNKNOWN_TOPIC_OR_PARTITION" in run.stderr, run.stderr.decode()
+
+
 def test_examples_clean_under_valgrind(c_client: CClient, cluster: LocalCluster, admin: Admin,
                                        node_addresses: str, topic_name: str) -> None:
     valgrind = shutil.which("valgrind")

@@ -27,6 +27,7 @@ typedef struct cpart {
     int32_t partition;
     int64_t position;       /* >= 0, or FABRIC_OFFSET_BEGINNING/END until resolved */
     int64_t retry_after_ms; /* back off after a retriable error */
+    int64_t missing_since_ms; /* when the map first lacked this partition (0: it has it) */
 } cpart_t;
 
 struct fabric_consumer {
@@ -146,6 +147,7 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
     p->partition = partition;
     p->position = offset;
     p->retry_after_ms = 0;
+    p->missing_since_ms = 0;
     c->part_count++;
     c->metadata_ready = 0;
     return 0;
@@ -170,17 +172,29 @@ static int refresh(fabric_consumer_t *c, int64_t deadline_ms) {
     return rc;
 }
 
+/* The routing map names no leader for p: retriable (LEADER_NOT_AVAILABLE) or not
+ * (UNKNOWN_TOPIC_OR_PARTITION). A partition past the topic's count may have just been
+ * added, and a topic the node knows only in part (LEADER_NOT_AVAILABLE) is growing: each
+ * node learns of added partitions by its own ZooKeeper watch, so the node asked may not
+ * have heard yet. Ask again for PARTITION_LEARN_WAIT_MS before calling it unknown, as the
+ * Python consumer's assign() does. */
+static int no_leader(fabric_consumer_t *c, cpart_t *p, int64_t now) {
+    const topic_meta_t *t = client_topic(&c->client, p->topic);
+    if (t == NULL || t->error == FABRIC_ERR_LEADER_NOT_AVAILABLE) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
+    if (!t->error && p->partition < t->partition_count) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
+    if (!t->error) {
+        if (p->missing_since_ms == 0) p->missing_since_ms = now;
+        if (now - p->missing_since_ms < PARTITION_LEARN_WAIT_MS) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
+    }
+    client_set_error(&c->client, "%s/%d: no such topic or partition", p->topic, p->partition);
+    return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+}
+
 /* Resolve FABRIC_OFFSET_BEGINNING/END with LIST_OFFSETS to the partition's leader. */
 static int resolve_position(fabric_consumer_t *c, cpart_t *p) {
     const char *address = client_leader(&c->client, p->topic, p->partition);
-    if (address == NULL) {
-        const topic_meta_t *t = client_topic(&c->client, p->topic);
-        if (t && (t->error || p->partition >= t->partition_count)) {
-            client_set_error(&c->client, "%s/%d: no such topic or partition", p->topic, p->partition);
-            return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
-        }
-        return FABRIC_ERR_LEADER_NOT_AVAILABLE;
-    }
+    if (address == NULL) return no_leader(c, p, now_ms());
+    p->missing_since_ms = 0;
     conn_t *conn = client_conn(&c->client, address);
     if (conn == NULL) return FABRIC_ERR_TRANSPORT;
     fabric_buf_t body;
@@ -241,13 +255,11 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
         if (p->position < 0 || p->retry_after_ms > now) continue;
         leader = client_leader(&c->client, p->topic, p->partition);
         if (leader == NULL) {
-            const topic_meta_t *t = client_topic(&c->client, p->topic);
-            if (t && (t->error || p->partition >= t->partition_count)) {
-                client_set_error(&c->client, "%s/%d: no such topic or partition", p->topic,
-                                 p->partition);
-                return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
-            }
+            int rc = no_leader(c, p, now);
+            if (!fabric_err_retriable(rc)) return rc;
             back_off(c, p, now);
+        } else {
+            p->missing_since_ms = 0;
         }
     }
     c->next_leader++;

@@ -14,6 +14,11 @@
 #define CONNECT_WAIT_MS 1000       /* a send to a node we cannot reach fails after this */
 #define METADATA_TIMEOUT_MS 5000   /* one METADATA attempt to one node */
 #define METADATA_ATTEMPT_MIN_MS 250 /* an attempt's wait even when the caller's time is up */
+/* A partition past the cached count is asked about again for this long (within
+ * max_block_ms) before it is refused: one just added reaches each node by its own
+ * ZooKeeper watch (sdk/_client.py PARTITION_LEARN_WAIT_MS, the same figure). */
+#define PARTITION_LEARN_WAIT_MS 3000
+#define PARTITION_LEARN_PAUSE_MS 50
 #define NO_DEADLINE INT64_MAX
 #define SOCKET_HWM_MESSAGES 10000  /* ZeroMQ send/receive queue length, in messages */
 #define ACKS0_CLOSE_LINGER_MS 5000 /* acks=0 data may still be queued at close */

@@ -228,6 +228,26 @@ static int topic_for_send(fabric_producer_t *p, const char *name, ptopic_t **out
     return 0;
 }
 
+/* ``partition`` is past the cached count: it may have been added since (the cache learns of
+ * added partitions only on a refresh), so ask again, every PARTITION_LEARN_PAUSE_MS for up
+ * to PARTITION_LEARN_WAIT_MS within max_block_ms, before calling it unknown. */
+static int learn_partition(fabric_producer_t *p, ptopic_t *t, int32_t partition) {
+    int64_t wait_ms = p->cfg.max_block_ms < PARTITION_LEARN_WAIT_MS ? p->cfg.max_block_ms : PARTITION_LEARN_WAIT_MS;
+    int64_t deadline = now_ms() + wait_ms;
+    int rc = 0;
+    for (;;) {
+        rc = refresh(p, NULL, deadline);
+        if (rc == 0 && partition < t->partition_count) return 0;
+        if (now_ms() >= deadline) break;
+        struct timespec pause = {0, PARTITION_LEARN_PAUSE_MS * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    if (rc) return rc; /* no answer at all: say that, not "no such partition" */
+    client_set_error(&p->client, "topic %s has no partition %d (it has %d)", t->name, partition,
+                     t->partition_count);
+    return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+}
+
 int fabric_producer_partition_count(fabric_producer_t *p, const char *topic, int32_t *count) {
     if (p == NULL || topic == NULL || count == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
     ptopic_t *t;
@@ -748,11 +768,7 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     ptopic_t *t;
     rc = topic_for_send(p, topic, &t);
     if (rc) return rc;
-    if (partition >= t->partition_count) {
-        client_set_error(&p->client, "topic %s has no partition %d (it has %d)", topic, partition,
-                         t->partition_count);
-        return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
-    }
+    if (partition >= t->partition_count && (rc = learn_partition(p, t, partition))) return rc;
     int sticky = 0;
     if (partition < 0) {
         if (key_len >= 0) {
