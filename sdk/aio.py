@@ -60,8 +60,9 @@ class AsyncProducer:
              headers: dict[str, bytes | str | None] | None = None, partition: int | None = None,
              timestamp_ms: int | None = None, *, delay_ms: int = 0, deliver_at_ms: int = 0,
              priority: int | None = None, dedup_id: str = "", ttl_ms: int = 0) -> asyncio.Future[RecordMetadata]:
-        """Appends to the producer's buffer now (blocking only while the buffer is full, at
-        most ``max_block_ms``) and returns a future for the acknowledgement. The queue options
+        """Appends to the producer's buffer now (blocking only while the buffer is full, or
+        for the metadata of a topic or partition new to the producer, at most
+        ``max_block_ms``) and returns a future for the acknowledgement. The queue options
         are ``Producer.send``'s (docs/QUEUES.md)."""
         loop = self._loop
         future: asyncio.Future[RecordMetadata] = loop.create_future()
