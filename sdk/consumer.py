@@ -320,16 +320,9 @@ class Consumer:
 
     def _assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
         tps = _tp_list("partitions", partitions)
-        topics = sorted({tp.topic for tp in tps})
         if refresh or any(tp.topic not in self._meta.metadata.topics for tp in tps):
-            self._meta.refresh(topics)
-        deadline = time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0
-        while beyond := [tp for tp in tps if tp.partition >= self._meta.topic(tp.topic).partition_count]:
-            if time.monotonic() >= deadline:
-                tp = beyond[0]
-                raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
-            time.sleep(0.05)
-            self._meta.refresh(topics)
+            self._meta.refresh(sorted({tp.topic for tp in tps}))
+        self._await_partitions(tps)
         self._assigned = tps
         keep = set(tps)
         for d in (self._positions, self._fetch_positions):
@@ -337,6 +330,20 @@ class Consumer:
                 if tp not in keep:
                     del d[tp]
         self._buffer = deque(b for b in self._buffer if TopicPartition(b.topic, b.partition) in keep)
+
+    def _await_partitions(self, tps: list[TopicPartition]) -> None:
+        """Return once the metadata lists each of ``tps`` (their partition numbers are
+        checked non-negative already). One past its topic's count may have just been added
+        and not yet reached the node asked: ask again for up to PARTITION_LEARN_WAIT_MS,
+        then raise UnknownTopicOrPartitionError (an unknown topic raises at once)."""
+        topics = sorted({tp.topic for tp in tps})
+        deadline = time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0
+        while beyond := [tp for tp in tps if tp.partition >= self._meta.topic(tp.topic).partition_count]:
+            if time.monotonic() >= deadline:
+                tp = beyond[0]
+                raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
+            time.sleep(0.05)
+            self._meta.refresh(topics)
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
@@ -546,13 +553,9 @@ class Consumer:
             address = self._meta.metadata.leader_address(tp.topic, tp.partition)
             try:
                 if address is None:
-                    # No such topic or partition is an answer, not a reason to wait (as assign()).
-                    meta = self._meta.topic(tp.topic)
-                    if tp.partition >= meta.partition_count:  # partitions added since the cache was filled?
-                        self._meta.refresh([tp.topic])
-                        meta = self._meta.topic(tp.topic)
-                    if not 0 <= tp.partition < meta.partition_count:
-                        raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
+                    # No such topic or partition is an answer, not a reason to wait out the
+                    # request timeout; one just added is waited for as assign() does.
+                    self._await_partitions([tp])
                     raise errors.LeaderNotAvailableError(f"no leader for {tp}")
                 message = self._conns.request(
                     address, ApiKey.LIST_OFFSETS,

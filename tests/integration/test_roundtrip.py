@@ -199,8 +199,8 @@ def test_add_partitions(cluster: LocalCluster, topic_name: str) -> None:
 def test_assign_right_after_partitions_are_added_waits_for_them(cluster: LocalCluster, topic_name: str) -> None:
     """A partition just added reaches each node by its own ZooKeeper watch; a consumer whose
     metadata node has not heard yet asks again rather than call the partition unknown (a
-    Spark stream that saw the new partitions through describe_topic died of this in CI).
-    A partition the topic never gets is still refused."""
+    Spark stream that saw the new partitions through describe_topic died of this in CI);
+    end_offsets() likewise. A partition the topic never gets is still refused."""
     with Admin(cluster.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=1)
         consumers = [Consumer(address) for address in admin.nodes().values()]  # each bootstraps from one node
@@ -208,12 +208,15 @@ def test_assign_right_after_partitions_are_added_waits_for_them(cluster: LocalCl
             for consumer in consumers:
                 consumer.assign([TopicPartition(topic_name, 0)])  # the 1-partition map is cached
             admin.create_partitions(topic_name, 4, wait=False)
+            wanted = [TopicPartition(topic_name, p) for p in range(4)]
             for consumer in consumers:
-                wanted = [TopicPartition(topic_name, p) for p in range(4)]
                 consumer.assign(wanted)
                 assert consumer.assignment() == wanted
-            with pytest.raises(errors.UnknownTopicOrPartitionError, match="no partition 4"):
-                consumers[0].assign([TopicPartition(topic_name, 4)])
+            admin.create_partitions(topic_name, 6, wait=False)
+            grown = [TopicPartition(topic_name, p) for p in range(4, 6)]
+            assert consumers[0].end_offsets(grown) == dict.fromkeys(grown, 0)  # LIST_OFFSETS waits the same way
+            with pytest.raises(errors.UnknownTopicOrPartitionError, match="no partition 6"):
+                consumers[0].assign([TopicPartition(topic_name, 6)])
         finally:
             for consumer in consumers:
                 consumer.close()
