@@ -31,6 +31,7 @@ METADATA_CONNECT_MS = 1_000  # the later passes (Connections.send's own default)
 # already lists it: a client asks again for this long before it calls the partition
 # unknown (Kafka's producer waits up to max.block.ms for the same reason).
 PARTITION_LEARN_WAIT_MS = 3_000
+PARTITION_LEARN_PAUSE_S = 0.05  # between those asks
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from fabric.transport import FROM_ENV
 from sdk._arguments import I32_MAX, I64_MAX, int_arg, names_arg, optional_str_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
+    PARTITION_LEARN_PAUSE_S,
     PARTITION_LEARN_WAIT_MS,
     Bootstrap,
     Connections,
@@ -342,7 +343,7 @@ class Consumer:
             if time.monotonic() >= deadline:
                 tp = beyond[0]
                 raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
-            time.sleep(0.05)
+            time.sleep(PARTITION_LEARN_PAUSE_S)
             self._meta.refresh(topics)
 
     def assignment(self) -> list[TopicPartition]:

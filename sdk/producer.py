@@ -35,6 +35,7 @@ from sdk import accumulator, bulk
 from sdk._arguments import int_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
+    PARTITION_LEARN_PAUSE_S,
     PARTITION_LEARN_WAIT_MS,
     Bootstrap,
     Connections,
@@ -547,7 +548,7 @@ class _ProducerCore:
                 return True
             if time.monotonic() >= deadline:
                 break
-            self._metadata_ready.wait(0.05)  # a pause between asks; the lock is released meanwhile
+            self._metadata_ready.wait(PARTITION_LEARN_PAUSE_S)  # the lock is released meanwhile
         return False
 
     def _wake(self) -> None:
