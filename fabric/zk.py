@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, WatchedEvent
@@ -81,6 +81,9 @@ ZK_COMMAND_DELAY_MAX_S = 1.0
 ZK_COMMAND_DEADLINE_S = 5.0
 # Every call this module makes waits at most this long for its answer.
 ZK_OP_TIMEOUT_S = 5.0
+# A topic create or delete whose version check lost to a concurrent change reads and tries
+# again, this many times in all (a queue and its dead-letter topic: create_topic).
+TOPIC_TRANSACTION_TRIES = 5
 # How long a client process waits for its first connection.
 ZK_START_TIMEOUT_S = 15.0
 # kazoo waits session_timeout / (number of servers listed) for a server to answer its
@@ -469,38 +472,72 @@ def initial_leader_epoch(created_ms: int) -> int:
 def create_topic(
     zk: KazooClient, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
 ) -> TopicConfig:
-    """Create the topic config and every partition state in one ZooKeeper transaction."""
+    """Create the topic config and every partition state in one ZooKeeper transaction.
+
+    A queue's transaction also rewrites its dead-letter topic's ``partitions`` znode with
+    the version it read (same bytes): the dead-letter topic must still be there when the
+    queue appears, and a delete of it that looked for its queues before this commit fails
+    its own version check and looks again (``delete_topic``)."""
     validate_topic_name(name)
     config = TopicConfig.build(partitions, replication_factor, configs, int(time.time() * 1000))
     if config.queue and config.dead_letter == name:  # its poison messages would come back forever
         raise errors.InvalidQueueConfigError(f"queue {name!r} cannot be its own dead-letter queue")
-    if config.dead_letter:
-        # It must exist first (Admin.create_queue creates it before the queue): a queue whose
-        # dead-letter topic is missing took sends and then, at its first poison message,
-        # failed every receive of that partition until someone created the topic.
-        try:
-            get(zk, topic_path(config.dead_letter))
-        except NoNodeError:
-            raise errors.InvalidQueueConfigError(
-                f"dead-letter topic {config.dead_letter!r} does not exist: create it first "
-                f"(fabric queue create {config.dead_letter}, or Admin.create_queue with dead_letter= does both)") from None
-    nodes = live_nodes(zk)
-    if not nodes:
-        raise errors.LeaderNotAvailableError("no live nodes to host the topic")
-    assignment = assign_replicas(name, partitions, replication_factor, list(nodes))
-    tx = zk.transaction()
-    tx.create(topic_path(name), config.encode())
-    tx.create(partitions_path(name), b"")
-    for p, replicas in enumerate(assignment):
-        state = PartitionState(p, tuple(replicas), replicas[0], initial_leader_epoch(config.created_ms), tuple(replicas))
-        tx.create(partition_path(name, p), state.encode())
-    results = commit(tx, f"topic {name!r} transaction")
-    failures = [r for r in results if isinstance(r, Exception)]
-    if failures:
+    for _ in range(TOPIC_TRANSACTION_TRIES):
+        tx = zk.transaction()
+        if config.dead_letter:
+            # It must exist first (Admin.create_queue creates it before the queue): a queue whose
+            # dead-letter topic is missing took sends and then, at its first poison message,
+            # failed every receive of that partition until someone created the topic.
+            try:
+                raw, stat = get(zk, partitions_path(config.dead_letter))
+            except NoNodeError:
+                raise _no_dead_letter_topic(config.dead_letter) from None
+            tx.set_data(partitions_path(config.dead_letter), raw, version=stat.version)
+        nodes = live_nodes(zk)
+        if not nodes:
+            raise errors.LeaderNotAvailableError("no live nodes to host the topic")
+        assignment = assign_replicas(name, partitions, replication_factor, list(nodes))
+        tx.create(topic_path(name), config.encode())
+        tx.create(partitions_path(name), b"")
+        for p, replicas in enumerate(assignment):
+            state = PartitionState(p, tuple(replicas), replicas[0], initial_leader_epoch(config.created_ms), tuple(replicas))
+            tx.create(partition_path(name, p), state.encode())
+        results = commit(tx, f"topic {name!r} transaction")
+        failures = [r for r in results if isinstance(r, Exception)]
+        if not failures:
+            return config
         if any(isinstance(r, NodeExistsError) for r in failures):
             raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
-        raise errors.UnknownServerError(f"creating topic {name!r} failed: {failures[0]!r}")
-    return config
+        if config.dead_letter and any(isinstance(r, NoNodeError) for r in failures):
+            raise _no_dead_letter_topic(config.dead_letter)  # deleted since it was read
+        if not any(isinstance(r, BadVersionError) for r in failures):
+            raise errors.UnknownServerError(f"creating topic {name!r} failed: {failures[0]!r}")
+        # Another queue naming the same dead-letter topic was created meanwhile: again.
+    raise errors.UnknownServerError(f"creating topic {name!r}: its dead-letter topic kept changing; try again")
+
+
+def _no_dead_letter_topic(dead_letter: str) -> errors.InvalidQueueConfigError:
+    return errors.InvalidQueueConfigError(
+        f"dead-letter topic {dead_letter!r} does not exist: create it first "
+        f"(fabric queue create {dead_letter}, or Admin.create_queue with dead_letter= does both)")
+
+
+def dead_letter_users(zk: KazooClient, name: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[str]:
+    """The queues whose dead-letter topic is ``name``, read from ZooKeeper itself (a node's
+    watched copy of the topics lags: a queue created a moment ago is not in it yet)."""
+    deadline = time.monotonic() + timeout_s  # for the whole scan, not per topic
+    topics = get_children(zk, TOPICS, timeout_s)
+    pending = [(topic, zk.get_async(topic_path(topic))) for topic in topics]
+    users = []
+    for topic, result in pending:
+        try:
+            raw, _stat = wait(result, f"get {topic_path(topic)}", max(0.0, deadline - time.monotonic()))
+        except NoNodeError:  # deleted since the listing
+            continue
+        config = TopicConfig.decode(raw)
+        if config.queue and config.dead_letter == name:
+            users.append(topic)
+    return sorted(users)
 
 
 def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
@@ -569,22 +606,36 @@ def alter_topic_config(zk: KazooClient, name: str, configs: dict[str, str]) -> T
 
 
 def delete_topic(zk: KazooClient, name: str) -> None:
+    """Delete a topic's znodes in one transaction; refused while a queue names it as its
+    dead-letter topic. The ``partitions`` znode is deleted with the version read before
+    that check, so a queue created meanwhile (``create_topic`` rewrites that znode) fails
+    this transaction, and the next try finds the queue."""
     validate_topic_name(name)
-    try:
-        children = get_children(zk, partitions_path(name))
-    except NoNodeError:
-        raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
-    tx = zk.transaction()
-    for child in children:
-        tx.delete(f"{partitions_path(name)}/{child}")
-    tx.delete(partitions_path(name))
-    tx.delete(topic_path(name))
-    results = commit(tx, f"topic {name!r} transaction")
-    failures = [r for r in results if isinstance(r, Exception)]
-    if failures:
+    for _ in range(TOPIC_TRANSACTION_TRIES):
+        try:
+            children, stat = wait(zk.get_children_async(partitions_path(name), include_data=True),
+                                  f"get_children {partitions_path(name)}")
+        except NoNodeError:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+        users = dead_letter_users(zk, name)
+        if users:  # their receives would fail at their next poison message
+            raise errors.InvalidQueueConfigError(
+                f"topic {name!r} is the dead-letter queue of {', '.join(users)}: delete those first")
+        tx = zk.transaction()
+        for child in children:
+            tx.delete(f"{partitions_path(name)}/{child}")
+        tx.delete(partitions_path(name), version=stat.version)
+        tx.delete(topic_path(name))
+        results = commit(tx, f"topic {name!r} transaction")
+        failures = [r for r in results if isinstance(r, Exception)]
+        if not failures:
+            return
         if any(isinstance(r, NoNodeError) for r in failures):
             raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}")
-        raise errors.UnknownServerError(f"deleting topic {name!r} failed: {failures[0]!r}")
+        if not any(isinstance(r, (BadVersionError, NotEmptyError)) for r in failures):
+            raise errors.UnknownServerError(f"deleting topic {name!r} failed: {failures[0]!r}")
+        # A queue naming it was created, or a partition added, since the read: look again.
+    raise errors.UnknownServerError(f"deleting topic {name!r}: it kept changing; try again")
 
 
 def write_partition_state(zk: KazooClient, topic: str, state: PartitionState,

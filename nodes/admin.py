@@ -176,10 +176,8 @@ def handle_delete_topic(node: NodeState, envelope: Envelope, request: apis.Messa
     refused = _refuse_internal(name, "delete")  # the coordinators' state: never deleted
     if refused is not None:
         return refused
-    users = sorted(t for t, route in node.routing.topics().items() if route.config.queue and route.config.dead_letter == name)
-    if users:  # its queues would fail every receive at their next poison message
-        return {"error": errors.InvalidQueueConfigError.code,
-                "message": f"topic {name!r} is the dead-letter queue of {', '.join(users)}: delete those first"}
+    # A queue's dead-letter topic is refused by zkl.delete_topic, which reads ZooKeeper
+    # itself: this node's watched copy of the topics lags behind a queue just created.
     node.answer_later(envelope, request.header, lambda: _admin_result(lambda: zkl.delete_topic(node.zk, name)))
     return None
 

@@ -10,12 +10,16 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from fabric import errors
+from fabric import zk as zkl
 from fabric.local import LocalCluster
 from fabric.protocol import queues as qp
 from sdk import Admin, Consumer, Producer, QueueConsumer, QueueMessage, TopicPartition
@@ -457,6 +461,70 @@ def test_a_queue_over_the_wire_gets_queue_defaults_and_a_dead_letter_queue_that_
             admin.delete_topic(f"{topic_name}.dlq")
         admin.delete_topic(topic_name)
         admin.delete_topic(f"{topic_name}.dlq")
+
+
+def test_a_dead_letter_topic_is_kept_while_a_queue_just_made_names_it(cluster: LocalCluster, topic_name: str) -> None:
+    """Found writing a client from PROTOCOL.md 5.16 alone: a queue created and its
+    dead-letter topic deleted right after (no wait for the nodes to learn of the queue)
+    was accepted, 3 tries of 3: the node checked its watched copy of the topics, which
+    had not seen the queue yet. And right after a queue was deleted, deleting its
+    dead-letter topic was refused for a moment. ZooKeeper itself is asked now."""
+    with Admin(cluster.bootstrap) as admin:
+        for i in range(5):
+            queue, dlq = f"{topic_name}-{i}", f"{topic_name}-{i}.dlq"
+            admin.create_topic(dlq, partitions=1, config={"queue": True})
+            admin.create_topic(queue, partitions=1, config={"queue": True, "dead_letter": dlq}, wait=False)
+            with pytest.raises(errors.InvalidQueueConfigError, match="dead-letter queue of"):
+                admin.delete_topic(dlq, wait=False)
+            admin.delete_topic(queue, wait=False)
+            admin.delete_topic(dlq)  # at once: nothing names it any more
+
+
+def _at_once(actions: dict[str, Callable[[], object]]) -> dict[str, BaseException]:
+    """Run each action on its own thread, released together; the FabricErrors they raised."""
+    start = threading.Barrier(len(actions))
+    failed: dict[str, BaseException] = {}
+
+    def run(what: str, action: Callable[[], object]) -> None:
+        start.wait(10)
+        try:
+            action()
+        except errors.FabricError as exc:
+            failed[what] = exc
+
+    threads = [threading.Thread(target=run, args=item) for item in actions.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return failed
+
+
+def test_a_queue_and_the_delete_of_its_dead_letter_topic_racing_never_leave_the_queue_without_it(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """The two ZooKeeper transactions, started together on two threads: either the queue
+    exists with its dead-letter topic, or the queue was refused and the topic is gone."""
+    zk = zkl.make_client(cluster.zk_address)
+    zk.start(timeout=zkl.ZK_START_TIMEOUT_S)
+    try:
+        for i in range(12):
+            queue, dlq = f"{topic_name}-{i}", f"{topic_name}-{i}.dlq"
+            zkl.create_topic(zk, dlq, 1, 1, {"queue": "true"})
+            failed = _at_once({
+                "create": partial(zkl.create_topic, zk, queue, 1, 1, {"queue": "true", "dead_letter": dlq}),
+                "delete": partial(zkl.delete_topic, zk, dlq),
+            })
+            there = (zk.exists(zkl.topic_path(queue)) is not None, zk.exists(zkl.topic_path(dlq)) is not None)
+            assert set(failed) in ({"create"}, {"delete"}), failed
+            assert all(isinstance(exc, errors.InvalidQueueConfigError) for exc in failed.values()), failed
+            if "create" in failed:  # the delete won: the queue was refused
+                assert there == (False, False)
+            else:  # the queue won: its dead-letter topic stays
+                assert there == (True, True)
+                zkl.delete_topic(zk, queue)
+                zkl.delete_topic(zk, dlq)
+    finally:
+        zkl.close_client(zk)
 
 
 def test_a_receive_for_partition_minus_two_is_refused(cluster: LocalCluster, topic_name: str) -> None:
