@@ -28,7 +28,9 @@ class PeerHealth:
     Silence counts from the first PING the peer has left unanswered, not from the last
     frame heard: if this process itself stalls (SIGSTOP, a loop blocked by user code), it
     sent no PINGs meanwhile, so the peer had nothing to answer and is not blamed for the
-    gap. It is dead once a PING has gone ``liveness`` intervals without any frame back."""
+    gap. It is dead once a PING has gone ``liveness`` intervals without any frame back,
+    also when it has never answered at all (registered, but not serving: gathers, which
+    ask peers not heard from yet, would otherwise keep asking it for ever)."""
 
     def __init__(self, now: float, *, interval_ms: int = HEARTBEAT_INTERVAL_MS,
                  liveness: int = HEARTBEAT_LIVENESS) -> None:
@@ -54,7 +56,7 @@ class PeerHealth:
     def check(self, now: float) -> bool:
         """Returns True when the peer just turned dead (its in-flight requests are lost)."""
         since = self.unanswered_since_s
-        if self.state == ALIVE and since is not None and now - since > self.silence_limit_s:
+        if self.state != DEAD and since is not None and now - since > self.silence_limit_s:
             self.state = DEAD
             return True
         return False

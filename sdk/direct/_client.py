@@ -380,11 +380,18 @@ class DirectClient:
         missing = [z for z, p in view.peers.items() if z not in targets and not p.leaving]
         futures: dict[str, asyncio.Future[Response]] = {}
         sent: dict[str, tuple[_Peer, int]] = {}
+        # Each request carries the time left, not the whole timeout_ms: the wait for a first
+        # PONG above may have used some (or all: then nothing is sent, every target missing),
+        # and a handler must not run on for a caller that has given up.
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            missing.extend(targets)
+            targets = {}
         for znode, peer in targets.items():
             cid = next(self._ids) & wire.U32_MAX
             future: asyncio.Future[Response] = self.loop.create_future()
             peer.pending[cid] = future
-            frames = wire.request_frames(cid, body, timeout_ms=max(1, int(timeout_ms)), idempotent=True,
+            frames = wire.request_frames(cid, body, timeout_ms=left_ms, idempotent=True,
                                          headers=wire_headers)
             if peer.send(frames):
                 futures[znode] = future

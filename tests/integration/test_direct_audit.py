@@ -4,6 +4,7 @@ docs/PROTOCOL.md section 10): what an outside reviewer would try first."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -158,40 +159,63 @@ def _header(type_: int, cid: int, flags: int = 0, aux: int = 0) -> bytes:
     return _HEADER.pack(0x31444246, 1, type_, flags, 0, cid, aux)
 
 
-def test_raw_pyzmq_peers_written_from_protocol_md(zk_server: LocalZooKeeper, zk_hosts: str) -> None:
-    """docs/PROTOCOL.md section 10 alone: a raw ROUTER instance registered by hand serves
-    SDK callers; a raw DEALER caller (no PINGs) and a raw SUB subscriber use SDK peers."""
-    chroot = zk_hosts[len(zk_server.address):]
+# A raw instance's handler: (identity, (type, flags, correlation id, aux), frames after the
+# header) -> the messages to send back, each without the identity frame.
+_RawHandler = Callable[[bytes, tuple[int, int, int, int], list[bytes]], list[list[bytes]]]
+
+
+@contextlib.contextmanager
+def _raw_instance(zk_server: LocalZooKeeper, zk_hosts: str, service: str, handle: _RawHandler) -> Iterator[None]:
+    """A bare ROUTER registered by hand as an instance of ``service`` (docs/PROTOCOL.md 10.3),
+    served by ``handle`` on a thread; stopped, closed and unregistered on exit."""
     admin = KazooClient(zk_server.address)
     admin.start()
-    admin.ensure_path(chroot)
+    admin.ensure_path(zk_hosts[len(zk_server.address):])
     admin.stop()
     admin.close()
-    ctx = zmq.Context.instance()
-    router = ctx.socket(zmq.ROUTER)
+    router = zmq.Context.instance().socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    zk = KazooClient(zk_hosts)
-    zk.start()
-    zk.create("/fabric/services/raw/instance-", json.dumps({"address": f"tcp://127.0.0.1:{port}"}).encode(),
-              ephemeral=True, sequence=True, makepath=True)
     stop = threading.Event()
 
     def serve() -> None:
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         while not stop.is_set():
-            if not poller.poll(50):
-                continue
-            identity, header, *rest = router.recv_multipart()
-            _magic, _version, type_, _flags, _reserved, cid, _aux = _HEADER.unpack(header)
-            if type_ == 4:  # PING -> PONG, load 0
-                router.send_multipart([identity, _header(5, 0)])
-            elif type_ == 1:  # REQUEST -> REPLY
-                router.send_multipart([identity, _header(2, cid), b"raw:" + rest[0]])
+            if poller.poll(50):
+                identity, header, *rest = router.recv_multipart()
+                _magic, _version, type_, flags, _reserved, cid, aux = _HEADER.unpack(header)
+                for message in handle(identity, (type_, flags, cid, aux), rest):
+                    router.send_multipart([identity, *message])
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
+    zk = KazooClient(zk_hosts)
+    zk.start()
+    try:
+        zk.create(f"/fabric/services/{service}/instance-", json.dumps({"address": f"tcp://127.0.0.1:{port}"}).encode(),
+                  ephemeral=True, sequence=True, makepath=True)
+        yield
+    finally:
+        zk.stop()
+        zk.close()
+        stop.set()
+        thread.join(5)
+        router.close()
+
+
+def test_raw_pyzmq_peers_written_from_protocol_md(zk_server: LocalZooKeeper, zk_hosts: str) -> None:
+    """docs/PROTOCOL.md section 10 alone: a raw ROUTER instance registered by hand serves
+    SDK callers; a raw DEALER caller (no PINGs) and a raw SUB subscriber use SDK peers."""
+    ctx = zmq.Context.instance()
+
+    def handle(_identity: bytes, header: tuple[int, int, int, int], rest: list[bytes]) -> list[list[bytes]]:
+        type_, _flags, cid, _aux = header
+        if type_ == 4:  # PING -> PONG, load 0
+            return [[_header(5, 0)]]
+        if type_ == 1:  # REQUEST -> REPLY
+            return [[_header(2, cid), b"raw:" + rest[0]]]
+        return []
 
     async def run() -> None:
         client = await DirectClient.connect(zk_hosts)
@@ -231,14 +255,53 @@ def test_raw_pyzmq_peers_written_from_protocol_md(zk_server: LocalZooKeeper, zk_
         finally:
             await client.close()
 
-    try:
+    with _raw_instance(zk_server, zk_hosts, "raw", handle):
         asyncio.run(run())
-    finally:
-        stop.set()
-        thread.join(5)
-        router.close()
-        zk.stop()
-        zk.close()
+
+
+def test_an_instance_that_never_answers_a_ping_drops_out_of_gathers(zk_server: LocalZooKeeper, zk_hosts: str) -> None:
+    """Found writing a service from PROTOCOL.md 10.3 alone: an instance registered but
+    answering no PING stayed "connecting" for ever, and every gather sent it a REQUEST;
+    a gather's requests also carried its whole timeout_ms after it had waited for a
+    first PONG. Now it is marked dead once its first PINGs go unanswered (4 intervals),
+    gathers list it missing without asking it, and what they send is the time left."""
+    requests: list[int] = []  # each REQUEST's aux (its timeout), as it arrived
+    speaks = threading.Event()  # unset: answers nothing; set: a caller's first PONG comes 0.5 s after its first PING
+    first_ping_s: dict[bytes, float] = {}
+
+    def handle(identity: bytes, header: tuple[int, int, int, int], _rest: list[bytes]) -> list[list[bytes]]:
+        type_, _flags, cid, aux = header
+        if type_ == 1:
+            requests.append(aux)
+            return [[_header(2, cid), b"late"]] if speaks.is_set() else []
+        if type_ == 4 and speaks.is_set():
+            since = first_ping_s.setdefault(identity, time.monotonic())
+            if time.monotonic() - since >= 0.5:
+                return [[_header(5, 0)]]
+        return []
+
+    async def run() -> None:
+        client = await DirectClient.connect(zk_hosts)
+        try:
+            first = await client.gather("mute", b"g", timeout_ms=3_000)
+            (znode,) = first.missing
+            assert client.instances("mute") == {znode: "dead"}  # within the 2 s wait for a first PONG
+            second = await client.gather("mute", b"g", timeout_ms=1_000)
+            assert second.missing == [znode] and requests == []  # dead: never asked
+        finally:
+            await client.close()
+        speaks.set()
+        client = await DirectClient.connect(zk_hosts)  # a new caller: its first PONG comes after 0.5 s
+        try:
+            third = await client.gather("mute", b"g", timeout_ms=3_000)
+            assert [r.payload for r in third.replies] == [b"late"]
+            (aux,) = requests
+            assert 1_500 <= aux <= 2_600  # the time left after waiting for that PONG, not 3,000
+        finally:
+            await client.close()
+
+    with _raw_instance(zk_server, zk_hosts, "mute", handle):
+        asyncio.run(run())
 
 
 def test_close_ends_asyncio_requests_in_flight_with_client_closed(zk_hosts: str) -> None:

@@ -103,6 +103,20 @@ def test_peer_is_admitted_on_first_traffic_and_dies_on_silence() -> None:
     assert health.heard(11.0) and health.alive  # a paused peer that resumes is used again
 
 
+def test_a_peer_that_never_answers_its_first_pings_dies_too() -> None:
+    """Found writing a direct-plane service from PROTOCOL.md 10.3 alone: one that never
+    answered a PING stayed "connecting" for ever, so every gather kept asking it."""
+    health = balance.PeerHealth(now=0.0, interval_ms=250, liveness=4)  # dead 1 s after an unanswered PING
+    assert health.ping_due(0.0)  # the first PING, sent at admission
+    for now in (0.25, 0.5, 0.75):
+        assert health.ping_due(now)
+        assert not health.check(now + 0.125) and health.state == balance.CONNECTING
+    assert not health.check(1.0)
+    assert health.check(1.0625) and health.state == balance.DEAD
+    assert not health.check(1.125)  # reported once
+    assert health.heard(1.5) and health.alive  # one that answers late is used after all
+
+
 def test_our_own_stall_is_not_the_peers_silence() -> None:
     health = balance.PeerHealth(now=0.0, interval_ms=100, liveness=3)
     health.heard(0.0)

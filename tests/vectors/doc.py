@@ -31,6 +31,18 @@ BATCHES = {
 }
 
 
+# The values of each direct-plane vector (tests/vectors/generate_direct.py makes them).
+DIRECT = {
+    "direct_error.hex": "correlation id 7, code 52 (`REMOTE_ERROR`), type `ValueError`, message `bad input`",
+    "direct_ping.hex": "`aux` 200 (the caller's heartbeat interval in ms)",
+    "direct_pong.hex": "`aux` 12 (the instance's load)",
+    "direct_publish.hex": "subject `orders.eu`, sequence number 42, publisher id `0xdeadbeef`, payload `px`",
+    "direct_reply.hex": "correlation id 7, payload `world`",
+    "direct_request.hex": ("correlation id 7, IDEMPOTENT, `aux` (timeout) 1500, payload `hello`, "
+                           "header `trace` = `01 02`"),
+}
+
+
 def hex_block(raw: bytes) -> str:
     lines = []
     for i in range(0, len(raw), 16):
@@ -102,8 +114,9 @@ def generated() -> str:
         out += ["### 9.4 Direct-plane messages", "",
                 "Messages of section 10, one frame per group of lines, in the order of section 10.2.", ""]
         for name in direct:
-            out.append(f"**`{name}`**: type {name.removeprefix('direct_').removesuffix('.hex').upper()} message\n\n"
-                       f"{frames_block(texts[name])}")
+            what = DIRECT.get(name, "")
+            out.append(f"**`{name}`**: type {name.removeprefix('direct_').removesuffix('.hex').upper()} message"
+                       f"{': ' + what if what else ''}\n\n{frames_block(texts[name])}")
     out.append(END)
     return "\n".join(out)
 
