@@ -203,7 +203,8 @@ typedef struct fabric_producer_config {
 typedef struct fabric_producer fabric_producer_t;
 
 void fabric_producer_config_init(fabric_producer_config_t *config);
-/* bootstrap: "tcp://host:port[,tcp://host:port...]" (the "tcp://" may be left out).
+/* bootstrap: "tcp://host:port[,tcp://host:port...]" (the "tcp://" may be left out; an
+ * address that is not HOST:PORT, or zk://, is INVALID_ARGUMENT). config NULL: the defaults.
  * Connects lazily; the first METADATA happens at the first fabric_produce of a topic. */
 int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
                         const fabric_producer_config_t *config);
@@ -252,6 +253,7 @@ typedef struct fabric_consumer_config {
 typedef struct fabric_consumer fabric_consumer_t;
 
 void fabric_consumer_config_init(fabric_consumer_config_t *config);
+/* bootstrap as for fabric_producer_new; config NULL: the defaults. */
 int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
                         const fabric_consumer_config_t *config);
 /* Add a partition to read from offset (>= 0, FABRIC_OFFSET_BEGINNING or FABRIC_OFFSET_END). */
@@ -263,7 +265,8 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
  * poll (given up after max_wait_ms + request_timeout_ms); a poll waits at most 100 ms past
  * timeout_ms for the answer of a FETCH it has just sent. */
 int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record);
-/* The next offset this consumer will return for the partition. */
+/* The next offset this consumer will return for the partition (UNKNOWN_TOPIC_OR_PARTITION
+ * for one not assigned). */
 int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t partition,
                              int64_t *offset);
 const char *fabric_consumer_last_error(const fabric_consumer_t *c);

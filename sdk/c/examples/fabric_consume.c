@@ -13,15 +13,23 @@
 
 #include <getopt.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define FIELDS_MAX 8
 #define PARTITIONS_MAX 1024
 #define POLL_SLICE_MS 500 /* how often a follow loop checks for Ctrl-C */
 
 enum field { F_PARTITION, F_OFFSET, F_TIMESTAMP, F_KEY, F_VALUE, F_HEADERS };
+
+static int64_t monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static volatile sig_atomic_t stopping = 0;
 static void on_signal(int sig) {
@@ -192,10 +200,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     long long got = 0;
-    int idle = 0;
+    /* Idle time is measured, not summed from the slices asked for: a poll can overrun its
+     * timeout while nodes are unreachable (a connect attempt waits up to 1 s). */
+    int64_t last_record_ms = monotonic_ms();
     while (!stopping && (count < 0 || got < count)) {
         const fabric_record_t *r;
         int slice = !follow && idle_ms < POLL_SLICE_MS ? idle_ms : POLL_SLICE_MS;
+        if (!follow) {
+            int64_t left = idle_ms - (monotonic_ms() - last_record_ms);
+            if (left < slice) slice = left < 0 ? 0 : (int)left;
+        }
         rc = fabric_consumer_poll(c, slice, &r);
         if (rc) {
             fprintf(stderr, "fabric-consume: %s: %s\n", fabric_err_name(rc),
@@ -203,11 +217,10 @@ int main(int argc, char **argv) {
             break;
         }
         if (r == NULL) {
-            idle += slice;
-            if (!follow && idle >= idle_ms) break;
+            if (!follow && monotonic_ms() - last_record_ms >= idle_ms) break;
             continue;
         }
-        idle = 0;
+        last_record_ms = monotonic_ms();
         print_record(r, fields, field_count, hex);
         got++;
     }

@@ -36,6 +36,23 @@ static char *dup_bytes(const char *s, size_t len) {
     return out;
 }
 
+/* Whether a bootstrap address (scheme already added) is one ZeroMQ can connect a DEALER to:
+ * tcp://HOST:PORT with PORT 1-65535, or an ipc:// or inproc:// name, as the Python SDK
+ * checks (sdk/_client.py). Anything else would fail every connect, turn after turn. */
+static int address_ok(const char *addr) {
+    if (strncmp(addr, "ipc://", 6) == 0) return addr[6] != '\0';
+    if (strncmp(addr, "inproc://", 9) == 0) return addr[9] != '\0';
+    if (strncmp(addr, "tcp://", 6) != 0) return 0;
+    const char *host = addr + 6, *colon = strrchr(host, ':');
+    if (colon == NULL || colon == host || colon[1] == '\0') return 0;
+    long port = 0;
+    for (const char *d = colon + 1; *d; d++) {
+        if (*d < '0' || *d > '9' || port > 65535) return 0;
+        port = port * 10 + (*d - '0');
+    }
+    return port >= 1 && port <= 65535;
+}
+
 int client_init(client_t *c, const char *bootstrap) {
     memset(c, 0, sizeof *c);
     c->next_correlation_id = 1;
@@ -78,6 +95,12 @@ int client_init(client_t *c, const char *bootstrap) {
             if (addr == NULL) {
                 client_close(c);
                 return FABRIC_ERR_NO_MEMORY;
+            }
+            if (!address_ok(addr)) {
+                client_set_error(c, "bootstrap address '%.*s' is not tcp://HOST:PORT", (int)len, p);
+                free(addr);
+                client_close(c);
+                return FABRIC_ERR_INVALID_ARGUMENT;
             }
             c->bootstrap[c->bootstrap_count++] = addr;
         }
@@ -272,7 +295,10 @@ uint32_t client_next_id(client_t *c) {
 
 static void *open_socket(client_t *c, const char *address, int linger_ms, void **monitor) {
     void *s = zmq_socket(c->zctx, ZMQ_DEALER);
-    if (s == NULL) return NULL;
+    if (s == NULL) {  /* out of sockets (ZMQ_MAX_SOCKETS) or file descriptors */
+        client_set_error(c, "cannot open a socket for %s: %s", address, zmq_strerror(errno));
+        return NULL;
+    }
     int hwm = SOCKET_HWM_MESSAGES, one = 1;
     int64_t max_bytes = FABRIC_RESPONSE_BYTES_MAX;
     zmq_setsockopt(s, ZMQ_LINGER, &linger_ms, sizeof linger_ms);

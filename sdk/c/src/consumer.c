@@ -125,8 +125,12 @@ static void drop_response(fabric_consumer_t *c) {
 
 int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t partition,
                            int64_t offset) {
-    if (c == NULL || topic == NULL || partition < 0 || offset < FABRIC_OFFSET_BEGINNING)
+    if (c == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (topic == NULL || partition < 0 || offset < FABRIC_OFFSET_BEGINNING) {
+        client_set_error(&c->client, "assign: topic NULL, partition < 0 or offset < -2 (%d, %lld)",
+                         (int)partition, (long long)offset);
         return FABRIC_ERR_INVALID_ARGUMENT;
+    }
     cpart_t *existing = find_part(c, topic, partition);
     /* Re-assigning seeks: whatever was fetched for the old position is dropped, and the
      * answer of a FETCH in flight is ignored when it comes (its id no longer matches). */
@@ -136,7 +140,10 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
         existing->position = offset;
         return 0;
     }
-    if (c->part_count == ASSIGNMENTS_MAX) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (c->part_count == ASSIGNMENTS_MAX) {
+        client_set_error(&c->client, "assign: more than %d partitions", ASSIGNMENTS_MAX);
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
     cpart_t *parts = realloc(c->parts, (c->part_count + 1) * sizeof *parts);
     if (parts == NULL) return FABRIC_ERR_NO_MEMORY;
     c->parts = parts;
@@ -155,9 +162,16 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
 
 int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t partition,
                              int64_t *offset) {
-    if (c == NULL || topic == NULL || offset == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (c == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (topic == NULL || offset == NULL) {
+        client_set_error(&c->client, "position: topic or offset NULL");
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
     cpart_t *p = find_part(c, topic, partition);
-    if (p == NULL) return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+    if (p == NULL) {
+        client_set_error(&c->client, "position: %s/%d is not assigned", topic, (int)partition);
+        return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
+    }
     *offset = p->position;
     return 0;
 }
@@ -234,12 +248,26 @@ static void back_off(fabric_consumer_t *c, cpart_t *p, int64_t now) {
 
 /* Send one FETCH to the next leader that has ready partitions (c->fetch_pending set when
  * one went out). Returns 0 or an error. */
+/* Nothing to send this turn: wait retry_backoff_ms before the next, bounded by the
+ * caller's deadline (a turn that returned at once would spin, opening sockets each time). */
+static void nap(const fabric_consumer_t *c, int64_t now, int64_t deadline) {
+    int64_t ms = c->cfg.retry_backoff_ms;
+    if (deadline - now < ms) ms = deadline - now;
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     int64_t now = now_ms();
     if (!c->metadata_ready) {
         int rc = refresh(c, deadline);
         if (rc && !fabric_err_retriable(rc)) return rc;
-        if (rc) return 0; /* try again on the next turn */
+        if (rc) { /* try again on the next turn */
+            nap(c, now_ms(), deadline);
+            return 0;
+        }
     }
     for (size_t i = 0; i < c->part_count; i++) {
         cpart_t *p = &c->parts[i];
@@ -263,14 +291,8 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
         }
     }
     c->next_leader++;
-    if (leader == NULL) {
-        /* Everything is backing off: wait a little, bounded by the caller's deadline. */
-        int64_t nap = c->cfg.retry_backoff_ms;
-        if (deadline - now < nap) nap = deadline - now;
-        if (nap > 0) {
-            struct timespec ts = {nap / 1000, (long)(nap % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+    if (leader == NULL) { /* everything is backing off */
+        nap(c, now, deadline);
         return 0;
     }
     conn_t *conn = client_conn(&c->client, leader);
@@ -462,9 +484,16 @@ static int next_batch(fabric_consumer_t *c) {
 }
 
 int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record) {
-    if (record == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (record == NULL) {
+        if (c != NULL) client_set_error(&c->client, "poll: record NULL");
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
     *record = NULL;
-    if (c == NULL || c->part_count == 0) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (c == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (c->part_count == 0) {
+        client_set_error(&c->client, "poll: nothing assigned (fabric_consumer_assign first)");
+        return FABRIC_ERR_INVALID_ARGUMENT;
+    }
     int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     int fetched = 0; /* poll(0) still makes one fetch (with max_wait 0), so it can progress */
     for (;;) {

@@ -104,6 +104,10 @@ static void test_consumer_arguments(void) {
     EXPECT(fabric_consumer_position(c, NULL, 0, &offset), FABRIC_ERR_INVALID_ARGUMENT);
     EXPECT(fabric_consumer_position(c, "t", 0, NULL), FABRIC_ERR_INVALID_ARGUMENT);
     EXPECT(fabric_consumer_position(c, "t", 0, &offset), FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION);
+    if (strstr(fabric_consumer_last_error(c), "not assigned") == NULL) {
+        fprintf(stderr, "FAIL: last_error does not explain the refusal: %s\n", fabric_consumer_last_error(c));
+        failures++;
+    }
     fabric_consumer_destroy(c);
     EXPECT(fabric_consumer_assign(NULL, "t", 0, 0), FABRIC_ERR_INVALID_ARGUMENT);
     EXPECT(fabric_consumer_poll(NULL, 0, &r), FABRIC_ERR_INVALID_ARGUMENT);
@@ -115,7 +119,30 @@ static void test_consumer_arguments(void) {
     EXPECT(fabric_topic_partition_count(UNREACHABLE, "t", 1000, NULL), FABRIC_ERR_INVALID_ARGUMENT);
 }
 
+/* Addresses ZeroMQ could never connect to are refused at once: a consumer given one used
+ * to spin through its polls, opening two sockets a turn, until it ran out of them. */
+static void test_bad_bootstrap_addresses(void) {
+    const char *bad[] = {"garbage", "tcp://127.0.0.1", "http://127.0.0.1:9092", "h:0", "h:99999", "tcp://:9092",
+                         "tcp://h:port", "h:1,garbage", "zk://127.0.0.1:2181", "ipc://", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fabric_producer_t *p = NULL;
+        fabric_consumer_t *c = NULL;
+        EXPECT(fabric_producer_new(&p, bad[i], NULL), FABRIC_ERR_INVALID_ARGUMENT);
+        EXPECT(fabric_consumer_new(&c, bad[i], NULL), FABRIC_ERR_INVALID_ARGUMENT);
+        EXPECT(p == NULL && c == NULL, 1);
+        int32_t count;
+        EXPECT(fabric_topic_partition_count(bad[i], "t", 1000, &count), FABRIC_ERR_INVALID_ARGUMENT);
+    }
+    const char *good[] = {"h:1", "127.0.0.1:65535", "tcp://[::1]:9092", " tcp://a:1 , b:2 ", "ipc:///tmp/x"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        fabric_producer_t *p = NULL;
+        EXPECT(fabric_producer_new(&p, good[i], NULL), 0);
+        fabric_producer_destroy(p);
+    }
+}
+
 int main(void) {
+    test_bad_bootstrap_addresses();
     test_producer_arguments();
     test_builder_refuses_bad_header_names();
     test_consumer_arguments();
