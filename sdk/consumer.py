@@ -67,7 +67,8 @@ class Record:
 class RecordBatch:
     """Records of one batch from ``start`` on, as columns (the fast path).
 
-    ``timestamp_type``: 0 = the producer's create time, 1 = the leader's log-append time.
+    ``timestamp_type``: the batch's timestamp-type bit as its producer declared it: 0 = create
+    time (the Fabric producers always), 1 = log-append time; nodes never rewrite timestamps.
     """
 
     topic: str
