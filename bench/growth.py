@@ -4,16 +4,19 @@ ratios from one run, with the peak resident memory of the producer and of the no
     python -m bench.growth [--messages 500000] [--retained-mb 1024] [--repeats 3]
 
 One local node, acks=1, lz4, random (incompressible, so stored as they are) 100-byte
-records sent with ``send_batch`` (so that the
-producer's Python work does not hide the node's):
+records sent with ``send_batch`` (so that the producer's Python work does not hide the
+node's), and for the producers' second ratio with a ``send()`` each:
 
 * retained: produce and consume ``--messages`` on an empty 4-partition topic, then fill
   the same topic with ``--retained-mb`` more and measure again (consume reads the newest
   ``--messages``): ratio retained / empty (the issue asks for 10 GB; the size used is
   printed, choose one that fits the time and the disk);
 * partitions: aggregate produce into 64 partitions vs 1 (sticky, whole batches);
-* producers: 16 producer processes at once vs 1, the same total count. Each of the 16
-  first sends its whole share once, untimed (the single producer runs in this long-lived
+* producers: 16 producer processes at once vs 1, the same total count, twice: with
+  ``send_batch`` (one producer already keeps the node's loop busy, so this asks whether
+  sixteen cost the node more) and with a ``send()`` per record (the usual service: each
+  producer's Python is the limit, and sixteen share both cores). Each of the 16 first
+  sends its whole share once, untimed (the single producer runs in this long-lived
   process, whose memory has long been in use: a new process's first pass touches its
   buffers for the first time), and none closes or exits before all have reported, so the
   timed window holds the 16 producers' sending and nothing of their start-up or teardown.
@@ -48,16 +51,22 @@ def _values(count: int) -> list[bytes]:
     return [blob[i * SIZE : (i + 1) * SIZE] for i in range(count)]
 
 
-def produce(bootstrap: str, topic: str, n: int, together: Any = None) -> float:
-    """Seconds to send ``n`` records with send_batch and have them acknowledged.
-    ``together`` (ready, go, results, finished), when several processes start at once:
-    send the same ``n`` once untimed, say ready, wait for go; afterwards report and keep
-    the producer open until finished is set."""
+def produce(bootstrap: str, topic: str, n: int, together: Any = None, per_record: bool = False) -> float:
+    """Seconds to send ``n`` records with send_batch (``per_record``: a send() each) and
+    have them acknowledged. ``together`` (ready, go, results, finished), when several
+    processes start at once: send the same ``n`` once untimed, say ready, wait for go;
+    afterwards report and keep the producer open until finished is set."""
     chunk = _values(min(CHUNK, n))
 
     def send_all(producer: Producer) -> None:
         for start in range(0, n, CHUNK):
-            producer.send_batch(topic, chunk if start + CHUNK <= n else chunk[: n - start])
+            values = chunk if start + CHUNK <= n else chunk[: n - start]
+            if per_record:
+                send = producer.send
+                for value in values:
+                    send(topic, value)
+            else:
+                producer.send_batch(topic, values)
         producer.flush(600)
 
     with Producer(bootstrap, acks=1) as producer:
@@ -93,12 +102,12 @@ def consume_newest(bootstrap: str, topic: str, partitions: int, n: int) -> float
         return time.perf_counter() - started
 
 
-def many_producers(bootstrap: str, topic: str, n: int, count: int) -> float:
+def many_producers(bootstrap: str, topic: str, n: int, count: int, per_record: bool = False) -> float:
     """Wall seconds for ``count`` producer processes to send ``n`` records between them."""
     ctx = multiprocessing.get_context("spawn")
     together = (ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Event())  # ready, go, results, finished
     ready, go, results, finished = together
-    procs = [ctx.Process(target=produce, args=(bootstrap, topic, n // count, together), daemon=True)
+    procs = [ctx.Process(target=produce, args=(bootstrap, topic, n // count, together, per_record), daemon=True)
              for _ in range(count)]
     for proc in procs:
         proc.start()
@@ -164,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{median(sixty_four) / median(one):.2f}", flush=True)
         single = [n / produce(bootstrap, "many", n) for _ in range(repeats)]
         sixteen = [n / many_producers(bootstrap, "many", n, 16) for _ in range(repeats)]
-        print(f"producers: 16 -> {median(sixteen):,.0f} msg/s aggregate vs 1 -> {median(single):,.0f} = "
-              f"{median(sixteen) / median(single):.2f}", flush=True)
+        print(f"producers, send_batch: 16 -> {median(sixteen):,.0f} msg/s aggregate vs 1 -> "
+              f"{median(single):,.0f} = {median(sixteen) / median(single):.2f}", flush=True)
+        single_send = [n / produce(bootstrap, "many", n, per_record=True) for _ in range(repeats)]
+        sixteen_send = [n / many_producers(bootstrap, "many", n, 16, per_record=True) for _ in range(repeats)]
+        print(f"producers, send() per record: 16 -> {median(sixteen_send):,.0f} msg/s aggregate vs 1 -> "
+              f"{median(single_send):,.0f} = {median(sixteen_send) / median(single_send):.2f}", flush=True)
         figures.update({
             "empty_produce_msgs_per_s": round(empty[0]), "empty_consume_msgs_per_s": round(empty[1]),
             "retained_produce_msgs_per_s": round(retained[0]), "retained_consume_msgs_per_s": round(retained[1]),
@@ -173,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_retained_to_empty_consume": round(retained[1] / empty[1], 3),
             "ratio_64_to_1_partitions": round(median(sixty_four) / median(one), 3),
             "ratio_16_to_1_producers": round(median(sixteen) / median(single), 3),
+            "single_producer_msgs_per_s": round(median(single)), "sixteen_producers_msgs_per_s": round(median(sixteen)),
+            "ratio_16_to_1_producers_send": round(median(sixteen_send) / median(single_send), 3),
+            "single_producer_send_msgs_per_s": round(median(single_send)),
+            "sixteen_producers_send_msgs_per_s": round(median(sixteen_send)),
             "producer_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "node_peak_rss_mb": round(node_peak_rss_mb(node_pid), 1),
             "load_average_1m_end": round(os.getloadavg()[0], 2),
