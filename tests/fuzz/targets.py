@@ -22,8 +22,10 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import lz4.frame
+
 from fabric.errors import FabricError
-from fabric.protocol import apis, batch, direct, queues
+from fabric.protocol import apis, batch, direct, queues, tags
 from fabric.protocol import groups as group_format
 from fabric.protocol import schema as s
 from fabric.protocol.header import decode_header
@@ -142,6 +144,53 @@ def fuzz_batch(data: bytes) -> None:
     _guard(lambda: batch.read_header(buf))
 
 
+def fuzz_batch_records(data: bytes) -> None:
+    """A batch whose header is right (length, records_bytes, CRC) around a fuzzed records
+    section, so every input gets past the cheap checks that stop most of ``batch``'s into
+    decompression and the columns. First byte: bits 0-3 the record count less 1, bit 4 lz4,
+    bit 5 records_bytes one above the section, bit 6 a timestamp-type bit, bit 7 the tag
+    bloom bit. Beyond "a value or a FabricError": a batch validate() accepts is one the
+    readers accept too (a node stores what validate passed; its consumers must read it)."""
+    if not data:
+        return
+    mode, records = data[0], data[1:]
+    count = (mode & 0x0F) + 1
+    codec = batch.CODEC_LZ4 if mode & 0x10 else batch.CODEC_NONE
+    payload = lz4.frame.compress(records, store_size=True) if codec == batch.CODEC_LZ4 else records
+    attributes = codec | (batch.TIMESTAMP_LOG_APPEND if mode & 0x40 else 0) | (batch.TAG_BLOOM_PRESENT if mode & 0x80 else 0)
+    buf = bytearray(batch.BATCH_HEADER_BYTES) + payload
+    batch._HEADER.pack_into(buf, 0, 0, len(buf), -1, 0, 1, attributes, 0, count, 1_700_000_000_000,
+                            1_700_000_000_000 + count, -1, -1, 0, -1, -1, len(records) + (1 if mode & 0x20 else 0))
+    struct.pack_into("<I", buf, 16, batch.compute_crc(buf))
+    try:
+        header = batch.validate(buf, 1 << 30)
+    except FabricError:
+        _guard(lambda: batch.decode_batch(buf))
+        _guard(lambda: batch.column_view(buf))
+        return
+    decoded = batch.decode_batch(buf)  # raises (a crash here) if validate was too lenient
+    batch.column_view(buf)
+    if len(decoded.values) != header.record_count:
+        raise AssertionError(f"validate passed {header.record_count} records, decode_batch read {len(decoded.values)}")
+
+
+def fuzz_tag_filter(data: bytes) -> None:
+    """A FETCH v1 tag filter (fabric/protocol/tags.py): a client's string the node parses and
+    then matches every batch against. First byte bit 0: the rest as UTF-8 (else latin-1);
+    its first 4 bytes are also a tag bloom to match."""
+    if not data:
+        return
+    raw = data[1:]
+    text = raw.decode("utf-8", "replace") if data[0] & 1 else raw.decode("latin-1")
+    try:
+        tag_filter = tags.TagFilter(text)
+    except FabricError:
+        return
+    tag_filter.matches(frozenset({"a", "b", "paid", text[:8]}))
+    tag_filter.may_match(int.from_bytes(raw[:4].ljust(4, b"\0"), "little"))
+    tag_filter.may_match(None)
+
+
 def fuzz_columns(data: bytes) -> None:
     """The compiled records-section pass (fabric/protocol/_columns.pyx) against its pure
     twin: the first byte picks the record count, the rest is the section; both must give the
@@ -183,6 +232,8 @@ TARGETS: dict[str, Target] = {
     "request": fuzz_request,
     "response": fuzz_response,
     "batch": fuzz_batch,
+    "batch_records": fuzz_batch_records,
+    "tag_filter": fuzz_tag_filter,
     "columns": fuzz_columns,
     "direct": fuzz_direct,
     "state_record": fuzz_state_record,
@@ -247,6 +298,12 @@ def seeds(target: str) -> list[bytes]:
         return out
     if target == "batch":
         return [bytes([mode]) + b for b in batches for mode in (0x00, 0x04, 0x08, 0x0C, 0x03, 0x07)]
+    if target == "batch_records":  # the records sections of the sample batches, each codec
+        sections = [(batch.read_header(b).record_count, batch.records_section(b, batch.read_header(b))) for b in batches]
+        return [bytes([n - 1 | lz4_bit]) + sec for n, sec in sections for lz4_bit in (0x00, 0x10)]
+    if target == "tag_filter":
+        return [bytes([1]) + text.encode() for text in ("paid", "paid || refunded", "eu && !(test || dev)",
+                                                         "(a && b) || (c && !d)")]
     if target == "columns":  # the records sections of the sample batches (uncompressed ones decode as they are)
         sections = [batch.records_section(b, batch.read_header(b)) for b in batches]
         return [bytes([batch.read_header(b).record_count - 1]) + sec for b, sec in zip(batches, sections, strict=True)]
