@@ -496,7 +496,7 @@ class LocalSequencer:
 
 RESTART_DELAY_S = 1.0  # the first automatic restart of a dead node waits this long ...
 RESTART_DELAY_MAX_S = 30.0  # ... doubling per crash up to this
-RESTARTS_MAX = 5  # crashes within RESTART_WINDOW_S before supervision gives up on a process
+RESTARTS_MAX = 5  # automatic restarts after crashes within RESTART_WINDOW_S; the next crash is left down
 RESTART_WINDOW_S = 300.0
 
 
@@ -505,7 +505,8 @@ class Supervisor:
 
     ``fabric up`` calls ``check()`` once a second: a node (or ZooKeeper server) that died
     is reported, restarted after RESTART_DELAY_S (doubling up to RESTART_DELAY_MAX_S), and
-    given up on after RESTARTS_MAX crashes within RESTART_WINDOW_S. A process that exited
+    restarted at most RESTARTS_MAX times for crashes within RESTART_WINDOW_S (the crash
+    after that is left down). A process that exited
     with status 0 stopped cleanly (``fabric node drain``, a SIGTERM): it is restarted after
     RESTART_DELAY_S and not counted as a crash, so rehearsing rolling restarts does not use
     up the crash budget. Processes stopped on purpose (``LocalCluster.stop_node``) are left
@@ -545,7 +546,7 @@ class Supervisor:
                 delay = min(RESTART_DELAY_S * 2 ** (len(recent) - 1), RESTART_DELAY_MAX_S)
                 self.due[name] = now + delay
                 said.append(f"{name} exited; restarting it in {delay:.0f} s "
-                            f"(crash {len(recent)} of at most {RESTARTS_MAX} within {RESTART_WINDOW_S:.0f} s)")
+                            f"(restart {len(recent)} of at most {RESTARTS_MAX} within {RESTART_WINDOW_S:.0f} s)")
                 continue
             if now >= self.due[name]:
                 del self.due[name]

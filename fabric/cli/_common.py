@@ -242,8 +242,11 @@ def bootstrap(args: argparse.Namespace, *, check: bool = True) -> str:
     record; checked for form and (with ``check``) reachability, so a bad address fails at
     once with one line. A command with its own answer to "unreachable" (``fabric status``
     exits 3) passes ``check=False``."""
-    if getattr(args, "bootstrap", None):
-        spec, origin = str(args.bootstrap), "argument --bootstrap"
+    given = getattr(args, "bootstrap", None)
+    if given is not None:  # never truthiness: an empty --bootstrap is a mistake, not "the recorded cluster"
+        if not str(given).strip():
+            raise usage_error("argument --bootstrap: empty (give zk://HOST:PORT or node addresses)")
+        spec, origin = str(given), "argument --bootstrap"
     elif os.environ.get("FABRIC_BOOTSTRAP"):
         spec, origin = os.environ["FABRIC_BOOTSTRAP"], "$FABRIC_BOOTSTRAP"
     else:

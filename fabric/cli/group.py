@@ -7,6 +7,7 @@ import sys
 from datetime import datetime, timezone
 
 from fabric.cli._common import (
+    CliError,
     bootstrap,
     non_negative_int,
     partition_index,
@@ -135,13 +136,18 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 GROUP_IDLE_EXIT_S = 2.0  # without --follow, a group consumer stops after this long with nothing new
+# Without --follow, a member that has not been given a partition this long after it joined
+# says so and stops (the group's other members hold them all, or no node answers): it waited
+# silently for ever.
+GROUP_ASSIGN_WAIT_S = 15.0
 
 
 def consume_in_group(args: argparse.Namespace) -> int:
     """``fabric consume T --group G``: a member of G; commits exactly what it printed."""
     import time
 
-    from sdk import Consumer, TopicPartition
+    from fabric.cli.consume import format_record  # here: fabric.cli.consume imports this module
+    from sdk import Admin, Consumer, TopicPartition
 
     if args.partition is not None:
         raise usage_error("--group and --partition exclude each other: the group assigns partitions")
@@ -151,21 +157,19 @@ def consume_in_group(args: argparse.Namespace) -> int:
                           "earliest or latest")
     out = sys.stdout.buffer
     remaining = args.max_messages
+    with Admin(bootstrap(args)) as admin:
+        admin.describe_topic(args.topic)  # an unknown topic is one line and exit 1, as without --group
     with Consumer(bootstrap(args), group_id=args.group, auto_offset_reset=reset, enable_auto_commit=False,
                   tag_filter=args.tags) as consumer:
         consumer.subscribe([args.topic])
-        last_data = time.monotonic()
+        joined = last_data = time.monotonic()
         while True:
             records = consumer.poll(timeout_ms=500)
             if remaining is not None:
                 records = records[:remaining]
             printed: dict[TopicPartition, int] = {}
             for r in records:
-                if args.print_offset:
-                    out.write(f"{r.partition}:{r.offset}\t".encode())
-                if args.print_key:
-                    out.write((r.key or b"") + b"\t")
-                out.write((r.value or b"") + b"\n")
+                out.write(format_record(r, args))  # the same line as without --group, every --print-* flag
                 printed[TopicPartition(r.topic, r.partition)] = r.offset + 1
             out.flush()
             if printed:
@@ -177,3 +181,7 @@ def consume_in_group(args: argparse.Namespace) -> int:
                         return 0
             elif not args.follow and consumer.assignment() and time.monotonic() - last_data > GROUP_IDLE_EXIT_S:
                 return 0
+            elif not args.follow and not consumer.assignment() and time.monotonic() - joined > GROUP_ASSIGN_WAIT_S:
+                raise CliError(f"group {args.group!r} gave this member no partition of {args.topic!r} within "
+                               f"{GROUP_ASSIGN_WAIT_S:g} s (its other members may hold them all, or no node answers; "
+                               "`fabric group describe` shows the group; --follow waits for one)")

@@ -110,6 +110,8 @@ def free_port() -> int:
     (("produce", "T", "--header", "\udcff=v"), "--header"),  # argv byte 0xff: not UTF-8
     (("produce", "T", "--key-sep", "\udcff"), "--key-sep"),
     (("consume", "T", "--group", ""), "--group"),
+    (("topic", "describe", "T", "-b", ""), "--bootstrap: empty"),  # it used the recorded cluster instead
+    (("consume", "T", "--bootstrap", "  "), "--bootstrap: empty"),
 ])
 def test_bad_flag_values_are_usage_errors(fabric: Fabric, topic: str, args: tuple[str, ...], needle: str) -> None:
     args = tuple(topic if a == "T" else a for a in args)
@@ -184,6 +186,9 @@ def test_recorded_cluster_that_is_gone(fabric: Fabric, topic: str, tmp_path: Pat
 def test_unknown_topic_and_partition(fabric: Fabric, topic: str) -> None:
     assert_one_line_error(fabric("produce", "no-such-topic", stdin=b"x\n"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
     assert_one_line_error(fabric("consume", "no-such-topic"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
+    # With --group it waited silently for an assignment that never came (an operator
+    # following the docs found it hanging).
+    assert_one_line_error(fabric("consume", "no-such-topic", "--group", "g-unknown"), 1, "UNKNOWN_TOPIC_OR_PARTITION")
     assert_one_line_error(fabric("produce", topic, "--partition", "9", stdin=b"x\n"), 1, "no partition 9")
 
 

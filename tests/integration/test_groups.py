@@ -243,6 +243,29 @@ def test_cli_consume_in_group_describe_reset_delete(cluster: LocalCluster, topic
     assert b"GROUP_ID_NOT_FOUND" in capsysbinary.readouterr().err
 
 
+def test_cli_consume_in_group_prints_what_consume_prints(cluster: LocalCluster, topic_name: str,
+                                                          capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    """--group wrote its own lines: --print-timestamp and --print-headers were dropped and
+    a null key or value printed as nothing instead of --null-text (found following
+    PROTOCOL.md section 13)."""
+    from fabric.cli import main
+
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    with Producer(bootstrap) as producer:
+        producer.send(topic_name, None, key=b"k", headers=[("h", b"v"), ("n", None)], timestamp_ms=1_700_000_000_000,
+                      partition=0).result(timeout=30)
+        producer.send(topic_name, b"v1", timestamp_ms=1_700_000_000_001, partition=0).result(timeout=30)
+    flags = ["--print-offset", "--print-timestamp", "--print-key", "--print-headers", "--null-text", "NULL"]
+    assert main(["consume", topic_name, "-b", bootstrap, *flags]) == 0
+    plain = capsysbinary.readouterr().out
+    assert plain == b"0:0\t1700000000000\tk\th=v,n=NULL\tNULL\n0:1\t1700000000001\tNULL\t\tv1\n"
+    assert main(["consume", topic_name, "-b", bootstrap, "--group", f"g-{topic_name}", "--max-messages", "2",
+                 *flags]) == 0
+    assert capsysbinary.readouterr().out == plain
+
+
 def test_tag_filter_exact_delivery_and_bytes_saved(cluster: LocalCluster, topic_name: str,
                                                    capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     bootstrap = cluster.bootstrap
