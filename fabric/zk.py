@@ -4,6 +4,8 @@ Layout, below the root ``/fabric`` (a kazoo chroot in the connect string moves i
 
     /fabric/nodes/<node_id>                   ephemeral, JSON NodeInfo
     /fabric/topics/<topic>                    JSON TopicConfig
+    /fabric/topics/<topic>/partitions         empty; its version moves with each queue created naming
+                                              this topic its dead-letter topic (create_topic, delete_topic)
     /fabric/topics/<topic>/partitions/<p>     JSON PartitionState, written with version checks
     /fabric/controller                        ephemeral, the elected controller's node id
 

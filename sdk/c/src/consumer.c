@@ -246,8 +246,6 @@ static void back_off(fabric_consumer_t *c, cpart_t *p, int64_t now) {
     p->retry_after_ms = now + c->cfg.retry_backoff_ms;
 }
 
-/* Send one FETCH to the next leader that has ready partitions (c->fetch_pending set when
- * one went out). Returns 0 or an error. */
 /* Nothing to send this turn: wait retry_backoff_ms before the next, bounded by the
  * caller's deadline (a turn that returned at once would spin, opening sockets each time). */
 static void nap(const fabric_consumer_t *c, int64_t now, int64_t deadline) {
@@ -259,6 +257,8 @@ static void nap(const fabric_consumer_t *c, int64_t now, int64_t deadline) {
     }
 }
 
+/* Send one FETCH to the next leader that has ready partitions (c->fetch_pending set when
+ * one went out). Returns 0 or an error. */
 static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     int64_t now = now_ms();
     if (!c->metadata_ready) {
