@@ -157,9 +157,10 @@ def consume_in_group(args: argparse.Namespace) -> int:
                           "earliest or latest")
     out = sys.stdout.buffer
     remaining = args.max_messages
-    with Admin(bootstrap(args)) as admin:
+    spec = bootstrap(args)  # once: it also checks that the cluster is reachable
+    with Admin(spec) as admin:
         admin.describe_topic(args.topic)  # an unknown topic is one line and exit 1, as without --group
-    with Consumer(bootstrap(args), group_id=args.group, auto_offset_reset=reset, enable_auto_commit=False,
+    with Consumer(spec, group_id=args.group, auto_offset_reset=reset, enable_auto_commit=False,
                   tag_filter=args.tags) as consumer:
         consumer.subscribe([args.topic])
         joined = last_data = time.monotonic()
