@@ -129,7 +129,7 @@ def stage(node: NodeState, wb: Any, envelope: Envelope, request: apis.Message,
                 end = original_offset + header.record_count if original_offset >= 0 else plog.log_end_offset
             else:
                 if config.queue and (config.max_messages or config.max_bytes):
-                    queue_coordinator.check_room(node, (topic, partition), header.record_count, header.batch_length)
+                    queue_coordinator.check_room(node, (topic, partition), header.record_count, records)
                 # Stamped only here, after the duplicate check: a retry is never stamped twice.
                 # A strict-order batch takes its global ID (and a new CRC) in a copy first.
                 if config.strict_order:

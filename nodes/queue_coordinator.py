@@ -13,6 +13,7 @@ node's loop thread.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Final
@@ -289,11 +290,12 @@ class QueueCoordinator(QueueDurability):
         return {"error": 0, "message": "", "partitions": out}
 
     # -- produce's size check ---------------------------------------------------------------------
-    def check_room(self, tp: TopicPartition, records: int, batch_bytes: int) -> None:
-        """QUEUE_FULL when a batch would take a queue past max_messages or max_bytes."""
+    def check_room(self, tp: TopicPartition, records: int, value_bytes: int) -> None:
+        """QUEUE_FULL when ``records`` messages of ``value_bytes`` in all would take a queue
+        past max_messages or max_bytes."""
         plog, slot = self._slot(tp)
         if slot.mode == ACTIVE:
-            slot.share.check_room(plog, records, batch_bytes, wall_ms())
+            slot.share.check_room(plog, records, value_bytes, wall_ms())
         # While loading, the counts are not known yet: the send is let through.
 
     # -- leadership and loading --------------------------------------------------------------------
@@ -442,8 +444,19 @@ def next_deadline(node: NodeState) -> float | None:
     return node.queues.next_deadline_s() if node.queues is not None else None
 
 
-def check_room(node: NodeState, tp: TopicPartition, records: int, batch_bytes: int) -> None:
-    for_node(node).check_room(tp, records, batch_bytes)
+def check_room(node: NodeState, tp: TopicPartition, record_count: int, records: bytes) -> None:
+    """QUEUE_FULL when a produced batch (its uncompressed records section) would take a queue
+    past its limits. ``max_bytes`` counts value bytes, as the queue's own counts do, not the
+    batch frame: a frame's header and per-record overhead would make a small limit refuse
+    every send, even into an empty queue, and a compressed frame would undercount."""
+    for_node(node).check_room(tp, record_count, value_bytes(records, record_count))
+
+
+def value_bytes(records: bytes, record_count: int) -> int:
+    """The sum of a records section's value lengths (a null value, -1, counts 0): the third
+    i32 column of docs/PROTOCOL.md's record layout, already checked by the produce path."""
+    lengths = struct.unpack_from(f"<{record_count}i", records, 2 * 4 * record_count)
+    return sum(lengths) + lengths.count(-1)
 
 
 def close(node: NodeState) -> None:

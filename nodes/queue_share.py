@@ -239,7 +239,7 @@ class SharePartition:
         return decoded
 
     # -- size limits -------------------------------------------------------------------------
-    def check_room(self, plog: PartitionLog, records: int, batch_bytes: int, now_ms: int) -> None:
+    def check_room(self, plog: PartitionLog, records: int, value_bytes: int, now_ms: int) -> None:
         """QUEUE_FULL when a batch would take the slowest group past the queue's limits,
         counting records appended but not yet committed; with no group yet, every message
         in the log counts. O(new records) per call, not O(backlog)."""
@@ -252,6 +252,6 @@ class SharePartition:
             # coordinator's write path; an expiry not yet ticked counts until it is.
             self.ingest(g, plog, now_ms)
             try:
-                g.state.check_room(batch_bytes, records, uncommitted)
+                g.state.check_room(value_bytes, records, uncommitted)
             except errors.QueueFullError as exc:
                 raise errors.QueueFullError(f"queue {self.topic}/{self.partition}: {exc.message}") from None

@@ -414,6 +414,12 @@ class ShareState:
     # ----- internals -----
     def _make_available(self, e: Entry, now_ms: int) -> None:
         e.consumer, e.deadline_ms = "", 0
+        if e.expires_at_ms and e.expires_at_ms <= now_ms:
+            # Its TTL passed while it was leased (left to its worker until then); a lease
+            # that ends by a nack or a release would otherwise make it visible at once, and
+            # the next receive would deliver an expired message. Due now: the next tick
+            # (every receive and describe ticks first) expires it.
+            heapq.heappush(self._ttl, (now_ms, e.offset))
         if e.visible_at_ms > now_ms:
             # Only tick() passing visible_at moves it on: a message is never visible early.
             self._move(e, DELAYED)

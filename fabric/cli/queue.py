@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--max-bytes", type=non_negative_int, default=0, help="the same in value bytes (0: no limit)")
     create.add_argument("--max-message-bytes", type=int_in_range(1024, 64 * 1024 * 1024, "message_bytes_max"),
                         default=qp.QUEUE_MESSAGE_BYTES_DEFAULT,
-                        help="largest message (default 1 MiB)")
+                        help="largest batch a producer may send, header and keys included (the topic's message_bytes_max; "
+                             "default 1 MiB: one value of up to 1,048,490 bytes)")
     create.add_argument("--dedup-window-ms", type=positive_int, default=qp.DEDUP_WINDOW_MS_DEFAULT,
                         help="a repeated dedup id within this window is dropped (default 5 min)")
     delete = with_bootstrap(qsub.add_parser("delete", help="delete a queue and its messages"))

@@ -204,6 +204,40 @@ def test_size_limit_refuses_sends_until_workers_catch_up(cluster: LocalCluster, 
     assert desc.total("visible") + desc.total("in_flight") <= 5
 
 
+def test_max_bytes_counts_value_bytes_not_the_batch_frame(cluster: LocalCluster, topic_name: str) -> None:
+    """max_bytes is in value bytes (docs/QUEUES.md): a 60-byte message fits an empty queue
+    of max_bytes=100, though its batch frame (72-byte header, lengths, headers) does not."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, max_bytes=100)
+    _send(cluster.bootstrap, topic_name, [b"x" * 60])
+    with Admin(cluster.bootstrap) as admin:
+        admin.describe_queue(topic_name)  # waits for the leader's first load: limits apply from then
+    with Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=1500, request_timeout_ms=1000) as producer, \
+            pytest.raises(errors.DeliveryTimeoutError, match=r"QUEUE_FULL.*max_bytes"):
+        producer.send(topic_name, b"y" * 60).result(timeout=10)  # 120 value bytes: full
+    with QueueConsumer(cluster.bootstrap, topic_name) as worker:
+        assert [m.value for m in _drain(worker, 1, 10)] == [b"x" * 60]
+    _send(cluster.bootstrap, topic_name, [b"y" * 60, b"z" * 40])  # 100 value bytes: room again
+
+
+def test_a_nacked_message_past_its_ttl_is_not_delivered_again(cluster: LocalCluster, topic_name: str) -> None:
+    """A message whose TTL passes while leased is left to its worker; once that worker
+    gives it back (nack) it is expired (dead-lettered), not handed to another worker."""
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, visibility_timeout_ms=10_000, dead_letter=f"{topic_name}.dlq")
+    _send(cluster.bootstrap, topic_name, [b"price tick"], ttl_ms=300)
+    with QueueConsumer(cluster.bootstrap, topic_name) as holder, \
+            QueueConsumer(cluster.bootstrap, topic_name) as other, \
+            QueueConsumer(cluster.bootstrap, f"{topic_name}.dlq") as dead:
+        got = _drain(holder, 1, 5, ack=False)
+        assert [m.value for m in got] == [b"price tick"]
+        time.sleep(0.8)  # the TTL passes while leased (the node's timer fires meanwhile)
+        holder.nack(got)
+        assert other.receive(10, 1_000) == []
+        letters = _drain(dead, 1, 10)
+        assert [(m.value, dict(m.headers)["fabric.dlq.reason"]) for m in letters] == [(b"price tick", b"ttl expired")]
+
+
 def test_expired_messages_are_not_delivered(cluster: LocalCluster, topic_name: str) -> None:
     with Admin(cluster.bootstrap) as admin:
         admin.create_queue(topic_name, message_ttl_ms=60_000)

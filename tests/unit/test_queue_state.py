@@ -132,6 +132,25 @@ def test_ttl_per_message_and_per_queue() -> None:
     assert s.start_offset == 3
 
 
+def test_a_message_whose_ttl_passed_while_leased_is_not_delivered_after_a_nack_or_release() -> None:
+    """The node ticks while the lease runs (its timer wakes at the TTL), so the expiry waits
+    for the lease's deadline; a nack or release ends the lease earlier and must not make
+    the expired message visible to the next receive."""
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=10_000, dead_letter="dlq"))
+    s.append(0, 0, ttl_ms=500)
+    s.append(1, 0, ttl_ms=500)
+    s.append(2, 0, ttl_ms=500)
+    assert [x.offset for x in s.acquire("w", 3, 100)[0]] == [0, 1, 2]
+    assert s.tick(600) == []  # past the TTL, still leased: left to its worker
+    s.nack("w", 0, 1_000)
+    s.nack("w", 1, 1_000, delay_ms=100)
+    assert s.unlease("w", 2, 1_000)
+    leases, finished = s.acquire("other", 10, 1_000)
+    assert leases == []
+    assert sorted(finished, key=lambda f: f.offset) == [
+        qs.Finished(o, qs.DEAD, n, qs.REASON_TTL) for o, n in ((0, 1), (1, 1), (2, 0))]
+
+
 def test_size_limits_are_retriable_backpressure() -> None:
     s = qs.ShareState(qs.QueueConfig(max_messages=2, max_bytes=100))
     s.check_room(60)
