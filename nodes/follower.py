@@ -317,7 +317,7 @@ def _on_ack_reply(node: NodeState, body: dict[str, Any]) -> None:
 
 def _follow_log_start(tp: TopicPartition, f: FollowerReplica, plog: PartitionLog, leader_start: int) -> None:
     if leader_start > plog.log_start_offset:
-        deleted = plog.follow_log_start(leader_start)
+        deleted = plog.delete_below(leader_start)
         if deleted:
             # Debug: a queue's leader deletes what its groups finished every second.
             replica_log(tp, f.epoch).debug("%s/%d: deleted %d records below the leader's log start %d",

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import zmq
@@ -35,6 +33,8 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
+from nodes import group_records
+from nodes.group_records import ACTIVE, LOADING, Partition, Write
 from nodes.group_state import GroupState, MayDescribe
 
 log = logging.getLogger("fabric.groups")
@@ -46,34 +46,15 @@ EXPIRE_INTERVAL_S: Final[float] = 0.1
 RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load fetch or topic creation is retried after this
 REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to our own node unanswered this long is abandoned
 PENDING_ANSWERS_MAX: Final[int] = 10_000  # answers parked behind writes, per partition
-LOADING: Final[str] = "loading"
-ACTIVE: Final[str] = "active"
-
 Send = Callable[[list[Any], list[Any]], object]
-
-
-@dataclass
-class _Write:
-    on_done: list[Callable[[int, str], None]] = field(default_factory=list)
-
-
-@dataclass
-class _Partition:
-    partition: int
-    leader_epoch: int
-    mode: str = LOADING
-    groups: dict[str, GroupState] = field(default_factory=dict)
-    load_offset: int = 0
-    load_in_flight: bool = False
-    next_load_s: float = 0.0
-    writes: deque[_Write] = field(default_factory=deque)  # in flight, in log order
 
 
 class GroupCoordinator:
     def __init__(self, node_id: int, address: str, routing: zkl.RoutingCache, send: Send,
                  context: zmq.Context[Any], poller: zmq.Poller, *, serving: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.monotonic, security: ClientSecurity | None = None,
-                 caller: Callable[[], tuple[str, MayDescribe]] | None = None) -> None:
+                 caller: Callable[[], tuple[str, MayDescribe]] | None = None,
+                 delete_below: Callable[[tuple[str, int], int], int] | None = None) -> None:
         self.node_id = node_id
         self.address = address
         self.routing = routing
@@ -86,7 +67,8 @@ class GroupCoordinator:
         # the node itself failed its handshake and no group worked on a secure cluster.
         self._conns = Connections(context, poller=poller, security=security)
         self._secure_caller = caller  # secure cluster: who sent the request now, and the ACL check
-        self._partitions: dict[int, _Partition] = {}
+        self._delete_below = delete_below  # our node's log, below a restatement (group_records)
+        self._partitions: dict[int, Partition] = {}
         self._requests: dict[int, tuple[float, Callable[[apis.Message | None], None]]] = {}
         self._creating_topic_until = 0.0
         self._last_expire_s = 0.0
@@ -141,6 +123,8 @@ class GroupCoordinator:
         for part in list(self._partitions.values()):
             if part.mode == LOADING and not part.load_in_flight and now >= part.next_load_s:
                 self._load_step(part)
+            elif part.mode == ACTIVE and part.written >= part.restate_at and not part.writes:
+                self._restate(part)
         if now - self._last_expire_s >= EXPIRE_INTERVAL_S:
             self._last_expire_s = now
             self._expire_members()
@@ -159,10 +143,10 @@ class GroupCoordinator:
                 self._drop_partition(part, "leadership moved")
         for p, epoch in led.items():
             if p not in self._partitions:
-                self._partitions[p] = _Partition(p, epoch)
+                self._partitions[p] = Partition(p, epoch)
                 log.info("coordinating %s/%d (epoch %d): loading", gp.OFFSETS_TOPIC, p, epoch)
 
-    def _drop_partition(self, part: _Partition, why: str) -> None:
+    def _drop_partition(self, part: Partition, why: str) -> None:
         self._partitions.pop(part.partition, None)
         log.info("stopped coordinating %s/%d: %s", gp.OFFSETS_TOPIC, part.partition, why)
         for write in part.writes:
@@ -170,14 +154,14 @@ class GroupCoordinator:
                 callback(errors.NotCoordinatorError.code, why)
         part.writes.clear()
 
-    def _reload(self, part: _Partition, why: str) -> None:
+    def _reload(self, part: Partition, why: str) -> None:
         """Forget memory and read the log again: it holds exactly what was committed."""
         log.warning("reloading %s/%d: %s", gp.OFFSETS_TOPIC, part.partition, why)
         self._drop_partition(part, why)
-        self._partitions[part.partition] = _Partition(part.partition, part.leader_epoch,
+        self._partitions[part.partition] = Partition(part.partition, part.leader_epoch,
                                                       next_load_s=self._clock() + RETRY_INTERVAL_S)
 
-    def _load_step(self, part: _Partition) -> None:
+    def _load_step(self, part: Partition) -> None:
         body = {"replica_id": apis.CONSUMER_REPLICA_ID, "max_wait_ms": 0, "min_bytes": 0,
                 "max_bytes": LOAD_FETCH_BYTES_MAX,
                 "partitions": [{"topic": gp.OFFSETS_TOPIC, "partition": part.partition,
@@ -205,12 +189,13 @@ class GroupCoordinator:
                 base = decoded.header.base_offset
                 for i, (key, value) in enumerate(zip(decoded.keys, decoded.values, strict=True)):
                     if base + i >= part.load_offset and key is not None:
-                        self._apply_record(part, key, value, now_ms)
+                        group_records.apply(part.groups, key, value, now_ms)
+                        part.written += 1
                 part.load_offset = max(part.load_offset, decoded.header.next_offset)
             # Done when we have read everything and everything we read is committed: a new
             # leader's high watermark can lag its log for a moment after an election.
             if part.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:
-                part.mode = ACTIVE
+                part.mode, part.log_end = ACTIVE, part.load_offset
                 log.info("coordinating %s/%d: loaded %d groups up to offset %d", gp.OFFSETS_TOPIC,
                          part.partition, len(part.groups), part.load_offset)
             elif not message.batches:
@@ -218,37 +203,14 @@ class GroupCoordinator:
 
         self._request(ApiKey.FETCH, body, on_reply)
 
-    def _apply_record(self, part: _Partition, key: bytes, value: bytes | None, now_ms: int) -> None:
-        try:
-            decoded = gp.decode_record(key, value)
-        except errors.FabricError as exc:
-            log.warning("skipping an unreadable group record: %s", exc)
-            return
-        if decoded is None:
-            return
-        kind, fields = decoded
-        if kind == "offset":
-            group_id, topic, partition, offset_value = fields
-            group = part.groups.setdefault(group_id, GroupState(group_id))
-            if offset_value is None:
-                group.offsets.pop((topic, partition), None)
-            else:
-                group.offsets[(topic, partition)] = (offset_value["offset"], offset_value["metadata"],
-                                                     offset_value["commit_ms"])
-        else:
-            group_id, group_value = fields
-            group = part.groups.setdefault(group_id, GroupState(group_id))
-            group.load_record(group_value, now_ms)
-            if group_value is None and not group.offsets:
-                del part.groups[group_id]
-
     # -- writing -------------------------------------------------------------------------
-    def _write(self, part: _Partition, records: list[tuple[bytes, bytes | None]],
-               on_done: Callable[[int, str], None]) -> None:
+    def _write(self, part: Partition, records: list[tuple[bytes, bytes | None]],
+               on_done: Callable[[int, str], None], *, restating: bool = False) -> None:
         """Append records to our partition with acks=all; ``on_done(error, message)`` after."""
+        part.written += 0 if restating else len(records)
         now_ms = int(time.time() * 1000)
         batch = batch_format.encode_batch([now_ms] * len(records), [k for k, _ in records], [v for _, v in records])
-        write = _Write([on_done])
+        write = Write([on_done])
         part.writes.append(write)
         body = {"acks": -1, "timeout_ms": WRITE_TIMEOUT_MS,
                 "entries": [{"topic": gp.OFFSETS_TOPIC, "partition": part.partition}]}
@@ -263,6 +225,8 @@ class GroupCoordinator:
             else:
                 result = message.body["results"][0]
                 code, text = result["error"], result["message"]
+                if not code:
+                    part.log_end = max(part.log_end, result["base_offset"] + len(records))
             # Writes complete in log order; a failed one means memory is ahead of the log.
             while part.writes:
                 done = part.writes.popleft()
@@ -276,7 +240,30 @@ class GroupCoordinator:
         # The node's version: it may write __consumer_offsets (apis.INTERNAL_VERSION).
         self._request(ApiKey.PRODUCE, body, on_reply, batches=[batch], api_version=apis.INTERNAL_VERSION)
 
-    def _after_writes(self, part: _Partition, callback: Callable[[int, str], None]) -> None:
+    def _restate(self, part: Partition) -> None:
+        """Compact the partition (nodes/group_records.py) once enough was written since the
+        last time. Only with no write in flight: memory is then exactly the log."""
+        part.restate_at = max(group_records.RESTATE_AFTER_RECORDS_MIN, 2 * group_records.live_count(part.groups))
+        if part.written < part.restate_at:
+            return  # a large live state: wait until the writes since outgrow it
+        below, writes = part.log_end, group_records.restatement(part.groups)
+        part.written, pending, failed = 0, [len(writes)], [False]
+
+        def one_done(code: int, _text: str) -> None:  # a failed write reloads the partition
+            pending[0] -= 1
+            failed[0] = failed[0] or code != 0
+            if not pending[0] and not failed[0] and self._partitions.get(part.partition) is part and self._delete_below:
+                deleted = self._delete_below((gp.OFFSETS_TOPIC, part.partition), below)
+                log.info("compacted %s/%d: %d writes restated its live records, %d records below %d deleted",
+                         gp.OFFSETS_TOPIC, part.partition, len(writes), deleted, below)
+
+        for records in writes:  # all now, in order: no other write falls between them
+            self._write(part, records, one_done, restating=True)
+        if not writes:  # nothing live: all of it goes
+            pending[0] = 1
+            one_done(0, "")
+
+    def _after_writes(self, part: Partition, callback: Callable[[int, str], None]) -> None:
         """Run ``callback`` once every write in flight on ``part`` is committed (now if none)."""
         if not part.writes:
             callback(0, "")
@@ -304,7 +291,7 @@ class GroupCoordinator:
             frames = apis.encode_error_response(request.header, errors.UnknownServerError.code, f"unencodable answer: {exc}")
         self._send(envelope, frames)
 
-    def _reply_after(self, part: _Partition, envelope: list[Any], request: apis.Message, body: dict[str, Any],
+    def _reply_after(self, part: Partition, envelope: list[Any], request: apis.Message, body: dict[str, Any],
                      error_body: Callable[[int, str], dict[str, Any]]) -> None:
         def answer(code: int, text: str) -> None:
             self._reply(envelope, request, body if code == 0 else error_body(code, text))
@@ -342,7 +329,7 @@ class GroupCoordinator:
 
         self._request(ApiKey.CREATE_TOPIC, body, on_reply, api_version=apis.INTERNAL_VERSION)
 
-    def _partition_for(self, group_id: str) -> _Partition:
+    def _partition_for(self, group_id: str) -> Partition:
         gp.check_group_id(group_id)
         part = self._partitions.get(gp.coordinator_partition(group_id))
         if part is None:
@@ -445,7 +432,7 @@ class GroupCoordinator:
 
     def _delete_groups(self, envelope: list[Any], request: apis.Message) -> None:
         results: list[dict[str, Any]] = []
-        waits: list[_Partition] = []
+        waits: list[Partition] = []
         for group_id in request.body["group_ids"]:
             try:
                 part = self._partition_for(group_id)
@@ -469,7 +456,7 @@ class GroupCoordinator:
         self._answer_after_all(envelope, request, {"results": results}, waits)
 
     def _answer_after_all(self, envelope: list[Any], request: apis.Message, body: dict[str, Any],
-                          parts: list[_Partition]) -> None:
+                          parts: list[Partition]) -> None:
         remaining = [len(parts)]
         failed: list[tuple[int, str]] = []
 

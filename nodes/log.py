@@ -414,14 +414,14 @@ class PartitionLog:
         self.log_start_offset = new_start
         return deleted
 
-    def follow_log_start(self, leader_start: int) -> int:
-        """A follower: delete the batches wholly below the leader's log start (its retention
-        deleted them; batches are the same on every replica). Our own retention counts
-        from when we copied a batch, which for a replica that caught up late is long after
-        the leader appended it. Returns the number of records deleted."""
-        index = bisect.bisect_left(self.bases, leader_start)
-        if index > 0 and self.entries[index - 1].next_offset > leader_start:
-            index -= 1  # a batch the leader's start falls inside is not ours to cut
+    def delete_below(self, offset: int) -> int:
+        """Delete the batches wholly below ``offset``; return the records deleted. A follower
+        so follows the leader's log start (batches are the same on every replica; our own
+        retention counts from when we copied a batch, which for a replica that caught up
+        late is long after the leader appended it), and a coordinator compacts."""
+        index = bisect.bisect_left(self.bases, offset)
+        if index > 0 and self.entries[index - 1].next_offset > offset:
+            index -= 1  # a batch the offset falls inside is not ours to cut
         return self.delete_before(index)
 
     def apply_retention(self, retention_ms: int, retention_bytes: int, now_ms: int) -> int:

@@ -40,13 +40,7 @@ from fabric.limits import PRODUCE_DECOMPRESSED_BYTES_MAX, REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import readable_header
-from fabric.transport import (
-    Connections,
-    heartbeat,
-    readable,
-    recv_if_ready,
-    unique_inproc_endpoint,
-)
+from fabric.transport import Connections, heartbeat, readable, recv_if_ready, unique_inproc_endpoint
 from nodes import (
     admin,
     controller,
@@ -175,6 +169,7 @@ class Node:
         self.state.change_listeners.extend(CHANGE_LISTENERS)
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.may_coordinate,
+                                             delete_below=self.state.delete_below,
                                              security=self.authz.client if self.authz else None,
                                              caller=self.authz.caller if self.authz else None)
         self.handlers = metrics.instrument(dict(DISPATCH))

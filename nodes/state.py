@@ -324,6 +324,16 @@ class NodeState:
 
         self.zk_worker.submit(job, done)
 
+    def delete_below(self, tp: TopicPartition, offset: int) -> int:
+        """A coordinator's compaction (nodes/group_coordinator.py): delete the batches of a
+        partition we lead that lie wholly below ``offset`` (and below the high watermark),
+        whose records it has restated above it. Followers follow the new log start as they
+        follow a queue's (nodes/follower.py). Returns the records deleted."""
+        plog = self.logs.get(tp)
+        if plog is None or tp not in self.leaders:
+            return 0
+        return plog.delete_below(min(offset, plog.high_watermark))
+
     def partitions_changed(self, tps: set[TopicPartition]) -> None:
         if tps:
             for listener in self.change_listeners:
