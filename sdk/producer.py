@@ -375,7 +375,11 @@ class _ProducerCore:
             future, full, created = self._acc.append(topic, partition, ts, key_b, value_b, header_list, time.monotonic())
             if created and sticky:
                 self._sticky_batch[topic] = self._acc.batches[(topic, partition)][-1]  # the one it opened
-            if full or created:
+            # Wake the sender for a batch it may send now. While the partition's
+            # max_in_flight slots are taken it could not: it looks again when an answer
+            # frees one, and a wake for nothing costs it a turn (at a steady rate with
+            # max_in_flight=1 that was most records' wake).
+            if (full or created) and self._in_flight_slots.get((topic, partition), 0) < self.max_in_flight:
                 self._wake()
         if callback is not None:
             future.add_callback(callback)
