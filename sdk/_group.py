@@ -124,6 +124,17 @@ class GroupMember:
             self._lose()  # lost, not revoked: the other process owns them now, so no commit
             self.raise_if_fenced()
 
+    def due(self) -> bool:
+        """Whether ``tick`` has work now: a heartbeat is due, or the session clock says the
+        partitions are lost. Cheap (no request): an iterator asks it between records."""
+        if self.fenced:
+            return True  # tick() raises FencedInstanceIdError, as every later poll does
+        if not self.subscribed:
+            return False
+        now = self._clock()
+        return now >= self._next_heartbeat_s or bool(
+            self.owned and (now - self._last_ok_s) * 1000 > self.session_timeout_ms - self.fence_margin_ms)
+
     def raise_if_fenced(self) -> None:
         if self.fenced:
             raise errors.FencedInstanceIdError(self.fenced, group_id=self.group_id, instance_id=self.instance_id)

@@ -186,6 +186,9 @@ class AsyncConsumer:
             for record in hand_out.records:
                 if self._closing:
                     break
+                if self.consumer.between_records_due():
+                    # Heartbeat, session clock, auto commit: on the worker, as a poll.
+                    await self._call(lambda c: c.between_records())
                 if hand_out.take(record):
                     yield record
                     hand_out.done(record)

@@ -689,10 +689,31 @@ class Consumer:
         returned (in one call, so a commit can never come between)."""
         return HandOut(self, self.poll(timeout_ms=timeout_ms))
 
+    def between_records_due(self) -> bool:
+        """Whether an iterator must call ``between_records()`` before its next record."""
+        if self._closed:
+            return False  # closed inside the loop: nothing more is handed out (HandOut.take)
+        if self._group is not None and self._group.due():
+            return True
+        return self.enable_auto_commit and time.monotonic() >= self._next_auto_commit_s
+
+    def between_records(self) -> None:
+        """What a poll does first (auto commit, heartbeat, the session clock), done while
+        an iterator hands out one poll's records: a poll returns up to 10,000 of them, and
+        a handler taking longer than the session for all of them would otherwise be
+        expired while it still hands out records of partitions the group has given to
+        another member. A partition revoked or lost here gets no more of these records
+        (``HandOut.take``); a commit covers only the records the caller finished."""
+        self._auto_commit()
+        if self._group is not None:
+            self._group.tick()
+
     def _hand_out(self, hand_out: HandOut) -> Iterator[Record]:
         # Left early, nothing to clean up here: the next poll of any kind reads on from
         # where the caller stopped (``_wait_for_data``), and only a poll fetches.
         for record in hand_out.records:
+            if self.between_records_due():
+                self.between_records()
             if hand_out.take(record):
                 yield record
                 hand_out.done(record)  # the caller came back for more: it is done with it

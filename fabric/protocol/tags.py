@@ -161,6 +161,12 @@ class TagFilter:
             return node
         if token in ("||", "&&", ")"):
             raise InvalidRequestError(f"tag filter {self.text!r}: expected a tag, '!' or '(' before {token!r}")
+        if len(token) > TAG_BYTES_MAX:
+            # No record can carry it (check_tags refuses it): a filter naming it would
+            # silently match nothing, or everything under a '!'.
+            raise InvalidRequestError(
+                f"tag filter {self.text!r}: tag {token[:20]!r}... is longer than TAG_BYTES_MAX={TAG_BYTES_MAX} "
+                "characters")
         return ("tag", token)
 
     # -- evaluation ---------------------------------------------------------------------------

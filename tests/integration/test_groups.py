@@ -648,3 +648,103 @@ def test_a_refused_commit_does_not_make_a_group(cluster: LocalCluster, topic_nam
         assert group not in [g["group_id"] for g in listed.body["groups"]]
     finally:
         conns.close()
+
+
+_SLOW_RECORDS = 40
+_SLOW_HANDLER_S = 0.25  # 40 x 0.25 s = 10 s of handling for one poll, against a 6 s session
+
+
+class _LostRecorder(ConsumerRebalanceListener):
+    def __init__(self) -> None:
+        self.lost: list[list[TopicPartition]] = []
+
+    def on_partitions_lost(self, lost: list[TopicPartition]) -> None:
+        self.lost.append(lost)
+
+
+def _other_member(bootstrap: str, group: str, topic: str, stop: threading.Event, got: list[int]) -> None:
+    """A second member, polling on its own thread until ``stop``: what it gets, it reads."""
+    with Consumer(bootstrap, group_id=group, **FAST) as c:
+        c.subscribe([topic])
+        while not stop.is_set():
+            got.extend(r.offset for r in c.poll(timeout_ms=100))
+
+
+def test_a_slow_iterating_member_keeps_its_session_and_no_other_member_reads_its_partition(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """``for record in consumer`` hands one poll's records (up to 10,000) out one at a time.
+    It used to heartbeat only when it polled again, so a handler slower than the session over
+    one poll (here 10 s against 6 s) had the member expired while it went on handing out the
+    partition's records, and the other member, given the partition, read them at the same
+    time (from 0: nothing had been auto-committed). Now the iterator heartbeats (and auto
+    commits) between records when due, as a poll does: the member keeps its partition."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    _produce(bootstrap, topic_name, _SLOW_RECORDS, 1)
+    group = f"g-{topic_name}"
+    listener = _LostRecorder()
+    other_got: list[int] = []
+    stop = threading.Event()
+    other = threading.Thread(target=_other_member, args=(bootstrap, group, topic_name, stop, other_got))
+    handled: list[int] = []
+    try:
+        with Consumer(bootstrap, group_id=group, **FAST) as slow:
+            slow.subscribe([topic_name], listener=listener)
+            for record in slow:
+                if other.ident is None:
+                    other.start()  # joins while this member holds the only partition
+                handled.append(record.offset)
+                time.sleep(_SLOW_HANDLER_S)
+                if record.offset == _SLOW_RECORDS - 1:
+                    break
+    finally:
+        stop.set()
+        if other.ident is not None:
+            other.join(30)
+    assert handled == list(range(_SLOW_RECORDS))
+    assert listener.lost == []
+    assert other_got == []
+
+
+def test_a_slow_async_iterating_member_keeps_its_session(cluster: LocalCluster, topic_name: str) -> None:
+    """The asyncio consumer's ``async for``, as the test above: it heartbeats between records
+    (on its worker thread), so a slow handler keeps the partition from the other member."""
+    import asyncio
+
+    import sdk
+
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    _produce(bootstrap, topic_name, _SLOW_RECORDS, 1)
+    group = f"g-{topic_name}"
+    other_got: list[int] = []
+    stop = threading.Event()
+    other = threading.Thread(target=_other_member, args=(bootstrap, group, topic_name, stop, other_got))
+
+    async def run() -> list[int]:
+        client = await sdk.connect(bootstrap)
+        consumer = await client.consumer([topic_name], group_id=group, **FAST)
+        handled: list[int] = []
+        try:
+            async for record in consumer:
+                if other.ident is None:
+                    other.start()
+                handled.append(record.offset)
+                await asyncio.sleep(_SLOW_HANDLER_S)
+                if record.offset == _SLOW_RECORDS - 1:
+                    break
+        finally:
+            await consumer.close()
+            await client.close()
+        return handled
+
+    try:
+        handled = asyncio.run(run())
+    finally:
+        stop.set()
+        if other.ident is not None:
+            other.join(30)
+    assert handled == list(range(_SLOW_RECORDS))
+    assert other_got == []

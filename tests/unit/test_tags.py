@@ -23,12 +23,14 @@ from nodes.tag_filter import read_filtered
     ("!(paid || refunded)", {"eu"}, True),
     ("!!paid", {"paid"}, True),
     ("  paid||x:y/z-1.2  ", {"x:y/z-1.2"}, True),
+    ("x" * 64, {"x" * 64}, True),  # the longest tag
 ])
 def test_grammar_and_exact_match(text: str, tags: set[str], expected: bool) -> None:
     assert t.TagFilter(text).matches(frozenset(tags)) is expected
 
 
-@pytest.mark.parametrize("text", ["", "paid ||", "&& paid", "(paid", "paid)", "paid eu", "pa$d", "!", "()"])
+@pytest.mark.parametrize("text", ["", "paid ||", "&& paid", "(paid", "paid)", "paid eu", "pa$d", "!", "()",
+                                  "x" * 65, "paid || !" + "x" * 65])  # a tag is 1 to 64 characters
 def test_bad_filters_are_refused(text: str) -> None:
     with pytest.raises(errors.InvalidRequestError):
         t.TagFilter(text)
