@@ -16,7 +16,7 @@
 Principal and ACL commands talk to ZooKeeper: ``--bootstrap zk://host:port[/chroot]``
 (or ``$FABRIC_BOOTSTRAP``, or the cluster ``fabric up`` recorded). On a secure cluster
 they need its ZooKeeper credentials: ``--zk-digest-file`` (or
-``$FABRIC_ZK_DIGEST_FILE``, or the file ``fabric up --secure`` recorded).
+``$FABRIC_ZK_DIGEST_FILE``, or the file ``fabric up --secure`` recorded, for that cluster only).
 
 """
 
@@ -74,11 +74,22 @@ def _zk_hosts(args: argparse.Namespace) -> str:
     return str(value)[len("zk://"):]
 
 
+def _targets_recorded_cluster(args: argparse.Namespace, state: dict[str, Any]) -> bool:
+    """Whether the command talks to the cluster ``fabric up`` recorded: no bootstrap given
+    (it falls back to that cluster), or the very bootstrap recorded."""
+    given = getattr(args, "bootstrap", None) or os.environ.get("FABRIC_BOOTSTRAP")
+    return not given or given == state.get("bootstrap")
+
+
 def _digest(args: argparse.Namespace) -> str | None:
     """The ZooKeeper credentials, or None on a plaintext cluster. A file that cannot be read
     is said to be that, naming where it was given, before anything connects (it read as
     "cannot reach ZooKeeper")."""
-    recorded = _state().get("zk_digest_file")
+    state = _state()
+    # The recorded digest is the password of the cluster `fabric up` started: ZooKeeper's
+    # digest scheme sends it in the clear to whichever server the command connects to, so
+    # it is offered to that cluster only, never to another --bootstrap.
+    recorded = state.get("zk_digest_file") if _targets_recorded_cluster(args, state) else None
     if getattr(args, "zk_digest_file", None):
         path, origin, code = args.zk_digest_file, "argument --zk-digest-file", EXIT_USAGE
     elif os.environ.get("FABRIC_ZK_DIGEST_FILE"):

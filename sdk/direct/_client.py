@@ -80,6 +80,8 @@ class DirectClient:
         self._rng = random.Random()
         self._deadlines = Deadlines(self.loop)
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
+        if security is not None:
+            security.add_listener(self._trust_changed_threadsafe)
 
     @classmethod
     async def connect(cls, zk_hosts: str, *, credentials: DirectCredentials | None = None,
@@ -164,24 +166,57 @@ class DirectClient:
                 peer.left_s = now
         if view.unusable:
             view.unusable.intersection_update(found)
+        view.distrusted = {znode: info for znode, info in view.distrusted.items() if znode in found}
         for znode, info in found.items():
-            if znode not in view.peers and znode not in view.unusable:
+            if znode not in view.peers and znode not in view.unusable and znode not in view.distrusted:
                 if self.security is not None and not self.security.trusted_server(info.curve_key, view.name):
+                    view.distrusted[znode] = info
                     log.warning("instance %s of %s ignored: its key is not a principal allowed to serve it",
                                 znode, view.name)
                     continue
-                try:
-                    peer = _Peer(self, view, znode, info, now)
-                except zmq.ZMQError as exc:  # one bad entry must not cost the others: skip it, say so once
-                    view.unusable.add(znode)
-                    log.warning("instance %s of %s ignored: cannot connect to %r: %s", znode, view.name,
-                                info.address, exc)
-                    continue
-                view.peers[znode] = peer
-                peer.health.ping_due(now)
-                peer.send(wire.ping_frames(self.heartbeat_interval_ms))  # admitted as soon as it answers
+                self._add_peer(view, znode, info, now)
         view.refresh()
         view.known.set()
+
+    def _add_peer(self, view: _ServiceView, znode: str, info: registry.InstanceInfo, now: float) -> None:
+        try:
+            peer = _Peer(self, view, znode, info, now)
+        except zmq.ZMQError as exc:  # one bad entry must not cost the others: skip it, say so once
+            view.unusable.add(znode)
+            log.warning("instance %s of %s ignored: cannot connect to %r: %s", znode, view.name,
+                        info.address, exc)
+            return
+        view.peers[znode] = peer
+        peer.health.ping_due(now)
+        peer.send(wire.ping_frames(self.heartbeat_interval_ms))  # admitted as soon as it answers
+
+    def _trust_changed_threadsafe(self) -> None:
+        """Principals or ACLs changed (kazoo's thread): re-check on the loop."""
+        if not self._closed:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing to re-check
+                self.loop.call_soon_threadsafe(self._trust_changed)
+
+    def _trust_changed(self) -> None:
+        """An instance whose key's principal may no longer serve its service (serve ACL
+        revoked, principal removed or rotated to another key) gets no new requests from
+        now on, as docs/SECURITY.md promises for every caller; one granted since is
+        admitted. Requests already in flight to it finish."""
+        security = self.security
+        if self._closed or security is None:
+            return
+        now = time.monotonic()
+        for view in list(self._views.values()):
+            for znode, peer in view.peers.items():
+                trusted = security.trusted_server(peer.info.curve_key, view.name)
+                if peer.trusted and not trusted:
+                    log.warning("instance %s of %s no longer used: its key is not a principal allowed to serve it",
+                                znode, view.name)
+                peer.trusted = trusted
+            for znode, info in list(view.distrusted.items()):
+                if security.trusted_server(info.curve_key, view.name):
+                    del view.distrusted[znode]
+                    self._add_peer(view, znode, info, now)
+            view.refresh()
 
     async def _heartbeat_loop(self) -> None:
         interval_s = self.heartbeat_interval_ms / 1000 / 2

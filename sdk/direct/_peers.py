@@ -53,6 +53,9 @@ class _Peer:
         self.left_s = 0.0  # when it left the registry
         self.closed = False
         self.redials = 0
+        # Secure mode: its key's principal may serve the service (re-checked on every change
+        # of principals or ACLs: DirectClient._trust_changed); no new requests otherwise.
+        self.trusted = True
         self._client = client
         self.sock = make_socket(client.ctx, zmq.DEALER)
         try:
@@ -66,7 +69,7 @@ class _Peer:
 
     @property
     def pickable(self) -> bool:
-        return self.health.alive and not self.leaving and not self.draining
+        return self.health.alive and not self.leaving and not self.draining and self.trusted
 
     @property
     def outstanding(self) -> int:
@@ -139,6 +142,9 @@ class _ServiceView:
         self.changed = asyncio.Event()  # set whenever a peer becomes pickable
         self.watch: registry.RegistryWatch | None = None
         self.unusable: set[str] = set()  # registered instances ZeroMQ cannot dial: warned about once
+        # Secure mode: registered instances whose key's principal may not serve the name (yet):
+        # admitted if a grant comes (DirectClient._trust_changed).
+        self.distrusted: dict[str, registry.InstanceInfo] = {}
         self.error: errors.FabricError | None = None  # the first registry read failed
         self.loading: asyncio.Future[None] | None = None  # the first registry read
         # The pickable peers, recomputed on every change of a peer's state rather than on
@@ -152,7 +158,8 @@ class _ServiceView:
             # ZooKeeper session that expired and came back removes and re-creates an
             # instance's znode; this bridges that gap. One that really stops answers
             # SERVICE_STOPPING (nothing runs, the caller moves on); a dead one goes silent.
-            ready = [p for p in self.peers.values() if p.leaving and p.health.alive and not p.draining]
+            ready = [p for p in self.peers.values()
+                     if p.leaving and p.health.alive and not p.draining and p.trusted]
         self.ready = ready
         if ready:
             self.changed.set()

@@ -254,13 +254,16 @@ class Subscription:
                 self._skip(znode, info, exc)
                 continue
 
-            def on_message(frames: list[bytes], principal: str = principal) -> None:
-                self._on_message(frames, principal)
+            def on_message(frames: list[bytes], curve_key: str = info.curve_key) -> None:
+                self._on_message(frames, curve_key)
 
             self._links[znode] = (sock, SocketReader(loop, sock, on_message))
             self._connected[znode] = info.address
 
-    def _on_message(self, frames: list[bytes], publisher: str | None = None) -> None:
+    def _on_message(self, frames: list[bytes], publisher_key: str | None = None) -> None:
+        """``publisher_key``: the registered key this SUB is pinned to (secure mode). The
+        publisher is checked by key on every message, so one whose principal was removed or
+        rotated to another key since the SUB connected is refused, as on the nodes."""
         try:
             message = wire.decode_message(frames, published=True)
         except errors.FabricError:
@@ -268,8 +271,8 @@ class Subscription:
         subject, header = message.subject, message.header
         if not wire.subject_matches(self._tokens, subject):
             return
-        if publisher is not None and self._security is not None \
-                and not self._security.allowed(publisher, Operation.PRODUCE, subject):
+        if publisher_key is not None and self._security is not None \
+                and not self._security.trusted_server(publisher_key, subject):
             self.refused += 1  # a registered publisher without produce on this subject
             return
         self._accept(Message(subject, message.payload, message.headers, header.aux, header.correlation_id))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,8 @@ class DirectSecurity:
     def __init__(self, credentials: DirectCredentials, zk: Any, ctx: zmq.Context[Any]) -> None:
         self.credentials = credentials
         self.public_key = credentials.public_key.decode("ascii")
-        self.cache = SecurityCache(zk)
+        self.cache = SecurityCache(zk, on_change=self._changed)
+        self._listeners: list[Callable[[], None]] = []
         self.zap_context = ctx  # the client's own context: its ZAP handler serves only it
         self.zap = ZapAuthenticator(ctx, self.authorizer, on_refused=self._refused)
         self._decisions: dict[tuple[str, Operation, str], bool] = {}
@@ -116,6 +118,16 @@ class DirectSecurity:
         except NoNodeError:
             return  # no registry yet: only the operator's digest can create it, with its own ACL
         zk.default_acl = list(acl)
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every change of the principals or ACLs, on kazoo's
+        thread: callers re-check the instances they already talk to (a revoked serve ACL,
+        a removed or rotated principal) as the nodes re-check every request."""
+        self._listeners.append(listener)
+
+    def _changed(self, _authorizer: Authorizer) -> None:
+        for listener in list(self._listeners):
+            listener()
 
     def authorizer(self) -> Authorizer:
         return self.cache.authorizer
@@ -171,7 +183,9 @@ class DirectSecurity:
         return message
 
     def trusted_server(self, curve_key: str, name: str) -> bool:
-        """May the instance registered with ``curve_key`` serve ``name``? (produce)"""
+        """May the instance registered with ``curve_key`` serve ``name``? (produce) Also the
+        check of a publisher on each message it publishes: by its key, so a publisher whose
+        principal was removed, or rotated to another key, is refused from then on."""
         principal = self.principal_for_key(curve_key) if curve_key else None
         return principal is not None and self.allowed(principal, Operation.PRODUCE, name)
 

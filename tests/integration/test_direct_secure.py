@@ -24,7 +24,7 @@ from kazoo.security import ACL
 from fabric import errors
 from fabric.auth import store
 from fabric.auth.acl import AclEntry, Role
-from fabric.auth.keys import generate_key_pair
+from fabric.auth.keys import generate_key_pair, load_key_pair
 from fabric.auth.store import read_digest
 from fabric.local import LocalCluster, LocalZooKeeper, ManagedProcess
 from fabric.local_security import LocalSecurity
@@ -437,6 +437,103 @@ def test_subscriber_drops_messages_of_a_publisher_without_produce(secure: LocalC
                     pub.send_multipart(wire.publish_frames(f"{root}.fake", 7, sequence, b"forged", None))
                     assert await subscription.next(timeout_ms=50) is None
                 assert subscription.refused >= 3 and subscription.received == 0  # refused before counting
+
+        asyncio.run(run())
+    finally:
+        close_client(zk)
+        pub.close(0)
+        ctx.term()
+
+
+def test_callers_stop_using_an_instance_whose_serve_acl_is_revoked(secure: LocalCluster,
+                                                                  service: tuple[str, str, SecureInstance]) -> None:
+    """docs/SECURITY.md: an instance whose key's principal may not serve S gets no traffic,
+    and ACL changes apply without restarts. A caller that already talked to the instance
+    kept sending to it after its serve ACL was revoked (it checked only on discovery)."""
+    name, server, instance = service
+    caller = _principal(secure, "caller")
+    _acl(secure, caller, "consume", name)
+
+    async def run() -> None:
+        async with await DirectClient.connect(secure.zk_address, credentials=_credentials(secure, caller)) as client:
+            await client.request(name, b"run:before", timeout_ms=10_000, idempotent=True)
+            _acl(secure, server, "produce", name, remove=True)
+            deadline = time.monotonic() + CHANGE_VISIBLE_S + 4.0  # the watch, plus slack for a loaded machine
+            refused = False
+            while not refused and time.monotonic() < deadline:
+                try:
+                    await client.request(name, b"run:during", timeout_ms=500, idempotent=True)
+                except errors.NoServiceAvailable:
+                    refused = True
+            assert refused, "the caller kept sending to an instance that may no longer serve the name"
+            handled_when_refused = instance.handled()
+            with pytest.raises(errors.NoServiceAvailable):
+                await client.request(name, b"run:after", timeout_ms=500, idempotent=True)
+            assert instance.handled() == handled_when_refused
+            _acl(secure, server, "produce", name)  # granted again: the same instance is used again
+            deadline = time.monotonic() + CHANGE_VISIBLE_S + 4.0
+            while True:
+                try:
+                    await client.request(name, b"run:again", timeout_ms=500, idempotent=True)
+                    break
+                except errors.NoServiceAvailable:
+                    assert time.monotonic() < deadline, "a re-granted instance was never used again"
+
+    asyncio.run(run())
+    assert "before" in instance.handled() and "after" not in instance.handled() and "again" in instance.handled()
+
+
+def test_subscriber_refuses_a_publisher_whose_key_was_rotated(secure: LocalCluster, tmp_path: Path) -> None:
+    """A principal rotated to a new key (removed and added again) keeps its ACLs; a PUB still
+    holding the old key (a leaked key, the reason to rotate) must be refused by subscribers,
+    as the nodes refuse a connection made with a rotated key. The subscriber checked the
+    principal's name captured when it connected, so the old key's messages still arrived."""
+    root = f"feed{uuid.uuid4().hex[:6]}"
+    publisher, subscriber = _principal(secure, "rotated-pub"), _principal(secure, "reader")
+    _acl(secure, publisher, "produce", f"{root}.", "prefix")
+    _acl(secure, subscriber, "consume", f"{root}.", "prefix")
+    pair = _credentials(secure, publisher)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.linger = 0
+    pub.curve_server = True
+    pub.curve_publickey, pub.curve_secretkey = pair.public_key, pair.secret_key
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    zk = start_client(secure.zk_address, zk_digest=pair.zk_digest)
+    try:
+        inherited = zk.get_acls(PUBLISHERS)[0]
+        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", metadata={"publisher_id": 9},
+                                 curve_key=pair.public_key.decode())
+        zk.create(f"{PUBLISHERS}/publisher-", info.encode(), acl=inherited, ephemeral=True, sequence=True)
+
+        async def run() -> None:
+            async with await DirectClient.connect(secure.zk_address,
+                                                  credentials=_credentials(secure, subscriber)) as client:
+                subscription = await client.subscribe(f"{root}.>")
+                sequence = 0
+                deadline = time.monotonic() + 10
+                message = None
+                while message is None and time.monotonic() < deadline:  # until the SUB has connected
+                    sequence += 1
+                    pub.send_multipart(wire.publish_frames(f"{root}.a", 9, sequence, b"before", None))
+                    message = await subscription.next(timeout_ms=50)
+                assert message is not None and message.payload == b"before"
+
+                _, new_secret = generate_key_pair(tmp_path, "rotated")  # the principal's new key
+                admin_zk = _security(secure).connect()
+                try:
+                    store.remove_principal(admin_zk, publisher)
+                    store.add_principal(admin_zk, publisher, load_key_pair(new_secret).public_key, Role.USER)
+                finally:
+                    close_client(admin_zk)
+                refused_before = subscription.refused
+                deadline = time.monotonic() + CHANGE_VISIBLE_S + 4.0
+                while subscription.refused < refused_before + 3:
+                    assert time.monotonic() < deadline, "the rotated-out key's messages were still accepted"
+                    sequence += 1
+                    pub.send_multipart(wire.publish_frames(f"{root}.a", 9, sequence, b"after", None))
+                    while (late := await subscription.next(timeout_ms=50)) is not None:
+                        assert late.payload == b"before"  # only messages sent before the rotation
 
         asyncio.run(run())
     finally:

@@ -6,7 +6,10 @@ One three-node cluster started with ``LocalCluster(secure=True)`` (what ``fabric
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +33,7 @@ from fabric.zk import close_client, live_nodes
 from sdk import Admin, Producer
 from tests.conftest import make_cluster
 
+REPO = Path(__file__).resolve().parents[2]
 CHANGE_VISIBLE_S = 1.0  # the issue: an ACL change is effective within a second
 ANSWER_WAIT_S = 10.0
 
@@ -511,3 +515,40 @@ def test_a_consumer_without_consume_acls_raises_instead_of_retrying_for_ever(sec
             pytest.raises(errors.AuthorizationFailedError, match=group):
         consumer.subscribe([topic])  # its first heartbeat already asks for the coordinator
         first_refusal(consumer)
+
+
+def test_the_recorded_digest_is_offered_only_to_the_recorded_cluster(secure: LocalCluster, zk_server: LocalZooKeeper,
+                                                                     tmp_path: Path) -> None:
+    """`fabric up --secure` records its digest file so that `fabric acl ...` works without
+    flags. ZooKeeper's digest scheme sends the password in the clear to the server, so a
+    command given another cluster's --bootstrap must not offer it there (it did: the other
+    cluster's znodes even came out owned by the recorded cluster's credential)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "local.json").write_text(json.dumps({
+        "bootstrap": secure.bootstrap, "zk": secure.zk_address, "zk_digest_file": str(_security(secure).digest_file)}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env.update(FABRIC_HOME=str(home), PYTHONPATH=str(REPO))
+
+    def fabric(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fabric", *args], env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+
+    other = f"{zk_server.address}/fabric-other-{uuid.uuid4().hex[:8]}"  # a plaintext cluster elsewhere
+    result = fabric("acl", "add", "-p", "bob", "-o", "produce", "--topic", "t", "--bootstrap", f"zk://{other}")
+    assert result.returncode == 0, result.stderr
+    outsider = store.connect(other)
+    try:
+        acl, _ = outsider.get_acls("/fabric/security/acls")
+    finally:
+        close_client(outsider)
+    assert all(entry.id.scheme != "digest" for entry in acl), acl  # the recorded password never went there
+
+    name = f"rec-{uuid.uuid4().hex[:8]}"  # and the recorded cluster still gets it without flags
+    result = fabric("acl", "add", "-p", name, "-o", "produce", "--topic", "t")
+    assert result.returncode == 0, result.stderr
+    zk = _security(secure).connect()
+    try:
+        assert any(entry.principal == name for entry in store.list_acls(zk))
+    finally:
+        close_client(zk)
