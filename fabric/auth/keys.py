@@ -13,8 +13,10 @@ overwrite an existing file unless asked.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import re
+import stat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +25,8 @@ import zmq.auth
 from zmq.utils import z85
 
 from fabric.errors import InvalidRequestError
+
+log = logging.getLogger("fabric.auth")
 
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
@@ -110,7 +114,22 @@ def load_key_pair(path: str | os.PathLike[str]) -> KeyPair:
         raise InvalidRequestError(f"cannot read key file {target}: {exc}") from None
     if public_key is None:
         raise InvalidRequestError(f"key file {target} holds no public key")
+    if secret_key is not None:
+        warn_if_others_may_read(target, "secret key")
     return KeyPair(validate_public_key(public_key), secret_key)
+
+
+def warn_if_others_may_read(path: Path, what: str) -> None:
+    """Warn when a file holding a secret may be read or written by other
+    users, as ssh does for a private key; a warning, not a refusal, so a key mounted with
+    another mode into a container still works."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # its read said why already
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("%s file %s has mode %o: other users may read it; chmod 600 %s", what, path,
+                    stat.S_IMODE(mode), path)
 
 
 def read_public_key(value: str) -> bytes:

@@ -36,7 +36,7 @@ from kazoo.security import make_acl, make_digest_acl
 
 from fabric import errors
 from fabric.auth.acl import AclEntry, Authorizer, Principal, Role, decode_acls, encode_acls
-from fabric.auth.keys import validate_name, validate_public_key
+from fabric.auth.keys import validate_name, validate_public_key, warn_if_others_may_read
 from fabric.auth.quota import DEFAULT_PRINCIPAL, Quota, decode_quotas, encode_quotas
 from fabric.zk import ROOT, close_client, make_client
 
@@ -274,6 +274,7 @@ def read_digest(path: str | os.PathLike[str]) -> str:
     user, sep, password = text.partition(":")
     if not sep or not user or not password:
         raise errors.InvalidRequestError(f"{path} must hold one line user:password")
+    warn_if_others_may_read(Path(path), "ZooKeeper credentials")
     return text
 
 

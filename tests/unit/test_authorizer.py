@@ -155,3 +155,22 @@ def test_key_files_are_private_and_zmq_compatible(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError):
         keys.validate_public_key("short")
     assert keys.read_public_key(public.decode()) == public
+
+
+def test_a_secret_readable_by_others_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from fabric.auth import store
+
+    _public, secret_path = keys.generate_key_pair(tmp_path, "alice")
+    digest = tmp_path / "zk.digest"
+    store.write_digest(digest)
+    with caplog.at_level("WARNING", logger="fabric.auth"):
+        keys.load_key_pair(secret_path)
+        store.read_digest(digest)
+    assert caplog.records == []  # 0600, as written: nothing to say
+    os.chmod(secret_path, 0o644)
+    os.chmod(digest, 0o640)
+    with caplog.at_level("WARNING", logger="fabric.auth"):
+        keys.load_key_pair(secret_path)  # still loads: a warning, as ssh's, not a refusal
+        assert store.read_digest(digest)
+    assert [r.getMessage().split(" has mode ")[1].split(":")[0] for r in caplog.records] == ["644", "640"]
+    assert all("chmod 600" in r.getMessage() for r in caplog.records)
