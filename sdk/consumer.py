@@ -224,7 +224,9 @@ class Consumer:
     a wrong type): ``fetch_max_wait_ms`` 0..FETCH_WAIT_MS_MAX (fabric/limits.py),
     ``fetch_min_bytes`` >= 0, ``fetch_max_bytes`` and ``partition_fetch_bytes_max`` > 0,
     the timeouts and intervals > 0 (``auto_commit_interval_ms`` >= 0), all within the wire's
-    i32 (docs/PROTOCOL.md section 5.3).
+    i32 (docs/PROTOCOL.md section 5.3). ``session_timeout_ms``'s range (6 s to 30 min) is
+    the group coordinator's, as Kafka's broker bounds are: it refuses the first heartbeat
+    (``InvalidRequestError`` naming the range, from the first poll).
     """
 
     def __init__(
