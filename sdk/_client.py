@@ -7,6 +7,7 @@ caller's thread.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Iterable
@@ -213,9 +214,13 @@ class MetadataClient:
         self._unanswered.pop(address, None)
 
     def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
-                avoid: Iterable[str] = ()) -> ClusterMetadata:
+                avoid: Iterable[str] = (), deadline_s: float | None = None) -> ClusterMetadata:
         """The routing map from the first node that answers; ``avoid``: addresses suspected
-        dead (a leader that stopped answering), asked only if no other node answers."""
+        dead (a leader that stopped answering), asked only if no other node answers.
+        ``deadline_s`` (``time.monotonic()``) bounds the whole refresh, every pass and node
+        included: a producer's sender thread must get back to its delivery timeouts, and
+        without it a cluster that accepts connections but never answers (paused nodes, a
+        partition) held it for about 3 passes x 3 nodes x ``timeout_ms``."""
         last: Exception | None = None
         # Any live node can answer, so the first pass gives each one only a short while to
         # take the request: a dead node (the usual reason for a refresh) must not cost a
@@ -224,11 +229,20 @@ class MetadataClient:
                   (lambda: self.candidates(avoid), METADATA_CONNECT_MS),
                   (self._rediscover, METADATA_CONNECT_MS))
         for candidates_of, wait_connect_ms in passes:
+            if deadline_s is not None and time.monotonic() >= deadline_s:
+                break  # before _rediscover too, which waits for ZooKeeper
             for address in candidates_of():
+                request_ms, connect_ms = timeout_ms, wait_connect_ms
+                if deadline_s is not None:
+                    left_ms = math.ceil((deadline_s - time.monotonic()) * 1000)
+                    if left_ms <= 0:
+                        last = errors.RequestTimedOutError("metadata refresh ran out of its time")
+                        break
+                    request_ms, connect_ms = min(request_ms, left_ms), min(connect_ms, left_ms)
                 try:
                     message = self.connections.request(
-                        address, ApiKey.METADATA, {"topics": topics or []}, timeout_ms=timeout_ms,
-                        wait_connect_ms=wait_connect_ms,
+                        address, ApiKey.METADATA, {"topics": topics or []}, timeout_ms=request_ms,
+                        wait_connect_ms=connect_ms,
                     )
                 except errors.FabricError as exc:
                     last = exc

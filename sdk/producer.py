@@ -75,6 +75,10 @@ NEW_CONNECTION_WAIT_MS = 100  # a produce to a node we have no socket to yet wai
 # close(): it flushes what it holds for at most this long, then logs how many records
 # were lost (kafka-python flushes at exit, librdkafka warns; we do both, within a bound).
 UNCLOSED_FLUSH_S_MAX = 10.0
+# A metadata refresh gets at least this long even when a batch's delivery deadline is
+# already due (that batch fails this turn; the others still need a routing map).
+METADATA_REFRESH_MIN_S = 0.1
+EPOCH_MAX = 2**15 - 1  # the batch header's producer epoch is an i16 >= 0
 
 
 _ACKS: dict[int | str, int] = {0: 0, 1: 1, -1: -1, "0": 0, "1": 1, "-1": -1, "all": -1}
@@ -207,6 +211,19 @@ class _ProducerCore:
         self.producer_id = producer_id if producer_id is not None else -1
         self.producer_epoch = producer_epoch if enable_idempotence else -1
         self._next_sequence: dict[tuple[str, int], int] = {}
+        # A numbered batch that failed without giving its sequence numbers back (a delivery
+        # timeout, above all, of a request never answered: stored or not, nobody knows)
+        # leaves a gap the node refuses every later batch of the partition for
+        # (OUT_OF_ORDER_SEQUENCE, final): the partition was wedged for good. Its later
+        # batches start a new epoch at sequence 0 instead (nodes/producer_state.py accepts
+        # that, and fences a late copy of the old one), as Kafka's producer bumps its epoch
+        # (KIP-360). Only with a producer id the cluster gave: a caller's own id and epoch
+        # (Spark's exactly-once writer) stay exactly as given, so its reruns still dedupe.
+        self._bumps_epochs = producer_id is None
+        self._partition_epochs: dict[tuple[str, int], int] = {}
+        # Per partition, the batches numbered in the epoch before the current one and not
+        # yet answered: their failure is that epoch's, not a reason for another bump.
+        self._old_epoch_batches: dict[tuple[str, int], set[int]] = {}
         if compression not in batch_format.CODECS:
             raise ValueError(f"compression must be one of {sorted(batch_format.CODECS)}, got {compression!r}")
         if delivery_timeout_ms < request_timeout_ms:
@@ -726,15 +743,27 @@ class _ProducerCore:
             known = set(self._partition_counts)
             self._refreshes_begun += 1
             begun = self._refreshes_begun
+            # The refresh runs on the sender thread, which alone fails batches past their
+            # delivery_timeout_ms: it must not outlast the earliest of those deadlines (a
+            # cluster that takes connections but never answers held it for ~30 s).
+            created = [b.created_s for b in self._pending_batches()]
+        deadline_s = None
+        if created:
+            deadline_s = max(min(created) + self.delivery_timeout_s, time.monotonic() + METADATA_REFRESH_MIN_S)
         try:
-            metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None, avoid=avoid or ())
+            metadata = meta.refresh(sorted(wanted | known) if (wanted or known) else None, avoid=avoid or (),
+                                    deadline_s=deadline_s)
         except errors.FabricError as exc:
-            log.warning("metadata refresh failed: %s", exc)
+            cut_short = deadline_s is not None and time.monotonic() >= deadline_s
+            # Cut short for a delivery deadline, it proves nothing about the wanted topics:
+            # they stay wanted (send() waits for them up to max_block_ms, as it would anyway).
+            log.log(logging.DEBUG if cut_short else logging.WARNING, "metadata refresh failed: %s", exc)
             with self._lock:
                 self._refreshes_done = begun
-                for topic in wanted:
-                    self._unknown_topics[topic] = exc
-                    self._wanted_topics.discard(topic)
+                if not cut_short:
+                    for topic in wanted:
+                        self._unknown_topics[topic] = exc
+                        self._wanted_topics.discard(topic)
                 self._metadata_ready.notify_all()
             time.sleep(self.retry_backoff_s)
             return
@@ -758,10 +787,22 @@ class _ProducerCore:
         with self._lock:
             oldest = min((q[0].created_s for q in self._acc.batches.values() if q), default=None)
         timeout_ms = self.request_timeout_ms
-        if oldest is not None:  # do not wait past the oldest record's delivery deadline
-            left_ms = (oldest + self.delivery_timeout_s - time.monotonic()) * 1000
-            timeout_ms = int(min(timeout_ms, max(left_ms, self.retry_backoff_s * 1000)))
-        for address in meta.candidates():
+        deadline_s = None
+        if oldest is not None:  # do not wait past the oldest record's delivery deadline, all nodes asked together
+            deadline_s = max(oldest + self.delivery_timeout_s, time.monotonic() + self.retry_backoff_s)
+        try:
+            candidates = meta.candidates()
+        except errors.FabricError as exc:
+            # No node address known yet and the bootstrap (ZooKeeper) did not answer: an
+            # outage to wait out, as a failed metadata refresh is, not a reason for the
+            # sender thread to die and leave the producer refusing every send for good.
+            log.warning("init producer id: %s", exc)
+            candidates = []
+        for address in candidates:
+            if deadline_s is not None:
+                timeout_ms = min(self.request_timeout_ms, math.ceil((deadline_s - time.monotonic()) * 1000))
+                if timeout_ms <= 0:
+                    break
             try:
                 body = conns.request(address, ApiKey.INIT_PRODUCER_ID, {"client_id": "python"},
                                      timeout_ms=timeout_ms).body
@@ -802,23 +843,24 @@ class _ProducerCore:
 
     def _frame(self, batch: ProducerBatch, base_sequence: int) -> bytes:
         """The batch's bytes, stored in ``batch.encoded``: header, sequence numbers and records."""
+        epoch = self._partition_epochs.get((batch.topic, batch.partition), self.producer_epoch)
         if batch.prepared is not None:
             payload, first_ts, bloom = batch.prepared
             batch.encoded = batch_format.frame_batch(
                 payload, batch.prepared_count, first_ts, first_ts, producer_id=self.producer_id,
-                producer_epoch=self.producer_epoch, base_sequence=base_sequence, tag_bloom=bloom)
+                producer_epoch=epoch, base_sequence=base_sequence, tag_bloom=bloom)
             return batch.encoded
         laid = _records_section(batch.records) if _records_section is not None and not batch.has_headers else None
         if laid is not None:  # the compiled layout (sdk/_speedups.pyx): the same bytes as encode_batch's
             section, first_ts, max_ts = laid
             batch.encoded = batch_format.frame_batch(
                 batch_format.compress_records(section, self.codec, adaptive=True), len(batch.records), first_ts,
-                max_ts, producer_id=self.producer_id, producer_epoch=self.producer_epoch, base_sequence=base_sequence)
+                max_ts, producer_id=self.producer_id, producer_epoch=epoch, base_sequence=base_sequence)
             return batch.encoded
         timestamps, keys, values, headers = batch.columns()
         batch.encoded = batch_format.encode_batch(
             timestamps, keys, values, headers,
-            codec=self.codec, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+            codec=self.codec, producer_id=self.producer_id, producer_epoch=epoch,
             base_sequence=base_sequence, tag_bloom=tags_format.batch_bloom(headers), adaptive=True,
         )
         return batch.encoded
@@ -948,11 +990,10 @@ class _ProducerCore:
             if isinstance(exc, errors.MessageTooLargeError):
                 self._refresh_needed = True  # the topic's limit may have been lowered: later batches close at it
             with self._lock:
-                if refused:
-                    self._give_back_sequences(batch)
-                self._finish(batch, -1, exc)
+                given_back = refused and self._give_back_sequences(batch)
+                self._finish(batch, -1, exc, sequences_given_back=given_back)
 
-    def _give_back_sequences(self, batch: ProducerBatch) -> None:
+    def _give_back_sequences(self, batch: ProducerBatch) -> bool:
         """A batch the node refused (an answer for it, not retriable: nothing was stored)
         gives its sequence numbers back, as Kafka's producer adjusts them after a failed
         batch: the partition's later batches move down by its record count and are framed
@@ -966,13 +1007,25 @@ class _ProducerCore:
         "duplicate" of the stored one and drop it. Lock held."""
         key = (batch.topic, batch.partition)
         numbered = list(self._unacked.get(key, ()))
-        if batch.base_sequence < 0 or batch.attempts > 1 or batch not in numbered:
-            return
+        if (batch.base_sequence < 0 or batch.attempts > 1 or batch not in numbered
+                or id(batch) in self._old_epoch_batches.get(key, ())):  # the numbers now count another epoch
+            return False
         count = batch.record_count
         for other in numbered[numbered.index(batch) + 1:]:
             other.base_sequence = (other.base_sequence - count) % (I32_MAX + 1)
             other.encoded = None
         self._next_sequence[key] = (self._next_sequence.get(key, 0) - count) % (I32_MAX + 1)
+        return True
+
+    def _new_epoch(self, key: tuple[str, int]) -> None:
+        """The partition's sequence numbers lost their continuity (see ``_partition_epochs``):
+        batches numbered from now on start at 0 in the next epoch. Lock held."""
+        epoch = self._partition_epochs.get(key, self.producer_epoch)
+        if not self._bumps_epochs or self.producer_id < 0 or epoch >= EPOCH_MAX:
+            return
+        self._partition_epochs[key] = epoch + 1
+        self._next_sequence[key] = 0
+        self._old_epoch_batches[key] = {id(b) for b in self._unacked.get(key, ())}
 
     def _retry(self, batch: ProducerBatch, exc: BaseException, now: float) -> None:
         with self._lock:
@@ -985,17 +1038,24 @@ class _ProducerCore:
             batch.last_error = exc
             self._acc.requeue(batch)
 
-    def _finish(self, batch: ProducerBatch, base_offset: int, exc: BaseException | None) -> None:
+    def _finish(self, batch: ProducerBatch, base_offset: int, exc: BaseException | None, *,
+                sequences_given_back: bool = False) -> None:
         """Called with the lock held."""
         self._acc.release(batch)
         self._space.notify_all()
         if batch.base_sequence >= 0:
-            queue = self._unacked.get((batch.topic, batch.partition))
+            key = (batch.topic, batch.partition)
+            queue = self._unacked.get(key)
             if queue is not None:
                 try:
                     queue.remove(batch)  # almost always the first
                 except ValueError:
                     pass
+            old = self._old_epoch_batches.get(key)
+            if old is not None and id(batch) in old:
+                old.discard(id(batch))
+            elif exc is not None and not sequences_given_back:
+                self._new_epoch(key)
         batch.encoded = None
         if self._sticky_batch.get(batch.topic) is batch:  # its size is final: keep the count, not the batch
             self._sticky_closed_bytes[batch.topic] = self._sticky_closed_bytes.get(batch.topic, 0) + batch.size_bytes
