@@ -26,6 +26,11 @@ METADATA_TIMEOUT_MS = 5_000
 # routing map until its session expires, and asking it first cost every refresh a wait.
 UNANSWERED_LAST_S = 30.0
 METADATA_QUICK_CONNECT_MS = 100  # the first pass of a refresh: how long one node may take to accept
+# ... and to answer: a live node answers METADATA in milliseconds, while a stopped one
+# (SIGSTOP, a frozen VM) still accepts connections (the kernel does) and never answers; a
+# producer's leader recheck asked such a follower first and held its sender thread for the
+# whole METADATA_TIMEOUT_MS, stalling every acknowledgement (tests/fault/test_more_faults.py).
+METADATA_QUICK_ANSWER_MS = 500
 METADATA_CONNECT_MS = 1_000  # the later passes (Connections.send's own default)
 # A partition just added reaches each node by that node's own ZooKeeper watch, so the node
 # asked for metadata may not have heard of it yet while another node (or describe_topic)
@@ -223,16 +228,17 @@ class MetadataClient:
         partition) held it for about 3 passes x 3 nodes x ``timeout_ms``."""
         last: Exception | None = None
         # Any live node can answer, so the first pass gives each one only a short while to
-        # take the request: a dead node (the usual reason for a refresh) must not cost a
-        # whole connect wait before the next one is asked. Then the patient passes.
-        passes = ((lambda: self.candidates(avoid), METADATA_QUICK_CONNECT_MS),
-                  (lambda: self.candidates(avoid), METADATA_CONNECT_MS),
-                  (self._rediscover, METADATA_CONNECT_MS))
-        for candidates_of, wait_connect_ms in passes:
+        # take the request and answer it: a dead or stopped node (the usual reason for a
+        # refresh) must not cost a whole wait before the next one is asked. Then the
+        # patient passes.
+        passes = ((lambda: self.candidates(avoid), METADATA_QUICK_CONNECT_MS, min(timeout_ms, METADATA_QUICK_ANSWER_MS)),
+                  (lambda: self.candidates(avoid), METADATA_CONNECT_MS, timeout_ms),
+                  (self._rediscover, METADATA_CONNECT_MS, timeout_ms))
+        for candidates_of, wait_connect_ms, answer_ms in passes:
             if deadline_s is not None and time.monotonic() >= deadline_s:
                 break  # before _rediscover too, which waits for ZooKeeper
             for address in candidates_of():
-                request_ms, connect_ms = timeout_ms, wait_connect_ms
+                request_ms, connect_ms = answer_ms, wait_connect_ms
                 if deadline_s is not None:
                     left_ms = math.ceil((deadline_s - time.monotonic()) * 1000)
                     if left_ms <= 0:
