@@ -7,6 +7,7 @@ sender thread, which alone touches the sockets.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -659,6 +660,9 @@ class _ProducerCore:
         return self._closed
 
     def partitions_for(self, topic: str) -> int:
+        """How many partitions ``topic`` has, from the routing map (fetched first if the
+        topic is new to this producer, waiting up to ``max_block_ms``; an unknown topic
+        raises UnknownTopicOrPartitionError)."""
         with self._lock:
             count = self._partition_counts.get(topic)
             return count if count is not None else self._await_topic(topic)
@@ -1133,6 +1137,19 @@ _fast_send: Callable[[_ProducerCore], Any] | None = None  # a producer's compile
 SPEEDUPS = _install_speedups()  # whether Producer.send runs the compiled fast path
 
 
+def _forwarded(method: Callable[..., Any]) -> Any:
+    """A Producer method that calls its core's: so ``help(Producer)`` shows it, with the
+    core's signature and docstring. Each instance replaces it with the core's bound method,
+    so a call costs nothing extra."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def forward(self: Producer, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._core, name)(*args, **kwargs)
+
+    return forward
+
+
 class Producer:
     """Send records to topics.
 
@@ -1194,6 +1211,11 @@ class Producer:
         self.partitions_for = core.partitions_for
         # finalize holds the core, never the handle; it also runs at interpreter exit.
         self._finalizer = weakref.finalize(self, core.close_unattended)
+
+    send = _forwarded(_ProducerCore._send_python)
+    send_batch = _forwarded(_ProducerCore.send_batch)
+    flush = _forwarded(_ProducerCore.flush)
+    partitions_for = _forwarded(_ProducerCore.partitions_for)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError."""

@@ -14,6 +14,17 @@ def test_handle_and_core_take_the_same_parameters() -> None:
         [(p.name, p.kind, p.default) for p in core.values()]
 
 
+def test_help_shows_the_handles_methods_with_the_cores_docs() -> None:
+    import pydoc
+
+    text = pydoc.render_doc(Producer, renderer=pydoc.plaintext)
+    for name in ("send", "send_batch", "flush", "partitions_for", "close"):
+        assert f" |  {name}(self" in text, name
+        assert getattr(Producer, name).__doc__, name
+    assert Producer.send.__doc__ == _ProducerCore._send_python.__doc__
+    assert "topic: 'str'" in str(inspect.signature(Producer.send))
+
+
 def test_queue_send_options_become_headers_and_bad_values_raise() -> None:
     import pytest
 
