@@ -109,7 +109,9 @@ def _timestamp_ms(value: Any) -> int:
     format's i64 holds; refused here, before anything is queued."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"timestamp_ms must be an int (milliseconds) or None, not {type(value).__name__}")
-    ts = int(value)  # ValueError for nan, OverflowError for inf
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"timestamp_ms must be a finite number of milliseconds, got {value}")
+    ts = int(value)
     if not batch_format.TIMESTAMP_MS_MIN <= ts <= batch_format.TIMESTAMP_MS_MAX:
         raise ValueError(f"timestamp_ms={ts} outside the i64 range of the batch format")
     return ts

@@ -54,6 +54,8 @@ def core() -> Iterator[_ProducerCore]:
     ({"partition": True}, TypeError),
     ({"timestamp_ms": 2**63}, ValueError),
     ({"timestamp_ms": -(2**63) - 1}, ValueError),
+    ({"timestamp_ms": float("inf")}, ValueError),
+    ({"timestamp_ms": float("nan")}, ValueError),
     ({"timestamp_ms": "soon"}, TypeError),
     ({"headers": [("n" * 70_000, b"v")]}, ValueError),
     ({"headers": [("\udc80", b"v")]}, ValueError),
