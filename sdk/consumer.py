@@ -220,6 +220,11 @@ class Consumer:
     committed every ``auto_commit_interval_ms``, before partitions are revoked, and on
     ``close()``. ``assign()`` keeps working without a group, or with one for commits only.
 
+    One thread at a time: like Kafka's consumer (and its ZeroMQ sockets) it is not
+    thread-safe, so call ``close()`` from the thread that polls or iterates (to stop a loop
+    from another thread, set a flag the loop checks, and poll with a timeout). The asyncio
+    consumer (``sdk.aio``) runs every call on one worker thread for you.
+
     Options are checked here, before anything is sent (ValueError names the bound, TypeError
     a wrong type): ``fetch_max_wait_ms`` 0..FETCH_WAIT_MS_MAX (fabric/limits.py),
     ``fetch_min_bytes`` >= 0, ``fetch_max_bytes`` and ``partition_fetch_bytes_max`` > 0,
