@@ -273,7 +273,8 @@ const char *fabric_consumer_last_error(const fabric_consumer_t *c);
 void fabric_consumer_destroy(fabric_consumer_t *c);
 
 /* Partition count of a topic, via METADATA to the bootstrap nodes in turn (for tools),
- * ending by timeout_ms (-1: no limit; each node at most 5 s, at least one 250 ms attempt). */
+ * ending by timeout_ms (-1: no limit; each node first for 0.5 s, then for at most 5 s; at
+ * least one 250 ms attempt). */
 int fabric_topic_partition_count(const char *bootstrap, const char *topic, int timeout_ms,
                                  int32_t *count);
 

@@ -236,9 +236,12 @@ static const char *handshake_failure(client_t *c, const char *address) {
         uint32_t value = 0, data_value = 0;
         uint16_t event = read_handshake_failure(conn->control_monitor, &value);
         uint16_t data_event = read_handshake_failure(conn->data_monitor, &data_value);
-        if (data_event) {
-            event = data_event;
-            value = data_value;
+        if (event) conn->control_refusal = event, conn->control_refusal_value = value;
+        if (data_event) conn->data_refusal = data_event, conn->data_refusal_value = data_value;
+        event = conn->control_refusal, value = conn->control_refusal_value;
+        if (conn->data_refusal) {
+            event = conn->data_refusal;
+            value = conn->data_refusal_value;
         }
         if (event == 0) return NULL;
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
@@ -347,8 +350,14 @@ conn_t *client_conn(client_t *c, const char *address) {
         if (conn->address == NULL) return NULL;
         c->conn_count++;
     }
-    if (conn->data == NULL) conn->data = open_socket(c, address, c->data_linger_ms, &conn->data_monitor);
-    if (conn->control == NULL) conn->control = open_socket(c, address, 0, &conn->control_monitor);
+    if (conn->data == NULL) {
+        conn->data = open_socket(c, address, c->data_linger_ms, &conn->data_monitor);
+        conn->data_refusal = 0;
+    }
+    if (conn->control == NULL) {
+        conn->control = open_socket(c, address, 0, &conn->control_monitor);
+        conn->control_refusal = 0;
+    }
     if (conn->data == NULL || conn->control == NULL) return NULL;
     return conn;
 }
@@ -358,13 +367,14 @@ void client_drop_data(client_t *c, conn_t *conn) {
     close_watched(&conn->data, &conn->data_monitor, 0);
 }
 
-int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
-                uint32_t correlation_id, const fabric_buf_t *body,
-                const fabric_buf_t *const *batches, size_t batch_count) {
+/* client_send, waiting at most connect_ms for a connected peer. */
+static int send_within(client_t *c, void *sock, const char *address, uint16_t api_key,
+                       uint32_t correlation_id, const fabric_buf_t *body,
+                       const fabric_buf_t *const *batches, size_t batch_count, int connect_ms) {
     fabric_frame_header_t h = {FABRIC_PROTOCOL_VERSION, 0, api_key, 0, 0, correlation_id};
     uint8_t header[FABRIC_HEADER_BYTES];
     fabric_header_encode(&h, header);
-    int64_t deadline = now_ms() + CONNECT_WAIT_MS;
+    int64_t deadline = now_ms() + connect_ms;
     /* Once the first frame is queued ZeroMQ accepts the rest of the message, so only the
      * first send can report EAGAIN (queue full, or no connected peer with IMMEDIATE). */
     for (;;) {
@@ -380,7 +390,7 @@ int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
                 client_set_error(c, "node %s refused the connection: %s", address, why);
             else
                 client_set_error(c, "node %s is not reachable (no connection within %d ms)", address,
-                                 CONNECT_WAIT_MS);
+                                 connect_ms);
             return FABRIC_ERR_NODE_NOT_READY;
         }
         zmq_pollitem_t item = {sock, 0, ZMQ_POLLOUT, 0};
@@ -396,6 +406,13 @@ int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
             return FABRIC_ERR_TRANSPORT;
     }
     return 0;
+}
+
+int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
+                uint32_t correlation_id, const fabric_buf_t *body,
+                const fabric_buf_t *const *batches, size_t batch_count) {
+    return send_within(c, sock, address, api_key, correlation_id, body, batches, batch_count,
+                       CONNECT_WAIT_MS);
 }
 
 void response_free(response_t *r) {
@@ -460,11 +477,12 @@ int client_recv(client_t *c, void *sock, response_t *out) {
     return 0;
 }
 
-int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf_t *body,
-                   int timeout_ms, response_t *out) {
+/* client_request, waiting at most connect_ms for a connection (then timeout_ms for the answer). */
+static int request_within(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf_t *body,
+                          int connect_ms, int timeout_ms, response_t *out) {
     memset(out, 0, sizeof *out);
     uint32_t id = client_next_id(c);
-    int rc = client_send(c, conn->control, conn->address, api_key, id, body, NULL, 0);
+    int rc = send_within(c, conn->control, conn->address, api_key, id, body, NULL, 0, connect_ms);
     if (rc) return rc;
     int64_t deadline = now_ms() + timeout_ms;
     for (;;) {
@@ -500,6 +518,11 @@ int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf
         }
         return 0;
     }
+}
+
+int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf_t *body,
+                   int timeout_ms, response_t *out) {
+    return request_within(c, conn, api_key, body, CONNECT_WAIT_MS, timeout_ms, out);
 }
 
 /* Replace the routing map with a decoded METADATA response. Topics not in the response
@@ -565,11 +588,12 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
     return 0;
 }
 
-static int metadata_from(client_t *c, const char *address, const fabric_buf_t *body, int timeout_ms) {
+static int metadata_from(client_t *c, const char *address, const fabric_buf_t *body, int connect_ms,
+                         int timeout_ms) {
     conn_t *conn = client_conn(c, address);
     if (conn == NULL) return FABRIC_ERR_TRANSPORT;
     response_t resp;
-    int rc = client_request(c, conn, FABRIC_API_METADATA, body, timeout_ms, &resp);
+    int rc = request_within(c, conn, FABRIC_API_METADATA, body, connect_ms, timeout_ms, &resp);
     if (rc) return rc;
     fabric_arena_t arena;
     fabric_arena_init(&arena);
@@ -599,36 +623,54 @@ int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic
         return FABRIC_ERR_INVALID_ARGUMENT;
     }
     /* Known nodes first (the cluster may have moved on from the bootstrap list), then the
-     * bootstrap addresses. Copies, because a successful answer replaces the node list. */
+     * bootstrap addresses, each address once. Copies, because a successful answer replaces
+     * the node list. */
     char *candidates[FABRIC_NODES_MAX + BOOTSTRAP_ADDRESSES_MAX];
     size_t n = 0;
-    for (size_t i = 0; i < c->node_count; i++) candidates[n++] = dup_bytes(c->node_addresses[i], strlen(c->node_addresses[i]));
-    for (size_t i = 0; i < c->bootstrap_count; i++) candidates[n++] = dup_bytes(c->bootstrap[i], strlen(c->bootstrap[i]));
+    for (size_t i = 0; i < c->node_count + c->bootstrap_count; i++) {
+        const char *address = i < c->node_count ? c->node_addresses[i] : c->bootstrap[i - c->node_count];
+        int seen = 0;
+        for (size_t k = 0; k < n && !seen; k++) seen = candidates[k] && strcmp(candidates[k], address) == 0;
+        if (!seen) candidates[n++] = dup_bytes(address, strlen(address));
+    }
+    /* Any live node answers METADATA in milliseconds, so a first pass gives each node only
+     * a short while to take the request and answer it: a stopped node (SIGSTOP, a frozen
+     * VM) still accepts connections and never answers, and asked first it cost the whole
+     * METADATA_TIMEOUT_MS while nothing else progressed. Then the patient pass. As the
+     * Python SDK (sdk/_client.py METADATA_QUICK_ANSWER_MS). */
+    static const struct {
+        int connect_ms, answer_ms;
+    } passes[] = {{METADATA_QUICK_CONNECT_MS, METADATA_QUICK_ANSWER_MS}, {CONNECT_WAIT_MS, METADATA_TIMEOUT_MS}};
     int rc = FABRIC_ERR_NO_NODES;
     char last[ERROR_TEXT_BYTES] = "";
     size_t tried = 0, start = n ? c->metadata_rotor % n : 0;
-    for (size_t k = 0; k < n; k++) {
-        size_t i = (start + k) % n;
-        if (candidates[i] == NULL) continue;
-        int64_t left = deadline_ms == NO_DEADLINE ? METADATA_TIMEOUT_MS : deadline_ms - now_ms();
-        if (tried > 0 && left <= 0) {
-            snprintf(last + strlen(last), sizeof last - strlen(last), " (out of time after %zu of %zu nodes)",
-                     tried, n);
-            break;
-        }
-        if (left > METADATA_TIMEOUT_MS) left = METADATA_TIMEOUT_MS;
-        if (left < METADATA_ATTEMPT_MIN_MS) left = METADATA_ATTEMPT_MIN_MS;
-        tried++;
-        int attempt = metadata_from(c, candidates[i], &body, (int)left);
-        if (attempt == 0) {
-            rc = 0;
-            break;
-        }
-        c->metadata_rotor = start + k + 1; /* the next refresh starts past this node */
-        snprintf(last, sizeof last, "%s", c->error);
-        if (attempt == FABRIC_ERR_NO_MEMORY) {
-            rc = attempt;
-            break;
+    int out_of_time = 0;
+    for (size_t pass = 0; pass < sizeof passes / sizeof passes[0] && rc == FABRIC_ERR_NO_NODES && !out_of_time; pass++) {
+        for (size_t k = 0; k < n; k++) {
+            size_t i = (start + k) % n;
+            if (candidates[i] == NULL) continue;
+            int64_t left = deadline_ms == NO_DEADLINE ? METADATA_TIMEOUT_MS : deadline_ms - now_ms();
+            if (tried > 0 && left <= 0) {
+                snprintf(last + strlen(last), sizeof last - strlen(last),
+                         " (out of time after %zu attempts to %zu nodes)", tried, n);
+                out_of_time = 1;
+                break;
+            }
+            if (left < METADATA_ATTEMPT_MIN_MS) left = METADATA_ATTEMPT_MIN_MS;
+            int answer_ms = left < passes[pass].answer_ms ? (int)left : passes[pass].answer_ms;
+            int connect_ms = left < passes[pass].connect_ms ? (int)left : passes[pass].connect_ms;
+            tried++;
+            int attempt = metadata_from(c, candidates[i], &body, connect_ms, answer_ms);
+            if (attempt == 0) {
+                rc = 0;
+                break;
+            }
+            c->metadata_rotor = start + k + 1; /* the next refresh starts past this node */
+            snprintf(last, sizeof last, "%s", c->error);
+            if (attempt == FABRIC_ERR_NO_MEMORY) {
+                rc = attempt;
+                break;
+            }
         }
     }
     for (size_t i = 0; i < n; i++) free(candidates[i]);

@@ -14,6 +14,10 @@
 #define CONNECT_WAIT_MS 1000       /* a send to a node we cannot reach fails after this */
 #define METADATA_TIMEOUT_MS 5000   /* one METADATA attempt to one node */
 #define METADATA_ATTEMPT_MIN_MS 250 /* an attempt's wait even when the caller's time is up */
+/* A refresh's first pass over the nodes: how long each may take to accept the connection
+ * and to answer (a stopped node accepts and never answers; sdk/_client.py, same figures). */
+#define METADATA_QUICK_CONNECT_MS 100
+#define METADATA_QUICK_ANSWER_MS 500
 /* A partition past the cached count is asked about again for this long (within
  * max_block_ms) before it is refused: one just added reaches each node by its own
  * ZooKeeper watch (sdk/_client.py PARTITION_LEARN_WAIT_MS, the same figure). */
@@ -37,6 +41,11 @@ typedef struct conn {
      * read when a node cannot be reached, to say why (a CURVE mismatch, a refused key). */
     void *data_monitor;
     void *control_monitor;
+    /* The last failed handshake each monitor reported (event, value; 0 = none), kept until
+     * that socket is reopened: libzmq does not retry a handshake the node refused, so the
+     * event comes once, and a later attempt on the same socket must still say why. */
+    uint16_t data_refusal, control_refusal;
+    uint32_t data_refusal_value, control_refusal_value;
 } conn_t;
 
 typedef struct topic_meta {
@@ -107,10 +116,12 @@ int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf
                    int timeout_ms, response_t *out);
 
 /* METADATA for these topics (NULL/0 = all) from any node that answers: known nodes,
- * then the bootstrap list, starting after the one the last refresh failed on. Each
- * attempt waits at most METADATA_TIMEOUT_MS and at most what is left before deadline_ms
- * (but METADATA_ATTEMPT_MIN_MS at least); no attempt starts after deadline_ms, so a
- * refresh ends by then plus one short attempt (NO_DEADLINE: every node is tried). */
+ * then the bootstrap list (each address once), starting after the one the last refresh
+ * failed on. A first pass gives each node METADATA_QUICK_CONNECT_MS to connect and
+ * METADATA_QUICK_ANSWER_MS to answer, a second CONNECT_WAIT_MS and METADATA_TIMEOUT_MS;
+ * each attempt waits at most what is left before deadline_ms (but
+ * METADATA_ATTEMPT_MIN_MS at least); no attempt starts after deadline_ms, so a refresh
+ * ends by then plus one short attempt (NO_DEADLINE: every node is tried, both passes). */
 int client_refresh_metadata(client_t *c, const char *const *topics, size_t topic_count,
                             int64_t deadline_ms);
 const topic_meta_t *client_topic(const client_t *c, const char *name);

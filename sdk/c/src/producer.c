@@ -641,12 +641,35 @@ static int read_answers(fabric_producer_t *p, int wait_ms) {
     return 0;
 }
 
+/* When the oldest record not yet acknowledged or failed reaches delivery_timeout_ms
+ * (NO_DEADLINE when there is none). */
+static int64_t delivery_deadline(const fabric_producer_t *p) {
+    int64_t oldest = INT64_MAX;
+    for (size_t ti = 0; ti < p->topic_count; ti++) {
+        const ptopic_t *t = p->topics[ti];
+        for (int32_t pi = 0; pi < t->partition_count; pi++) {
+            const pqueue_t *q = t->queues[pi];
+            if (q->open.record_count && q->open_since_ms < oldest) oldest = q->open_since_ms;
+            for (const pbatch_t *b = q->head; b != NULL; b = b->next)
+                if (b->created_ms < oldest) oldest = b->created_ms;
+        }
+    }
+    for (size_t i = 0; i < p->inflight_count; i++)
+        for (size_t k = 0; k < p->inflight[i].count; k++)
+            if (p->inflight[i].batches[k]->created_ms < oldest) oldest = p->inflight[i].batches[k]->created_ms;
+    return oldest == INT64_MAX ? NO_DEADLINE : oldest + p->cfg.delivery_timeout_ms;
+}
+
 /* Ask for METADATA when an answer said to (a leader moved, a topic's limit was lowered)
- * and the backoff since the last try has passed. Bounded by the caller's time
- * (client_refresh_metadata), not 5 s per node. */
+ * and the backoff since the last try has passed. Bounded by the caller's time and by the
+ * earliest delivery deadline (client_refresh_metadata), not 5 s per node: only a turn of
+ * the state machine fails batches past delivery_timeout_ms, so a refresh must not outlast
+ * that (every node stopped held it for 3 nodes x 5 s, as the Python producer's sender). */
 static void refresh_if_due(fabric_producer_t *p, int64_t deadline_ms) {
     int64_t now = now_ms();
     if (!p->refresh_needed || now < p->refresh_after_ms) return;
+    int64_t due = delivery_deadline(p);
+    if (due < deadline_ms) deadline_ms = due < now ? now : due;
     if (refresh(p, NULL, deadline_ms) == 0) p->refresh_needed = 0;
     else p->refresh_after_ms = now + p->cfg.retry_backoff_ms;
 }
