@@ -170,7 +170,7 @@ def test_c_metadata_refresh_does_not_wait_5s_for_a_stopped_node(driver_binary: P
     partition = next(p.partition for p in admin.describe_topic(topic_name).partitions if p.leader != first)
     driver = Driver(driver_binary, _bootstrap(admin))
     try:
-        delivered, flushed = driver.send(topic_name, partition, "warm")
+        delivered, _flushed = driver.send(topic_name, partition, "warm")
         assert delivered is not None and delivered[:3] == ["delivered", "OK", "0"], delivered
         cluster.nodes[first].pause()
         try:
