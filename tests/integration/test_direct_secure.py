@@ -8,6 +8,7 @@ their credentials from the environment, as a user's service would."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -406,13 +407,10 @@ def test_instance_not_allowed_to_serve_gets_no_traffic(secure: LocalCluster,
         ctx.term()
 
 
-def test_subscriber_drops_messages_of_a_publisher_without_produce(secure: LocalCluster) -> None:
-    """A registered principal without produce on the subject registers a PUB by hand (it
-    holds the direct credential) and publishes: the subscriber drops and counts it."""
-    root = f"news{uuid.uuid4().hex[:6]}"
-    rogue, subscriber = _principal(secure, "rogue-pub"), _principal(secure, "reader")
-    _acl(secure, subscriber, "consume", f"{root}.", "prefix")
-    pair = _credentials(secure, rogue)
+@contextlib.contextmanager
+def _registered_pub(secure: LocalCluster, pair: DirectCredentials, *, publisher_id: int) -> Iterator[zmq.Socket[bytes]]:
+    """A CURVE PUB made by hand (no SDK checks) and registered as a publisher with the
+    principal's direct credential, as a rogue or leaked-key publisher would."""
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.linger = 0
@@ -422,9 +420,23 @@ def test_subscriber_drops_messages_of_a_publisher_without_produce(secure: LocalC
     zk = start_client(secure.zk_address, zk_digest=pair.zk_digest)
     try:
         inherited = zk.get_acls(PUBLISHERS)[0]
-        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", metadata={"publisher_id": 7},
+        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", metadata={"publisher_id": publisher_id},
                                  curve_key=pair.public_key.decode())
         zk.create(f"{PUBLISHERS}/publisher-", info.encode(), acl=inherited, ephemeral=True, sequence=True)
+        yield pub
+    finally:
+        close_client(zk)
+        pub.close(0)
+        ctx.term()
+
+
+def test_subscriber_drops_messages_of_a_publisher_without_produce(secure: LocalCluster) -> None:
+    """A registered principal without produce on the subject registers a PUB by hand (it
+    holds the direct credential) and publishes: the subscriber drops and counts it."""
+    root = f"news{uuid.uuid4().hex[:6]}"
+    rogue, subscriber = _principal(secure, "rogue-pub"), _principal(secure, "reader")
+    _acl(secure, subscriber, "consume", f"{root}.", "prefix")
+    with _registered_pub(secure, _credentials(secure, rogue), publisher_id=7) as pub:
 
         async def run() -> None:
             async with await DirectClient.connect(secure.zk_address,
@@ -439,10 +451,6 @@ def test_subscriber_drops_messages_of_a_publisher_without_produce(secure: LocalC
                 assert subscription.refused >= 3 and subscription.received == 0  # refused before counting
 
         asyncio.run(run())
-    finally:
-        close_client(zk)
-        pub.close(0)
-        ctx.term()
 
 
 def test_callers_stop_using_an_instance_whose_serve_acl_is_revoked(secure: LocalCluster,
@@ -492,19 +500,7 @@ def test_subscriber_refuses_a_publisher_whose_key_was_rotated(secure: LocalClust
     publisher, subscriber = _principal(secure, "rotated-pub"), _principal(secure, "reader")
     _acl(secure, publisher, "produce", f"{root}.", "prefix")
     _acl(secure, subscriber, "consume", f"{root}.", "prefix")
-    pair = _credentials(secure, publisher)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.linger = 0
-    pub.curve_server = True
-    pub.curve_publickey, pub.curve_secretkey = pair.public_key, pair.secret_key
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
-    zk = start_client(secure.zk_address, zk_digest=pair.zk_digest)
-    try:
-        inherited = zk.get_acls(PUBLISHERS)[0]
-        info = InstanceInfo.here(f"tcp://127.0.0.1:{port}", metadata={"publisher_id": 9},
-                                 curve_key=pair.public_key.decode())
-        zk.create(f"{PUBLISHERS}/publisher-", info.encode(), acl=inherited, ephemeral=True, sequence=True)
+    with _registered_pub(secure, _credentials(secure, publisher), publisher_id=9) as pub:
 
         async def run() -> None:
             async with await DirectClient.connect(secure.zk_address,
@@ -536,7 +532,3 @@ def test_subscriber_refuses_a_publisher_whose_key_was_rotated(secure: LocalClust
                         assert late.payload == b"before"  # only messages sent before the rotation
 
         asyncio.run(run())
-    finally:
-        close_client(zk)
-        pub.close(0)
-        ctx.term()
