@@ -271,6 +271,7 @@ class _ProducerCore:
         self._closed = False
         self._stop = threading.Event()
         self._refusal: BaseException | None = None  # why send() must refuse (closed, sender died)
+        self._closed_why = "send() after close()"  # what that refusal says once closed
         self._ctx = context or zmq.Context.instance()
         self._bootstrap = Bootstrap(bootstrap)
         wake = unique_inproc_endpoint("producer-wake")
@@ -615,7 +616,7 @@ class _ProducerCore:
             log.warning("close(): flush timed out; failing what is left")
         with self._lock:
             self._closed = True
-            self._refuse(errors.ClientClosedError("send() after close()"))
+            self._refuse(errors.ClientClosedError(self._closed_why))
             self._space.notify_all()
         self._stop.set()
         self._wake()
@@ -636,6 +637,10 @@ class _ProducerCore:
             if self._closed:
                 return
             pending = [(b.result, b.record_count) for b in self._pending_batches()]
+            # Also what `Producer(...).send(...)` meets: the handle, referenced by nobody,
+            # is collected between looking send up and calling it.
+            self._closed_why = ("send() after the Producer was garbage-collected (or the interpreter began to "
+                                "exit): keep a reference to it, or use `with Producer(...) as producer:`")
         if not pending:
             self.close(0)
             return

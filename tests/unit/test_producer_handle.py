@@ -56,3 +56,15 @@ def test_queue_send_options_become_headers_and_bad_values_raise() -> None:
         with pytest.raises(TypeError, match=f"^{name} must be"):
             q.send_headers(**bad, now_ms=now_ms)
     assert "delay_ms" in inspect.signature(Producer.send if hasattr(Producer, "send") else _ProducerCore.send).parameters
+
+
+def test_a_send_on_a_collected_handle_says_why_it_was_refused() -> None:
+    """``Producer(...).send(...)``: nothing references the handle once send is looked up,
+    so it is collected (and its core closed) before the call; the error must say that,
+    not a bare 'send() after close()' the caller never made."""
+    import pytest
+
+    from fabric import errors
+
+    with pytest.raises(errors.ClientClosedError, match=r"garbage-collected.*keep a reference"):
+        Producer("tcp://127.0.0.1:1").send("t", b"v")  # no node there: nothing is sent either way
