@@ -223,7 +223,8 @@ class Consumer:
     One thread at a time: like Kafka's consumer (and its ZeroMQ sockets) it is not
     thread-safe, so call ``close()`` from the thread that polls or iterates (to stop a loop
     from another thread, set a flag the loop checks, and poll with a timeout). The asyncio
-    consumer (``sdk.aio``) runs every call on one worker thread for you.
+    consumer (``sdk.aio``) runs every call on one worker thread for you. After ``close()``
+    every call but ``close()`` and ``assignment()`` raises ClientClosedError.
 
     Options are checked here, before anything is sent (ValueError names the bound, TypeError
     a wrong type): ``fetch_max_wait_ms`` 0..FETCH_WAIT_MS_MAX (fabric/limits.py),
@@ -321,6 +322,7 @@ class Consumer:
         Not while subscribed to a group (``unsubscribe()`` first), as Kafka's consumer.
         A partition the topic lacks raises UnknownTopicOrPartitionError, after up to
         PARTITION_LEARN_WAIT_MS of asking again in case it was only just added."""
+        self._check_open("assign")
         if self._group is not None and self._group.subscribed:
             raise errors.InvalidRequestError(
                 f"assign() while subscribed to group {self._group.group_id!r}: the group decides this member's "
@@ -374,6 +376,7 @@ class Consumer:
         """Join the group and read the partitions it gives this member: ``topics`` by name
         and/or every topic whose whole name matches ``pattern`` (a Python regex). New topics
         and partitions are picked up. ``listener`` hears of revoked/assigned/lost partitions."""
+        self._check_open("subscribe")
         group = self._require_group("subscribe()")
         if isinstance(topics, str):
             topics = [topics]
@@ -390,6 +393,7 @@ class Consumer:
         (with auto commit) and leave at once (the listener hears the partitions revoked;
         the group hands them to others); the partitions of ``assign()`` are dropped too.
         ``subscribe()`` or ``assign()`` may follow; a second call does nothing."""
+        self._check_open("unsubscribe")
         group = self._group
         if group is not None and group.subscribed:
             if group.owned:
@@ -400,6 +404,7 @@ class Consumer:
     def commit(self, offsets: dict[TopicPartition, int] | dict[TopicPartition, tuple[int, str]] | None = None) -> None:
         """Commit ``offsets`` (next offset to read, optionally with a metadata string), or the
         positions of everything ``poll()`` has handed out. Returns once the commit is durable."""
+        self._check_open("commit")
         group = self._require_group("commit()")
         group.raise_if_fenced()  # first: a fenced member holds nothing, so there may be nothing to send
         if offsets is None:
@@ -424,6 +429,7 @@ class Consumer:
                      callback: Any = None) -> None:
         """Commit without raising: errors go to ``callback(offsets, exception)`` (or the log).
         Requests on a consumer are sequential, so this returns once the node answered."""
+        self._check_open("commit_async")
         try:
             self.commit(offsets)
         except errors.FabricError as exc:
@@ -437,6 +443,7 @@ class Consumer:
 
     def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
         """The group's committed offset for the partition (None if never committed)."""
+        self._check_open("committed")
         tp = _as_tp(partition)
         found = self._require_group("committed()").committed([tp]).get(tp)
         return None if found is None else found[0]
@@ -490,6 +497,7 @@ class Consumer:
 
     def subscribe_all_partitions(self, topic: str) -> list[TopicPartition]:
         """Assign every partition of ``topic`` (no group coordination; that is a later feature)."""
+        self._check_open("subscribe_all_partitions")
         meta = self._meta.topic(str_arg("topic", topic))
         tps = [TopicPartition(topic, p) for p in range(meta.partition_count)]
         self.assign(tps)
@@ -499,6 +507,7 @@ class Consumer:
         """Read ``partition`` (assigned) from ``offset`` on: 0 up to the wire's i64; an offset
         past the log end is answered OFFSET_OUT_OF_RANGE and reset (``auto_offset_reset``).
         ``seek_to_beginning``/``seek_to_end`` take no offset."""
+        self._check_open("seek")
         tp = _as_tp(partition)
         offset = int_arg("offset", offset, 0, I64_MAX)
         if tp not in self._assigned:
@@ -517,17 +526,20 @@ class Consumer:
         return tps
 
     def seek_to_beginning(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        self._check_open("seek_to_beginning")
         tps = self._assigned_only(partitions)
         for tp, offset in self._list_offsets(tps, apis.EARLIEST_TIMESTAMP).items():
             self.seek(tp, offset)
 
     def seek_to_end(self, *partitions: TopicPartition | tuple[str, int]) -> None:
+        self._check_open("seek_to_end")
         tps = self._assigned_only(partitions)
         for tp, offset in self._list_offsets(tps, apis.LATEST_TIMESTAMP).items():
             self.seek(tp, offset)
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """The first offset at or after each timestamp (ms), or -1 where there is none."""
+        self._check_open("offsets_for_times")
         if not isinstance(timestamps, Mapping):
             raise TypeError(f"timestamps must be a dict of partition to ms, got {type(timestamps).__name__}")
         # Negative timestamps are LIST_OFFSETS' codes for earliest/latest: not times to ask.
@@ -538,14 +550,17 @@ class Consumer:
         return out
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[TopicPartition, int]:
+        self._check_open("beginning_offsets")
         return self._list_offsets(_tp_list("partitions", partitions), apis.EARLIEST_TIMESTAMP)
 
     def end_offsets(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> dict[TopicPartition, int]:
+        self._check_open("end_offsets")
         return self._list_offsets(_tp_list("partitions", partitions), apis.LATEST_TIMESTAMP)
 
     def position(self, partition: TopicPartition | tuple[str, int]) -> int:
         """The offset of the next record ``poll()`` hands out for an assigned partition
         (InvalidRequestError for one not assigned, as Kafka's IllegalStateException)."""
+        self._check_open("position")
         tp = _as_tp(partition)
         if tp not in self._assigned:
             raise errors.InvalidRequestError(f"{tp} is not assigned")
@@ -952,6 +967,13 @@ class Consumer:
     def high_watermark(self, partition: TopicPartition | tuple[str, int]) -> int:
         """The last high watermark a fetch reported for the partition (-1 if none yet)."""
         return self._high_watermarks.get(_as_tp(partition), -1)
+
+    def _check_open(self, what: str) -> None:
+        """Every call that reads or changes the consumer's partitions refuses once closed,
+        as poll does (Kafka's consumer too): its sockets are gone, and an assign() that
+        seemed to work would only fail at the next poll."""
+        if self._closed:
+            raise errors.ClientClosedError(f"{what}() after close()")
 
     def close(self) -> None:
         """Commit (with auto commit), leave the group at once, and close the sockets."""
