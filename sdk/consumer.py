@@ -224,7 +224,8 @@ class Consumer:
     thread-safe, so call ``close()`` from the thread that polls or iterates (to stop a loop
     from another thread, set a flag the loop checks, and poll with a timeout). The asyncio
     consumer (``sdk.aio``) runs every call on one worker thread for you. After ``close()``
-    every call but ``close()`` and ``assignment()`` raises ClientClosedError.
+    the calls that read or change its partitions (``poll``, ``assign``, ``subscribe``,
+    ``commit``, ``seek``, ``position``, the offset lookups) raise ClientClosedError.
 
     Options are checked here, before anything is sent (ValueError names the bound, TypeError
     a wrong type): ``fetch_max_wait_ms`` 0..FETCH_WAIT_MS_MAX (fabric/limits.py),
