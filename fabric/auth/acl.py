@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from fabric.auth.keys import validate_name
 from fabric.errors import InvalidRequestError
 from fabric.protocol import queues
 from fabric.protocol.apis import ApiKey, is_internal_topic
@@ -66,6 +67,25 @@ CLUSTER_NAME = "cluster"  # the one cluster resource's name
 ANY_PRINCIPAL = "*"
 IMPLIES_DESCRIBE = frozenset({Operation.PRODUCE, Operation.CONSUME, Operation.CREATE, Operation.DELETE, Operation.ALTER})
 USER_OPERATIONS = frozenset(Operation) - {Operation.ALL, Operation.REPLICATE}
+# What some request checks on each kind of resource (required_access below, and the direct
+# plane's services: serving or publishing is produce, calling or subscribing is consume).
+# An entry granting anything else could never allow a request, so adding one is refused
+# (as kafka-acls refuses an operation its resource type does not take); `all` fits each.
+OPERATIONS_BY_RESOURCE: dict[ResourceType, frozenset[Operation]] = {
+    ResourceType.TOPIC: frozenset({Operation.PRODUCE, Operation.CONSUME, Operation.DESCRIBE, Operation.CREATE,
+                                   Operation.DELETE, Operation.ALTER, Operation.ALL}),
+    ResourceType.QUEUE: frozenset({Operation.PRODUCE, Operation.CONSUME, Operation.DESCRIBE, Operation.CREATE,
+                                   Operation.DELETE, Operation.ALTER, Operation.ALL}),
+    ResourceType.GROUP: frozenset({Operation.CONSUME, Operation.DESCRIBE, Operation.DELETE, Operation.ALL}),
+    ResourceType.SERVICE: frozenset({Operation.PRODUCE, Operation.CONSUME, Operation.ALL}),
+    ResourceType.CLUSTER: frozenset({Operation.DESCRIBE, Operation.ALTER, Operation.ADMIN, Operation.ALL}),
+}
+_WHY_NOT = {
+    (ResourceType.CLUSTER, Operation.CREATE): "creating a topic needs create on the topic: --topic-prefix '' for all",
+    (ResourceType.CLUSTER, Operation.PRODUCE): "produce is granted per topic: --topic-prefix '' for all",
+    (ResourceType.CLUSTER, Operation.CONSUME): "consume is granted per topic and group: --topic-prefix '' for all",
+    (ResourceType.CLUSTER, Operation.DELETE): "delete is granted per topic or group: --topic-prefix '' for all",
+}
 
 
 @dataclass(frozen=True)
@@ -127,6 +147,23 @@ class AclEntry:
         if not principal or (not pattern and ptype is PatternType.LITERAL):
             raise InvalidRequestError("an ACL needs a principal and a resource name (or --prefix '')")
         return cls(principal, op, rtype, pattern, ptype)
+
+    def check_grants_something(self) -> None:
+        """InvalidRequestError unless some request checks this operation on this kind of
+        resource and the principal is `*` or a name a principal can have: `produce
+        --cluster`, `admin --topic t` or `-p 'alice bob'` would be stored and never allow
+        anything. Checked when an entry is added, not when one is removed (an entry stored
+        before this check must still be removable)."""
+        if self.principal != ANY_PRINCIPAL:
+            validate_name(self.principal)  # a name no principal can have would match nobody
+        allowed = OPERATIONS_BY_RESOURCE[self.resource_type]
+        if self.operation in allowed:
+            return
+        what = "the cluster" if self.resource_type is ResourceType.CLUSTER else f"a {self.resource_type.value}"
+        hint = _WHY_NOT.get((self.resource_type, self.operation))
+        raise InvalidRequestError(
+            f"{self.operation.value} on {what} allows no request; {what} takes "
+            f"{', '.join(o.value for o in Operation if o in allowed)}" + (f" ({hint})" if hint else ""))
 
     def matches(self, principal: str, operation: Operation, resource: Resource) -> bool:
         entry_type = ResourceType.TOPIC if self.resource_type is ResourceType.QUEUE else self.resource_type  # stored before build() mapped it

@@ -157,7 +157,9 @@ def set_quota(zk: KazooClient, principal: str, quota: Quota | None) -> None:
 
 
 def add_acl(zk: KazooClient, entry: AclEntry) -> bool:
-    """Add an entry; False when it was already there (adding is idempotent)."""
+    """Add an entry; False when it was already there (adding is idempotent). An entry that
+    could allow no request is refused (``AclEntry.check_grants_something``)."""
+    entry.check_grants_something()
     added: list[AclEntry] = []
 
     def change(entries: list[AclEntry]) -> list[AclEntry]:

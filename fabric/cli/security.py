@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 
 from fabric import errors
 from fabric.auth import keys, store
-from fabric.auth.acl import AclEntry, Operation, ResourceType, Role
+from fabric.auth.acl import ANY_PRINCIPAL, AclEntry, Operation, ResourceType, Role
 from fabric.auth.quota import Quota
 from fabric.cli._common import (
     EXIT_ERROR,
@@ -249,6 +250,11 @@ def cmd_acl(args: argparse.Namespace) -> int:
             entry = _entry(args)
             changed = store.add_acl(zk, entry)
             print(f"{'added' if changed else 'already there'}: {entry}")
+            if entry.principal != ANY_PRINCIPAL and zk.exists(store.principal_path(entry.principal)) is None:
+                # Allowed, as Kafka allows it (grant before the key is made), but a typo in
+                # the name would otherwise pass unseen.
+                print(f"note: no principal {entry.principal!r} is registered yet; the entry applies once one is "
+                      f"(fabric principal add {entry.principal} ...)", file=sys.stderr)
         elif args.acl_command == "remove":
             entry = _entry(args)
             if not store.remove_acl(zk, entry):

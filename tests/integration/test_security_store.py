@@ -74,6 +74,28 @@ def test_cli_principals_and_acls(zk_url: str, zk: KazooClient, tmp_path: Path,
     assert store.list_principals(zk) == []
 
 
+def test_cli_refuses_an_acl_that_allows_nothing(zk_url: str, zk: KazooClient,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`produce --cluster` and the like were stored and never allowed a request; now the
+    add fails with the operations the resource takes and stores nothing. An entry for a
+    principal not registered yet is kept (granting before the key exists, as Kafka), with
+    a note, so a misspelt name does not pass unseen."""
+    boot = ["--bootstrap", f"zk://{zk_url}"]
+    capsys.readouterr()
+    for bad in (["-o", "produce", "--cluster"], ["-o", "admin", "--topic", "t"], ["-o", "describe", "--service", "s"]):
+        assert fabric_main(["acl", "add", "-p", "alice", *bad, *boot]) != 0
+        err = capsys.readouterr().err
+        assert "allows no request" in err and "Traceback" not in err
+    assert fabric_main(["acl", "add", "-p", "no such", "-o", "produce", "--topic", "t", *boot]) != 0
+    assert "principal name 'no such'" in capsys.readouterr().err
+    assert store.list_acls(zk) == []
+    assert fabric_main(["acl", "add", "-p", "carol", "-o", "alter", "--cluster", *boot]) == 0
+    assert "no principal 'carol' is registered yet" in capsys.readouterr().err
+    assert fabric_main(["acl", "add", "-p", "*", "-o", "describe", "--topic-prefix", "", *boot]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert len(store.list_acls(zk)) == 2
+
+
 def test_cache_sees_changes_within_a_second(zk: KazooClient, tmp_path: Path) -> None:
     cache = store.SecurityCache(zk)
     cache.start()

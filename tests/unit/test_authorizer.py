@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import zmq.auth
 from fabric.auth import keys
 from fabric.auth.acl import (
     CLUSTER,
+    OPERATIONS_BY_RESOURCE,
     AclEntry,
     Authorizer,
     Operation,
@@ -24,6 +26,7 @@ from fabric.auth.acl import (
     required_access,
 )
 from fabric.errors import InvalidRequestError
+from fabric.protocol import queues
 from fabric.protocol.apis import ApiKey
 
 KEY = "a" * 40
@@ -100,6 +103,39 @@ def test_acl_build_refuses_bad_input() -> None:
     with pytest.raises(InvalidRequestError):
         AclEntry.build("alice", "produce", "topic", "")
     assert AclEntry.build("alice", "alter", "cluster", "whatever").pattern == "cluster"
+
+
+def test_an_entry_that_allows_no_request_is_refused() -> None:
+    """`produce --cluster` or `admin --topic t` were stored and granted nothing; each
+    refusal names what the resource takes."""
+    for args, says in [
+        (("alice", "produce", "cluster", ""), "the cluster takes describe, alter, admin, all"),
+        (("alice", "create", "cluster", ""), "create on the topic"),
+        (("alice", "admin", "topic", "t"), "a topic takes produce, consume, describe, create, delete, alter, all"),
+        (("alice", "produce", "group", "g"), "a group takes consume, describe, delete, all"),
+        (("alice", "describe", "service", "s"), "a service takes produce, consume, all"),
+        (("alice bob", "produce", "topic", "t"), "principal name 'alice bob'"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=re.escape(says)):
+            AclEntry.build(*args).check_grants_something()
+    for args in [("alice", "alter", "cluster", ""), ("*", "all", "topic", "", "prefix"), ("bob", "delete", "group", "g"),
+                 ("svc", "produce", "service", "s"), ("w", "consume", "queue", "jobs")]:
+        AclEntry.build(*args).check_grants_something()
+    # Every operation some request checks is allowed on its resource: the table and
+    # required_access agree (an operation refused here would be one no entry could grant).
+    t = [{"topic": "t"}]
+    needs = [required_access(api, body) for api, body in [
+        (ApiKey.METADATA, {"topics": ["t"]}), (ApiKey.PRODUCE, {"entries": t}),
+        (ApiKey.FETCH, {"replica_id": -1, "partitions": t}), (ApiKey.LIST_OFFSETS, {"partitions": t}),
+        (ApiKey.CREATE_TOPIC, {"name": "t"}), (ApiKey.DELETE_TOPIC, {"name": "t"}),
+        (ApiKey.DESCRIBE_TOPICS, {"names": []}), (ApiKey.ELECT_LEADERS, {}), (ApiKey.CREATE_PARTITIONS, {"name": "t"}),
+        (ApiKey.FIND_COORDINATOR, {"group_id": "g"}), (ApiKey.CONSUMER_GROUP_HEARTBEAT, {"group_id": "g"}),
+        (ApiKey.OFFSET_COMMIT, {"group_id": "g", "offsets": t}), (ApiKey.LIST_GROUPS, {}),
+        (ApiKey.DELETE_GROUPS, {"group_ids": ["g"]}), (queues.API_QUEUE_RECEIVE, {"queue": "q", "group": "g"}),
+        (queues.API_QUEUE_DESCRIBE, {"queue": "q"}), (999, {}),
+    ]]
+    for operation, resource in (n for need in needs for n in need):
+        assert operation in OPERATIONS_BY_RESOURCE[resource.type], (operation, resource)
 
 
 def test_acls_round_trip_json() -> None:
