@@ -103,10 +103,13 @@ class GroupAdmin:
         return GroupDescription(g["group_id"], g["state"], g["group_epoch"], members, tuple(offsets))
 
     def reset_offsets(self, group_id: str, topic: str, *, to: str, offset: int | None = None,
-                      timestamp_ms: int | None = None, partitions: list[int] | None = None) -> dict[TopicPartition, int]:
+                      timestamp_ms: int | None = None, partitions: list[int] | None = None,
+                      dry_run: bool = False) -> dict[TopicPartition, int]:
         """Set the group's committed offsets of ``topic`` to ``earliest``, ``latest``, the first
         record at or after ``timestamp_ms`` (``datetime``) or ``offset``. Refused with
-        GroupNotEmptyError while the group has live members. Returns what was committed."""
+        GroupNotEmptyError while the group has live members. Returns what was committed;
+        with ``dry_run=True`` what would be, committing nothing (still GroupNotEmptyError
+        while the group has members, as kafka-consumer-groups' dry run)."""
         gp.check_group_id(str_arg("group_id", group_id))
         str_arg("topic", topic)
         if to not in RESET_TARGETS:
@@ -144,6 +147,12 @@ class GroupAdmin:
         else:
             assert offset is not None  # checked above
             wanted = {tp: min(max(offset, earliest[tp]), latest[tp]) for tp in tps}
+        if dry_run:
+            live = self.describe_group(group_id).members
+            if live:
+                raise errors.GroupNotEmptyError(
+                    f"group {group_id!r} has {len(live)} live member(s): a reset would be refused")
+            return dict(wanted)
         body = {"group_id": group_id, "member_id": "", "member_epoch": -1,
                 "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": off, "metadata": ""}
                             for tp, off in wanted.items()]}

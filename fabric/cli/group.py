@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     reset.add_argument("--datetime", help="with --to datetime: ISO 8601, e.g. 2026-11-22T20:00:00Z")
     reset.add_argument("--partition", type=partition_index, action="append",
                        help="only these partitions (repeatable)")
+    reset.add_argument("--dry-run", action="store_true", help="print the offsets it would commit; commit nothing")
     reset.set_defaults(run=cmd_reset)
     delete = with_bootstrap(actions.add_parser("delete", help="delete a group and its offsets (must be inactive)"))
     delete.add_argument("group_id", type=group_id)
@@ -107,15 +108,17 @@ def cmd_reset(args: argparse.Namespace) -> int:
         raise usage_error(f"--datetime goes with --to datetime, not --to {args.to}")
     with Admin(bootstrap(args)) as admin:
         done = admin.reset_offsets(args.group_id, args.topic, to=args.to, offset=args.offset,
-                                   timestamp_ms=timestamp_ms, partitions=args.partition)
+                                   timestamp_ms=timestamp_ms, partitions=args.partition, dry_run=args.dry_run)
     for tp, offset in sorted(done.items(), key=lambda kv: kv[0].partition):
         if args.offset is not None and offset != args.offset:
-            print(clamp_warning(str(tp), args.offset, offset), file=sys.stderr)
+            print(clamp_warning(str(tp), args.offset, offset, dry_run=args.dry_run), file=sys.stderr)
         print(f"{tp}\t{offset}")
+    if args.dry_run:
+        print("fabric group reset-offsets: dry run, nothing committed", file=sys.stderr)
     return 0
 
 
-def clamp_warning(partition: str, asked: int, committed: int) -> str:
+def clamp_warning(partition: str, asked: int, committed: int, *, dry_run: bool = False) -> str:
     """The line saying that ``--to offset`` was kept inside the partition's log: as Kafka's
     kafka-consumer-groups, the reset still happens (Admin.reset_offsets clamps to the log
     start or end offset), but not silently."""
@@ -123,7 +126,8 @@ def clamp_warning(partition: str, asked: int, committed: int) -> str:
         where = f"past the partition's end offset {committed} (the offset its next record gets)"
     else:
         where = f"before the partition's log start offset {committed} (older records are gone)"
-    return f"fabric group reset-offsets: warning: {partition}: offset {asked} is {where}; set to {committed}"
+    return (f"fabric group reset-offsets: warning: {partition}: offset {asked} is {where}; "
+            f"{'would be ' if dry_run else ''}set to {committed}")
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -198,6 +198,8 @@ def test_reset_offsets_list_describe_delete(cluster: LocalCluster, topic_name: s
             c.commit()
             with pytest.raises(errors.GroupNotEmptyError):
                 admin.reset_offsets(group, topic_name, to="earliest")
+            with pytest.raises(errors.GroupNotEmptyError):  # a dry run says so too, as Kafka's
+                admin.reset_offsets(group, topic_name, to="earliest", dry_run=True)
             with pytest.raises(errors.GroupNotEmptyError):
                 admin.delete_group(group)
             desc = admin.describe_group(group)
@@ -205,6 +207,9 @@ def test_reset_offsets_list_describe_delete(cluster: LocalCluster, topic_name: s
             assert group in {g.group_id for g in admin.list_groups()}
         finally:
             c.close()
+        plan = admin.reset_offsets(group, topic_name, to="offset", offset=1, dry_run=True)
+        assert sorted(plan.values()) == [1, 1]
+        assert [p.committed for p in admin.describe_group(group).offsets] == [5, 5]  # nothing committed
         admin.reset_offsets(group, topic_name, to="earliest")
         assert [p.committed for p in admin.describe_group(group).offsets] == [0, 0]
         admin.reset_offsets(group, topic_name, to="offset", offset=2)
@@ -233,6 +238,13 @@ def test_cli_consume_in_group_describe_reset_delete(cluster: LocalCluster, topic
     # The next member resumes after what the first one printed.
     assert main(["consume", topic_name, "-b", bootstrap, "--group", group, "--max-messages", "2"]) == 0
     assert capsysbinary.readouterr().out == b"v3\nv4\n"
+    capsysbinary.readouterr()
+    assert main(["group", "reset-offsets", group, "-b", bootstrap, "--topic", topic_name, "--to", "offset",
+                 "--offset", "9", "--dry-run"]) == 0
+    out, err = (b.decode() for b in capsysbinary.readouterr())
+    assert out == f"{topic_name}/0\t5\n" and "would be set to 5" in err and "dry run, nothing committed" in err
+    with Admin(bootstrap) as admin:
+        assert [p.committed for p in admin.describe_group(group).offsets] == [5]
     assert main(["group", "reset-offsets", group, "-b", bootstrap, "--topic", topic_name, "--to", "offset",
                  "--offset", "1"]) == 0
     assert main(["group", "list", "-b", bootstrap]) == 0
