@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from fabric import errors
 from sdk._client import Bootstrap, TopicPartition
-from sdk.accumulator import RecordMetadata
+from sdk.accumulator import Headers, RecordMetadata
 from sdk.aio_queue import AsyncQueueConsumer
 from sdk.consumer import Consumer, Record
 from sdk.direct._client import DirectClient
@@ -57,17 +57,18 @@ class AsyncProducer:
         return self.producer.closed
 
     def send(self, topic: str, value: bytes | str | None, key: bytes | str | None = None,
-             headers: dict[str, bytes | str | None] | None = None, partition: int | None = None,
-             timestamp_ms: int | None = None, *, delay_ms: int = 0, deliver_at_ms: int = 0,
-             priority: int | None = None, dedup_id: str = "", ttl_ms: int = 0) -> asyncio.Future[RecordMetadata]:
+             headers: Headers | dict[str, bytes | str | None] | None = None, partition: int | None = None,
+             timestamp_ms: int | None = None, *, tags: Iterable[str] | None = None, delay_ms: int = 0,
+             deliver_at_ms: int = 0, priority: int | None = None, dedup_id: str = "",
+             ttl_ms: int = 0) -> asyncio.Future[RecordMetadata]:
         """Appends to the producer's buffer now (blocking only while the buffer is full, or
         for the metadata of a topic or partition new to the producer, at most
-        ``max_block_ms``) and returns a future for the acknowledgement. The queue options
-        are ``Producer.send``'s (docs/QUEUES.md)."""
+        ``max_block_ms``) and returns a future for the acknowledgement. ``headers``, ``tags``
+        and the queue options are ``Producer.send``'s (docs/GROUPS.md, docs/QUEUES.md)."""
         loop = self._loop
         future: asyncio.Future[RecordMetadata] = loop.create_future()
         record_future = self.producer.send(topic, value, key=key, headers=headers, partition=partition,
-                                           timestamp_ms=timestamp_ms, delay_ms=delay_ms,
+                                           timestamp_ms=timestamp_ms, tags=tags, delay_ms=delay_ms,
                                            deliver_at_ms=deliver_at_ms, priority=priority, dedup_id=dedup_id,
                                            ttl_ms=ttl_ms)
 

@@ -211,6 +211,34 @@ def test_async_producer_takes_the_queue_send_options(cluster: LocalCluster, topi
     assert list(record.headers) == [("fabric.delay_ms", b"10"), ("fabric.priority", b"3")]
 
 
+def test_async_producer_sends_tags_and_header_lists(cluster: LocalCluster, topic_name: str) -> None:
+    """AsyncProducer.send took no ``tags`` (an asyncio service could not feed a tag-filtered
+    group) and was typed for dict headers only; both are Producer.send's now."""
+    import asyncio
+
+    from sdk import Consumer, TopicPartition
+    from sdk.aio import AsyncProducer
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+
+    async def send() -> None:
+        with Producer(cluster.bootstrap) as producer:
+            aio = AsyncProducer(producer)
+            await aio.send(topic_name, b"plain", headers=[("h", b"1"), ("h", b"2")])
+            await aio.send(topic_name, b"paid", tags=("paid", "eu"))
+
+    asyncio.run(send())
+    first, second = read_all(cluster.bootstrap, topic_name, 1, expected=2)
+    assert list(first.headers) == [("h", b"1"), ("h", b"2")]
+    assert list(second.headers) == [("fabric.tags", b"paid,eu")]
+    with Consumer(cluster.bootstrap, tag_filter="paid") as consumer:
+        consumer.assign([TopicPartition(topic_name, 0)])
+        consumer.seek_to_beginning()
+        got = consumer.poll(timeout_ms=5_000)
+    assert [r.value for r in got] == [b"paid"]
+
+
 def test_flush_waits_for_batches_the_sender_is_still_encoding(cluster: LocalCluster, topic_name: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch the sender has taken from the accumulator but not yet put in flight (it is
