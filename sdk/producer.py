@@ -161,7 +161,9 @@ class _ProducerCore:
     stamps batches with a producer id and sequences so that retries never duplicate. ``linger_ms``: how long a batch waits to fill. ``batch_bytes_max``:
     the batch closes at this many bytes of records. ``buffer_bytes_max``: memory for
     unsent records; ``send()`` blocks up to ``max_block_ms`` when it is full, then raises
-    BufferFullError. Retriable errors are retried until ``delivery_timeout_ms``.
+    BufferFullError (a batch must fit the buffer: ``batch_bytes_max`` above
+    ``buffer_bytes_max`` is a ValueError here). Retriable errors are retried until
+    ``delivery_timeout_ms``.
     """
 
     def __init__(
