@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def server_main(argv: list[str] | None = None) -> int:
     """Build the node, start it (ZooKeeper, registration, roles), then serve until stopped.
-    A node that cannot start says why in one line and exits 1."""
+    A node that cannot start says why in one line and exits 1; a storage failure, while
+    starting or serving, exits 74 (``nodes/storage_failure.py``)."""
     import logging
     import os
     import signal
@@ -51,7 +52,7 @@ def server_main(argv: list[str] | None = None) -> int:
     from kazoo.handlers.threading import KazooTimeoutError
 
     from fabric import errors
-    from nodes import drain, session
+    from nodes import drain, session, storage_failure
     from nodes.server import Node
     from nodes.state import parse_node_args
 
@@ -79,7 +80,12 @@ def server_main(argv: list[str] | None = None) -> int:
         logging.getLogger("fabric.node").error("node %d cannot start: %s", config.node_id, what)
         print(f"fabric node: error: node {config.node_id} cannot start: {what}", file=sys.stderr, flush=True)
         logging.shutdown()
-        os._exit(1)
+        os._exit(storage_failure.EXIT_STORAGE_FAILED if isinstance(exc, errors.StorageError) else 1)
     drain.install_signals(node.state, node.stop)  # SIGTERM: a controlled shutdown
-    node.run()
+    try:
+        node.run()
+    except errors.StorageError as exc:  # the node stopped, having written nothing more: one line says why
+        logging.getLogger("fabric.node").critical("%s", storage_failure.stop_line(config.node_id, exc))
+        logging.shutdown()
+        os._exit(storage_failure.EXIT_STORAGE_FAILED)  # as above: threads must not hang the exit
     return 0

@@ -34,8 +34,9 @@ flushed its part, the meta family seldom fills its memtable, and WALs piled up t
 from __future__ import annotations
 
 import bisect
+import contextlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ from fabric.errors import OffsetOutOfRangeError, StorageError
 from fabric.protocol import batch as batch_format
 from nodes.producer_state import ProducerStates
 from nodes.retention import batches_to_delete
+from nodes.storage_failure import storage_error
+from nodes.store_migration import migrate_to_meta_family
 
 _U64 = struct.Struct(">Q")
 # record_count, batch_bytes, max_timestamp, append_ms, leader_epoch, producer_id, producer_epoch, base_sequence,
@@ -56,9 +59,7 @@ META_FAMILY = "meta"
 NO_SEQUENCE = -1
 _I64 = struct.Struct("<q")
 _EPOCH_ENTRY = struct.Struct("<iq")
-MIGRATE_BATCH_KEYS = 100_000
 WAL_BYTES_MAX = 256 * 1024 * 1024  # then RocksDB flushes the families holding the oldest WAL
-_META_KEY_RANGES = ((b"i", b"j"), (b"m", b"n"))  # every index and metadata key
 
 
 def partition_key(topic: str, partition: int) -> bytes:
@@ -126,38 +127,14 @@ class Store:
         # database open until it is closed: close() closes it first.
         self.meta = self.db.get_column_family(META_FAMILY)
         self.meta_cf: Any = self.db.get_column_family_handle(META_FAMILY)
+        self.path = path
         self.fsync = fsync
         self.write_options = rocksdict.WriteOptions()
         self.write_options.sync = fsync == "every-batch"
-        self._migrate()
+        self._unsynced = rocksdict.WriteOptions()  # metadata checkpoints: never an fsync of their own
+        self.failure: StorageError | None = None  # the first failed write: later ones raise it (_guarded)
+        migrate_to_meta_family(self)
         self.next_sequence = self._last_sequence() + 1
-
-    def _migrate(self) -> None:
-        """A store written before the meta family kept index and metadata keys in the
-        default family: copy them over, then delete them there. The copies are idempotent
-        and the delete comes last, so a crash in between copies again at the next start.
-        Their batches stay where they are (an index entry without a sequence finds them)."""
-        found = False
-        for start, end in _META_KEY_RANGES:
-            it = self.db.iter()
-            it.seek(start)
-            wb, staged = self.new_write_batch(), 0
-            while it.valid() and it.key() < end:
-                found = True
-                wb.put(it.key(), it.value(), self.meta_cf)
-                staged += 1
-                if staged >= MIGRATE_BATCH_KEYS:
-                    self.write(wb)
-                    wb, staged = self.new_write_batch(), 0
-                it.next()
-            del it
-            if staged:
-                self.write(wb)
-        if found:
-            wb = self.new_write_batch()
-            for start, end in _META_KEY_RANGES:
-                wb.delete_range(start, end)
-            self.write(wb)
 
     def _last_sequence(self) -> int:
         it = self.db.iter()
@@ -191,23 +168,46 @@ class Store:
     def new_write_batch(self) -> rocksdict.WriteBatch:
         return rocksdict.WriteBatch(raw_mode=True)
 
-    def write(self, wb: rocksdict.WriteBatch) -> None:
+    def _guarded(self, what: str, operation: Callable[[], object]) -> None:
+        """Run a RocksDB call that writes, or raise the store's ``StorageError``. The first
+        failure sticks: RocksDB refuses every later write anyway (its background error)."""
+        if self.failure is not None:
+            raise self.failure
         try:
-            self.db.write(wb, self.write_options)
-        except Exception as exc:  # rocksdict raises plain exceptions for I/O failures
-            raise StorageError(f"RocksDB write failed: {exc}") from exc
+            operation()
+        except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status
+            self.failure = storage_error(self.path, exc, what=what)
+            raise self.failure from None
+
+    def write(self, wb: rocksdict.WriteBatch, *, follow_fsync: bool = True) -> None:
+        """Write ``wb``, synced as the ``fsync`` setting says (never, with ``follow_fsync`` False)."""
+        self._guarded("write", lambda: self.db.write(wb, self.write_options if follow_fsync else self._unsynced))
+
+    def put_meta(self, key: bytes, value: bytes, *, follow_fsync: bool = False) -> None:
+        wb = self.new_write_batch()
+        wb.put(key, value, self.meta_cf)
+        self.write(wb, follow_fsync=follow_fsync)
 
     def sync_wal(self) -> None:
-        self.db.flush_wal(True)
+        self._guarded("sync", lambda: self.db.flush_wal(True))
 
     def close(self) -> None:
+        """Sync and close. After a failure only close: rocksdict flushes the memtables as it
+        closes, which then fails again (not news, so not raised)."""
         try:
-            self.db.flush_wal(True)
+            if self.failure is None:
+                self.sync_wal()
         finally:
-            # The family's view and handle each keep the database (and its LOCK) open.
-            self.meta.close()
-            self.meta_cf = None
-            self.db.close()
+            if self.failure is None:
+                self._guarded("close", self._close_handles)
+            else:
+                with contextlib.suppress(Exception):
+                    self._close_handles()
+
+    def _close_handles(self) -> None:
+        self.meta.close()  # the family's view and handle each keep the database (and its LOCK) open
+        self.meta_cf = None
+        self.db.close()
 
 
 def _data_key(pkey: bytes, entry: IndexEntry) -> bytes:
@@ -259,7 +259,7 @@ class PartitionLog:
         if stored is not None and _I64.unpack(stored)[0] != incarnation:
             # The topic was deleted and re-created while this node was away.
             self.wipe()
-        db.put(self._meta_prefix + b"c", _I64.pack(incarnation))
+        self.store.put_meta(self._meta_prefix + b"c", _I64.pack(incarnation))
         start = db.get(self._meta_prefix + b"s")
         self.log_start_offset = _I64.unpack(start)[0] if start is not None else 0
         raw_epochs = db.get(self._meta_prefix + b"e")
@@ -329,10 +329,10 @@ class PartitionLog:
         if self.epochs and self.epochs[-1][0] >= leader_epoch:
             return
         self.epochs.append((leader_epoch, self.log_end_offset))
-        self.store.meta.put(self._meta_prefix + b"e", self._encode_epochs(), self.store.write_options)
+        self.store.put_meta(self._meta_prefix + b"e", self._encode_epochs(), follow_fsync=True)
 
     def checkpoint_high_watermark(self) -> None:
-        self.store.meta.put(self._meta_prefix + b"h", _I64.pack(self.high_watermark))
+        self.store.put_meta(self._meta_prefix + b"h", _I64.pack(self.high_watermark))
 
     def latest_epoch(self) -> int:
         return self.epochs[-1][0] if self.epochs else -1
@@ -355,8 +355,8 @@ class PartitionLog:
         the leader's log start after retention)."""
         self.wipe()
         self.log_start_offset = self.log_end_offset = self.high_watermark = start_offset
-        self.store.meta.put(self._meta_prefix + b"s", _I64.pack(start_offset))
-        self.store.meta.put(self._meta_prefix + b"c", _I64.pack(self.incarnation))
+        self.store.put_meta(self._meta_prefix + b"s", _I64.pack(start_offset))
+        self.store.put_meta(self._meta_prefix + b"c", _I64.pack(self.incarnation))
 
     def _encode_epochs(self) -> bytes:
         return b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in self.epochs)

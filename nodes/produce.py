@@ -242,7 +242,7 @@ def stage_granted(node: NodeState, now: float) -> None:
         except Exception as exc:  # a bug: this request fails, the node keeps serving
             log.exception("staging a produce request after its grant failed")
             node.send_error(parked.envelope, parked.request.header, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
-    node.write_staged(wb)
+    node.write_staged(wb, staged)
     commit(node, staged)
 
 

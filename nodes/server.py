@@ -261,6 +261,8 @@ class Node:
                     follower.drain_stream(node)
                 follower.handle_replies(node)
                 self._run_duties(self.duties_after, time.monotonic())
+                if node.store.failure is not None:  # a failed write that a handler caught and answered
+                    raise node.store.failure  # the node stops all the same (nodes/storage_failure.py)
         finally:
             self._shutdown()
 
@@ -300,8 +302,9 @@ class Node:
         s = node.sockets
         for sock in (s.router, s.pub, s.sub, s.wake_pull, s.wake_push):
             sock.close(linger=0)
-        for plog in node.logs.values():
-            plog.checkpoint_high_watermark()
+        if node.store.failure is None:  # after a failed write, nothing more is written
+            for plog in node.logs.values():
+                plog.checkpoint_high_watermark()
         node.store.close()
         if self.authz is not None:
             self.authz.close()
@@ -374,7 +377,7 @@ class Node:
     def _commit(self, wb: Any, staged: dict[GroupCommit, list[tuple[Envelope, apis.Message, Any]]]) -> None:
         """Write the turn's staged requests once, then let each API answer or park them."""
         node = self.state
-        node.write_staged(wb)
+        node.write_staged(wb, [item for items in staged.values() for item in items])
         for handler, items in staged.items():
             handler.commit(node, items)
 

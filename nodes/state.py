@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -231,14 +231,15 @@ class NodeState:
     def node_id(self) -> int:
         return self.config.node_id
 
-    def write_staged(self, wb: Any) -> None:
-        """Write a turn's staged requests; a failed write stops the node, so nothing is
-        acknowledged from memory."""
+    def write_staged(self, wb: Any, staged: Iterable[tuple[Envelope, apis.Message, Any]] = ()) -> None:
+        """Write a turn's staged requests. A failed write answers each of them with the
+        retriable STORAGE_ERROR and raises: the loop then stops the node, so nothing is
+        acknowledged from memory (nodes/storage_failure.py)."""
         try:
             self.store.write(wb)
-        except errors.StorageError:
-            log.critical("storage write failed; stopping the node so nothing is acknowledged from memory")
-            self.stopping.set()
+        except errors.StorageError as exc:
+            for envelope, request, _outcome in staged:
+                self.send_error(envelope, request.header, exc)
             raise
 
     def wake(self) -> None:

@@ -23,9 +23,10 @@ import mmap
 import os
 import tempfile
 
-from fabric.errors import ConfigError, StorageError
+from fabric.errors import ConfigError
 from nodes.log import Store
 from nodes.state import NodeConfig
+from nodes.storage_failure import storage_error
 
 MODES = ("auto", "on", "off")
 PROBE_BYTES = 4096  # one aligned block: what O_DIRECT needs at least, on any device here
@@ -49,7 +50,7 @@ def open_store(config: NodeConfig) -> Store:
         if "lock" in str(exc).lower():  # "IO error: While lock file: .../LOCK: Resource temporarily unavailable"
             raise ConfigError(f"data_dir {config.data_dir!r} is in use by another process (RocksDB's LOCK file "
                               "is held): each node needs a data_dir of its own") from None
-        raise StorageError(f"RocksDB in {path!r} does not open: {exc}") from None
+        raise storage_error(path, exc, what="open") from None  # a full disk says so (nodes/storage_failure.py)
 
 
 def supported(directory: str) -> bool:
