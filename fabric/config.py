@@ -31,7 +31,11 @@ else:  # pragma: no cover - Python 3.10 has no tomllib
     tomllib = None
 
 from fabric.errors import ConfigError
-from fabric.limits import FSYNC_INTERVAL_MS_DEFAULT, RETENTION_CHECK_INTERVAL_MS_DEFAULT
+from fabric.limits import (
+    FSYNC_INTERVAL_MS_DEFAULT,
+    OFFSETS_RETENTION_MS_DEFAULT,
+    RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+)
 from fabric.logs import LOG_FORMATS, LOG_LEVELS
 
 ENV_PREFIX = "FABRIC_NODE_"
@@ -132,6 +136,10 @@ NODE_OPTIONS: tuple[Option, ...] = (
            choices=("auto", "on", "off")),
     Option("retention_check_interval_ms", int, RETENTION_CHECK_INTERVAL_MS_DEFAULT, "ms",
            "how often retention deletes old batches", minimum=1),
+    Option("offsets_retention_ms", int, OFFSETS_RETENTION_MS_DEFAULT, "ms", "a consumer group empty this long "
+           "(since its last member left or its last commit, whichever is later) is deleted with its committed "
+           "offsets, as Kafka's `offsets.retention.minutes`; an empty group that never committed goes after 10 "
+           "minutes (docs/GROUPS.md)", minimum=1),
     Option("session_timeout_ms", int, 6_000, "ms", "ZooKeeper session timeout: how long a dead node "
            "keeps its partitions before failover", minimum=1),
     Option("metrics_port", int, 0, "", "Prometheus endpoint (`/metrics` on `host`); 0 picks a free port "

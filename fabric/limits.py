@@ -49,3 +49,6 @@ PARKED_FETCHES_MAX: Final[int] = 10_000
 PRODUCE_TIMEOUT_MS_MAX: Final[int] = 300_000
 RETENTION_CHECK_INTERVAL_MS_DEFAULT: Final[int] = 5_000
 FSYNC_INTERVAL_MS_DEFAULT: Final[int] = 1_000
+# A consumer group empty this long loses its offsets and goes (nodes/group_retention.py):
+# 7 days, Kafka's offsets.retention.minutes.
+OFFSETS_RETENTION_MS_DEFAULT: Final[int] = 7 * 24 * 3600 * 1000

@@ -42,6 +42,7 @@ _T = TypeVar("_T")
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
 ZOOKEEPER_READY_TIMEOUT_S = 60.0
+ZOOKEEPER_CONTAINER_CHECK_INTERVAL_MS = 1_000  # how often ZooKeeper deletes empty container znodes
 NODE_READY_TIMEOUT_S = 60.0
 REGISTRATION_POLL_S = 0.05  # how often the wait for a node or sequencer registration asks ZooKeeper
 STOP_TIMEOUT_S = 10.0
@@ -318,6 +319,9 @@ class LocalZooKeeper:
             "-Xmx256m",
             "-XX:+UseSerialGC",
             "-Dzookeeper.jmx.log4j.disable=true",
+            # Empty container znodes (a direct-plane service name whose instances all went,
+            # sdk/direct/_registry.py) are deleted within this, not the default minute.
+            f"-Dznode.container.checkIntervalMs={ZOOKEEPER_CONTAINER_CHECK_INTERVAL_MS}",
             "-cp",
             classpath,
             "org.apache.zookeeper.server.quorum.QuorumPeerMain",

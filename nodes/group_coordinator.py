@@ -33,7 +33,8 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
-from nodes import group_records
+from nodes import group_records, group_retention
+from nodes.group_admin_apis import GroupAdminApis
 from nodes.group_records import ACTIVE, LOADING, Partition, Write
 from nodes.group_state import GroupState, MayDescribe
 
@@ -49,12 +50,13 @@ PENDING_ANSWERS_MAX: Final[int] = 10_000  # answers parked behind writes, per pa
 Send = Callable[[list[Any], list[Any]], object]
 
 
-class GroupCoordinator:
+class GroupCoordinator(GroupAdminApis):
     def __init__(self, node_id: int, address: str, routing: zkl.RoutingCache, send: Send,
                  context: zmq.Context[Any], poller: zmq.Poller, *, serving: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.monotonic, security: ClientSecurity | None = None,
                  caller: Callable[[], tuple[str, MayDescribe]] | None = None,
-                 delete_below: Callable[[tuple[str, int], int], int] | None = None) -> None:
+                 delete_below: Callable[[tuple[str, int], int], int] | None = None,
+                 offsets_retention_ms: int = group_retention.OFFSETS_RETENTION_MS_DEFAULT) -> None:
         self.node_id = node_id
         self.address = address
         self.routing = routing
@@ -72,6 +74,8 @@ class GroupCoordinator:
         self._requests: dict[int, tuple[float, Callable[[apis.Message | None], None]]] = {}
         self._creating_topic_until = 0.0
         self._last_expire_s = 0.0
+        self._offsets_retention_ms = offsets_retention_ms  # empty groups go after this (group_retention)
+        self._next_retention_s = 0.0
 
     # -- the node's hooks ------------------------------------------------------------------
     @staticmethod
@@ -128,6 +132,9 @@ class GroupCoordinator:
         if now - self._last_expire_s >= EXPIRE_INTERVAL_S:
             self._last_expire_s = now
             self._expire_members()
+        if now >= self._next_retention_s:
+            self._next_retention_s = now + group_retention.check_interval_ms(self._offsets_retention_ms) / 1000
+            self._expire_groups()
 
     def close(self) -> None:
         self._conns.close()
@@ -189,7 +196,7 @@ class GroupCoordinator:
                 base = decoded.header.base_offset
                 for i, (key, value) in enumerate(zip(decoded.keys, decoded.values, strict=True)):
                     if base + i >= part.load_offset and key is not None:
-                        group_records.apply(part.groups, key, value, now_ms)
+                        group_records.apply(part.groups, key, value, now_ms, decoded.timestamps[i])
                         part.written += 1
                 part.load_offset = max(part.load_offset, decoded.header.next_offset)
             # Done when we have read everything and everything we read is committed: a new
@@ -205,11 +212,12 @@ class GroupCoordinator:
 
     # -- writing -------------------------------------------------------------------------
     def _write(self, part: Partition, records: list[tuple[bytes, bytes | None]],
-               on_done: Callable[[int, str], None], *, restating: bool = False) -> None:
+               on_done: Callable[[int, str], None], *, restating: bool = False,
+               timestamps_ms: list[int] | None = None) -> None:
         """Append records to our partition with acks=all; ``on_done(error, message)`` after."""
         part.written += 0 if restating else len(records)
-        now_ms = int(time.time() * 1000)
-        batch = batch_format.encode_batch([now_ms] * len(records), [k for k, _ in records], [v for _, v in records])
+        timestamps_ms = timestamps_ms or [int(time.time() * 1000)] * len(records)
+        batch = batch_format.encode_batch(timestamps_ms, [k for k, _ in records], [v for _, v in records])
         write = Write([on_done])
         part.writes.append(write)
         body = {"acks": -1, "timeout_ms": WRITE_TIMEOUT_MS,
@@ -246,7 +254,7 @@ class GroupCoordinator:
         part.restate_at = max(group_records.RESTATE_AFTER_RECORDS_MIN, 2 * group_records.live_count(part.groups))
         if part.written < part.restate_at:
             return  # a large live state: wait until the writes since outgrow it
-        below, writes = part.log_end, group_records.restatement(part.groups)
+        below, writes = part.log_end, group_records.restatement_timed(part.groups, int(time.time() * 1000))
         part.written, pending, failed = 0, [len(writes)], [False]
 
         def one_done(code: int, _text: str) -> None:  # a failed write reloads the partition
@@ -258,7 +266,8 @@ class GroupCoordinator:
                          gp.OFFSETS_TOPIC, part.partition, len(writes), deleted, below)
 
         for records in writes:  # all now, in order: no other write falls between them
-            self._write(part, records, one_done, restating=True)
+            self._write(part, [(k, v) for k, v, _ in records], one_done, restating=True,
+                        timestamps_ms=[t for _, _, t in records])
         if not writes:  # nothing live: all of it goes
             pending[0] = 1
             one_done(0, "")
@@ -351,6 +360,8 @@ class GroupCoordinator:
         principal, may_describe = self._caller()
         result = group.heartbeat(body, self._now_ms(), self._topic_partitions(), principal=principal,
                                  may_describe=may_describe)
+        if result.changed or group.members:  # offsets retention counts from the last member (a refusal is none)
+            group.active_ms = int(time.time() * 1000)
         if result.changed:
             part.groups[group.group_id] = group
 
@@ -413,68 +424,6 @@ class GroupCoordinator:
         return ((g.group_id, tp[0], tp[1], entry[0]) for part in list(self._partitions.values()) if part.mode == ACTIVE
                 for g in list(part.groups.values()) for tp, entry in list(g.offsets.items()) if entry[2] >= created.get(tp[0], -1))
 
-    def _list_groups(self) -> dict[str, Any]:
-        groups = [{"group_id": g.group_id, "state": g.state(), "members": len(g.members)}
-                  for part in self._partitions.values() if part.mode == ACTIVE for g in part.groups.values()]
-        return {"error": 0, "groups": sorted(groups, key=lambda g: g["group_id"])}
-
-    def _describe_groups(self, group_ids: list[str]) -> dict[str, Any]:
-        out = []
-        for group_id in group_ids:
-            try:
-                group = self._partition_for(group_id).groups.get(group_id)
-            except errors.FabricError as exc:
-                out.append(GroupState.not_described(group_id, exc.code))
-                continue
-            out.append(group.describe() if group is not None
-                       else GroupState.not_described(group_id, errors.GroupIdNotFoundError.code))
-        return {"groups": out}
-
-    def _delete_groups(self, envelope: list[Any], request: apis.Message) -> None:
-        results: list[dict[str, Any]] = []
-        waits: list[Partition] = []
-        for group_id in request.body["group_ids"]:
-            try:
-                part = self._partition_for(group_id)
-            except errors.FabricError as exc:
-                results.append({"group_id": group_id, "error": exc.code, "message": exc.message})
-                continue
-            group = part.groups.get(group_id)
-            if group is None:
-                results.append({"group_id": group_id, "error": errors.GroupIdNotFoundError.code, "message": ""})
-                continue
-            if not group.is_empty():
-                results.append({"group_id": group_id, "error": errors.GroupNotEmptyError.code,
-                                "message": f"group {group_id!r} has {len(group.members)} live members"})
-                continue
-            records: list[tuple[bytes, bytes | None]] = [(gp.offset_key(group_id, *tp), None) for tp in group.offsets]
-            records.append((gp.group_key(group_id), None))
-            del part.groups[group_id]
-            self._write(part, records, lambda _c, _t: None)
-            results.append({"group_id": group_id, "error": 0, "message": ""})
-            waits.append(part)
-        self._answer_after_all(envelope, request, {"results": results}, waits)
-
-    def _answer_after_all(self, envelope: list[Any], request: apis.Message, body: dict[str, Any],
-                          parts: list[Partition]) -> None:
-        remaining = [len(parts)]
-        failed: list[tuple[int, str]] = []
-
-        def one_done(code: int, text: str) -> None:
-            if code:
-                failed.append((code, text))
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                if failed:
-                    self._send(envelope, apis.encode_error_response(request.header, failed[0][0], failed[0][1]))
-                else:
-                    self._reply(envelope, request, body)
-
-        if not parts:
-            self._reply(envelope, request, body)
-        for part in parts:
-            self._after_writes(part, one_done)
-
     def _expire_members(self) -> None:
         now_ms = self._now_ms()
         for part in list(self._partitions.values()):
@@ -483,5 +432,19 @@ class GroupCoordinator:
             for group in list(part.groups.values()):
                 gone = group.expire(now_ms)
                 if gone:
+                    group.active_ms = int(time.time() * 1000)
                     log.info("group %s: session expired for %s", group.group_id, ", ".join(gone))
                     self._write(part, [(gp.group_key(group.group_id), group.to_record())], lambda _c, _t: None)
+
+    def _expire_groups(self) -> None:
+        """Delete groups empty past their retention (nodes/group_retention.py), in one write
+        per partition of at most GROUPS_EXPIRED_PER_CHECK_MAX groups (the rest next time)."""
+        wall_ms = int(time.time() * 1000)
+        for part in [p for p in self._partitions.values() if p.mode == ACTIVE]:
+            gone = group_retention.expired(part.groups, wall_ms, self._offsets_retention_ms)
+            gone = gone[:group_retention.GROUPS_EXPIRED_PER_CHECK_MAX]
+            if gone:
+                self._write(part, [r for g in gone for r in group_retention.tombstones(part.groups.pop(g))],
+                            lambda _c, _t: None)
+                log.info("%s/%d: %d groups empty past their retention deleted (%s)", gp.OFFSETS_TOPIC,
+                         part.partition, len(gone), ", ".join(gone[:5]) + (", ..." if len(gone) > 5 else ""))

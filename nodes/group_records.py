@@ -36,11 +36,15 @@ log = logging.getLogger("fabric.groups")
 RESTATE_AFTER_RECORDS_MIN: Final[int] = 10_000
 # One restating PRODUCE's records (__consumer_offsets takes the default message_bytes_max).
 RESTATE_BATCH_BYTES_MAX: Final[int] = 256 * 1024
+# How far before the restatement a restated group record's timestamp may lie (20 days:
+# a batch's record timestamps are i32 ms deltas from its first, at most about 24.8 days).
+RESTATE_TIMESTAMP_SPREAD_MS: Final[int] = 20 * 24 * 3600 * 1000
 
 LOADING: Final[str] = "loading"
 ACTIVE: Final[str] = "active"
 
 Record = tuple[bytes, bytes | None]
+TimedRecord = tuple[bytes, bytes | None, int]  # and its timestamp (ms)
 
 
 @dataclass
@@ -65,9 +69,12 @@ class Partition:
     restate_at: int = RESTATE_AFTER_RECORDS_MIN  # look again when ``written`` reaches this
 
 
-def apply(groups: MutableMapping[str, GroupState], key: bytes, value: bytes | None, now_ms: int) -> None:
+def apply(groups: MutableMapping[str, GroupState], key: bytes, value: bytes | None, now_ms: int,
+          record_ms: int = 0) -> None:
     """Replay one record into ``groups``. An unreadable record is skipped with a warning:
-    the log is replayed on every leader change, and one bad record must cost only itself."""
+    the log is replayed on every leader change, and one bad record must cost only itself.
+    ``record_ms``: the record's timestamp, when a group record says the group was last
+    active (its members then, or when it became empty; ``restatement_timed`` keeps it)."""
     try:
         decoded = gp.decode_record(key, value)
     except errors.FabricError as exc:
@@ -88,6 +95,7 @@ def apply(groups: MutableMapping[str, GroupState], key: bytes, value: bytes | No
         group_id, group_value = fields
         group = groups.setdefault(group_id, GroupState(group_id))
         group.load_record(group_value, now_ms)
+        group.active_ms = max(group.active_ms, record_ms)
         if group_value is None and not group.offsets:
             del groups[group_id]
 
@@ -100,19 +108,28 @@ def live_count(groups: MutableMapping[str, GroupState]) -> int:
 def restatement(groups: MutableMapping[str, GroupState]) -> list[list[Record]]:
     """Every live key's current record, in writes of at most RESTATE_BATCH_BYTES_MAX bytes.
     Replaying them gives ``groups`` back (``apply``); an empty list when nothing is live."""
-    writes: list[list[Record]] = []
-    current: list[Record] = []
+    return [[(key, value) for key, value, _ in write] for write in restatement_timed(groups, 0)]
+
+
+def restatement_timed(groups: MutableMapping[str, GroupState], now_ms: int) -> list[list[TimedRecord]]:
+    """``restatement`` with each record's timestamp: ``now_ms``, but a group's own record
+    keeps when the group was last active, so a restatement does not restart an empty
+    group's retention (nodes/group_retention.py). Never more than
+    RESTATE_TIMESTAMP_SPREAD_MS before ``now_ms``: a batch's timestamps are i32 deltas."""
+    writes: list[list[TimedRecord]] = []
+    current: list[TimedRecord] = []
     size = 0
     for group_id, group in groups.items():
-        records: list[Record] = [(gp.group_key(group_id), group.to_record())]
-        records += [(gp.offset_key(group_id, topic, partition), gp.encode_offset_value(*committed))
+        active_ms = now_ms if group.members else max(group.active_ms, now_ms - RESTATE_TIMESTAMP_SPREAD_MS)
+        records: list[TimedRecord] = [(gp.group_key(group_id), group.to_record(), min(active_ms, now_ms))]
+        records += [(gp.offset_key(group_id, topic, partition), gp.encode_offset_value(*committed), now_ms)
                     for (topic, partition), committed in group.offsets.items()]
-        for key, value in records:
+        for key, value, timestamp_ms in records:
             record_bytes = len(key) + len(value or b"") + 32  # and its lengths and header share
             if current and size + record_bytes > RESTATE_BATCH_BYTES_MAX:
                 writes.append(current)
                 current, size = [], 0
-            current.append((key, value))
+            current.append((key, value, timestamp_ms))
             size += record_bytes
     if current:
         writes.append(current)

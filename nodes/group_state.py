@@ -113,6 +113,10 @@ class GroupState:
         # (topic, partition) -> (offset, metadata, commit_ms)
         self.offsets: dict[TopicPartition, tuple[int, str, int]] = {}
         self._new_member_id = new_member_id or (lambda: uuid.uuid4().hex)
+        # When the group last had a member (wall-clock ms; the coordinator stamps it, and a
+        # reload takes it from the group record's timestamp): with its commits, what offsets
+        # retention counts from (nodes/group_retention.py).
+        self.active_ms = 0
         # member id -> the instance id a later static join took from it (oldest first)
         self._replaced: dict[str, str] = {}
         self._target: dict[str, set[TopicPartition]] = {}

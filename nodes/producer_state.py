@@ -26,7 +26,9 @@ producer fields are range-checked before (``batch_format.check_produced``).
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fabric.errors import InvalidProducerEpochError, OutOfOrderSequenceError
@@ -34,21 +36,39 @@ from fabric.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 SEQUENCE_MODULUS = 1 << 31  # sequences are i32 >= 0: after 2^31 - 1 comes 0
 RECENT_BATCHES_PER_PRODUCER = 5  # duplicates within this window get their original offset
 PRODUCERS_PER_PARTITION_MAX = 10_000  # least recently used producer ids are forgotten first
+# A producer id that wrote nothing to a partition for this long is forgotten there. Kafka
+# forgets a producer id after a day (producer.id.expiration.ms) and a transactional id after
+# seven (transactional.id.expiration.ms); the Spark sink's explicit ids play the
+# transactional id's part (a query restarted days later re-runs its last batch, which must
+# still be recognised: docs/SPARK.md), so seven days. Every short-lived producer takes a new id, so under
+# client churn the count bound alone let each partition replica fill up to its 10,000 ids
+# (about 1 KB each then; a soak of 3,000 producers grew every node by 0.75 MB per 500) and
+# keep them for good: with many partitions, gigabytes. A write of a forgotten id is appended
+# as any unknown one is (a retry of it more than seven days late is not caught).
+# Ids rebuilt from the index at startup count as written then.
+PRODUCER_ID_EXPIRATION_MS = 7 * 86_400_000
 
 APPEND = "append"
 DUPLICATE = "duplicate"
 
 
-@dataclass
+@dataclass(slots=True)
 class ProducerEntry:
     epoch: int
     last_sequence: int
-    recent: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=RECENT_BATCHES_PER_PRODUCER))
+    # (first sequence, last sequence, base offset), oldest first, at most
+    # RECENT_BATCHES_PER_PRODUCER (a list: an empty deque alone took 624 bytes)
+    recent: list[tuple[int, int, int]] = field(default_factory=list)
+    written_s: float = 0.0  # clock of the last batch recorded
 
 
 class ProducerStates:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 expiration_ms: int = PRODUCER_ID_EXPIRATION_MS) -> None:
+        # Least recently written first: the expired and the evicted are always at the front.
         self.producers: OrderedDict[int, ProducerEntry] = OrderedDict()
+        self._clock = clock
+        self._expiration_s = expiration_ms / 1000
 
     def check(self, producer_id: int, epoch: int, base_sequence: int, record_count: int) -> tuple[str, int]:
         """(APPEND, -1) or (DUPLICATE, original base offset or -1); raises on a bad sequence."""
@@ -86,17 +106,26 @@ class ProducerStates:
         """Remember an appended batch (called for every batch, also when rebuilding)."""
         if producer_id < 0:
             return
+        now_s = self._clock()
         entry = self.producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
             entry = ProducerEntry(epoch, -1)
             self.producers[producer_id] = entry
-        else:
-            self.producers.move_to_end(producer_id)
+        self.producers.move_to_end(producer_id)
+        entry.written_s = now_s
         last = (base_sequence + record_count - 1) % SEQUENCE_MODULUS
         if entry.last_sequence < 0 or not _at_or_below(last, entry.last_sequence):
             entry.last_sequence = last
         entry.recent.append((base_sequence, last, base_offset))
+        if len(entry.recent) > RECENT_BATCHES_PER_PRODUCER:
+            del entry.recent[0]
         while len(self.producers) > PRODUCERS_PER_PARTITION_MAX:
+            self.producers.popitem(last=False)
+        # Amortised: each record looks at the front only while it has expired.
+        while self.producers:
+            oldest = next(iter(self.producers.values()))
+            if now_s - oldest.written_s < self._expiration_s:
+                break
             self.producers.popitem(last=False)
 
     def clear(self) -> None:

@@ -170,6 +170,7 @@ class Node:
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.may_coordinate,
                                              delete_below=self.state.delete_below,
+                                             offsets_retention_ms=config.offsets_retention_ms,
                                              security=self.authz.client if self.authz else None,
                                              caller=self.authz.caller if self.authz else None)
         self.handlers = metrics.instrument(dict(DISPATCH))

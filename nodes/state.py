@@ -21,7 +21,11 @@ from kazoo.client import KazooClient
 
 from fabric import errors
 from fabric import zk as zkl
-from fabric.limits import FSYNC_INTERVAL_MS_DEFAULT, RETENTION_CHECK_INTERVAL_MS_DEFAULT
+from fabric.limits import (
+    FSYNC_INTERVAL_MS_DEFAULT,
+    OFFSETS_RETENTION_MS_DEFAULT,
+    RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+)
 from fabric.protocol import apis
 from fabric.protocol.header import Header
 from fabric.transport import CLIENT_HEARTBEAT_TIMEOUT_MS, Connections, send_multipart_nowait
@@ -66,6 +70,7 @@ class NodeConfig:
     fsync_interval_ms: int = FSYNC_INTERVAL_MS_DEFAULT
     direct_io: str = "auto"  # RocksDB table files with O_DIRECT (nodes/storage_setup.py)
     retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT
+    offsets_retention_ms: int = OFFSETS_RETENTION_MS_DEFAULT  # empty consumer groups (nodes/group_retention.py)
     session_timeout_ms: int = 6_000
     replica_lag_max_ms: int = 5_000
     replication_hwm: int = PUB_HWM_MESSAGES  # messages queued per follower before PUB drops
@@ -105,6 +110,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
     parser.add_argument("--fsync-interval-ms", type=int, default=FSYNC_INTERVAL_MS_DEFAULT)
     parser.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--retention-check-interval-ms", type=int, default=RETENTION_CHECK_INTERVAL_MS_DEFAULT)
+    parser.add_argument("--offsets-retention-ms", type=int, default=OFFSETS_RETENTION_MS_DEFAULT)
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint; 0 picks a free port, -1 off")
     parser.add_argument("--security", choices=("none", "curve"), default="none")
@@ -128,6 +134,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
         fsync_interval_ms=args.fsync_interval_ms,
         direct_io=args.direct_io,
         retention_check_interval_ms=args.retention_check_interval_ms,
+        offsets_retention_ms=args.offsets_retention_ms,
         session_timeout_ms=args.session_timeout_ms,
         metrics_port=args.metrics_port,
         security=args.security,

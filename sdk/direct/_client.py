@@ -37,6 +37,10 @@ ATTEMPTS_MAX_DEFAULT = 3
 TIMEOUT_MS_MAX = 24 * 3600 * 1000  # fits the header's u32 with room to spare
 LEAVING_GRACE_S = 5.0  # an instance gone from the registry stays a last resort while it answers
 DISCOVERY_WAIT_MS = 2_000  # a call with no instance ready waits this long (within its deadline) for one
+# A service this client has not called for this long is forgotten (_ServiceView.idle): its
+# registry watch and its connections close, and the next call reads the registry again.
+SERVICE_VIEW_IDLE_MS = 600_000
+IDLE_CHECK_INTERVAL_S = 1.0
 
 
 class DirectClient:
@@ -50,7 +54,8 @@ class DirectClient:
                  heartbeat_liveness: int = balance.HEARTBEAT_LIVENESS,
                  retry_ratio: float = 0.2, min_retries_per_s: float = 10.0,
                  publisher_bind: str = "tcp://127.0.0.1:*", advertise: str | None = None,
-                 security: DirectSecurity | None = None) -> None:
+                 security: DirectSecurity | None = None, service_view_idle_ms: float = SERVICE_VIEW_IDLE_MS) -> None:
+        self.service_view_idle_s = ms_arg("service_view_idle_ms", service_view_idle_ms, TIMEOUT_MS_MAX) / 1000
         self.zk = zk
         self._own_zk = own_zk
         self.loop = asyncio.get_running_loop()
@@ -129,6 +134,7 @@ class DirectClient:
             view = _ServiceView(name)
             self._views[name] = view
             view.loading = asyncio.ensure_future(self._first_read(view))
+        view.used_s = time.monotonic()
         if not view.known.is_set():
             assert view.loading is not None
             try:
@@ -218,10 +224,21 @@ class DirectClient:
                     self._add_peer(view, znode, info, now)
             view.refresh()
 
+    def _drop_idle_views(self, now: float) -> None:
+        for name, view in list(self._views.items()):
+            if view.idle(now, self.service_view_idle_s):
+                del self._views[name]
+                view.close()
+                log.debug("service %s not called for %.0f s: its view dropped", name, self.service_view_idle_s)
+
     async def _heartbeat_loop(self) -> None:
         interval_s = self.heartbeat_interval_ms / 1000 / 2
+        next_idle_check_s = 0.0
         while not self._closed:
             await asyncio.sleep(interval_s)
+            if time.monotonic() >= next_idle_check_s:
+                next_idle_check_s = time.monotonic() + IDLE_CHECK_INTERVAL_S
+                self._drop_idle_views(time.monotonic())
             for view in self._views.values():
                 for peer in list(view.peers.values()):
                     peer.reader.drain()  # frames that came while this loop was stalled count first
@@ -557,12 +574,7 @@ class DirectClient:
         with contextlib.suppress(asyncio.CancelledError):
             await self._heartbeat
         for view in self._views.values():
-            if view.loading is not None:
-                view.loading.cancel()
-            if view.watch is not None:
-                view.watch.close()
-            for peer in view.peers.values():
-                peer.close()
+            view.close()
         self._views.clear()
         self._deadlines.close()
         if self.security is not None:

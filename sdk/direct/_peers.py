@@ -150,6 +150,25 @@ class _ServiceView:
         # The pickable peers, recomputed on every change of a peer's state rather than on
         # every request (the request path reads it).
         self.ready: list[_Peer] = []
+        self.used_s = time.monotonic()  # the last call through this view (``idle``)
+
+    def idle(self, now_s: float, idle_s: float) -> bool:
+        """Not called for ``idle_s`` and nothing of ours in flight to its instances: the
+        client may drop it (its watch and connections), as gRPC closes an idle channel; the
+        next call reads the registry again. Without that a long-lived caller kept a view, a
+        ZooKeeper watch and its connections for every name it ever called, for ever."""
+        return (now_s - self.used_s >= idle_s and self.known.is_set()
+                and not any(p.pending or p.blocking_outstanding for p in self.peers.values()))
+
+    def close(self) -> None:
+        if self.loading is not None:
+            self.loading.cancel()
+        if self.watch is not None:
+            self.watch.close()
+        for peer in self.peers.values():
+            peer.close()
+        self.peers.clear()
+        self.ready = []
 
     def refresh(self) -> None:
         ready = [p for p in self.peers.values() if p.pickable]
@@ -170,6 +189,7 @@ class _ServiceView:
     def pick(self, tried: list[str], rng: random.Random) -> _Peer | None:
         """Least outstanding requests among the ready peers (this client's count, from any
         thread); None when no peer is ready."""
+        self.used_s = time.monotonic()
         ready = self.ready
         if len(ready) <= 1:
             return ready[0] if ready else None  # the only choice, tried or not

@@ -21,8 +21,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError, UnimplementedError
+from kazoo.protocol.serialization import Create2
 from kazoo.protocol.states import KazooState
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from fabric import errors
 from fabric.auth.store import DIRECT_REGISTRY_ROOTS, secure_zk_kwargs
@@ -34,6 +36,8 @@ PUBLISHER_PREFIX = "publisher-"
 ZK_TIMEOUT_S = 5.0  # one ZooKeeper call
 ZK_CONNECT_TIMEOUT_S = 15.0  # a first connection (a loaded machine answers slowly)
 SERVICE_NAME_BYTES_MAX = 200
+REGISTER_ATTEMPTS_MAX = 3  # a service's container reaped between its creation check and the instance's
+CONTAINER_FLAGS = 4  # ZooKeeper's CreateMode.CONTAINER
 _SERVICE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 # A registered address: tcp://HOST:PORT, HOST a DNS name, an IPv4 address or a bracketed
 # IPv6 address (zone id allowed). ZeroMQ's own connect accepts far more (it resolves
@@ -185,18 +189,59 @@ def start_client(hosts: str, *, session_timeout_s: float = 10.0, zk_digest: str 
     return client
 
 
-def register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo) -> str:
-    """Create the ephemeral sequential znode; returns its path. On a secure cluster the
+class _CreateContainer(Create2):
+    """ZooKeeper's createContainer request (opcode 19, ZooKeeper 3.5.3 and later), which
+    kazoo does not offer: the body and the answer are create2's."""
+    type = 19
+
+
+def ensure_container(zk: KazooClient, path: str) -> None:
+    """Make ``path`` exist as a container znode (its own parents persistent): ZooKeeper
+    deletes a container once its last child is gone, checking every
+    ``znode.container.checkIntervalMs`` (60 s by default). A service name's znode is one, so
+    names whose every instance went, stopped or SIGKILLed (its ephemeral znode then goes
+    with its session), leave nothing behind: a cluster whose services are named per
+    deployment or per process used to gain one empty persistent znode per name for good.
+    A server without containers gets a persistent znode, as before."""
+    if zk.exists_async(path).get(timeout=ZK_TIMEOUT_S) is not None:
+        return
+    zk.ensure_path_async(path.rsplit("/", 1)[0]).get(timeout=ZK_TIMEOUT_S)
+    result = zk.handler.async_result()
+    request = _CreateContainer(zk.chroot + path, b"", zk.default_acl or OPEN_ACL_UNSAFE, CONTAINER_FLAGS)
+    try:
+        if zk._call(request, result) is not False:
+            result.get(timeout=ZK_TIMEOUT_S)
+        else:
+            raise result.exception
+    except NodeExistsError:
+        pass
+    except UnimplementedError:
+        zk.ensure_path_async(path).get(timeout=ZK_TIMEOUT_S)
+
+
+def register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, *, container: bool = False) -> str:
+    """Create the ephemeral sequential znode; returns its path. With ``container`` its
+    parent is made a container znode (``ensure_container``). On a secure cluster the
     registry is writable only with the cluster's ZooKeeper digest (docs/SECURITY.md)."""
     try:
-        path: str = zk.create_async(f"{parent}/{prefix}", info.encode(), ephemeral=True, sequence=True,
-                                    makepath=True).get(timeout=ZK_TIMEOUT_S)
+        for attempt in range(REGISTER_ATTEMPTS_MAX):
+            if container:
+                ensure_container(zk, parent)
+            try:
+                # Without makepath under a container: a parent reaped meanwhile is made a
+                # container again by the next attempt, never a persistent znode.
+                path: str = zk.create_async(f"{parent}/{prefix}", info.encode(), ephemeral=True, sequence=True,
+                                            makepath=not container).get(timeout=ZK_TIMEOUT_S)
+                return path
+            except NoNodeError:
+                if attempt == REGISTER_ATTEMPTS_MAX - 1:
+                    raise
     except NoAuthError:
         raise errors.AuthorizationFailedError(
             f"ZooKeeper refused to write {parent}: on a secure cluster the direct plane needs the cluster's "
             f"digest ($FABRIC_ZK_DIGEST_FILE) and a key ($FABRIC_KEY_FILE)", operation="register",
             resource=parent) from None
-    return path
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def update(zk: KazooClient, path: str, info: InstanceInfo) -> None:
@@ -223,7 +268,11 @@ class Registration:
     def __init__(self, zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, what: str) -> None:
         self._zk = zk
         self._parent = parent
-        self._prefix = prefix
+        self._container = parent.startswith(SERVICES + "/")  # a service's name: ensure_container
+        # A container reaped and made again numbers its children from 0 again: a token per
+        # registration keeps a name from ever meaning two instances (callers key their
+        # caches and connections by it).
+        self._prefix = f"{prefix}{os.urandom(6).hex()}-" if self._container else prefix
         self.info = info
         self._what = what  # for log lines: "service pricing", "publisher"
         self.path: str | None = None
@@ -231,7 +280,7 @@ class Registration:
         self._closed = False
 
     def start(self) -> str:
-        self.path = register(self._zk, self._parent, self._prefix, self.info)
+        self.path = register(self._zk, self._parent, self._prefix, self.info, container=self._container)
         self._zk.add_listener(self._state_changed)
         return self.path
 
@@ -266,7 +315,7 @@ class Registration:
         if self._closed:
             return
         try:
-            self.path = register(self._zk, self._parent, self._prefix, self.info)
+            self.path = register(self._zk, self._parent, self._prefix, self.info, container=self._container)
             if self._closed:  # closed meanwhile: do not leave it behind
                 self.close()
                 return
@@ -318,7 +367,10 @@ class RegistryWatch:
         # (as a good entry is read once: ephemeral sequential names are never reused).
         self._unreadable: set[str] = set()
         self._lock = threading.Lock()
-        self._watching_children = False
+        # The incarnation (czxid) of the parent whose children are watched: a parent deleted
+        # and made again (a reaped container, sdk.direct._registry.ensure_container) needs a
+        # watch of its own, since the old one may have stopped at the NoNode in between.
+        self._children_czxid: int | None = None
 
     def start(self) -> None:
         # The parent is watched, not created: a caller asking for a name nobody serves (a
@@ -334,17 +386,18 @@ class RegistryWatch:
             return False
         with self._lock:
             if stat is None:  # not there (yet), or deleted: its children watch ended with it
-                self._watching_children = False
+                self._children_czxid = None
                 self._known = {}
                 self._on_change({})
-            elif not self._watching_children:
-                self._watching_children = True
-                self._zk.ChildrenWatch(self._parent, self._children_changed)
+            elif stat.czxid != self._children_czxid:
+                czxid = self._children_czxid = stat.czxid
+                self._known = {}
+                self._zk.ChildrenWatch(self._parent, lambda children: self._children_changed(children, czxid))
         return None
 
-    def _children_changed(self, children: list[str]) -> bool | None:
-        if self._closed.is_set():
-            return False
+    def _children_changed(self, children: list[str], czxid: int | None = None) -> bool | None:
+        if self._closed.is_set() or czxid != self._children_czxid:
+            return False  # closed, or the watch of a parent since deleted: the new one's watch reports
         fresh: dict[str, InstanceInfo] = {}
         for child in children:
             info = self._known.get(child)  # ephemeral sequential names are never reused

@@ -99,5 +99,6 @@ def test_declared_defaults_match_the_node() -> None:
     defaults = NodeConfig(node_id=1, zk="z", data_dir="d")
     for name in ("host", "port", "replication_port", "replica_lag_max_ms", "replication_hwm",
                  "replication_buffer_bytes", "fsync", "fsync_interval_ms", "retention_check_interval_ms",
+                 "offsets_retention_ms",
                  "session_timeout_ms", "client_heartbeat_timeout_ms"):
         assert getattr(defaults, name) == settings[name], name

@@ -130,3 +130,43 @@ def test_direct_client_takes_zookeeper_with_or_without_its_scheme(spec: str, hos
 def test_direct_client_refuses_what_is_not_zookeeper(spec: str) -> None:
     with pytest.raises(errors.InvalidRequestError):
         zookeeper_hosts(spec)
+
+
+class _WatchingZk(_FakeZk):
+    """Also records the children watches RegistryWatch starts: (parent, callback)."""
+
+    def __init__(self, data: dict[str, bytes]) -> None:
+        super().__init__(data)
+        self.children_watches: list[Any] = []
+
+    def ChildrenWatch(self, path: str, func: Any) -> None:  # kazoo's name
+        self.children_watches.append(func)
+
+
+def test_a_parent_deleted_and_made_again_gets_a_new_watch_and_no_stale_entries() -> None:
+    """A service's znode is a container (ensure_container): once its last instance went,
+    ZooKeeper deletes it, and the next instance makes it again. The old children watch may
+    have stopped at the NoNode in between, and an entry read under the old parent must
+    not stand for a new child of the same name."""
+    from types import SimpleNamespace
+
+    zk = _WatchingZk({"instance-a-1": json.dumps(GOOD).encode()})
+    delivered: list[dict[str, InstanceInfo]] = []
+    watch = registry.RegistryWatch(zk, "/fabric/services/s", delivered.append)  # type: ignore[arg-type]
+    watch._parent_changed(b"", SimpleNamespace(czxid=10))
+    (first,) = zk.children_watches
+    first(["instance-a-1"])
+    assert list(delivered[-1]) == ["instance-a-1"]
+    watch._parent_changed(b"", SimpleNamespace(czxid=10))  # a data change: the same parent
+    assert len(zk.children_watches) == 1
+
+    zk.data["instance-a-1"] = json.dumps({**GOOD, "address": "tcp://127.0.0.1:7777"}).encode()
+    watch._parent_changed(b"", SimpleNamespace(czxid=20))  # deleted and made again, unseen in between
+    second = zk.children_watches[-1]
+    assert len(zk.children_watches) == 2
+    assert first(["instance-a-1"]) is False  # the old watch, if still alive, stops and reports nothing
+    second(["instance-a-1"])
+    assert delivered[-1]["instance-a-1"].address == "tcp://127.0.0.1:7777"  # read again, not the cached entry
+
+    watch._parent_changed(None, None)
+    assert delivered[-1] == {}
