@@ -306,7 +306,7 @@ class LocalZooKeeper:
             # Sessions from 2 ticks to 60 s, so tests can use short sessions.
             f"minSessionTimeout={2 * self.tick_ms}",
             "maxSessionTimeout=60000",
-            "4lw.commands.whitelist=ruok,srvr",
+            "4lw.commands.whitelist=ruok,srvr,mntr",  # mntr: znode and watch counts (bench.partitions_scale)
         ]
         if self.peers:
             (self.data_dir / "myid").write_text(f"{self.server_id}\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -33,6 +34,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.retry import KazooRetry
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from fabric import errors
 from fabric.limits import (
@@ -86,6 +88,11 @@ ZK_OP_TIMEOUT_S = 5.0
 # A topic create or delete whose version check lost to a concurrent change reads and tries
 # again, this many times in all (a queue and its dead-letter topic: create_topic).
 TOPIC_TRANSACTION_TRIES = 5
+# ZooKeeper refuses a request larger than its jute.maxbuffer (1 MiB - 1 by default) by
+# dropping the connection it came on: a topic's creation is one request (a transaction),
+# and 8,000 partitions of RF 3 made the node that asked lose its connection (its lease,
+# its watches) and the create fail with a bare ConnectionLoss. Less 1 KiB for the header.
+ZK_REQUEST_BYTES_MAX: Final[int] = 1024 * 1024 - 1 - 1024
 # How long a client process waits for its first connection.
 ZK_START_TIMEOUT_S = 15.0
 # kazoo waits session_timeout / (number of servers listed) for a server to answer its
@@ -174,6 +181,40 @@ def ensure_path(zk: KazooClient, path: str, timeout_s: float = ZK_OP_TIMEOUT_S) 
 
 def commit(tx: Any, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[Any]:
     return wait(tx.commit_async(), what, timeout_s)
+
+
+ZK_PIPELINE_REQUESTS_MAX = 1_000  # requests get_many/set_many keep outstanding at once, each batch within its timeout
+
+
+def _pipelined(requests: list[tuple[str, Callable[[], IAsyncResult]]], timeout_s: float) -> list[Any]:
+    """Send each batch of requests before waiting for the first answer; each result, or the
+    exception it raised, in order. A batch's answers share one deadline."""
+    out: list[Any] = []
+    for start in range(0, len(requests), ZK_PIPELINE_REQUESTS_MAX):
+        pending = [(what, send()) for what, send in requests[start:start + ZK_PIPELINE_REQUESTS_MAX]]
+        deadline = time.monotonic() + timeout_s
+        for what, result in pending:
+            try:
+                out.append(wait(result, what, max(0.0, deadline - time.monotonic())))
+            except Exception as exc:  # per item: one missing znode or stale version fails only itself
+                out.append(exc)
+    return out
+
+
+def get_many(zk: KazooClient, paths: list[str], timeout_s: float = ZK_OP_TIMEOUT_S) -> list[Any]:
+    """Read many znodes pipelined: every request of a batch goes out before the first answer
+    is awaited, so it costs about one round trip instead of one per path (a controller
+    electing leaders for a failed node's 667 partitions spent 19-31 s in serial reads and
+    writes). Per path: ``(data, stat)`` or the exception (NoNodeError, RequestTimedOutError...)."""
+    return _pipelined([(f"get {path}", functools.partial(zk.get_async, path)) for path in paths], timeout_s)
+
+
+def set_many(zk: KazooClient, writes: list[tuple[str, bytes, int]], timeout_s: float = ZK_OP_TIMEOUT_S) -> list[Any]:
+    """Version-checked writes of ``(path, data, version)``, pipelined like ``get_many``. Each
+    is its own fence: a stale one fails alone (BadVersionError in its place), unlike a
+    transaction, where one stale partition would undo the election of all the others."""
+    return _pipelined([(f"set {path}", functools.partial(zk.set_async, path, data, version=version))
+                       for path, data, version in writes], timeout_s)
 
 
 class _QuietClose(logging.Filter):
@@ -471,6 +512,24 @@ def initial_leader_epoch(created_ms: int) -> int:
     return created_ms % INCARNATION_EPOCHS
 
 
+def create_op_bytes(zk: KazooClient, path: str, data: bytes) -> int:
+    """What one create adds to a transaction on the wire (jute): the op's header (type,
+    done, error), the path with the client's chroot, the data, the ACLs and the flags."""
+    acls = zk.default_acl or OPEN_ACL_UNSAFE
+    acl_bytes = 4 + sum(4 + 4 + len(acl.id.scheme.encode()) + 4 + len(acl.id.id.encode()) for acl in acls)
+    return 9 + 4 + len((zk.chroot or "").encode()) + len(path.encode()) + 4 + len(data) + acl_bytes + 4
+
+
+def check_transaction_bytes(name: str, partitions: int, request_bytes: int) -> None:
+    """Refuse a topic transaction ZooKeeper would refuse by dropping our connection."""
+    if request_bytes > ZK_REQUEST_BYTES_MAX:
+        fit = partitions * ZK_REQUEST_BYTES_MAX // request_bytes
+        raise errors.InvalidPartitionsError(
+            f"topic {name!r}: {partitions:,} partitions need a ZooKeeper transaction of {request_bytes:,} bytes, more "
+            f"than the {ZK_REQUEST_BYTES_MAX:,} ZooKeeper takes in one request (ZK_REQUEST_BYTES_MAX, its default "
+            f"jute.maxbuffer); about {fit:,} fit: use fewer partitions, or several topics")
+
+
 def create_topic(
     zk: KazooClient, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
 ) -> TopicConfig:
@@ -501,9 +560,12 @@ def create_topic(
         assignment = assign_replicas(name, partitions, replication_factor, list(nodes))
         tx.create(topic_path(name), config.encode())
         tx.create(partitions_path(name), b"")
+        request_bytes = create_op_bytes(zk, topic_path(name), config.encode()) + create_op_bytes(zk, partitions_path(name), b"")
         for p, replicas in enumerate(assignment):
             state = PartitionState(p, tuple(replicas), replicas[0], initial_leader_epoch(config.created_ms), tuple(replicas))
             tx.create(partition_path(name, p), state.encode())
+            request_bytes += create_op_bytes(zk, partition_path(name, p), state.encode())
+        check_transaction_bytes(name, partitions, request_bytes)
         results = commit(tx, f"topic {name!r} transaction")
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
@@ -570,10 +632,14 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     grown = dataclasses.replace(config, partitions=total)
     tx = zk.transaction()
     tx.set_data(topic_path(name), grown.encode(), version=stat.version)
+    request_bytes = create_op_bytes(zk, topic_path(name), grown.encode())  # (a set is no larger than a create)
     for p in range(config.partitions, total):
         replicas = assignment[p]
-        tx.create(partition_path(name, p), PartitionState(p, tuple(replicas), replicas[0], initial_leader_epoch(config.created_ms),
-                                                          tuple(replicas)).encode())
+        data = PartitionState(p, tuple(replicas), replicas[0], initial_leader_epoch(config.created_ms),
+                              tuple(replicas)).encode()
+        tx.create(partition_path(name, p), data)
+        request_bytes += create_op_bytes(zk, partition_path(name, p), data)
+    check_transaction_bytes(name, total - config.partitions, request_bytes)
     failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]
     if failures:
         raise errors.InvalidPartitionsError(f"topic {name!r} changed while adding partitions; try again: {failures[0]!r}")
@@ -659,6 +725,32 @@ def write_partition_state(zk: KazooClient, topic: str, state: PartitionState,
     return dataclasses.replace(state, version=stat.version)
 
 
+def write_partition_states(zk: KazooClient, writes: list[tuple[str, PartitionState, int]]) -> list[Any]:
+    """``write_partition_state`` for many partitions, pipelined: each ``(topic, state,
+    incarnation_ms)`` written version-checked, its topic's ``created_ms`` checked first.
+    Per write, in order: the state as written, or the exception (BadVersionError for a
+    stale version or incarnation). A leader's ISR changes after a restart of a follower
+    (667 at 2,000 partitions) were one job each, two round trips after another."""
+    topics = sorted({topic for topic, _state, _incarnation in writes})
+    configs = dict(zip(topics, get_many(zk, [topic_path(topic) for topic in topics]), strict=True))
+    out: list[Any] = [None] * len(writes)
+    checked = []
+    for i, (topic, _state, incarnation_ms) in enumerate(writes):
+        read = configs[topic]
+        if isinstance(read, NoNodeError) or (
+                not isinstance(read, Exception) and TopicConfig.decode(read[0]).created_ms != incarnation_ms):
+            out[i] = BadVersionError()  # deleted, or deleted and created again: not our term's topic
+        elif isinstance(read, Exception):
+            out[i] = read
+        else:
+            checked.append(i)
+    results = set_many(zk, [(partition_path(writes[i][0], writes[i][1].partition), writes[i][1].encode(),
+                             writes[i][1].version) for i in checked])
+    for i, result in zip(checked, results, strict=True):
+        out[i] = result if isinstance(result, Exception) else dataclasses.replace(writes[i][1], version=result.version)
+    return out
+
+
 def allocate_producer_id_block(zk: KazooClient) -> tuple[int, int]:
     """Reserve [start, start + PRODUCER_ID_BLOCK) with a version-checked write.
 
@@ -702,6 +794,11 @@ class RoutingCache:
         # would lose that event, so callbacks never raise.
         self.needs_resync = False
         self._partition_watches: dict[str, set[int]] = {}
+        self._partition_watchers: dict[tuple[str, int], Callable[[WatchedEvent], None]] = {}
+        # What changed since the node last applied the map (``take_changes``): the partitions
+        # whose state a watch or this process updated, or, after anything else, everything.
+        self._changed_partitions: set[tuple[str, int]] = set()
+        self._changed_all = True
 
     def start(self) -> None:
         ensure_layout(self._zk)
@@ -725,6 +822,23 @@ class RoutingCache:
     def nodes(self) -> dict[int, NodeInfo]:
         with self._lock:
             return dict(self._nodes)
+
+    def partition(self, name: str, partition: int) -> tuple[TopicConfig, PartitionState] | None:
+        """One partition's state and its topic's config, without copying the topic."""
+        with self._lock:
+            route = self._topics.get(name)
+            state = None if route is None else route.partitions.get(partition)
+            return None if route is None or state is None else (route.config, state)
+
+    def take_changes(self) -> set[tuple[str, int]] | None:
+        """The partitions whose state changed since the last call; None when something else
+        changed too (nodes, topics, configs, a resync) or nothing was recorded: the caller
+        then re-reads the whole map. A failover of 667 leaderships is 667 partition events,
+        and re-reading every partition at each was most of a node's time (roles.apply_roles)."""
+        with self._lock:
+            changed, everything = self._changed_partitions, self._changed_all
+            self._changed_partitions, self._changed_all = set(), False
+        return None if everything or not changed else changed
 
     def resync(self) -> None:
         """Re-read the live nodes, the controller, every topic and partition state now
@@ -750,21 +864,25 @@ class RoutingCache:
             raise
 
     def _resync_topics(self) -> None:
+        # Pipelined (get_many): one read per znode in turn was 2,200 round trips at 2,000
+        # partitions, holding the node's one ZooKeeper worker (ISR writes, admin) meanwhile.
         names = set(get_children(self._zk, TOPICS))
         fresh: dict[str, TopicRoute] = {}
-        for name in names:
-            try:
-                raw, _ = get(self._zk, topic_path(name))
-            except NoNodeError:
+        for name, read in zip(sorted(names), get_many(self._zk, [topic_path(n) for n in sorted(names)]), strict=True):
+            if isinstance(read, NoNodeError):
+                continue  # deleted since the listing
+            if isinstance(read, Exception):
+                raise read
+            fresh[name] = TopicRoute(name, TopicConfig.decode(read[0]))
+        wanted = [(name, p) for name, route in fresh.items() for p in range(route.config.partitions)]
+        reads = get_many(self._zk, [partition_path(name, p) for name, p in wanted])
+        for (name, p), read in zip(wanted, reads, strict=True):
+            if isinstance(read, NoNodeError):
                 continue
-            route = TopicRoute(name, TopicConfig.decode(raw))
-            for p in range(route.config.partitions):
-                try:
-                    raw_state, stat = get(self._zk, partition_path(name, p))
-                except NoNodeError:
-                    continue
-                route.partitions[p] = PartitionState.decode(p, raw_state, stat.version)
-            fresh[name] = route
+            if isinstance(read, Exception):
+                raise read
+            raw_state, stat = read
+            fresh[name].partitions[p] = PartitionState.decode(p, raw_state, stat.version)
         with self._lock:
             for name, route in fresh.items():
                 cached = self._topics.get(name)
@@ -793,8 +911,14 @@ class RoutingCache:
                 old = route.partitions.get(state.partition)
                 if old is None or old.version < state.version:
                     route.partitions[state.partition] = state
+                    self._changed_partitions.add((topic, state.partition))
 
-    def _changed(self, what: str) -> None:
+    def _changed(self, what: str, partition: tuple[str, int] | None = None) -> None:
+        with self._lock:
+            if partition is None:
+                self._changed_all = True
+            else:
+                self._changed_partitions.add(partition)
         self.generation += 1
         if self._on_change is not None:
             self._on_change(what)
@@ -862,17 +986,86 @@ class RoutingCache:
                 self.needs_resync = True
 
     def _watch_partitions(self, name: str, count: int) -> None:
-        watched = self._partition_watches.setdefault(name, set())
-        for p in range(count):
-            if p in watched:
-                continue
-            try:
-                self._zk.DataWatch(partition_path(name, p), self._make_partition_watch(name, p))
-            except Exception as exc:  # connection lost: the next resync tries again
-                log.warning("could not watch %s/%d (%s); will re-read the routing map", name, p, exc)
-                self.needs_resync = True
-                continue
-            watched.add(p)
+        """Read and watch every partition of ``name`` not watched yet, all at once: each
+        read is sent without waiting for the one before (kazoo's DataWatch waited for each
+        answer on its one callback thread, so a failover's 667 changed partitions took 7 s
+        to reach the routing map at about 10 ms a read on a busy node)."""
+        with self._lock:
+            watched = self._partition_watches.setdefault(name, set())
+            new = [p for p in range(count) if p not in watched]
+            watched.update(new)
+        for p in new:
+            self._read_partition(name, p)
+
+    def _read_partition(self, name: str, partition: int) -> None:
+        """Read one partition state and leave a one-shot watch on it; the answer arrives on
+        kazoo's completion thread (``_partition_read``), and the watch's event reads again."""
+        key = (name, partition)
+        with self._lock:
+            watcher = self._partition_watchers.get(key)
+            if watcher is None:
+                # One function per partition, for good: kazoo keeps a path's watchers in a set,
+                # so a read made while another is out does not fire twice for one change.
+                watcher = self._partition_watchers[key] = functools.partial(self._partition_event, name, partition)
+        try:
+            self._zk.get_async(partition_path(name, partition), watch=watcher).rawlink(
+                functools.partial(self._partition_read, name, partition))
+        except Exception as exc:  # the client is closing or closed: the next resync tries again
+            self._unwatch(name, partition, exc)
+
+    def _partition_event(self, name: str, partition: int, event: WatchedEvent) -> None:
+        if self._closed:
+            return
+        if event.type == EventType.CHANGED:
+            self._read_partition(name, partition)
+        elif event.type == EventType.DELETED:
+            with self._lock:
+                route = self._topics.get(name)
+                if route is not None:
+                    route.partitions.pop(partition, None)
+                self._partition_watches.get(name, set()).discard(partition)
+                self._partition_watchers.pop((name, partition), None)
+        else:  # the connection dropped (kazoo forgets every watch): read again once it is back
+            self._unwatch(name, partition, None)
+
+    def _forget_partitions(self, name: str) -> None:
+        """(Under the lock.) A topic deleted, or created again: its partitions are read afresh."""
+        self._partition_watches.pop(name, None)
+        for key in [key for key in self._partition_watchers if key[0] == name]:
+            del self._partition_watchers[key]
+
+    def _unwatch(self, name: str, partition: int, error: BaseException | None) -> None:
+        """Forget the watch on one partition, and have the owner resync (which watches it again)."""
+        if error is not None:
+            log.warning("could not watch %s/%d (%s); will re-read the routing map", name, partition, error)
+        with self._lock:
+            self._partition_watches.get(name, set()).discard(partition)
+        self.needs_resync = True
+
+    def _partition_read(self, name: str, partition: int, result: IAsyncResult) -> None:
+        if self._closed:
+            return
+        if not result.successful():
+            if isinstance(result.exception, NoNodeError):  # deleted: its topic's watch says more
+                with self._lock:
+                    route = self._topics.get(name)
+                    if route is not None:
+                        route.partitions.pop(partition, None)
+                    self._partition_watches.get(name, set()).discard(partition)
+                return
+            self._unwatch(name, partition, result.exception)  # connection trouble
+            return
+        data, stat = result.value
+        state = PartitionState.decode(partition, data, stat.version)
+        with self._lock:
+            route = self._topics.get(name)
+            if route is None:
+                return
+            old = route.partitions.get(partition)
+            if old is not None and old.version >= state.version:
+                return  # a duplicate delivery, or older than what we hold
+            route.partitions[partition] = state
+        self._changed(f"partition:{name}:{partition}", (name, partition))
 
     def _make_topic_watch(self, name: str) -> Callable[..., bool | None]:
 
@@ -883,7 +1076,7 @@ class RoutingCache:
                 with self._lock:
                     self._topics.pop(name, None)
                     self._watched_topics.discard(name)
-                self._partition_watches.pop(name, None)
+                    self._forget_partitions(name)
                 self._changed(f"topic:{name}")
                 return False  # stop watching; a re-created topic gets a fresh watch
             config = TopicConfig.decode(data)
@@ -898,39 +1091,13 @@ class RoutingCache:
                     self._topics[name] = TopicRoute(name, config)
                 else:
                     route.config = config
-            if reborn:
-                self._partition_watches.pop(name, None)
+                if reborn:
+                    self._forget_partitions(name)
             self._watch_partitions(name, config.partitions)
             self._changed(f"topic:{name}")
             return None
 
         return topic_data
-
-    def _make_partition_watch(self, name: str, partition: int) -> Callable[..., bool | None]:
-        def partition_data(data: bytes | None, stat: Any, event: WatchedEvent | None = None) -> bool | None:
-            if self._closed:
-                return False
-            if data is None:
-                with self._lock:
-                    route = self._topics.get(name)
-                    if route is not None:
-                        route.partitions.pop(partition, None)
-                if event is not None and event.type == EventType.DELETED:
-                    return False
-                return None
-            state = PartitionState.decode(partition, data, stat.version)
-            with self._lock:
-                route = self._topics.get(name)
-                if route is None:
-                    return None
-                old = route.partitions.get(partition)
-                if old is not None and old.version >= state.version:
-                    return None  # a duplicate delivery after reconnect
-                route.partitions[partition] = state
-            self._changed(f"partition:{name}:{partition}")
-            return None
-
-        return partition_data
 
 
 ZK_WORK_QUEUE_MAX = 1_000  # ZooKeeper jobs waiting for the worker before submit() refuses more

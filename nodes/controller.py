@@ -29,6 +29,12 @@ from nodes.state import Envelope, NodeState
 log = logging.getLogger("fabric.controller")
 
 CONTROLLER_RECONCILE_INTERVAL_S = 2.0
+# Partition states read, decided and written per pipelined batch: the requests one batch
+# keeps outstanding at ZooKeeper at once (about 100 KB of them), and the most one stale
+# snapshot of the live nodes decides.
+CONTROLLER_PIPELINE_PARTITIONS_MAX = 500
+
+Decide = Callable[[PartitionState, set[int]], "PartitionState | None"]
 
 
 def elect(state: PartitionState, live: set[int], *, unclean: bool = False) -> PartitionState | None:
@@ -128,6 +134,7 @@ def reconcile_leaders(node: NodeState) -> None:
     load = collections.Counter(r for route in topics.values() for state in route.partitions.values()
                                for r in state.replicas)
     grow = functools.partial(reassign.grow_internal, load=load, factor=apis.INTERNAL_REPLICATION_FACTOR)
+    wanted: list[tuple[str, int, Decide]] = []
     for name, route in topics.items():
         elect_here = functools.partial(elect, unclean=route.config.unclean_leader_election)
         deciders = (elect_here, reassign.complete, grow) if apis.is_internal_topic(name) else (
@@ -135,31 +142,57 @@ def reconcile_leaders(node: NodeState) -> None:
         for p, cached in route.partitions.items():
             for decide in deciders:
                 if decide(cached, live) is not None:
-                    _decide_and_write(node, name, p, decide)
+                    wanted.append((name, p, decide))
                     break
+    for start in range(0, len(wanted), CONTROLLER_PIPELINE_PARTITIONS_MAX):
+        decide_and_write(node, wanted[start:start + CONTROLLER_PIPELINE_PARTITIONS_MAX])
 
 
-def _decide_and_write(node: NodeState, name: str, p: int,
-                      decide: Callable[[PartitionState, set[int]], PartitionState | None]) -> None:
-    """Decide again on fresh state read from ZooKeeper, and write it version-checked."""
+def decide_and_write(node: NodeState, batch: list[tuple[str, int, Decide]], live: set[int] | None = None) -> int:
+    """Decide again on fresh states read from ZooKeeper, and write them version-checked;
+    returns how many were written. The reads, then the writes, are pipelined
+    (``zk.get_many``/``set_many``): a failed node's 667 leaderships took 19-31 s of serial
+    round trips (six per partition, the live nodes read again for each), longer than a
+    draining node's followers keep it in their ISR (docs/BENCHMARKS.md, "Many partitions").
+    ``live``: the live nodes to decide with; None reads them from ZooKeeper once for the batch."""
     try:
-        raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
+        live_now = set(zkl.live_nodes(node.zk)) if live is None else live
+        reads = zkl.get_many(node.zk, [zkl.partition_path(name, p) for name, p, _ in batch])
+    except Exception as exc:  # ZooKeeper away: the next round tries again
+        log.warning("controller: reading %d partition states failed: %s: %s", len(batch), type(exc).__name__, exc)
+        node.controller_dirty = True
+        return 0
+    decided: list[tuple[str, PartitionState, PartitionState]] = []
+    for (name, p, decide), read in zip(batch, reads, strict=True):
+        if isinstance(read, Exception):
+            _failed(node, name, p, read)
+            continue
+        raw, stat = read
         state = zkl.PartitionState.decode(p, raw, stat.version)
-        new_state = decide(state, set(zkl.live_nodes(node.zk)))
-        if new_state is None:
-            return
-        written = zkl.write_partition_state(node.zk, name, new_state)
-    except (BadVersionError, NoNodeError):
-        node.controller_dirty = True
-        return
-    except Exception as exc:
-        log.warning("controller decision for %s/%d failed: %s: %s", name, p, type(exc).__name__, exc)
-        node.controller_dirty = True
-        return
-    node.routing.apply_partition_state(name, written)
-    node.routing_dirty = True
-    log.info("controller: %s/%d leader %d -> %d, epoch %d, replicas %s, isr %s",
-             name, p, state.leader, written.leader, written.leader_epoch, list(written.replicas), list(written.isr))
+        new_state = decide(state, live_now)
+        if new_state is not None:
+            decided.append((name, state, new_state))
+    results = zkl.set_many(node.zk, [(zkl.partition_path(name, new.partition), new.encode(), new.version)
+                                     for name, _old, new in decided])
+    written_count = 0
+    for (name, state, new_state), result in zip(decided, results, strict=True):
+        if isinstance(result, Exception):
+            _failed(node, name, new_state.partition, result)
+            continue
+        written = dataclasses.replace(new_state, version=result.version)
+        node.routing.apply_partition_state(name, written)
+        node.routing_dirty = True
+        written_count += 1
+        log.info("controller: %s/%d leader %d -> %d, epoch %d, replicas %s, isr %s", name, written.partition,
+                 state.leader, written.leader, written.leader_epoch, list(written.replicas), list(written.isr))
+    return written_count
+
+
+def _failed(node: NodeState, name: str, p: int, error: Exception) -> None:
+    """A partition's read or write failed: the next round decides it again."""
+    if not isinstance(error, (BadVersionError, NoNodeError)):  # those are races, not trouble
+        log.warning("controller decision for %s/%d failed: %s: %s", name, p, type(error).__name__, error)
+    node.controller_dirty = True
 
 
 def handle_elect_leaders(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
@@ -177,22 +210,11 @@ def handle_elect_leaders(node: NodeState, envelope: Envelope, request: apis.Mess
 
 def _elect_preferred(node: NodeState, topics: list[str]) -> dict[str, Any]:
     live = set(zkl.live_nodes(node.zk))
+    wanted: list[tuple[str, int, Decide]] = [(name, p, prefer) for name, route in node.routing.topics().items()
+                                             if not topics or name in topics for p in route.partitions]
     moved = 0
-    for name, route in node.routing.topics().items():
-        if topics and name not in topics:
-            continue
-        for p in route.partitions:
-            try:
-                raw, stat = zkl.get(node.zk, zkl.partition_path(name, p))
-                new_state = prefer(zkl.PartitionState.decode(p, raw, stat.version), live)
-                if new_state is None:
-                    continue
-                written = zkl.write_partition_state(node.zk, name, new_state)
-            except (BadVersionError, NoNodeError):
-                continue
-            node.routing.apply_partition_state(name, written)
-            node.routing_dirty = True
-            moved += 1
+    for start in range(0, len(wanted), CONTROLLER_PIPELINE_PARTITIONS_MAX):
+        moved += decide_and_write(node, wanted[start:start + CONTROLLER_PIPELINE_PARTITIONS_MAX], live)
     return {"error": 0, "message": "", "moved": moved}
 
 

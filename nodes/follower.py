@@ -29,6 +29,7 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
 from fabric.transport import readable, recv_if_ready
+from fabric.zk import NodeInfo
 from nodes import leader as leader_side
 from nodes.leader import STREAM_META, replica_log
 from nodes.log import PartitionLog
@@ -42,7 +43,8 @@ FETCHING = "fetching"
 STREAMING = "streaming"
 
 SUB_MESSAGES_MAX = 512  # replicated batches applied per loop turn before acking
-REPLICA_ACK_INTERVAL_S = 0.1  # followers report their log end at least this often
+REPLICA_ACK_INTERVAL_S = 0.1  # followers report their log end at least this often ...
+REPLICA_IDLE_ACK_INTERVAL_S = 1.0  # ... a quiet partition level with its leader this often (<= lag max / 4)
 REPLICA_STALL_S = 0.3  # no stream progress this long while the leader is ahead: fetch instead
 REPLICA_REQUEST_TIMEOUT_S = 2.0  # a truncation or fetch request to the leader is resent after this
 REPLICA_RETRY_S = 0.2  # ... or after this, when the leader answered it with an error
@@ -61,6 +63,7 @@ class FollowerReplica:
     leader_log_end: int = -1
     last_progress_s: float = 0.0
     acked_log_end: int = -1  # what we last told the leader
+    acked_at_s: float = 0.0  # when an ack last carried this partition
     # A reassignment's catch-up throttle (nodes/reassign.py): a token bucket of fetch bytes.
     throttle_credit_bytes: float = 0.0
     throttle_at_s: float = 0.0
@@ -85,6 +88,26 @@ def fetch_allowance(f: FollowerReplica, throttle_bytes_per_s: int, now: float) -
     return int(min(f.throttle_credit_bytes, REPLICA_FETCH_BYTES_MAX))
 
 
+def periodic_ack_due(f: FollowerReplica, log_end_offset: int, now: float, idle_ack_interval_s: float) -> bool:
+    """Whether this round of periodic (answered) acks carries the partition. A partition
+    that is quiet (no progress for ``idle_ack_interval_s``) and level with its leader (as
+    its last answer had it, and as last told) goes only every ``idle_ack_interval_s``: its
+    ack says nothing new, and at 2,000 partitions acking every one of them ten times a
+    second kept each idle node at a quarter of a core (docs/BENCHMARKS.md, "Many
+    partitions"). The interval stays well inside the leader's ``replica_lag_max_ms``, so
+    the ack still keeps it in the ISR. The price: a stream batch dropped on a quiet
+    partition is noticed (the stall check reads the leader's log end from these answers)
+    up to that much later."""
+    level = f.leader_log_end <= log_end_offset and f.acked_log_end == log_end_offset
+    quiet = now - f.last_progress_s >= idle_ack_interval_s
+    return not (level and quiet) or now - f.acked_at_s >= idle_ack_interval_s
+
+
+def idle_ack_interval_s(replica_lag_max_ms: int) -> float:
+    """A quarter of the lag the leader tolerates, so three lost acks in a row still keep us in sync."""
+    return min(REPLICA_IDLE_ACK_INTERVAL_S, replica_lag_max_ms / 1000.0 / 4)
+
+
 def set_mode(tp: TopicPartition, f: FollowerReplica, mode: str, why: str) -> None:
     if f.mode != mode:
         replica_log(tp, f.epoch).info("follower of %s/%d (leader %d epoch %d): %s -> %s: %s",
@@ -92,8 +115,10 @@ def set_mode(tp: TopicPartition, f: FollowerReplica, mode: str, why: str) -> Non
         f.mode = mode
 
 
-def _leader_addresses(node: NodeState, leader_id: int) -> tuple[str, str] | None:
-    info = node.routing.nodes().get(leader_id)
+def _leader_addresses(node: NodeState, leader_id: int, nodes: dict[int, NodeInfo] | None = None) -> tuple[str, str] | None:
+    """``nodes``: the routing map's live nodes, when the caller already holds a copy (the
+    tick asks once per followed partition: a copy each time was 6 % of an idle node)."""
+    info = (node.routing.nodes() if nodes is None else nodes).get(leader_id)
     if info is None:
         return None
     if info.replication_address and info.replication_address not in node.sub_connected:
@@ -124,12 +149,21 @@ def _request(node: NodeState, address: str, api_key: int, body: dict[str, Any], 
 def tick(node: NodeState, now: float) -> None:
     """A loop duty: time out requests, start truncation or fetches, and ack the leaders."""
     acks: dict[int, list[dict[str, Any]]] = {}
+    nodes = node.routing.nodes()
+    periodic = now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S
+    idle_interval_s = idle_ack_interval_s(node.config.replica_lag_max_ms)
     for tp, f in node.followers.items():
+        if f.mode == STREAMING and not periodic and not f.request_in_flight:
+            # Nothing to do for it between periodic rounds: its appends are acked as they
+            # happen (ack_appended), its stall and lag checks count in tenths of a second.
+            # Walking all 1,333 followed partitions on every loop turn, dozens a second, was
+            # a sixth of an idle node at 2,000 partitions (docs/BENCHMARKS.md, "Many partitions").
+            continue
         plog = node.logs[tp]
         if f.request_in_flight and now - f.request_sent_s > REPLICA_REQUEST_TIMEOUT_S:
             node.replica_requests.pop(f.request_in_flight, None)
             f.request_in_flight = 0
-        addresses = _leader_addresses(node, f.leader_id)
+        addresses = _leader_addresses(node, f.leader_id, nodes)
         if addresses is None:
             continue
         address = addresses[0]
@@ -152,29 +186,31 @@ def tick(node: NodeState, now: float) -> None:
                                     "partition_bytes_max": allowance, "current_leader_epoch": f.epoch}]}
             f.request_in_flight = _request(node, address, ApiKey.FETCH, body, "fetch", (tp, f.epoch))
             f.request_sent_s = now
-        if f.mode == STREAMING and (plog.log_end_offset != f.acked_log_end or now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S):
-            _queue_ack(acks, tp, f, plog)
+        if f.mode == STREAMING and (plog.log_end_offset != f.acked_log_end or (
+                periodic and periodic_ack_due(f, plog.log_end_offset, now, idle_interval_s))):
+            _queue_ack(acks, tp, f, plog, now)
     # The periodic ack asks for an answer (the leader's HW and log end, which the stall
     # check reads); the ack right after a write does not (leader.handle_replica_ack).
-    periodic = now - node.last_ack_sent_s >= REPLICA_ACK_INTERVAL_S
-    _send_acks(node, acks, answered=periodic)
+    _send_acks(node, acks, answered=periodic, nodes=nodes)
     if periodic:
         node.last_ack_sent_s = now
 
 
 def _queue_ack(acks: dict[int, list[dict[str, Any]]], tp: TopicPartition, f: FollowerReplica,
-               plog: PartitionLog) -> None:
+               plog: PartitionLog, now: float) -> None:
     """Add ``tp``'s log end to the ack for its leader; counted as told from now on."""
     acks.setdefault(f.leader_id, []).append(
         {"topic": tp[0], "partition": tp[1], "leader_epoch": f.epoch, "log_end_offset": plog.log_end_offset})
     f.acked_log_end = plog.log_end_offset
+    f.acked_at_s = now
 
 
-def _send_acks(node: NodeState, acks: dict[int, list[dict[str, Any]]], *, answered: bool) -> None:
+def _send_acks(node: NodeState, acks: dict[int, list[dict[str, Any]]], *, answered: bool,
+               nodes: dict[int, NodeInfo] | None = None) -> None:
     """One REPLICA_ACK per leader: version 2 (answered, with the leader's log start) or
     version 1 (one-way)."""
     for leader_id, partitions in acks.items():
-        addresses = _leader_addresses(node, leader_id)
+        addresses = _leader_addresses(node, leader_id, nodes)
         if addresses is not None:
             body = {"replica_id": node.node_id, "partitions": partitions}
             if answered:
@@ -242,14 +278,16 @@ def ack_appended(node: NodeState, tps: set[TopicPartition]) -> None:
     runs later in the same loop turn anyway (it acks the rest, and periodically asks for
     answers)."""
     acks: dict[int, list[dict[str, Any]]] = {}
+    nodes = node.routing.nodes()
+    now = time.monotonic()
     for tp in tps:
         f = node.followers.get(tp)
         plog = node.logs.get(tp)
         if f is None or plog is None or f.mode != STREAMING or plog.log_end_offset == f.acked_log_end:
             continue
-        if _leader_addresses(node, f.leader_id) is not None:  # (else the tick tries again)
-            _queue_ack(acks, tp, f, plog)
-    _send_acks(node, acks, answered=False)
+        if _leader_addresses(node, f.leader_id, nodes) is not None:  # (else the tick tries again)
+            _queue_ack(acks, tp, f, plog, now)
+    _send_acks(node, acks, answered=False, nodes=nodes)
 
 
 def disconnect_streams(node: NodeState) -> None:

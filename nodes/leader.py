@@ -240,8 +240,15 @@ def check_isr(node: NodeState, now: float) -> None:
     """Shrink the ISR by lag and grow it by catch-up, writing ZooKeeper before acting."""
     if not node.session_ok():
         return  # without ZooKeeper the ISR cannot change: acks=all waits for all of it
+    if node.draining_since:
+        # Draining, we take no writes, and our followers, which no longer find us among the
+        # live nodes, stop acking: shrinking to ourselves would leave the partitions the
+        # controller has not moved yet with no live ISR member once we stop, i.e. offline
+        # (169 of 667 did, at 2,000 partitions: docs/BENCHMARKS.md, "Many partitions").
+        return
     lag_max_s = node.config.replica_lag_max_ms / 1000.0
     live = set(node.routing.nodes())
+    changes: list[tuple[TopicPartition, int, PartitionState, int]] = []  # tp, epoch, new state, incarnation
     for tp, leader in list(node.leaders.items()):
         if tp in node.isr_jobs:
             continue
@@ -251,13 +258,29 @@ def check_isr(node: NodeState, now: float) -> None:
             continue
         state = node.states[tp]
         # replace(): a reassignment's fields ride along unchanged.
-        new_state = dataclasses.replace(state, isr=tuple(r for r in state.replicas if r in wanted))
-        try:
-            node.zk_worker.submit(functools.partial(zkl.write_partition_state, node.zk, tp[0], new_state, plog.incarnation),
-                                  functools.partial(_isr_written, node, tp, leader.epoch))
-        except errors.NodeNotReadyError:
-            return
-        node.isr_jobs.add(tp)
+        changes.append((tp, leader.epoch, dataclasses.replace(state, isr=tuple(r for r in state.replicas if r in wanted)),
+                        plog.incarnation))
+    if not changes:
+        return
+    # One job for all of them, its writes pipelined (zk.write_partition_states): one job per
+    # partition, each two round trips in turn, took a follower's restart at 2,000
+    # partitions 30 s to reach a full ISR (docs/BENCHMARKS.md, "Many partitions").
+    writes = [(tp[0], new_state, incarnation) for tp, _epoch, new_state, incarnation in changes]
+    try:
+        node.zk_worker.submit(functools.partial(zkl.write_partition_states, node.zk, writes),
+                              functools.partial(_isrs_written, node, [(tp, epoch) for tp, epoch, _s, _i in changes]))
+    except errors.NodeNotReadyError:
+        return
+    node.isr_jobs.update(tp for tp, _epoch, _state, _incarnation in changes)
+
+
+def _isrs_written(node: NodeState, written_for: list[tuple[TopicPartition, int]], results: Any,
+                  error: BaseException | None) -> None:
+    """Back on the loop: each partition's write, as ``_isr_written`` takes one."""
+    for i, (tp, epoch) in enumerate(written_for):
+        result = None if error is not None else results[i]
+        failed = error if error is not None else (result if isinstance(result, Exception) else None)
+        _isr_written(node, tp, epoch, None if failed is not None else result, failed)
 
 
 def _isr_written(node: NodeState, tp: TopicPartition, epoch: int, written: Any, error: BaseException | None) -> None:

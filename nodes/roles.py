@@ -172,8 +172,13 @@ def _drop(node: NodeState, tp: TopicPartition) -> None:
 
 
 def apply_roles(node: NodeState) -> None:
-    """Open logs for hosted partitions and play the role the routing map gives each."""
+    """Open logs for hosted partitions and play the role the routing map gives each: only
+    the partitions whose state changed, when the routing cache says that is all that did
+    (``RoutingCache.take_changes``), else every partition."""
     node.routing_dirty = False
+    changed = node.routing.take_changes()
+    if changed is not None and _apply_changed(node, changed):
+        return
     topics = node.routing.topics()
     seen: set[TopicPartition] = set()
     for name, route in topics.items():
@@ -181,29 +186,8 @@ def apply_roles(node: NodeState) -> None:
         for p, state in route.partitions.items():
             if node.node_id not in state.replicas:
                 continue
-            tp = (name, p)
-            seen.add(tp)
-            stale = node.logs.get(tp)
-            if stale is not None and stale.incarnation != route.config.created_ms:
-                # Deleted and created again while we did not look (paused, or cut off): our
-                # copy and our role belong to the old topic. Without this the old log was
-                # kept, and served to the new topic's replicas (docs/ZOOKEEPER.md).
-                log.warning("%s/%d: the topic was deleted and created again: wiping the old copy", *tp)
-                apply(node, tp, Event(UNHOSTED))
-                node.logs.pop(tp).wipe()
-                node.states.pop(tp, None)
-            if tp not in node.logs:
-                node.logs[tp] = PartitionLog(node.store, name, p, route.config.created_ms)
-                node.pkeys[partition_key(name, p)] = tp
-            old = node.states.get(tp)
-            if old is not None and old.version > state.version:
-                continue  # we already hold a newer state (one we wrote ourselves)
-            node.states[tp] = state
-            action = apply(node, tp, event_for(state, node.node_id), state)
-            leader = node.leaders.get(tp)
-            if action == KEEP and leader is not None and old is not None and old.version < state.version:
-                leader.isr = set(state.isr) | {node.node_id}  # the same term, a newer ISR
-                leader.set_replicas(state.replicas, time.monotonic())  # or replicas (a reassignment)
+            seen.add((name, p))
+            _apply_partition(node, name, p, route.config, state)
     for tp in [tp for tp in node.logs if tp not in seen]:
         apply(node, tp, Event(UNHOSTED))
         moved_route = topics.get(tp[0])
@@ -229,6 +213,51 @@ def apply_roles(node: NodeState) -> None:
     for address in node.sub_connected - live:
         node.sub_connected.discard(address)
         node.sub_disconnect_pending.add(address)
+
+
+def _apply_changed(node: NodeState, changed: set[TopicPartition]) -> bool:
+    """Play the roles of just these partitions; False (nothing done) if one needs the whole
+    pass: no longer hosted here (its copy may have to go), or of a topic deleted or created
+    again meanwhile. At 2,000 partitions the whole pass per changed partition was 30-40 %
+    of a restarting node's time (docs/BENCHMARKS.md, "Many partitions")."""
+    found = []
+    for name, p in changed:
+        entry = node.routing.partition(name, p)
+        if entry is None or node.node_id not in entry[1].replicas or node.configs.get(name) != entry[0]:
+            return False
+        plog = node.logs.get((name, p))
+        if plog is not None and plog.incarnation != entry[0].created_ms:
+            return False
+        found.append((name, p, entry))
+    for name, p, (config, state) in found:
+        _apply_partition(node, name, p, config, state)
+    return True
+
+
+def _apply_partition(node: NodeState, name: str, p: int, config: zkl.TopicConfig, state: zkl.PartitionState) -> None:
+    """Open the log of a partition hosted here if needed, and play the role ``state`` gives."""
+    tp = (name, p)
+    stale = node.logs.get(tp)
+    if stale is not None and stale.incarnation != config.created_ms:
+        # Deleted and created again while we did not look (paused, or cut off): our
+        # copy and our role belong to the old topic. Without this the old log was
+        # kept, and served to the new topic's replicas (docs/ZOOKEEPER.md).
+        log.warning("%s/%d: the topic was deleted and created again: wiping the old copy", *tp)
+        apply(node, tp, Event(UNHOSTED))
+        node.logs.pop(tp).wipe()
+        node.states.pop(tp, None)
+    if tp not in node.logs:
+        node.logs[tp] = PartitionLog(node.store, name, p, config.created_ms)
+        node.pkeys[partition_key(name, p)] = tp
+    old = node.states.get(tp)
+    if old is not None and old.version > state.version:
+        return  # we already hold a newer state (one we wrote ourselves)
+    node.states[tp] = state
+    action = apply(node, tp, event_for(state, node.node_id), state)
+    leader = node.leaders.get(tp)
+    if action == KEEP and leader is not None and old is not None and old.version < state.version:
+        leader.isr = set(state.isr) | {node.node_id}  # the same term, a newer ISR
+        leader.set_replicas(state.replicas, time.monotonic())  # or replicas (a reassignment)
 
 
 def step_down_everywhere(node: NodeState, why: str) -> None:

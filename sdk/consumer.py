@@ -570,41 +570,53 @@ class Consumer:
         return self._positions[tp]
 
     def _list_offsets(self, tps: list[TopicPartition], timestamp: int) -> dict[TopicPartition, int]:
+        """One LIST_OFFSETS per leader, for all its partitions: one per partition, each
+        waiting for the last, took a consumer's first poll of 1,940 partitions 1.2-1.9 s
+        (docs/BENCHMARKS.md, "Many partitions"). Retriable errors are retried (after a
+        metadata refresh) for the partitions that had them, until the request timeout."""
         out: dict[TopicPartition, int] = {}
         deadline = time.monotonic() + self.request_timeout_ms / 1000.0
-        pending = list(tps)
+        pending = list(dict.fromkeys(tps))
         while pending:
-            tp = pending[0]
-            address = self._meta.metadata.leader_address(tp.topic, tp.partition)
             try:
-                if address is None:
-                    # No such topic or partition is an answer, not a reason to wait out the
-                    # request timeout; one just added is waited for as assign() does.
-                    self._await_partitions([tp])
-                    raise errors.LeaderNotAvailableError(f"no leader for {tp}")
-                message = self._conns.request(
-                    address, ApiKey.LIST_OFFSETS,
-                    {"partitions": [{"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp}]},
-                    timeout_ms=self.request_timeout_ms,
-                )
-                result = message.body["partitions"][0]
-                errors.raise_for_code(result["error"], f"list offsets for {tp}")
-                out[tp] = result["offset"]
-                pending.pop(0)
+                by_leader: dict[str, list[TopicPartition]] = {}
+                for tp in pending:
+                    address = self._meta.metadata.leader_address(tp.topic, tp.partition)
+                    if address is None:
+                        # No such topic or partition is an answer, not a reason to wait out the
+                        # request timeout; one just added is waited for as assign() does.
+                        self._await_partitions([tp])
+                        raise errors.LeaderNotAvailableError(f"no leader for {tp}")
+                    by_leader.setdefault(address, []).append(tp)
+                for address, led in by_leader.items():
+                    message = self._conns.request(
+                        address, ApiKey.LIST_OFFSETS,
+                        {"partitions": [{"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp}
+                                        for tp in led]},
+                        timeout_ms=self.request_timeout_ms,
+                    )
+                    for tp, result in zip(led, message.body["partitions"], strict=True):
+                        errors.raise_for_code(result["error"], f"list offsets for {tp}")
+                        out[tp] = result["offset"]
+                pending = []
             except errors.FabricError as exc:
                 if not exc.retriable or time.monotonic() > deadline:
                     raise
+                pending = [tp for tp in pending if tp not in out]
                 time.sleep(0.1)
                 self._meta.refresh(sorted({t.topic for t in pending}))
         return out
 
     def _reset_position(self, tp: TopicPartition) -> None:
+        self._reset_positions([tp])
+
+    def _reset_positions(self, tps: list[TopicPartition]) -> None:
         if self.auto_offset_reset == "none":
-            raise errors.OffsetOutOfRangeError(f"{tp} has no valid position and auto_offset_reset=none")
+            raise errors.OffsetOutOfRangeError(f"{tps[0]} has no valid position and auto_offset_reset=none")
         ts = apis.EARLIEST_TIMESTAMP if self.auto_offset_reset == "earliest" else apis.LATEST_TIMESTAMP
-        offset = self._list_offsets([tp], ts)[tp]
-        self._positions[tp] = offset
-        self._fetch_positions[tp] = offset
+        for tp, offset in self._list_offsets(tps, ts).items():
+            self._positions[tp] = offset
+            self._fetch_positions[tp] = offset
 
     # -- polling ----------------------------------------------------------------------------
     def poll_batches(self, timeout_ms: int = 1000, max_records: int = 1_000_000) -> list[RecordBatch]:
@@ -798,15 +810,13 @@ class Consumer:
         if leaderless:
             self._refresh_needed = True
         for address, led in leaders.items():
-            tps = []
-            for tp in led:  # a new partition's position is set now even if its node is busy
-                if tp not in self._fetch_positions:
-                    try:
-                        self._reset_position(tp)
-                    except errors.RetriableError:
-                        self._refresh_needed = True
-                        continue
-                tps.append(tp)
+            unset = [tp for tp in led if tp not in self._fetch_positions]
+            if unset:  # new partitions' positions are set now, all in one request, even if the node is busy
+                try:
+                    self._reset_positions(unset)
+                except errors.RetriableError:
+                    self._refresh_needed = True
+            tps = [tp for tp in led if tp in self._fetch_positions]
             if not tps or address in self._busy_nodes:
                 continue
             # The node fills the answer in this order until max_bytes (docs/PROTOCOL.md

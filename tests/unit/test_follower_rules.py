@@ -61,3 +61,74 @@ def test_a_drain_acks_only_what_it_appended_one_request_per_leader(monkeypatch: 
     assert followers[("a", 0)].acked_log_end == 10 and followers[("b", 0)].acked_log_end == 12
     assert followers[("c", 0)].acked_log_end == -1  # unsent: the tick tries again
     assert followers[("b", 1)].acked_log_end == -1  # not streaming
+
+
+def test_a_quiet_partition_level_with_its_leader_is_acked_once_a_second_not_every_tick() -> None:
+    from nodes.follower import STREAMING, FollowerReplica, idle_ack_interval_s, periodic_ack_due
+
+    interval_s = idle_ack_interval_s(5_000)
+    assert interval_s == 1.0
+    assert idle_ack_interval_s(400) == 0.1  # never more than a quarter of the lag the leader allows
+    quiet = FollowerReplica(1, 4, STREAMING, leader_log_end=10, last_progress_s=100.0, acked_log_end=10, acked_at_s=104.5)
+    assert not periodic_ack_due(quiet, 10, 105.0, interval_s)  # level, quiet, acked 0.5 s ago
+    assert periodic_ack_due(quiet, 10, 105.5, interval_s)  # a second since its last ack: keeps it in the ISR
+    behind = FollowerReplica(1, 4, STREAMING, leader_log_end=12, last_progress_s=100.0, acked_log_end=10, acked_at_s=104.9)
+    assert periodic_ack_due(behind, 10, 105.0, interval_s)  # the leader has more: every round
+    busy = FollowerReplica(1, 4, STREAMING, leader_log_end=10, last_progress_s=104.8, acked_log_end=10, acked_at_s=104.9)
+    assert periodic_ack_due(busy, 10, 105.0, interval_s)  # written a moment ago: its HW is news
+    untold = FollowerReplica(1, 4, STREAMING, leader_log_end=10, last_progress_s=100.0, acked_log_end=9, acked_at_s=104.9)
+    assert periodic_ack_due(untold, 10, 105.0, interval_s)
+
+
+def test_the_tick_reads_the_live_nodes_once_and_leaves_quiet_partitions_out_of_most_rounds(monkeypatch: Any) -> None:
+    from nodes import follower
+    from nodes.follower import STREAMING, FollowerReplica
+
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(follower, "_request", lambda node, address, api_key, body, kind, context, *, api_version=0:
+                        sent.append(body) or 1)
+    info = {1: SimpleNamespace(address="tcp://l1", replication_address="tcp://r1")}
+    copies = []
+
+    def nodes() -> dict[int, Any]:
+        copies.append(1)
+        return dict(info)
+
+    followers = {("t", p): FollowerReplica(1, 4, STREAMING, leader_log_end=0) for p in range(200)}
+    followers[("t", 7)].last_progress_s = 50.1  # just written: acked every round
+    logs = {tp: SimpleNamespace(log_end_offset=0) for tp in followers}
+    node = SimpleNamespace(node_id=2, followers=followers, logs=logs, sub_connected={"tcp://r1"},
+                           routing=SimpleNamespace(nodes=nodes), config=SimpleNamespace(replica_lag_max_ms=5_000),
+                           replica_requests={}, last_ack_sent_s=0.0, states={})
+    follower.tick(node, 50.0)  # type: ignore[arg-type]
+    assert len(copies) == 1  # once per tick, not once per followed partition
+    assert len(sent) == 1 and len(sent[0]["partitions"]) == 200  # the first round tells the leader everything
+    sent.clear()
+    follower.tick(node, 50.2)  # type: ignore[arg-type]
+    assert [p["partition"] for p in sent[0]["partitions"]] == [7]
+    sent.clear()
+    follower.tick(node, 51.1)  # type: ignore[arg-type]
+    # A second on: the quiet ones again (7, quiet now too, was acked 0.9 s ago: its turn is next).
+    assert sorted(p["partition"] for p in sent[0]["partitions"]) == [p for p in range(200) if p != 7]
+
+
+def test_between_periodic_rounds_the_tick_leaves_streaming_followers_alone(monkeypatch: Any) -> None:
+    """Only the followers with something to do (truncating, fetching, a request out) are
+    looked at on every loop turn; the streaming ones, nearly all of an idle node's, wait for
+    the periodic round. (Their logs are left out below: reading one would raise.)"""
+    from nodes import follower
+    from nodes.follower import FETCHING, STREAMING, FollowerReplica
+
+    sent: list[tuple[int, dict[str, Any]]] = []
+    monkeypatch.setattr(follower, "_request", lambda node, address, api_key, body, kind, context, *, api_version=0:
+                        sent.append((api_key, body)) or 1)
+    info = {1: SimpleNamespace(address="tcp://l1", replication_address="tcp://r1")}
+    followers = {("t", p): FollowerReplica(1, 4, STREAMING) for p in range(100)}
+    followers[("t", 100)] = FollowerReplica(1, 4, FETCHING)
+    node = SimpleNamespace(node_id=2, followers=followers, logs={("t", 100): SimpleNamespace(log_end_offset=5)},
+                           sub_connected={"tcp://r1"}, routing=SimpleNamespace(nodes=lambda: info),
+                           config=SimpleNamespace(replica_lag_max_ms=5_000), replica_requests={},
+                           last_ack_sent_s=10.0, states={})
+    follower.tick(node, 10.05)  # type: ignore[arg-type]  # 50 ms after the last periodic round
+    assert [(body["partitions"][0]["partition"], body["partitions"][0]["fetch_offset"]) for _key, body in sent] == [
+        (100, 5)]  # the fetching one fetched

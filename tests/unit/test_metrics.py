@@ -80,3 +80,22 @@ def test_errors_of_every_item_shape_are_counted() -> None:
     assert response_error_codes({"results": [{"error": refused}, {"error": 0}]}) == [refused]
     assert response_error_codes({"partitions": [{"error": 3}], "error": 0}) == [3]
     assert response_error_codes({"error": 5, "topics": [{"error": 7}]}) == [5, 7]
+
+
+def test_the_snapshot_takes_each_partitions_size_from_its_log_without_walking_its_batches() -> None:
+    """Once a second for every partition: a walk of the batches cost in proportion to all
+    the data a node holds (docs/BENCHMARKS.md, "Many partitions")."""
+    from collections.abc import Iterator
+    from types import SimpleNamespace
+
+    from nodes.metrics import snapshot
+
+    class Unwalkable(list[object]):
+        def __iter__(self) -> Iterator[object]:
+            raise AssertionError("walked every batch")
+
+    plog = SimpleNamespace(log_start_offset=0, log_end_offset=90, high_watermark=90, total_bytes=12_345,
+                           entries=Unwalkable([object()] * 3))
+    node = SimpleNamespace(logs={("t", 0): plog}, states={}, leaders={}, configs={}, is_controller=False, queues=None,
+                           groups=None, parked={}, pending={})
+    assert [sample.size_bytes for sample in snapshot(node).partitions] == [12_345]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fabric.zk import PartitionState
 from nodes import controller
 from nodes.leader import LeaderReplica
@@ -91,3 +93,48 @@ def test_caught_up_as_of_previous_report() -> None:
     leader.record_follower(2, 90, leader_end=100, now_s=10.0)
     leader.record_follower(2, 105, leader_end=120, now_s=11.0)
     assert leader.followers[2].caught_up_at_s == 10.0
+
+
+def test_a_draining_leader_keeps_its_isr_while_the_controller_moves_its_leaderships() -> None:
+    # Its followers stop acking a leader that left the live nodes; shrinking the ISR to
+    # itself after replica_lag_max_ms would take every partition the controller had not
+    # moved yet offline once it stops (169 of 667 at 2,000 partitions did).
+    from types import SimpleNamespace
+
+    from nodes import leader as leader_side
+
+    tp = ("t", 0)
+    replica = LeaderReplica.start(1, state(1, (1, 2, 3)), log_end_offset=0, now_s=0.0)
+    submitted: list[object] = []
+    node = SimpleNamespace(session_ok=lambda: True, config=SimpleNamespace(replica_lag_max_ms=5_000),
+                           routing=SimpleNamespace(nodes=lambda: {2: None, 3: None}), leaders={tp: replica},
+                           isr_jobs=set(), logs={tp: SimpleNamespace(log_end_offset=0, high_watermark=0, incarnation=1)},
+                           states={tp: state(1, (1, 2, 3))}, zk=None, draining_since=0.0,
+                           zk_worker=SimpleNamespace(submit=lambda job, done: submitted.append(job)))
+    node.draining_since = 100.0
+    leader_side.check_isr(node, 120.0)  # type: ignore[arg-type]
+    assert submitted == []  # 20 s without an ack, yet no shrink while draining
+    node.draining_since = 0.0
+    leader_side.check_isr(node, 120.0)  # type: ignore[arg-type]
+    assert len(submitted) == 1  # not draining: the same lag shrinks it, as before
+
+
+def test_the_isr_changes_of_one_check_go_to_zookeeper_as_one_job() -> None:
+    """One job per partition, each two round trips in turn on the node's one ZooKeeper
+    worker, took a restarted follower 30 s to rejoin 1,333 ISRs at 2,000 partitions."""
+    from types import SimpleNamespace
+
+    from nodes import leader as leader_side
+
+    tps = [("t", p) for p in range(3)]
+    leaders = {tp: LeaderReplica.start(1, state(1, (1, 2, 3)), log_end_offset=0, now_s=0.0) for tp in tps}
+    submitted: list[tuple[Any, Any]] = []
+    node = SimpleNamespace(session_ok=lambda: True, config=SimpleNamespace(replica_lag_max_ms=5_000),
+                           routing=SimpleNamespace(nodes=lambda: {1: None, 2: None}), leaders=leaders, isr_jobs=set(),
+                           logs={tp: SimpleNamespace(log_end_offset=0, high_watermark=0, incarnation=1) for tp in tps},
+                           states={tp: state(1, (1, 2, 3)) for tp in tps}, zk=None, draining_since=0.0,
+                           zk_worker=SimpleNamespace(submit=lambda job, done: submitted.append((job, done))))
+    leader_side.check_isr(node, 1.0)  # type: ignore[arg-type]  # node 3 is gone: out of every ISR
+    assert len(submitted) == 1 and node.isr_jobs == set(tps)
+    job, _done = submitted[0]
+    assert [(topic, s.isr) for topic, s, _incarnation in job.args[1]] == [("t", (1, 2))] * 3

@@ -122,3 +122,20 @@ def test_a_failed_grant_fails_fast_for_a_moment() -> None:
         order.grant(1)
     now[0] += 1.0
     assert order.grant(1).grant == Grant(1, 1, 1)
+
+
+def test_the_tick_does_not_walk_the_led_partitions_when_no_topic_is_strict_order() -> None:
+    """It runs every 10 ms; a walk of every led partition was 6 % of an idle node at 2,000."""
+    from collections.abc import Iterator
+    from types import SimpleNamespace
+
+    from fabric.zk import TopicConfig
+    from nodes import strict_order
+
+    class Untouchable(dict[tuple[str, int], None]):
+        def __iter__(self) -> Iterator[tuple[str, int]]:
+            raise AssertionError("walked every led partition")
+
+    node = SimpleNamespace(configs={"t": TopicConfig(partitions=1)}, leaders=Untouchable({("t", 0): None}),
+                           session_ok=lambda: True)
+    strict_order.tick(node, 1.0)  # type: ignore[arg-type]
