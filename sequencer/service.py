@@ -108,7 +108,7 @@ class SequencerService:
         self.zk.start(timeout=30)
         self.started = True
         try:
-            self.zk.ensure_path(SEQUENCER_ROOT)
+            zkl.ensure_path(self.zk, SEQUENCER_ROOT)  # bounded, as every ZooKeeper call here
             if self._server is not None:  # the ZAP handler runs before the CURVE socket binds
                 cache = self._security_cache = SecurityCache(self.zk)
                 cache.start()
