@@ -48,6 +48,9 @@ from fabric.protocol.queues import (
     DEDUP_WINDOW_MS_MAX,
     MAX_DELIVERIES_DEFAULT,
     MAX_DELIVERIES_MAX,
+    QUEUE_GROUP_RETENTION_MS_DEFAULT,
+    QUEUE_GROUP_RETENTION_MS_MAX,
+    QUEUE_GROUP_RETENTION_MS_MIN,
     QUEUE_MESSAGE_BYTES_DEFAULT,
     VISIBILITY_TIMEOUT_MS_DEFAULT,
     VISIBILITY_TIMEOUT_MS_MAX,
@@ -303,6 +306,8 @@ class TopicConfig:
     max_messages: int = 0  # 0: no limit; past it sends get QUEUE_FULL (retriable)
     max_bytes: int = 0
     dedup_window_ms: int = DEDUP_WINDOW_MS_DEFAULT
+    # A queue group idle this long (no receive, settle or live lease) is deleted.
+    queue_group_retention_ms: int = QUEUE_GROUP_RETENTION_MS_DEFAULT
 
     # Keys a user may set at creation, with their parsers.
     SETTABLE = (
@@ -321,6 +326,7 @@ class TopicConfig:
         "max_messages",
         "max_bytes",
         "dedup_window_ms",
+        "queue_group_retention_ms",
     )
 
     # Keys ALTER_TOPIC_CONFIGS may change later. Fixed: strict_order, queue and dead_letter
@@ -337,6 +343,7 @@ class TopicConfig:
         "message_ttl_ms",
         "max_messages",
         "max_bytes",
+        "queue_group_retention_ms",
     )
 
     def encode(self) -> bytes:
@@ -418,6 +425,10 @@ class TopicConfig:
         for name in ("message_ttl_ms", "max_messages", "max_bytes"):
             if getattr(self, name) < 0:
                 raise errors.InvalidQueueConfigError(f"{name} must be >= 0 (0: no limit)")
+        if not QUEUE_GROUP_RETENTION_MS_MIN <= self.queue_group_retention_ms <= QUEUE_GROUP_RETENTION_MS_MAX:
+            raise errors.InvalidQueueConfigError(
+                f"queue_group_retention_ms {self.queue_group_retention_ms} outside QUEUE_GROUP_RETENTION_MS_MIN.."
+                f"QUEUE_GROUP_RETENTION_MS_MAX ({QUEUE_GROUP_RETENTION_MS_MIN}..{QUEUE_GROUP_RETENTION_MS_MAX} ms)")
 
 
 @dataclass(frozen=True)

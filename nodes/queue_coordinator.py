@@ -4,7 +4,8 @@ Per (queue partition, group) a share state (``nodes/queue_state.py``) decides wh
 ``nodes/queue_share.py`` feeds it the partition's committed records; ``nodes/queue_durable.py``
 writes what it decided to ``__queue_state`` before any answer depends on it and reads it back
 after a leadership change. This module serves QUEUE_RECEIVE (long-polled), QUEUE_SETTLE (ack,
-nack, extend, batched) and QUEUE_DESCRIBE, follows leadership and runs the timers. A new
+nack, extend, batched) and QUEUE_DESCRIBE, follows leadership and runs the timers
+(QUEUE_DELETE_GROUP and group expiry: ``nodes/queue_groups.py``). A new
 leader keeps acknowledged messages done and delivery counts; leases in flight at a failure
 are not kept (their messages are delivered again: at-least-once). Everything runs on the
 node's loop thread.
@@ -23,7 +24,8 @@ from fabric.protocol import apis
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from nodes.log import PartitionLog
-from nodes.queue_durable import ACTIVE, LOADING, QueueDurability, Slot, wall_ms
+from nodes.queue_durable import ACTIVE, LOADING, Slot, wall_ms
+from nodes.queue_groups import QueueGroups
 from nodes.queue_share import COUNTING, SharePartition
 from nodes.queue_state import Finished, check_receive_wait_ms, check_visibility_ms
 from nodes.state import Envelope, NodeState, TopicPartition
@@ -44,7 +46,7 @@ class _Parked:
     arrived_s: float = 0.0
 
 
-class QueueCoordinator(QueueDurability):
+class QueueCoordinator(QueueGroups):
     def __init__(self, node: NodeState) -> None:
         super().__init__(node)
         self._parked: list[_Parked] = []
@@ -67,6 +69,8 @@ class QueueCoordinator(QueueDurability):
             self._settle(envelope, request)
         elif api == ApiKey.QUEUE_DESCRIBE:
             self.node.send_response(envelope, request.header, self._describe(body["queue"], body["group"]))
+        elif api == ApiKey.QUEUE_DELETE_GROUP:
+            self._delete_group(envelope, request, self._led(body["queue"], -1), self._waiting(body["queue"]))
         else:
             raise errors.UnknownApiError(f"api {api} is not a queue api")
 
@@ -158,6 +162,7 @@ class QueueCoordinator(QueueDurability):
             leases, finished = g.state.acquire(body["consumer_id"], remaining, now_ms, body["visibility_timeout_ms"],
                                                bytes_max=qp.RECEIVE_BYTES_MAX - answer_bytes)
             self._collect(slot, body["group"], g, finished)
+            self._touch(slot, body["group"], g, now_ms)
             touched.append(slot)
             if not leases:
                 continue
@@ -252,6 +257,7 @@ class QueueCoordinator(QueueDurability):
             raise errors.InvalidRequestError(
                 f"unknown settle action {action}; known: ack 0, nack 1, extend 2, release 3")
         self._collect(slot, group, g, finished)
+        self._touch(slot, group, g, now_ms)
         touched[id(slot)] = slot
         return deadline
 
@@ -345,6 +351,7 @@ class QueueCoordinator(QueueDurability):
             self._flush(slot)
             if plog is not None and now >= slot.next_trim_s:
                 slot.next_trim_s = now + TRIM_INTERVAL_S
+                self._expire_groups(slot, now_ms, self._waiting(tp[0]))  # before the trim: what it held back goes now
                 self._trim(tp, plog, slot, now_ms)
         self._retry_parked(now, overdue_only=False)
 
@@ -365,7 +372,9 @@ class QueueCoordinator(QueueDurability):
             # without consuming it: its workers still see what was redriven), or a new
             # group's position is not written yet.
             return
-        count = slot.share.trim_batches(plog, min(starts[name] for name in groups), now_ms)
+        # Every group __queue_state still holds: one deleted while its tombstone is being
+        # written holds back the trim until it is durable (a failure then brings it back).
+        count = slot.share.trim_batches(plog, min(starts.values()), now_ms)
         if count:
             deleted = plog.delete_before(count)
             log.debug("queue %s/%d: %d consumed records deleted; log starts at %d", tp[0], tp[1], deleted,
@@ -386,6 +395,10 @@ class QueueCoordinator(QueueDurability):
             due = now >= parked.deadline_s
             if (overdue_only and not due) or not self._try_receive(parked, final=due):
                 self._parked.append(parked)
+
+    def _waiting(self, queue: str) -> set[str]:
+        """The groups with a receive of ``queue`` parked here: in use, though maybe idle."""
+        return {p.request.body["group"] for p in self._parked if p.request.body["queue"] == queue}
 
     def _on_change(self, _node: NodeState, touched: set[TopicPartition]) -> None:
         """A change listener: partitions whose high watermark moved or took data."""

@@ -372,9 +372,13 @@ class QueueDurability:
                         log.warning("skipping an unreadable queue state record: %s", exc)
                         continue
                     group = key[len(prefix):].decode("utf-8", "replace")
+                    written_ms = decoded.timestamps[i]  # when the leader wrote it: the group's idle clock
+                    if fields["state"] in qp.GROUP_MARKERS:  # a tombstone or a use, not a message's state
+                        share.mark(group, fields["state"], written_ms, plog)
+                        continue
                     share.restore(group, fields["offset"], fields["last_offset"],
                                   Change(fields["offset"], fields["state"], fields["delivery_count"],
-                                         fields["visible_at_ms"], fields["reason"]), plog)
+                                         fields["visible_at_ms"], fields["reason"]), plog, written_ms)
                 slot.load_offset = max(slot.load_offset, decoded.header.next_offset)
             # Done when everything is read and everything read is committed.
             if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:

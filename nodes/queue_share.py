@@ -59,6 +59,12 @@ class Group:
     # Dead letters and drops read while loading whose messages are no longer in the log:
     # counted once loading ends (by offset: a retried write may repeat a record).
     gone: dict[int, str] = field(default_factory=dict)
+    # The idle clock of queue_group_retention_ms, wall-clock ms: the group's last receive
+    # or settle here, or the newest ``__queue_state`` record of it (so it survives a
+    # failover); 0 unknown (the expiry check starts it then). ``used_written_ms``: the
+    # newest such time ``__queue_state`` holds.
+    used_ms: int = 0
+    used_written_ms: int = 0
 
 
 class SharePartition:
@@ -106,12 +112,58 @@ class SharePartition:
         return Group(ShareState(self.config, plog.log_start_offset),
                      DedupWindow(self.topic_config.dedup_window_ms, qp.DEDUP_IDS_MAX))
 
-    def restore(self, group: str, first: int, last: int, change: Change, plog: PartitionLog) -> None:
+    def delete_group(self, name: str, now_ms: int) -> None:
+        """Forget a group (an admin's delete or its expiry): it no longer counts toward
+        QUEUE_GROUPS_MAX nor holds back the trim. Refused while it holds a live lease (as
+        Kafka refuses to delete a group with members). The caller writes the tombstone."""
+        g = self.groups.get(name)
+        if g is None or name == COUNTING:
+            raise errors.GroupIdNotFoundError(f"queue {self.topic!r} partition {self.partition} has no group {name!r}")
+        leased = g.state.live_leases(now_ms)
+        if leased:
+            raise errors.GroupNotEmptyError(
+                f"group {name!r} holds {leased} live leases on queue {self.topic!r} partition {self.partition}: "
+                "stop its workers (or let the leases end) first")
+        del self.groups[name]
+
+    def idle_groups(self, now_ms: int, retention_ms: int, busy: set[str], count_max: int) -> list[str]:
+        """Up to ``count_max`` groups with no use for ``retention_ms``, no live lease and no
+        receive waiting (``busy``): what queue_group_retention_ms expires. A group whose
+        last use is unknown starts its clock now. O(groups), at most QUEUE_GROUPS_MAX."""
+        out: list[str] = []
+        for name, g in self.groups.items():
+            if not g.used_ms:
+                g.used_ms = now_ms
+            if name == COUNTING or name in busy or now_ms - g.used_ms < retention_ms or g.state.live_leases(now_ms):
+                continue
+            out.append(name)
+            if len(out) >= count_max:
+                break
+        return out
+
+    def mark(self, group: str, state: str, written_ms: int, plog: PartitionLog) -> None:
+        """A group-wide ``__queue_state`` record read while loading: a tombstone forgets
+        every earlier record of the group (a later one starts it afresh, at what is left
+        of the log); a use sets its idle clock."""
+        if state == qp.STATE_DELETED:
+            self.groups.pop(group, None)
+            return
+        self.used(self.group(group, plog), written_ms, written=True)
+
+    @staticmethod
+    def used(g: Group, at_ms: int, *, written: bool = False) -> None:
+        g.used_ms = max(g.used_ms, at_ms)
+        if written:
+            g.used_written_ms = max(g.used_written_ms, at_ms)
+
+    def restore(self, group: str, first: int, last: int, change: Change, plog: PartitionLog,
+                written_ms: int = 0) -> None:
         """A persisted change of offsets ``first..last`` read while loading; applied when its
         offsets are replayed. Offsets below the log's start are gone (trimmed once every
         group was done with them, or removed by retention): nothing to keep for them, but
         the group exists from its first record on, so it holds back the next trim."""
         g = self.group(group, plog)
+        self.used(g, written_ms, written=True)
         start = plog.log_start_offset
         if change.state in (DEAD, DROPPED):
             for offset in range(first, min(last + 1, start)):

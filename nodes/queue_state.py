@@ -393,6 +393,12 @@ class ShareState:
         self._changes.append(Change(e.offset, e.state, e.delivery_count, e.visible_at_ms, e.last_reason))
 
     # ----- reading -----
+    def live_leases(self, now_ms: int) -> int:
+        """Leases not ended at ``now_ms`` (one past its deadline but not ticked yet is over)."""
+        if not self._in_state[LEASED]:
+            return 0  # O(1) for the usual idle group; O(entries) only when something is leased
+        return sum(1 for e in self._entries.values() if e.state == LEASED and e.deadline_ms > now_ms)
+
     def entry(self, offset: int) -> Entry | None:
         return self._entries.get(offset)
 

@@ -1,8 +1,10 @@
-"""Queue administration, mixed into ``sdk.Admin``: create, delete, list, describe, redrive.
+"""Queue administration, mixed into ``sdk.Admin``: create, delete, list, describe, redrive,
+and deleting a queue's group.
 
 A queue is a topic whose config says ``queue=true`` and carries the queue's settings
 (docs/QUEUES.md), so creating and deleting are topic operations. ``describe_queue`` asks
-each partition's leader for its counts; ``redrive`` moves dead letters back.
+each partition's leader for its counts; ``redrive`` moves dead letters back;
+``delete_queue_group`` asks each leader to drop a group's state (QUEUE_DELETE_GROUP).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 QUEUE_SETTINGS: Final[tuple[str, ...]] = (
     "visibility_timeout_ms", "max_deliveries", "dead_letter", "message_ttl_ms", "max_messages", "max_bytes",
-    "dedup_window_ms")
+    "dedup_window_ms", "queue_group_retention_ms")
 REDRIVE_GROUP: Final[str] = "__redrive"
 REDRIVE_IDLE_MS: Final[int] = 1_000  # redrive stops once the dead-letter queue has been empty this long
 DESCRIBE_RETRY_S: Final[float] = 0.1
@@ -76,10 +78,12 @@ class QueueAdmin:
                      max_deliveries: int = qp.MAX_DELIVERIES_DEFAULT, dead_letter: str | None = None,
                      message_ttl_ms: int = 0, max_messages: int = 0, max_bytes: int = 0,
                      max_message_bytes: int = qp.QUEUE_MESSAGE_BYTES_DEFAULT,
-                     dedup_window_ms: int = qp.DEDUP_WINDOW_MS_DEFAULT, wait: bool = True) -> None:
+                     dedup_window_ms: int = qp.DEDUP_WINDOW_MS_DEFAULT,
+                     group_retention_ms: int = qp.QUEUE_GROUP_RETENTION_MS_DEFAULT, wait: bool = True) -> None:
         """A queue: a topic kept until consumed (no time retention) with queue settings.
         ``dead_letter``: a queue for poison messages, created (with the same partitions)
-        when it does not exist yet. Settings out of bounds raise InvalidQueueConfigError (or
+        when it does not exist yet. ``group_retention_ms``: a group idle this long (no
+        receive, settle or live lease) is deleted (``queue_group_retention_ms``). Settings out of bounds raise InvalidQueueConfigError (or
         the topic's errors) before anything is created, the dead-letter queue included."""
         str_arg("name", name)
         dead_letter = optional_str_arg("dead_letter", dead_letter)
@@ -90,7 +94,8 @@ class QueueAdmin:
         config: dict[str, Any] = {
             "queue": True, "retention_ms": -1, "visibility_timeout_ms": visibility_timeout_ms,
             "max_deliveries": max_deliveries, "message_ttl_ms": message_ttl_ms, "max_messages": max_messages,
-            "max_bytes": max_bytes, "message_bytes_max": max_message_bytes, "dedup_window_ms": dedup_window_ms}
+            "max_bytes": max_bytes, "message_bytes_max": max_message_bytes, "dedup_window_ms": dedup_window_ms,
+            "queue_group_retention_ms": group_retention_ms}
         for key, value in config.items():
             if key != "queue":  # only the type: the bounds are the node's, checked just below
                 int_arg(key, value, -I64_MAX - 1, I64_MAX)
@@ -180,6 +185,52 @@ class QueueAdmin:
                 groups[group] = [r for r in self._queue_counts(name, group) if r.group == group]
         return {g: QueueDescription(name, g, settings, tuple(sorted(rs, key=lambda r: r.partition)))
                 for g, rs in sorted(groups.items())}
+
+    def delete_queue_group(self, name: str, group: str, *, timeout_s: float = 10.0) -> list[int]:
+        """Delete ``group``'s state on every partition of queue ``name`` (any topic read in
+        queue mode): it no longer counts toward QUEUE_GROUPS_MAX nor holds back the queue's
+        deletion, durably (a new leader does not bring it back). Returns the partitions it
+        was deleted on. Raises GroupNotEmptyError while it holds live leases or a receive
+        waits (on those partitions' node nothing is deleted; retry once its workers stop),
+        GroupIdNotFoundError when no partition has it. Retries a leader that is loading or
+        moving for up to ``timeout_s``."""
+        str_arg("name", name)
+        if not str_arg("group", group):
+            raise errors.InvalidRequestError("delete_queue_group needs a group name")
+        # Kept across retries: a partition deleted by a first try answers GROUP_ID_NOT_FOUND
+        # to the next, after a leader elsewhere moved.
+        answers: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._queue_leaders_call(name, ApiKey.QUEUE_DELETE_GROUP, {"queue": name, "group": group}, answers)
+                break
+            except errors.RetriableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(DESCRIBE_RETRY_S)
+        deleted = {p["partition"] for p in answers if not p["error"]}
+        if not deleted:
+            raise errors.GroupIdNotFoundError(f"queue {name!r} has no group {group!r}")
+        return sorted(deleted)
+
+    def _queue_leaders_call(self, name: str, api_key: int, body: dict[str, Any], out: list[dict[str, Any]]) -> None:
+        """``api_key`` to each leader of ``name``'s partitions, their ``partitions`` answers
+        added to ``out`` as they come; NotLeaderError (retriable) unless every partition was
+        answered for."""
+        meta = self._meta.refresh([name])
+        topic = self._meta.topic(name)
+        addresses = {meta.leader_address(name, p.partition) for p in topic.partitions}
+        if None in addresses:
+            raise errors.LeaderNotAvailableError(f"a partition of {name!r} has no leader")
+        answered: set[int] = set()
+        for address in sorted(a for a in addresses if a):
+            answer = self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms).body
+            errors.raise_for_code(answer["error"], answer["message"])
+            out.extend(answer["partitions"])
+            answered.update(p["partition"] for p in answer["partitions"])
+        if answered != set(range(topic.partition_count)):
+            raise errors.NotLeaderError(f"leadership of {name!r} moved while asking its leaders")
 
     def _queue_counts(self, name: str, group: str) -> list[QueuePartitionCounts]:
         meta = self._meta.refresh([name])

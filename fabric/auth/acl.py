@@ -313,13 +313,16 @@ def _group_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation
 
 
 def _queue_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation, Resource]] | None:
-    """Queue mode (API keys 40-42), as Kafka share groups: a queue is a topic, so receiving
+    """Queue mode (API keys 40-43), as Kafka share groups: a queue is a topic, so receiving
     and settling need consume on the topic (which also lets the worker see its routing) and
-    consume on the group; describing needs describe on the topic. Creating, deleting and
-    sending are topic operations, checked as such."""
+    consume on the group; describing needs describe on the topic; deleting a queue group
+    needs delete on the group, as DELETE_GROUPS (Kafka's DeleteShareGroupState, DELETE on the
+    group). Creating, deleting and sending are topic operations, checked as such."""
     if api_key in (queues.API_QUEUE_RECEIVE, queues.API_QUEUE_SETTLE):
         return [(Operation.CONSUME, Resource(ResourceType.TOPIC, body["queue"])),
                 (Operation.CONSUME, _group(body["group"]))]
     if api_key == queues.API_QUEUE_DESCRIBE:
         return [(Operation.DESCRIBE, Resource(ResourceType.TOPIC, body["queue"]))]
+    if api_key == queues.API_QUEUE_DELETE_GROUP:
+        return [(Operation.DELETE, _group(body["group"]))]
     return None

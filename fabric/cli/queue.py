@@ -1,4 +1,4 @@
-"""``fabric queue create|delete|describe|list|redrive|send|receive`` (docs/QUEUES.md)."""
+"""``fabric queue create|delete|delete-group|describe|list|redrive|send|receive`` (docs/QUEUES.md)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              "default 1 MiB: one value of up to 1,048,490 bytes)")
     create.add_argument("--dedup-window-ms", type=positive_int, default=qp.DEDUP_WINDOW_MS_DEFAULT,
                         help="a repeated dedup id within this window is dropped (default 5 min)")
+    create.add_argument("--group-retention-ms",
+                        type=int_in_range(qp.QUEUE_GROUP_RETENTION_MS_MIN, qp.QUEUE_GROUP_RETENTION_MS_MAX,
+                                          "queue_group_retention_ms"),
+                        default=qp.QUEUE_GROUP_RETENTION_MS_DEFAULT,
+                        help="a group idle this long (no receive, ack or lease) is deleted (default 7 days)")
     delete = with_bootstrap(qsub.add_parser("delete", help="delete a queue and its messages"))
     delete.add_argument("name")
+    delete_group = with_bootstrap(qsub.add_parser(
+        "delete-group", help="delete a queue's group (refused while it holds leases)"))
+    delete_group.add_argument("name", help="the queue (or any topic read in queue mode)")
+    delete_group.add_argument("group", help="the group to delete")
     with_bootstrap(qsub.add_parser("list", help="list queues"))
     describe = with_bootstrap(qsub.add_parser("describe", help="settings and counts per partition"))
     describe.add_argument("name", help="a queue, or any topic read in queue mode")
@@ -84,12 +93,15 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 args.name, args.partitions, args.replication_factor, visibility_timeout_ms=args.visibility_timeout_ms,
                 max_deliveries=args.max_deliveries, dead_letter=args.dead_letter, message_ttl_ms=args.message_ttl_ms,
                 max_messages=args.max_messages, max_bytes=args.max_bytes, max_message_bytes=args.max_message_bytes,
-                dedup_window_ms=args.dedup_window_ms)
+                dedup_window_ms=args.dedup_window_ms, group_retention_ms=args.group_retention_ms)
             dlq = f", dead letters to {args.dead_letter}" if args.dead_letter else ""
             print(f"created queue {args.name} with {plural(args.partitions, 'partition')}{dlq}")
         elif command == "delete":
             admin.delete_queue(args.name)
             print(f"deleted queue {args.name}")
+        elif command == "delete-group":
+            partitions = admin.delete_queue_group(args.name, args.group)
+            print(f"deleted group {args.group} of queue {args.name} ({plural(len(partitions), 'partition')})")
         elif command == "list":
             for name in admin.list_queues():
                 print(name)

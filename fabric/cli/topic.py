@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     alter.add_argument("--config", "-c", action="append", type=key_value, required=True, metavar="KEY=VALUE",
                        help="repeatable: retention_ms, retention_bytes, message_bytes_max, min_insync, "
                             "unclean_leader_election, strict_order_tick_ms, or a queue's visibility_timeout_ms, "
-                            "max_deliveries, message_ttl_ms, max_messages, max_bytes")
+                            "max_deliveries, message_ttl_ms, max_messages, max_bytes, queue_group_retention_ms")
     grow = with_bootstrap(tsub.add_parser("add-partitions", help="grow a topic to N partitions"))
     grow.add_argument("name", help="topic")
     grow.add_argument("--partitions", "-p", type=partition_count, required=True, help="the new total")

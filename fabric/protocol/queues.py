@@ -1,4 +1,4 @@
-"""Queue-mode wire schemas (API keys 40-42) and the bounds every layer quotes.
+"""Queue-mode wire schemas (API keys 40-43) and the bounds every layer quotes.
 
 Pure: schemas declared as data, encoded and decoded by :mod:`fabric.protocol.schema`.
 The lease/delivery rules are in ``nodes/queue_state.py``, the node side in
@@ -8,7 +8,9 @@ ACK, NACK and EXTEND are one batched API (``QUEUE_SETTLE``): each entry names th
 and what to do with it, so a worker settles a whole receive in one round trip. Creating,
 listing and deleting queues are topic operations (a queue is a topic whose config says
 ``queue=true``); redrive is a client-side move (receive from the dead-letter queue, send
-to the origin, ack), so they need no API of their own.
+to the origin, ack), so they need no API of their own. Deleting a queue's group is an
+API (``QUEUE_DELETE_GROUP``): a group's state lives on each partition's leader and in
+``__queue_state``, where the deletion is a record (state ``deleted``) a new leader replays.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fabric.protocol.schema import Array, Schema, Struct
 API_QUEUE_RECEIVE: Final[int] = 40
 API_QUEUE_SETTLE: Final[int] = 41
 API_QUEUE_DESCRIBE: Final[int] = 42
+API_QUEUE_DELETE_GROUP: Final[int] = 43
 
 # Defaults and bounds, SQS's numbers where SQS has one; named so errors can quote them.
 VISIBILITY_TIMEOUT_MS_DEFAULT: Final[int] = 30_000
@@ -53,6 +56,13 @@ DEFAULT_GROUP: Final[str] = "default"  # the group a QueueConsumer joins unless 
 # partition (~300 bytes each), so groups made by name without limit took the node's memory
 # (200 one-message consumers of a 20,000-message queue, each its own group: 1.2 GB).
 QUEUE_GROUPS_MAX: Final[int] = 32  # Kafka: group.share.max.groups, 10
+# A group with no receive, no settle and no live lease for this long is deleted by the
+# partition's leader (topic config ``queue_group_retention_ms``), as Kafka expires a
+# group's offsets after offsets.retention.minutes (7 days): an abandoned group otherwise
+# kept its room among QUEUE_GROUPS_MAX and held back the queue's deletion for ever.
+QUEUE_GROUP_RETENTION_MS_DEFAULT: Final[int] = 7 * 24 * 3_600_000
+QUEUE_GROUP_RETENTION_MS_MIN: Final[int] = 1_000  # less would expire groups between two receives
+QUEUE_GROUP_RETENTION_MS_MAX: Final[int] = 365 * 24 * 3_600_000
 
 # QUEUE_SETTLE actions.
 NAME_BYTES_MAX: Final[int] = 255  # group and consumer ids (UTF-8), as the node checks them
@@ -150,10 +160,21 @@ DESCRIBE_RESPONSE_V0: Schema = (
     ("partitions", Array(Struct(QUEUE_COUNTS))),  # the partitions this node leads
 )
 
+DELETE_GROUP_REQUEST_V0: Schema = (("queue", "str"), ("group", "str"))
+DELETE_GROUP_RESULT: Schema = (("partition", "i32"), ("error", "i16"))
+DELETE_GROUP_RESPONSE_V0: Schema = (
+    ("error", "i16"),
+    ("message", "text"),
+    # The partitions this node leads: 0 deleted, GROUP_ID_NOT_FOUND (67) the group has no
+    # state there, GROUP_NOT_EMPTY (62) it holds live leases or a waiting receive there.
+    ("partitions", Array(Struct(DELETE_GROUP_RESULT))),
+)
+
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (API_QUEUE_RECEIVE, 0): (RECEIVE_REQUEST_V0, RECEIVE_RESPONSE_V0),
     (API_QUEUE_SETTLE, 0): (SETTLE_REQUEST_V0, SETTLE_RESPONSE_V0),
     (API_QUEUE_DESCRIBE, 0): (DESCRIBE_REQUEST_V0, DESCRIBE_RESPONSE_V0),
+    (API_QUEUE_DELETE_GROUP, 0): (DELETE_GROUP_REQUEST_V0, DELETE_GROUP_RESPONSE_V0),
 }
 
 
@@ -250,7 +271,14 @@ def dead_letter_headers(queue: str, partition: int, offset: int, delivery_count:
 STATE_TOPIC: Final[str] = "__queue_state"
 STATE_RECORD_VERSION: Final[int] = 0
 STATE_RANGE_MAX: Final[int] = 100_000  # offsets one record may cover; more is a corrupt record
-STATE_CODES: Final[dict[str, int]] = {"available": 0, "delayed": 1, "leased": 2, "acked": 3, "dead": 4, "dropped": 5}
+# Two codes name the whole group, not a message (their offsets say nothing): ``deleted``
+# (a tombstone: the group's earlier records no longer count) and ``used`` (the group was
+# used then, by the record's timestamp: the idle clock of queue_group_retention_ms).
+STATE_DELETED: Final[str] = "deleted"
+STATE_USED: Final[str] = "used"
+GROUP_MARKERS: Final[frozenset[str]] = frozenset({STATE_DELETED, STATE_USED})
+STATE_CODES: Final[dict[str, int]] = {"available": 0, "delayed": 1, "leased": 2, "acked": 3, "dead": 4, "dropped": 5,
+                                      STATE_DELETED: 6, STATE_USED: 7}
 _STATE_NAMES: Final[dict[int, str]] = {v: k for k, v in STATE_CODES.items()}
 STATE_RECORD_V0: Schema = (
     ("version", "u8"),

@@ -45,6 +45,17 @@ def _drain(worker: QueueConsumer, count: int, timeout_s: float = 30.0, *, ack: b
     return got
 
 
+def _kill_and_wait_for_new_leader(cluster: LocalCluster, topic: str, leader: int) -> None:
+    """SIGKILL partition 0's leader, then wait (up to 30 s) until another node leads it."""
+    cluster.nodes[leader].kill()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with Admin(cluster.bootstrap) as admin:
+            if admin.describe_topic(topic).partitions[0].leader not in (leader, -1):
+                return
+        time.sleep(0.2)
+
+
 def test_competing_workers_share_and_each_group_gets_everything(cluster: LocalCluster, topic_name: str) -> None:
     with Admin(cluster.bootstrap) as admin:
         admin.create_queue(topic_name, partitions=3)
@@ -640,13 +651,7 @@ def test_consumed_messages_are_deleted_and_the_rest_survive_a_failover(fresh_clu
     with Admin(bootstrap) as admin:
         leader = admin.describe_topic(topic_name).partitions[0].leader
     time.sleep(1.5)  # the followers learn the leader's log start from their next fetch answers
-    fresh_cluster.nodes[leader].kill()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with Admin(bootstrap) as admin:
-            if admin.describe_topic(topic_name).partitions[0].leader not in (leader, -1):
-                break
-        time.sleep(0.2)
+    _kill_and_wait_for_new_leader(fresh_cluster, topic_name, leader)
     assert _log_start(bootstrap, topic_name) == 20, "a follower kept the deleted batches"
     with QueueConsumer(bootstrap, topic_name) as after:
         rest = _drain(after, 10, 30)
@@ -672,3 +677,120 @@ def test_groups_per_queue_partition_are_bounded(cluster: LocalCluster, topic_nam
     _send(cluster.bootstrap, topic_name, [b"later"])
     with QueueConsumer(cluster.bootstrap, topic_name, "g0") as worker:  # the groups it holds go on
         assert [m.value for m in _drain(worker, 1)] == [b"later"]
+
+
+def _wait_log_start(bootstrap: str, topic: str, at_least: int, timeout_s: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (start := _log_start(bootstrap, topic)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return start
+
+
+def test_deleting_a_queue_group_frees_its_room_and_refuses_a_busy_or_unknown_group(
+        cluster: LocalCluster, topic_name: str, tmp_path: Path) -> None:
+    """32 groups used then abandoned took every new group's room for ever; deleting one
+    gives it back. A group holding a live lease is refused, as Kafka refuses to delete a
+    group with members; an unknown group says so. The CLI does the same."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1)
+    _send(bootstrap, topic_name, [b"job", b"second"])
+    for n in range(qp.QUEUE_GROUPS_MAX):
+        with QueueConsumer(bootstrap, topic_name, f"g{n}") as worker:
+            assert len(_drain(worker, 1)) == 1
+    with QueueConsumer(bootstrap, topic_name, "newcomer") as worker, pytest.raises(errors.GroupMaxSizeReachedError):
+        worker.receive(1, 0)
+    busy = QueueConsumer(bootstrap, topic_name, "g0", visibility_timeout_ms=60_000)
+    held = _drain(busy, 1, ack=False)
+    assert [m.value for m in held] == [b"second"]
+    with Admin(bootstrap) as admin:
+        with pytest.raises(errors.GroupNotEmptyError, match="live lease"):
+            admin.delete_queue_group(topic_name, "g0")
+        with pytest.raises(errors.GroupIdNotFoundError):
+            admin.delete_queue_group(topic_name, "never-used")
+        assert admin.delete_queue_group(topic_name, "g1") == [0]
+        assert "g1" not in admin.describe_queue_groups(topic_name)
+    with QueueConsumer(bootstrap, topic_name, "newcomer") as worker:  # the freed room
+        assert sorted(m.value for m in _drain(worker, 2)) == [b"job", b"second"]
+    busy.ack(held)
+    busy.close()
+    env = {**os.environ, "FABRIC_BOOTSTRAP": bootstrap, "FABRIC_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+
+    def fabric(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fabric", "queue", *args], env=env, text=True,
+                              capture_output=True, timeout=60, check=False)
+
+    done = fabric("delete-group", topic_name, "g0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"deleted group g0 of queue {topic_name} (1 partition)"
+    again = fabric("delete-group", topic_name, "g0")
+    assert again.returncode == 1 and "GROUP_ID_NOT_FOUND" in again.stderr and "Traceback" not in again.stderr
+    usage = fabric("delete-group", topic_name)
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+@pytest.mark.slow
+def test_a_deleted_group_stops_holding_back_deletion_and_stays_deleted_after_a_failover(
+        fresh_cluster: LocalCluster, topic_name: str) -> None:
+    """An abandoned group held back the queue's deletion for ever. Once deleted, the log
+    start moves; and a new leader replaying ``__queue_state`` does not bring it back: a
+    32nd group still fits and the trim is still not held back."""
+    bootstrap = fresh_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1, dedup_window_ms=300)
+    _send(bootstrap, topic_name, [f"a{i}".encode() for i in range(5)])
+    with QueueConsumer(bootstrap, topic_name, "abandoned") as worker:
+        assert len(_drain(worker, 1)) == 1  # one of five finished, then never seen again
+    for n in range(qp.QUEUE_GROUPS_MAX - 1):
+        with QueueConsumer(bootstrap, topic_name, f"g{n}") as worker:
+            assert len(_drain(worker, 5)) == 5
+    with QueueConsumer(bootstrap, topic_name, "newcomer") as worker, pytest.raises(errors.GroupMaxSizeReachedError):
+        worker.receive(1, 0)
+    time.sleep(2)  # several trim rounds past the dedup window: held back by "abandoned"
+    assert _log_start(bootstrap, topic_name) == 0
+    with Admin(bootstrap) as admin:
+        admin.delete_queue_group(topic_name, "abandoned")
+        leader = admin.describe_topic(topic_name).partitions[0].leader
+    assert _wait_log_start(bootstrap, topic_name, 5) == 5, "the deleted group still held back the deletion"
+    _kill_and_wait_for_new_leader(fresh_cluster, topic_name, leader)
+    _send(bootstrap, topic_name, [f"b{i}".encode() for i in range(5)])
+    with QueueConsumer(bootstrap, topic_name, "newcomer") as worker:  # the 32nd group: "abandoned" stayed deleted
+        got: list[QueueMessage] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            try:
+                batch = worker.receive(5, 500)
+            except errors.RetriableError:
+                continue  # the new leader still settling in
+            got += batch
+            worker.ack(batch)
+        assert sorted(m.value for m in got) == [f"b{i}".encode() for i in range(5)]
+    for n in range(qp.QUEUE_GROUPS_MAX - 1):
+        with QueueConsumer(bootstrap, topic_name, f"g{n}") as worker:
+            assert len(_drain(worker, 5)) == 5
+    assert _wait_log_start(bootstrap, topic_name, 10) == 10, "a group deleted before the failover came back"
+    with Admin(bootstrap) as admin:
+        assert "abandoned" not in admin.describe_queue_groups(topic_name)
+
+
+def test_an_idle_group_expires_after_its_retention_and_a_polling_one_does_not(
+        cluster: LocalCluster, topic_name: str) -> None:
+    """queue_group_retention_ms: a group with no receive, settle or live lease that long
+    is deleted by the partition's leader (and stops holding back the deletion); a group
+    that keeps polling, even an empty queue, is kept."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1, dedup_window_ms=300, group_retention_ms=2_000)
+        assert admin.describe_queue(topic_name).settings["queue_group_retention_ms"] == "2000"
+    _send(bootstrap, topic_name, [f"m{i}".encode() for i in range(5)])
+    with QueueConsumer(bootstrap, topic_name, "idle") as worker:
+        assert len(_drain(worker, 1)) == 1
+    with QueueConsumer(bootstrap, topic_name, "polling") as worker:
+        assert len(_drain(worker, 5)) == 5
+        # Polling an empty queue for twice the retention: used, so never expired.
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            assert worker.receive(1, 300) == []
+        assert _wait_log_start(bootstrap, topic_name, 5) == 5, "the idle group was not expired"
+        with Admin(bootstrap) as admin:
+            assert list(admin.describe_queue_groups(topic_name)) == ["polling"]
