@@ -269,10 +269,7 @@ class Registration:
         self._zk = zk
         self._parent = parent
         self._container = parent.startswith(SERVICES + "/")  # a service's name: ensure_container
-        # A container reaped and made again numbers its children from 0 again: a token per
-        # registration keeps a name from ever meaning two instances (callers key their
-        # caches and connections by it).
-        self._prefix = f"{prefix}{os.urandom(6).hex()}-" if self._container else prefix
+        self._prefix = prefix
         self.info = info
         self._what = what  # for log lines: "service pricing", "publisher"
         self.path: str | None = None
@@ -280,9 +277,19 @@ class Registration:
         self._closed = False
 
     def start(self) -> str:
-        self.path = register(self._zk, self._parent, self._prefix, self.info, container=self._container)
+        self.path = self._register()
         self._zk.add_listener(self._state_changed)
         return self.path
+
+    def _register(self) -> str:
+        # A container reaped and made again numbers its children from 0 again: a fresh token
+        # at every registration (also the one after a lost session) keeps a name from ever
+        # meaning two instances; callers key their peers and connections by it. A token per
+        # Registration was not enough: re-registered after a session expiry into a re-made
+        # container, an instance got its old name back, and callers took it for the instance
+        # that had left (it stayed "leaving" and was closed).
+        prefix = f"{self._prefix}{os.urandom(6).hex()}-" if self._container else self._prefix
+        return register(self._zk, self._parent, prefix, self.info, container=self._container)
 
     def update(self, info: InstanceInfo) -> None:
         self.info = info
@@ -315,7 +322,7 @@ class Registration:
         if self._closed:
             return
         try:
-            self.path = register(self._zk, self._parent, self._prefix, self.info, container=self._container)
+            self.path = self._register()
             if self._closed:  # closed meanwhile: do not leave it behind
                 self.close()
                 return

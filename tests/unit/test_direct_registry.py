@@ -170,3 +170,27 @@ def test_a_parent_deleted_and_made_again_gets_a_new_watch_and_no_stale_entries()
 
     watch._parent_changed(None, None)
     assert delivered[-1] == {}
+
+
+def test_every_registration_of_a_service_instance_gets_a_fresh_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a lost session a service registers again, maybe into its name's container
+    znode made anew, whose children are numbered from 0 again: with one token per
+    Registration it got its old znode name back and callers took it for the instance that
+    had left (found by CI: the request failed with "no instance ... is registered")."""
+    prefixes: list[str] = []
+
+    def fake_register(_zk: Any, parent: str, prefix: str, _info: Any, *, container: bool = False) -> str:
+        prefixes.append(prefix)
+        return f"{parent}/{prefix}0000000000"
+
+    class FakeZk:
+        def add_listener(self, _listener: Any) -> None:
+            pass
+
+    monkeypatch.setattr(registry, "register", fake_register)
+    reg = registry.Registration(FakeZk(), f"{registry.SERVICES}/quotes", "instance-",  # type: ignore[arg-type]
+                                InstanceInfo(address="tcp://127.0.0.1:1"), "service quotes")
+    first = reg.start()
+    reg._register_again()
+    assert len(set(prefixes)) == 2 and all(p.startswith("instance-") for p in prefixes)
+    assert reg.path != first
