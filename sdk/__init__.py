@@ -19,7 +19,7 @@ and the same with blocking calls: ``sdk.Client("zk://127.0.0.1:2181")``.
 from fabric.auth.curve import ClientSecurity
 from fabric.errors import FabricError
 from sdk._client import TopicPartition
-from sdk._group import ConsumerRebalanceListener
+from sdk._group import ConsumerRebalanceListener, OffsetAndMetadata
 from sdk.accumulator import RecordFuture, RecordMetadata
 from sdk.admin import Admin, TopicDescription
 from sdk.aio import AsyncClient, AsyncConsumer, AsyncProducer, connect
@@ -72,6 +72,7 @@ __all__ = [
     "Consumer",
     "ConsumerRebalanceListener",
     "FabricError",
+    "OffsetAndMetadata",
     "OrderedConsumer",
     "Producer",
     "QueueConsumer",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from fabric import errors
 from fabric.protocol import groups as gp
@@ -40,6 +40,20 @@ log = logging.getLogger("fabric.group")
 COORDINATOR_RETRY_MS: Final[int] = 100
 GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one commit or offset fetch
 HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
+
+
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset as Kafka's ``OffsetAndMetadata`` (kafka-python's field names):
+    ``Consumer.committed(tp, metadata=True)`` returns one, and ``commit()`` takes one.
+
+    ``metadata`` is the string committed with the offset ("" when none was given).
+    ``leader_epoch`` is always None: Fabric's OFFSET_COMMIT carries no leader epoch
+    (docs/PROTOCOL.md), so there is none to give back; the field is here so code written
+    for Kafka's clients reads it without a change."""
+
+    offset: int
+    metadata: str
+    leader_epoch: int | None = None
 
 
 class ConsumerRebalanceListener:

@@ -43,9 +43,13 @@ class MemberDescription:
 class PartitionOffset:
     topic: str
     partition: int
-    committed: int  # -1 if the group never committed this partition
-    log_end: int
-    lag: int  # log_end - committed (the whole log end when nothing is committed)
+    # None when the group has committed nothing for this partition (a member holds it but
+    # has not committed yet): kafka-consumer-groups prints "-" there, not an offset.
+    committed: int | None
+    log_end: int  # -1 when the partition has no leader to ask (or the topic is gone)
+    # log_end - committed; None when either is unknown. It used to be the whole log end
+    # for a partition with no commit, which read as a backlog the group may not have.
+    lag: int | None
     metadata: str
     member_id: str  # who reads it now ("" if nobody)
 
@@ -57,6 +61,15 @@ class GroupDescription:
     group_epoch: int
     members: tuple[MemberDescription, ...]
     offsets: tuple[PartitionOffset, ...]
+
+
+def partition_lag(committed: int | None, log_end: int) -> int | None:
+    """How far the group is behind on one partition: None unless both offsets are known.
+    With no commit the lag is undefined (the group starts at its ``auto_offset_reset``,
+    maybe the log end), so it is not reported as the whole log, as Kafka's tools do."""
+    if committed is None or log_end < 0:
+        return None
+    return max(0, log_end - committed)
 
 
 def _tps(entries: list[dict[str, Any]]) -> tuple[TopicPartition, ...]:
@@ -91,15 +104,16 @@ class GroupAdmin:
         reader = {tp: m.member_id for m in members for tp in m.assignment}
         fetched = self._group_call(group_id, ApiKey.OFFSET_FETCH, {"group_id": group_id, "partitions": []})
         errors.raise_for_code(fetched["error"], fetched["message"])
-        committed = {TopicPartition(o["topic"], o["partition"]): (o["offset"], o["metadata"]) for o in fetched["offsets"]}
+        committed = {TopicPartition(o["topic"], o["partition"]): (o["offset"], o["metadata"])
+                     for o in fetched["offsets"] if o["offset"] >= 0}  # -1 is the wire's "none"
         tps = sorted(set(committed) | set(reader), key=lambda tp: (tp.topic, tp.partition))
         ends = self._list_offsets(tps, apis.LATEST_TIMESTAMP)
         offsets = []
         for tp in tps:
-            offset, metadata = committed.get(tp, (-1, ""))
+            offset, metadata = committed.get(tp, (None, ""))
             end = ends.get(tp, -1)
-            lag = max(0, end - max(offset, 0)) if end >= 0 else -1
-            offsets.append(PartitionOffset(tp.topic, tp.partition, offset, end, lag, metadata, reader.get(tp, "")))
+            offsets.append(PartitionOffset(tp.topic, tp.partition, offset, end, partition_lag(offset, end), metadata,
+                                           reader.get(tp, "")))
         return GroupDescription(g["group_id"], g["state"], g["group_epoch"], members, tuple(offsets))
 
     def reset_offsets(self, group_id: str, topic: str, *, to: str, offset: int | None = None,

@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from fabric import errors
 from sdk._client import Bootstrap, TopicPartition
+from sdk._group import OffsetAndMetadata
 from sdk.accumulator import Headers, RecordMetadata
 from sdk.aio_queue import AsyncQueueConsumer
-from sdk.consumer import Consumer, Record
+from sdk.consumer import CommitOffsets, Consumer, Record
 from sdk.direct._client import DirectClient
 from sdk.direct._pubsub import Subscription
 from sdk.direct._server import Service
@@ -159,13 +160,26 @@ class AsyncConsumer:
         names = None if topics is None else list(topics)
         await self._call(lambda c: c.subscribe(names, **options))
 
-    async def commit(self, offsets: dict[TopicPartition, int] | dict[TopicPartition, tuple[int, str]] | None = None
-                     ) -> None:
+    async def commit(self, offsets: CommitOffsets | None = None) -> None:
         """``Consumer.commit``: ``offsets``, or the positions of everything handed out."""
         await self._call(lambda c: c.commit(offsets))
 
-    async def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
-        return await self._call(lambda c: c.committed(partition))
+    @overload
+    async def committed(self, partition: TopicPartition | tuple[str, int], *,
+                        metadata: Literal[False] = False) -> int | None: ...
+
+    @overload
+    async def committed(self, partition: TopicPartition | tuple[str, int], *,
+                        metadata: Literal[True]) -> OffsetAndMetadata | None: ...
+
+    @overload  # a flag known only at run time (a wrapper passing it on)
+    async def committed(self, partition: TopicPartition | tuple[str, int], *,
+                        metadata: bool) -> int | OffsetAndMetadata | None: ...
+
+    async def committed(self, partition: TopicPartition | tuple[str, int], *,
+                        metadata: bool = False) -> int | OffsetAndMetadata | None:
+        """``Consumer.committed``: the offset, or with ``metadata=True`` an OffsetAndMetadata."""
+        return await self._call(lambda c: c.committed(partition, metadata=metadata))
 
     async def assignment(self) -> list[TopicPartition]:
         return await self._call(lambda c: c.assignment())

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import zmq
 
@@ -37,9 +37,12 @@ from sdk._client import (
     MetadataClient,
     TopicPartition,
 )
-from sdk._group import ConsumerRebalanceListener, GroupMember
+from sdk._group import ConsumerRebalanceListener, GroupMember, OffsetAndMetadata
 
 log = logging.getLogger("fabric.consumer")
+
+# What commit() takes: partition -> next offset to read, alone or with its metadata string.
+CommitOffsets = Mapping[TopicPartition, int | tuple[int, str] | OffsetAndMetadata]
 
 BUFFERED_BATCHES_MAX = 256  # decoded batches held for the caller before fetching pauses
 FETCH_GRACE_MS = 1_000  # a fetch this late past its max_wait makes us check for a new leader
@@ -150,12 +153,16 @@ def _poll_args(timeout_ms: float, max_records: int) -> None:
 
 def _commit_offsets(offsets: object) -> dict[TopicPartition, tuple[int, str]]:
     """``commit()``'s argument checked whole before anything is sent: partition -> next
-    offset (0 up to i64), or -> (offset, metadata str)."""
+    offset (0 up to i64), or -> (offset, metadata str), or -> OffsetAndMetadata (what
+    ``committed(tp, metadata=True)`` returns; its leader_epoch is not sent: the wire has none)."""
     if not isinstance(offsets, Mapping):
         raise TypeError(f"offsets must be a dict of partition to offset, got {type(offsets).__name__}")
     wanted: dict[TopicPartition, tuple[int, str]] = {}
     for tp, value in offsets.items():
-        offset, metadata = value if isinstance(value, tuple) and len(value) == 2 else (value, "")
+        if isinstance(value, OffsetAndMetadata):
+            offset, metadata = value.offset, value.metadata
+        else:
+            offset, metadata = value if isinstance(value, tuple) and len(value) == 2 else (value, "")
         wanted[_as_tp(tp)] = (int_arg("offset", offset, 0, I64_MAX), str_arg("commit metadata", metadata))
     return wanted
 
@@ -402,9 +409,10 @@ class Consumer:
             group.leave(rejoin_later=True)
         self._assign([], refresh=False)
 
-    def commit(self, offsets: dict[TopicPartition, int] | dict[TopicPartition, tuple[int, str]] | None = None) -> None:
-        """Commit ``offsets`` (next offset to read, optionally with a metadata string), or the
-        positions of everything ``poll()`` has handed out. Returns once the commit is durable."""
+    def commit(self, offsets: CommitOffsets | None = None) -> None:
+        """Commit ``offsets`` (next offset to read, optionally with a metadata string: a
+        ``(offset, "metadata")`` pair or an ``OffsetAndMetadata``), or the positions of
+        everything ``poll()`` has handed out. Returns once the commit is durable."""
         self._check_open("commit")
         group = self._require_group("commit()")
         group.raise_if_fenced()  # first: a fenced member holds nothing, so there may be nothing to send
@@ -426,7 +434,7 @@ class Consumer:
         for tp, (offset, _meta) in wanted.items():
             self._committed_positions[tp] = offset
 
-    def commit_async(self, offsets: dict[TopicPartition, int] | None = None,
+    def commit_async(self, offsets: CommitOffsets | None = None,
                      callback: Any = None) -> None:
         """Commit without raising: errors go to ``callback(offsets, exception)`` (or the log).
         Requests on a consumer are sequential, so this returns once the node answered."""
@@ -442,12 +450,31 @@ class Consumer:
         if callback is not None:
             callback(offsets, None)
 
-    def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
-        """The group's committed offset for the partition (None if never committed)."""
+    @overload
+    def committed(self, partition: TopicPartition | tuple[str, int], *,
+                  metadata: Literal[False] = False) -> int | None: ...
+
+    @overload
+    def committed(self, partition: TopicPartition | tuple[str, int], *,
+                  metadata: Literal[True]) -> OffsetAndMetadata | None: ...
+
+    @overload  # a flag known only at run time (a wrapper passing it on)
+    def committed(self, partition: TopicPartition | tuple[str, int], *,
+                  metadata: bool) -> int | OffsetAndMetadata | None: ...
+
+    def committed(self, partition: TopicPartition | tuple[str, int], *,
+                  metadata: bool = False) -> int | OffsetAndMetadata | None:
+        """The group's committed offset for the partition (None if never committed). With
+        ``metadata=True`` (kafka-python's argument), an ``OffsetAndMetadata``: the offset
+        and the metadata string committed with it, as Kafka's ``committed()`` returns."""
         self._check_open("committed")
+        if not isinstance(metadata, bool):  # a truthy string would pick the other return type
+            raise TypeError(f"metadata must be True or False, got {type(metadata).__name__}")
         tp = _as_tp(partition)
         found = self._require_group("committed()").committed([tp]).get(tp)
-        return None if found is None else found[0]
+        if found is None:
+            return None
+        return OffsetAndMetadata(found[0], found[1]) if metadata else found[0]
 
     def _require_group(self, what: str) -> GroupMember:
         if self._group is None:

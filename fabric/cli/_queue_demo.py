@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sdk import Admin
 
 POISON_EVERY = 400  # every 400th job always fails: it must end in the dead-letter queue
 DELAYED_EVERY = 100  # every 100th job is sent with a delay and must not arrive early
 DELAY_MS = 300
 DEDUP_WINDOW_MS = 1_000  # short, so the consumed jobs are deleted within the demo (docs/QUEUES.md)
+# A worker's long poll. Short, because a poll of a closed worker stays parked on a leader
+# until its wait ends, and the group cannot be deleted while one is (docs/QUEUES.md).
+WORKER_WAIT_MS = 500
+# How long the demo retries deleting the worker group while a leader refuses it: a parked
+# poll ends within WORKER_WAIT_MS; the rest is for a leader's timer and a busy machine.
+GROUP_DELETE_WAIT_MS = WORKER_WAIT_MS + 4_500
+GROUP_DELETE_RETRY_MS = 100
 
 
 def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str, object]:
@@ -43,7 +54,7 @@ def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str,
                 with lock:
                     if sum(acked.values()) >= good:
                         return
-                batch = worker.receive(50, 500)
+                batch = worker.receive(50, WORKER_WAIT_MS)
                 now_ms = time.time() * 1000
                 ok = [m for m in batch if m.value not in poison]
                 bad = [m for m in batch if m.value in poison]
@@ -87,6 +98,40 @@ def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str,
             left = sum(end[tp] - start[tp] for tp in partitions)
             if left:
                 time.sleep(0.25)
+    # The work is done and its workers are gone: retire their group, as an operator would
+    # with `fabric queue delete-group demo-jobs demo-workers`, so it no longer counts
+    # toward the queue's group limit.
+    with Admin(bootstrap) as admin:
+        deleted, tries, refusal = delete_queue_group_when_idle(admin, queue, "demo-workers", GROUP_DELETE_WAIT_MS)
+        gone = not refusal and "demo-workers" not in admin.describe_queue_groups(queue)
     return {"queue_jobs": jobs, "queue_workers": workers, "queue_msgs_per_s": round(jobs / elapsed),
             "queue_acked_once": once, "queue_dead_letters": len(dead), "queue_delayed_early": len(early),
-            "queue_records_left": left, "queue_ok": once and dead == poison and not early and left == 0}
+            "queue_records_left": left, "queue_group_deleted": gone, "queue_group_deleted_partitions": deleted,
+            "queue_group_delete_tries": tries, "queue_group_delete_refusal": refusal,
+            "queue_ok": once and dead == poison and not early and left == 0 and gone}
+
+
+def delete_queue_group_when_idle(admin: Admin, queue: str, group: str, wait_ms: int,
+                                 retry_ms: int = GROUP_DELETE_RETRY_MS) -> tuple[list[int], int, str]:
+    """``admin.delete_queue_group(queue, group)``, tried again while a leader refuses it
+    with GROUP_NOT_EMPTY (a closed worker's long poll still parked there), for at most
+    ``wait_ms``. Returns the partitions it was deleted on, the number of tries and the last
+    refusal ("" once deleted). A refused try may have deleted the group on another leader
+    already: the next try finds it gone there (not an error) and deletes the rest."""
+    from fabric import errors
+
+    deleted: set[int] = set()
+    deadline = time.monotonic() + wait_ms / 1000.0
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            deleted.update(admin.delete_queue_group(queue, group))
+            return sorted(deleted), tries, ""
+        except errors.GroupIdNotFoundError as exc:
+            # Gone everywhere: deleted by an earlier, partly refused, try (or never there).
+            return sorted(deleted), tries, "" if tries > 1 else exc.message
+        except errors.GroupNotEmptyError as exc:
+            if time.monotonic() + retry_ms / 1000.0 > deadline:
+                return sorted(deleted), tries, exc.message
+            time.sleep(retry_ms / 1000.0)

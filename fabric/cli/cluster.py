@@ -228,13 +228,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"{queue['queue_msgs_per_s']:,} msg/s: each acked once {'OK' if queue['queue_acked_once'] else 'MISMATCH'}, "
               f"{plural(cast(int, queue['queue_dead_letters']), 'poison job')} in the dead-letter queue, "
               f"delayed jobs early: {queue['queue_delayed_early']}, records left once consumed: "
-              f"{queue['queue_records_left']} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
+              f"{queue['queue_records_left']}; group demo-workers deleted (fabric queue delete-group) "
+              f"{_deleted_group_words(queue)} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
         print(f"  operate   node {max(cluster.nodes)} joined; {topic}/0 moved {moved['reassign_from']} -> "
               f"{moved['reassign_to']} in {moved['reassign_seconds']} s ({moved['reassign_bytes']:,} bytes copied, "
               f"throttled): every record on the new node {'OK' if moved['reassign_ok'] else 'MISMATCH'}; "
               f"retention_ms altered to {moved['alter_retention_ms']:,} {'OK' if moved['alter_ok'] else 'MISMATCH'}")
         print(json.dumps(summary))
     return 0 if ok else 1
+
+
+def _deleted_group_words(queue: dict[str, object]) -> str:
+    """How the queue step's group deletion went, for the summary line."""
+    if not queue["queue_group_deleted"]:
+        return f"FAILED: {queue['queue_group_delete_refusal'] or 'still listed'}"
+    partitions = cast(list[int], queue["queue_group_deleted_partitions"])
+    tries = cast(int, queue["queue_group_delete_tries"])
+    retried = f", after {plural(tries - 1, 'refusal')} while a closed worker's poll was parked" if tries > 1 else ""
+    return f"from {plural(len(partitions), 'partition')}{retried}"
 
 
 def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, object]:
@@ -264,8 +275,10 @@ def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> d
             member.close()
     with Admin(bootstrap) as admin:
         description = admin.describe_group(group_id)
-    lag = sum(max(0, p.lag) for p in description.offsets)
-    at_end = lag == 0 and seen >= expected
+    # Every partition must have a commit at its log end: a partition with no commit has
+    # no lag (None), and must not pass as caught up.
+    at_end = (len(description.offsets) == partitions and all(p.lag == 0 for p in description.offsets)
+              and seen >= expected)
     shared = all(assignment) and sorted(assignment[0] + assignment[1]) == list(range(partitions))
     return {"group_records": seen, "group_assignment": assignment, "group_committed_at_end": at_end,
             "group_ok": at_end and shared}

@@ -79,8 +79,12 @@ def cmd_describe(args: argparse.Namespace) -> int:
         print(f"  member {m.member_id} epoch={m.member_epoch}{static} subscribed={subscription}: {parts}{revoking}")
     print(f"{'TOPIC':<30} {'PART':>4} {'COMMITTED':>12} {'LOG-END':>12} {'LAG':>10}  MEMBER")
     for p in desc.offsets:
-        committed = "-" if p.committed < 0 else str(p.committed)
-        print(f"{p.topic:<30} {p.partition:>4} {committed:>12} {p.log_end:>12} {p.lag:>10}  {p.member_id or '-'}")
+        # "-" where a value is unknown: no commit yet (then no lag either, as in Kafka's
+        # kafka-consumer-groups), or no leader to give the log end.
+        committed = "-" if p.committed is None else str(p.committed)
+        log_end = "-" if p.log_end < 0 else str(p.log_end)
+        lag = "-" if p.lag is None else str(p.lag)
+        print(f"{p.topic:<30} {p.partition:>4} {committed:>12} {log_end:>12} {lag:>10}  {p.member_id or '-'}")
     return 0
 
 

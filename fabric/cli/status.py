@@ -234,7 +234,10 @@ def add_groups(status: Status, bootstrap_value: str, timeout_ms: int = LIST_OFFS
                                        "members": listing.members, "lag": None}
                 try:
                     described = admin.describe_group(listing.group_id)
-                    row["lag"] = sum(max(0, o.lag) for o in described.offsets)
+                    # The partitions with a commit: one without has no lag (None), as in
+                    # Kafka; a group with no commit at all has no lag to show ("?").
+                    known = [o.lag for o in described.offsets if o.lag is not None]
+                    row["lag"] = sum(known) if known else None
                     row["partitions"] = len(described.offsets)
                 except errors.FabricError as exc:
                     row["error"] = exc.message

@@ -26,6 +26,10 @@ def test_demo_runs_and_every_check_passes() -> None:
     assert summary["direct_ok"]
     assert summary["queue_ok"] and summary["queue_acked_once"] and summary["queue_delayed_early"] == 0
     assert summary["queue_records_left"] == 0  # the consumed jobs were deleted
+    # Then the worker group, as `fabric queue delete-group` would (retried while a closed
+    # worker's long poll was still parked), and it is no longer listed.
+    assert summary["queue_group_deleted"] and summary["queue_group_delete_refusal"] == ""
+    assert "group demo-workers deleted (fabric queue delete-group) from" in result.stdout
     assert summary["reassign_ok"] and summary["reassign_bytes"] > 0
     assert summary["alter_ok"] and summary["alter_retention_ms"] == 86_400_000
     assert "Traceback" not in result.stderr
