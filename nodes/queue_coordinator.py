@@ -24,8 +24,8 @@ from fabric.protocol import apis
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from nodes.log import PartitionLog
-from nodes.queue_durable import ACTIVE, LOADING, Slot, wall_ms
-from nodes.queue_groups import QueueGroups
+from nodes.queue_compaction import QueueCompaction
+from nodes.queue_durable import ACTIVE, LOADING, STATE_TOPIC_PARTITIONS, Slot, wall_ms
 from nodes.queue_share import COUNTING, SharePartition
 from nodes.queue_state import Finished, check_receive_wait_ms, check_visibility_ms
 from nodes.state import Envelope, NodeState, TopicPartition
@@ -46,9 +46,10 @@ class _Parked:
     arrived_s: float = 0.0
 
 
-class QueueCoordinator(QueueGroups):
+class QueueCoordinator(QueueCompaction):
     def __init__(self, node: NodeState) -> None:
         super().__init__(node)
+        self._snapshots, self._state_logs = {}, {}  # nodes/queue_compaction.py
         self._parked: list[_Parked] = []
         # Long polls are retried only when something they wait for may have changed (new
         # committed data, a delay or lease ending, a nack, a load finishing, leadership
@@ -349,10 +350,13 @@ class QueueCoordinator(QueueGroups):
                     self._collect(slot, name, g, g.state.tick(now_ms))
                     self._wake = True
             self._flush(slot)
+            if plog is not None:
+                self._snapshot_if_due(tp, plog, slot, now)
             if plog is not None and now >= slot.next_trim_s:
                 slot.next_trim_s = now + TRIM_INTERVAL_S
                 self._expire_groups(slot, now_ms, self._waiting(tp[0]))  # before the trim: what it held back goes now
                 self._trim(tp, plog, slot, now_ms)
+        self._trim_state_logs(now)
         self._retry_parked(now, overdue_only=False)
 
     def _trim(self, tp: TopicPartition, plog: PartitionLog, slot: Slot, now_ms: int) -> None:
@@ -449,8 +453,9 @@ def handle(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
 
 
 def tick(node: NodeState, _now: float) -> None:
-    if node.queues is not None:
-        node.queues.tick()
+    # A node that leads a __queue_state partition compacts it, queue requests or not.
+    if node.queues is not None or any((qp.STATE_TOPIC, k) in node.leaders for k in range(STATE_TOPIC_PARTITIONS)):
+        for_node(node).tick()
 
 
 def next_deadline(node: NodeState) -> float | None:

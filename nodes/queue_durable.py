@@ -32,6 +32,7 @@ from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
 from nodes.queue_share import COUNTING, Group, SharePartition
+from nodes.queue_snapshot import load_record
 from nodes.queue_state import DEAD, Change, Finished
 from nodes.state import NodeState, TopicPartition
 
@@ -352,7 +353,12 @@ class QueueDurability:
             result = message.body["partitions"][0] if message is not None and not message.header.error_code else None
             if result is not None and result["error"] == errors.OffsetOutOfRangeError.code \
                     and slot.load_offset < result["log_start_offset"]:
-                slot.load_offset = result["log_start_offset"]
+                if share.records_loaded:
+                    # Compacted under us (nodes/queue_compaction.py): what we applied may miss
+                    # a later record of the part deleted, which the snapshot need not restate.
+                    self._reload(slot, f"{qp.STATE_TOPIC}/{k} was compacted while it was read")
+                else:
+                    slot.load_offset = result["log_start_offset"]
                 return
             if result is None or result["error"]:
                 slot.next_load_s = time.monotonic() + RETRY_INTERVAL_S
@@ -371,14 +377,9 @@ class QueueDurability:
                     except errors.FabricError as exc:
                         log.warning("skipping an unreadable queue state record: %s", exc)
                         continue
-                    group = key[len(prefix):].decode("utf-8", "replace")
-                    written_ms = decoded.timestamps[i]  # when the leader wrote it: the group's idle clock
-                    if fields["state"] in qp.GROUP_MARKERS:  # a tombstone or a use, not a message's state
-                        share.mark(group, fields["state"], written_ms, plog)
-                        continue
-                    share.restore(group, fields["offset"], fields["last_offset"],
-                                  Change(fields["offset"], fields["state"], fields["delivery_count"],
-                                         fields["visible_at_ms"], fields["reason"]), plog, written_ms)
+                    # Its timestamp, when the leader wrote it, is the group's idle clock.
+                    load_record(share, plog, key[len(prefix):].decode("utf-8", "replace"), fields, headers,
+                                decoded.timestamps[i])
                 slot.load_offset = max(slot.load_offset, decoded.header.next_offset)
             # Done when everything is read and everything read is committed.
             if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:

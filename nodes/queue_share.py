@@ -65,6 +65,10 @@ class Group:
     # newest such time ``__queue_state`` holds.
     used_ms: int = 0
     used_written_ms: int = 0
+    # The dead letters and drops a snapshot counted (nodes/queue_compaction.py), added to
+    # what the records after it count once loading ends.
+    dead_base: int = 0
+    dropped_base: int = 0
 
 
 class SharePartition:
@@ -77,6 +81,7 @@ class SharePartition:
         self.topic_config = config
         self.config = queue_config(config)
         self.groups: dict[str, Group] = {}
+        self.records_loaded = 0  # __queue_state records read for it while loading (its compaction's clock)
         self._batches: OrderedDict[int, batch_format.DecodedBatch] = OrderedDict()
 
     # -- groups ------------------------------------------------------------------------
@@ -165,16 +170,28 @@ class SharePartition:
         g = self.group(group, plog)
         self.used(g, written_ms, written=True)
         start = plog.log_start_offset
-        if change.state in (DEAD, DROPPED):
+        if change.state in (DEAD, DROPPED) and change.counted:
             for offset in range(first, min(last + 1, start)):
                 g.gone[offset] = change.state
         for offset in range(max(first, start), last + 1):
             g.restore[offset] = dataclasses.replace(change, offset=offset)
 
+    def snapshot_base(self, group: str, dead: int, dropped: int, plog: PartitionLog, written_ms: int) -> None:
+        """A group's snapshot begins (nodes/queue_compaction.py): it restates the group's
+        state and counts every dead letter and drop so far, so none read before it counts
+        again (each group's records are read in the order they were written)."""
+        g = self.group(group, plog)
+        self.used(g, written_ms, written=True)
+        g.gone.clear()
+        g.restore = {offset: dataclasses.replace(change, counted=False) for offset, change in g.restore.items()}
+        g.dead_base, g.dropped_base = dead, dropped
+
     def loaded(self) -> None:
         """Loading ended: a group's dead letters and drops still count when their messages
         have left the log since (``describe_queue``, the finished counters)."""
         for g in self.groups.values():
+            g.state.dead_total += g.dead_base
+            g.state.dropped_total += g.dropped_base
             for state in g.gone.values():
                 if state == DEAD:
                     g.state.dead_total += 1

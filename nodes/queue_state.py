@@ -22,7 +22,6 @@ every message that is done (acked, dead, dropped), which is what bounds the stat
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
@@ -44,8 +43,9 @@ from fabric.protocol.queues import (
     VISIBILITY_TIMEOUT_MS_DEFAULT,
     VISIBILITY_TIMEOUT_MS_MAX,
 )
+from nodes.queue_dedup import DedupWindow
 
-__all__ = ["DEDUP_IDS_MAX", "DEDUP_WINDOW_MS_DEFAULT", "DELAY_MS_MAX", "MAX_DELIVERIES_DEFAULT",
+__all__ = ["DEDUP_IDS_MAX", "DedupWindow", "DEDUP_WINDOW_MS_DEFAULT", "DELAY_MS_MAX", "MAX_DELIVERIES_DEFAULT",
            "MAX_DELIVERIES_MAX", "PRIORITY_DEFAULT", "PRIORITY_MAX", "PRIORITY_MIN", "RECEIVE_MESSAGES_MAX",
            "RECEIVE_WAIT_MS_MAX", "VISIBILITY_TIMEOUT_MS_DEFAULT", "VISIBILITY_TIMEOUT_MS_MAX"]
 
@@ -147,6 +147,9 @@ class Change:
     delivery_count: int
     visible_at_ms: int
     reason: str
+    # False for a snapshot's restatement (nodes/queue_compaction.py): its dead letters and
+    # drops are in the snapshot's counts already, so restoring it must not count them again.
+    counted: bool = True
 
 
 @dataclass(frozen=True)
@@ -376,10 +379,9 @@ class ShareState:
         if change.state in _DONE:
             self._move(e, change.state)
             self._closed(e)
-            if change.state == DEAD:
-                self.dead_total += 1
-            elif change.state == DROPPED:
-                self.dropped_total += 1
+            if change.counted:
+                self.dead_total += change.state == DEAD
+                self.dropped_total += change.state == DROPPED
             self._advance()
         elif change.state == LEASED:
             self._move(e, LEASED)
@@ -388,6 +390,15 @@ class ShareState:
         else:
             e.visible_at_ms = change.visible_at_ms
             self._make_available(e, now_ms)
+
+    def restatement(self) -> list[Change]:
+        """What a new leader needs, besides the data log, to rebuild this state: a change for
+        every message from the start offset on that is not as the log alone says (delivered,
+        nacked or done), oldest first. A message never delivered (or whose one delivery was
+        undone) is left out: its replayed record is its state. O(messages held)."""
+        return [Change(e.offset, e.state, e.delivery_count, e.visible_at_ms, e.last_reason, counted=False)
+                for e in sorted(self._entries.values(), key=lambda e: e.offset)
+                if e.delivery_count or e.state not in (AVAILABLE, DELAYED)]
 
     def _record(self, e: Entry) -> None:
         self._changes.append(Change(e.offset, e.state, e.delivery_count, e.visible_at_ms, e.last_reason))
@@ -472,27 +483,3 @@ class ShareState:
                 self._bytes -= e.size_bytes
                 del self._entries[self.start_offset]
             self.start_offset += 1
-
-
-class DedupWindow:
-    """Dedup ids seen on a partition's leader in the last ``window_ms`` (SQS FIFO semantics:
-    a repeat within the window is accepted and dropped)."""
-
-    def __init__(self, window_ms: int = DEDUP_WINDOW_MS_DEFAULT, ids_max: int = DEDUP_IDS_MAX) -> None:
-        if window_ms <= 0:
-            raise errors.InvalidQueueConfigError("dedup_window_ms must be > 0")
-        self.window_ms = window_ms
-        self.ids_max = ids_max
-        self._seen: OrderedDict[str, int] = OrderedDict()  # id -> first seen ms, oldest first
-
-    def admit(self, dedup_id: str, now_ms: int) -> bool:
-        """True when the message is new and must be written; False for a repeat in the window."""
-        while self._seen:
-            first_id, first_ms = next(iter(self._seen.items()))
-            if now_ms - first_ms < self.window_ms and len(self._seen) < self.ids_max:
-                break
-            del self._seen[first_id]
-        if dedup_id in self._seen:
-            return False
-        self._seen[dedup_id] = now_ms
-        return True
