@@ -66,7 +66,7 @@ table, and ``tests/unit/test_errors.py`` checks the two agree.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Final, TypeVar
 
 
 class FabricError(Exception):
@@ -245,6 +245,12 @@ class NodeNotReadyError(RetriableError):
 @_wire(26, "STORAGE_ERROR", "the storage engine failed a read or write")
 class StorageError(RetriableError):
     pass
+
+
+# The exit status of a node stopped by a StorageError: sysexits.h EX_IOERR, so a supervisor
+# (systemd's RestartPreventExitStatus=74, `fabric up`) tells it from a crash, since a restart
+# on a full disk fails the same way (nodes/storage_failure.py).
+EXIT_STORAGE_FAILED: Final[int] = 74
 
 
 @_wire(27, "NOT_CONTROLLER", "this node is not the controller")

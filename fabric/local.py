@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, TypeVar
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from fabric import errors
+from fabric.errors import EXIT_STORAGE_FAILED
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -502,6 +503,7 @@ RESTART_DELAY_S = 1.0  # the first automatic restart of a dead node waits this l
 RESTART_DELAY_MAX_S = 30.0  # ... doubling per crash up to this
 RESTARTS_MAX = 5  # automatic restarts after crashes within RESTART_WINDOW_S; the next crash is left down
 RESTART_WINDOW_S = 300.0
+MIB = 1024 * 1024
 
 
 class Supervisor:
@@ -513,18 +515,26 @@ class Supervisor:
     after that is left down). A process that exited
     with status 0 stopped cleanly (``fabric node drain``, a SIGTERM): it is restarted after
     RESTART_DELAY_S and not counted as a crash, so rehearsing rolling restarts does not use
-    up the crash budget. Processes stopped on purpose (``LocalCluster.stop_node``) are left
-    alone. The clock is a parameter, so the policy is testable without sleeping.
+    up the crash budget. A process that exited with EXIT_STORAGE_FAILED (74, EX_IOERR: its
+    disk is full or failing, ``nodes/storage_failure.py``) is left down at once and said so
+    in one line, as systemd does with ``RestartPreventExitStatus=74``: a restart would fail
+    the same way until someone frees space. ``start_again()`` (``fabric up``: SIGUSR1) is
+    the operator's ``systemctl start``: it restarts whatever was left down. Processes
+    stopped on purpose (``LocalCluster.stop_node``) are left alone. The clock is a
+    parameter, so the policy is testable without sleeping.
     """
 
     def __init__(self) -> None:
         self.crashes: dict[str, list[float]] = {}
         self.due: dict[str, float] = {}  # name -> when to restart it
         self.given_up: set[str] = set()
+        # How the operator starts a process left down again; ``fabric up`` names its signal.
+        self.start_again_how = "restart it"
 
     def check(self, processes: dict[str, tuple[bool, Callable[[], None], int | None]],
-              now: float | None = None) -> list[str]:
-        """``processes``: name -> (running, restart, exit status or None). Returns what
+              now: float | None = None, data_dirs: dict[str, Path] | None = None) -> list[str]:
+        """``processes``: name -> (running, restart, exit status or None); ``data_dirs``:
+        name -> where it keeps its data, named when its storage failed. Returns what
         happened, one line each."""
         now = time.monotonic() if now is None else now
         said: list[str] = []
@@ -538,6 +548,10 @@ class Supervisor:
                 said.append(f"{name} stopped cleanly (exit status 0: drained or told to stop); "
                             f"restarting it in {RESTART_DELAY_S:.0f} s")
                 continue
+            if name not in self.due and status == EXIT_STORAGE_FAILED:
+                self.given_up.add(name)
+                said.append(self._storage_failed(name, (data_dirs or {}).get(name)))
+                continue
             if name not in self.due:
                 recent = [t for t in self.crashes.get(name, []) if now - t < RESTART_WINDOW_S]
                 recent.append(now)
@@ -545,7 +559,8 @@ class Supervisor:
                 if len(recent) > RESTARTS_MAX:
                     self.given_up.add(name)
                     said.append(f"{name} died {len(recent)} times within {RESTART_WINDOW_S:.0f} s; "
-                                f"not restarting it again (its log says why)")
+                                f"not restarting it again (its log says why; {self.start_again_how} "
+                                f"once that is fixed)")
                     continue
                 delay = min(RESTART_DELAY_S * 2 ** (len(recent) - 1), RESTART_DELAY_MAX_S)
                 self.due[name] = now + delay
@@ -561,6 +576,29 @@ class Supervisor:
                     continue
                 said.append(f"{name} restarted")
         return said
+
+    def _storage_failed(self, name: str, data_dir: Path | None) -> str:
+        """The one line for a process that stopped on a storage failure: what, where, what next."""
+        where, free = "its data dir", ""
+        if data_dir is not None:
+            where = str(data_dir)
+            with contextlib.suppress(OSError):  # gone, or unmounted: the line says the rest
+                usage = shutil.disk_usage(data_dir)
+                free = f"; {usage.free // MIB:,} MiB of {usage.total // MIB:,} MiB free there now"
+        return (f"{name} stopped: its disk is full or failing (exit status {EXIT_STORAGE_FAILED}, storage failure "
+                f"in {where}{free}; its log says which); not restarting it, it would fail the same way. Free space "
+                f"there (or fix the disk), then {self.start_again_how}: it keeps its data and catches up")
+
+    def start_again(self, now: float | None = None) -> list[str]:
+        """Restart, at the next ``check()``, every process left down (a storage failure or
+        too many crashes), with a fresh crash budget; returns one line each."""
+        now = time.monotonic() if now is None else now
+        names = sorted(self.given_up)
+        for name in names:
+            self.given_up.discard(name)
+            self.crashes.pop(name, None)
+            self.due[name] = now
+        return [f"{name}: starting it again" for name in names]
 
 
 class LocalCluster:
@@ -764,6 +802,7 @@ class LocalCluster:
         """Restart whatever died (nodes, sequencers, ZooKeeper servers) by the Supervisor's policy;
         returns one line per event for the caller to print."""
         processes: dict[str, tuple[bool, Callable[[], None], int | None]] = {}
+        data_dirs = {f"node {node_id}": node.data_dir for node_id, node in self.nodes.items()}
         for server in self.zookeeper_servers():
             if server.process is not None:
                 processes[server.name] = (server.process.running, functools.partial(server.start, wait=False),
@@ -774,7 +813,7 @@ class LocalCluster:
         for sequencer_id, sequencer in self.sequencers.items():
             processes[f"sequencer {sequencer_id}"] = (sequencer.process.running, sequencer.start,
                                                       sequencer.process.exit_status)
-        return self.supervisor.check(processes, now)
+        return self.supervisor.check(processes, now, data_dirs)
 
     def stop(self) -> None:
         for sequencer in self.sequencers.values():

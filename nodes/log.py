@@ -46,7 +46,7 @@ from fabric.errors import OffsetOutOfRangeError, StorageError
 from fabric.protocol import batch as batch_format
 from nodes.producer_state import ProducerStates
 from nodes.retention import batches_to_delete
-from nodes.storage_failure import storage_error
+from nodes.storage_failure import GuardedReads, storage_error
 from nodes.store_migration import migrate_to_meta_family
 
 _U64 = struct.Struct(">Q")
@@ -120,12 +120,12 @@ class Store:
         except Exception:  # rocksdict raises a plain exception when there is no store yet
             names = []
         families = {name: options for name in names if name != "default"}
-        self.db = rocksdict.Rdict(path, options, column_families=families or None)
+        self.db = GuardedReads(rocksdict.Rdict(path, options, column_families=families or None), self)
         if META_FAMILY not in families:
             self.db.create_column_family(META_FAMILY, options).close()
         # A view to read and put single keys, a handle for WriteBatches. The view keeps the
         # database open until it is closed: close() closes it first.
-        self.meta = self.db.get_column_family(META_FAMILY)
+        self.meta = GuardedReads(self.db.get_column_family(META_FAMILY), self)  # reads: storage_failure.py
         self.meta_cf: Any = self.db.get_column_family_handle(META_FAMILY)
         self.path = path
         self.fsync = fsync

@@ -227,9 +227,10 @@ class Node:
 
     # -- main loop -------------------------------------------------------------------------
     def start(self) -> None:
-        """Connect to ZooKeeper, register and take up the node's roles (before run())."""
-        session.start(self.state)
-        roles.apply_roles(self.state)
+        """Connect to ZooKeeper, register, take up roles (before run()); a failed start ends its session."""
+        with session.closed_on_failure(self.state):
+            session.start(self.state)
+            roles.apply_roles(self.state)
 
     def run(self) -> None:
         node = self.state

@@ -14,9 +14,12 @@ in the loop; a heartbeat keeps the lease's last contact fresh.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Final
 
 from kazoo.client import KazooState
@@ -99,7 +102,45 @@ def record_session(node: NodeState) -> None:
 ZK_START_TIMEOUT_S = 30.0
 
 
+# A node whose start failed waits this long for ZooKeeper to confirm the end of its session
+# (a round trip, normally milliseconds); past it the process exits anyway and its znode
+# stays until the session times out, as after a crash.
+CLOSE_AFTER_FAILED_START_TIMEOUT_S: Final[float] = 5.0
+
+
 # -- the loop thread -----------------------------------------------------------------------
+@contextlib.contextmanager
+def closed_on_failure(node: NodeState, timeout_s: float = CLOSE_AFTER_FAILED_START_TIMEOUT_S) -> Iterator[None]:
+    """Around the start: if it fails (a store write that fails on a nearly full disk once the
+    node has registered, ZooKeeper errors, Ctrl-C), end the ZooKeeper session before the
+    failure goes on to exit the process, as a clean stop does. Otherwise the node's znode,
+    its controllership and its leaderships would stay for the session timeout, and nobody
+    could take them over meanwhile."""
+    try:
+        yield
+    except BaseException:
+        close_within(node, timeout_s)
+        raise
+
+
+def close_within(node: NodeState, timeout_s: float) -> bool:
+    """Close the session on a thread and wait at most ``timeout_s`` for it (kazoo's own
+    wait for an unanswered close is 10 s or the session timeout); False if it did not end."""
+    def close() -> None:
+        node.routing.close()  # its watches must not read again as the session ends (a warning each)
+        with contextlib.suppress(Exception):  # never connected, or already gone: nothing to end
+            zkl.close_client(node.zk)
+
+    closer = threading.Thread(target=close, name="zk-close-after-failed-start", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        log.warning("ZooKeeper did not confirm the end of the session within %.0f s: this node's registration "
+                    "stays until the session times out (%.0f s)", timeout_s, node.config.session_timeout_ms / 1000.0)
+        return False
+    return True
+
+
 def start(node: NodeState) -> None:
     """Connect, register and read the world, before the loop serves anyone."""
     node.zk.add_listener(lambda state: on_zk_state(node, state))

@@ -81,6 +81,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGUSR1 starts the nodes left down (a full disk, too many crashes) again, once the
+    # user has fixed why: what `systemctl start` is to a unit stopped by RestartPreventExitStatus.
+    start_again = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: start_again.set())
+    cluster.supervisor.start_again_how = f"kill -USR1 {os.getpid()} to have fabric up start it again"
     zookeeper = "ZooKeeper" if args.zk_servers == 1 else f"a {args.zk_servers}-server ZooKeeper ensemble"
     mode = "secure (CURVE, ACLs)" if args.secure else "plaintext"
     print(f"starting {zookeeper}, {plural(args.nodes, f'{mode} storage node')} and {plural(sequencers, 'sequencer')} ...",
@@ -112,12 +117,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                   "fabric acl add -p alice -o produce --topic events")
             print(f"Direct-plane services and callers get their own key and FABRIC_ZK_DIGEST_FILE="
                   f"{cluster.security.direct_digest_file} (the registry only; docs/SECURITY.md)")
-        print("A process that dies is restarted with backoff (see docs/OPERATIONS.md). Ctrl-C stops everything.",
-              flush=True)
+        print("A process that dies is restarted with backoff (see docs/OPERATIONS.md); one whose disk is full is "
+              f"left down until kill -USR1 {os.getpid()}. Ctrl-C stops everything.", flush=True)
         while not stop.wait(1.0):
             # Keep the cluster running: a node killed (kill -9, a crash) is reported and
             # restarted, so a user can rehearse a failover on it.
-            for line in cluster.supervise():
+            lines: list[str] = []
+            if start_again.is_set():
+                start_again.clear()  # first: a signal that comes while we act is the next turn's
+                lines = cluster.supervisor.start_again() or ["SIGUSR1: no process was left down"]
+            for line in [*lines, *cluster.supervise()]:
                 print(f"{time.strftime('%H:%M:%S')} {line} (logs: {cluster.base_dir})", file=sys.stderr, flush=True)
     finally:
         print("stopping ...", flush=True)
