@@ -387,7 +387,7 @@ class GroupCoordinator(GroupAdminApis):
             route = self.routing.topic(entry["topic"])
             if code == 0 and (route is None or not 0 <= entry["partition"] < len(route.partitions)):
                 code = errors.UnknownTopicOrPartitionError.code
-            if code == 0 and entry["offset"] < 0:
+            if code == 0 and (entry["offset"] < 0 or len(entry["metadata"].encode()) > gp.OFFSET_METADATA_BYTES_MAX):
                 code = errors.InvalidRequestError.code
             if code == 0 and route is not None:  # never stamped before the topic's creation (fetch_offsets)
                 group.offsets[tp] = (entry["offset"], entry["metadata"], max(commit_ms, route.config.created_ms))

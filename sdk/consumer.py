@@ -23,6 +23,7 @@ from fabric.auth.curve import ClientSecurity
 from fabric.limits import FETCH_WAIT_MS_MAX
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
+from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.tags import TagFilter, record_tags
 from fabric.transport import FROM_ENV
@@ -163,7 +164,11 @@ def _commit_offsets(offsets: object) -> dict[TopicPartition, tuple[int, str]]:
             offset, metadata = value.offset, value.metadata
         else:
             offset, metadata = value if isinstance(value, tuple) and len(value) == 2 else (value, "")
-        wanted[_as_tp(tp)] = (int_arg("offset", offset, 0, I64_MAX), str_arg("commit metadata", metadata))
+        text = str_arg("commit metadata", metadata)
+        if len(text.encode()) > gp.OFFSET_METADATA_BYTES_MAX:
+            raise ValueError(f"commit metadata for {tp} is {len(text.encode())} bytes in UTF-8, more than "
+                             f"OFFSET_METADATA_BYTES_MAX={gp.OFFSET_METADATA_BYTES_MAX} (Kafka's offset.metadata.max.bytes)")
+        wanted[_as_tp(tp)] = (int_arg("offset", offset, 0, I64_MAX), text)
     return wanted
 
 

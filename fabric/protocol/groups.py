@@ -32,6 +32,9 @@ from fabric.protocol.schema import Array, Schema, Struct
 OFFSETS_TOPIC: Final[str] = "__consumer_offsets"
 OFFSETS_TOPIC_PARTITIONS: Final[int] = 8
 GROUP_ID_BYTES_MAX: Final[int] = 200
+# A commit's metadata string, as Kafka's offset.metadata.max.bytes: the coordinator keeps
+# every group's offsets in memory, so a client must not make each one arbitrarily large.
+OFFSET_METADATA_BYTES_MAX: Final[int] = 4096
 _GROUP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 
 # member_epoch values with a meaning of their own in a heartbeat request (as in KIP-848).

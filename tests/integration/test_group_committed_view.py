@@ -107,3 +107,38 @@ def test_committed_reads_back_the_metadata_committed_with_the_offset(cluster: Lo
             await client.close()
 
     assert asyncio.run(run()) == (3, OffsetAndMetadata(3, "batch-7"), None)
+
+
+def test_commit_metadata_is_bounded_as_kafka_bounds_it(cluster: LocalCluster, topic_name: str) -> None:
+    """Metadata of at most OFFSET_METADATA_BYTES_MAX (4,096 bytes, Kafka's
+    offset.metadata.max.bytes) is committed; longer, the SDK raises before sending, and the
+    coordinator refuses it (INVALID_REQUEST for that partition) from a client that does not
+    check, keeping what was committed: it holds every group's offsets in memory."""
+    from fabric import errors
+    from fabric.protocol import groups as gp
+    from fabric.protocol.apis import ApiKey
+    from fabric.transport import Connections
+
+    bootstrap, group = cluster.bootstrap, f"meta-{topic_name}"
+    tp = TopicPartition(topic_name, 0)
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    largest = "é" * (gp.OFFSET_METADATA_BYTES_MAX // 2)  # two bytes each in UTF-8: exactly the bound
+    with Consumer(bootstrap, group_id=group, enable_auto_commit=False) as consumer:
+        consumer.commit({tp: (1, largest)})
+        with pytest.raises(ValueError, match="4096"):
+            consumer.commit({tp: (2, largest + "x")})
+        assert consumer.committed(tp, metadata=True) == (1, largest, None)
+    with Admin(bootstrap) as admin:
+        coordinator = admin._find_coordinator(group)
+    conns = Connections()
+    try:
+        body = {"group_id": group, "member_id": "", "member_epoch": 0,
+                "offsets": [{"topic": topic_name, "partition": 0, "offset": 3, "metadata": largest + "x"}]}
+        answer = conns.request(coordinator, ApiKey.OFFSET_COMMIT, body, timeout_ms=10_000)
+        assert answer.body["error"] == 0
+        assert answer.body["results"][0]["error"] == errors.InvalidRequestError.code
+    finally:
+        conns.close()
+    with Consumer(bootstrap, group_id=group, enable_auto_commit=False) as consumer:
+        assert consumer.committed(tp) == 1
