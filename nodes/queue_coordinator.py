@@ -13,6 +13,7 @@ node's loop thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -35,6 +36,8 @@ log = logging.getLogger("fabric.queues")
 QUEUE_APIS: Final[frozenset[int]] = frozenset(key for key, _ in qp.SCHEMAS)
 PARKED_RECEIVES_MAX: Final[int] = 10_000  # long polls waiting on this node; past it, answered empty
 LOAD_WAIT_S: Final[float] = 2.0  # even a receive with wait_ms 0 waits this long for a loading partition
+# A new leader loads its queue partitions within this of its election, unasked (adopt).
+ADOPT_INTERVAL_S: Final[float] = 5.0
 TRIM_INTERVAL_S: Final[float] = 1.0  # how often a queue partition's leader deletes what every group is done with
 
 
@@ -114,6 +117,15 @@ class QueueCoordinator(QueueCompaction):
             plog, slot = self._slot(tp)
             out.append((tp, plog, slot.share))
         return out
+
+    def adopt(self, tps: list[TopicPartition]) -> None:
+        """Load the queue partitions led but not served since the election, as Kafka's group
+        coordinator loads its groups when elected: their snapshots run (one never loaded held
+        back its __queue_state partition's compaction for good), their first receive is ready."""
+        for tp in tps:
+            if tp not in self._slots:
+                with contextlib.suppress(errors.FabricError):  # not ready to lead it yet: the next look
+                    self._slot(tp)
 
     def _slot(self, tp: TopicPartition) -> tuple[PartitionLog, Slot]:
         plog, leader, config = self.node.leader_log(*tp)
@@ -452,7 +464,12 @@ def handle(node: NodeState, envelope: Envelope, request: apis.Message) -> None:
     for_node(node).handle(envelope, request)
 
 
-def tick(node: NodeState, _now: float) -> None:
+def tick(node: NodeState, now: float) -> None:
+    if now >= node.queues_adopt_next_s:
+        node.queues_adopt_next_s = now + ADOPT_INTERVAL_S
+        led = [tp for tp in node.leaders if (config := node.configs.get(tp[0])) is not None and config.queue]
+        if led:
+            for_node(node).adopt(led)
     # A node that leads a __queue_state partition compacts it, queue requests or not.
     if node.queues is not None or any((qp.STATE_TOPIC, k) in node.leaders for k in range(STATE_TOPIC_PARTITIONS)):
         for_node(node).tick()

@@ -210,6 +210,7 @@ class NodeState:
     authz: NodeSecurity | None = None  # secure mode: ACL check and quotas (nodes/authz.py)
     strict_order: StrictOrder | None = None  # made on first use by nodes/strict_order.py
     queues: QueueCoordinator | None = None  # made on first use by nodes/queue_coordinator.py
+    queues_adopt_next_s: float = 0.0  # when it next looks for led queue partitions not loaded
 
     # What this node may do while ZooKeeper is in doubt (nodes/lease.py); kazoo's thread
     # sets its state, heartbeat answers its last contact (a float each, GIL-atomic).

@@ -78,3 +78,39 @@ def test_queue_state_stays_bounded_under_sustained_receive_and_ack(cluster: Loca
         described = admin.describe_queue(topic_name, "workers")
     assert sum(p.visible + p.in_flight + p.delayed for p in described.partitions) == 0
     assert sum(p.dead_lettered for p in described.partitions) == 2
+
+
+def test_a_new_leader_loads_its_queue_partitions_unasked(fresh_cluster: LocalCluster, topic_name: str) -> None:
+    """A queue partition's new leader loads its state within ADOPT_INTERVAL_S of its
+    election, with no receive, settle or describe to start it (as Kafka's coordinator loads
+    its groups): until loaded it has no snapshot clock, and its old records held back the
+    compaction of its whole __queue_state partition, for as long as nobody used the queue."""
+    from nodes.queue_coordinator import ADOPT_INTERVAL_S
+
+    bootstrap = fresh_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=1, replication_factor=3)
+    with Producer(bootstrap) as producer:
+        for i in range(10):
+            producer.send(topic_name, b"%d" % i)
+    with QueueConsumer(bootstrap, topic_name, group="workers") as worker:
+        worker.ack(_take(worker, 4))  # records in __queue_state to load
+    with Admin(bootstrap) as admin:
+        old = admin.describe_topic(topic_name).partitions[0].leader
+        fresh_cluster.nodes[old].kill()
+        deadline = time.monotonic() + 60
+        new = old
+        while new in (old, -1, None):
+            assert time.monotonic() < deadline, "no new leader"
+            time.sleep(0.2)
+            new = admin.describe_topic(topic_name).partitions[0].leader
+    log_path = fresh_cluster.nodes[new].process.log_path
+    serving = f"queue {topic_name}/0: serving 1 groups"
+    deadline = time.monotonic() + ADOPT_INTERVAL_S + 30
+    while serving not in log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"node {new} did not load {topic_name}/0 unasked"
+        time.sleep(0.2)
+    with QueueConsumer(bootstrap, topic_name, group="workers") as worker:  # and it serves what is left
+        rest = _take(worker, 6)
+        worker.ack(rest)
+    assert len({m.value for m in rest}) == 6
