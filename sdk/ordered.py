@@ -33,6 +33,8 @@ from sdk.consumer import Consumer, Record
 # while one partition stalls.
 PENDING_RECORDS_MAX_DEFAULT = 500_000
 NO_ID = 0  # IDs start at 1 (fabric.protocol.sequencer.FIRST_GLOBAL_ID)
+# Consumer options that make no sense for an ordered reader (see OrderedConsumer.__init__).
+REFUSED_CONSUMER_OPTIONS = ("group_id", "group_instance_id", "tag_filter")
 
 T = TypeVar("T")
 
@@ -143,7 +145,10 @@ class OrderedMerge(Generic[T]):
 class OrderedConsumer:
     """Reads every partition of one strict-order topic and yields its records in global-ID
     order (``record.global_id``). Every OrderedConsumer of the topic that starts from the
-    beginning sees the identical sequence.
+    beginning sees the identical sequence; one that starts at the end
+    (``from_beginning=False``) sees its suffix: every record with an ID above the largest
+    in the topic when it started, no hole. It reads every partition itself: it takes no
+    ``group_id`` and no ``tag_filter``, and commits nothing (a restarted reader starts over).
 
     ``poll`` returns what is final; records of a partition whose leader died wait until a
     new leader ticks (the bound is in docs/DESIGN.md, "Strict-order topics").
@@ -152,9 +157,18 @@ class OrderedConsumer:
     def __init__(self, bootstrap: str, topic: str, *, from_beginning: bool = True,
                  pending_records_max: int = PENDING_RECORDS_MAX_DEFAULT,
                  clock: Callable[[], float] = time.monotonic, **consumer_options: Any) -> None:
+        # A group would hand this reader some partitions, and the merge needs all of them;
+        # its commits would be fetch positions, past records still held for the watermark.
+        # A tag filter works per record in Consumer.poll, which this reader does not use.
+        # Each was taken and then ignored or refused at the first poll: say so here instead.
+        refused = sorted(name for name in REFUSED_CONSUMER_OPTIONS if consumer_options.get(name) is not None)
+        if refused:
+            raise ValueError(f"an OrderedConsumer reads every partition itself and takes no {', '.join(refused)} "
+                             "(no consumer group, no tag filter; filter the records it returns)")
         self.topic = topic
-        self.consumer = Consumer(bootstrap, auto_offset_reset="earliest" if from_beginning else "latest",
-                                 **consumer_options)
+        # "earliest" also when starting at the end: that start is set by seeks below, and a
+        # reset to the latest offset would skip records appended meanwhile, above the cut.
+        self.consumer = Consumer(bootstrap, auto_offset_reset="earliest", **consumer_options)
         self.consumer.skip_control_batches = False  # ticks move the watermark
         try:
             meta = self.consumer._meta.topic(topic)
@@ -167,6 +181,26 @@ class OrderedConsumer:
             raise
         self.merge: OrderedMerge[Record] = OrderedMerge(
             [tp.partition for tp in self.partitions], clock=clock, pending_records_max=pending_records_max)
+        # A reader that starts at the end delivers exactly the records with an ID above
+        # ``cut_id``: the largest ID among the partitions' last records when it started.
+        # Starting each partition at its own end offset is not enough: a record committed
+        # in one partition between two end-offset lookups, with an ID below records taken
+        # from another, was skipped while those were delivered, a hole in the middle of
+        # what the reader handed out (found by an audit: 20-40 records missing per reader
+        # under 3 producers). Every record before a partition's end has an ID at or below
+        # that partition's last, so none of them is above ``cut_id``; every one after it is
+        # fetched and delivered when above ``cut_id``.
+        self.cut_id = NO_ID
+        self._cut_offsets: dict[int, int] = {}  # partition -> offset of the last record, its ID still to learn
+        if not from_beginning:
+            try:
+                for tp, end in self.consumer.end_offsets(self.partitions).items():
+                    if end > 0:
+                        self._cut_offsets[tp.partition] = end - 1
+                        self.consumer.seek(tp, end - 1)
+            except BaseException:
+                self.consumer.close()
+                raise
 
     @property
     def watermark(self) -> int:
@@ -176,9 +210,13 @@ class OrderedConsumer:
         """Up to ``max_records`` final records in global-ID order, waiting at most ``timeout_ms``."""
         deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
         while True:
-            ready = self.merge.pop_ready(max_records)
+            # Nothing is final before the cut is known: a record below it is not this reader's.
+            ready = [] if self._cut_offsets else self.merge.pop_ready(max_records)
+            records = [record for global_id, record in ready if global_id > self.cut_id]
+            if records:
+                return records
             if ready:
-                return [record for _gid, record in ready]
+                continue  # all below the cut: look again before waiting
             remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)  # up: never a 0 ms spin
             if remaining_ms <= 0:
                 return []
@@ -193,6 +231,11 @@ class OrderedConsumer:
         if header.global_id_base < 0:
             raise errors.InvalidGlobalIdError(
                 f"{self.topic}/{partition}@{header.base_offset}: a batch without global IDs in a strict-order topic")
+        cut_offset = self._cut_offsets.pop(partition, None)
+        if cut_offset is not None and header.base_offset <= cut_offset < header.next_offset:
+            self.cut_id = max(self.cut_id, header.global_id_base + cut_offset - header.base_offset)
+        # A first batch past cut_offset: that record is gone (retention), and with it every
+        # record of this partition the cut had to pass over.
         if header.attributes & batch_format.ATTRIBUTE_CONTROL:
             self.merge.advance(partition, header.global_id_base + header.record_count - 1)
             return

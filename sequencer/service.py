@@ -35,7 +35,7 @@ from fabric.auth.store import SecurityCache, read_digest, secure_zk_kwargs
 from fabric.limits import REQUEST_FRAMES_MAX
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
-from fabric.protocol.header import Header
+from fabric.protocol.header import Header, decode_header
 from fabric.protocol.sequencer import check_count, check_kind
 from fabric.sequencer_client import (
     SEQUENCER_ACTIVE,
@@ -61,6 +61,7 @@ STANDBY_RETRY_S = 1.0  # also woken at once by the watch on the active znode
 REQUESTS_PER_TURN_MAX = 1_000
 SOCKET_HWM = 10_000
 TAKEOVER_ATTEMPTS_MAX = 5
+SERVED_API_KEYS = frozenset({ApiKey.API_VERSIONS, ApiKey.ALLOCATE_IDS})
 
 
 class SequencerService:
@@ -125,7 +126,10 @@ class SequencerService:
                 self.port = self.router.bind_to_random_port(f"tcp://{self.host}")
             self.address = f"tcp://{self.host}:{self.port}"
             if self.metrics is not None:
-                self.metrics.endpoint.start(self.host, self.metrics_port)
+                try:
+                    self.metrics.endpoint.start(self.host, self.metrics_port)
+                except OSError as exc:  # name the port: "Address already in use" alone reads like --port
+                    raise OSError(f"metrics endpoint {self.host}:{self.metrics_port}: {exc.strerror or exc}") from exc
             log.info("sequencer %d listening on %s, standing by", self.sequencer_id, self.address)
             self.zk.DataWatch(SEQUENCER_ACTIVE, self._on_active_znode)
             self._renewer = threading.Thread(target=self._renew_lease, name="lease", daemon=True)
@@ -196,6 +200,7 @@ class SequencerService:
             try:
                 if len(message) > REQUEST_FRAMES_MAX:
                     raise errors.MalformedRequestError(f"{len(message)} frames exceed {REQUEST_FRAMES_MAX}")
+                header = self._served_header(message)
                 request = apis.decode_request(message)
                 header = request.header
                 self._send(envelope, self._answer(request))
@@ -213,6 +218,21 @@ class SequencerService:
                 error_code = errors.UnknownServerError.code
             if self.metrics is not None:
                 self.metrics.observe(time.perf_counter() - started, error_code)
+
+    @staticmethod
+    def _served_header(message: list[Any]) -> Header | None:
+        """The request's header when it decodes; UNKNOWN_API for an API this process does not
+        serve, before its body is read: a PRODUCE sent here by mistake is told "not served",
+        not that its body is short."""
+        if not message:
+            return None
+        header = decode_header(message[0])
+        if header.api_key not in SERVED_API_KEYS:
+            name = ApiKey(header.api_key).name if header.api_key in ApiKey._value2member_map_ else str(header.api_key)
+            refusal = errors.UnknownApiError(f"a sequencer serves API_VERSIONS and ALLOCATE_IDS, not {name}")
+            refusal.header = header  # type: ignore[attr-defined]  # echoed, as decode_request does
+            raise refusal
+        return header
 
     def _answer(self, request: apis.Message) -> list[Any]:
         api = request.header.api_key
@@ -420,9 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs.setup(args.log_level, args.log_format, process=f"sequencer{args.sequencer_id}")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
-    service = SequencerService(args.zk, args.sequencer_id, host=args.host, port=args.port,
-                               session_timeout_ms=args.session_timeout_ms, server_key_file=args.server_key_file,
-                               zk_digest_file=args.zk_digest_file, metrics_port=args.metrics_port)
+    try:
+        service = SequencerService(args.zk, args.sequencer_id, host=args.host, port=args.port,
+                                   session_timeout_ms=args.session_timeout_ms, server_key_file=args.server_key_file,
+                                   zk_digest_file=args.zk_digest_file, metrics_port=args.metrics_port)
+    except Exception as exc:  # a missing key or digest file: one line, as below, not a traceback
+        return _cannot_run(args.sequencer_id, f"cannot start: {str(exc) or type(exc).__name__}")
 
     def on_signal(_signum: int, _frame: Any) -> None:
         if not service.started:
@@ -441,7 +464,12 @@ def main(argv: list[str] | None = None) -> int:
         what = str(exc) or type(exc).__name__
         if isinstance(exc, KazooTimeoutError):
             what = f"ZooKeeper at {args.zk} did not answer within 30 s"
-        log.error("sequencer %d stopped: %s", args.sequencer_id, what)
-        print(f"fabric sequencer: error: sequencer {args.sequencer_id} stopped: {what}", file=sys.stderr, flush=True)
-        return 1
+        return _cannot_run(args.sequencer_id, f"stopped: {what}")
     return 0
+
+
+def _cannot_run(sequencer_id: int, why: str) -> int:
+    """The one line an instance that cannot run ends with (docs/OPERATIONS.md), exit 1."""
+    log.error("sequencer %d %s", sequencer_id, why)
+    print(f"fabric sequencer: error: sequencer {sequencer_id} {why}", file=sys.stderr, flush=True)
+    return 1
