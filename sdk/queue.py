@@ -16,7 +16,6 @@ The rules and bounds are in docs/QUEUES.md; the frames in docs/PROTOCOL.md.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -35,14 +34,24 @@ from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
 from sdk._arguments import I32_MAX, int_arg, optional_str_arg, str_arg
-from sdk._client import Bootstrap, Connections, MetadataClient
+from sdk._client import METADATA_TIMEOUT_MS, Bootstrap, Connections, MetadataClient
 
 log = logging.getLogger("fabric.queue")
 
 REQUEST_SLACK_MS: Final[int] = 5_000  # a long poll unanswered this long past its wait is abandoned
 RECEIVE_RETRY_S: Final[float] = 0.1  # pause after a round in which every node refused
 NO_WAIT_ANSWER_MS: Final[int] = 5_000  # receive(wait_ms=0) waits this long at most for the nodes' answers
-UNREACHABLE_REFRESH_S: Final[float] = 0.25  # a leader unreachable this long: refresh the routing map
+# A partition whose leader is unreachable this long, or that has no leader in the routing
+# map at all, makes the consumer read the map again, at most this often. Leaderless counts
+# too: a map read while a dead leader's session has just expired names that leader with
+# the node itself gone from the map's node list (for milliseconds, or as long as the
+# controller takes to elect), and a consumer that only re-read the map when a send failed
+# never asked again: with nothing to send to, it polled nobody for ever.
+UNREACHABLE_REFRESH_S: Final[float] = 0.25
+# One re-read of the routing map within a receive (or a settle) ends by this, every node
+# and pass included (MetadataClient.refresh's own passes could take about 40 s when nodes
+# accept connections and never answer): a receive returns within its wait plus this.
+MAP_REFRESH_TIMEOUT_MS: Final[int] = METADATA_TIMEOUT_MS
 ITERATION_BATCH_MESSAGES: Final[int] = 10  # what iteration (next_message) asks the nodes for at a time
 BUFFER_MESSAGES_MAX: Final[int] = qp.RECEIVE_MESSAGES_MAX  # leased but not yet handed out
 SETTLE_TIMEOUT_MS: Final[int] = 15_000
@@ -64,6 +73,10 @@ class QueueMessage:
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     # The node that granted the lease: settling goes there (a lease does not move with leadership).
     granted_by: str = field(default="", repr=False, compare=False)
+    # The partition's leader epoch in the consumer's routing map when the lease arrived (-1:
+    # none known). The lease ends when the map moves past it to another leader; a map that
+    # has not moved since then may be older than the grant, and says nothing about it.
+    map_epoch_at_grant: int = field(default=-1, repr=False, compare=False)
 
     def header(self, name: str) -> bytes | None:
         for k, v in self.headers:
@@ -102,6 +115,9 @@ class QueueConsumer:
         self._closed = False
         self._unreachable_since: dict[str, float] = {}
         self._refreshed_s = 0.0
+        # Every re-read of the routing map ends by this (time.monotonic()): set by each call
+        # from its own wait, so that no call waits on the map past its documented bound.
+        self._refresh_by_s = math.inf
 
     # -- receiving ------------------------------------------------------------------------------
     def receive(self, max_messages: int = 10, wait_ms: int = 0) -> list[QueueMessage]:
@@ -119,6 +135,27 @@ class QueueConsumer:
             self._receive_within(max_messages, wait_ms)
         return self._hand_out(max_messages)
 
+    def _refresh_map(self, *, quiet: bool = True) -> None:
+        """Re-read the routing map, within MAP_REFRESH_TIMEOUT_MS and the current call's
+        bound; ``quiet``: a failure is left to the next round, which asks again."""
+        now = time.monotonic()
+        self._refreshed_s = now
+        deadline_s = min(now + MAP_REFRESH_TIMEOUT_MS / 1000.0, max(self._refresh_by_s, now + 0.001))
+        try:
+            self._meta.refresh([self.queue], deadline_s=deadline_s)
+        except errors.FabricError:
+            if not quiet:
+                raise
+
+    def _leader_of(self, partition: int) -> tuple[str | None, int]:
+        """The address and leader epoch the routing map gives ``partition`` (None, -1: none)."""
+        meta = self._meta.metadata
+        topic = meta.topics.get(self.queue)
+        if topic is None or not 0 <= partition < len(topic.partitions):
+            return None, -1
+        state = topic.partitions[partition]
+        return meta.nodes.get(state.leader), state.leader_epoch
+
     def next_message(self, wait_ms: int = qp.RECEIVE_WAIT_MS_MAX) -> QueueMessage | None:
         """One message, waiting up to ``wait_ms`` (None if none came). Asks the nodes for up
         to 10 at a time, but takes each from the buffer only as it is handed out: a loop left
@@ -133,6 +170,7 @@ class QueueConsumer:
     def _receive_within(self, max_messages: int, wait_ms: int) -> None:
         """Long-polls until something is buffered or ``wait_ms`` has passed."""
         deadline = time.monotonic() + wait_ms / 1000.0
+        self._refresh_by_s = deadline + MAP_REFRESH_TIMEOUT_MS / 1000.0
         refused_rounds = 0
         while True:
             self._take_replies(0)
@@ -156,6 +194,7 @@ class QueueConsumer:
     def _receive_now(self, max_messages: int) -> None:
         """``wait_ms=0``: one round to every leader, which answers at once with what is
         visible; wait for those answers (bounded), not for new messages."""
+        self._refresh_by_s = time.monotonic() + (NO_WAIT_ANSWER_MS + MAP_REFRESH_TIMEOUT_MS) / 1000.0
         self._take_replies(0)
         if not self._buffered():
             give_up = time.monotonic() + NO_WAIT_ANSWER_MS / 1000.0
@@ -175,19 +214,26 @@ class QueueConsumer:
         leader's wall clock, so this assumes synchronized clocks, as leases do anyway. A
         lease also ends when its partition's leader changes (docs/QUEUES.md): messages
         granted by a node that no longer leads their partition, as far as this consumer's
-        map knows, are dropped too (``_drop_granted_by`` when a node's connection drops)."""
+        map knows, are dropped too (``_drop_granted_by`` when a node's connection drops).
+        "No longer" means the map moved to another leader after the lease arrived: a map
+        read before a failover still names the dead leader while the new one already
+        grants, and dropping those grants took each of its answers from the buffer and
+        asked again, leasing (and counting a delivery of) the partition's whole backlog
+        within milliseconds, none of it seen until the visibility timeout ended."""
         now_ms = time.time() * 1000
-        leader_of = self._meta.metadata.leader_address
-        queue = self.queue
-        if any(m.deadline_ms <= now_ms or leader_of(queue, m.partition) not in (None, m.granted_by)
-               for m in self._buffer):
-            live = deque(m for m in self._buffer
-                         if m.deadline_ms > now_ms and leader_of(queue, m.partition) in (None, m.granted_by))
+        if any(self._lease_ended(m, now_ms) for m in self._buffer):
+            live = deque(m for m in self._buffer if not self._lease_ended(m, now_ms))
             log.warning("%d received messages not handed out: their lease ended before they were (the "
                         "partition's leader changed, or this host's clock is ahead of the nodes')",
                         len(self._buffer) - len(live))
             self._buffer = live
         return bool(self._buffer)
+
+    def _lease_ended(self, message: QueueMessage, now_ms: float) -> bool:
+        if message.deadline_ms <= now_ms:
+            return True
+        leader, epoch = self._leader_of(message.partition)
+        return leader not in (None, message.granted_by) and epoch > message.map_epoch_at_grant
 
     def _drop_granted_by(self, address: str) -> None:
         """The connection to ``address`` dropped (killed, restarted): the leases it granted
@@ -251,18 +297,21 @@ class QueueConsumer:
             log.warning("%s; they are delivered again", exc.message)
 
     def _node_addresses(self) -> set[str]:
-        now = time.monotonic()
-        if any(now - since > UNREACHABLE_REFRESH_S for since in self._unreachable_since.values()) \
-                and now - self._refreshed_s > UNREACHABLE_REFRESH_S:
-            # A leader we cannot reach may have been replaced: ask the cluster again.
-            self._refreshed_s = now
-            self._unreachable_since.clear()
-            try:
-                self._meta.refresh([self.queue])
-            except errors.FabricError:
-                pass  # the next round asks again
-        topic = self._meta.topic(self.queue)
+        if self.queue not in self._meta.metadata.topics:
+            # The first round (or the queue was missing from the last answer): no map at
+            # all is raised (no node answered, a refusal), as an unknown queue is below.
+            self._refresh_map(quiet=False)
+        topic = self._meta.topic(self.queue, refresh_if_missing=False)
         addresses = {self._meta.metadata.leader_address(self.queue, p.partition) for p in topic.partitions}
+        now = time.monotonic()
+        if (None in addresses or any(now - since > UNREACHABLE_REFRESH_S for since in self._unreachable_since.values())) \
+                and now - self._refreshed_s > UNREACHABLE_REFRESH_S:
+            # A leader we cannot reach may have been replaced, and a partition without one
+            # in the map gets one at the next election: ask the cluster again.
+            self._unreachable_since.clear()
+            self._refresh_map()
+            topic = self._meta.topic(self.queue, refresh_if_missing=False)
+            addresses = {self._meta.metadata.leader_address(self.queue, p.partition) for p in topic.partitions}
         return {a for a in addresses if a}
 
     def _send_polls(self, max_messages: int, wait_ms: int) -> bool:
@@ -308,9 +357,15 @@ class QueueConsumer:
                 refresh = True  # NOT_LEADER and the like: ask again after a refresh
                 continue
             for m in message.body["messages"]:
+                leader, epoch = self._leader_of(m["partition"])
+                if leader != address:
+                    # The node leads a partition our map gives to another (a failover the
+                    # map has not seen yet): keep the lease, and read the map again.
+                    refresh = True
                 self._buffer.append(QueueMessage(
                     self.queue, m["partition"], m["offset"], m["delivery_count"], m["deadline_ms"], m["timestamp_ms"],
-                    m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]], address))
+                    m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]], address,
+                    epoch))
         now = time.monotonic()
         for address in self._conns.take_disconnected():
             # The node went away (killed, restarted): its long poll will not be answered,
@@ -325,10 +380,7 @@ class QueueConsumer:
                 self._conns.drop(address)
                 refresh = True
         if refresh:
-            try:
-                self._meta.refresh([self.queue])
-            except errors.FabricError:
-                pass  # the next round asks again
+            self._refresh_map()
         if fatal is not None:
             raise fatal
 
@@ -385,8 +437,8 @@ class QueueConsumer:
                     # The lease cannot be settled where it was granted: it ends on its own.
                     lost.extend(f"{m.partition}/{m.offset} ({exc.name})" for m in chunk)
                     lost_messages.extend(chunk)
-                    with contextlib.suppress(errors.FabricError):
-                        self._meta.refresh([self.queue])
+                    self._refresh_by_s = time.monotonic() + MAP_REFRESH_TIMEOUT_MS / 1000.0
+                    self._refresh_map()
                     continue
                 for r in reply["results"]:
                     if r["error"]:

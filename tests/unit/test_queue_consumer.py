@@ -56,6 +56,8 @@ class _Topic:
 
 
 class _Metadata:
+    topics = {"jobs": _Topic()}  # the queue is known: every refresh is a retry's
+
     @staticmethod
     def leader_address(topic: str, partition: int) -> str:
         return "tcp://127.0.0.1:9"
@@ -65,10 +67,10 @@ class _Meta:
     metadata = _Metadata()
     refreshes = 0
 
-    def topic(self, name: str) -> _Topic:
+    def topic(self, name: str, refresh_if_missing: bool = True) -> _Topic:
         return _Topic()
 
-    def refresh(self, topics: list[str] | None = None) -> None:
+    def refresh(self, topics: list[str] | None = None, deadline_s: float | None = None) -> None:
         self.refreshes += 1
 
 
