@@ -48,12 +48,14 @@ _CAUSES: Final[tuple[tuple[str, str, str], ...]] = (
     ("Disk quota exceeded", "quota", "the disk quota is used up (Disk quota exceeded): raise it or free space"),
     ("Read-only file system", "read_only", "the file system is read-only: remount it read-write"),
     ("Input/output error", "io", "the disk reports an I/O error: check the device"),
+    # A checksum mismatch or a damaged file: not a condition that clears (stop_line).
+    ("Corruption:", "corruption", "stored data is damaged (RocksDB found a corrupt block or file): check the device"),
 )
 
 
 def cause_of(status: str) -> tuple[str, str]:
     """(kind, words) for RocksDB's ``status`` text: ``disk_full``, ``quota``,
-    ``read_only``, ``io``, or ``other`` with the status itself."""
+    ``read_only``, ``io``, ``corruption``, or ``other`` with the status itself."""
     for needle, kind, words in _CAUSES:
         if needle in status:
             return kind, words
@@ -139,5 +141,10 @@ class GuardedReads:
 
 def stop_line(node_id: int, exc: StorageError) -> str:
     """The node's last word, logged once: which directory, why, what is kept, what next."""
-    return (f"node {node_id} stops so that nothing is acknowledged from memory: {exc.message}; what it stored "
-            f"is kept, and once the cause is gone it starts again and catches up (exit status {EXIT_STORAGE_FAILED})")
+    if exc.fields.get("cause") == "corruption":  # no cause to remove: a restart reads the same damage
+        after = ("a restart may meet the same damage: check the device before starting it again "
+                 "(docs/OPERATIONS.md, \"Disk full\": damaged data)")
+    else:
+        after = "what it stored is kept, and once the cause is gone it starts again and catches up"
+    return (f"node {node_id} stops so that nothing is acknowledged from memory: {exc.message}; {after} "
+            f"(exit status {EXIT_STORAGE_FAILED})")

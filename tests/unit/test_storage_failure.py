@@ -50,7 +50,8 @@ def stage(plog: PartitionLog, store: Store, values: list[bytes]) -> Any:
     ("IO error: Disk quota exceeded: While appending to file: /d/000004.log", "quota", "quota"),
     ("IO error: While open a file for appending: /d/000012.log: Read-only file system", "read_only", "read-only"),
     ("IO error: Input/output error", "io", "I/O error"),
-    ("Corruption: bad block", "other", "RocksDB: Corruption: bad block"),
+    ("Corruption: block checksum mismatch: stored = 1, computed = 2", "corruption", "stored data is damaged"),
+    ("Invalid argument: Column family not found", "other", "RocksDB: Invalid argument"),
 ])
 def test_the_cause_in_words(status: str, kind: str, words: str) -> None:
     found_kind, found_words = storage_failure.cause_of(status)

@@ -13,6 +13,7 @@ import pytest
 
 from fabric import errors
 from fabric.protocol import batch
+from nodes import storage_failure
 from nodes.log import PartitionLog, Store
 
 BATCHES = 40
@@ -64,7 +65,11 @@ def test_a_batch_that_cannot_be_read_is_a_storage_error(tmp_path: Path) -> None:
     assert failures, "no read met the corrupted block"
     first = failures[0]
     assert first.code == 26 and first.retriable  # STORAGE_ERROR: producers and consumers retry elsewhere
-    assert first.message.startswith(f"storage read failed in {path}: RocksDB: Corruption")
+    assert first.message.startswith(f"storage read failed in {path}: stored data is damaged")
+    assert "Corruption: block checksum mismatch" in first.message  # RocksDB's own words too
+    assert first.fields["cause"] == "corruption"
+    line = storage_failure.stop_line(2, first)  # says a restart may meet it again, not "once the cause is gone"
+    assert "may meet the same damage" in line and "once the cause is gone" not in line
     assert store.failure is first  # the node stops at the end of the turn (nodes/server.py)
     with pytest.raises(errors.StorageError) as later:  # and writes nothing more
         store.write(store.new_write_batch())
