@@ -25,8 +25,8 @@ from fabric.protocol import apis
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from nodes.log import PartitionLog
-from nodes.queue_compaction import QueueCompaction
 from nodes.queue_durable import ACTIVE, LOADING, STATE_TOPIC_PARTITIONS, Slot, wall_ms
+from nodes.queue_leases import QueueLeases
 from nodes.queue_share import COUNTING, SharePartition
 from nodes.queue_state import Finished, check_receive_wait_ms, check_visibility_ms
 from nodes.state import Envelope, NodeState, TopicPartition
@@ -49,7 +49,7 @@ class _Parked:
     arrived_s: float = 0.0
 
 
-class QueueCoordinator(QueueCompaction):
+class QueueCoordinator(QueueLeases):
     def __init__(self, node: NodeState) -> None:
         super().__init__(node)
         self._snapshots, self._state_logs = {}, {}  # nodes/queue_compaction.py
@@ -173,7 +173,7 @@ class QueueCoordinator(QueueCompaction):
             if answer_bytes >= qp.RECEIVE_BYTES_MAX:
                 break
             leases, finished = g.state.acquire(body["consumer_id"], remaining, now_ms, body["visibility_timeout_ms"],
-                                               bytes_max=qp.RECEIVE_BYTES_MAX - answer_bytes)
+                                               bytes_max=qp.RECEIVE_BYTES_MAX - answer_bytes, unanswered=True)
             self._collect(slot, body["group"], g, finished)
             self._touch(slot, body["group"], g, now_ms)
             touched.append(slot)
@@ -199,23 +199,13 @@ class QueueCoordinator(QueueCompaction):
         def answer(code: int, text: str) -> None:
             if code:
                 self.node.send_error(envelope, header, errors.error_for_code(code)(text or "queue state write failed"))
-            elif not self.node.send_response(envelope, header, {"error": 0, "message": "", "messages": messages}):
-                self._unlease(body, messages)
+                self._unlease(body, messages)  # never handed out: back now, not counted
+                return
+            handed = self._hand_over(body, messages)  # lease clocks start now (queue_groups.py)
+            if not self.node.send_response(envelope, header, {"error": 0, "message": "", "messages": handed}):
+                self._unlease(body, handed)
         self._after_durable(touched if messages else [], answer)
         return True
-
-    def _unlease(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
-        """The answer to a long poll did not leave: its consumer closed (or died) while the
-        poll was parked here. Its messages go back now, the delivery not counted, instead
-        of staying invisible until the visibility timeout (and, at max_deliveries, dead)."""
-        now_ms = wall_ms()
-        for m in messages:
-            slot = self._slots.get((body["queue"], m["partition"]))
-            g = slot.share.groups.get(body["group"]) if slot is not None else None
-            if slot is not None and g is not None:
-                g.state.unlease(body["consumer_id"], m["offset"], now_ms)
-                self._collect(slot, body["group"], g, [])
-                self._wake = True  # the next turn writes it and offers it to waiting polls
 
     def _settle(self, envelope: Envelope, request: apis.Message) -> None:
         body = request.body

@@ -43,9 +43,16 @@ from fabric.protocol.queues import (
     VISIBILITY_TIMEOUT_MS_DEFAULT,
     VISIBILITY_TIMEOUT_MS_MAX,
 )
+from nodes.queue_bounds import (
+    check_priority,
+    check_receive_wait_ms,
+    check_visibility_ms,
+    deliver_at,
+)
 from nodes.queue_dedup import DedupWindow
 
 __all__ = ["DEDUP_IDS_MAX", "DedupWindow", "DEDUP_WINDOW_MS_DEFAULT", "DELAY_MS_MAX", "MAX_DELIVERIES_DEFAULT",
+           "check_priority", "check_receive_wait_ms", "check_visibility_ms", "deliver_at",
            "MAX_DELIVERIES_MAX", "PRIORITY_DEFAULT", "PRIORITY_MAX", "PRIORITY_MIN", "RECEIVE_MESSAGES_MAX",
            "RECEIVE_WAIT_MS_MAX", "VISIBILITY_TIMEOUT_MS_DEFAULT", "VISIBILITY_TIMEOUT_MS_MAX"]
 
@@ -82,37 +89,6 @@ class QueueConfig:
                 raise errors.InvalidQueueConfigError(f"{name} must be >= 0 (0: no limit)")
 
 
-def check_visibility_ms(ms: int) -> None:
-    if not 0 < ms <= VISIBILITY_TIMEOUT_MS_MAX:
-        raise errors.InvalidVisibilityTimeoutError(
-            f"visibility {ms} ms outside 1..VISIBILITY_TIMEOUT_MS_MAX ({VISIBILITY_TIMEOUT_MS_MAX} ms, 12 h)"
-        )
-
-
-def check_priority(priority: int) -> None:
-    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise errors.InvalidPriorityError(f"priority {priority} outside {PRIORITY_MIN}..{PRIORITY_MAX}")
-
-
-def check_receive_wait_ms(wait_ms: int) -> None:
-    if not 0 <= wait_ms <= RECEIVE_WAIT_MS_MAX:
-        raise errors.InvalidReceiveWaitError(
-            f"wait_ms {wait_ms} outside 0..RECEIVE_WAIT_MS_MAX ({RECEIVE_WAIT_MS_MAX} ms)"
-        )
-
-
-def deliver_at(now_ms: int, delay_ms: int = 0, deliver_at_ms: int = 0) -> int:
-    """When a message sent at ``now_ms`` becomes visible; refuses delays past DELAY_MS_MAX."""
-    if delay_ms < 0 or deliver_at_ms < 0:
-        raise errors.InvalidDelayError("delay_ms and deliver_at_ms must be >= 0")
-    at = max(now_ms + delay_ms, deliver_at_ms)
-    if at - now_ms > DELAY_MS_MAX:
-        raise errors.InvalidDelayError(
-            f"delivery {at - now_ms} ms ahead exceeds DELAY_MS_MAX ({DELAY_MS_MAX} ms, 7 days)"
-        )
-    return at
-
-
 @dataclass
 class Entry:
     offset: int
@@ -125,6 +101,10 @@ class Entry:
     consumer: str = ""
     deadline_ms: int = 0
     last_reason: str = ""
+    # Leased, but the answer carrying it has not left yet (it waits until its lease is
+    # durable): its lease clock starts when it does (``answered``), and a lease that ends
+    # before is undone, not counted as a delivery.
+    unanswered: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,9 +221,11 @@ class ShareState:
 
     # ----- consumer requests -----
     def acquire(self, consumer: str, max_messages: int, now_ms: int, visibility_ms: int = 0,
-                bytes_max: int = 0) -> tuple[list[Lease], list[Finished]]:
+                bytes_max: int = 0, unanswered: bool = False) -> tuple[list[Lease], list[Finished]]:
         """Lease up to ``max_messages`` visible messages to ``consumer``, best priority first,
-        and (``bytes_max`` > 0) no more value bytes than that, but always at least one."""
+        and (``bytes_max`` > 0) no more value bytes than that, but always at least one.
+        ``unanswered``: handed out later, by ``answered`` (the coordinator's answer waits
+        for the leases to be durable)."""
         vis = visibility_ms or self.config.visibility_timeout_ms
         check_visibility_ms(vis)
         finished = self.tick(now_ms)
@@ -257,7 +239,7 @@ class ShareState:
             if e is None or e.state != AVAILABLE or e.visible_at_ms > now_ms:
                 continue
             self._move(e, LEASED)
-            e.consumer, e.deadline_ms = consumer, now_ms + vis
+            e.consumer, e.deadline_ms, e.unanswered = consumer, now_ms + vis, unanswered
             e.delivery_count += 1
             taken_bytes += e.size_bytes
             heapq.heappush(self._leases, (e.deadline_ms, off))
@@ -301,11 +283,28 @@ class ShareState:
         e = self._entries.get(offset)
         if e is None or e.state != LEASED or e.consumer != consumer or e.deadline_ms <= now_ms:
             return False
+        self._undo_lease(e, now_ms)
+        return True
+
+    def answered(self, consumer: str, offset: int, now_ms: int, visibility_ms: int = 0) -> int:
+        """The answer carrying ``consumer``'s lease of ``offset`` leaves now: the lease's
+        clock starts now (its deadline, returned), not when it was taken, since a state write
+        that took longer than the visibility timeout would hand out leases already over.
+        0 if the lease is no longer there (it ended meanwhile and was undone): leave it out."""
+        e = self._entries.get(offset)
+        if e is None or e.state != LEASED or e.consumer != consumer or not e.unanswered:
+            return 0
+        e.unanswered = False
+        e.deadline_ms = now_ms + (visibility_ms or self.config.visibility_timeout_ms)
+        heapq.heappush(self._leases, (e.deadline_ms, offset))
+        return e.deadline_ms
+
+    def _undo_lease(self, e: Entry, now_ms: int) -> None:
         e.delivery_count -= 1
+        e.unanswered = False
         e.visible_at_ms = now_ms
         self._make_available(e, now_ms)
         self._record(e)
-        return True
 
     def extend(self, consumer: str, offset: int, now_ms: int, ms: int) -> int:
         """Move the lease deadline to ``now_ms + ms`` (SQS ChangeMessageVisibility); returns it."""
@@ -332,6 +331,9 @@ class ShareState:
             e = self._entries.get(off)
             if e is None or e.state != LEASED or e.deadline_ms != deadline:
                 continue  # acked, extended or nacked since
+            if e.unanswered:  # never handed out (its answer still waits for a write): not a delivery
+                self._undo_lease(e, now_ms)
+                continue
             e.last_reason = REASON_EXPIRED
             if e.delivery_count >= self.config.max_deliveries:
                 out.append(self._finish(e, REASON_EXPIRED))

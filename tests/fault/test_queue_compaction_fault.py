@@ -6,8 +6,9 @@ mid-run, between and during snapshots and trims.
 Seeded (FABRIC_FAULT_SEED reproduces a run). The checker reads the producer's
 acknowledgements and the worker's history:
 
-* lost: a message the producer had acknowledged that was never acked (nor, for a poison
-  message, dead-lettered): must be 0;
+* lost: a message the producer had acknowledged that was never acked, nor sent an ack
+  whose outcome is unknown (a timeout during a failover; the final state must then show it
+  done), nor, for a poison message, dead-lettered: must be 0;
 * acked then redelivered: a message a receive returned after an ack of it had returned:
   must be 0 (docs/QUEUES.md: an acknowledged message is never delivered again);
 * the dead-letter count is exactly the poison messages, and each is in the dead-letter
@@ -58,6 +59,7 @@ def test_compaction_survives_leader_kills(fresh_cluster: LocalCluster, seed: int
     poison_rounds = set(rng.sample(range(ROUNDS), POISON))
     sent: set[str] = set()  # acknowledged by the producer
     acked_at: dict[str, float] = {}  # when an ack of it returned (monotonic)
+    ack_unknown: set[str] = set()  # an ack of it was sent and failed without saying whether it was applied
     received: list[tuple[float, str]] = []  # (when the receive returned, value)
     kills: list[str] = []
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -90,7 +92,12 @@ def test_compaction_survives_leader_kills(fresh_cluster: LocalCluster, seed: int
             except errors.LeaseNotHeldError as exc:
                 lost = exc.lost
             except errors.FabricError:
-                continue  # not known whether it was acked: not counted as acked
+                # Not known whether it was acked (a timeout while the __queue_state leader
+                # fails over: the node may apply it later). Not lost: if the node did not
+                # apply it, its lease ends and it is delivered again; the final describe
+                # (nothing visible or in flight, only the poison dead-lettered) says it is done.
+                ack_unknown.update((m.value or b"").decode() for m in part)
+                continue
             now = time.monotonic()
             for m in part:
                 if m not in lost:
@@ -144,11 +151,12 @@ def test_compaction_survives_leader_kills(fresh_cluster: LocalCluster, seed: int
 
     poison_sent = {v for v in sent if v.startswith("poison")}
     good_sent = {v for v in sent if v.startswith("m-")}
-    lost = sorted(good_sent - set(acked_at))
+    lost = sorted(good_sent - set(acked_at) - ack_unknown)
     again = sorted({v for t, v in received if v in acked_at and t > acked_at[v]})
     delivered_delayed = sorted({v for _t, v in received if v.startswith("delayed")})
     report = (f"seed={seed} kills={kills} sent={len(sent)} acked={len(acked_at)} deliveries={len(received)} "
-              f"lost={lost[:10]} acked-then-redelivered={again[:10]} state log={rows}")
+              f"ack outcome unknown={len(ack_unknown)} lost={lost[:10]} acked-then-redelivered={again[:10]} "
+              f"state log={rows}")
     assert not lost, report
     assert not again, report
     assert poison_sent <= dead_letters, report

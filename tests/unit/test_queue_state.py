@@ -426,3 +426,36 @@ def test_trim_keeps_a_batch_holding_an_unfinished_message_and_the_dedup_window()
     assert share.trim_batches(plog, 20, now_ms=7_001) == 4
     entries[0].max_timestamp = 50_000  # a producer clock ahead: kept until its own time has passed
     assert share.trim_batches(plog, 20, now_ms=7_001) == 0
+
+
+def test_a_lease_whose_answer_has_not_left_is_not_a_delivery() -> None:
+    """The coordinator answers a receive only once its leases are durable; while the
+    __queue_state leader failed over that took longer than the visibility timeout, and
+    the lease clock, started at acquire, ran out before the worker had the message: each
+    such lease counted a delivery, and at max_deliveries the message was dead-lettered
+    though no worker ever held a live lease of it (1,000 good messages in a fault run)."""
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=1_000, max_deliveries=1))
+    fill(s, 2)
+    leases, _ = s.acquire("w", 2, 0, unanswered=True)
+    assert [x.delivery_count for x in leases] == [1, 1]
+    # Offset 0's answer leaves late, at 800: its clock starts then, not at 0.
+    assert s.answered("w", 0, 800) == 1_800
+    # Offset 1's answer has not left when its lease would end: undone, not counted.
+    assert s.tick(1_000) == []  # nothing dead, although max_deliveries is 1
+    assert s.entry(1).state == qs.AVAILABLE and s.entry(1).delivery_count == 0
+    assert s.answered("w", 1, 1_001) == 0  # its answer leaves it out
+    assert s.entry(0).state == qs.LEASED  # the answered lease still runs
+    s.ack("w", 0, 1_500)
+    again, _ = s.acquire("x", 1, 1_600)
+    assert [(x.offset, x.delivery_count) for x in again] == [(1, 1)]
+    # Handed out at once (the default), a lease that ends counts, as before.
+    assert [f.offset for f in s.tick(2_600)] == [1]
+
+
+def test_an_answered_lease_takes_the_visibility_asked_for() -> None:
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=1_000))
+    fill(s, 1)
+    s.acquire("w", 1, 0, visibility_ms=5_000, unanswered=True)
+    assert s.answered("w", 0, 300, 5_000) == 5_300
+    assert s.answered("w", 0, 400, 5_000) == 0  # once only
+    assert s.answered("other", 0, 300) == 0
