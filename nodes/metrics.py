@@ -338,8 +338,8 @@ class NodeMetrics:
         self.request_seconds = Histogram("fabric_request_duration_seconds", "Time the node's loop spent on a "
                                          "request, by API.", ["api"], buckets=LATENCY_BUCKETS_S,
                                          registry=self.registry)
-        self.received_bytes = Counter("fabric_received_bytes", "Request bytes received from clients and "
-                                      "followers.", registry=self.registry)
+        self.received_bytes = Counter("fabric_received_bytes", "Record-batch bytes received in client "
+                                      "requests (replication traffic is not counted).", registry=self.registry)
         self.sent_bytes = Counter("fabric_sent_bytes", "Response bytes sent.", registry=self.registry)
         self._per_api: dict[int, tuple[Any, Any]] = {}  # api key -> (requests, request_seconds) children
         self.registry.register(_StateCollector(self))

@@ -21,6 +21,10 @@ reading ``/fabric/services/...`` in ZooKeeper) finds it. Series, labelled
     fabric_service_callers_lost_total   callers that stopped heartbeating
     fabric_service_in_flight            handler calls running plus requests queued
     fabric_service_callers              callers whose heartbeats the instance follows
+
+An instance's series go once it has stopped and finished its requests (or on ``remove``),
+as a deleted topic's do: a process that serves and stops instances (a new address each
+time) would otherwise keep reporting every one of them, frozen, for as long as it runs.
 """
 
 from __future__ import annotations
@@ -53,9 +57,23 @@ class _Services(Collector):
         self.services: list[Any] = []
         self.lock = threading.Lock()
 
+    def add(self, service: Any) -> None:
+        with self.lock:
+            # Reported twice, an instance would give every series twice: an exposition
+            # Prometheus rejects whole ("duplicate sample").
+            if not any(s is service for s in self.services):
+                self.services.append(service)
+
+    def remove(self, service: Any) -> None:
+        with self.lock:
+            self.services = [s for s in self.services if s is not service]
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         labels = ["service", "address"]
         with self.lock:
+            # A stopped instance is reported until its last requests are done (draining),
+            # then forgotten: it is deregistered, and nothing it reports changes any more.
+            self.services = [s for s in self.services if not (getattr(s, "stopped", False) and s.in_flight == 0)]
             services = list(self.services)
         families: list[CounterMetricFamily | GaugeMetricFamily] = []
         for attr, name, doc in COUNTERS:
@@ -91,9 +109,13 @@ class ServiceMetrics:
         return self.endpoint.address
 
     def add(self, service: Any) -> None:
-        """Report ``service`` (a ``Service``, or the ``SyncService`` the blocking API returns)."""
-        with self._services.lock:
-            self._services.services.append(getattr(service, "service", service))
+        """Report ``service`` (a ``Service``, or the ``SyncService`` the blocking API returns)
+        until it stops; adding it again changes nothing."""
+        self._services.add(getattr(service, "service", service))
+
+    def remove(self, service: Any) -> None:
+        """Stop reporting ``service`` now (a stopped one goes by itself)."""
+        self._services.remove(getattr(service, "service", service))
 
     def stop(self) -> None:
         self.endpoint.stop()
