@@ -20,6 +20,7 @@ from fabric.cli._common import (
     bootstrap,
     partition_index,
     positive_int,
+    usage_error,
     utf8_text,
     with_bootstrap,
 )
@@ -27,6 +28,7 @@ from fabric.cli.group import group_id
 from fabric.protocol.tags import TagFilter
 
 POLL_TIMEOUT_MS = 500
+ORDERED_IDLE_EXIT_S = 2.0  # --ordered without --follow: stop once nothing new came for this long
 
 
 def tag_filter(text: str) -> str:
@@ -74,6 +76,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     consume.add_argument("--group", type=group_id,
                          help="join this consumer group: share partitions, resume at committed offsets")
     consume.add_argument("--tags", type=tag_filter, help='only records whose tags match, e.g. "paid || refunded" (docs/GROUPS.md)')
+    consume.add_argument("--ordered", action="store_true",
+                         help="a strict-order topic in its one total order (every partition, by global ID); "
+                              "without --follow, stop once nothing new came for 2 s")
+    consume.add_argument("--print-global-id", action="store_true",
+                         help="start each line with the record's global ID (strict-order topics; else the --null-text)")
     consume.set_defaults(run=cmd_consume)
 
 
@@ -81,6 +88,8 @@ def format_record(record: Any, args: argparse.Namespace) -> bytes:
     """One output line. Pure, so the format is tested without a cluster."""
     null = args.null_text.encode()
     parts: list[bytes] = []
+    if getattr(args, "print_global_id", False):
+        parts.append(null if record.global_id < 0 else b"%d" % record.global_id)
     if args.print_offset:
         parts.append(b"%d:%d" % (record.partition, record.offset))
     if args.print_timestamp:
@@ -97,6 +106,8 @@ def format_record(record: Any, args: argparse.Namespace) -> bytes:
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
+    if args.ordered:  # first: it refuses --group
+        return _consume_ordered(args)
     if args.group is not None:  # never truthiness: --group '' must not mean "no group" (group_id refuses it)
         from fabric.cli.group import consume_in_group
 
@@ -150,3 +161,39 @@ def _seek_checked(consumer: Any, tps: list[Any], offset: int) -> None:
         )
     for tp in tps:
         consumer.seek(tp, offset)
+
+
+def _consume_ordered(args: argparse.Namespace) -> int:
+    """``fabric consume T --ordered``: an OrderedConsumer (docs/DESIGN.md, strict order).
+    Its records become final as every partition's watermark passes them (ticks move it), so
+    without --follow it stops once nothing new came for ORDERED_IDLE_EXIT_S, as ``--group``
+    does, rather than at end offsets."""
+    import time
+
+    from sdk import OrderedConsumer
+
+    refused = [flag for flag, given in (("--group", args.group is not None), ("--partition", args.partition is not None),
+                                        ("--tags", args.tags is not None)) if given]
+    if refused:
+        raise usage_error(f"--ordered reads every partition itself, in one order: it takes no {', '.join(refused)}")
+    if args.from_offset not in ("earliest", "latest"):
+        raise usage_error("with --ordered, --from-offset is earliest (the whole order) or latest (what comes next)")
+    out = sys.stdout.buffer
+    progress = Progress("consumed", enabled=args.progress)
+    remaining = args.max_messages
+    with OrderedConsumer(bootstrap(args), args.topic, from_beginning=args.from_offset == "earliest") as reader:
+        last_data = time.monotonic()
+        while args.follow or time.monotonic() - last_data <= ORDERED_IDLE_EXIT_S:
+            records = reader.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=remaining or 10_000)
+            for r in records:
+                out.write(format_record(r, args))
+            out.flush()
+            if records:
+                last_data = time.monotonic()
+                progress.add(len(records))
+                if remaining is not None:
+                    remaining -= len(records)
+                    if remaining <= 0:
+                        return 0
+    progress.done()
+    return 0

@@ -113,3 +113,35 @@ def test_a_reader_started_at_the_end_of_a_quiet_topic_gets_only_what_follows(
             while len(values) < 8 and time.monotonic() < deadline:
                 values.extend(r.value or b"" for r in reader.poll(timeout_ms=500))
     assert values == [b"after-%d" % i for i in range(8)]
+
+
+def test_fabric_consume_ordered_prints_the_total_order(strict_cluster: LocalCluster, topic_name: str) -> None:
+    """`fabric consume T --ordered --print-global-id` prints every record of a strict-order
+    topic once, in global-ID order across its partitions, then stops once quiet; the flags
+    that make no sense with it are one usage line (exit 2)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    bootstrap = strict_cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=PARTITIONS, strict_order=True)
+    with Producer(bootstrap, linger_ms=1) as producer:
+        futures = [producer.send(topic_name, b"v%d" % i, partition=i % PARTITIONS) for i in range(200)]
+        for future in futures:
+            future.result(timeout=30)
+    done = subprocess.run([sys.executable, "-m", "fabric", "consume", topic_name, "--bootstrap", bootstrap,
+                           "--ordered", "--print-global-id", "--print-offset"],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("\t") for line in done.stdout.splitlines()]
+    ids = [int(fields[0]) for fields in lines]
+    assert len(lines) == 200 and ids == sorted(ids) and len(set(ids)) == 200
+    assert sorted(fields[2] for fields in lines) == sorted(f"v{i}" for i in range(200))
+    for flags in (["--partition", "0"], ["--from-offset", "5"], ["--group", "g"]):
+        refused = subprocess.run([sys.executable, "-m", "fabric", "consume", topic_name, "--bootstrap", bootstrap,
+                                  "--ordered", *flags], capture_output=True, text=True, timeout=60, env=env, check=False)
+        assert refused.returncode == 2 and "--ordered" in refused.stderr and "Traceback" not in refused.stderr, flags
