@@ -41,6 +41,8 @@ pytestmark = pytest.mark.slow
 
 SESSION_TIMEOUT_MS = 2_000
 BURST_SESSION_TIMEOUT_MS = 8_000
+BURST_ATTEMPTS_MAX = 3  # pauses tried until the stream overflows (each burst twice the last)
+GAP_NOTICE_WAIT_S = 5.0  # after a resume, how long the follower has to log that it saw the gap
 
 
 @pytest.fixture
@@ -253,14 +255,28 @@ def burst(fault_cluster: LocalCluster, rng: random.Random, seed: int) -> None:
         sent += records
         producer.flush(timeout=120)
 
+    def gap_noticed() -> bool:
+        return "streaming -> fetching" in "".join(p.read_text() for p in fault_cluster.base_dir.glob("node*.log"))
+
     try:
         phase(rng.randrange(2_000, 5_000))
-        fault_cluster.nodes[victim].pause()
-        paused_at = time.monotonic()
-        phase(20_000)  # all published while the follower is stopped
-        paused_s = time.monotonic() - paused_at
-        fault_cluster.nodes[victim].resume()
-        phase(5_000)
+        burst_records, paused_s = 20_000, 0.0
+        # A burst that the stream's buffers happened to hold (the leader's requests and
+        # the loopback buffers vary from run to run: CI once sent 20,000 records in 0.58 s
+        # without a drop) proves nothing: pause again with a bigger one, a few times at most.
+        for _attempt in range(BURST_ATTEMPTS_MAX):
+            fault_cluster.nodes[victim].pause()
+            paused_at = time.monotonic()
+            phase(burst_records)  # all published while the follower is stopped
+            paused_s = max(paused_s, time.monotonic() - paused_at)
+            fault_cluster.nodes[victim].resume()
+            phase(5_000)
+            noticed_by = time.monotonic() + GAP_NOTICE_WAIT_S
+            while not gap_noticed() and time.monotonic() < noticed_by:
+                time.sleep(0.2)
+            if gap_noticed() or paused_s * 1000 > BURST_SESSION_TIMEOUT_MS:
+                break
+            burst_records *= 2
         fault_cluster.nodes[victim].kill()  # and killed mid-stream
         phase(10_000)
         fault_cluster.nodes[victim].start()
@@ -274,7 +290,7 @@ def burst(fault_cluster: LocalCluster, rng: random.Random, seed: int) -> None:
     # healed by fetching. Only if the pause outlasted its session (a very slow machine) did it
     # register again and truncate instead, which heals the same way but proves less: say so.
     logs = "".join(p.read_text() for p in fault_cluster.base_dir.glob("node*.log"))
-    print(f"follower {victim} stopped for {paused_s:.1f} s while 20,000 records were sent")
+    print(f"follower {victim} stopped for up to {paused_s:.1f} s while up to {burst_records:,} records were sent")
     if "streaming -> fetching" not in logs:
         assert paused_s * 1000 > BURST_SESSION_TIMEOUT_MS, "the burst never overflowed the stream; make it bigger"
         print("its session expired during the pause: it healed by registering again, not by noticing the gap")
