@@ -3,7 +3,7 @@ producer ids. Each handler takes the node state and one request and returns the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from fabric import errors
@@ -12,11 +12,15 @@ from fabric.protocol import apis
 from nodes.state import Envelope, NodeState
 
 
-def _partition_state_body(state: zkl.PartitionState) -> dict[str, Any]:
+def _partition_state_body(state: zkl.PartitionState, live: Container[int] | None = None) -> dict[str, Any]:
+    """``live``: the node ids a METADATA answer lists; a leader not among them is answered
+    as -1 (none). Its ZooKeeper session has expired and the controller has not yet elected
+    another: a client can reach no node by that id, and took it for a reachable leader
+    (a QueueConsumer polled nobody for good). DESCRIBE_TOPICS reports ZooKeeper's state as is."""
     return {
         "partition": state.partition,
         "error": 0,
-        "leader": state.leader,
+        "leader": state.leader if live is None or state.leader in live else -1,
         "leader_epoch": state.leader_epoch,
         "replicas": list(state.replicas),
         "isr": list(state.isr),
@@ -27,6 +31,7 @@ def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message)
     node.check_routing_current()
     names: list[str] = request.body["topics"]
     topics = node.routing.topics()
+    live = node.routing.nodes()  # read after the topics: a node that joined since is listed
     wanted = list(dict.fromkeys(names)) if names else sorted(topics)  # a name asked for twice is answered once
     out = []
     for name in wanted:
@@ -43,9 +48,9 @@ def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message)
             "name": name,
             "strict_order": int(route.config.strict_order),
             "message_bytes_max": route.config.message_bytes_max,
-            "partitions": [_partition_state_body(route.partitions[p]) for p in sorted(route.partitions)],
+            "partitions": [_partition_state_body(route.partitions[p], live) for p in sorted(route.partitions)],
         })
-    nodes = [{"node_id": n.node_id, "address": n.address} for n in sorted(node.routing.nodes().values(), key=lambda n: n.node_id)]
+    nodes = [{"node_id": n.node_id, "address": n.address} for n in sorted(live.values(), key=lambda n: n.node_id)]
     return {"controller_id": node.routing.controller_id, "nodes": nodes, "topics": out}
 
 
