@@ -32,7 +32,7 @@ from fabric.protocol import queues as qp
 from nodes.log import PartitionLog
 from nodes.queue_durable import ACTIVE, STATE_RECORDS_PER_WRITE, Slot, state_partition, wall_ms
 from nodes.queue_groups import QueueGroups
-from nodes.queue_share import COUNTING
+from nodes.queue_share import COUNTING, appended_ms
 from nodes.queue_snapshot import (
     SNAPSHOT_AFTER_RECORDS_MIN,
     SNAPSHOT_MESSAGES_MAX,
@@ -99,8 +99,9 @@ class QueueCompaction(QueueGroups):
         clock.warned_size = False
         clock.sequence += 1
         clock.written_at, clock.loaded_at, clock.last_s = slot.written, share.records_loaded, now
-        snapshot_id = f"{self.node.node_id}.{share.epoch}.{clock.sequence}.{wall_ms()}".encode()
-        records = snapshot_records(share, plog.log_start_offset, snapshot_id, wall_ms())
+        now_ms = wall_ms()  # ends the id too: what a loader reads its records' times against (queue_snapshot.py)
+        snapshot_id = f"{self.node.node_id}.{share.epoch}.{clock.sequence}.{now_ms}".encode()
+        records = snapshot_records(share, plog.log_start_offset, snapshot_id, now_ms)
         clock.last_records = len(records)
         incarnation = (qp.HEADER_STATE_INCARNATION, str(share.topic_config.created_ms).encode())
         writes = split_writes([(t, k, v, [*h, incarnation]) for t, k, v, h in records], STATE_RECORDS_PER_WRITE)
@@ -166,9 +167,14 @@ class QueueCompaction(QueueGroups):
             for buf in batches:
                 decoded = batch_format.decode_batch(buf, check_crc=False)  # checked when it was appended
                 base = decoded.header.base_offset
+                # A writer's newest record by our own clock, which _writer_gone reads it
+                # against: its timestamp is the writer's, and a writer 10 min behind us had a
+                # queue just made (not in our map yet) taken as gone at once.
+                appended = appended_ms(plog, base)
                 for i, key in enumerate(decoded.keys):
                     if base + i >= index.next_offset and key is not None:
-                        index.add(base + i, key, decoded.timestamps[i], decoded.headers[i], decoded.values[i])
+                        index.add(base + i, key, appended if appended >= 0 else decoded.timestamps[i], decoded.headers[i],
+                                  decoded.values[i])
                 index.next_offset = max(index.next_offset, decoded.header.next_offset)
             if time.monotonic() > deadline_s:
                 return index.next_offset >= plog.high_watermark

@@ -27,7 +27,7 @@ from fabric.protocol.apis import ApiKey
 from nodes.log import PartitionLog
 from nodes.queue_durable import ACTIVE, LOADING, STATE_TOPIC_PARTITIONS, Slot, wall_ms
 from nodes.queue_leases import QueueLeases
-from nodes.queue_share import COUNTING, SharePartition
+from nodes.queue_share import COUNTING, SharePartition, appended_ms
 from nodes.queue_state import Finished, check_receive_wait_ms, check_visibility_ms
 from nodes.state import Envelope, NodeState, TopicPartition
 
@@ -201,8 +201,9 @@ class QueueCoordinator(QueueLeases):
                 self.node.send_error(envelope, header, errors.error_for_code(code)(text or "queue state write failed"))
                 self._unlease(body, messages)  # never handed out: back now, not counted
                 return
-            handed = self._hand_over(body, messages)  # lease clocks start now (queue_groups.py)
-            if not self.node.send_response(envelope, header, {"error": 0, "message": "", "messages": handed}):
+            now_ms, handed = self._hand_over(body, messages)  # lease clocks start now (queue_leases.py)
+            if not self.node.send_response(envelope, header, {"error": 0, "message": "", "messages": handed,
+                                                              "now_ms": now_ms}):
                 self._unlease(body, handed)
         self._after_durable(touched if messages else [], answer)
         return True
@@ -287,9 +288,9 @@ class QueueCoordinator(QueueLeases):
                     self._collect(slot, name, g, finished)
                 counts = g.state.counts()
                 age = -1
-                if counts["oldest_offset"] >= 0:
-                    found = share.records(plog, [counts["oldest_offset"]]).get(counts["oldest_offset"])
-                    age = max(0, now_ms - found[0]) if found is not None else -1
+                if counts["oldest_offset"] >= 0:  # since we appended it: a producer's clock is not ours
+                    appended = appended_ms(plog, counts["oldest_offset"])
+                    age = max(0, now_ms - appended) if appended >= 0 else -1
                 out.append({"partition": tp[1], "group": name,
                             "visible": counts["visible"], "in_flight": counts["in_flight"],
                             "delayed": counts["delayed"], "dead_lettered": counts["dead_lettered"],

@@ -31,7 +31,7 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
-from nodes.queue_share import COUNTING, Group, SharePartition
+from nodes.queue_share import COUNTING, Group, SharePartition, copy_appended_ms
 from nodes.queue_snapshot import load_record
 from nodes.queue_state import DEAD, Change, Finished
 from nodes.state import NodeState, TopicPartition
@@ -363,9 +363,11 @@ class QueueDurability:
             if result is None or result["error"]:
                 slot.next_load_s = time.monotonic() + RETRY_INTERVAL_S
                 return
+            state_log = self.node.logs.get((qp.STATE_TOPIC, k))  # our copy, if we hold one
             for buf in message.batches:  # type: ignore[union-attr]
                 decoded = batch_format.decode_batch(buf)
                 base = decoded.header.base_offset
+                appended_here_ms = copy_appended_ms(state_log, decoded.header)  # to read its times on our clock
                 for i, (key, value, headers) in enumerate(zip(decoded.keys, decoded.values, decoded.headers,
                                                               strict=True)):
                     if base + i < slot.load_offset or key is None or value is None or not key.startswith(prefix):
@@ -379,7 +381,7 @@ class QueueDurability:
                         continue
                     # Its timestamp, when the leader wrote it, is the group's idle clock.
                     load_record(share, plog, key[len(prefix):].decode("utf-8", "replace"), fields, headers,
-                                decoded.timestamps[i])
+                                decoded.timestamps[i], appended_here_ms)
                 slot.load_offset = max(slot.load_offset, decoded.header.next_offset)
             # Done when everything is read and everything read is committed.
             if slot.load_offset >= result["log_end_offset"] and result["high_watermark"] >= result["log_end_offset"]:

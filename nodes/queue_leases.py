@@ -23,10 +23,11 @@ from nodes.queue_durable import wall_ms
 
 
 class QueueLeases(QueueCompaction):
-    def _hand_over(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _hand_over(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
         """The messages of a receive whose leases are durable, as its answer carries them:
         each lease's clock restarted now (its deadline in the answer too), those whose lease
-        ended meanwhile (undone, not counted) left out."""
+        ended meanwhile (undone, not counted) left out; and now, which the answer carries
+        too (version 1), so that a worker reads the deadlines on its own clock."""
         now_ms = wall_ms()
         handed = []
         for m in messages:
@@ -36,7 +37,7 @@ class QueueLeases(QueueCompaction):
                                                                body["visibility_timeout_ms"])
             if deadline_ms:
                 handed.append(dict(m, deadline_ms=deadline_ms))
-        return handed
+        return now_ms, handed
 
     def _unlease(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         """The answer to a long poll did not leave: its consumer closed (or died) while the

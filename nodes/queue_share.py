@@ -4,10 +4,15 @@ the local log.
 The state machine (``nodes/queue_state.py``) decides; this module gives it its input.
 Records join a group's share state only once they are below the partition's high
 watermark (committed), so a message is never handed out and then lost to a truncation.
-Their queue fields come from their headers, and every time in them counts from the
-record's own timestamp (the producer's send time), so a new leader replaying the same log
-reaches the same decisions: when a delay ends, when a TTL passes, which sends were
-duplicates.
+Their queue fields come from their headers, and every time in them (when a delay ends,
+when a TTL passes, which sends were duplicates) counts from when this node appended the
+record's batch, by this node's own clock (``appended_ms``): never from the record's
+timestamp, which is the producer's clock (or any time it chose), so a producer a day
+ahead or behind neither delays its messages a day nor expires them at once. Every
+replica appends a committed batch within milliseconds of the leader (it is committed
+once the in-sync replicas have it) and keeps its own append time, so a new leader
+replaying the same log reaches the same decisions in real time whatever its clock's
+offset from the old leader's (docs/DESIGN.md, "Clocks").
 
 Persisted changes (``__queue_state`` records) are applied as the offsets they name are
 replayed, newest per offset winning.
@@ -15,6 +20,7 @@ replayed, newest per offset winning.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import time
@@ -35,13 +41,35 @@ INGEST_BYTES_MAX: Final[int] = 256 * 1024  # log bytes read per ingestion step
 INGEST_TURN_S: Final[float] = 0.02  # one ingest call replays at most this long, then yields the loop
 BATCH_CACHE_MAX: Final[int] = 64  # decoded batches kept for answering receives
 COUNTING: Final[str] = ""  # the share state that counts a queue nobody consumes yet
-# A consumed batch is kept this much past the dedup window (counted from its records' own
-# timestamps and from its append; the window itself if shorter): a producer whose clock
-# runs behind the leader's must still find the original when a new leader replays the log
-# to rebuild the window.
+# A consumed batch is kept this much past the dedup window (counted from its append; the
+# window itself if shorter): a follower appended it a little later than the leader, so
+# as a new leader it must still find the original when it replays the log to rebuild
+# the window.
 TRIM_CLOCK_SLACK_MS: Final[int] = 60_000
 
 Record = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]  # timestamp, key, value, headers
+
+
+def appended_ms(plog: PartitionLog, offset: int) -> int:
+    """When this node appended the batch holding ``offset``, by its own wall clock (-1: not
+    in the log): what a queue counts delays, TTLs and dedup windows from."""
+    index = bisect.bisect_right(plog.bases, offset) - 1
+    if index < 0 or plog.entries[index].next_offset <= offset:
+        return -1
+    return plog.entries[index].append_ms
+
+
+def copy_appended_ms(local: PartitionLog | None, header: batch_format.BatchHeader) -> int:
+    """When this node appended its own copy of the batch ``header`` heads, by its clock (-1:
+    it holds none, or not that batch): how a wall time another node wrote in the batch is
+    read on this node's clock (``nodes/queue_snapshot.py`` ``load_record``)."""
+    if local is None:
+        return -1
+    index = bisect.bisect_right(local.bases, header.base_offset) - 1
+    entry = local.entries[index] if index >= 0 else None
+    if entry is None or entry.base_offset != header.base_offset or entry.max_timestamp != header.max_timestamp:
+        return -1  # not replicated here yet, or not the same batch
+    return entry.append_ms
 
 
 def queue_config(config: zkl.TopicConfig) -> QueueConfig:
@@ -208,7 +236,9 @@ class SharePartition:
         horizon_ms = now_ms - window_ms - min(TRIM_CLOCK_SLACK_MS, window_ms)
         count = 0
         for entry in plog.entries:
-            if entry.next_offset > floor or entry.max_timestamp >= horizon_ms or entry.append_ms >= horizon_ms:
+            # Not by the records' timestamps: the window does not count from them, and a
+            # producer a day ahead kept every batch it sent a day past being consumed.
+            if entry.next_offset > floor or entry.append_ms >= horizon_ms:
                 break
             count += 1
         return count
@@ -233,16 +263,20 @@ class SharePartition:
             if not batches:
                 return True
             for buf in batches:
-                self._ingest_batch(g, self._decode(buf), now_ms)
+                decoded = self._decode(buf)
+                appended = appended_ms(plog, decoded.header.base_offset)
+                self._ingest_batch(g, decoded, now_ms, appended if appended >= 0 else now_ms)
                 if time.monotonic() > deadline_s:
                     return state.next_offset >= plog.high_watermark
         return True
 
-    def _ingest_batch(self, g: Group, decoded: batch_format.DecodedBatch, now_ms: int) -> None:
+    def _ingest_batch(self, g: Group, decoded: batch_format.DecodedBatch, now_ms: int, batch_appended_ms: int) -> None:
+        """``batch_appended_ms``: when this node appended the batch (its clock), which every
+        time of its records counts from, as SQS counts from when it received a message."""
         state = g.state
         base = decoded.header.base_offset
         control = bool(decoded.header.attributes & batch_format.ATTRIBUTE_CONTROL)
-        for i, timestamp in enumerate(decoded.timestamps):
+        for i in range(len(decoded.timestamps)):
             offset = base + i
             if offset < state.next_offset:
                 continue
@@ -256,7 +290,7 @@ class SharePartition:
                 log.warning("%s/%d offset %d: %s; delivered without queue options", self.topic, self.partition,
                             offset, exc)
                 fields = None
-            if fields is not None and fields["dedup_id"] and not g.dedup.admit(fields["dedup_id"], timestamp):
+            if fields is not None and fields["dedup_id"] and not g.dedup.admit(fields["dedup_id"], batch_appended_ms):
                 state.skip(offset, duplicate=True)
                 continue
             value = decoded.values[i]
@@ -266,9 +300,10 @@ class SharePartition:
             if fields is not None:
                 if fields["priority"] is not None and qp.PRIORITY_MIN <= fields["priority"] <= qp.PRIORITY_MAX:
                     priority = fields["priority"]
-                visible_at = fields["deliver_at_ms"] or (timestamp + fields["delay_ms"] if fields["delay_ms"] else 0)
+                # deliver_at_ms is a wall-clock time the producer chose: judged by ours.
+                visible_at = fields["deliver_at_ms"] or (batch_appended_ms + fields["delay_ms"] if fields["delay_ms"] else 0)
                 ttl_ms = max(0, fields["ttl_ms"])
-            state.append(offset, timestamp, size_bytes=len(value) if value else 0, priority=priority,
+            state.append(offset, batch_appended_ms, size_bytes=len(value) if value else 0, priority=priority,
                          visible_at_ms=visible_at, ttl_ms=ttl_ms)
             change = g.restore.pop(offset, None)
             if change is not None:

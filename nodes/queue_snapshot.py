@@ -124,22 +124,43 @@ def snapshot_due(records_since: int, last_snapshot_records: int, since_last_s: f
 
 
 def load_record(share: SharePartition, plog: PartitionLog, group: str, fields: dict[str, Any],
-                headers: list[tuple[str, bytes | None]], written_ms: int) -> None:
-    """Apply one ``__queue_state`` record of ``share`` read while loading (in log order)."""
+                headers: list[tuple[str, bytes | None]], record_ms: int, appended_here_ms: int = -1) -> None:
+    """Apply one ``__queue_state`` record of ``share`` read while loading (in log order).
+
+    Its times (``record_ms``, its timestamp: the group's idle clock; a message's
+    ``visible_at_ms``) are the writing leader's wall clock. ``appended_here_ms``: when this
+    node appended its own copy of the record's batch (-1: it holds none), by which they are
+    read on this node's clock: a new leader 2 days ahead of the old one otherwise took
+    every group for 2 days idler than it was, and ended nack delays early. Without a copy
+    they are taken as they are, and ``ShareState.restore`` bounds a delay by what was left
+    of it when written (docs/DESIGN.md, "Clocks")."""
     share.records_loaded += 1
     snapshot = header(headers, SNAPSHOT_HEADER)
+    # The writer's clock when it wrote the record: a snapshot's records carry each group's
+    # last use as their timestamp, and the time the snapshot was taken ends its id.
+    written_ms = (snapshot_taken_ms(snapshot) if snapshot is not None else 0) or record_ms
+    shift_ms = appended_here_ms - written_ms if appended_here_ms >= 0 else 0  # its clock to ours
+    visible_at_ms = fields["visible_at_ms"] + shift_ms if fields["visible_at_ms"] else 0
+    written_ms, record_ms = written_ms + shift_ms, record_ms + shift_ms
     state = str(fields["state"])
     if state in qp.GROUP_MARKERS:  # a tombstone or a use, not a message's state
         counts = header(headers, SNAPSHOT_COUNTS_HEADER) if snapshot is not None else None
         if counts is not None and state == qp.STATE_USED:
             dead, dropped = _counts(counts)
-            share.snapshot_base(group, dead, dropped, plog, written_ms)
+            share.snapshot_base(group, dead, dropped, plog, record_ms)
         else:
-            share.mark(group, state, written_ms, plog)
+            share.mark(group, state, record_ms, plog)
         return
     share.restore(group, fields["offset"], fields["last_offset"],
-                  Change(fields["offset"], state, fields["delivery_count"], fields["visible_at_ms"], fields["reason"],
-                         counted=snapshot is None), plog, written_ms)
+                  Change(fields["offset"], state, fields["delivery_count"], visible_at_ms, fields["reason"],
+                         counted=snapshot is None, written_ms=written_ms), plog, record_ms)
+
+
+def snapshot_taken_ms(snapshot_id: bytes) -> int:
+    """The writer's wall clock when it took the snapshot ``snapshot_id`` names (its id ends
+    with it, nodes/queue_compaction.py); 0 if it does not parse."""
+    last = snapshot_id.rsplit(b".", 1)[-1]
+    return int(last) if last.isdigit() and len(last) < 19 else 0
 
 
 def header(headers: list[tuple[str, bytes | None]], name: str) -> bytes | None:
@@ -163,7 +184,7 @@ def _counts(raw: bytes) -> tuple[int, int]:
 class WriterStart:
     """Where one writer's state starts in a __queue_state partition."""
     floor: int  # its records below this are superseded by a complete snapshot (or none is below)
-    newest_ms: int  # its newest record's timestamp
+    newest_ms: int  # when its newest record was appended here (this node's clock, nodes/queue_compaction.py)
     snapshot: bytes = b""  # the snapshot being read, and its first record
     snapshot_first: int = -1
 
@@ -176,7 +197,7 @@ class StateLogIndex:
     writers: dict[WriterKey, WriterStart] = field(default_factory=dict)
     next_trim_s: float = 0.0
 
-    def add(self, offset: int, key: bytes, timestamp_ms: int, headers: list[tuple[str, bytes | None]],
+    def add(self, offset: int, key: bytes, appended_ms: int, headers: list[tuple[str, bytes | None]],
             value: bytes | None) -> None:
         parts = key.split(b"\0", 2)
         if len(parts) != 3 or not parts[1].isdigit():
@@ -184,8 +205,8 @@ class StateLogIndex:
         writer = (parts[0].decode("utf-8", "replace"), int(parts[1]), header(headers, qp.HEADER_STATE_INCARNATION))
         start = self.writers.get(writer)
         if start is None:
-            start = self.writers[writer] = WriterStart(offset, timestamp_ms)
-        start.newest_ms = max(start.newest_ms, timestamp_ms)
+            start = self.writers[writer] = WriterStart(offset, appended_ms)
+        start.newest_ms = max(start.newest_ms, appended_ms)
         snapshot = header(headers, SNAPSHOT_HEADER)
         if snapshot is None:
             return

@@ -130,6 +130,9 @@ class Change:
     # False for a snapshot's restatement (nodes/queue_compaction.py): its dead letters and
     # drops are in the snapshot's counts already, so restoring it must not count them again.
     counted: bool = True
+    # Read back from __queue_state: when its record was written, as ``visible_at_ms`` is, on
+    # this node's clock as far as known (0 otherwise). ``restore`` bounds the delay by it.
+    written_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -390,7 +393,11 @@ class ShareState:
             e.consumer, e.deadline_ms = "", now_ms
             heapq.heappush(self._leases, (now_ms, e.offset))
         else:
-            e.visible_at_ms = change.visible_at_ms
+            # ``visible_at_ms`` is the old leader's clock: from a leader 3 h behind ours it
+            # hid a nacked message (or one given back) for 3 h. Never more than the delay
+            # it had left when written, from now (docs/DESIGN.md, "Clocks").
+            left_ms = max(0, change.visible_at_ms - change.written_ms)
+            e.visible_at_ms = min(change.visible_at_ms, now_ms + left_ms) if change.written_ms else change.visible_at_ms
             self._make_available(e, now_ms)
 
     def restatement(self) -> list[Change]:

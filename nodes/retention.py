@@ -5,13 +5,20 @@ keeps in memory and says how many leading batches go. Age is the leader's append
 not the producer's timestamp, so a producer's wrong clock can neither pin data forever
 nor delete it early. The loop runs ``run`` every ``retention_check_interval_ms``; each
 partition's deletion is one range delete (``PartitionLog.delete_before``).
+
+Only a partition's leader deletes by age, by its own clock; a follower deletes below its
+leader's log start (nodes/follower.py) and by size. A follower's clock so never decides
+what a new leader could serve: one whose clock was set 2 days forward (an NTP step, a VM
+restored with a wrong clock) read every batch it had appended as 2 days older and deleted
+data the leader still served, lost for good once it became leader (Kafka's followers
+judge age on their own clocks too). docs/DESIGN.md, "Clocks".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,14 +46,17 @@ def batches_to_delete(entries: Sequence[IndexEntry], total_bytes: int, retention
     return drop
 
 
-def apply(logs: Mapping[TopicPartition, PartitionLog], configs: Mapping[str, TopicConfig], now_ms: int) -> dict[TopicPartition, int]:
-    """Apply every topic's retention to its hosted partitions; records deleted per partition."""
+def apply(logs: Mapping[TopicPartition, PartitionLog], configs: Mapping[str, TopicConfig], now_ms: int,
+          led: Container[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+    """Apply every topic's retention to its hosted partitions; records deleted per partition.
+    ``led``: the partitions this node leads, the only ones aged here (None: all)."""
     deleted_by_partition: dict[TopicPartition, int] = {}
     for (topic, partition), plog in logs.items():
         config = configs.get(topic)
         if config is None:
             continue
-        deleted = plog.apply_retention(config.retention_ms, config.retention_bytes, now_ms)
+        retention_ms = config.retention_ms if led is None or (topic, partition) in led else -1
+        deleted = plog.apply_retention(retention_ms, config.retention_bytes, now_ms)
         if deleted:
             deleted_by_partition[(topic, partition)] = deleted
             log.info("retention deleted %d records of %s/%d; log starts at %d", deleted, topic, partition, plog.log_start_offset)
@@ -55,4 +65,4 @@ def apply(logs: Mapping[TopicPartition, PartitionLog], configs: Mapping[str, Top
 
 def run(node: NodeState, _now: float) -> None:
     """The loop duty."""
-    apply(node.logs, node.configs, int(time.time() * 1000))
+    apply(node.logs, node.configs, int(time.time() * 1000), led=node.leaders)

@@ -59,7 +59,8 @@ SETTLE_TIMEOUT_MS: Final[int] = 15_000
 
 @dataclass(frozen=True)
 class QueueMessage:
-    """One leased message. ``deadline_ms`` (wall clock) is when the lease ends unless extended."""
+    """One leased message. ``deadline_ms`` is when the lease ends unless extended, by the
+    wall clock of the node that granted it (which need not agree with this host's)."""
 
     queue: str
     partition: int
@@ -77,6 +78,10 @@ class QueueMessage:
     # none known). The lease ends when the map moves past it to another leader; a map that
     # has not moved since then may be older than the grant, and says nothing about it.
     map_epoch_at_grant: int = field(default=-1, repr=False, compare=False)
+    # When the lease ends by this process's time.monotonic(): ``deadline_ms`` read against
+    # the granting node's clock as its answer left (QUEUE_RECEIVE version 1), so a host
+    # whose clock is ahead of the nodes' does not take live leases as over.
+    lease_ends_s: float = field(default=math.inf, repr=False, compare=False)
 
     def header(self, name: str) -> bytes | None:
         for k, v in self.headers:
@@ -111,10 +116,15 @@ class QueueConsumer:
         self._conns = Connections(context, security=security or FROM_ENV)
         self._meta = MetadataClient(meta_bootstrap, self._conns)
         self._buffer: deque[QueueMessage] = deque()
-        self._polls: dict[str, tuple[int, float]] = {}  # node address -> (correlation id, give-up time)
+        # node address -> (correlation id, give-up time, when sent), time.monotonic()
+        self._polls: dict[str, tuple[int, float, float]] = {}
+        self._looked_s = 0.0  # when this consumer last finished reading its sockets (_take_replies)
         self._closed = False
         self._unreachable_since: dict[str, float] = {}
         self._refreshed_s = 0.0
+        # Nodes that answered QUEUE_RECEIVE version 1 with UNSUPPORTED_VERSION (an older
+        # node): asked with version 0, whose deadlines are read against this host's clock.
+        self._receive_v0: set[str] = set()
         # Every re-read of the routing map ends by this (time.monotonic()): set by each call
         # from its own wait, so that no call waits on the map past its documented bound.
         self._refresh_by_s = math.inf
@@ -210,8 +220,10 @@ class QueueConsumer:
         """Whether messages are buffered, after dropping those whose lease ended while they
         waited there (a receive asks every leader, so more can arrive than one call takes,
         and a poll's answer can sit unread while the worker is busy): the leader gives them
-        to another worker, which may have acked them already. ``deadline_ms`` is the
-        leader's wall clock, so this assumes synchronized clocks, as leases do anyway. A
+        to another worker, which may have acked them already. Judged on this process's
+        monotonic clock (``lease_ends_s``), not by comparing the leader's ``deadline_ms``
+        with this host's wall clock: a worker whose clock ran a minute ahead of the nodes'
+        dropped every message it received, which went to the dead-letter queue unseen. A
         lease also ends when its partition's leader changes (docs/QUEUES.md): messages
         granted by a node that no longer leads their partition, as far as this consumer's
         map knows, are dropped too (``_drop_granted_by`` when a node's connection drops).
@@ -220,17 +232,16 @@ class QueueConsumer:
         grants, and dropping those grants took each of its answers from the buffer and
         asked again, leasing (and counting a delivery of) the partition's whole backlog
         within milliseconds, none of it seen until the visibility timeout ended."""
-        now_ms = time.time() * 1000
-        if any(self._lease_ended(m, now_ms) for m in self._buffer):
-            live = deque(m for m in self._buffer if not self._lease_ended(m, now_ms))
-            log.warning("%d received messages not handed out: their lease ended before they were (the "
-                        "partition's leader changed, or this host's clock is ahead of the nodes')",
-                        len(self._buffer) - len(live))
+        now_s = time.monotonic()
+        if any(self._lease_ended(m, now_s) for m in self._buffer):
+            live = deque(m for m in self._buffer if not self._lease_ended(m, now_s))
+            log.warning("%d received messages not handed out: their lease ended before they were (they "
+                        "waited here past it, or the partition's leader changed)", len(self._buffer) - len(live))
             self._buffer = live
         return bool(self._buffer)
 
-    def _lease_ended(self, message: QueueMessage, now_ms: float) -> bool:
-        if message.deadline_ms <= now_ms:
+    def _lease_ended(self, message: QueueMessage, now_s: float) -> bool:
+        if message.lease_ends_s <= now_s:
             return True
         leader, epoch = self._leader_of(message.partition)
         return leader not in (None, message.granted_by) and epoch > message.map_epoch_at_grant
@@ -267,16 +278,16 @@ class QueueConsumer:
         loop is left by an exception that is not the handler's ``Exception``."""
         while not self._closed and not should_stop():
             batch = self.receive(max_messages, 1_000)
-            received_ms = time.time() * 1000
+            received_s = time.monotonic()  # leases are judged on this clock (lease_ends_s)
             done: list[QueueMessage] = []
             try:
                 for msg in batch:
-                    now_ms = time.time() * 1000
-                    if msg.deadline_ms <= now_ms:
+                    now_s = time.monotonic()
+                    if msg.lease_ends_s <= now_s:
                         log.warning("%s/%d: lease ended before the handler's turn; not handled (delivered again)",
                                     msg.partition, msg.offset)
                         continue
-                    if done and now_ms >= (received_ms + min(m.deadline_ms for m in done)) / 2:
+                    if done and now_s >= (received_s + min(m.lease_ends_s for m in done)) / 2:
                         self._settle_quietly(done, qp.ACTION_ACK, "")
                         done = []
                     try:
@@ -325,19 +336,27 @@ class QueueConsumer:
             correlation_id = self._conns.next_id()
             body = {"queue": self.queue, "group": self.group, "consumer_id": self.consumer_id, "partition": -1,
                     "max_messages": room, "wait_ms": wait_ms, "visibility_timeout_ms": self.visibility_timeout_ms}
+            version = 0 if address in self._receive_v0 else 1  # 1: the answer carries the node's clock
             try:
-                self._conns.send(address, apis.encode_request(ApiKey.QUEUE_RECEIVE, body, correlation_id),
-                                 wait_connect_ms=0)
+                self._conns.send(address, apis.encode_request(ApiKey.QUEUE_RECEIVE, body, correlation_id,
+                                                              api_version=version), wait_connect_ms=0)
             except errors.FabricError:
                 all_sent = False  # not connected (yet, or any more: the node may be gone)
                 self._unreachable_since.setdefault(address, time.monotonic())
                 continue
             self._unreachable_since.pop(address, None)
-            self._polls[address] = (correlation_id, time.monotonic() + (wait_ms + REQUEST_SLACK_MS) / 1000.0)
+            sent_s = time.monotonic()
+            self._polls[address] = (correlation_id, sent_s + (wait_ms + REQUEST_SLACK_MS) / 1000.0, sent_s)
         return all_sent
 
     def _take_replies(self, timeout_ms: int) -> None:
-        replies = self._conns.poll(timeout_ms) if timeout_ms > 0 else self._conns.drain()
+        # Answers already waiting may have waited since we last looked (the worker was busy
+        # handling messages): their leases count from then, or from the poll if later. One
+        # that comes while we wait in poll() left the node just now.
+        replies, waited = self._conns.drain(), True
+        if not replies and timeout_ms > 0:
+            replies, waited = self._conns.poll(timeout_ms), False
+        read_s = time.monotonic()  # what comes from now on is read next time
         refresh = False
         fatal: errors.FabricError | None = None
         for address, frames in replies:
@@ -349,6 +368,10 @@ class QueueConsumer:
             if pending is None or pending[0] != message.header.correlation_id:
                 continue  # an abandoned poll: its leases expire and the messages come back
             del self._polls[address]
+            left_s = max(pending[2], self._looked_s) if waited else read_s  # when the answer left, at the earliest
+            if message.header.error_code == errors.UnsupportedVersionError.code and message.header.api_version:
+                self._receive_v0.add(address)  # an older node: ask again with version 0
+                continue
             if message.header.error_code:
                 error = errors.error_for_code(message.header.error_code)
                 if not error.retriable and fatal is None:
@@ -356,6 +379,11 @@ class QueueConsumer:
                     fatal = error(str(message.body.get("message", "")) or error.description)
                 refresh = True  # NOT_LEADER and the like: ask again after a refresh
                 continue
+            # Each lease on our monotonic clock: version 1 says how long it had as the answer
+            # left; version 0 only when it ends by the node's wall clock, read against ours.
+            node_now_ms = message.body.get("now_ms")
+            if node_now_ms is None:
+                left_s, node_now_ms = time.monotonic(), time.time() * 1000
             for m in message.body["messages"]:
                 leader, epoch = self._leader_of(m["partition"])
                 if leader != address:
@@ -365,7 +393,7 @@ class QueueConsumer:
                 self._buffer.append(QueueMessage(
                     self.queue, m["partition"], m["offset"], m["delivery_count"], m["deadline_ms"], m["timestamp_ms"],
                     m["priority"], m["key"], m["value"], [(h["key"], h["value"]) for h in m["headers"]], address,
-                    epoch))
+                    epoch, left_s + (m["deadline_ms"] - node_now_ms) / 1000.0))
         now = time.monotonic()
         for address in self._conns.take_disconnected():
             # The node went away (killed, restarted): its long poll will not be answered,
@@ -374,7 +402,8 @@ class QueueConsumer:
                 refresh = True
             self._drop_granted_by(address)
             self._conns.drop(address)
-        for address, (_cid, give_up) in list(self._polls.items()):
+        self._looked_s = read_s
+        for address, (_cid, give_up, _sent) in list(self._polls.items()):
             if now > give_up:
                 del self._polls[address]
                 self._conns.drop(address)

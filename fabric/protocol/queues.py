@@ -121,6 +121,10 @@ RECEIVE_RESPONSE_V0: Schema = (
     ("message", "text"),
     ("messages", Array(Struct(RECEIVED_MESSAGE))),
 )
+# Version 1 (same request): also the leader's wall clock when the answer left, which each
+# lease's clock starts from, so a worker reads ``deadline_ms`` against the leader's own
+# clock, not its own (a worker a minute ahead took every 30 s lease as over on arrival).
+RECEIVE_RESPONSE_V1: Schema = (*RECEIVE_RESPONSE_V0, ("now_ms", "i64"))
 
 SETTLE_ENTRY: Schema = (
     ("partition", "i32"),
@@ -172,6 +176,7 @@ DELETE_GROUP_RESPONSE_V0: Schema = (
 
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (API_QUEUE_RECEIVE, 0): (RECEIVE_REQUEST_V0, RECEIVE_RESPONSE_V0),
+    (API_QUEUE_RECEIVE, 1): (RECEIVE_REQUEST_V0, RECEIVE_RESPONSE_V1),
     (API_QUEUE_SETTLE, 0): (SETTLE_REQUEST_V0, SETTLE_RESPONSE_V0),
     (API_QUEUE_DESCRIBE, 0): (DESCRIBE_REQUEST_V0, DESCRIBE_RESPONSE_V0),
     (API_QUEUE_DELETE_GROUP, 0): (DELETE_GROUP_REQUEST_V0, DELETE_GROUP_RESPONSE_V0),

@@ -107,3 +107,98 @@ def test_describe_queue_refuses_the_every_group_query() -> None:
 
     with Admin("tcp://127.0.0.1:1") as admin, pytest.raises(errors.InvalidRequestError, match="describe_queue_groups"):
         admin.describe_queue("jobs", "")
+
+
+NODE = "tcp://127.0.0.1:9"
+
+
+class _LeasingConns(_RefusingConns):
+    """A node whose wall clock is ``skew_ms`` off this process's: each QUEUE_RECEIVE gets
+    one message leased for 30 s by that clock. ``speaks_v1`` False: an older node, which
+    answers version 1 with UNSUPPORTED_VERSION."""
+
+    def __init__(self, skew_ms: int, speaks_v1: bool = True, lease_ms: int = 30_000) -> None:
+        super().__init__()
+        self.skew_ms = skew_ms
+        self.speaks_v1 = speaks_v1
+        self.lease_ms = lease_ms
+        self.versions: list[int] = []
+
+    def send(self, address: str, frames: list[Any], *, wait_connect_ms: int = 0) -> None:
+        header = apis.decode_request([bytes(f) for f in frames]).header
+        self.versions.append(header.api_version)
+        if header.api_version and not self.speaks_v1:
+            reply = apis.encode_error_response(header, errors.UnsupportedVersionError.code, "version 1")
+        else:
+            now_ms = int(time.time() * 1000) + self.skew_ms
+            message = {"partition": 0, "offset": len(self.versions), "delivery_count": 1, "deadline_ms": now_ms + self.lease_ms,
+                       "timestamp_ms": now_ms, "priority": 4, "key": None, "value": b"job", "headers": []}
+            reply = apis.encode_response(header, {"error": 0, "message": "", "messages": [message], "now_ms": now_ms})
+        self._replies.append((address, [zmq.Frame(f) for f in reply]))
+
+
+class _Led:
+    partition, leader, leader_epoch = 0, 1, 0
+
+
+class _LedTopic:
+    partitions = [_Led()]
+
+
+class _LedMetadata:
+    topics = {"jobs": _LedTopic()}
+    nodes = {1: NODE}
+
+    @staticmethod
+    def leader_address(topic: str, partition: int) -> str:
+        return NODE
+
+
+class _LedMeta(_Meta):
+    metadata = _LedMetadata()  # type: ignore[assignment]
+
+    def topic(self, name: str, refresh_if_missing: bool = True) -> _LedTopic:  # type: ignore[override]
+        return _LedTopic()
+
+
+def _worker(conns: _LeasingConns) -> QueueConsumer:
+    worker = QueueConsumer("tcp://127.0.0.1:1", "jobs")
+    worker._conns, worker._meta = conns, _LedMeta()  # type: ignore[assignment]
+    return worker
+
+
+def test_a_worker_whose_clock_is_ahead_keeps_its_leases() -> None:
+    """The SDK compared the node's ``deadline_ms`` with this host's wall clock: a worker an
+    hour ahead of the nodes took every 30 s lease as over on arrival and handed nothing
+    out (each message, counted as delivered, went on to the dead-letter queue unseen). It
+    now reads the deadline against the node's clock as the answer left (version 1)."""
+    conns = _LeasingConns(skew_ms=-3_600_000)
+    worker = _worker(conns)
+    got = worker.receive(1, 500)
+    assert [m.value for m in got] == [b"job"] and conns.versions == [1]
+    assert 29.0 < got[0].lease_ends_s - time.monotonic() <= 30.0  # the node's 30 s, on our clock
+    worker.close()
+
+
+def test_an_older_node_is_asked_with_version_0() -> None:
+    """A node that does not speak QUEUE_RECEIVE version 1 answers UNSUPPORTED_VERSION: asked
+    again with version 0, whose deadlines are read against this host's clock, as before."""
+    conns = _LeasingConns(skew_ms=0, speaks_v1=False)
+    worker = _worker(conns)
+    assert [m.value for m in worker.receive(1, 500)] == [b"job"]
+    assert conns.versions == [1, 0]
+    worker.receive(1, 500)
+    assert conns.versions == [1, 0, 0]  # remembered
+    worker.close()
+
+
+def test_an_answer_read_late_counts_its_lease_from_when_it_could_have_left() -> None:
+    """An answer that waited unread (the worker was busy with other messages) is judged
+    from the last time the consumer looked, not from when it is read: its lease may be
+    over, and another worker may have the message by then."""
+    conns = _LeasingConns(skew_ms=-3_600_000, lease_ms=200)
+    worker = _worker(conns)
+    worker._send_polls(1, 0)
+    time.sleep(0.3)  # busy: the answer waits unread past its lease
+    assert [m.offset for m in worker.receive(1, 0)] == [2]  # not 1, the one that waited; 2 is a new poll's
+    worker.close()

@@ -52,3 +52,27 @@ def test_apply_deletes_per_topic_config_and_skips_unknown_topics(tmp_path: Path)
         assert logs[("unknown", 0)].log_start_offset == 0
     finally:
         store.close()
+
+
+def test_only_the_leader_deletes_by_age(tmp_path: Path) -> None:
+    """A follower deletes below its leader's log start (nodes/follower.py), never by age on
+    its own clock: one whose clock was set 2 days forward took every batch it had appended
+    as 2 days old and deleted what the leader still served, lost once it led. Size still
+    applies everywhere (it needs no clock)."""
+    store = Store(str(tmp_path / "db"))
+    try:
+        logs = {("t", 0): PartitionLog(store, "t", 0, 1), ("t", 1): PartitionLog(store, "t", 1, 1)}
+        for plog in logs.values():
+            for append_ms in (0, 1_000, 2_000):
+                raw = bytearray(batch.encode_batch([0], [None], [b"v" * 50]))
+                wb = store.new_write_batch()
+                plog.append(wb, raw, batch.read_header(raw), 0, append_ms)
+                store.write(wb)
+        two_days_on_ms = 2 * 86_400_000
+        configs = {"t": TopicConfig(2, retention_ms=86_400_000)}
+        assert retention.apply(logs, configs, now_ms=two_days_on_ms, led={("t", 0)}) == {("t", 0): 3}
+        assert logs[("t", 1)].log_start_offset == 0  # followed: only below its leader's log start
+        sized = {"t": TopicConfig(2, retention_ms=86_400_000, retention_bytes=1)}
+        assert retention.apply(logs, sized, now_ms=two_days_on_ms, led=set()) == {("t", 1): 3}
+    finally:
+        store.close()
