@@ -400,6 +400,10 @@ class QueueConsumer:
             # and the leases it granted end with its leadership.
             if self._polls.pop(address, None) is not None:
                 refresh = True
+            # A node restarts when it is upgraded: one that refused version 1 may speak it
+            # now, and a consumer that kept asking it with version 0 judged its leases on
+            # this host's wall clock for as long as it ran (found in a rolling upgrade).
+            self._receive_v0.discard(address)
             self._drop_granted_by(address)
             self._conns.drop(address)
         self._looked_s = read_s

@@ -192,6 +192,24 @@ def test_an_older_node_is_asked_with_version_0() -> None:
     worker.close()
 
 
+def test_a_node_restarted_after_refusing_version_1_is_asked_with_version_1_again() -> None:
+    """A rolling upgrade restarts each node on the new release: the consumer, which had
+    fallen back to version 0 for every node while they were old, kept version 0 for them
+    after they were upgraded, so its leases were judged on this host's clock for good.
+    A dropped connection (the restart) now forgets the fallback for that node."""
+    conns = _LeasingConns(skew_ms=0, speaks_v1=False)
+    worker = _worker(conns)
+    worker.receive(1, 500)
+    assert conns.versions == [1, 0]
+    conns.speaks_v1 = True  # upgraded and restarted: the connection dropped
+    conns.take_disconnected = lambda: {NODE}  # type: ignore[method-assign]
+    worker._take_replies(0)
+    conns.take_disconnected = set  # type: ignore[method-assign,assignment]
+    worker.receive(1, 500)
+    assert conns.versions[2:] == [1]
+    worker.close()
+
+
 def test_an_answer_read_late_counts_its_lease_from_when_it_could_have_left() -> None:
     """An answer that waited unread (the worker was busy with other messages) is judged
     from the last time the consumer looked, not from when it is read: its lease may be
