@@ -36,7 +36,8 @@ Series (names per the Prometheus conventions: ``_total`` counters, ``_seconds``,
     fabric_rocksdb_size_bytes                            files under the node's RocksDB dir
     fabric_controller                                    1 on the controller
     fabric_queue_messages{queue,partition,group,state}   queue partitions this node leads: visible,
-                                                         in_flight, delayed (docs/QUEUES.md)
+                                                         in_flight, delayed (docs/QUEUES.md); group
+                                                         "" for a partition no group reads yet
     fabric_queue_finished_total{queue,partition,group,outcome}   dead_lettered, dropped, deduplicated
 
 The endpoint's address is registered in the node's ZooKeeper znode (``metrics_address``),
@@ -60,6 +61,7 @@ from prometheus_client.registry import Collector
 from fabric import errors
 from fabric.metrics_http import MetricsEndpoint
 from fabric.protocol.apis import ApiKey
+from nodes.queue_share import COUNTING
 
 SNAPSHOT_INTERVAL_S = 1.0
 # From a cached fetch (sub-millisecond) to a full long-poll (FETCH_WAIT_MS_MAX is 60 s).
@@ -314,6 +316,10 @@ def queue_families(snap: Snapshot) -> Iterator[Metric]:
         counts = dict(items)
         for state in ("visible", "in_flight", "delayed"):
             depth.add_metric([queue, str(partition), group, state], float(counts.get(state, 0)))
+        if group == COUNTING:
+            # Only its depth: what counting decides (a TTL's drop) is written nowhere and starts
+            # again at each leader, and nothing it counts is dead-lettered.
+            continue
         for outcome in ("dead_lettered", "dropped", "deduplicated"):
             finished.add_metric([queue, str(partition), group, outcome], float(counts.get(outcome, 0)))
     yield depth

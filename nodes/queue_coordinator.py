@@ -340,6 +340,8 @@ class QueueCoordinator(QueueLeases):
                     self._load_step(slot)
                 continue
             plog = self.node.logs.get(tp)
+            if plog is not None:
+                slot.share.count_unconsumed(plog)  # its depth series, from the first turn it is loaded
             for name, g in slot.share.groups.items():
                 # Keep up with the log here too, a step per turn: a new leader replays its
                 # backlog without a receive to drive it and without stalling the loop.
@@ -431,10 +433,10 @@ class QueueCoordinator(QueueLeases):
         return min(times) if times else None
 
     def counts(self) -> list[tuple[str, int, str, dict[str, int]]]:
-        """(queue, partition, group, counts) of every share state served here, for metrics."""
+        """(queue, partition, group, counts) of every share state served here, for metrics;
+        a partition no group reads yet as group COUNTING ("")."""
         return [(slot.share.topic, slot.share.partition, name, g.state.counts())
-                for slot in self._slots.values() if slot.mode == ACTIVE
-                for name, g in slot.share.groups.items() if name != COUNTING]
+                for slot in self._slots.values() if slot.mode == ACTIVE for name, g in slot.share.groups.items()]
 
 
 def _check_name(what: str, name: str) -> None:

@@ -124,6 +124,14 @@ class SharePartition:
                 self.groups.pop(COUNTING, None)  # a real group counts from now on
         return found
 
+    def count_unconsumed(self, plog: PartitionLog) -> None:
+        """A queue partition no group reads yet is counted anyway, by the COUNTING state, so
+        its leader reports its depth (a dead-letter queue's alarm, nodes/metrics.py) without
+        a describe first. Only a topic made a queue: a plain topic read in queue mode keeps
+        its whole log (retention), which COUNTING would hold a state per message of."""
+        if not self.groups and self.topic_config.queue:
+            self.group(COUNTING, plog)
+
     def check_group_room(self, name: str) -> None:
         """Refuse a group this partition does not hold yet once it holds QUEUE_GROUPS_MAX."""
         if name in self.groups or name == COUNTING:
@@ -258,12 +266,15 @@ class SharePartition:
             for offset in range(state.next_offset, plog.log_start_offset):
                 state.skip(offset)
         deadline_s = time.monotonic() + INGEST_TURN_S
+        # Counting alone nothing is handed out: no batch is kept for receives (every queue
+        # partition nobody reads would hold BATCH_CACHE_MAX decoded batches).
+        keep = COUNTING not in self.groups
         while state.next_offset < plog.high_watermark:
             batches = plog.read(state.next_offset, INGEST_BYTES_MAX, plog.high_watermark)
             if not batches:
                 return True
             for buf in batches:
-                decoded = self._decode(buf)
+                decoded = self._decode(buf, keep=keep)
                 appended = appended_ms(plog, decoded.header.base_offset)
                 self._ingest_batch(g, decoded, now_ms, appended if appended >= 0 else now_ms)
                 if time.monotonic() > deadline_s:
@@ -335,8 +346,10 @@ class SharePartition:
             return None
         return self._decode(bufs[0]) if bufs else None
 
-    def _decode(self, buf: bytes) -> batch_format.DecodedBatch:
+    def _decode(self, buf: bytes, *, keep: bool = True) -> batch_format.DecodedBatch:
         decoded = batch_format.decode_batch(buf, check_crc=False)  # checked when it was appended
+        if not keep:
+            return decoded
         self._batches[decoded.header.base_offset] = decoded
         while len(self._batches) > BATCH_CACHE_MAX:
             self._batches.popitem(last=False)

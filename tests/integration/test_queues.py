@@ -401,6 +401,52 @@ def test_queue_depth_in_the_metrics(cluster: LocalCluster, topic_name: str) -> N
         worker.ack(held)
 
 
+def test_a_dead_letter_queue_nobody_consumes_reports_its_depth(cluster: LocalCluster, topic_name: str) -> None:
+    """docs/OPERATIONS.md, "Queue depth": a queue no group reads (here a dead-letter queue)
+    has depth series too, with group "", from its partitions' leaders only, without a
+    describe first; deleting the queue removes them."""
+    from tests.integration.test_metrics_endpoint import endpoints, scrape, total
+
+    dlq = f"{topic_name}.dlq"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2, max_deliveries=1, dead_letter=dlq)
+    _send(cluster.bootstrap, topic_name, [f"{i}".encode() for i in range(7)])
+    with QueueConsumer(cluster.bootstrap, topic_name, "dlq-depth") as worker:
+        got = _drain(worker, 7, 15, ack=False)
+        assert len(got) == 7
+        worker.nack(got, reason="poison")  # max_deliveries 1: each goes to the dead-letter queue
+    urls = list(endpoints(cluster).values())
+
+    def dlq_series() -> list[tuple[str, dict[str, str], float]]:
+        return [(url, dict(labels), value) for url in urls for (name, labels), value in scrape(url).items()
+                if name.startswith("fabric_queue_") and dict(labels).get("queue") == dlq]
+
+    deadline = time.monotonic() + 15  # adopted within ADOPT_INTERVAL_S (5 s) of its creation
+    while True:
+        series = dlq_series()
+        visible = sum(v for _url, labels, v in series if labels["state"] == "visible" and labels["group"] == "")
+        if visible == 7 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert visible == 7, series
+    # Only its depth (no finished counters: counting decides nothing), per partition from one
+    # node, the partition's leader.
+    assert {(labels["partition"], labels["group"], labels["state"]) for _url, labels, _v in series} == {
+        (p, "", state) for p in ("0", "1") for state in ("visible", "in_flight", "delayed")}
+    for partition in ("0", "1"):
+        reporting = {url for url, labels, _v in series if labels["partition"] == partition}
+        assert len(reporting) == 1
+        leads = total(scrape(reporting.pop()), "fabric_partition_leader", topic=dlq, partition=partition)
+        assert leads == 1
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_queue(topic_name)
+        admin.delete_queue(dlq)
+    deadline = time.monotonic() + 15
+    while dlq_series() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert dlq_series() == []
+
+
 def test_queues_from_the_asyncio_entry_point(cluster: LocalCluster, topic_name: str) -> None:
     import asyncio
 

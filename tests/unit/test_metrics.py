@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import urllib.request
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fabric import errors
@@ -99,3 +100,15 @@ def test_the_snapshot_takes_each_partitions_size_from_its_log_without_walking_it
     node = SimpleNamespace(logs={("t", 0): plog}, states={}, leaders={}, configs={}, is_controller=False, queues=None,
                            groups=None, parked={}, pending={})
     assert [sample.size_bytes for sample in snapshot(node).partitions] == [12_345]
+
+
+def test_a_queue_nobody_reads_has_depth_series_with_group_empty_and_no_finished_counters() -> None:
+    metrics = NodeMetrics(node_id=1)
+    metrics.latest = Snapshot(queues=(("dlq", 0, "", (("visible", 7),)), ("q", 0, "g", (("visible", 3),))))
+    got = samples(generate_latest(metrics.registry).decode())
+    dlq = [(name, dict(labels)) for name, labels in got if dict(labels).get("queue") == "dlq"]
+    assert sorted((name, labels["state"]) for name, labels in dlq) == [
+        ("fabric_queue_messages", "delayed"), ("fabric_queue_messages", "in_flight"), ("fabric_queue_messages", "visible")]
+    assert got[("fabric_queue_messages", (("group", ""), ("partition", "0"), ("queue", "dlq"), ("state", "visible")))] == 7
+    assert ("fabric_queue_finished_total", (("group", "g"), ("outcome", "dropped"), ("partition", "0"),
+                                            ("queue", "q"))) in got

@@ -147,3 +147,17 @@ def test_the_delete_group_schema_round_trips() -> None:
     body = {"error": 0, "message": "", "partitions": [{"partition": 0, "error": 0},
                                                        {"partition": 1, "error": errors.GroupIdNotFoundError.code}]}
     assert schema.decode(response, schema.encode(response, body)) == body
+
+
+def test_a_queue_nobody_reads_is_counted_and_a_plain_topic_is_not() -> None:
+    """docs/OPERATIONS.md, "Queue depth": COUNTING is made for a queue partition with no
+    group (its depth series), and gives way to the first real group."""
+    share, plog = _share(), _Log()
+    share.count_unconsumed(plog)  # type: ignore[arg-type]
+    assert list(share.groups) == [COUNTING]
+    _group_with(share, "workers", 1, plog)
+    share.count_unconsumed(plog)  # type: ignore[arg-type]
+    assert list(share.groups) == ["workers"]
+    plain = SharePartition("events", 0, 1, zkl.TopicConfig.build(1, 1, {}, 0))
+    plain.count_unconsumed(plog)  # type: ignore[arg-type]
+    assert plain.groups == {}  # read in queue mode only once a group does: its whole log is not held
