@@ -834,6 +834,11 @@ class RoutingCache:
         with self._lock:
             return dict(self._nodes)
 
+    def incarnations(self) -> dict[str, int]:
+        """Each topic's ``created_ms``, without copying its partitions."""
+        with self._lock:
+            return {name: route.config.created_ms for name, route in self._topics.items()}
+
     def partition(self, name: str, partition: int) -> tuple[TopicConfig, PartitionState] | None:
         """One partition's state and its topic's config, without copying the topic."""
         with self._lock:

@@ -33,7 +33,7 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
-from nodes import group_records, group_retention
+from nodes import group_cleanup, group_records, group_retention
 from nodes.group_admin_apis import GroupAdminApis
 from nodes.group_records import ACTIVE, LOADING, Partition, Write
 from nodes.group_state import GroupState, MayDescribe
@@ -53,6 +53,7 @@ Send = Callable[[list[Any], list[Any]], object]
 class GroupCoordinator(GroupAdminApis):
     def __init__(self, node_id: int, address: str, routing: zkl.RoutingCache, send: Send,
                  context: zmq.Context[Any], poller: zmq.Poller, *, serving: Callable[[], bool] = lambda: True,
+                 routing_current: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.monotonic, security: ClientSecurity | None = None,
                  caller: Callable[[], tuple[str, MayDescribe]] | None = None,
                  delete_below: Callable[[tuple[str, int], int], int] | None = None,
@@ -62,6 +63,10 @@ class GroupCoordinator(GroupAdminApis):
         self.routing = routing
         self._send = send
         self._serving = serving  # False while the node is unsure of its ZooKeeper session
+        # True only while connected to ZooKeeper with a session we hold: offsets of deleted
+        # topics are deleted only then (nodes/group_cleanup.py).
+        self._routing_current = routing_current
+        self._topics_seen = group_cleanup.TopicsSeen()
         self._clock = clock
         # Requests to our own node share the node's poller, so their replies wake its loop.
         # ``security``: the node's own key on a secure cluster (its own socket takes only
@@ -132,6 +137,7 @@ class GroupCoordinator(GroupAdminApis):
         if now - self._last_expire_s >= EXPIRE_INTERVAL_S:
             self._last_expire_s = now
             self._expire_members()
+            self._forget_deleted_topics()
         if now >= self._next_retention_s:
             self._next_retention_s = now + group_retention.check_interval_ms(self._offsets_retention_ms) / 1000
             self._expire_groups()
@@ -448,3 +454,22 @@ class GroupCoordinator(GroupAdminApis):
                             lambda _c, _t: None)
                 log.info("%s/%d: %d groups empty past their retention deleted (%s)", gp.OFFSETS_TOPIC,
                          part.partition, len(gone), ", ".join(gone[:5]) + (", ..." if len(gone) > 5 else ""))
+
+    def _forget_deleted_topics(self) -> None:
+        """Tombstone (and forget) the offsets of topics seen deleted (nodes/group_cleanup.py),
+        only while the routing map is current, at most OFFSETS_DELETED_PER_WRITE_MAX per
+        partition per look; a partition is looked at again when the map's topics change."""
+        if not (self._serving() and self._routing_current() and not self.routing.needs_resync):
+            return
+        seen = self._topics_seen
+        seen.observe(self.routing.generation, self.routing.incarnations)
+        for part in [p for p in self._partitions.values() if p.mode == ACTIVE and p.topics_swept != seen.epoch]:
+            stale = group_cleanup.stale_offsets(part.groups, seen.incarnations or {}, seen.deleted)
+            if len(stale) < group_cleanup.OFFSETS_DELETED_PER_WRITE_MAX:
+                part.topics_swept = seen.epoch  # else the rest at the next look
+            for group_id, tp in stale:
+                del part.groups[group_id].offsets[tp]
+            if stale:
+                self._write(part, [(gp.offset_key(g, *tp), None) for g, tp in stale], lambda _c, _t: None)
+                log.info("%s/%d: %d committed offsets of deleted topics deleted (%s)", gp.OFFSETS_TOPIC,
+                         part.partition, len(stale), ", ".join(sorted({tp[0] for _, tp in stale})[:5]))

@@ -67,6 +67,7 @@ class Partition:
     log_end: int = 0  # past our last committed write: we are the partition's only writer
     written: int = 0  # records loaded or written since the last restatement
     restate_at: int = RESTATE_AFTER_RECORDS_MIN  # look again when ``written`` reaches this
+    topics_swept: int = -1  # the TopicsSeen.epoch whose deleted topics' offsets are gone (group_cleanup)
 
 
 def apply(groups: MutableMapping[str, GroupState], key: bytes, value: bytes | None, now_ms: int,

@@ -169,7 +169,7 @@ class Node:
         self.state.change_listeners.extend(CHANGE_LISTENERS)
         self.state.groups = GroupCoordinator(config.node_id, self.state.address, routing, self.state.send, self.ctx,
                                              self.state.sockets.poller, serving=self.state.may_coordinate,
-                                             delete_below=self.state.delete_below,
+                                             routing_current=self.state.session_ok, delete_below=self.state.delete_below,
                                              offsets_retention_ms=config.offsets_retention_ms,
                                              security=self.authz.client if self.authz else None,
                                              caller=self.authz.caller if self.authz else None)
