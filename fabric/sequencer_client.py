@@ -85,7 +85,12 @@ class SequencerClient:
         self._active: ActiveSequencer | None = None
         self._lock = threading.Lock()
         self._closed = False
-        zk.DataWatch(SEQUENCER_ACTIVE, self._on_active)
+        # On a thread of kazoo's, not here: kazoo's DataWatch makes its first read on the
+        # thread that creates it and retries it without limit while ZooKeeper does not
+        # answer, and a node makes this client on its loop (the first strict-order
+        # partition it leads), which must never wait for ZooKeeper (docs/DESIGN.md). Until
+        # the watch delivers, allocate() reads the active instance itself, within its deadline.
+        zk.handler.spawn(zk.DataWatch, SEQUENCER_ACTIVE, self._on_active)
 
     def _on_active(self, data: bytes | None, _stat: Any, _event: Any = None) -> bool | None:
         if self._closed:

@@ -22,6 +22,9 @@ __all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "Bootstrap", "ClusterMetadata", "Connec
            "PartitionMetadata", "TopicMetadata", "TopicPartition"]
 
 METADATA_TIMEOUT_MS = 5_000
+# The session of the short-lived ZooKeeper client that reads the live nodes from a zk://
+# bootstrap: its connect attempts last a third of it (fabric.zk.make_client).
+BOOTSTRAP_SESSION_S = METADATA_TIMEOUT_MS / 1000
 # A node that did not answer is asked last for this long: a killed node stays in the
 # routing map until its session expires, and asking it first cost every refresh a wait.
 UNANSWERED_LAST_S = 30.0
@@ -137,28 +140,45 @@ class Bootstrap:
         else:
             self.addresses = [p if "://" in p else f"tcp://{p}" for p in parts]
 
-    def node_addresses(self) -> list[str]:
+    def node_addresses(self, deadline_s: float | None = None) -> list[str]:
+        """The live nodes' addresses, read from ZooKeeper within METADATA_TIMEOUT_MS (and
+        by ``deadline_s``, ``time.monotonic()``, when given) plus one connect attempt
+        (BOOTSTRAP_SESSION_S / 3); NoBrokersAvailableError if ZooKeeper does not answer."""
         if self.zk is None:
             return list(self.addresses)
-        from kazoo.client import KazooClient
-        from kazoo.exceptions import NoNodeError
+        from kazoo.exceptions import KazooException, NoNodeError
 
         from fabric import zk as zkl
 
-        client = KazooClient(hosts=self.zk)
+        wait_s = METADATA_TIMEOUT_MS / 1000
+        if deadline_s is not None:
+            wait_s = min(wait_s, deadline_s - time.monotonic())
+            if wait_s <= 0:  # a client would still wait out a connect attempt in its stop()
+                raise errors.NoBrokersAvailableError(f"no time left to ask ZooKeeper {self.zk} for the live nodes")
+        # Fabric's client (its connect attempts last a third of its session), not kazoo's
+        # default: a start that times out stops the client, which waits for the connect
+        # attempt under way, and kazoo's default attempt with ZooKeeper paused lasted its
+        # whole 10 s session: every refresh that asked the bootstrap took 15 s, and a
+        # producer's close() waited 10 s for its sender thread and left it running.
+        client = zkl.make_client(self.zk, session_timeout_s=BOOTSTRAP_SESSION_S)
         try:
             with warnings.catch_warnings():  # kazoo warns of a missing chroot; said below instead
                 warnings.simplefilter("ignore", UserWarning)
-                client.start(timeout=METADATA_TIMEOUT_MS / 1000)
+                client.start(timeout=wait_s)
         except Exception as exc:
             zkl.close_client(client)  # a client left running would retry in the background
-            raise errors.NoBrokersAvailableError(f"ZooKeeper {self.zk} did not answer: {exc}") from exc
+            raise errors.NoBrokersAvailableError(
+                f"ZooKeeper {self.zk} did not answer within {wait_s:.1f} s: {exc or 'timed out'}") from exc
         try:
             return [n.address for _, n in sorted(zkl.live_nodes(client).items())]
         except NoNodeError:
             raise errors.NoBrokersAvailableError(
                 f"no Fabric cluster at zk://{self.zk}: ZooKeeper has no {zkl.NODES} there (a mistyped chroot? "
                 "`fabric up` prints the bootstrap address)") from None
+        except (KazooException, errors.RequestTimedOutError) as exc:
+            # Gone between the connect and the reads: an outage, as above (a raw kazoo
+            # error here is no FabricError, and killed the producer's sender thread).
+            raise errors.NoBrokersAvailableError(f"ZooKeeper {self.zk} did not answer: {exc!r}") from exc
         finally:
             zkl.close_client(client)
 
@@ -201,11 +221,12 @@ class MetadataClient:
         self._known: list[str] = []
         self._unanswered: dict[str, float] = {}  # address -> when it last failed to answer
 
-    def candidates(self, avoid: Iterable[str] = ()) -> list[str]:
-        """Addresses to ask, those that recently failed to answer (or are in ``avoid``) last."""
+    def candidates(self, avoid: Iterable[str] = (), deadline_s: float | None = None) -> list[str]:
+        """Addresses to ask, those that recently failed to answer (or are in ``avoid``) last;
+        the bootstrap is read (by ``deadline_s``) when none is known yet."""
         seen = list(dict.fromkeys([*self.metadata.nodes.values(), *self._known]))
         if not seen:
-            self._known = self.bootstrap.node_addresses()
+            self._known = self.bootstrap.node_addresses(deadline_s)
             seen = list(self._known)
         now = time.monotonic()
         suspects = set(avoid) | {a for a, t in self._unanswered.items() if now - t < UNANSWERED_LAST_S}
@@ -231,9 +252,10 @@ class MetadataClient:
         # take the request and answer it: a dead or stopped node (the usual reason for a
         # refresh) must not cost a whole wait before the next one is asked. Then the
         # patient passes.
-        passes = ((lambda: self.candidates(avoid), METADATA_QUICK_CONNECT_MS, min(timeout_ms, METADATA_QUICK_ANSWER_MS)),
-                  (lambda: self.candidates(avoid), METADATA_CONNECT_MS, timeout_ms),
-                  (self._rediscover, METADATA_CONNECT_MS, timeout_ms))
+        passes = ((lambda: self.candidates(avoid, deadline_s), METADATA_QUICK_CONNECT_MS,
+                   min(timeout_ms, METADATA_QUICK_ANSWER_MS)),
+                  (lambda: self.candidates(avoid, deadline_s), METADATA_CONNECT_MS, timeout_ms),
+                  (lambda: self._rediscover(deadline_s), METADATA_CONNECT_MS, timeout_ms))
         for candidates_of, wait_connect_ms, answer_ms in passes:
             if deadline_s is not None and time.monotonic() >= deadline_s:
                 break  # before _rediscover too, which waits for ZooKeeper
@@ -261,10 +283,10 @@ class MetadataClient:
             raise last  # a refusal, not an outage: say so (docs/SECURITY.md)
         raise errors.NoBrokersAvailableError(f"no node answered a metadata request (last error: {last})")
 
-    def _rediscover(self) -> list[str]:
+    def _rediscover(self, deadline_s: float | None = None) -> list[str]:
         # Forget the cached node addresses only once the bootstrap answered: while
         # ZooKeeper is away, the routing map we have is the best there is.
-        known = self.bootstrap.node_addresses()
+        known = self.bootstrap.node_addresses(deadline_s)
         # A new object, not the old one cleared: readers cache what they derived from
         # ``self.metadata`` for as long as it is the same object (the consumer's fetch plan).
         self.metadata = replace(self.metadata, nodes={})

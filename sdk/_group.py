@@ -23,6 +23,7 @@ back in turn, and both would read the partitions in turns for ever.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fabric.group")
 
 COORDINATOR_RETRY_MS: Final[int] = 100
+CONNECT_WAIT_MS: Final[int] = 1_000  # a request to a node not connected yet waits this long to connect (at most)
 GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one commit or offset fetch
 HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
 
@@ -179,7 +181,8 @@ class GroupMember:
                 "subscribed_topics": self.topics, "subscribed_topic_regex": self.pattern,
                 "owned": gp.tp_list((tp.topic, tp.partition) for tp in self.owned)}
         try:
-            response = self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=1, timeout_ms=self.heartbeat_timeout_ms)
+            response = self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=1, timeout_ms=self.heartbeat_timeout_ms,
+                                  budget_ms=self.heartbeat_timeout_ms)
         except errors.FabricError as exc:
             if not exc.retriable and not isinstance(exc, errors.NoBrokersAvailableError):
                 raise
@@ -262,7 +265,8 @@ class GroupMember:
                 "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
                 "subscribed_topics": self.topics, "subscribed_topic_regex": self.pattern, "owned": []}
         try:
-            self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=2, timeout_ms=self.heartbeat_timeout_ms)
+            self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=2, timeout_ms=self.heartbeat_timeout_ms,
+                       budget_ms=2 * self.heartbeat_timeout_ms)
         except errors.FabricError as exc:
             log.info("group %s: leave not acknowledged (%s); the session timeout will end it", self.group_id, exc)
         self.subscribed = False
@@ -300,16 +304,24 @@ class GroupMember:
 
     # -- finding the coordinator ------------------------------------------------------------
     def _call(self, api_key: int, body: dict[str, Any], *, attempts: int = 0,
-              timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS) -> dict[str, Any]:
+              timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS, budget_ms: int | None = None) -> dict[str, Any]:
         """One request to the coordinator; retriable failures re-find it, until the request
-        timeout (or ``attempts``) runs out. Returns the body, which may carry an error."""
-        deadline = self._clock() + self.consumer.request_timeout_ms / 1000.0
+        timeout (or ``attempts``) runs out. Returns the body, which may carry an error.
+        The whole call, finding the coordinator and re-reading the map included, ends by
+        the request timeout, ``budget_ms`` and the bound of the consumer call it is part
+        of (one try used to ask every node for the coordinator and re-read the map, about
+        40 s with every node paused, before the deadline was even looked at)."""
+        now = time.monotonic()
+        deadline = min(now + self.consumer.request_timeout_ms / 1000.0, self.consumer._work_by_s,
+                       math.inf if budget_ms is None else now + budget_ms / 1000.0)
         tries = 0
         while True:
             tries += 1
             try:
-                address = self._coordinator or self._find_coordinator(timeout_ms)
-                response = self.consumer._conns.request(address, api_key, body, timeout_ms=timeout_ms).body
+                address = self._coordinator or self._find_coordinator(timeout_ms, deadline)
+                left_ms = _left_ms(timeout_ms, deadline)
+                response = self.consumer._conns.request(address, api_key, body, timeout_ms=left_ms,
+                                                        wait_connect_ms=min(left_ms, CONNECT_WAIT_MS)).body
                 code = response.get("error", 0)
                 if code and errors.error_for_code(code).retriable and api_key != ApiKey.CONSUMER_GROUP_HEARTBEAT:
                     raise errors.error_for_code(code)(response.get("message", ""))
@@ -320,18 +332,20 @@ class GroupMember:
                 if not exc.retriable and not isinstance(exc, errors.NoBrokersAvailableError):
                     raise
                 self._coordinator = None
-                if (attempts and tries >= attempts) or self._clock() > deadline:
+                if (attempts and tries >= attempts) or time.monotonic() >= deadline:
                     raise
-                time.sleep(COORDINATOR_RETRY_MS / 1000.0)
+                time.sleep(min(COORDINATOR_RETRY_MS / 1000.0, max(0.0, deadline - time.monotonic())))
 
-    def _find_coordinator(self, timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS) -> str:
+    def _find_coordinator(self, timeout_ms: int = GROUP_REQUEST_TIMEOUT_MS, deadline: float = math.inf) -> str:
         meta = self.consumer._meta
+        bound = None if deadline == math.inf else deadline
         last: errors.FabricError | None = None
-        for address in meta.candidates():
+        for address in meta.candidates(deadline_s=bound):
             try:
+                left_ms = _left_ms(timeout_ms, deadline)
                 response = self.consumer._conns.request(
-                    address, ApiKey.FIND_COORDINATOR, {"group_id": self.group_id}, timeout_ms=timeout_ms
-                ).body
+                    address, ApiKey.FIND_COORDINATOR, {"group_id": self.group_id}, timeout_ms=left_ms,
+                    wait_connect_ms=min(left_ms, CONNECT_WAIT_MS)).body
             except errors.FabricError as exc:
                 if isinstance(exc, errors.AuthorizationFailedError):
                     raise  # every node would refuse the same: not "no coordinator", retried for ever
@@ -342,7 +356,18 @@ class GroupMember:
             self._coordinator = response["address"]
             return response["address"]
         try:
-            meta.refresh()
+            meta.refresh(deadline_s=bound)
         except errors.FabricError:
             pass
         raise errors.CoordinatorNotAvailableError(f"no node answered FIND_COORDINATOR for {self.group_id!r}: {last}")
+
+
+def _left_ms(timeout_ms: int, deadline: float) -> int:
+    """``timeout_ms`` cut to what is left until ``deadline`` (``time.monotonic()``);
+    RequestTimedOutError (retriable) when nothing is."""
+    if deadline == math.inf:
+        return timeout_ms
+    left_ms = math.ceil((deadline - time.monotonic()) * 1000)
+    if left_ms <= 0:
+        raise errors.RequestTimedOutError("the group call ran out of its time")
+    return min(timeout_ms, left_ms)

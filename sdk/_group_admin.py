@@ -3,6 +3,7 @@ reset offsets, delete. The coordinator refuses resets and deletes while members 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -12,7 +13,7 @@ from fabric.protocol import apis
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from sdk._arguments import I32_MAX, I64_MAX, int_arg, str_arg
-from sdk._client import TopicPartition
+from sdk._client import METADATA_CONNECT_MS, METADATA_TIMEOUT_MS, TopicPartition
 
 if TYPE_CHECKING:
     from sdk._client import Connections, MetadataClient
@@ -86,7 +87,9 @@ class GroupAdmin:
         found: dict[str, GroupListing] = {}
         for address in self._meta.refresh().nodes.values():
             try:
-                body = self._conns.request(address, ApiKey.LIST_GROUPS, {}, timeout_ms=self.request_timeout_ms).body
+                # A read: a node that does not answer (paused, cut off) costs a metadata
+                # request's timeout, not request_timeout_ms (as describe_topics).
+                body = self._conns.request(address, ApiKey.LIST_GROUPS, {}, timeout_ms=self._read_timeout_ms()).body
             except errors.RetriableError:
                 continue
             for g in body["groups"]:
@@ -183,13 +186,22 @@ class GroupAdmin:
         errors.raise_for_code(result["error"], result["message"] or f"delete group {group_id!r}")
 
     # -- plumbing ---------------------------------------------------------------------------
+    def _read_timeout_ms(self) -> int:
+        return min(self.request_timeout_ms, METADATA_TIMEOUT_MS)
+
     def _group_call(self, group_id: str, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
+        """One request to the group's coordinator, within ``request_timeout_ms`` in all:
+        finding the coordinator, each try and the pauses between. (Each try used to wait
+        the whole timeout on every node asked for the coordinator: a describe_group with
+        every node paused took 60 s at the default 30 s.)"""
         gp.check_group_id(str_arg("group_id", group_id))
         deadline = time.monotonic() + self.request_timeout_ms / 1000.0
         while True:
             try:
-                address = self._find_coordinator(group_id)
-                reply = self._conns.request(address, api_key, body, timeout_ms=self.request_timeout_ms).body
+                address = self._find_coordinator(group_id, deadline)
+                left_ms = _left_ms(self.request_timeout_ms, deadline)
+                reply = self._conns.request(address, api_key, body, timeout_ms=left_ms,
+                                            wait_connect_ms=min(left_ms, METADATA_CONNECT_MS)).body
                 code = reply.get("error", 0)
                 if not code and api_key == ApiKey.DESCRIBE_GROUPS:
                     code = reply["groups"][0]["error"]
@@ -199,16 +211,22 @@ class GroupAdmin:
                     raise errors.error_for_code(code)(reply.get("message", ""))
                 return reply
             except errors.RetriableError:
-                if time.monotonic() > deadline:
+                if time.monotonic() >= deadline:
                     raise
-                time.sleep(GROUP_ADMIN_RETRY_S)
+                time.sleep(min(GROUP_ADMIN_RETRY_S, max(0.0, deadline - time.monotonic())))
 
-    def _find_coordinator(self, group_id: str) -> str:
+    def _find_coordinator(self, group_id: str, deadline: float | None = None) -> str:
+        """Any node answers FIND_COORDINATOR alike, so each gets a read's timeout: a paused
+        node then costs 5 s before the next is asked, not the whole request timeout. All
+        by ``deadline`` (``time.monotonic()``; request_timeout_ms from now by default)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.request_timeout_ms / 1000.0
         last: Exception | None = None
-        for address in self._meta.candidates():
+        for address in self._meta.candidates(deadline_s=deadline):
             try:
+                left_ms = _left_ms(self._read_timeout_ms(), deadline)
                 body = self._conns.request(address, ApiKey.FIND_COORDINATOR, {"group_id": group_id},
-                                           timeout_ms=self.request_timeout_ms).body
+                                           timeout_ms=left_ms, wait_connect_ms=min(left_ms, METADATA_CONNECT_MS)).body
             except errors.RetriableError as exc:
                 last = exc
                 continue
@@ -217,18 +235,33 @@ class GroupAdmin:
         raise errors.CoordinatorNotAvailableError(f"no node answered FIND_COORDINATOR: {last}")
 
     def _list_offsets(self, tps: list[TopicPartition], timestamp: int) -> dict[TopicPartition, int]:
+        """One LIST_OFFSETS per leader, each with a read's timeout (one per partition, each
+        with the whole request timeout, made a paused leader cost describe_group 30 s per
+        partition it leads). -1 for a partition without a leader or whose leader refused."""
         out: dict[TopicPartition, int] = {}
         if not tps:
             return out
         metadata = self._meta.refresh(sorted({tp.topic for tp in tps}))
+        by_leader: dict[str, list[TopicPartition]] = {}
         for tp in tps:
             address = metadata.leader_address(tp.topic, tp.partition)
             if address is None:
                 out[tp] = -1
-                continue
+            else:
+                by_leader.setdefault(address, []).append(tp)
+        for address, led in by_leader.items():
             body = self._conns.request(address, ApiKey.LIST_OFFSETS, {"partitions": [
-                {"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp}]},
-                timeout_ms=self.request_timeout_ms).body
-            result = body["partitions"][0]
-            out[tp] = result["offset"] if result["error"] == 0 else -1
+                {"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp} for tp in led]},
+                timeout_ms=self._read_timeout_ms()).body
+            for tp, result in zip(led, body["partitions"], strict=True):
+                out[tp] = result["offset"] if result["error"] == 0 else -1
         return out
+
+
+def _left_ms(timeout_ms: int, deadline: float) -> int:
+    """``timeout_ms`` cut to what is left until ``deadline`` (``time.monotonic()``);
+    RequestTimedOutError (retriable) when nothing is."""
+    left_ms = math.ceil((deadline - time.monotonic()) * 1000)
+    if left_ms <= 0:
+        raise errors.RequestTimedOutError("the group call ran out of its time (request_timeout_ms)")
+    return min(timeout_ms, left_ms)

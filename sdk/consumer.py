@@ -8,6 +8,7 @@ not by polling in a loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -30,6 +31,8 @@ from fabric.transport import FROM_ENV
 from sdk._arguments import I32_MAX, I64_MAX, int_arg, names_arg, optional_str_arg, str_arg
 from sdk._client import (
     LEADER_RECHECK_INTERVAL_S,
+    METADATA_CONNECT_MS,
+    METADATA_TIMEOUT_MS,
     PARTITION_LEARN_PAUSE_S,
     PARTITION_LEARN_WAIT_MS,
     Bootstrap,
@@ -47,6 +50,13 @@ CommitOffsets = Mapping[TopicPartition, int | tuple[int, str] | OffsetAndMetadat
 
 BUFFERED_BATCHES_MAX = 256  # decoded batches held for the caller before fetching pauses
 FETCH_GRACE_MS = 1_000  # a fetch this late past its max_wait makes us check for a new leader
+# What a poll does besides waiting for records (auto commit, a heartbeat, re-reading the
+# routing map, looking up where new partitions start) ends within this past the poll's
+# timeout_ms (or a group's heartbeat timeout, if longer). Unbounded, a poll(timeout_ms=1000)
+# with every node paused took 30 s (the auto commit's whole request_timeout_ms, each try
+# asking every node for the coordinator and then re-reading the map) and 12 s in a map
+# re-read; the same bound as a queue receive's map re-reads (MAP_REFRESH_TIMEOUT_MS).
+POLL_WORK_MS = METADATA_TIMEOUT_MS
 
 
 class Record:
@@ -239,6 +249,10 @@ class Consumer:
     the calls that read or change its partitions (``poll``, ``assign``, ``subscribe``,
     ``commit``, ``seek``, ``position``, the offset lookups) raise ClientClosedError.
 
+    Every call is bounded, also when no node answers: a poll by its ``timeout_ms`` plus
+    POLL_WORK_MS (5 s), ``commit``, ``committed``, the offset lookups, ``unsubscribe``
+    and ``close`` by ``request_timeout_ms`` (docs/GROUPS.md).
+
     Options are checked here, before anything is sent (ValueError names the bound, TypeError
     a wrong type): ``fetch_max_wait_ms`` 0..FETCH_WAIT_MS_MAX (fabric/limits.py),
     ``fetch_min_bytes`` >= 0, ``fetch_max_bytes`` and ``partition_fetch_bytes_max`` > 0,
@@ -319,6 +333,10 @@ class Consumer:
         self._last_recheck_s = 0.0
         self._dropped = DroppedNodes()  # nodes whose connection dropped: their fetches are suspect
         self._closed = False
+        # Every request, map re-read and group call ends by this (time.monotonic()): set by
+        # each public call from its own bound (_within), so none outlasts it.
+        self._work_by_s = math.inf
+        self._poll_work_s = max(POLL_WORK_MS, self._group.heartbeat_timeout_ms if self._group else 0) / 1000.0
         allocator.tune()  # fetched batches are large buffers (fabric/allocator.py)
         self.enable_auto_commit = enable_auto_commit and group_id is not None
         self.auto_commit_interval_ms = auto_commit_interval_ms
@@ -345,7 +363,7 @@ class Consumer:
     def _assign(self, partitions: Iterable[TopicPartition | tuple[str, int]], *, refresh: bool = True) -> None:
         tps = _tp_list("partitions", partitions)
         if refresh or any(tp.topic not in self._meta.metadata.topics for tp in tps):
-            self._meta.refresh(sorted({tp.topic for tp in tps}))
+            self._refresh(sorted({tp.topic for tp in tps}))
         self._await_partitions(tps)
         self._assigned = tps
         keep = set(tps)
@@ -361,13 +379,13 @@ class Consumer:
         and not yet reached the node asked: ask again for up to PARTITION_LEARN_WAIT_MS,
         then raise UnknownTopicOrPartitionError (an unknown topic raises at once)."""
         topics = sorted({tp.topic for tp in tps})
-        deadline = time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0
+        deadline = min(time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0, self._work_by_s)
         while beyond := [tp for tp in tps if tp.partition >= self._meta.topic(tp.topic).partition_count]:
             if time.monotonic() >= deadline:
                 tp = beyond[0]
                 raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
             time.sleep(PARTITION_LEARN_PAUSE_S)
-            self._meta.refresh(topics)
+            self._refresh(topics)
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
@@ -399,7 +417,8 @@ class Consumer:
             self.set_tag_filter(tag_filter)
         topics = topic_list
         group.subscribe(topics, pattern, listener)
-        group.tick()
+        with self._within(self._poll_work_s):
+            group.tick()
 
     def unsubscribe(self) -> None:
         """Stop reading, as Kafka's ``unsubscribe()``: in a group, commit what was handed out
@@ -409,9 +428,10 @@ class Consumer:
         self._check_open("unsubscribe")
         group = self._group
         if group is not None and group.subscribed:
-            if group.owned:
-                self._auto_commit(force=True)
-            group.leave(rejoin_later=True)
+            with self._within(self.request_timeout_ms / 1000.0):
+                if group.owned:
+                    self._auto_commit(force=True)
+                group.leave(rejoin_later=True)
         self._assign([], refresh=False)
 
     def commit(self, offsets: CommitOffsets | None = None) -> None:
@@ -435,7 +455,8 @@ class Consumer:
                 raise errors.FencedMemberEpochError(
                     f"commit() of {', '.join(map(str, foreign[:5]))}: not assigned to this member of group "
                     f"{group.group_id!r} (assignment: {sorted(group.owned, key=str)})")
-        group.commit(wanted, in_group=in_group)
+        with self._within(self.request_timeout_ms / 1000.0):
+            group.commit(wanted, in_group=in_group)
         for tp, (offset, _meta) in wanted.items():
             self._committed_positions[tp] = offset
 
@@ -476,7 +497,9 @@ class Consumer:
         if not isinstance(metadata, bool):  # a truthy string would pick the other return type
             raise TypeError(f"metadata must be True or False, got {type(metadata).__name__}")
         tp = _as_tp(partition)
-        found = self._require_group("committed()").committed([tp]).get(tp)
+        group = self._require_group("committed()")
+        with self._within(self.request_timeout_ms / 1000.0):
+            found = group.committed([tp]).get(tp)
         if found is None:
             return None
         return OffsetAndMetadata(found[0], found[1]) if metadata else found[0]
@@ -606,8 +629,11 @@ class Consumer:
         waiting for the last, took a consumer's first poll of 1,940 partitions 1.2-1.9 s
         (docs/BENCHMARKS.md, "Many partitions"). Retriable errors are retried (after a
         metadata refresh) for the partitions that had them, until the request timeout."""
+        with self._within(self.request_timeout_ms / 1000.0):
+            return self._list_offsets_within(tps, timestamp)
+
+    def _list_offsets_within(self, tps: list[TopicPartition], timestamp: int) -> dict[TopicPartition, int]:
         out: dict[TopicPartition, int] = {}
-        deadline = time.monotonic() + self.request_timeout_ms / 1000.0
         pending = list(dict.fromkeys(tps))
         while pending:
             try:
@@ -625,18 +651,22 @@ class Consumer:
                         address, ApiKey.LIST_OFFSETS,
                         {"partitions": [{"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp}
                                         for tp in led]},
-                        timeout_ms=self.request_timeout_ms,
+                        timeout_ms=self._request_ms(self.request_timeout_ms),
+                        wait_connect_ms=self._request_ms(METADATA_CONNECT_MS),
                     )
                     for tp, result in zip(led, message.body["partitions"], strict=True):
                         errors.raise_for_code(result["error"], f"list offsets for {tp}")
                         out[tp] = result["offset"]
                 pending = []
             except errors.FabricError as exc:
-                if not exc.retriable or time.monotonic() > deadline:
+                if not exc.retriable or time.monotonic() >= self._work_by_s:
                     raise
                 pending = [tp for tp in pending if tp not in out]
-                time.sleep(0.1)
-                self._meta.refresh(sorted({t.topic for t in pending}))
+                time.sleep(min(0.1, max(0.0, self._work_by_s - time.monotonic())))
+                try:
+                    self._refresh(sorted({t.topic for t in pending}))
+                except errors.NoBrokersAvailableError:
+                    pass  # the next round asks again, or the bound ends it with the last error
         return out
 
     def _reset_position(self, tp: TopicPartition) -> None:
@@ -659,11 +689,12 @@ class Consumer:
         return self._poll_batches(timeout_ms, max_records)
 
     def _poll_batches(self, timeout_ms: int, max_records: int) -> list[RecordBatch]:
-        if not self._wait_for_data(timeout_ms):
-            return []
-        taken = self._take(max_records)
-        self._send_fetches()  # ask for the next data now, so it travels while the caller works
-        return taken
+        with self._within(max(0, timeout_ms) / 1000.0 + self._poll_work_s):
+            if not self._wait_for_data(timeout_ms):
+                return []
+            taken = self._take(max_records)
+            self._send_fetches()  # ask for the next data now, so it travels while the caller works
+            return taken
 
     def _wait_for_data(self, timeout_ms: int) -> bool:
         """Keep fetches going until something is buffered or ``timeout_ms`` passes."""
@@ -703,6 +734,10 @@ class Consumer:
         if self._tag_filter is not None:
             raise errors.InvalidRequestError("with a tag filter read records with poll(): raw batches are not filtered")
         _poll_args(timeout_ms, 1)
+        with self._within(max(0, timeout_ms) / 1000.0 + self._poll_work_s):
+            return self._poll_raw_batches(timeout_ms)
+
+    def _poll_raw_batches(self, timeout_ms: int) -> list[RawBatch]:
         if not self._wait_for_data(timeout_ms):
             return []
         out: list[RawBatch] = []
@@ -725,7 +760,9 @@ class Consumer:
         return out
 
     def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
-        """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first."""
+        """Up to ``max_records`` records, waiting at most ``timeout_ms`` for the first. The
+        poll's other work (auto commit, a heartbeat, map re-reads) ends within POLL_WORK_MS
+        after that (or the group's heartbeat wait if longer), also when no node answers."""
         _poll_args(timeout_ms, max_records)
         out: list[Record] = []
         tag_filter = self._tag_filter
@@ -771,9 +808,10 @@ class Consumer:
         expired while it still hands out records of partitions the group has given to
         another member. A partition revoked or lost here gets no more of these records
         (``HandOut.take``); a commit covers only the records the caller finished."""
-        self._auto_commit()
-        if self._group is not None:
-            self._group.tick()
+        with self._within(self._poll_work_s):
+            self._auto_commit()
+            if self._group is not None:
+                self._group.tick()
 
     def _hand_out(self, hand_out: HandOut) -> Iterator[Record]:
         # Left early, nothing to clean up here: the next poll of any kind reads on from
@@ -831,7 +869,7 @@ class Consumer:
     def _send_fetches(self) -> None:
         if self._refresh_needed:
             try:
-                self._meta.refresh(sorted({tp.topic for tp in self._assigned}))
+                self._refresh(sorted({tp.topic for tp in self._assigned}))
                 self._refresh_needed = False
             except errors.FabricError as exc:
                 log.warning("metadata refresh failed: %s", exc)
@@ -990,7 +1028,7 @@ class Consumer:
             # (and this poll, past its timeout_ms) for a whole metadata timeout.
             suspects = {a for a, sent, _p, _d in self._in_flight.values() if overdue(a, sent)}
             try:
-                self._meta.refresh(sorted({tp.topic for tp in self._assigned}), avoid=suspects)
+                self._refresh(sorted({tp.topic for tp in self._assigned}), avoid=suspects)
             except errors.FabricError:
                 pass
         for correlation_id, (address, sent, positions, drops) in list(self._in_flight.items()):
@@ -1018,15 +1056,48 @@ class Consumer:
         if self._closed:
             raise errors.ClientClosedError(f"{what}() after close()")
 
+    @contextlib.contextmanager
+    def _within(self, seconds: float) -> Iterator[None]:
+        """Everything done inside (requests, map re-reads, group calls) ends within
+        ``seconds`` from now, or by the bound of the call this one is part of."""
+        outer = self._work_by_s
+        self._work_by_s = min(outer, time.monotonic() + seconds)
+        try:
+            yield
+        finally:
+            self._work_by_s = outer
+
+    def _deadline_s(self) -> float | None:
+        """The current call's bound (``time.monotonic()``), None outside any."""
+        return None if self._work_by_s == math.inf else self._work_by_s
+
+    def _request_ms(self, timeout_ms: int) -> int:
+        """``timeout_ms`` cut to what is left of the current call's bound; RequestTimedOutError
+        (retriable) when nothing is left."""
+        if self._work_by_s == math.inf:
+            return timeout_ms
+        left_ms = math.ceil((self._work_by_s - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise errors.RequestTimedOutError("the call ran out of its time (request_timeout_ms, or a poll's "
+                                              "timeout_ms plus POLL_WORK_MS)")
+        return min(timeout_ms, left_ms)
+
+    def _refresh(self, topics: list[str] | None, avoid: Iterable[str] = ()) -> None:
+        """Re-read the routing map, by the current call's bound."""
+        self._meta.refresh(topics, avoid=avoid, deadline_s=self._deadline_s())
+
     def close(self) -> None:
-        """Commit (with auto commit), leave the group at once, and close the sockets."""
+        """Commit (with auto commit), leave the group at once, and close the sockets;
+        within ``request_timeout_ms`` also when no node answers (what was not committed by
+        then is not: the group's session timeout ends the membership)."""
         if self._closed:
             return
         if self._group is not None:
             try:
-                if self._group.subscribed and self._group.owned:
-                    self._auto_commit(force=True)
-                self._group.leave()
+                with self._within(self.request_timeout_ms / 1000.0):
+                    if self._group.subscribed and self._group.owned:
+                        self._auto_commit(force=True)
+                    self._group.leave()
             except errors.FabricError as exc:
                 log.warning("leaving the group failed: %s", exc)
         self._closed = True

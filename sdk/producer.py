@@ -76,6 +76,9 @@ NEW_CONNECTION_WAIT_MS = 100  # a produce to a node we have no socket to yet wai
 # close(): it flushes what it holds for at most this long, then logs how many records
 # were lost (kafka-python flushes at exit, librdkafka warns; we do both, within a bound).
 UNCLOSED_FLUSH_S_MAX = 10.0
+# close() waits this long, after its flush, for the sender thread to finish the step it is
+# in (a metadata refresh or a request, each bounded) and stop.
+SENDER_STOP_S = 10.0
 # A metadata refresh gets at least this long even when a batch's delivery deadline is
 # already due (that batch fails this turn; the others still need a routing map).
 METADATA_REFRESH_MIN_S = 0.1
@@ -604,7 +607,8 @@ class _ProducerCore:
                 self._acc.flushing = False
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError."""
+        """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError.
+        Returns within ``timeout`` plus at most SENDER_STOP_S (10 s) for the sender thread."""
         with self._lock:
             if self._closed:
                 return
@@ -622,7 +626,7 @@ class _ProducerCore:
             self._space.notify_all()
         self._stop.set()
         self._wake()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=SENDER_STOP_S)
         with self._lock:
             self._due += self._acc.abort_all(errors.ClientClosedError("producer closed before the record was sent"))
             for flight in self._in_flight.values():
@@ -804,7 +808,7 @@ class _ProducerCore:
         if oldest is not None:  # do not wait past the oldest record's delivery deadline, all nodes asked together
             deadline_s = max(oldest + self.delivery_timeout_s, time.monotonic() + self.retry_backoff_s)
         try:
-            candidates = meta.candidates()
+            candidates = meta.candidates(deadline_s=deadline_s)
         except errors.FabricError as exc:
             # No node address known yet and the bootstrap (ZooKeeper) did not answer: an
             # outage to wait out, as a failed metadata refresh is, not a reason for the
@@ -1227,7 +1231,8 @@ class Producer:
     partitions_for = _forwarded(_ProducerCore.partitions_for)
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError."""
+        """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError.
+        Returns within ``timeout`` plus at most SENDER_STOP_S (10 s) for the sender thread."""
         self._finalizer.detach()
         self._core.close(timeout)
 

@@ -16,12 +16,20 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError, UnimplementedError
+from kazoo.exceptions import (
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    UnimplementedError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Create2
 from kazoo.protocol.states import KazooState
 from kazoo.security import OPEN_ACL_UNSAFE
@@ -223,6 +231,11 @@ def register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, *, c
     """Create the ephemeral sequential znode; returns its path. With ``container`` its
     parent is made a container znode (``ensure_container``). On a secure cluster the
     registry is writable only with the cluster's ZooKeeper digest (docs/SECURITY.md)."""
+    with registry_call(f"register under {parent}"):
+        return _register(zk, parent, prefix, info, container=container)
+
+
+def _register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, *, container: bool) -> str:
     try:
         for attempt in range(REGISTER_ATTEMPTS_MAX):
             if container:
@@ -245,7 +258,23 @@ def register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, *, c
 
 
 def update(zk: KazooClient, path: str, info: InstanceInfo) -> None:
-    zk.set_async(path, info.encode()).get(timeout=ZK_TIMEOUT_S)
+    with registry_call(f"update {path}"):
+        zk.set_async(path, info.encode()).get(timeout=ZK_TIMEOUT_S)
+
+
+@contextmanager
+def registry_call(what: str) -> Iterator[None]:
+    """ZooKeeper not answering (a timeout, a lost connection or session) as the documented
+    NoServiceAvailable: kazoo's own exceptions (KazooTimeoutError is not even a
+    KazooException) reached callers of serve(), publish() and services() as they were."""
+    try:
+        yield
+    except (KazooException, KazooTimeoutError) as exc:
+        if isinstance(exc, (NoNodeError, NodeExistsError, NoAuthError)):
+            raise  # answers, not an outage: the callers handle them
+        raise errors.NoServiceAvailable(
+            f"the registry (ZooKeeper) did not answer {what} within {ZK_TIMEOUT_S:g} s: {type(exc).__name__} {exc}"
+        ) from exc
 
 
 def deregister(zk: KazooClient, path: str) -> None:
@@ -333,6 +362,11 @@ class Registration:
 
 def read_instances(zk: KazooClient, parent: str) -> dict[str, InstanceInfo]:
     """znode name -> info, for every child of ``parent`` (none if the path is missing)."""
+    with registry_call(f"a read of {parent}"):
+        return _read_instances(zk, parent)
+
+
+def _read_instances(zk: KazooClient, parent: str) -> dict[str, InstanceInfo]:
     try:
         children = zk.get_children_async(parent).get(timeout=ZK_TIMEOUT_S)
     except NoNodeError:
@@ -351,7 +385,8 @@ def read_instances(zk: KazooClient, parent: str) -> dict[str, InstanceInfo]:
 
 def list_services(zk: KazooClient) -> dict[str, dict[str, InstanceInfo]]:
     try:
-        names = zk.get_children_async(SERVICES).get(timeout=ZK_TIMEOUT_S)
+        with registry_call(f"a read of {SERVICES}"):
+            names = zk.get_children_async(SERVICES).get(timeout=ZK_TIMEOUT_S)
     except NoNodeError:
         return {}
     return {name: read_instances(zk, service_path(name)) for name in sorted(names)}
@@ -378,12 +413,35 @@ class RegistryWatch:
         # and made again (a reaped container, sdk.direct._registry.ensure_container) needs a
         # watch of its own, since the old one may have stopped at the NoNode in between.
         self._children_czxid: int | None = None
+        self._first_delivery = threading.Event()  # on_change was called once
+        self._start_error: BaseException | None = None
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = ZK_TIMEOUT_S) -> None:
+        """Returns once ``on_change`` has had the first snapshot, within ``timeout_s``:
+        NoServiceAvailable when ZooKeeper does not answer by then (the watch is closed).
+        kazoo's DataWatch makes its first read on the thread that creates it and retries
+        it without limit while ZooKeeper does not answer, so a subscribe() with ZooKeeper
+        paused never returned: the watch is made on a thread of kazoo's handler instead,
+        which ends when ZooKeeper answers (the closed watch then stops) or the client closes."""
+        self._zk.handler.spawn(self._watch_parent)
+        if not self._first_delivery.wait(timeout_s):
+            self.close()
+            raise errors.NoServiceAvailable(
+                f"the registry (ZooKeeper) did not answer a read of {self._parent} within {timeout_s:g} s")
+        if self._start_error is not None:
+            self.close()
+            raise errors.NoServiceAvailable(
+                f"the registry (ZooKeeper) could not be read at {self._parent}: {self._start_error!r}")
+
+    def _watch_parent(self) -> None:
         # The parent is watched, not created: a caller asking for a name nobody serves (a
         # typo, `fabric request` of anything) left a persistent empty znode per name for
         # good. Until it exists there are no instances; once it does, its children are.
-        self._zk.DataWatch(self._parent, self._parent_changed)
+        try:
+            self._zk.DataWatch(self._parent, self._parent_changed)
+        except Exception as exc:  # handed to start(), which is waiting for it
+            self._start_error = exc
+            self._first_delivery.set()
 
     def close(self) -> None:
         self._closed.set()
@@ -400,6 +458,7 @@ class RegistryWatch:
                 czxid = self._children_czxid = stat.czxid
                 self._known = {}
                 self._zk.ChildrenWatch(self._parent, lambda children: self._children_changed(children, czxid))
+        self._first_delivery.set()  # the first snapshot (or the children's) went to on_change
         return None
 
     def _children_changed(self, children: list[str], czxid: int | None = None) -> bool | None:

@@ -3,13 +3,18 @@ themselves run on the calling thread: sdk.direct._blocking).
 
 Every call hands a coroutine to that loop and waits for it with a bound (the call's own
 timeout plus a margin), so a wedged loop surfaces as an error, not a hang. ``close()``
-stops services (deregister, drain), subscriptions and the loop, and joins the thread.
+stops services (deregister, drain), subscriptions and the loop, and joins the thread. A
+client nobody closed is closed when it is garbage-collected (once none of its services or
+subscriptions is referenced either), its services draining for UNCLOSED_DRAIN_MS; one
+still open when the interpreter exits ends with the process, as a killed one does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -23,6 +28,14 @@ from sdk.direct._types import GatherResult, Message, Reply, ms_arg
 T = TypeVar("T")
 CALL_MARGIN_S = 10.0  # on top of a call's own timeout: ZooKeeper reads, loop scheduling
 STOP_JOIN_S = 30.0
+# A client garbage-collected without close(): its services drain this long, and the
+# collection waits at most UNCLOSED_CLOSE_S for the close. Unclosed, each such client kept
+# its loop thread, kazoo's threads and its ZooKeeper session for good: a loop making
+# sdk.Client(...) without closing it held 50 sessions after 50 turns, and ZooKeeper
+# refuses a host's 61st connection (maxClientCnxns), the nodes' included.
+UNCLOSED_DRAIN_MS = 1_000
+UNCLOSED_CLOSE_S = UNCLOSED_DRAIN_MS / 1000 + CALL_MARGIN_S
+log = logging.getLogger("fabric.direct")
 
 
 class LoopThread:
@@ -72,9 +85,10 @@ class LoopThread:
 class SyncService:
     """A running service, for the blocking API."""
 
-    def __init__(self, loop: LoopThread, service: Service) -> None:
+    def __init__(self, loop: LoopThread, service: Service, owner: SyncDirect | None = None) -> None:
         self._loop = loop
         self.service = service
+        self._owner = owner  # the client serves it: not collected (and closed) while this is held
 
     @property
     def address(self) -> str:
@@ -100,9 +114,10 @@ class SyncService:
 class SyncSubscription:
     """A subscription, for the blocking API: ``next(timeout_ms)`` or a handler."""
 
-    def __init__(self, loop: LoopThread, subscription: Subscription) -> None:
+    def __init__(self, loop: LoopThread, subscription: Subscription, owner: SyncDirect | None = None) -> None:
         self._loop = loop
         self.subscription = subscription
+        self._owner = owner  # as SyncService's
 
     def next(self, timeout_ms: int | None = 1_000) -> Message | None:
         """The next message, or None after ``timeout_ms`` (None: wait until one comes or
@@ -175,6 +190,10 @@ class SyncDirect:
             raise
         self._blocking = BlockingCaller(self.direct, self._loop.run, self._loop.on_thread)
         self._closed = False
+        # Holds what the close needs, never this handle. Not at interpreter exit: by then
+        # asyncio.to_thread, which the close uses for ZooKeeper, refuses new work.
+        self._finalizer = weakref.finalize(self, _close_unattended, self._loop, self.direct, self._blocking)
+        self._finalizer.atexit = False
 
     def request(self, name: str, payload: bytes | str, *, timeout_ms: int = TIMEOUT_MS_DEFAULT,
                 headers: dict[str, bytes | str] | None = None, idempotent: bool = False,
@@ -196,7 +215,7 @@ class SyncDirect:
         service = self._loop.run(self.direct.serve(name, handler, concurrency=concurrency, version=version,
                                                    metadata=metadata, bind=bind, queue_max=queue_max,
                                                    advertise=advertise), CALL_MARGIN_S)
-        return SyncService(self._loop, service)
+        return SyncService(self._loop, service, self)
 
     def publish(self, subject: str, payload: bytes | str, *, headers: dict[str, bytes | str] | None = None) -> None:
         self._loop.run(self.direct.publish(subject, payload, headers=headers), CALL_MARGIN_S)
@@ -207,7 +226,7 @@ class SyncDirect:
     def subscribe(self, pattern: str, handler: Callable[[Message], Any] | None = None, *,
                   pending_max: int = PENDING_MAX_DEFAULT) -> SyncSubscription:
         subscription = self._loop.run(self.direct.subscribe(pattern, handler, pending_max=pending_max), CALL_MARGIN_S)
-        return SyncSubscription(self._loop, subscription)
+        return SyncSubscription(self._loop, subscription, self)
 
     def services(self) -> dict[str, Any]:
         return self._loop.run(self.direct.services(), CALL_MARGIN_S)
@@ -216,8 +235,30 @@ class SyncDirect:
         if self._closed:
             return
         self._closed = True
-        self._blocking.close()
+        self._finalizer.detach()
+        _close(self._loop, self.direct, self._blocking, drain_timeout_ms)
+
+
+def _close(loop: LoopThread, direct: DirectClient, blocking: BlockingCaller, drain_timeout_ms: int) -> None:
+    blocking.close()
+    try:
+        loop.run(direct.close(drain_timeout_ms=drain_timeout_ms), drain_timeout_ms / 1000 + CALL_MARGIN_S)
+    finally:
+        loop.stop()
+
+
+def _close_unattended(loop: LoopThread, direct: DirectClient, blocking: BlockingCaller) -> None:
+    """What a SyncDirect that nobody closed does when it is collected. The close runs on a
+    thread of its own: a collection may happen on any thread, the client's loop thread
+    included (which the close needs free); it is waited for at most UNCLOSED_CLOSE_S, and
+    not at all on the loop thread, where waiting would block it."""
+    def close() -> None:
         try:
-            self._loop.run(self.direct.close(drain_timeout_ms=drain_timeout_ms), drain_timeout_ms / 1000 + CALL_MARGIN_S)
-        finally:
-            self._loop.stop()
+            _close(loop, direct, blocking, UNCLOSED_DRAIN_MS)
+        except Exception as exc:  # nobody to raise to: say it
+            log.warning("closing a direct client nobody closed failed: %r", exc)
+
+    closer = threading.Thread(target=close, name="fabric-direct-close", daemon=True)
+    closer.start()
+    if not loop.on_thread():
+        closer.join(UNCLOSED_CLOSE_S)
