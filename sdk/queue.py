@@ -488,7 +488,9 @@ class QueueConsumer:
     # -- lifecycle --------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise errors.InvalidRequestError("this QueueConsumer is closed")
+            # As every other client of the SDK (and the asyncio QueueConsumer): not a
+            # request the nodes refused, the caller's own use after close().
+            raise errors.ClientClosedError("this QueueConsumer is closed")
 
     def close(self) -> None:
         """Give back what was received but not handed out, then close. Idempotent."""

@@ -220,3 +220,17 @@ def test_an_answer_read_late_counts_its_lease_from_when_it_could_have_left() -> 
     time.sleep(0.3)  # busy: the answer waits unread past its lease
     assert [m.offset for m in worker.receive(1, 0)] == [2]  # not 1, the one that waited; 2 is a new poll's
     worker.close()
+
+
+def test_calls_after_close_raise_client_closed() -> None:
+    """A closed QueueConsumer raised InvalidRequestError, which reads as a request the nodes
+    refused; every other client (and the asyncio QueueConsumer) raises ClientClosedError."""
+    worker = QueueConsumer("tcp://127.0.0.1:1", "jobs")
+    worker.close()
+    worker.close()  # idempotent
+    for call in (lambda: worker.receive(1, 0), lambda: worker.ack([]), lambda: worker.nack([])):
+        try:
+            call()
+        except errors.ClientClosedError:
+            continue
+        raise AssertionError("a call after close() did not raise ClientClosedError")
