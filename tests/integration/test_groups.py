@@ -727,6 +727,7 @@ def test_a_slow_iterating_member_keeps_its_session_and_no_other_member_reads_its
     stop = threading.Event()
     other = threading.Thread(target=_other_member, args=(bootstrap, group, topic_name, stop, other_got))
     handled: list[int] = []
+    got_while_held: list[int] = []
     try:
         with Consumer(bootstrap, group_id=group, **FAST) as slow:
             slow.subscribe([topic_name], listener=listener)
@@ -736,6 +737,7 @@ def test_a_slow_iterating_member_keeps_its_session_and_no_other_member_reads_its
                 handled.append(record.offset)
                 time.sleep(_SLOW_HANDLER_S)
                 if record.offset == _SLOW_RECORDS - 1:
+                    got_while_held.extend(other_got)  # see _held_then_left
                     break
     finally:
         stop.set()
@@ -743,7 +745,17 @@ def test_a_slow_iterating_member_keeps_its_session_and_no_other_member_reads_its
             other.join(30)
     assert handled == list(range(_SLOW_RECORDS))
     assert listener.lost == []
-    assert other_got == []
+    _held_then_left(got_while_held, other_got)
+
+
+def _held_then_left(got_while_held: list[int], other_got: list[int]) -> None:
+    """Nothing went to the other member while the slow one held the partition. Once it
+    leaves (``break`` and close), the other member may get the last record: a loop left by
+    ``break`` commits only the records finished before the one it was handling, which is
+    read again by the next owner (at least once, never skipped). CI once saw the other
+    member read record 39 in the moment between the close and the test's stop."""
+    assert got_while_held == []
+    assert other_got in ([], [_SLOW_RECORDS - 1]), other_got
 
 
 def test_a_slow_async_iterating_member_keeps_its_session(cluster: LocalCluster, topic_name: str) -> None:
@@ -761,6 +773,7 @@ def test_a_slow_async_iterating_member_keeps_its_session(cluster: LocalCluster, 
     other_got: list[int] = []
     stop = threading.Event()
     other = threading.Thread(target=_other_member, args=(bootstrap, group, topic_name, stop, other_got))
+    got_while_held: list[int] = []
 
     async def run() -> list[int]:
         client = await sdk.connect(bootstrap)
@@ -773,6 +786,7 @@ def test_a_slow_async_iterating_member_keeps_its_session(cluster: LocalCluster, 
                 handled.append(record.offset)
                 await asyncio.sleep(_SLOW_HANDLER_S)
                 if record.offset == _SLOW_RECORDS - 1:
+                    got_while_held.extend(other_got)  # see _held_then_left
                     break
         finally:
             await consumer.close()
@@ -786,4 +800,4 @@ def test_a_slow_async_iterating_member_keeps_its_session(cluster: LocalCluster, 
         if other.ident is not None:
             other.join(30)
     assert handled == list(range(_SLOW_RECORDS))
-    assert other_got == []
+    _held_then_left(got_while_held, other_got)
