@@ -33,17 +33,22 @@ def test_age_and_size_together_count_what_age_already_freed() -> None:
     assert retention.batches_to_delete(four, 400, retention_ms=2_500, retention_bytes=250, now_ms=3_000) == 2
 
 
+def _append_three_batches(store: Store, logs: dict[tuple[str, int], PartitionLog]) -> None:
+    """One record each, appended at 0, 1,000 and 2,000 ms."""
+    for plog in logs.values():
+        for append_ms in (0, 1_000, 2_000):
+            raw = bytearray(batch.encode_batch([0], [None], [b"v" * 50]))
+            wb = store.new_write_batch()
+            plog.append(wb, raw, batch.read_header(raw), 0, append_ms)
+            store.write(wb)
+
+
 def test_apply_deletes_per_topic_config_and_skips_unknown_topics(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "db"))
     try:
         logs = {("kept", 0): PartitionLog(store, "kept", 0, 1), ("aged", 0): PartitionLog(store, "aged", 0, 1),
                 ("unknown", 0): PartitionLog(store, "unknown", 0, 1)}
-        for plog in logs.values():
-            for append_ms in (0, 1_000, 2_000):
-                raw = bytearray(batch.encode_batch([0], [None], [b"v" * 50]))
-                wb = store.new_write_batch()
-                plog.append(wb, raw, batch.read_header(raw), 0, append_ms)
-                store.write(wb)
+        _append_three_batches(store, logs)
         configs = {"kept": TopicConfig(1, retention_ms=-1), "aged": TopicConfig(1, retention_ms=1_500)}
         deleted = retention.apply(logs, configs, now_ms=3_000)
         assert deleted == {("aged", 0): 2}
@@ -62,12 +67,7 @@ def test_only_the_leader_deletes_by_age(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "db"))
     try:
         logs = {("t", 0): PartitionLog(store, "t", 0, 1), ("t", 1): PartitionLog(store, "t", 1, 1)}
-        for plog in logs.values():
-            for append_ms in (0, 1_000, 2_000):
-                raw = bytearray(batch.encode_batch([0], [None], [b"v" * 50]))
-                wb = store.new_write_batch()
-                plog.append(wb, raw, batch.read_header(raw), 0, append_ms)
-                store.write(wb)
+        _append_three_batches(store, logs)
         two_days_on_ms = 2 * 86_400_000
         configs = {"t": TopicConfig(2, retention_ms=86_400_000)}
         assert retention.apply(logs, configs, now_ms=two_days_on_ms, led={("t", 0)}) == {("t", 0): 3}
