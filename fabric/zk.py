@@ -245,6 +245,22 @@ def close_client(client: KazooClient) -> None:
         _QUIET_CLOSE.closing -= 1
 
 
+def close_client_within(client: KazooClient, timeout_s: float) -> bool:
+    """``close_client`` on a thread, waited for at most ``timeout_s``; False if it did not
+    end. For a process on its way out: kazoo waits for the server to confirm the close, as
+    long as 10 s or the session timeout when ZooKeeper does not answer. Unconfirmed, the
+    session (and its ephemeral znodes) ends by timing out, as after a crash; the thread
+    ends by itself when kazoo gives up."""
+    def close() -> None:
+        with contextlib.suppress(Exception):  # never connected, or already gone: nothing to end
+            close_client(client)
+
+    closer = threading.Thread(target=close, name="zk-close", daemon=True)
+    closer.start()
+    closer.join(max(0.0, timeout_s))
+    return not closer.is_alive()
+
+
 def node_path(node_id: int) -> str:
     return f"{NODES}/{node_id}"
 

@@ -86,7 +86,8 @@ def begin(node: NodeState, now: float) -> None:
 
     def done(_result: Any, error: BaseException | None) -> None:
         if error is not None:  # the node stops at the timeout, or at once if ZooKeeper is away
-            log.warning("drain: could not deregister (%s); stopping", error)
+            # named by type: kazoo's ConnectionLoss and timeouts carry no message
+            log.warning("drain: could not deregister (%s: %s); stopping", type(error).__name__, error)
             node.stopping.set()
 
     try:

@@ -22,7 +22,6 @@ the leaders' streams and replies (``nodes/follower.py``), then the duties.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -293,9 +292,8 @@ class Node:
         node = self.state
         log.info("node %d stopping", node.node_id)
         node.routing.close()
-        node.zk_worker.stop()
-        with contextlib.suppress(Exception):  # already gone; nothing to clean
-            zkl.close_client(node.zk)
+        node.zk_worker.stop(timeout_s=session.CLOSE_SESSION_TIMEOUT_S)  # its job may wait on a paused ZooKeeper
+        session.close_within(node)
         node.sockets.replica_conns.close()
         if node.groups is not None:
             node.groups.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Final
@@ -102,15 +101,16 @@ def record_session(node: NodeState) -> None:
 ZK_START_TIMEOUT_S = 30.0
 
 
-# A node whose start failed waits this long for ZooKeeper to confirm the end of its session
-# (a round trip, normally milliseconds); past it the process exits anyway and its znode
-# stays until the session times out, as after a crash.
-CLOSE_AFTER_FAILED_START_TIMEOUT_S: Final[float] = 5.0
+# A node that stops, or whose start failed, waits this long for ZooKeeper to confirm the
+# end of its session (a round trip, normally milliseconds); past it the process exits anyway
+# and its znode stays until the session times out, as after a crash. kazoo alone would
+# wait 10 s or the session timeout, whichever is longer, with ZooKeeper unreachable.
+CLOSE_SESSION_TIMEOUT_S: Final[float] = 2.0
 
 
 # -- the loop thread -----------------------------------------------------------------------
 @contextlib.contextmanager
-def closed_on_failure(node: NodeState, timeout_s: float = CLOSE_AFTER_FAILED_START_TIMEOUT_S) -> Iterator[None]:
+def closed_on_failure(node: NodeState, timeout_s: float = CLOSE_SESSION_TIMEOUT_S) -> Iterator[None]:
     """Around the start: if it fails (a store write that fails on a nearly full disk once the
     node has registered, ZooKeeper errors, Ctrl-C), end the ZooKeeper session before the
     failure goes on to exit the process, as a clean stop does. Otherwise the node's znode,
@@ -123,22 +123,14 @@ def closed_on_failure(node: NodeState, timeout_s: float = CLOSE_AFTER_FAILED_STA
         raise
 
 
-def close_within(node: NodeState, timeout_s: float) -> bool:
-    """Close the session on a thread and wait at most ``timeout_s`` for it (kazoo's own
-    wait for an unanswered close is 10 s or the session timeout); False if it did not end."""
-    def close() -> None:
-        node.routing.close()  # its watches must not read again as the session ends (a warning each)
-        with contextlib.suppress(Exception):  # never connected, or already gone: nothing to end
-            zkl.close_client(node.zk)
-
-    closer = threading.Thread(target=close, name="zk-close-after-failed-start", daemon=True)
-    closer.start()
-    closer.join(timeout_s)
-    if closer.is_alive():
-        log.warning("ZooKeeper did not confirm the end of the session within %.0f s: this node's registration "
-                    "stays until the session times out (%.0f s)", timeout_s, node.config.session_timeout_ms / 1000.0)
-        return False
-    return True
+def close_within(node: NodeState, timeout_s: float = CLOSE_SESSION_TIMEOUT_S) -> bool:
+    """End the ZooKeeper session, waiting at most ``timeout_s`` for it; False if it did not end."""
+    node.routing.close()  # its watches must not read again as the session ends (a warning each)
+    if zkl.close_client_within(node.zk, timeout_s):
+        return True
+    log.warning("ZooKeeper did not confirm the end of the session within %.0f s: this node's registration "
+                "stays until the session times out (%.0f s)", timeout_s, node.config.session_timeout_ms / 1000.0)
+    return False
 
 
 def start(node: NodeState) -> None:

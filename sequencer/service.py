@@ -61,6 +61,12 @@ STANDBY_RETRY_S = 1.0  # also woken at once by the watch on the active znode
 REQUESTS_PER_TURN_MAX = 1_000
 SOCKET_HWM = 10_000
 TAKEOVER_ATTEMPTS_MAX = 5
+# A stop hands the active place over at once by deleting our znode and closing the
+# session; with ZooKeeper unreachable neither can happen, and the session timeout hands the
+# place over instead. So the stop waits on ZooKeeper at most about this long in all,
+# whatever the lease thread is doing.
+SHUTDOWN_ZK_S = 2.0
+SHUTDOWN_CLOSE_S_MIN = 0.2  # the close's share when the rest used the time up (it is a round trip)
 SERVED_API_KEYS = frozenset({ApiKey.API_VERSIONS, ApiKey.ALLOCATE_IDS})
 
 
@@ -139,12 +145,15 @@ class SequencerService:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        deadline = time.monotonic() + SHUTDOWN_ZK_S
         was_active = self.state == ACTIVE
         self._set_state(STOPPED, "stopping")
         if self._renewer is not None:
-            self._renewer.join(timeout=ZK_CALL_TIMEOUT_S + 1)
+            # A daemon thread: one still inside a ZooKeeper call ends when the client closes.
+            self._renewer.join(timeout=SHUTDOWN_ZK_S)
         if was_active:
-            self._delete_own_active_znode()  # hand over at once instead of after the session timeout
+            # hand over at once instead of after the session timeout
+            self._delete_own_active_znode(timeout_s=deadline - time.monotonic())
         self.router.close(linger=0)
         if self._zap is not None:
             self._zap.stop()
@@ -153,7 +162,7 @@ class SequencerService:
         if self._security_cache is not None:
             self._security_cache.close()
         self.ctx.term()
-        zkl.close_client(self.zk)
+        zkl.close_client_within(self.zk, max(SHUTDOWN_CLOSE_S_MIN, deadline - time.monotonic()))
 
     # -- ZooKeeper events (kazoo's thread: set flags only) ---------------------------------
     def _on_zk_state(self, state: str) -> None:
@@ -379,13 +388,20 @@ class SequencerService:
             if self._confirm() is False:
                 self._session_lost.set()  # the loop steps down; this thread only reports
 
-    def _delete_own_active_znode(self) -> bool:
-        """Delete the active znode if our session owns it; True if it did."""
+    def _delete_own_active_znode(self, timeout_s: float = ZK_CALL_TIMEOUT_S) -> bool:
+        """Delete the active znode if our session owns it; True if it did. Both ZooKeeper
+        calls together wait at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
         try:
-            stat = self.zk.exists_async(SEQUENCER_ACTIVE).get(timeout=ZK_CALL_TIMEOUT_S)
+            if timeout_s <= 0:
+                return False
+            stat = self.zk.exists_async(SEQUENCER_ACTIVE).get(timeout=timeout_s)
             session_id = self.zk.client_id[0] if self.zk.client_id else None
             if stat is not None and stat.ephemeralOwner == session_id:
-                self.zk.delete_async(SEQUENCER_ACTIVE, version=stat.version).get(timeout=ZK_CALL_TIMEOUT_S)
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    return False
+                self.zk.delete_async(SEQUENCER_ACTIVE, version=stat.version).get(timeout=left_s)
                 return True
         except Exception as exc:
             log.debug("could not delete the active znode: %s", exc)

@@ -22,6 +22,10 @@ Found by a sweep of every public call against paused nodes and a paused ZooKeepe
 * Reading the live nodes from a ``zk://`` bootstrap took 15 s with ZooKeeper paused
   (kazoo's default client waited out its 10 s connect attempt after the 5 s start had
   failed): a producer's ``close(5)`` took 10 s and left its sender thread running.
+* The active sequencer took 9-10 s to exit on SIGTERM with ZooKeeper paused: it waited for
+  its lease thread's ZooKeeper calls (two of 5 s each) and then 5 s more to delete its
+  active znode. Its stop now waits on ZooKeeper ``SHUTDOWN_ZK_S`` (2 s) in all; the
+  session timeout hands its place over when the delete cannot be made.
 
 One cluster with a ZooKeeper of its own (the test pauses it) and a session timeout longer
 than any pause here, so nothing fails over meanwhile and each test finds it as it was.
@@ -30,6 +34,7 @@ than any pause here, so nothing fails over meanwhile and each test finds it as i
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -46,6 +51,7 @@ from sdk import Admin, Consumer, Producer
 from sdk._client import BOOTSTRAP_SESSION_S, METADATA_TIMEOUT_MS, Bootstrap
 from sdk.consumer import POLL_WORK_MS
 from sdk.direct._registry import ZK_TIMEOUT_S
+from sequencer.service import SHUTDOWN_ZK_S
 from tests.fault.harness import wait_until
 
 pytestmark = pytest.mark.slow
@@ -63,7 +69,8 @@ GROUP_REQUEST_MS = 10_000  # one group request's own wait (sdk._group.GROUP_REQU
 
 @pytest.fixture(scope="module")
 def bounded_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(3, tmp_path_factory.mktemp("bounded"), session_timeout_ms=SESSION_TIMEOUT_MS)
+    cluster = LocalCluster(3, tmp_path_factory.mktemp("bounded"), session_timeout_ms=SESSION_TIMEOUT_MS,
+                           sequencer_count=1)
     cluster.start()
     try:
         with Admin(cluster.bootstrap) as admin:
@@ -154,6 +161,14 @@ def test_registry_and_bootstrap_calls_are_bounded_with_zookeeper_paused(bounded_
         made.close()
         return made
 
+    def stop_active_sequencer() -> object:
+        """SIGTERM the active sequencer; what it exited with (its stop is timed by the caller)."""
+        process = bounded_cluster.sequencers[active].process
+        process.signal(signal.SIGTERM)
+        while process.running:
+            time.sleep(0.02)
+        return process.exit_status
+
     async def direct_calls() -> dict[str, tuple[float, object]]:
         client = await sdk.connect(bounded_cluster.bootstrap)  # connected before the pause
         try:
@@ -167,6 +182,7 @@ def test_registry_and_bootstrap_calls_are_bounded_with_zookeeper_paused(bounded_
                     "publish": client.publish("bounded.first", b"x"),
                     "services": client.services(),
                     "SequencerClient": asyncio.to_thread(make_sequencer_client),
+                    "sequencer SIGTERM": asyncio.to_thread(stop_active_sequencer),
                 }
                 results = await asyncio.gather(*(guarded(coro) for coro in calls.values()))
                 await asyncio.to_thread(reader.join, HANG_GUARD_S)
@@ -176,12 +192,17 @@ def test_registry_and_bootstrap_calls_are_bounded_with_zookeeper_paused(bounded_
         finally:
             await client.close()
 
+    active = bounded_cluster.wait_for_active_sequencer()
     node_zk = zkl.make_client(bounded_cluster.zk_address)  # as a node's, connected before the pause
     node_zk.start(timeout=30)
     try:
         direct = asyncio.run(direct_calls())
     finally:
         zkl.close_client(node_zk)
+    took_s, exit_status = direct.pop("sequencer SIGTERM")
+    assert exit_status == 0, f"the active sequencer's stop with ZooKeeper paused: {exit_status!r}"
+    # kazoo's own close (the connection thread's current attempt) comes on top of the 2 s.
+    assert took_s <= SHUTDOWN_ZK_S + 2 + MARGIN_S, f"the active sequencer took {took_s:.1f} s to stop with ZooKeeper paused"
     took_s, made = direct.pop("SequencerClient")
     assert isinstance(made, SequencerClient), f"SequencerClient() with ZooKeeper paused: {made!r}"
     assert took_s <= MARGIN_S, f"SequencerClient() took {took_s:.1f} s with ZooKeeper paused: the node's loop waits on it"
