@@ -690,6 +690,8 @@ class LocalCluster:
         ``--host`` reachable there in ``extra_args``)."""
         secure_args = self.security.node_args(node_id) if self.security is not None else []
         port_args = ["--port", str(free_port()), "--replication-port", str(free_port())] if self.stable_ports else []
+        if self.stable_ports and "--metrics-port" not in [*self.node_args, *(extra_args or [])]:
+            port_args += ["--metrics-port", str(free_port())]  # scrape targets stay right across restarts
         node = LocalNode(node_id, self.zk_address, self.base_dir,
                          [*self.node_args, *secure_args, *port_args, *(extra_args or [])], self.session_timeout_ms, env, netns)
         self.nodes[node_id] = node

@@ -146,7 +146,9 @@ def test_fabric_up_restarts_a_killed_node_and_stops_on_ctrl_c(tmp_path: Path) ->
 
         _wait_for(restarted, "node 1 to be restarted", proc)
         after = info_of(1)  # on the same ports: the addresses fabric up printed stay right
-        assert (after.address, after.replication_address) == (before.address, before.replication_address)
+        assert (after.address, after.replication_address, after.metrics_address) == \
+            (before.address, before.replication_address, before.metrics_address)
+        assert after.metrics_address, "fabric up's nodes serve metrics"
         said = stderr_path.read_text()
         assert "node 1 exited; restarting it" in said and "node 1 restarted" in said, said
         assert proc.poll() is None, "fabric up must keep running"
