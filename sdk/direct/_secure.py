@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ from fabric.auth.acl import Authorizer, Operation, Resource, ResourceType
 from fabric.auth.curve import DOMAIN_DIRECT, ENV_KEY_FILE, ZapAuthenticator, current_principal
 from fabric.auth.keys import load_key_pair
 from fabric.auth.store import DIRECT_REGISTRY_ROOTS, SecurityCache, read_digest
+from sdk.direct._registry import ZK_TIMEOUT_S
 
 log = logging.getLogger("fabric.direct")
 
@@ -99,22 +101,44 @@ class DirectSecurity:
         self._decided_by: Authorizer | None = None
         self._zap_started = False
 
-    def start(self) -> None:
-        self._inherit_registry_acl()
-        self.cache.start(ensure=False)  # principals and ACLs read (and watched) before the ZAP handler answers
+    def start(self, timeout_s: float = ZK_TIMEOUT_S) -> None:
+        """Read (and watch) the principals and ACLs, then start the ZAP handler that answers
+        with them. NoServiceAvailable when ZooKeeper does not answer within ``timeout_s``:
+        kazoo's watches make their first read on the thread that creates them and retry it
+        without limit, so that thread is one of kazoo's handler, as for the registry's own
+        watches (sdk/direct/_registry.py); it ends when ZooKeeper answers or the client closes."""
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                self._inherit_registry_acl(timeout_s)
+                self.cache.start(ensure=False)
+            except Exception as exc:  # handed to the caller, which is waiting for it
+                failure.append(exc)
+            finally:
+                done.set()
+
+        self.cache.zk.handler.spawn(read)
+        if not done.wait(timeout_s) or failure:
+            self.cache.close()  # a watch made late stops at its first callback
+            if failure and isinstance(failure[0], errors.FabricError):
+                raise failure[0]
+            why = f"could not be read: {failure[0]!r}" if failure else f"did not answer within {timeout_s:g} s"
+            raise errors.NoServiceAvailable(f"ZooKeeper (the principals and ACLs of the secure direct plane) {why}")
         self.zap.start()
         self._zap_started = True
         if self.principal is None:
             raise errors.AuthenticationFailedError(
                 f"this client's key {self.public_key} is not registered as a principal (fabric principal add)")
 
-    def _inherit_registry_acl(self) -> None:
+    def _inherit_registry_acl(self, timeout_s: float) -> None:
         """Create registry znodes with the ACL of the registry root (store.open_direct_registry):
         the operator and every holder of the direct credential may then register under a
         service name, whichever of them created it first."""
         zk = self.cache.zk
         try:
-            acl, _ = zk.get_acls(DIRECT_REGISTRY_ROOTS[0])
+            acl, _ = zk.get_acls_async(DIRECT_REGISTRY_ROOTS[0]).get(timeout=timeout_s)
         except NoNodeError:
             return  # no registry yet: only the operator's digest can create it, with its own ACL
         zk.default_acl = list(acl)

@@ -26,6 +26,9 @@ Found by a sweep of every public call against paused nodes and a paused ZooKeepe
   its lease thread's ZooKeeper calls (two of 5 s each) and then 5 s more to delete its
   active znode. Its stop now waits on ZooKeeper ``SHUTDOWN_ZK_S`` (2 s) in all; the
   session timeout hands its place over when the delete cannot be made.
+* A secure direct client's start (its reads and watches of principals and ACLs) had no
+  bound with ZooKeeper paused right after the client connected (kazoo's first watch read
+  again); it now raises ``NoServiceAvailable`` within the registry's 5 s.
 
 One cluster with a ZooKeeper of its own (the test pauses it) and a session timeout longer
 than any pause here, so nothing fails over meanwhile and each test finds it as it was.
@@ -41,6 +44,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
+import zmq
 
 import sdk
 from fabric import errors
@@ -51,6 +55,7 @@ from sdk import Admin, Consumer, Producer
 from sdk._client import BOOTSTRAP_SESSION_S, METADATA_TIMEOUT_MS, Bootstrap
 from sdk.consumer import POLL_WORK_MS
 from sdk.direct._registry import ZK_TIMEOUT_S
+from sdk.direct._secure import DirectCredentials, DirectSecurity
 from sequencer.service import SHUTDOWN_ZK_S
 from tests.fault.harness import wait_until
 
@@ -161,6 +166,15 @@ def test_registry_and_bootstrap_calls_are_bounded_with_zookeeper_paused(bounded_
         made.close()
         return made
 
+    def start_direct_security() -> object:
+        public_key, secret_key = zmq.curve_keypair()
+        security = DirectSecurity(DirectCredentials(public_key, secret_key), node_zk, zmq.Context())
+        try:
+            security.start()
+        finally:
+            security.close()
+        return security
+
     def stop_active_sequencer() -> object:
         """SIGTERM the active sequencer; what it exited with (its stop is timed by the caller)."""
         process = bounded_cluster.sequencers[active].process
@@ -183,6 +197,7 @@ def test_registry_and_bootstrap_calls_are_bounded_with_zookeeper_paused(bounded_
                     "services": client.services(),
                     "SequencerClient": asyncio.to_thread(make_sequencer_client),
                     "sequencer SIGTERM": asyncio.to_thread(stop_active_sequencer),
+                    "secure direct start": asyncio.to_thread(start_direct_security),
                 }
                 results = await asyncio.gather(*(guarded(coro) for coro in calls.values()))
                 await asyncio.to_thread(reader.join, HANG_GUARD_S)
