@@ -1,6 +1,5 @@
-import sys
-
+from bench._cli import run
 from bench.throughput import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

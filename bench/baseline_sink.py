@@ -2,6 +2,8 @@
 
 Run by bench.throughput as a separate process (as a node is), so the baseline pays the
 same process boundary. Protocol with the driver (all on loopback):
+  control: this PUSH -> driver PULL, "ready" once bound and the database is open (the
+           driver starts its clock then, so the baseline does not pay this process's start-up)
   data:    PUSH -> this PULL, one frame per batch, an empty frame ends a run
   control: this PUSH -> driver PULL, "<records written> <seconds from first frame to last put>"
   then the driver sends b"read" on data: we read every batch back and decode it, and answer
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     options = rocksdict.Options(raw_mode=True)
     options.create_if_missing(True)
     db = rocksdict.Rdict(args.db, options)
+    push.send_string("ready")
     key = 0
     while True:
         first = pull.recv(copy=False)

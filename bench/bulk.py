@@ -14,15 +14,14 @@ time is from the first call to the last acknowledgement.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import json_line, positive_int, run
 from bench.stats import median
 from bench.throughput import run_baseline
 from fabric.local import LocalCluster
@@ -56,10 +55,10 @@ def run_bulk(bootstrap: str, topic: str, n: int, size: int, chunk: int, arrow: b
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bulk", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=3_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--chunk", type=int, default=100_000)
+    parser.add_argument("--messages", type=positive_int, default=3_000_000)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--size", type=positive_int, default=100)
+    parser.add_argument("--chunk", type=positive_int, default=100_000)
     args = parser.parse_args(argv)
     n, size = args.messages, args.size
     figures: dict[str, Any] = {"bench": "bulk", "messages": n, "size": size, "repeats": args.repeats,
@@ -86,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baseline          : {base:>11,.0f} msg/s   runs {[round(t, 2) for t in runs['baseline']]} s")
         figures["producer_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         figures["load_average_1m"] = round(os.getloadavg()[0], 2)
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -16,18 +16,17 @@ Measures and reports only; nothing here is asserted. The last line is one JSON o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import string
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import json_line, positive_int, run
 from fabric.local import LocalCluster
 from sdk import Admin, Producer
 
@@ -123,9 +122,9 @@ def limiter(stats: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.c_client", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--messages", type=positive_int, default=1_000_000)
+    parser.add_argument("--value-bytes", type=positive_int, default=100)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     args = parser.parse_args(argv)
 
     binary = build_c_client()
@@ -167,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         "python": {**py_stats, "limited_by": limiter(py_stats)},
         "c_over_python": ratio,
     }
-    print(json.dumps(summary, sort_keys=True))
+    print(json_line(summary, sort_keys=True))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ from typing import Any
 
 import zmq
 
+from bench._cli import json_line, positive_float, positive_int, quiet_children, run
 from fabric.local import LocalZooKeeper, free_port
 
 IN_FLIGHT = 64
@@ -115,8 +115,9 @@ def fabric_server(zk: str, name: str, instances: int, loop: str = "asyncio") -> 
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "bench.direct", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    with quiet_children():
+        proc = subprocess.Popen([sys.executable, "-m", "bench.direct", *args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("READY"):
@@ -129,7 +130,9 @@ def stop(proc: subprocess.Popen[str]) -> None:
     if proc.stdin is not None:
         proc.stdin.close()
     try:
-        proc.wait(10)
+        # Interrupted (Ctrl-C), a server that ignores SIGINT may be in the middle of a run
+        # and not read its stdin: no 10 s wait then.
+        proc.wait(0.1 if sys.exc_info()[0] is not None else 10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -275,11 +278,11 @@ async def gather_figures(zk: str, rounds: int, payload: bytes) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=20_000, help="sequential requests per latency run")
-    parser.add_argument("--seconds", type=float, default=3.0, help="duration of each 64-in-flight run")
-    parser.add_argument("--payload-bytes", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3, help="whole runs; figures are their medians")
+    parser = argparse.ArgumentParser(prog="python -m bench.direct", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=positive_int, default=20_000, help="sequential requests per latency run")
+    parser.add_argument("--seconds", type=positive_float, default=3.0, help="duration of each 64-in-flight run")
+    parser.add_argument("--payload-bytes", type=positive_int, default=100)
+    parser.add_argument("--repeats", type=positive_int, default=3, help="whole runs; figures are their medians")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="event loop of the Fabric server and asyncio client")
     parser.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
@@ -312,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("bare_pyzmq", "bare_pyzmq_asyncio", "direct_async", "direct_sync", "direct_sync_handler", "gather_8"):
         print(f"  {key:20s}", medians[key])
     print(f"  ratios: {medians['ratios']}")
-    print(json.dumps(results))
+    print(json_line(results))
     return 0
 
 
@@ -365,4 +368,4 @@ def one_run(zk: str, requests: int, seconds: float, payload: bytes, loop: str = 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

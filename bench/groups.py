@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import json_line, positive_float, positive_int, run
 from bench.stats import median
 from fabric.local import LocalCluster
 from sdk import Admin, Consumer, Producer, TopicPartition
@@ -105,11 +105,11 @@ def produce_forever(bootstrap: str, topic: str, rate: int, stop: threading.Event
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--heartbeat-ms", type=int, default=3_000)
-    parser.add_argument("--rate", type=int, default=1_200, help="records per second, all partitions")
-    parser.add_argument("--hold-s", type=float, default=5.0, help="how long the third member stays each round")
+    parser = argparse.ArgumentParser(prog="python -m bench.groups", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--heartbeat-ms", type=positive_int, default=3_000)
+    parser.add_argument("--rate", type=positive_int, default=1_200, help="records per second, all partitions")
+    parser.add_argument("--hold-s", type=positive_float, default=5.0, help="how long the third member stays each round")
     args = parser.parse_args(argv)
     results: dict[str, list[float]] = {k: [] for k in (
         "join_to_first_record_ms", "join_stall_ms", "join_baseline_gap_ms", "leave_stall_ms", "leave_baseline_gap_ms")}
@@ -164,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     for key, values in results.items():
         summary[f"{key}_median"] = round(median(values), 1)
         summary[f"{key}_max"] = round(max(values), 1)
-    print(json.dumps(summary, sort_keys=True))
+    print(json_line(summary, sort_keys=True))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

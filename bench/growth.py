@@ -27,16 +27,15 @@ Medians over ``--repeats``; the node's peak RSS is its VmHWM from /proc.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import json_line, positive_int, quiet_children, run
 from bench.stats import median
 from fabric.local import LocalCluster
 from sdk import Admin, Consumer, Producer, TopicPartition
@@ -109,8 +108,10 @@ def many_producers(bootstrap: str, topic: str, n: int, count: int, per_record: b
     ready, go, results, finished = together
     procs = [ctx.Process(target=produce, args=(bootstrap, topic, n // count, together, per_record), daemon=True)
              for _ in range(count)]
-    for proc in procs:
-        proc.start()
+    with quiet_children():
+        for proc in procs:
+            proc.start()
+    done = False
     try:
         for _ in procs:  # every process imported, connected and warmed up
             ready.get(timeout=300)
@@ -118,13 +119,18 @@ def many_producers(bootstrap: str, topic: str, n: int, count: int, per_record: b
         go.set()
         for _ in procs:
             results.get(timeout=600)
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        done = True
+        return elapsed
     finally:
         finished.set()
         for proc in procs:
-            proc.join(30)
+            # Interrupted (Ctrl-C, a timeout), a producer may still wait for go: no
+            # 30 s wait each, they are killed at once.
+            proc.join(30 if done else 0)
             if proc.is_alive():
                 proc.kill()
+                proc.join(10)
 
 
 def node_peak_rss_mb(pid: int) -> float:
@@ -137,9 +143,9 @@ def node_peak_rss_mb(pid: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=500_000)
-    parser.add_argument("--retained-mb", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--messages", type=positive_int, default=500_000)
+    parser.add_argument("--retained-mb", type=positive_int, default=1024)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     args = parser.parse_args(argv)
     n, repeats = args.messages, args.repeats
     figures: dict[str, Any] = {"bench": "growth", "messages": n, "size": SIZE, "retained_mb": args.retained_mb,
@@ -195,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_1m_end": round(os.getloadavg()[0], 2),
         })
         print(f"peak RSS: producer {figures['producer_peak_rss_mb']} MB, node {figures['node_peak_rss_mb']} MB")
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -12,13 +12,12 @@ compared on a busy host: run each a few times, interleaved, and compare the medi
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench._cli import json_line, positive_int, run
 from bench.stats import median
 from fabric.local import LocalCluster
 from sdk import Admin, Producer
@@ -57,8 +56,8 @@ def run_once(cluster: LocalCluster, topic: str, n: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.node_cpu", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--messages", type=positive_int, default=200_000)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fabric-bench-") as tmp, LocalCluster(3, Path(tmp) / "cluster") as cluster:
         runs = [run_once(cluster, f"node-cpu-{r}", args.messages) for r in range(args.repeats)]
@@ -66,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"3 nodes, rf=3, acks=all, {args.messages:,} messages of {VALUE_BYTES} B per run: node CPU "
           f"{median(cpu_us):.2f} us/msg (median; runs {[round(c, 2) for c in cpu_us]}), "
           f"produce wall {median([w for _, w in runs]):.2f} s")
-    print(json.dumps({"bench": "node_cpu", "messages": args.messages, "repeats": args.repeats,
+    print(json_line({"bench": "node_cpu", "messages": args.messages, "repeats": args.repeats,
                       "node_cpu_us_per_msg_median": round(median(cpu_us), 2),
                       "node_cpu_us_per_msg_runs": [round(c, 2) for c in cpu_us]}))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

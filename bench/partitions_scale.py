@@ -28,7 +28,6 @@ commands medians of ``--repeats``. Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
@@ -40,6 +39,7 @@ from typing import Any
 
 import zmq
 
+from bench._cli import json_line, positive_int, run
 from bench.stats import median
 from fabric.local import LocalCluster, LocalZooKeeper
 from fabric.protocol import apis
@@ -167,9 +167,9 @@ def node_loss(cluster: LocalCluster, admin: Admin, how: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.partitions_scale", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--partitions", type=int, default=2_000, help="grow the cluster to this many partitions")
-    parser.add_argument("--topic-partitions", type=int, default=10, help="partitions per topic (RF 3)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each CLI command; the median is reported")
+    parser.add_argument("--partitions", type=positive_int, default=2_000, help="grow the cluster to this many partitions")
+    parser.add_argument("--topic-partitions", type=positive_int, default=10, help="partitions per topic (RF 3)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each CLI command; the median is reported")
     parser.add_argument("--no-node-loss", action="store_true", help="skip the SIGTERM and SIGKILL of node 1")
     args = parser.parse_args(argv)
     per_topic = args.topic_partitions
@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"node 1 {how}: {loss}", flush=True)
         finally:
             zookeeper.stop()
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench._cli import join_or_kill, json_line, positive_float, positive_int, quiet_children, run
 from bench._peers import report, request_reply, servers, workloads
 from bench.stats import median
 
@@ -106,7 +106,8 @@ class Runner:
         ready, results = ctx.Event(), ctx.Queue()
         consumer = ctx.Process(target=workloads.e2e_consumer_process,
                                args=(spec, stream, total, seconds + 30, ready, results), daemon=True)
-        consumer.start()
+        with quiet_children():
+            consumer.start()
         try:
             if not ready.wait(READY_TIMEOUT_S):
                 raise RuntimeError(f"{key}: the end-to-end consumer did not start within {READY_TIMEOUT_S} s")
@@ -114,10 +115,7 @@ class Runner:
                 adapter.publish_paced(stream, total, rate, advance)
             latencies_ns = results.get(timeout=seconds + 60)
         finally:
-            consumer.join(timeout=PROCESS_JOIN_TIMEOUT_S)
-            if consumer.is_alive():
-                consumer.kill()
-                consumer.join(timeout=PROCESS_JOIN_TIMEOUT_S)
+            join_or_kill([consumer], PROCESS_JOIN_TIMEOUT_S)
         if len(latencies_ns) != total:
             raise workloads.Incomplete(f"{key}: the end-to-end consumer saw {len(latencies_ns)} of {total} messages")
         return report.latency_summary(latencies_ns)
@@ -127,7 +125,8 @@ class Runner:
         ctx = multiprocessing.get_context("spawn")
         ready, stop = ctx.Event(), ctx.Event()
         process = ctx.Process(target=responder, args=(responder_arg, ready, stop), daemon=True)
-        process.start()
+        with quiet_children():
+            process.start()
         try:
             if not ready.wait(READY_TIMEOUT_S):
                 raise RuntimeError(f"{key}: the responder did not start within {READY_TIMEOUT_S} s")
@@ -226,13 +225,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.peers") -> 
     """``prog``: how errors and --help name the command (``fabric bench --peers`` passes its own)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="CI mode: small counts, one repeat")
-    parser.add_argument("--messages", type=int, help=f"messages per publish run (default {FULL['messages']:,})")
-    parser.add_argument("--repeats", type=int, help=f"publish+consume runs per system (default {FULL['repeats']})")
-    parser.add_argument("--e2e-rate", type=int, dest="e2e_rate_per_s", help="messages per second in the e2e phase")
-    parser.add_argument("--e2e-seconds", type=float, help="length of the e2e phase")
-    parser.add_argument("--requests", type=int, help="sequential request-reply round trips")
+    parser.add_argument("--messages", type=positive_int, help=f"messages per publish run (default {FULL['messages']:,})")
+    parser.add_argument("--repeats", type=positive_int, help=f"publish+consume runs per system (default {FULL['repeats']})")
+    parser.add_argument("--e2e-rate", type=positive_int, dest="e2e_rate_per_s", help="messages per second in the e2e phase")
+    parser.add_argument("--e2e-seconds", type=positive_float, help="length of the e2e phase")
+    parser.add_argument("--requests", type=positive_int, help="sequential request-reply round trips")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
-    parser.add_argument("--fabric-partitions", type=int, default=1,
+    parser.add_argument("--fabric-partitions", type=positive_int, default=1,
                         help="partitions of Fabric's topic (default 1: one ordered stream, like the others)")
     parser.add_argument("--out", default="peers-results", help="directory for peers.json, peers.md and the PNGs")
     parser.add_argument("--replot", metavar="JSON", help="redraw table and plots from a saved peers.json; no run")
@@ -241,7 +240,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.peers") -> 
 
     out_dir = Path(args.out)
     if args.replot:
-        saved = json.loads(Path(args.replot).read_text())
+        try:
+            saved = json.loads(Path(args.replot).read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"argument --replot: cannot read {args.replot}: {exc}")
         for path in write_outputs(saved, out_dir):
             print(f"wrote {path}")
         return 0
@@ -253,9 +255,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.peers") -> 
     for name in params:
         if getattr(args, name, None) is not None:
             params[name] = getattr(args, name)
-    if min(params["messages"], params["repeats"], params["e2e_rate_per_s"], params["requests"]) <= 0 \
-            or params["e2e_seconds"] <= 0 or args.fabric_partitions <= 0:
-        parser.error("counts, rates, durations and partitions must be positive")
 
     figures: dict[str, Any] = {
         "bench": "peers", "mode": "short" if args.short else "full", **params,
@@ -286,10 +285,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.peers") -> 
     written = write_outputs(figures, out_dir)
     print(report.markdown(figures))
     print("\n".join(f"wrote {path}" for path in written))
-    print(json.dumps(figures))
+    print(json_line(figures))
     failed = [key for key, row in {**rows, **rr}.items() if str(row["status"]).startswith("error")]
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -19,7 +19,6 @@ how long after its due time each arrived (Redis Streams has no delayed delivery)
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import random
 import tempfile
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import json_line, positive_int, positive_int_list, quiet_children, run
 from bench._peers.servers import RedisServer, binary_missing
 from bench.stats import median, percentile
 from fabric.local import LocalCluster
@@ -83,14 +83,21 @@ def _run_workers(target: Any, args_for: Any, workers: int, total: int) -> float:
     ctx = mp.get_context("spawn")
     started, results, acked = ctx.Event(), ctx.Queue(), ctx.Value("q", 0)
     procs = [ctx.Process(target=target, args=(*args_for(i), total, acked, started, results)) for i in range(workers)]
-    for p in procs:
-        p.start()
-    time.sleep(1.0 + 0.1 * workers)  # let each process connect before the clock starts
-    t0 = time.time()
-    started.set()
-    finished = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(30)
+    with quiet_children():
+        for p in procs:
+            p.start()
+    try:
+        time.sleep(1.0 + 0.1 * workers)  # let each process connect before the clock starts
+        t0 = time.time()
+        started.set()
+        finished = [results.get(timeout=300) for _ in procs]
+        for p in procs:
+            p.join(30)
+    finally:  # also on Ctrl-C: the workers ignore SIGINT, and are not daemons
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
     received = sum(n for n, _t in finished)
     end = max(t for n, t in finished if n) if received else time.time()
     if received < total:
@@ -159,16 +166,16 @@ def delay_lateness(bootstrap: str, count: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--workers", default="1,4,16")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--delayed", type=int, default=200)
+    parser = argparse.ArgumentParser(prog="python -m bench.queues", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=positive_int, default=20_000)
+    parser.add_argument("--workers", type=positive_int_list, default="1,4,16")
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--delayed", type=positive_int, default=200)
     parser.add_argument("--quick", action="store_true", help="CI: 2,000 messages, workers 1 and 4, one repeat")
     args = parser.parse_args(argv)
     if args.quick:
-        args.messages, args.workers, args.repeats, args.delayed = 2_000, "1,4", 1, 50
-    counts = [int(w) for w in args.workers.split(",")]
+        args.messages, args.workers, args.repeats, args.delayed = 2_000, [1, 4], 1, 50
+    counts = args.workers
     figures: dict[str, Any] = {"messages": args.messages, "repeats": args.repeats, "fabric": {}, "redis": {}}
     with tempfile.TemporaryDirectory(prefix="fabric-bench-queues-") as tmp:
         cluster = LocalCluster(3, Path(tmp) / "cluster")
@@ -197,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             if redis is not None:
                 redis.stop()
             cluster.stop()
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

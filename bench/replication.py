@@ -27,17 +27,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import multiprocessing
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import join_or_kill, json_line, non_negative_int, positive_int, quiet_children, run
 from bench.stats import latency_summary_ms, median
 from fabric.local import LocalCluster
 from sdk import Admin, Consumer, Producer, TopicPartition
@@ -142,7 +141,8 @@ def end_to_end_latency(bootstrap: str, topic: str, linger_ms: int = 0, max_in_fl
     ctx = multiprocessing.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     consumer = ctx.Process(target=_consume_latencies, args=(bootstrap, topic, total, ready, results), daemon=True)
-    consumer.start()
+    with quiet_children():
+        consumer.start()
     try:
         ready.wait(60)
         with Producer(bootstrap, acks="all", linger_ms=linger_ms, max_in_flight=max_in_flight) as producer:
@@ -151,9 +151,7 @@ def end_to_end_latency(bootstrap: str, topic: str, linger_ms: int = 0, max_in_fl
             producer.flush(timeout=60)
         samples = results.get(timeout=90)
     finally:
-        consumer.join(timeout=30)
-        if consumer.is_alive():
-            consumer.kill()
+        join_or_kill([consumer])
     return latency_summary_ms(samples)
 
 
@@ -200,9 +198,9 @@ def failovers(cluster: LocalCluster, topic: str, rounds: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replication", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=300_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--failovers", type=int, default=5)
+    parser.add_argument("--messages", type=positive_int, default=300_000)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--failovers", type=non_negative_int, default=5)
     args = parser.parse_args(argv)
     figures: dict[str, Any] = {"bench": "replication", "messages": args.messages, "repeats": args.repeats,
                                "partitions": PARTITIONS, "message_bytes": len(VALUE), "latency_rate_per_s": RATE_PER_S,
@@ -241,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"failover (kill -9 leader -> next acks=all ack): median {figures['failover_median_s']} s, "
                   f"max {figures['failover_max_s']} s over {len(times)}; session timeout {SESSION_TIMEOUT_MS} ms")
         print(f"RF=3 acks=all / RF=1 acks=1 throughput: {figures['ratio_rf3_all_to_rf1']}")
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

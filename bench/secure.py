@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import json_line, positive_int, run
 from bench.stats import latency_summary_ms, median
 from fabric.auth.curve import ClientSecurity
 from fabric.local import LocalCluster
@@ -109,10 +110,10 @@ def measure(cluster: LocalCluster, label: str, args: argparse.Namespace) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.secure", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--messages", type=positive_int, default=200_000)
+    parser.add_argument("--size", type=positive_int, default=100)
+    parser.add_argument("--nodes", type=positive_int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     args = parser.parse_args(argv)
     figures: dict[str, Any] = {"bench": "secure", "messages": args.messages, "size": args.size, "nodes": args.nodes,
                                "repeats": args.repeats, "acks": "all", "compression": "lz4"}
@@ -129,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"secure_{key}"] = results["secure"][key]
         if value and key != "e2e_samples":
             figures[f"{key}_ratio_secure_to_plaintext"] = round(results["secure"][key] / value, 3)
-    print(json.dumps(figures, indent=2))
+    print(json_line(figures))  # one line, the last: what every benchmark prints
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

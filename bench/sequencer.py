@@ -16,7 +16,6 @@ Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from bench._cli import json_line, non_negative_int, positive_float, positive_int, run
 from bench.stats import median
 from fabric import errors
 from fabric import zk as zkl
@@ -56,14 +56,20 @@ def grant_rate(zk_address: str, clients: int, ids_per_request: int, seconds: flo
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
     began = time.monotonic()
-    start.set()
-    time.sleep(seconds)
-    stop.set()
-    elapsed = time.monotonic() - began
-    for t in threads:
-        t.join(timeout=30)
+    try:
+        time.sleep(1.0)
+        began = time.monotonic()
+        start.set()
+        time.sleep(seconds)
+    finally:
+        # Also on Ctrl-C: each thread leaves its loop and closes its ZooKeeper client
+        # while ZooKeeper still runs (one left waiting for start held the exit for ever).
+        stop.set()
+        start.set()
+        elapsed = time.monotonic() - began
+        for t in threads:
+            t.join(timeout=30)
     requests = sum(counts)
     return {"ids_per_request": ids_per_request, "requests_per_s": round(requests / elapsed),
             "ids_per_s": round(requests * ids_per_request / elapsed)}
@@ -98,10 +104,10 @@ def failover_times(cluster: LocalCluster, failovers: int) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sequencer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--failovers", type=int, default=5)
-    parser.add_argument("--session-timeout-ms", type=int, default=3_000)
+    parser.add_argument("--seconds", type=positive_float, default=5.0)
+    parser.add_argument("--clients", type=positive_int, default=4)
+    parser.add_argument("--failovers", type=non_negative_int, default=5)
+    parser.add_argument("--session-timeout-ms", type=positive_int, default=3_000)
     args = parser.parse_args(argv)
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # a killed instance's clients log reconnects
     summary: dict[str, Any] = {"clients": args.clients, "session_timeout_ms": args.session_timeout_ms}
@@ -122,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             summary["failover_s_max"] = round(max(times), 3)
             print(f"failover (kill -9 of the active instance -> next grant): median {median(times):.2f} s, "
                   f"max {max(times):.2f} s over {len(times)}", flush=True)
-    print(json.dumps(summary))
+    print(json_line(summary))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

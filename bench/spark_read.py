@@ -20,12 +20,12 @@ medians are compared. The last line is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Any
 
+from bench import _cli
 from bench.stats import median
 from fabric.local import LocalCluster
 from sdk import Admin, Consumer, Producer, TopicPartition
@@ -143,14 +143,14 @@ def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=100, help="value bytes per message")
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each reader; medians reported")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of both readers first (JIT warm-up)")
-    parser.add_argument("--nodes", type=int, default=1, help="nodes of the local cluster (without --bootstrap)")
+    parser = argparse.ArgumentParser(prog="python -m bench.spark_read", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=_cli.positive_int, default=1_000_000)
+    parser.add_argument("--size", type=_cli.positive_int, default=100, help="value bytes per message")
+    parser.add_argument("--partitions", type=_cli.positive_int, default=4)
+    parser.add_argument("--cores", type=_cli.positive_int, default=2, help="Spark local[N]")
+    parser.add_argument("--repeats", type=_cli.positive_int, default=3, help="timed runs of each reader; medians reported")
+    parser.add_argument("--warmup", type=_cli.non_negative_int, default=2, help="untimed rounds of both readers first (JIT warm-up)")
+    parser.add_argument("--nodes", type=_cli.positive_int, default=1, help="nodes of the local cluster (without --bootstrap)")
     parser.add_argument("--bootstrap", help="an existing cluster (zk://host:port); default: start a local one")
     args = parser.parse_args(argv)
     if args.bootstrap:
@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with LocalCluster(args.nodes) as cluster:
             result = run(args, cluster.bootstrap)
-    print(json.dumps(result))
+    print(_cli.json_line(result))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

@@ -14,7 +14,8 @@ every 256 MiB deletes each partition's oldest batches so that ``--retained-gb`` 
   family, a point delete per batch (how nodes store them now).
 
 Printed per layout: fill seconds, steady-state MB/s, RocksDB's cumulative compaction
-writes and the bytes on disk at the end; then the ratios sequence / partition. Needs
+writes and the bytes on disk at the end; then the ratios sequence / partition, and last
+one JSON object with the same figures. Needs
 about ``2 x (retained + a few GB)`` of free space in the temp dir.
 """
 
@@ -30,6 +31,8 @@ import tempfile
 import time
 
 import rocksdict
+
+from bench import _cli
 
 VALUE_BYTES = 128 * 1024
 INDEX_BYTES = 48
@@ -82,7 +85,7 @@ def run(layout: str, retained_gb: float, more_gb: float, partitions: int) -> dic
         db.close()
         shutil.rmtree(path, ignore_errors=True)
     return {
-        "fill_s": steady_from - started,
+        "fill_s": (steady_from if more_n else ended) - started,
         "steady_mb_per_s": more_n * VALUE_BYTES / 1e6 / (ended - steady_from) if more_n else 0.0,
         "compaction_gb": float(found.group(1)) if found else float("nan"),
         "disk_gb": disk / 1e9,
@@ -107,25 +110,35 @@ def retain(db: rocksdict.Rdict, index_cf: rocksdict.ColumnFamily | None, layout:
     db.write(wb, write_options)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--retained-gb", type=float, default=5.0)
-    parser.add_argument("--more-gb", type=float, default=10.0)
-    parser.add_argument("--partitions", type=int, default=4)
-    args = parser.parse_args()
-    if args.retained_gb <= 0 or args.more_gb < 0 or args.partitions < 1:
-        parser.error("--retained-gb must be > 0, --more-gb >= 0, --partitions >= 1")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.storage_layout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--retained-gb", type=_cli.positive_float, default=5.0)
+    parser.add_argument("--more-gb", type=_cli.non_negative_float, default=10.0)
+    parser.add_argument("--partitions", type=_cli.positive_int, default=4)
+    args = parser.parse_args(argv)
+    if int(args.retained_gb * 1e9 / VALUE_BYTES) < args.partitions:
+        parser.error(f"argument --retained-gb: must hold at least one {VALUE_BYTES // 1024} KiB batch per partition")
+    figures: dict[str, object] = {"bench": "storage_layout", "retained_gb": args.retained_gb, "more_gb": args.more_gb,
+                                  "partitions": args.partitions, "batch_bytes": VALUE_BYTES}
     results = {}
     for layout in ("partition", "sequence"):
         results[layout] = run(layout, args.retained_gb, args.more_gb, args.partitions)
         r = results[layout]
+        compaction = f"{r['compaction_gb']:.1f}" if r["compaction_gb"] == r["compaction_gb"] else "?"
         print(f"{layout:>9}: fill {args.retained_gb:g} GB in {r['fill_s']:.1f} s; steady state "
-              f"{r['steady_mb_per_s']:.0f} MB/s; compaction writes {r['compaction_gb']:.1f} GB; "
+              f"{r['steady_mb_per_s']:.0f} MB/s; compaction writes {compaction} GB; "
               f"on disk {r['disk_gb']:.1f} GB", flush=True)
+        for key, value in r.items():
+            figures[f"{layout}_{key}"] = round(value, 4) if value == value else None  # NaN is not JSON
     a, b = results["partition"], results["sequence"]
+    figures["ratio_fill_s_sequence_to_partition"] = round(b["fill_s"] / a["fill_s"], 3)
+    figures["ratio_steady_mb_per_s_sequence_to_partition"] = (
+        round(b["steady_mb_per_s"] / a["steady_mb_per_s"], 3) if a["steady_mb_per_s"] else None)
     steady = f", steady MB/s {b['steady_mb_per_s'] / a['steady_mb_per_s']:.2f}" if a["steady_mb_per_s"] else ""
     print(f"sequence / partition: fill time {b['fill_s'] / a['fill_s']:.2f}{steady}", flush=True)
+    print(_cli.json_line(figures))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

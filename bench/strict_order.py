@@ -17,7 +17,6 @@ Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._cli import join_or_kill, json_line, non_negative_int, positive_int, quiet_children, run
 from bench.replication import PARTITIONS, VALUE, paced, throughput
 from bench.stats import latency_summary_ms, median
 from fabric.local import LocalCluster
@@ -68,8 +68,9 @@ def end_to_end(bootstrap: str, topic: str) -> dict[str, dict[str, float]]:
     readies = [ctx.Event(), ctx.Event()]
     procs = [ctx.Process(target=_consume, args=(bootstrap, topic, ordered, total, ready, results), daemon=True)
              for ordered, ready in zip((False, True), readies, strict=True)]
-    for proc in procs:
-        proc.start()
+    with quiet_children():
+        for proc in procs:
+            proc.start()
     out: dict[str, dict[str, float]] = {}
     try:
         for ready in readies:
@@ -82,10 +83,7 @@ def end_to_end(bootstrap: str, topic: str) -> dict[str, dict[str, float]]:
             ordered, samples = results.get(timeout=90)
             out["ordered" if ordered else "plain"] = latency_summary_ms(samples)
     finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
+        join_or_kill(procs)
     return out
 
 
@@ -129,9 +127,9 @@ def sequencer_failovers(cluster: LocalCluster, topic: str, rounds: int) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.strict_order", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--failovers", type=int, default=3)
+    parser.add_argument("--messages", type=positive_int, default=200_000)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--failovers", type=non_negative_int, default=3)
     args = parser.parse_args(argv)
     figures: dict[str, Any] = {"bench": "strict_order", "messages": args.messages, "repeats": args.repeats,
                                "partitions": PARTITIONS, "latency_rate_per_s": RATE_PER_S,
@@ -168,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kill -9 of the active sequencer -> next acknowledged strict-order write: median "
                   f"{median(times):.2f} s, max {max(times):.2f} s over {len(times)} (session timeout "
                   f"{SESSION_TIMEOUT_MS} ms)", flush=True)
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
 import pstats
 import subprocess
@@ -26,6 +25,7 @@ from typing import Any
 
 import zmq
 
+from bench._cli import json_line, positive_int, quiet_children, run
 from bench.stats import median
 from fabric.limits import MESSAGE_BYTES_MAX_DEFAULT
 from fabric.local import LocalCluster, free_port
@@ -73,12 +73,22 @@ def run_baseline(n: int, size: int, workdir: Path) -> tuple[float, float]:
     ctx: zmq.Context[Any] = zmq.Context.instance()
     control = ctx.socket(zmq.PULL)
     control.bind(f"tcp://127.0.0.1:{control_port}")
-    sink = subprocess.Popen([sys.executable, "-m", "bench.baseline_sink", "--data", data,
-                             "--control", f"tcp://127.0.0.1:{control_port}", "--db", str(workdir / "baseline-db")])
+    with quiet_children():
+        sink = subprocess.Popen([sys.executable, "-m", "bench.baseline_sink", "--data", data,
+                                 "--control", f"tcp://127.0.0.1:{control_port}", "--db", str(workdir / "baseline-db")])
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 1000)
-    push.connect(data)
     try:
+        # The clock starts once the sink is up and connected, as the Fabric run's starts
+        # after a warm-up send: timing the sink's interpreter start-up and imports, and
+        # a connect retried after ZeroMQ's 100 ms reconnect interval (the sink was not
+        # listening yet), made the baseline look slow, the more so the fewer the messages.
+        if not control.poll(60_000) or control.recv_string() != "ready":
+            raise RuntimeError("baseline sink did not start within 60 s")
+        push.connect(data)
+        push.send(b"")  # an empty run: answered once the data path is up
+        if not control.poll(60_000) or not control.recv_string().startswith("0 "):
+            raise RuntimeError("baseline sink did not answer within 60 s")
         value = os.urandom(size // 2).hex().encode()[:size]
         per_batch = BATCH_BYTES_MAX // (size + 14)
         started = time.perf_counter()
@@ -115,8 +125,8 @@ def run_baseline(n: int, size: int, workdir: Path) -> tuple[float, float]:
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     """``prog``: how errors and --help name the command (``fabric bench`` passes its own)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=1_000_000, help="messages per run")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per size (the median is reported)")
+    parser.add_argument("--messages", type=positive_int, default=1_000_000, help="messages per run")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs per size (the median is reported)")
     parser.add_argument("--sizes", default="100,1024", help="message sizes in bytes, comma-separated")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the producing thread (first run)")
     args = parser.parse_args(argv)
@@ -127,8 +137,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
         parser.error(f"argument --sizes: {args.sizes!r} is not byte counts like 100,1024")
-    if n < 1 or args.repeats < 1:
-        parser.error("--messages and --repeats must be at least 1")
     if not all(1 <= size <= MESSAGE_BYTES_MAX_DEFAULT for size in sizes):
         parser.error(f"argument --sizes: each size must be 1 to {MESSAGE_BYTES_MAX_DEFAULT:,} bytes "
                      "(a topic's default message_bytes_max)")
@@ -166,9 +174,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
                   f"ratio produce {produce / base_produce:.2f}  consume {consume / base_consume:.2f}")
             print(f"{'':>5}    runs (produce s, consume s): fabric {[(round(p, 2), round(c, 2)) for p, c in fabric_runs]} "
                   f"baseline {[(round(p, 2), round(c, 2)) for p, c in base_runs]}")
-    print(json.dumps(figures))
+    print(json_line(figures))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -12,11 +12,11 @@ per record, and the ratio. Measures and reports only. The last line is one JSON 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import timeit
 
+from bench._cli import json_line, positive_int, run
 from fabric.protocol import batch
 
 SHAPES = ((1_000, 100), (100, 1_000), (10, 100_000))  # (records, value bytes)
@@ -30,8 +30,8 @@ def sample(records: int, value_bytes: int) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.validate")
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--number", type=int, default=200)
+    parser.add_argument("--repeat", type=positive_int, default=7)
+    parser.add_argument("--number", type=positive_int, default=200)
     args = parser.parse_args(argv)
     rows = []
     for records, value_bytes in SHAPES:
@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{records:>5} x {value_bytes:>6} B ({len(raw):>7} B on the wire): header+CRC {shallow_us:8.1f} us, "
               f"full {full_us:8.1f} us, extra {row['extra_us_per_batch']:7.1f} us/batch = "
               f"{row['extra_ns_per_record']} ns/record ({row['ratio']}x)")
-    print(json.dumps({"validate": rows}))
+    print(json_line({"validate": rows}))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)
