@@ -239,6 +239,17 @@ class MetadataClient:
     def answered(self, address: str) -> None:
         self._unanswered.pop(address, None)
 
+    def all_unanswered(self) -> bool:
+        """Whether every address known failed to answer within UNANSWERED_LAST_S (the nodes
+        may all have moved: ``rediscover`` asks the bootstrap)."""
+        now = time.monotonic()
+        known = set(self.metadata.nodes.values()) | set(self._known)
+        return bool(known) and all(now - self._unanswered.get(a, -math.inf) < UNANSWERED_LAST_S for a in known)
+
+    def rediscover(self, deadline_s: float | None = None) -> list[str]:
+        """The live nodes' addresses from the bootstrap, which replace the ones known."""
+        return self._rediscover(deadline_s)
+
     def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
                 avoid: Iterable[str] = (), deadline_s: float | None = None) -> ClusterMetadata:
         """The routing map from the first node that answers; ``avoid``: addresses suspected

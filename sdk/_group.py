@@ -42,6 +42,9 @@ COORDINATOR_RETRY_MS: Final[int] = 100
 CONNECT_WAIT_MS: Final[int] = 1_000  # a request to a node not connected yet waits this long to connect (at most)
 GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one commit or offset fetch
 HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
+# A member whose every known node address failed asks the bootstrap for the live nodes at
+# most this often (_find_coordinator).
+REDISCOVER_INTERVAL_S: Final[float] = 2.0
 
 
 class OffsetAndMetadata(NamedTuple):
@@ -107,6 +110,7 @@ class GroupMember:
         self._coordinator: str | None = None
         self._next_heartbeat_s = 0.0
         self._last_ok_s = clock()
+        self._rediscovered_s = -math.inf
         # Why this member was fenced (FENCED_INSTANCE_ID), "" while it was not: for good.
         self.fenced = ""
 
@@ -343,18 +347,49 @@ class GroupMember:
         for address in meta.candidates(deadline_s=bound):
             try:
                 left_ms = _left_ms(timeout_ms, deadline)
+            except errors.RequestTimedOutError as exc:
+                last = exc
+                break
+            try:
                 response = self.consumer._conns.request(
                     address, ApiKey.FIND_COORDINATOR, {"group_id": self.group_id}, timeout_ms=left_ms,
                     wait_connect_ms=min(left_ms, CONNECT_WAIT_MS)).body
             except errors.FabricError as exc:
                 if isinstance(exc, errors.AuthorizationFailedError):
                     raise  # every node would refuse the same: not "no coordinator", retried for ever
+                # Asked last from now on: a node gone from this address (dead, or restarted
+                # on another port) must not take every heartbeat's whole wait while the next
+                # address in the map would answer.
+                meta.unanswered(address)
                 last = exc
                 continue
+            meta.answered(address)
             if response["error"]:
                 errors.raise_for_code(response["error"], response["message"])
             self._coordinator = response["address"]
             return response["address"]
+        # No address answered. Once every address we know has failed (each is asked last
+        # after it failed once, so a single dead node costs one heartbeat), ask the
+        # bootstrap where the nodes are now, by the bound of the consumer call this is part
+        # of (a poll's timeout plus POLL_WORK_MS), not by this request's spent budget. A
+        # member that has lost its partitions fetches nothing, so nothing else re-reads its
+        # map: after every node had restarted on other ports it asked the same dead
+        # addresses for ever and never rejoined (a soak: 9 minutes, until it was killed).
+        # A refresh does not do here: its first passes ask the stale addresses again
+        # (up to a second each) before it asks the bootstrap, which the budget left
+        # after a heartbeat's try did not always reach on a loaded machine.
+        # At most every REDISCOVER_INTERVAL_S: with every node down (not moved) each
+        # heartbeat would otherwise open a ZooKeeper session.
+        now = time.monotonic()
+        if meta.all_unanswered() and now - self._rediscovered_s >= REDISCOVER_INTERVAL_S:
+            self._rediscovered_s = now
+            consumer_bound = self.consumer._deadline_s()
+            try:
+                meta.rediscover(consumer_bound if consumer_bound is not None else bound)
+            except errors.FabricError:
+                pass
+            raise errors.CoordinatorNotAvailableError(
+                f"no node answered FIND_COORDINATOR for {self.group_id!r}: {last}")
         try:
             meta.refresh(deadline_s=bound)
         except errors.FabricError:
