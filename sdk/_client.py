@@ -35,6 +35,10 @@ METADATA_QUICK_CONNECT_MS = 100  # the first pass of a refresh: how long one nod
 # whole METADATA_TIMEOUT_MS, stalling every acknowledgement (tests/fault/test_more_faults.py).
 METADATA_QUICK_ANSWER_MS = 500
 METADATA_CONNECT_MS = 1_000  # the later passes (Connections.send's own default)
+# Once every address known has failed to answer, a client asks the bootstrap where the
+# nodes are now at most this often: with every node down (not moved), each refresh would
+# otherwise open a ZooKeeper session.
+REDISCOVER_INTERVAL_S = 2.0
 # A partition just added reaches each node by that node's own ZooKeeper watch, so the node
 # asked for metadata may not have heard of it yet while another node (or describe_topic)
 # already lists it: a client asks again for this long before it calls the partition
@@ -220,6 +224,7 @@ class MetadataClient:
         self.denied: set[str] = set()  # topics a secure cluster refused to describe to us
         self._known: list[str] = []
         self._unanswered: dict[str, float] = {}  # address -> when it last failed to answer
+        self._rediscovered_s = -math.inf
 
     def candidates(self, avoid: Iterable[str] = (), deadline_s: float | None = None) -> list[str]:
         """Addresses to ask, those that recently failed to answer (or are in ``avoid``) last;
@@ -241,14 +246,28 @@ class MetadataClient:
 
     def all_unanswered(self) -> bool:
         """Whether every address known failed to answer within UNANSWERED_LAST_S (the nodes
-        may all have moved: ``rediscover`` asks the bootstrap)."""
+        may all have moved: ``rediscover_if_lost`` asks the bootstrap)."""
         now = time.monotonic()
         known = set(self.metadata.nodes.values()) | set(self._known)
         return bool(known) and all(now - self._unanswered.get(a, -math.inf) < UNANSWERED_LAST_S for a in known)
 
-    def rediscover(self, deadline_s: float | None = None) -> list[str]:
-        """The live nodes' addresses from the bootstrap, which replace the ones known."""
-        return self._rediscover(deadline_s)
+    def rediscover_if_lost(self, deadline_s: float | None = None) -> bool:
+        """Once every address known has failed to answer, the live nodes' addresses from the
+        bootstrap (by ``deadline_s``, at most every REDISCOVER_INTERVAL_S) replace them;
+        whether that happened. Every node may have restarted elsewhere (``port = 0``, new
+        hosts): a refresh asks the bootstrap only after two passes over the known
+        addresses (a connect wait of up to a second each), and a call's bound (a poll's
+        timeout plus POLL_WORK_MS) did not reach that pass with five stale addresses, so a
+        consumer asked the same dead addresses for ever."""
+        now = time.monotonic()
+        if not self.all_unanswered() or now - self._rediscovered_s < REDISCOVER_INTERVAL_S:
+            return False
+        self._rediscovered_s = now
+        try:
+            self._rediscover(deadline_s)
+        except errors.FabricError:
+            return False  # ZooKeeper away too: the addresses known are still the best there are
+        return True
 
     def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
                 avoid: Iterable[str] = (), deadline_s: float | None = None) -> ClusterMetadata:
@@ -259,6 +278,7 @@ class MetadataClient:
         without it a cluster that accepts connections but never answers (paused nodes, a
         partition) held it for about 3 passes x 3 nodes x ``timeout_ms``."""
         last: Exception | None = None
+        self.rediscover_if_lost(deadline_s)
         # Any live node can answer, so the first pass gives each one only a short while to
         # take the request and answer it: a dead or stopped node (the usual reason for a
         # refresh) must not cost a whole wait before the next one is asked. Then the

@@ -42,9 +42,6 @@ COORDINATOR_RETRY_MS: Final[int] = 100
 CONNECT_WAIT_MS: Final[int] = 1_000  # a request to a node not connected yet waits this long to connect (at most)
 GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one commit or offset fetch
 HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
-# A member whose every known node address failed asks the bootstrap for the live nodes at
-# most this often (_find_coordinator).
-REDISCOVER_INTERVAL_S: Final[float] = 2.0
 
 
 class OffsetAndMetadata(NamedTuple):
@@ -110,7 +107,6 @@ class GroupMember:
         self._coordinator: str | None = None
         self._next_heartbeat_s = 0.0
         self._last_ok_s = clock()
-        self._rediscovered_s = -math.inf
         # Why this member was fenced (FENCED_INSTANCE_ID), "" while it was not: for good.
         self.fenced = ""
 
@@ -375,19 +371,8 @@ class GroupMember:
         # member that has lost its partitions fetches nothing, so nothing else re-reads its
         # map: after every node had restarted on other ports it asked the same dead
         # addresses for ever and never rejoined (a soak: 9 minutes, until it was killed).
-        # A refresh does not do here: its first passes ask the stale addresses again
-        # (up to a second each) before it asks the bootstrap, which the budget left
-        # after a heartbeat's try did not always reach on a loaded machine.
-        # At most every REDISCOVER_INTERVAL_S: with every node down (not moved) each
-        # heartbeat would otherwise open a ZooKeeper session.
-        now = time.monotonic()
-        if meta.all_unanswered() and now - self._rediscovered_s >= REDISCOVER_INTERVAL_S:
-            self._rediscovered_s = now
-            consumer_bound = self.consumer._deadline_s()
-            try:
-                meta.rediscover(consumer_bound if consumer_bound is not None else bound)
-            except errors.FabricError:
-                pass
+        consumer_bound = self.consumer._deadline_s()
+        if meta.rediscover_if_lost(consumer_bound if consumer_bound is not None else bound):
             raise errors.CoordinatorNotAvailableError(
                 f"no node answered FIND_COORDINATOR for {self.group_id!r}: {last}")
         try:

@@ -9,7 +9,6 @@ import contextlib
 import itertools
 import logging
 import random
-import threading
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from kazoo.client import KazooClient
 from fabric import errors
 from fabric.auth.store import zk_digest_from_env
 from fabric.protocol import direct as wire
-from fabric.zk import close_client
+from fabric.zk import close_client, close_client_within
 from sdk._client import Bootstrap
 from sdk.direct import _balance as balance
 from sdk.direct import _registry as registry
@@ -614,4 +613,4 @@ def _close_started_client(starting: asyncio.Future[KazooClient]) -> None:
 
 def _close_in_background(zk: KazooClient) -> None:
     """Close a ZooKeeper client without blocking the loop (or awaiting in a cancelled task)."""
-    threading.Thread(target=close_client, args=(zk,), name="fabric-zk-close", daemon=True).start()
+    close_client_within(zk, 0.0)
