@@ -66,7 +66,6 @@ def server_main(argv: list[str] | None = None) -> int:
         node = Node(config)
         node.start()
     except KeyboardInterrupt:
-        logging.getLogger("fabric.node").error("node %d: start interrupted", config.node_id)
         print(f"fabric node: node {config.node_id}: start interrupted", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(130)  # as below: half-made sockets and ZooKeeper threads must not hang the exit
@@ -77,7 +76,6 @@ def server_main(argv: list[str] | None = None) -> int:
         what = exc.message if isinstance(exc, errors.FabricError) else (str(exc) or type(exc).__name__)
         if isinstance(exc, KazooTimeoutError):
             what = f"ZooKeeper at {config.zk} did not answer within {session.ZK_START_TIMEOUT_S:.0f} s"
-        logging.getLogger("fabric.node").error("node %d cannot start: %s", config.node_id, what)
         print(f"fabric node: error: node {config.node_id} cannot start: {what}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(storage_failure.EXIT_STORAGE_FAILED if isinstance(exc, errors.StorageError) else 1)
