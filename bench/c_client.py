@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
               f"node CPU {stats['node_cpu_share']:.0%} of wall; limited by: {limiter(stats)}")
     print(f"C/Python throughput ratio: {ratio}")
     summary: dict[str, Any] = {
-        "benchmark": "c_client",
+        "bench": "c_client",
         "messages": args.messages,
         "value_bytes": args.value_bytes,
         "repeat": args.repeat,

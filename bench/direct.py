@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(one_run(zookeeper.address, args.requests, args.seconds, payload, args.loop))
         finally:
             zookeeper.stop()
-    results = {"loop": args.loop, "payload_bytes": args.payload_bytes, "requests": args.requests, "in_flight": IN_FLIGHT,
+    results = {"bench": "direct", "loop": args.loop, "payload_bytes": args.payload_bytes, "requests": args.requests, "in_flight": IN_FLIGHT,
                "repeats": args.repeats, "load_average_end": load_average(), "runs": runs,
                "median": {key: median_figures([run[key] for run in runs]) for key in runs[0]}}
     medians = results["median"]

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.messages, args.workers, args.repeats, args.delayed = 2_000, [1, 4], 1, 50
     counts = args.workers
-    figures: dict[str, Any] = {"messages": args.messages, "repeats": args.repeats, "fabric": {}, "redis": {}}
+    figures: dict[str, Any] = {"bench": "queues", "messages": args.messages, "repeats": args.repeats, "fabric": {}, "redis": {}}
     with tempfile.TemporaryDirectory(prefix="fabric-bench-queues-") as tmp:
         cluster = LocalCluster(3, Path(tmp) / "cluster")
         redis_missing = binary_missing("redis")

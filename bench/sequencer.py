@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session-timeout-ms", type=positive_int, default=3_000)
     args = parser.parse_args(argv)
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # a killed instance's clients log reconnects
-    summary: dict[str, Any] = {"clients": args.clients, "session_timeout_ms": args.session_timeout_ms}
+    summary: dict[str, Any] = {"bench": "sequencer", "clients": args.clients, "session_timeout_ms": args.session_timeout_ms}
     with tempfile.TemporaryDirectory(prefix="fabric-bench-seq-") as tmp, \
             LocalCluster(0, Path(tmp) / "cluster", sequencer_count=2,
                          session_timeout_ms=args.session_timeout_ms) as cluster:

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         spark.stop()
     connector_s, sdk_s = median(connector_runs), median(sdk_runs)
     return {
-        "benchmark": "spark_read",
+        "bench": "spark_read",
         "messages": n,
         "value_bytes": size,
         "partitions": partitions,
