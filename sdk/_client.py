@@ -259,15 +259,17 @@ class MetadataClient:
         addresses (a connect wait of up to a second each), and a call's bound (a poll's
         timeout plus POLL_WORK_MS) did not reach that pass with five stale addresses, so a
         consumer asked the same dead addresses for ever."""
-        now = time.monotonic()
-        if not self.all_unanswered() or now - self._rediscovered_s < REDISCOVER_INTERVAL_S:
+        if not self._rediscovery_due():
             return False
-        self._rediscovered_s = now
+        self._rediscovered_s = time.monotonic()
         try:
             self._rediscover(deadline_s)
         except errors.FabricError:
             return False  # ZooKeeper away too: the addresses known are still the best there are
         return True
+
+    def _rediscovery_due(self) -> bool:
+        return self.all_unanswered() and time.monotonic() - self._rediscovered_s >= REDISCOVER_INTERVAL_S
 
     def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
                 avoid: Iterable[str] = (), deadline_s: float | None = None) -> ClusterMetadata:
@@ -278,7 +280,11 @@ class MetadataClient:
         without it a cluster that accepts connections but never answers (paused nodes, a
         partition) held it for about 3 passes x 3 nodes x ``timeout_ms``."""
         last: Exception | None = None
-        self.rediscover_if_lost(deadline_s)
+        # Asked first, the bootstrap is not asked again in the last pass: it has just
+        # answered (or not, while ZooKeeper is away too).
+        asked_first = self._rediscovery_due()
+        if asked_first:
+            self.rediscover_if_lost(deadline_s)
         # Any live node can answer, so the first pass gives each one only a short while to
         # take the request and answer it: a dead or stopped node (the usual reason for a
         # refresh) must not cost a whole wait before the next one is asked. Then the
@@ -286,7 +292,7 @@ class MetadataClient:
         passes = ((lambda: self.candidates(avoid, deadline_s), METADATA_QUICK_CONNECT_MS,
                    min(timeout_ms, METADATA_QUICK_ANSWER_MS)),
                   (lambda: self.candidates(avoid, deadline_s), METADATA_CONNECT_MS, timeout_ms),
-                  (lambda: self._rediscover(deadline_s), METADATA_CONNECT_MS, timeout_ms))
+                  (lambda: [] if asked_first else self._rediscover(deadline_s), METADATA_CONNECT_MS, timeout_ms))
         for candidates_of, wait_connect_ms, answer_ms in passes:
             if deadline_s is not None and time.monotonic() >= deadline_s:
                 break  # before _rediscover too, which waits for ZooKeeper
