@@ -231,6 +231,9 @@ class MetadataClient:
         the bootstrap is read (by ``deadline_s``) when none is known yet."""
         seen = list(dict.fromkeys([*self.metadata.nodes.values(), *self._known]))
         if not seen:
+            if self._bootstrap_read_recently():
+                return []  # it listed no node just now (every node down): not a session per refresh
+            self._rediscovered_s = time.monotonic()
             self._known = self.bootstrap.node_addresses(deadline_s)
             seen = list(self._known)
         now = time.monotonic()
@@ -251,6 +254,9 @@ class MetadataClient:
         known = set(self.metadata.nodes.values()) | set(self._known)
         return bool(known) and all(now - self._unanswered.get(a, -math.inf) < UNANSWERED_LAST_S for a in known)
 
+    def _bootstrap_read_recently(self) -> bool:
+        return time.monotonic() - self._rediscovered_s < REDISCOVER_INTERVAL_S
+
     def rediscover_if_lost(self, deadline_s: float | None = None) -> bool:
         """Once every address known has failed to answer, the live nodes' addresses from the
         bootstrap (by ``deadline_s``, at most every REDISCOVER_INTERVAL_S) replace them;
@@ -259,17 +265,13 @@ class MetadataClient:
         addresses (a connect wait of up to a second each), and a call's bound (a poll's
         timeout plus POLL_WORK_MS) did not reach that pass with five stale addresses, so a
         consumer asked the same dead addresses for ever."""
-        if not self._rediscovery_due():
+        if not self.all_unanswered() or self._bootstrap_read_recently():
             return False
-        self._rediscovered_s = time.monotonic()
         try:
             self._rediscover(deadline_s)
         except errors.FabricError:
             return False  # ZooKeeper away too: the addresses known are still the best there are
         return True
-
-    def _rediscovery_due(self) -> bool:
-        return self.all_unanswered() and time.monotonic() - self._rediscovered_s >= REDISCOVER_INTERVAL_S
 
     def refresh(self, topics: list[str] | None = None, *, timeout_ms: int = METADATA_TIMEOUT_MS,
                 avoid: Iterable[str] = (), deadline_s: float | None = None) -> ClusterMetadata:
@@ -280,11 +282,7 @@ class MetadataClient:
         without it a cluster that accepts connections but never answers (paused nodes, a
         partition) held it for about 3 passes x 3 nodes x ``timeout_ms``."""
         last: Exception | None = None
-        # Asked first, the bootstrap is not asked again in the last pass: it has just
-        # answered (or not, while ZooKeeper is away too).
-        asked_first = self._rediscovery_due()
-        if asked_first:
-            self.rediscover_if_lost(deadline_s)
+        self.rediscover_if_lost(deadline_s)
         # Any live node can answer, so the first pass gives each one only a short while to
         # take the request and answer it: a dead or stopped node (the usual reason for a
         # refresh) must not cost a whole wait before the next one is asked. Then the
@@ -292,7 +290,8 @@ class MetadataClient:
         passes = ((lambda: self.candidates(avoid, deadline_s), METADATA_QUICK_CONNECT_MS,
                    min(timeout_ms, METADATA_QUICK_ANSWER_MS)),
                   (lambda: self.candidates(avoid, deadline_s), METADATA_CONNECT_MS, timeout_ms),
-                  (lambda: [] if asked_first else self._rediscover(deadline_s), METADATA_CONNECT_MS, timeout_ms))
+                  (lambda: [] if self._bootstrap_read_recently() else self._rediscover(deadline_s),
+                   METADATA_CONNECT_MS, timeout_ms))
         for candidates_of, wait_connect_ms, answer_ms in passes:
             if deadline_s is not None and time.monotonic() >= deadline_s:
                 break  # before _rediscover too, which waits for ZooKeeper
@@ -322,8 +321,17 @@ class MetadataClient:
 
     def _rediscover(self, deadline_s: float | None = None) -> list[str]:
         # Forget the cached node addresses only once the bootstrap answered: while
-        # ZooKeeper is away, the routing map we have is the best there is.
+        # ZooKeeper is away, the routing map we have is the best there is. Every read of
+        # the bootstrap counts for REDISCOVER_INTERVAL_S: once every node's registration
+        # expired it lists none, and each refresh (every poll, every producer retry) then
+        # opened a ZooKeeper session of its own, three per refresh, dozens a second.
+        self._rediscovered_s = time.monotonic()
         known = self.bootstrap.node_addresses(deadline_s)
+        if not known and (self.metadata.nodes or self._known):
+            # None registered (every node down past its session, or all re-registering
+            # after a ZooKeeper pause expired their sessions): an empty map would only
+            # send every refresh back to the bootstrap; the addresses known may answer.
+            return list(dict.fromkeys([*self.metadata.nodes.values(), *self._known]))
         # A new object, not the old one cleared: readers cache what they derived from
         # ``self.metadata`` for as long as it is the same object (the consumer's fetch plan).
         self.metadata = replace(self.metadata, nodes={})
