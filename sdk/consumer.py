@@ -57,6 +57,9 @@ FETCH_GRACE_MS = 1_000  # a fetch this late past its max_wait makes us check for
 # asking every node for the coordinator and then re-reading the map) and 12 s in a map
 # re-read; the same bound as a queue receive's map re-reads (MAP_REFRESH_TIMEOUT_MS).
 POLL_WORK_MS = METADATA_TIMEOUT_MS
+# While no node answers, each poll's map re-read fails: the warning says so once, then at
+# most this often with how many failed since (every poll of a down cluster logged one).
+REFRESH_WARNING_INTERVAL_S = 10.0
 
 
 class Record:
@@ -330,6 +333,8 @@ class Consumer:
         # at low rates").
         self._plan: tuple[Any, list[TopicPartition], dict[str, list[TopicPartition]], bool] | None = None
         self._refresh_needed = True
+        self._refresh_warned_s = -math.inf
+        self._refresh_failures = 0  # since the last warning
         self._last_recheck_s = 0.0
         self._dropped = DroppedNodes()  # nodes whose connection dropped: their fetches are suspect
         self._closed = False
@@ -871,8 +876,15 @@ class Consumer:
             try:
                 self._refresh(sorted({tp.topic for tp in self._assigned}))
                 self._refresh_needed = False
+                self._refresh_warned_s, self._refresh_failures = -math.inf, 0
             except errors.FabricError as exc:
-                log.warning("metadata refresh failed: %s", exc)
+                self._refresh_failures += 1
+                now = time.monotonic()
+                if now - self._refresh_warned_s >= REFRESH_WARNING_INTERVAL_S:
+                    more = f" ({self._refresh_failures} failures since the last warning)" \
+                        if self._refresh_failures > 1 else ""
+                    log.warning("metadata refresh failed: %s%s", exc, more)
+                    self._refresh_warned_s, self._refresh_failures = now, 0
                 return
         if len(self._buffer) >= BUFFERED_BATCHES_MAX:
             return  # the caller is behind; fetching more would only grow memory
