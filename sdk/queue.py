@@ -274,7 +274,8 @@ class QueueConsumer:
         does not outlive its leases), nacked with the exception as reason when it raises.
         A message whose lease ended before its turn is skipped (another worker may have it)
         and a settle refused because a lease ended is logged, not raised: the message is
-        delivered again, as docs/QUEUES.md says. What was handled is acked even when the
+        delivered again (or, when the request failed after it was sent, maybe settled), as
+        docs/QUEUES.md says. What was handled is acked even when the
         loop is left by an exception that is not the handler's ``Exception``."""
         while not self._closed and not should_stop():
             batch = self.receive(max_messages, 1_000)
@@ -305,7 +306,7 @@ class QueueConsumer:
         try:
             self._settle(messages, action, 0, reason)
         except errors.LeaseNotHeldError as exc:
-            log.warning("%s; they are delivered again", exc.message)
+            log.warning("%s", exc.message)
 
     def _node_addresses(self) -> set[str]:
         if self.queue not in self._meta.metadata.topics:
@@ -420,8 +421,10 @@ class QueueConsumer:
     # -- settling ---------------------------------------------------------------------------------
     def ack(self, messages: QueueMessage | Iterable[QueueMessage]) -> None:
         """Acknowledge (done: never delivered again). Many messages go in one request per
-        node. Raises LeaseNotHeldError whose ``lost`` lists the messages whose lease had
-        already ended (they are or will be delivered again); the others are acknowledged."""
+        node. Raises LeaseNotHeldError whose ``lost`` lists the messages not known to be
+        acknowledged; the others are. Those of them also in its ``unknown`` failed after the
+        request was sent (the leader moved or went away meanwhile): each is either
+        acknowledged or delivered again. The rest had lost their lease: delivered again."""
         self._settle(_many(messages), qp.ACTION_ACK, 0, "")
 
     def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
@@ -455,6 +458,7 @@ class QueueConsumer:
         deadlines: dict[tuple[int, int], int] = {}
         lost: list[str] = []
         lost_messages: list[QueueMessage] = []
+        unknown_messages: list[QueueMessage] = []
         by_position = {(m.partition, m.offset): m for m in messages}
         for address, group in by_node.items():
             for start in range(0, len(group), qp.SETTLE_ENTRIES_MAX):
@@ -468,8 +472,15 @@ class QueueConsumer:
                     reply = self._conns.request(address, ApiKey.QUEUE_SETTLE, body, timeout_ms=SETTLE_TIMEOUT_MS).body
                 except errors.FabricError as exc:
                     # The lease cannot be settled where it was granted: it ends on its own.
+                    # Unless the request never left (no leader, sent=False) that is not known:
+                    # the leader may have written the settle to __queue_state before failing
+                    # (its leadership moved while that write replicated: it answers NOT_LEADER,
+                    # yet the follower that becomes the leader holds the write; found by
+                    # scripts/upgrade_check.py).
                     lost.extend(f"{m.partition}/{m.offset} ({exc.name})" for m in chunk)
                     lost_messages.extend(chunk)
+                    if address and exc.fields.get("sent", True):
+                        unknown_messages.extend(chunk)
                     self._refresh_by_s = time.monotonic() + MAP_REFRESH_TIMEOUT_MS / 1000.0
                     self._refresh_map()
                     continue
@@ -479,10 +490,16 @@ class QueueConsumer:
                         lost_messages.append(by_position[(r["partition"], r["offset"])])
                     deadlines[(r["partition"], r["offset"])] = r["deadline_ms"]
         if lost:
-            # ``lost`` on the error: exactly the messages not settled; the others were.
+            # ``lost`` on the error: the messages not known to be settled; the others were.
+            # ``unknown``: those of them whose request failed after it was sent, each either
+            # settled or delivered again; the rest had lost their lease, delivered again.
+            outcome = ("were not settled, their lease had ended (they are delivered again)" if not unknown_messages
+                       else f"were not known to be settled; for {len(unknown_messages)} of them the request failed "
+                       "after it was sent (each is either settled or delivered again)")
             raise errors.LeaseNotHeldError(
-                f"{len(lost)} of {len(messages)} messages were not settled, their lease had ended (they are "
-                f"delivered again): {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}", lost=lost_messages)
+                f"{len(lost)} of {len(messages)} messages {outcome}: "
+                f"{', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}", lost=lost_messages,
+                unknown=unknown_messages)
         return [deadlines.get((m.partition, m.offset), 0) for m in messages]
 
     # -- lifecycle --------------------------------------------------------------------------------

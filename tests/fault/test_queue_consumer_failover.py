@@ -257,3 +257,56 @@ def test_leases_from_a_new_leader_the_map_has_not_seen_are_handed_out(failover_c
         "the election: the rest were leased by the new leader and dropped unseen")
     again = {m.offset: m.delivery_count for m in got if m.partition == 0 and m.offset in {d.offset for d in from_dead}}
     assert again and set(again.values()) == {2}, f"delivery counts of the re-delivered messages: {again}"
+
+
+def test_an_ack_whose_answer_never_comes_is_reported_as_unknown(failover_cluster: LocalCluster) -> None:
+    """An ack sent to the leader is lost with its connection (the leader paused, then killed):
+    whether the leader wrote it is not known to the consumer, so LeaseNotHeldError lists it
+    in ``unknown`` as well as ``lost``; the message is then either acked or delivered again
+    (here again: the paused leader never read the ack). An ack that never left (the leader
+    already dead) is only ``lost``. The case that made ``unknown`` necessary: a leader moved
+    while its ack's __queue_state write replicated answers NOT_LEADER, yet the new leader
+    holds the write (scripts/upgrade_check.py, docs/QUEUES.md)."""
+    cluster = failover_cluster
+    queue = "acks"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(queue, partitions=1, replication_factor=3)
+        wait_until(lambda: _has_leader(admin, queue), "a leader")
+        victim = admin.describe_topic(queue).partitions[0].leader
+    _send(cluster.bootstrap, queue, 1)
+    with QueueConsumer(cluster.bootstrap, queue, "workers", visibility_timeout_ms=60_000) as worker:
+        held: list[QueueMessage] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(held) < 2:
+            held += worker.receive(2 - len(held), RECEIVE_WAIT_MS)
+        assert len(held) == 2, f"received {len(held)} messages"
+        cluster.nodes[victim].pause()
+        outcome: list[BaseException] = []
+
+        def ack_first() -> None:
+            try:
+                worker.ack(held[0])
+            except BaseException as exc:
+                outcome.append(exc)
+        acking = threading.Thread(target=ack_first, daemon=True)
+        acking.start()
+        time.sleep(1.0)  # the ack is out, on the paused leader's connection
+        cluster.nodes[victim].kill()
+        acking.join(10)
+        assert not acking.is_alive(), "the ack still waits after its leader died"
+        assert len(outcome) == 1 and isinstance(outcome[0], errors.LeaseNotHeldError), outcome
+        assert outcome[0].fields["lost"] == [held[0]]
+        assert outcome[0].fields["unknown"] == [held[0]]
+        with pytest.raises(errors.LeaseNotHeldError) as refused:
+            worker.ack(held[1])  # its leader is gone: nothing goes out
+        assert refused.value.fields["lost"] == [held[1]]
+        assert refused.value.fields["unknown"] == []
+    with Admin(cluster.bootstrap) as admin:
+        wait_until(lambda: admin.describe_topic(queue).partitions[0].leader not in (victim, -1),
+                   "a new leader", timeout_s=30)
+    again: set[bytes] = set()
+    with QueueConsumer(cluster.bootstrap, queue, "workers") as other:
+        deadline = time.monotonic() + FLOW_AGAIN_S_MAX
+        while time.monotonic() < deadline and (held[0].value or b"") not in again:
+            again.update(m.value or b"" for m in other.receive(100, RECEIVE_WAIT_MS))
+    assert held[0].value in again, "the ack the paused leader never read was neither applied nor delivered again"
