@@ -233,8 +233,7 @@ class MetadataClient:
         if not seen:
             if self._bootstrap_read_recently():
                 return []  # it listed no node just now (every node down): not a session per refresh
-            self._rediscovered_s = time.monotonic()
-            self._known = self.bootstrap.node_addresses(deadline_s)
+            self._known = self._read_bootstrap(deadline_s)
             seen = list(self._known)
         now = time.monotonic()
         suspects = set(avoid) | {a for a, t in self._unanswered.items() if now - t < UNANSWERED_LAST_S}
@@ -256,6 +255,17 @@ class MetadataClient:
 
     def _bootstrap_read_recently(self) -> bool:
         return time.monotonic() - self._rediscovered_s < REDISCOVER_INTERVAL_S
+
+    def _read_bootstrap(self, deadline_s: float | None) -> list[str]:
+        """``bootstrap.node_addresses``, counted for REDISCOVER_INTERVAL_S only when there
+        was time left to ask: a re-read whose bound the stale addresses had used up
+        (its last pass) raised at once, yet counted, so the next re-read did not ask
+        first either, and members of a five-node cluster went on asking dead addresses
+        for 30 s after every node restarted (until those addresses stopped counting as
+        failed)."""
+        if deadline_s is None or deadline_s > time.monotonic():
+            self._rediscovered_s = time.monotonic()
+        return self.bootstrap.node_addresses(deadline_s)
 
     def rediscover_if_lost(self, deadline_s: float | None = None) -> bool:
         """Once every address known has failed to answer, the live nodes' addresses from the
@@ -325,8 +335,7 @@ class MetadataClient:
         # the bootstrap counts for REDISCOVER_INTERVAL_S: once every node's registration
         # expired it lists none, and each refresh (every poll, every producer retry) then
         # opened a ZooKeeper session of its own, three per refresh, dozens a second.
-        self._rediscovered_s = time.monotonic()
-        known = self.bootstrap.node_addresses(deadline_s)
+        known = self._read_bootstrap(deadline_s)
         if not known and (self.metadata.nodes or self._known):
             # None registered (every node down past its session, or all re-registering
             # after a ZooKeeper pause expired their sessions): an empty map would only
