@@ -263,10 +263,10 @@ def test_an_ack_whose_answer_never_comes_is_reported_as_unknown(failover_cluster
     """An ack sent to the leader is lost with its connection (the leader paused, then killed):
     whether the leader wrote it is not known to the consumer, so LeaseNotHeldError lists it
     in ``unknown`` as well as ``lost``; the message is then either acked or delivered again
-    (here again: the paused leader never read the ack). An ack that never left (the leader
-    already dead) is only ``lost``. The case that made ``unknown`` necessary: a leader moved
-    while its ack's __queue_state write replicated answers NOT_LEADER, yet the new leader
-    holds the write (scripts/upgrade_check.py, docs/QUEUES.md)."""
+    (here again: the paused leader never read the ack). The case that made ``unknown``
+    necessary: a leader moved while its ack's __queue_state write replicated answers
+    NOT_LEADER, yet the new leader holds the write (scripts/upgrade_check.py,
+    docs/QUEUES.md)."""
     cluster = failover_cluster
     queue = "acks"
     with Admin(cluster.bootstrap) as admin:
@@ -298,9 +298,10 @@ def test_an_ack_whose_answer_never_comes_is_reported_as_unknown(failover_cluster
         assert outcome[0].fields["lost"] == [held[0]]
         assert outcome[0].fields["unknown"] == [held[0]]
         with pytest.raises(errors.LeaseNotHeldError) as refused:
-            worker.ack(held[1])  # its leader is gone: nothing goes out
+            worker.ack(held[1])  # its lease ended with its leader
+        # Not settled; whether also in ``unknown`` depends on where the map sent it by then
+        # (nowhere: the dead leader; or a new leader that refused it before or after reading it).
         assert refused.value.fields["lost"] == [held[1]]
-        assert refused.value.fields["unknown"] == []
     with Admin(cluster.bootstrap) as admin:
         wait_until(lambda: admin.describe_topic(queue).partitions[0].leader not in (victim, -1),
                    "a new leader", timeout_s=30)
