@@ -13,6 +13,10 @@ is acted on: a topic that was in a routing map it trusted and is missing from a 
 (``TopicsSeen``). A map loses a topic only when ZooKeeper's own listing (a watch or a full
 re-read) no longer holds it; one not loaded yet, or cut off from ZooKeeper, never does, and
 a topic merely *absent* from the map (not seen yet) is never taken for a deleted one.
+A topic the coordinator took a commit on counts as seen (``TopicsSeen.saw``): the commit
+was checked against the map, so ZooKeeper listed it. Without that, a topic created,
+committed on and deleted between two looks (0.1 s apart, longer on a busy node) was never
+in a map the coordinator looked at, and its offsets stayed for good.
 
 A topic deleted and created again under the same name: the old incarnation's offsets are
 those committed before the topic's ``created_ms`` (``GroupState.fetch_offsets`` already
@@ -45,6 +49,13 @@ class TopicsSeen:
         self.deleted: dict[str, None] = {}  # in the order seen (oldest first)
         self.epoch = 0  # one more at every change: every partition is looked at again
         self._generation = -1
+        self._seen_between: dict[str, None] = {}  # committed on since the last look (saw)
+
+    def saw(self, name: str) -> None:
+        """A commit on ``name`` was taken: it was in the routing map (its deletion is acted on
+        even if no look saw it in the map)."""
+        if self.incarnations is None or name not in self.incarnations:
+            self._seen_between[name] = None
 
     def observe(self, generation: int, read: Callable[[], dict[str, int]]) -> None:
         """Take the map (``read``) if it changed (``generation``) since the last look. Call
@@ -53,9 +64,11 @@ class TopicsSeen:
             return
         self._generation = generation
         now = read()
-        if now == self.incarnations:
+        between, self._seen_between = self._seen_between, {}
+        if now == self.incarnations and all(name in now for name in between):
             return
-        for name in [] if self.incarnations is None else [n for n in self.incarnations if n not in now]:
+        known = [*([] if self.incarnations is None else self.incarnations), *between]
+        for name in [n for n in known if n not in now]:
             self.deleted.pop(name, None)
             self.deleted[name] = None
         for name in [n for n in self.deleted if n in now]:

@@ -397,6 +397,7 @@ class GroupCoordinator(GroupAdminApis):
                 code = errors.InvalidRequestError.code
             if code == 0 and route is not None:  # never stamped before the topic's creation (fetch_offsets)
                 group.offsets[tp] = (entry["offset"], entry["metadata"], max(commit_ms, route.config.created_ms))
+                self._topics_seen.saw(tp[0])
                 records.append((gp.offset_key(group.group_id, *tp), gp.encode_offset_value(*group.offsets[tp])))
             results.append({"topic": tp[0], "partition": tp[1], "error": code})
         response = {"error": 0, "message": "", "results": results}

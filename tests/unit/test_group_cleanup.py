@@ -50,3 +50,27 @@ def test_an_unchanged_map_is_not_read_again_and_a_write_is_bounded() -> None:
     seen.observe(3, lambda: {})
     many = _group({("t", p): CREATED_MS for p in range(group_cleanup.OFFSETS_DELETED_PER_WRITE_MAX + 5)})
     assert len(stale_offsets(many, seen.incarnations or {}, seen.deleted)) == group_cleanup.OFFSETS_DELETED_PER_WRITE_MAX
+
+
+def test_a_topic_committed_on_between_two_looks_is_seen_to_go() -> None:
+    """Created, committed on and deleted between two looks at the map (0.1 s apart, more on
+    a busy node): the commit was checked against the map, so the topic counts as seen.
+    Its offsets stayed for good before (a CI run listed them after 10 s)."""
+    seen = TopicsSeen()
+    seen.observe(1, lambda: {"kept": CREATED_MS})
+    seen.saw("kept")
+    seen.saw("brief")
+    seen.observe(2, lambda: {"kept": CREATED_MS})  # the map has changed twice since: made, then gone
+    assert list(seen.deleted) == ["brief"]
+    groups = _group({("kept", 0): CREATED_MS + 1, ("brief", 0): CREATED_MS + 1})
+    assert stale_offsets(groups, seen.incarnations or {}, seen.deleted) == [("g", ("brief", 0))]
+
+
+def test_a_topic_committed_on_before_the_first_look_is_seen_to_go_too() -> None:
+    seen = TopicsSeen()
+    seen.saw("brief")
+    seen.saw("lasting")
+    seen.observe(1, lambda: {"lasting": CREATED_MS})
+    assert list(seen.deleted) == ["brief"]
+    seen.observe(2, lambda: {"lasting": CREATED_MS})  # nothing seen since: nothing more inferred
+    assert list(seen.deleted) == ["brief"]
