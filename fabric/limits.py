@@ -40,6 +40,10 @@ TOPIC_NAME_BYTES_MAX: Final[int] = 200
 PARTITIONS_MAX: Final[int] = 10_000
 REPLICATION_FACTOR_MAX: Final[int] = 16
 
+# Reassignment: a catch-up throttle below this (bytes per second) would take forever, so
+# it is refused as a typo (0 means no throttle).
+REASSIGN_THROTTLE_BYTES_PER_S_MIN: Final[int] = 1024
+
 # Fetch.
 FETCH_WAIT_MS_MAX: Final[int] = 60_000
 FETCH_BYTES_MAX: Final[int] = 64 * 1024 * 1024

@@ -673,6 +673,21 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     return grown
 
 
+# Shown by `fabric topic describe` beside the configs, so an operator may well try to alter
+# them: say what changes them instead of "not a topic config".
+_CHANGED_ELSEWHERE = {
+    "partitions": "is changed with `fabric topic add-partitions` (Admin.create_partitions), not as a config",
+    "replication_factor": "is changed by moving partitions to more or fewer nodes (`fabric topic reassign`), not as a config",
+    "created_ms": "is set when the topic is created",
+}
+
+
+def _why_not_alterable(key: str) -> str:
+    if key in _CHANGED_ELSEWHERE:
+        return _CHANGED_ELSEWHERE[key]
+    return "is fixed at creation" if key in TopicConfig.SETTABLE else "is not a topic config"
+
+
 def alter_topic_config(zk: KazooClient, name: str, configs: dict[str, str]) -> TopicConfig:
     """Set some of a topic's configs (the rest keep their values), as Kafka's
     incrementalAlterConfigs: validated as at creation, written version-checked. Only the
@@ -682,8 +697,7 @@ def alter_topic_config(zk: KazooClient, name: str, configs: dict[str, str]) -> T
         raise errors.InvalidConfigError("no config to set")
     for key in configs:
         if key not in TopicConfig.ALTERABLE:
-            fixed = "is fixed at creation" if key in TopicConfig.SETTABLE else "is not a topic config"
-            raise errors.InvalidConfigError(f"{key!r} {fixed}; alterable: {', '.join(TopicConfig.ALTERABLE)}")
+            raise errors.InvalidConfigError(f"{key!r} {_why_not_alterable(key)}; alterable: {', '.join(TopicConfig.ALTERABLE)}")
     try:
         raw, stat = get(zk, topic_path(name))
     except NoNodeError:

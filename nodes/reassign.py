@@ -28,14 +28,14 @@ from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
-from fabric import errors
+from fabric import errors, limits
 from fabric import zk as zkl
 from fabric.protocol import apis
 from fabric.wording import plural
 from fabric.zk import PartitionState
 from nodes.state import Envelope, NodeState
 
-THROTTLE_BYTES_PER_S_MIN = 1024  # below this a catch-up would take forever: refused as a typo
+THROTTLE_BYTES_PER_S_MIN = limits.REASSIGN_THROTTLE_BYTES_PER_S_MIN  # below this a catch-up would take forever
 
 
 def begin(state: PartitionState, target: tuple[int, ...], throttle_bytes_per_s: int, registered: set[int],

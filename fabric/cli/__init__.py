@@ -89,6 +89,7 @@ from fabric.cli._common import (  # noqa: E402
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     CliError,
     Parser,
@@ -133,7 +134,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
 )
 
 EPILOG = """exit codes: 0 success, 1 error from the cluster or the environment, 2 usage error,
-3 partial success (some records delivered, some not), 130 interrupted.
+3 partial success (some records delivered, some not), 130 interrupted, 143 stopped by SIGTERM.
 FABRIC_DEBUG=1 shows tracebacks and the client libraries' log messages."""
 
 
@@ -148,16 +149,71 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so it stops as on Ctrl-C."""
+
+
+_terminated = False
+
+
+def _terminate(_signum: int, _frame: FrameType | None) -> None:
+    global _terminated
+    _terminated = True
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise _Terminated
+
+
+def _stop_cleanly_on_sigterm() -> None:
+    """SIGTERM (``kill``, systemd, ``docker stop``, ``timeout``) stops a command as Ctrl-C
+    does, unwinding it and closing its clients: ``fabric consume --group`` commits what it
+    printed and leaves its group, instead of the member staying in the group until its
+    session ends (45 s) as it did when SIGTERM killed the process outright (Kafka's console
+    tools close their clients on SIGTERM too). Exit status 143. Only for the ``fabric``
+    command, and only where SIGTERM has its default action; ``fabric up`` installs its own
+    handler over this one, and ``fabric node``, ``fabric sequencer`` and ``fabric bench``,
+    which parse their own arguments, never get it."""
+    if not _started_as_fabric():
+        return
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminate)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``fabric`` command: an exit code, never a traceback (not even for Ctrl-C while
     arguments are parsed or a command's own imports run)."""
     try:
-        return _main(sys.argv[1:] if argv is None else argv)
+        code = _main(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        code = EXIT_INTERRUPTED
+    return EXIT_TERMINATED if _terminated and code == EXIT_INTERRUPTED else code
+
+
+def bootstrap_after_the_command(argv: list[str]) -> list[str]:
+    """``fabric --bootstrap zk://... topic list`` as ``fabric topic list --bootstrap zk://...``:
+    the address given before the command, as NATS's ``nats -s URL sub x`` takes its server,
+    goes to the command (which refuses it if it takes none). Before, argparse took the
+    address for the command's name ("invalid choice: 'zk://...'")."""
+    moved: list[str] = []
+    rest = list(argv)
+    while rest:
+        head = rest[0]
+        if head in ("--bootstrap", "-b") and len(rest) >= 2:
+            moved += rest[:2]
+            del rest[:2]
+        elif head.startswith("--bootstrap=") or (head.startswith("-b") and not head.startswith("--") and len(head) > 2):
+            moved.append(head)
+            del rest[0]
+        else:
+            break
+    if not moved or not rest:  # no command after it: argparse says a COMMAND is required
+        return rest
+    end = rest.index("--") if "--" in rest else len(rest)  # after `--` everything is positional
+    return rest[:end] + moved + rest[end:]
 
 
 def _main(argv: list[str]) -> int:
+    argv = bootstrap_after_the_command(argv)
     parser = build_parser()
     # parse_known_args, so a pass-through command (node, bench) receives its own
     # arguments, --help included; every other command refuses unknown ones while parsing
@@ -170,6 +226,7 @@ def _main(argv: list[str]) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     debug = os.environ.get("FABRIC_DEBUG", "") not in ("", "0")
     quiet_libraries(debug)
+    _stop_cleanly_on_sigterm()
     run: Callable[[argparse.Namespace], int] = args.run
     return run_guarded(run, args, debug)
 

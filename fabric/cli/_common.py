@@ -30,6 +30,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped by SIGTERM, cleanly (as on Ctrl-C)
 
 NODE_ID_MAX: Final[int] = I32_MAX  # node ids are i32 on the wire (and in fabric/config.py)
 # The longest wait a --timeout flag takes: longer is a typo, and stays far below
@@ -227,12 +228,15 @@ def _why_not_made(directory: Path, exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def with_bootstrap(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``--bootstrap`` option every cluster-talking command takes."""
+def with_bootstrap(parser: argparse.ArgumentParser, *, zookeeper_only: bool = False) -> argparse.ArgumentParser:
+    """Add the ``--bootstrap`` option every cluster-talking command takes. A command that
+    reads ZooKeeper itself (the direct plane's registry, ``fabric status``) says so rather
+    than offering node addresses it refuses."""
+    where = ("zk://HOST:PORT[/chroot] (ZooKeeper; node addresses do not do here)" if zookeeper_only
+             else "zk://HOST:PORT[/chroot] (ZooKeeper) or tcp://HOST:PORT,... (nodes)")
     parser.add_argument(
         "--bootstrap", "-b",
-        help="zk://HOST:PORT[/chroot] (ZooKeeper) or tcp://HOST:PORT,... (nodes); "
-             "default: $FABRIC_BOOTSTRAP, else the cluster `fabric up` recorded",
+        help=f"{where}; default: $FABRIC_BOOTSTRAP, else the cluster `fabric up` recorded",
     )
     return parser
 

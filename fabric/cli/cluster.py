@@ -70,14 +70,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     from fabric.local import LocalCluster
 
     base_dir = make_directory(args.data_dir, "--data-dir") if args.data_dir else None
-    node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
-    if node_args:
-        from fabric import config
+    from fabric import config
 
-        config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])  # refuse a bad file now
+    node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
+    # Refuse a bad file (or FABRIC_NODE_* variable) now, before anything starts. Its
+    # session_timeout_ms is the cluster's: LocalCluster passes --session-timeout-ms to every
+    # node and sequencer, and a flag wins over the file, so it used to be ignored silently.
+    settings = config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])
     sequencers = 2
     cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=sequencers,
-                           zk_servers=args.zk_servers, secure=args.secure, stable_ports=True)
+                           zk_servers=args.zk_servers, secure=args.secure, stable_ports=True,
+                           session_timeout_ms=settings["session_timeout_ms"])
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

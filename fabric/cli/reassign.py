@@ -20,7 +20,7 @@ from fabric.cli._common import (
     timeout_seconds,
     usage_error,
 )
-from fabric.limits import PARTITIONS_MAX
+from fabric.limits import PARTITIONS_MAX, REASSIGN_THROTTLE_BYTES_PER_S_MIN
 from fabric.wording import plural
 
 REASSIGN_WAIT_S_DEFAULT = 600.0
@@ -34,8 +34,9 @@ def add_parser(tsub: argparse._SubParsersAction[argparse.ArgumentParser], with_b
     move.add_argument("--partition", type=partition_index, help="the partition to move")
     move.add_argument("--replicas", type=_node_list, help="the new replica node ids, e.g. 1,2,4 (first = preferred leader)")
     move.add_argument("--plan", metavar="FILE", help='JSON: {"partitions": [{"topic", "partition", "replicas"}, ...]}')
-    move.add_argument("--throttle-bytes-per-s", type=non_negative_int, default=0, metavar="BYTES",
-                      help="cap on the new replicas' catch-up fetches, bytes per second (default 0: no cap)")
+    move.add_argument("--throttle-bytes-per-s", type=_throttle, default=0, metavar="BYTES",
+                      help="cap on the new replicas' catch-up fetches, bytes per second, at least "
+                           f"{REASSIGN_THROTTLE_BYTES_PER_S_MIN} (default 0: no cap)")
     move.add_argument("--generate", metavar="NODES", type=_node_list,
                       help="print a plan spreading TOPIC (default: every topic) over these node ids, e.g. 1,2,4; "
                            "nothing moves until you run it with --plan")
@@ -44,6 +45,17 @@ def add_parser(tsub: argparse._SubParsersAction[argparse.ArgumentParser], with_b
     move.add_argument("--wait", action="store_true", help="return only once every move has finished")
     move.add_argument("--timeout", type=timeout_seconds, default=REASSIGN_WAIT_S_DEFAULT, metavar="SECONDS",
                       help=f"with --wait: give up after this long (default {REASSIGN_WAIT_S_DEFAULT:g})")
+
+
+def _throttle(text: str) -> int:
+    """0 (no cap) or at least REASSIGN_THROTTLE_BYTES_PER_S_MIN: a smaller cap is a usage
+    error here (exit 2), not a refusal from the controller after connecting."""
+    value = non_negative_int(text)
+    if 0 < value < REASSIGN_THROTTLE_BYTES_PER_S_MIN:
+        raise argparse.ArgumentTypeError(
+            f"{value} is below {REASSIGN_THROTTLE_BYTES_PER_S_MIN} bytes/s (a copy that slow would never finish); "
+            "give 0 for no cap")
+    return value
 
 
 def _node_list(text: str) -> list[int]:

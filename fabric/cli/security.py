@@ -156,12 +156,23 @@ def _entry(args: argparse.Namespace) -> AclEntry:
     raise usage_error("name a resource: --topic, --topic-prefix, ..., or --cluster")
 
 
+def _name(what: str) -> Any:
+    """An argparse type: a key or principal name that cannot be one is a usage error (exit
+    2), not a refusal (exit 1) after the command started."""
+    def check(text: str) -> str:
+        try:
+            return keys.validate_name(text, what)
+        except errors.FabricError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+    return check
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k = subparsers.add_parser("keys", help="CURVE key pairs for secure clusters")
     k.set_defaults(run=cmd_keys)
     ksub = k.add_subparsers(dest="keys_command", required=True)
     gen = ksub.add_parser("generate", help="write NAME.key (public) and NAME.key_secret (mode 0600)")
-    gen.add_argument("name")
+    gen.add_argument("name", type=_name("key"))
     gen.add_argument("--dir", default=str(DEFAULT_KEY_DIR), help=f"where to write (default {DEFAULT_KEY_DIR})")
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
 
@@ -169,7 +180,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(run=cmd_principal)
     psub = p.add_subparsers(dest="principal_command", required=True)
     add = _with_zk(psub.add_parser("add"))
-    add.add_argument("name")
+    add.add_argument("name", type=_name("principal"))
     add.add_argument("--key", "-k", required=True,
                      help=f"Z85 public key, or a .key/.key_secret file (a bare name not found here: in {DEFAULT_KEY_DIR})")
     add.add_argument("--role", choices=[r.value for r in Role], default="user",

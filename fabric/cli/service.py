@@ -26,6 +26,7 @@ from fabric.cli._common import (
     int_in_range,
     key_value,
     positive_int,
+    usage_error,
     utf8_text,
     with_bootstrap,
 )
@@ -63,7 +64,7 @@ subject = _checked_by(direct_format.encode_subject)
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     service = subparsers.add_parser("service", help="direct-plane services: list instances")
     actions = service.add_subparsers(dest="service_command", required=True)
-    listing = with_bootstrap(actions.add_parser("list", help="registered services and their instances"))
+    listing = with_bootstrap(actions.add_parser("list", help="registered services and their instances"), zookeeper_only=True)
     listing.add_argument("name", nargs="?", help="only this service")
     listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     listing.set_defaults(run=cmd_service_list)
@@ -72,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     credential.add_argument("file", help="where to write user:password (mode 0600); an existing file is reused")
     credential.set_defaults(run=cmd_service_credential)
 
-    request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"))
+    request = with_bootstrap(subparsers.add_parser("request", help="send one request to a direct-plane service"), zookeeper_only=True)
     request.add_argument("name", type=utf8_text)
     request.add_argument("payload", type=utf8_text, help="the request body (UTF-8); '-' reads stdin")
     request.add_argument("--timeout-ms", type=direct_timeout_ms, default=5_000,
@@ -83,14 +84,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     request.add_argument("--show-instance", action="store_true", help="print the answering instance on stderr")
     request.set_defaults(run=cmd_request)
 
-    subscribe = with_bootstrap(subparsers.add_parser("subscribe", help="print direct-plane messages matching a pattern"))
+    subscribe = with_bootstrap(subparsers.add_parser("subscribe", help="print direct-plane messages matching a pattern"), zookeeper_only=True)
     subscribe.add_argument("pattern", type=subject_pattern,
                            help="subject pattern: tokens split by '.', '*' one token, '>' the rest")
     subscribe.add_argument("--max-messages", type=positive_int, help="stop after this many")
     subscribe.add_argument("--timeout-ms", type=direct_timeout_ms, help="stop after this long without a message")
     subscribe.set_defaults(run=cmd_subscribe)
 
-    publish = with_bootstrap(subparsers.add_parser("publish", help="publish one direct-plane message"))
+    publish = with_bootstrap(subparsers.add_parser("publish", help="publish one direct-plane message"), zookeeper_only=True)
     publish.add_argument("subject", type=subject, help="tokens split by '.', no wildcards")
     publish.add_argument("payload", type=utf8_text)
     publish.add_argument("--wait-ms", type=int_in_range(0, I32_MAX, "an i32 of milliseconds"), default=500,
@@ -106,9 +107,14 @@ def _zk(args: argparse.Namespace) -> str:
     # kazoo's connection warnings would repeat what the exit code and the message say.
     logging.getLogger("kazoo.client").setLevel(logging.ERROR)
 
-    spec = Bootstrap(bootstrap(args))
+    given = bootstrap(args, check=False)  # the kind of address first, then whether it answers
+    spec = Bootstrap(given)
     if spec.zk is None:
-        raise errors.NoServiceAvailable("the direct plane needs a ZooKeeper bootstrap: --bootstrap zk://HOST:PORT")
+        # A usage error (exit 2), as `fabric status` says of the same mistake; it was exit 1
+        # as "[NO_SERVICE_AVAILABLE]", which read as if the service were down.
+        raise usage_error(f"the direct plane finds services through ZooKeeper: pass --bootstrap zk://HOST:PORT[/chroot] "
+                          f"(got {given!r})")
+    bootstrap(args)
     return spec.zk
 
 

@@ -37,7 +37,8 @@ GROUPS_DESCRIBED_MAX = 50  # beyond this, `fabric group list` is the tool
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = with_bootstrap(subparsers.add_parser(
-        "status", help="nodes, controller and partition health on one screen; exit 1 when unhealthy"))
+        "status", help="nodes, controller and partition health on one screen; exit 1 when unhealthy"),
+        zookeeper_only=True)
     status.add_argument("--json", action="store_true", help="print one JSON object instead of the screen")
     status.add_argument("--timeout", type=timeout_seconds, default=ZK_CONNECT_TIMEOUT_S, metavar="SECONDS",
                         help=f"how long to wait for ZooKeeper (default {ZK_CONNECT_TIMEOUT_S:g})")

@@ -128,6 +128,16 @@ def test_status_reads_zookeeper_only(fabric: Fabric, cluster: LocalCluster) -> N
     assert_one_line_error(fabric("status", "-b", node), 2, "fabric status: error:", "zk://HOST:PORT")
 
 
+@pytest.mark.parametrize("command", [["request", "pricing", "x"], ["subscribe", "a.>"], ["publish", "a.b", "x"],
+                                     ["service", "list"]])
+def test_the_direct_plane_reads_zookeeper_only(fabric: Fabric, command: list[str]) -> None:
+    # Refused before any connection, as `fabric status` refuses it: it was exit 1 with
+    # "[NO_SERVICE_AVAILABLE]" (after a reachability check), and --help offered tcp://.
+    assert_one_line_error(fabric(*command, "-b", "tcp://127.0.0.1:1"), 2,
+                          f"fabric {' '.join(command[:2] if command[0] == 'service' else command[:1])}: error:",
+                          "zk://HOST:PORT")
+
+
 def test_http_bootstrap_with_input_fails_fast(fabric: Fabric, topic: str) -> None:
     started = time.monotonic()
     assert_one_line_error(fabric("produce", topic, "-b", "http://x", stdin=b"one line\n"), 2, "http://x")
@@ -455,3 +465,44 @@ def test_a_ctrl_c_python_would_swallow_still_ends_the_command() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+
+
+def test_sigterm_leaves_the_group_and_exits_143(cluster: LocalCluster, topic_name: str, tmp_path: Path) -> None:
+    """SIGTERM (systemd, ``docker stop``, ``timeout``) stops ``fabric consume --group`` as
+    Ctrl-C does: it commits what it printed and leaves the group at once. It used to kill
+    the process outright, leaving the member in the group until its 45 s session ended
+    (a reset or delete of the group was refused with GROUP_NOT_EMPTY meanwhile)."""
+    group, topic = f"cli-sigterm-{os.getpid()}", topic_name
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic, partitions=2)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(5):
+            producer.send(topic, b"v%d" % i, partition=0)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FABRIC_HOME": str(tmp_path), "FABRIC_BOOTSTRAP": cluster.bootstrap}
+    env.pop("FABRIC_DEBUG", None)
+    process = subprocess.Popen([sys.executable, "-m", "fabric", "consume", topic, "--group", group, "--follow"],
+                               cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        with Admin(cluster.bootstrap) as admin:
+            deadline = time.monotonic() + 30
+            while True:  # a member holding the topic's partitions, and the 5 records printed and committed
+                assert process.poll() is None, process.communicate()
+                try:
+                    described = admin.describe_group(group)
+                except Exception:  # not created yet
+                    described = None
+                if described is not None and described.members and any(o.committed == 5 for o in described.offsets):
+                    break
+                assert time.monotonic() < deadline, described
+                time.sleep(0.2)
+            process.send_signal(signal.SIGTERM)
+            stdout, stderr = process.communicate(timeout=COMMAND_TIMEOUT_S)
+            assert process.returncode == 143, stderr
+            assert "Traceback" not in stderr.decode(errors="replace")
+            assert stdout.splitlines() == [b"v%d" % i for i in range(5)]
+            assert admin.describe_group(group).members == ()  # left at once, not after its session
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

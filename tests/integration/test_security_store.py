@@ -56,8 +56,10 @@ def test_cli_principals_and_acls(zk_url: str, zk: KazooClient, tmp_path: Path,
     assert fabric_main(["principal", "add", "alice", "--key", str(tmp_path / "alice.key"), *boot]) == 0
     assert fabric_main(["principal", "add", "bob", "--key", str(tmp_path / "alice.key"), *boot]) != 0  # same key
     assert "already registered" in capsys.readouterr().err
-    for bad in (".", ".."):  # not ZooKeeper node names: an internal error before
-        assert fabric_main(["principal", "add", bad, "--key", str(tmp_path / "alice.key"), *boot]) != 0
+    for bad in (".", ".."):  # not ZooKeeper node names: an internal error before, now a usage error
+        with pytest.raises(SystemExit) as exit_info:
+            fabric_main(["principal", "add", bad, "--key", str(tmp_path / "alice.key"), *boot])
+        assert exit_info.value.code == 2
         assert "not . or .." in capsys.readouterr().err
     assert fabric_main(["principal", "list", *boot]) == 0
     assert "alice\tuser\t" in capsys.readouterr().out

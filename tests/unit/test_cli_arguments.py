@@ -38,6 +38,9 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["topic", "reassign", "t1", "--partition", "0", "--replicas", "1", "--throttle-bytes-per-s", "1" + "0" * 30],
      "i64"),
     (["topic", "reassign", "t1", "--partition", "0", "--replicas", "1", "--wait", "--timeout", "nan"], "--timeout"),
+    # Refused by the controller after connecting (exit 1) before: a cap that slow never finishes.
+    (["topic", "reassign", "t1", "--partition", "0", "--replicas", "1", "--throttle-bytes-per-s", "1000"],
+     "below 1024 bytes/s"),
     (["queue", "create", "q", "--partitions", "99999999999"], "PARTITIONS_MAX"),
     (["queue", "create", "q", "--replication-factor", "70000"], "REPLICATION_FACTOR_MAX"),
     (["status", "--timeout", "nan"], "not a finite number"),
@@ -76,6 +79,8 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["topic", "reassign", "t1", "--generate", "1,1,1"], "node 1 appears twice in '1,1,1'"),  # planned [1, 1, 1]
     (["topic", "reassign", "t1", "--partition", "0", "--replicas", "1,2,1"], "node 1 appears twice"),
     (["demo", "--size", "10"], "24-digit sequence number"),  # sent 24 bytes, reported 10
+    (["keys", "generate", "bad name"], "key name 'bad name'"),  # was exit 1, after the command started
+    (["principal", "add", "a/b", "--key", "x.key"], "principal name 'a/b'"),
 ])
 def test_bad_values_are_refused_while_parsing(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert needle in refused(argv, capsys)
@@ -333,3 +338,22 @@ def test_security_commands_check_their_bootstrap_and_credentials_before_connecti
         security._digest(args)
     assert error.value.exit_code == EXIT_USAGE
     assert error.value.message == f"argument --zk-digest-file: cannot read ZooKeeper credentials {tmp_path}: Is a directory"
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--bootstrap", "zk://h:1", "topic", "list"], ["topic", "list", "--bootstrap", "zk://h:1"]),
+    (["-b", "zk://h:1", "topic", "elect-leaders", "a", "b"], ["topic", "elect-leaders", "a", "b", "-b", "zk://h:1"]),
+    (["--bootstrap=zk://h:1", "status"], ["status", "--bootstrap=zk://h:1"]),
+    (["-bzk://h:1", "request", "svc", "--", "-x"], ["request", "svc", "-bzk://h:1", "--", "-x"]),
+    (["topic", "list", "-b", "zk://h:1"], ["topic", "list", "-b", "zk://h:1"]),  # already after: unchanged
+    (["--bootstrap", "zk://h:1"], []),  # no command: argparse asks for one
+])
+def test_a_bootstrap_before_the_command_goes_to_the_command(argv: list[str], expected: list[str]) -> None:
+    """``fabric -b zk://... topic list`` (NATS's ``nats -s URL sub x``) used to be refused with
+    "invalid choice: 'zk://...'" for the command's name."""
+    from fabric.cli import bootstrap_after_the_command
+
+    assert bootstrap_after_the_command(argv) == expected
+    if expected:
+        args, _rest = build_parser().parse_known_args(expected)
+        assert args.bootstrap == "zk://h:1"
