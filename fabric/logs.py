@@ -30,9 +30,10 @@ import argparse
 import json
 import logging
 import sys
+import threading
 import time
-from collections.abc import Mapping, MutableMapping
-from typing import IO, Any
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import IO, Any, Final
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -40,6 +41,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 CONTEXT_FIELDS = ("node", "topic", "partition", "epoch", "follower", "group", "queue", "service")
 # The partition context printed between brackets in text lines.
 _TEXT_CONTEXT = ("follower", "group", "queue", "service")
+# kazoo's repeated lines (see _KazooRepeats): one of each per interval.
+KAZOO_REPEAT_INTERVAL_S: Final[float] = 10.0
+_KAZOO_MESSAGES_TRACKED_MAX: Final[int] = 256
 
 
 def _utc_timestamp(created: float) -> str:
@@ -58,6 +62,41 @@ class _ProcessFields(logging.Filter):
         record.process_name = self.process
         if self.node_id is not None and not hasattr(record, "node"):
             record.node = self.node_id
+        return True
+
+
+class _KazooRepeats(logging.Filter):
+    """kazoo logs every reconnection attempt, a "Connecting to" and a "Connection dropped"
+    line each, backing off to about one a second: with ZooKeeper down for the 30 s a node
+    or sequencer waits at start, 60 such lines came before the one line saying why it
+    could not start, and a cluster that lost ZooKeeper for an hour logged thousands. The
+    same kazoo message (below ERROR) passes at most once per ``interval_s``, with how many
+    were held back since; everything else passes untouched."""
+
+    def __init__(self, interval_s: float = KAZOO_REPEAT_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()  # kazoo logs from its own threads
+        self._seen: dict[str, tuple[float, int]] = {}  # message -> (last passed, held back since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("kazoo") or record.levelno >= logging.ERROR:
+            return True
+        message = record.getMessage()
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(message)
+            if seen is not None and now - seen[0] < self._interval_s:
+                self._seen[message] = (seen[0], seen[1] + 1)
+                return False
+            self._seen.pop(message, None)
+            self._seen[message] = (now, 0)
+            while len(self._seen) > _KAZOO_MESSAGES_TRACKED_MAX:
+                del self._seen[next(iter(self._seen))]
+        if seen is not None and seen[1]:
+            record.msg, record.args = f"{message} ({seen[1]} more like this in the last {now - seen[0]:.0f} s)", ()
         return True
 
 
@@ -117,6 +156,7 @@ def setup(level: str | int = "INFO", log_format: str = "text", *, process: str =
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(log_format))
     handler.addFilter(_ProcessFields(process, node_id))
+    handler.addFilter(_KazooRepeats())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

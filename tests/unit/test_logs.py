@@ -65,3 +65,28 @@ def test_bad_choices_are_refused() -> None:
         logs.setup("chatty", stream=io.StringIO())
     with pytest.raises(ValueError, match="unknown log context"):
         logs.context_logger(logging.getLogger("x"), partiton=1)
+
+
+def test_kazoos_reconnection_lines_are_held_to_one_per_interval(restore_root: None) -> None:
+    """ZooKeeper down: kazoo logs two lines per attempt, about one attempt a second. One
+    of each per interval is written, with the count held back since; other lines pass."""
+    now = [0.0]
+    stream = io.StringIO()
+    handler = logs.setup("INFO", process="node1", stream=stream)
+    for f in list(handler.filters):
+        if isinstance(f, logs._KazooRepeats):
+            handler.removeFilter(f)
+    handler.addFilter(logs._KazooRepeats(interval_s=10.0, clock=lambda: now[0]))
+    kazoo, node = logging.getLogger("kazoo.client"), logging.getLogger("fabric.node")
+    for second in range(25):
+        now[0] = float(second)
+        kazoo.warning("Connection dropped: socket connection error: %s", "Connection refused")
+        node.warning("still here %d", second)
+    kazoo.error("Connection dropped: socket connection error: %s", "Connection refused")  # errors always pass
+    lines = stream.getvalue().splitlines()
+    dropped = [line.split("kazoo.client ", 1)[1] for line in lines if "kazoo.client" in line]
+    assert dropped == ["Connection dropped: socket connection error: Connection refused",
+                       "Connection dropped: socket connection error: Connection refused (9 more like this in the last 10 s)",
+                       "Connection dropped: socket connection error: Connection refused (9 more like this in the last 10 s)",
+                       "Connection dropped: socket connection error: Connection refused"]
+    assert sum("still here" in line for line in lines) == 25
