@@ -12,6 +12,7 @@ from typing import Any
 
 from fabric import errors
 from fabric.protocol import apis
+from fabric.wording import plural
 from nodes import group_retention
 from nodes.group_records import ACTIVE, Partition
 from nodes.group_state import GroupState
@@ -69,7 +70,7 @@ class GroupAdminApis:
                 continue
             if not group.is_empty():
                 results.append({"group_id": group_id, "error": errors.GroupNotEmptyError.code,
-                                "message": f"group {group_id!r} has {len(group.members)} live members"})
+                                "message": f"group {group_id!r} has {plural(len(group.members), 'live member')}"})
                 continue
             del part.groups[group_id]
             self._write(part, group_retention.tombstones(group), lambda _c, _t: None)

@@ -12,6 +12,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
+from fabric.wording import plural
 from sdk._arguments import I32_MAX, I64_MAX, int_arg, str_arg
 from sdk._client import METADATA_CONNECT_MS, METADATA_TIMEOUT_MS, TopicPartition
 
@@ -168,7 +169,8 @@ class GroupAdmin:
             live = self.describe_group(group_id).members
             if live:
                 raise errors.GroupNotEmptyError(
-                    f"group {group_id!r} has {len(live)} live member(s): a reset would be refused")
+                    f"group {group_id!r} has {plural(len(live), 'live member')}: a reset would be refused "
+                    "(stop its consumers first)")
             return dict(wanted)
         body = {"group_id": group_id, "member_id": "", "member_epoch": -1,
                 "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": off, "metadata": ""}
@@ -176,6 +178,9 @@ class GroupAdmin:
         response = self._group_call(group_id, ApiKey.OFFSET_COMMIT, body)
         errors.raise_for_code(response["error"], response["message"])
         for r in response["results"]:
+            if r["error"] == errors.GroupNotEmptyError.code:  # the coordinator refuses a reset under live members
+                raise errors.GroupNotEmptyError(f"group {group_id!r} has live members: a reset is refused while any "
+                                                "member is live (stop its consumers first)")
             errors.raise_for_code(r["error"], f"group {group_id!r}: reset of {r['topic']}/{r['partition']} refused")
         return dict(wanted)
 

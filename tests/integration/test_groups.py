@@ -197,11 +197,11 @@ def test_reset_offsets_list_describe_delete(cluster: LocalCluster, topic_name: s
             got: list[Any] = []
             _poll_until([c], lambda: len(got) >= 10, sink={0: got})
             c.commit()
-            with pytest.raises(errors.GroupNotEmptyError):
+            with pytest.raises(errors.GroupNotEmptyError, match="has live members: a reset is refused"):
                 admin.reset_offsets(group, topic_name, to="earliest")
-            with pytest.raises(errors.GroupNotEmptyError):  # a dry run says so too, as Kafka's
+            with pytest.raises(errors.GroupNotEmptyError, match="has 1 live member: a reset"):  # a dry run too, as Kafka's
                 admin.reset_offsets(group, topic_name, to="earliest", dry_run=True)
-            with pytest.raises(errors.GroupNotEmptyError):
+            with pytest.raises(errors.GroupNotEmptyError, match=r"has 1 live member$"):
                 admin.delete_group(group)
             desc = admin.describe_group(group)
             assert [p.lag for p in desc.offsets] == [0, 0]
