@@ -59,7 +59,9 @@ def handle_describe_topics(node: NodeState, _envelope: Envelope, request: apis.M
     names: list[str] = request.body["names"]
     topics = node.routing.topics()
     out = []
-    for name in names or sorted(topics):
+    # A name asked for twice is answered once, as by METADATA: 100,000 copies of one name
+    # (a 600 KB request) made a node build 58 MB of answer and stall its loop for 9-11 s.
+    for name in dict.fromkeys(names) if names else sorted(topics):
         route = topics.get(name)
         if route is None:
             out.append({"error": errors.UnknownTopicOrPartitionError.code, "name": name, "configs": [], "partitions": []})

@@ -254,3 +254,48 @@ def test_a_client_that_never_reads_gets_a_bounded_amount_of_data(cluster: LocalC
         sock.close(linger=0)
     with Producer(cluster.bootstrap) as producer:
         assert producer.send(topic_name, b"after", partition=0).result(10).offset == 2
+
+
+def test_a_state_record_with_counts_past_i64_does_not_break_queue_describe(cluster: LocalCluster, topic_name: str) -> None:
+    """A snapshot record in ``__queue_state`` whose ``fabric.snapshot.finished`` counts do not
+    fit an i64 (written with PRODUCE version 1, which a plaintext cluster takes from anyone)
+    went into the group's totals when the queue's leader loaded it, and every QUEUE_DESCRIBE
+    of the group then failed with UNKNOWN_SERVER_ERROR and a traceback in the node's log
+    (struct.error encoding ``dropped``). Such counts are unreadable: counted as 0, with a
+    warning (found by a structure-aware live fuzzer)."""
+    from fabric.protocol import queues as qp
+    from nodes.queue_durable import STATE_TOPIC_PARTITIONS, state_partition
+    from sdk import QueueConsumer
+
+    warm, queue = f"{topic_name}-warm", topic_name
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(warm, partitions=1)
+        admin.create_queue(queue, partitions=1)
+        incarnation = admin.describe_topic(queue).configs["created_ms"].encode()
+    with QueueConsumer(cluster.bootstrap, warm, group="g") as consumer:  # __queue_state exists after this
+        consumer.receive(max_messages=1, wait_ms=0)
+    with Producer(cluster.bootstrap) as producer:
+        producer.send(queue, b"m", partition=0).result(10)
+    k = state_partition(queue, 0, STATE_TOPIC_PARTITIONS)
+    record = qp.encode_state_record(0, qp.STATE_USED, 0, 0, "")
+    headers = [(qp.HEADER_STATE_INCARNATION, incarnation), ("fabric.snapshot", b"s.1"),
+               ("fabric.snapshot.finished", b"5 99999999999999999999999")]
+    poisoned = batch.encode_batch([1], [qp.state_key(queue, 0, "g")], [record], [headers])
+    deadline = time.monotonic() + 20
+    while True:  # the internal topic's leaders may still be settling
+        reply = decode(raw_request(leader_address(cluster.bootstrap, qp.STATE_TOPIC, k), apis.encode_request(
+            ApiKey.PRODUCE, {"acks": -1, "timeout_ms": 5000, "entries": [{"topic": qp.STATE_TOPIC, "partition": k}]},
+            1, api_version=apis.INTERNAL_VERSION, batches=[poisoned])))
+        if reply.body["results"][0]["error"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert reply.body["results"][0]["error"] == 0, reply.body
+    address = leader_address(cluster.bootstrap, queue)
+    while True:  # the first request for the queue starts its leader's load of that record
+        answer = decode(raw_request(address, apis.encode_request(ApiKey.QUEUE_DESCRIBE, {"queue": queue, "group": "g"}, 2)))
+        if answer.header.error_code != errors.CoordinatorLoadInProgressError.code or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert answer.header.error_code == 0, answer.body
+    (counts,) = answer.body["partitions"]
+    assert (counts["visible"], counts["dead_lettered"], counts["dropped"]) == (1, 0, 0)

@@ -305,3 +305,20 @@ def test_metadata_right_after_create_topic_has_all_partitions_or_none(cluster: L
     finally:
         conns.close()
     assert seen <= {(0, 3), (errors.LeaderNotAvailableError.code, 0), (errors.UnknownTopicOrPartitionError.code, 0)}, seen
+
+
+def test_a_name_asked_for_many_times_is_answered_once(cluster: LocalCluster, topic: str) -> None:
+    """DESCRIBE_TOPICS with 100,000 copies of one topic name (a 600 KB request) made a node
+    build 58 MB of answer and stall its loop for 9-11 s (its ISRs shrank, its coordinator
+    partitions moved), and DESCRIBE_GROUPS with 100,000 copies of a group id did the same to
+    the group's coordinator (3 s and 17 MB for a one-member group). Each is answered once,
+    as METADATA answers a name asked for twice (found by a structure-aware live fuzzer)."""
+    address = leader_address(cluster.bootstrap, topic)
+    reply = decode(raw_request(address, apis.encode_request(ApiKey.DESCRIBE_TOPICS, {"names": [topic] * 100_000}, 1)))
+    assert [t["name"] for t in reply.body["topics"]] == [topic]
+    reply = decode(raw_request(address, apis.encode_request(
+        ApiKey.DESCRIBE_TOPICS, {"names": [topic, "no-such-topic", topic]}, 2)))
+    assert [(t["name"], t["error"]) for t in reply.body["topics"]] == [
+        (topic, 0), ("no-such-topic", errors.UnknownTopicOrPartitionError.code)]
+    reply = decode(raw_request(address, apis.encode_request(ApiKey.DESCRIBE_GROUPS, {"group_ids": ["g"] * 100_000}, 3)))
+    assert [g["group_id"] for g in reply.body["groups"]] == ["g"]
