@@ -8,6 +8,7 @@ from typing import Any
 
 from fabric import errors
 from fabric import zk as zkl
+from fabric.limits import NAMES_PER_REQUEST_MAX
 from fabric.protocol import apis
 from nodes.state import Envelope, NodeState
 
@@ -27,9 +28,18 @@ def _partition_state_body(state: zkl.PartitionState, live: Container[int] | None
     }
 
 
+def check_names(names: list[str], field: str) -> None:
+    """Refuse a request naming more than NAMES_PER_REQUEST_MAX topics or groups, before any
+    work: each is looked up and answered on the node's one loop."""
+    if len(names) > NAMES_PER_REQUEST_MAX:
+        raise errors.InvalidRequestError(f"{len(names):,} {field} in one request, above "
+                                         f"NAMES_PER_REQUEST_MAX={NAMES_PER_REQUEST_MAX:,}: ask in parts")
+
+
 def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
     node.check_routing_current()
     names: list[str] = request.body["topics"]
+    check_names(names, "topics")
     topics = node.routing.topics()
     live = node.routing.nodes()  # read after the topics: a node that joined since is listed
     wanted = list(dict.fromkeys(names)) if names else sorted(topics)  # a name asked for twice is answered once
@@ -57,6 +67,7 @@ def handle_metadata(node: NodeState, _envelope: Envelope, request: apis.Message)
 def handle_describe_topics(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any]:
     node.check_routing_current()
     names: list[str] = request.body["names"]
+    check_names(names, "names")
     topics = node.routing.topics()
     out = []
     # A name asked for twice is answered once, as by METADATA: 100,000 copies of one name

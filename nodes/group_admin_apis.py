@@ -14,6 +14,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.wording import plural
 from nodes import group_retention
+from nodes.admin import check_names
 from nodes.group_records import ACTIVE, Partition
 from nodes.group_state import GroupState
 
@@ -44,6 +45,7 @@ class GroupAdminApis:
         return {"error": 0, "groups": sorted(groups, key=lambda g: g["group_id"])}
 
     def _describe_groups(self, group_ids: list[str]) -> dict[str, Any]:
+        check_names(group_ids, "group_ids")
         out = []
         # A group asked for twice is answered once (as METADATA): 100,000 copies of one
         # group id made its coordinator describe it 100,000 times (17 MB, 3 s of its loop
@@ -61,6 +63,7 @@ class GroupAdminApis:
     def _delete_groups(self, envelope: list[Any], request: apis.Message) -> None:
         results: list[dict[str, Any]] = []
         waits: list[Partition] = []
+        check_names(request.body["group_ids"], "group_ids")
         for group_id in request.body["group_ids"]:
             try:
                 part = self._partition_for(group_id)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fabric import errors
+from fabric.limits import NAMES_PER_REQUEST_MAX
 from fabric.protocol.apis import ApiKey
 from fabric.transport import DEFAULT_REQUEST_TIMEOUT_MS, Connections
 
@@ -292,6 +293,8 @@ class MetadataClient:
         without it a cluster that accepts connections but never answers (paused nodes, a
         partition) held it for about 3 passes x 3 nodes x ``timeout_ms``."""
         last: Exception | None = None
+        # More topics than a node answers by name (NAMES_PER_REQUEST_MAX): ask for them all.
+        asked = list(topics) if topics and len(topics) <= NAMES_PER_REQUEST_MAX else []
         self.rediscover_if_lost(deadline_s)
         # Any live node can answer, so the first pass gives each one only a short while to
         # take the request and answer it: a dead or stopped node (the usual reason for a
@@ -315,7 +318,7 @@ class MetadataClient:
                     request_ms, connect_ms = min(request_ms, left_ms), min(connect_ms, left_ms)
                 try:
                     message = self.connections.request(
-                        address, ApiKey.METADATA, {"topics": topics or []}, timeout_ms=request_ms,
+                        address, ApiKey.METADATA, {"topics": asked}, timeout_ms=request_ms,
                         wait_connect_ms=connect_ms,
                     )
                 except errors.FabricError as exc:
@@ -323,7 +326,7 @@ class MetadataClient:
                     self.unanswered(address)
                     continue
                 self.answered(address)
-                self.metadata = self._parse(message.body, merge=bool(topics))
+                self.metadata = self._parse(message.body, merge=bool(asked))
                 return self.metadata
         if isinstance(last, (errors.AuthenticationFailedError, errors.AuthorizationFailedError)):
             raise last  # a refusal, not an outage: say so (docs/SECURITY.md)
