@@ -1,6 +1,6 @@
 """The direct plane from the command line, for debugging (docs/DIRECT.md)::
 
-    fabric service list                      instances, address, load, version
+    fabric service list [NAME]               instances, address, load, version (NAME: exit 1 if none)
     fabric service credential FILE           secure cluster (operator): write the direct plane's
                                              ZooKeeper credential, which may write the registry only
     fabric request NAME PAYLOAD              one request; the reply on stdout
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from fabric import errors
 from fabric.cli import security as security_cli
 from fabric.cli._common import (
+    EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
     I32_MAX,
@@ -146,15 +147,20 @@ def cmd_service_list(args: argparse.Namespace) -> int:
         services = registry.list_services(zk)
     finally:
         close_client(zk)
+    # With a NAME the exit code answers "is it up?" for scripts (`fabric service list pricing
+    # && ...`), as `fabric status` does for the cluster: 1 when no instance of it is
+    # registered, after printing what was found.
+    missing = EXIT_OK
     if args.name:
         services = {args.name: services.get(args.name, {})}
-        if not services[args.name] and not args.json:  # "no services registered" while others are
+        missing = EXIT_OK if services[args.name] else EXIT_ERROR
+        if missing and not args.json:  # "no services registered" while others are
             print(f"no instance of service {args.name!r} is registered")
-            return 0
+            return missing
     if args.json:
         print(json.dumps({name: {z: i.__dict__ for z, i in inst.items()} for name, inst in services.items()},
                          indent=2, sort_keys=True))
-        return 0
+        return missing
     if not any(services.values()):
         print("no services registered")
         return 0

@@ -416,6 +416,12 @@ def test_cli_service_list_request_and_subscribe(instances: list[Instance], tmp_p
     listing = run_cli("service", "list", "--bootstrap", bootstrap)
     assert listing.returncode == 0, listing.stderr
     assert "greeter" in listing.stdout and one.znode in listing.stdout
+    named = run_cli("service", "list", "greeter", "--bootstrap", bootstrap)
+    assert named.returncode == 0 and one.znode in named.stdout, named.stderr
+    for extra in ([], ["--json"]):  # a health check's answer: nothing of that name is up
+        unknown = run_cli("service", "list", "nobody", *extra, "--bootstrap", bootstrap)
+        assert unknown.returncode == 1 and "Traceback" not in unknown.stderr, unknown.stderr
+    assert "no instance of service 'nobody'" in run_cli("service", "list", "nobody", "--bootstrap", bootstrap).stdout
     reply = run_cli("request", "greeter", "run:cli", "--bootstrap", bootstrap, "--idempotent")
     assert reply.returncode == 0, reply.stderr
     assert reply.stdout.startswith("cli@")
