@@ -335,6 +335,8 @@ def test_c_clients_wait_for_a_partition_being_added(c_client: CClient, cluster: 
 
 def test_examples_clean_under_valgrind(c_client: CClient, cluster: LocalCluster, admin: Admin,
                                        node_addresses: str, topic_name: str) -> None:
+    if c_client.sanitized:
+        pytest.skip("FABRIC_C_SANITIZE: valgrind cannot run AddressSanitizer binaries (the sanitizers check them instead)")
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         pytest.skip("valgrind is not installed (apt-get install -y valgrind)")
@@ -433,7 +435,7 @@ def test_c_producer_batches_by_a_lowered_limit_right_after_a_flush(c_client: CCl
     source = tmp_path / "flush_then_produce.c"
     source.write_text(_FLUSH_THEN_PRODUCE_C)
     binary = tmp_path / "flush_then_produce"
-    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{c_client.root}", str(source), str(c_client.root / "libfabric.a"),
+    subprocess.run(["gcc", "-Wall", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source), str(c_client.static_lib),
                     "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
     proc = subprocess.Popen([str(binary), node_addresses, topic_name], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
@@ -469,8 +471,8 @@ def test_the_c_programs_of_the_docs_build_and_run_as_written(c_client: CClient, 
     for name, source in (("producer", producer), ("consumer", consumer)):
         path = tmp_path / f"{name}.c"
         path.write_text(source.replace("tcp://127.0.0.1:9092", node_addresses).replace('"events"', f'"{topic_name}"'))
-        subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", f"-I{c_client.root}", str(path),
-                        str(c_client.root / "libfabric.a"), "-lzmq", "-llz4", "-lz", "-o", str(tmp_path / name)],
+        subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(path),
+                        str(c_client.static_lib), "-lzmq", "-llz4", "-lz", "-o", str(tmp_path / name)],
                        check=True, timeout=120)
         run = subprocess.run([str(tmp_path / name)], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
         assert run.returncode == 0, run.stderr

@@ -13,7 +13,7 @@ import pytest
 from fabric.errors import error_table
 from fabric.protocol import batch as batch_format
 from fabric.protocol.header import decode_header
-from tests.interop.conftest import VECTORS, CClient
+from tests.interop.conftest import SANITIZE_FLAGS, SDK_C, VECTORS, CClient
 
 pytestmark = pytest.mark.interop
 
@@ -91,7 +91,41 @@ def test_bad_input_is_refused_cleanly(c_client: CClient) -> None:
 def test_bad_api_arguments_are_refused_cleanly(c_client: CClient) -> None:
     """NULL pointers, a header array NULL with a count (it crashed), non-UTF-8 header names
     (the node would refuse the whole batch): INVALID_ARGUMENT at once, offline."""
-    run = subprocess.run([str(c_client.root / "build" / "test_api_args")], capture_output=True,
+    run = subprocess.run([str(c_client.test_api_args)], capture_output=True,
                          timeout=60, check=False)
     assert run.returncode == 0, run.stdout.decode() + run.stderr.decode()
     assert b"API argument checks passed" in run.stdout
+
+
+SANITIZE_CHECK_TIMEOUT_S = 300
+_SANITIZER_PROBE = "#include <stdlib.h>\nint main(void) { free(malloc(1)); return 0; }\n"
+
+
+def _sanitizer_runtimes_missing(tmp_path: Path) -> str | None:
+    """Why gcc cannot build and run an ASan+UBSan program here, or None when it can."""
+    source, binary = tmp_path / "probe.c", tmp_path / "probe"
+    source.write_text(_SANITIZER_PROBE)
+    built = subprocess.run(["gcc", *SANITIZE_FLAGS, str(source), "-o", str(binary)], capture_output=True,
+                           text=True, timeout=60, check=False)
+    if built.returncode != 0:
+        return "gcc cannot link -fsanitize=address,undefined (libasan/libubsan missing): " + built.stderr.strip()[-300:]
+    ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60, check=False)
+    if ran.returncode != 0:  # e.g. a kernel or container the ASan runtime cannot map its shadow in
+        return "an ASan program cannot run here: " + ran.stderr.strip()[-300:]
+    return None
+
+
+def test_offline_tests_pass_under_asan_and_ubsan(c_client: CClient, tmp_path: Path) -> None:
+    """`make sanitize-check`: the vectors, the hostile-input run and the API argument checks
+    built with AddressSanitizer + UndefinedBehaviorSanitizer (over-reads, use after free,
+    leaks, signed overflow), with the CI seed. It found signed overflows in the batch
+    decoder and the batch builder that the normal build ran through silently."""
+    missing = _sanitizer_runtimes_missing(tmp_path)
+    if missing is not None:
+        pytest.skip(missing)
+    run = subprocess.run(["make", "-C", str(SDK_C), "-j2", "sanitize-check",
+                          f"BAD_INPUT_ARGS={BAD_INPUT_SEED} {BAD_INPUT_ROUNDS}"],
+                         capture_output=True, text=True, timeout=SANITIZE_CHECK_TIMEOUT_S, check=False)
+    assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    assert "bad-input checks passed" in run.stdout
+    assert "API argument checks passed" in run.stdout

@@ -15,6 +15,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -192,6 +193,21 @@ def frame_claims_huge() -> bytes:
     return reseal(raw)
 
 
+def offsets_past_i64() -> bytes:
+    """Stamped (outside the CRC) so that the second record's offset would be 2^63: the
+    decoder's base_offset + i overflowed, undefined behaviour that UBSan reports."""
+    return good_batch((1 << 63) - 1)
+
+
+def timestamps_past_i64() -> bytes:
+    """first_timestamp 2^63 - 1 and the second record's delta +1: first_timestamp + delta
+    overflowed in the decoder as well."""
+    raw = bytearray(good_batch(2))
+    struct.pack_into("<q", raw, 28, (1 << 63) - 1)
+    struct.pack_into("<q", raw, 36, (1 << 63) - 1)
+    return reseal(raw)
+
+
 @pytest.mark.parametrize(
     ("make_bad", "error_name"),
     [
@@ -199,6 +215,8 @@ def frame_claims_huge() -> bytes:
         (truncated, b"CORRUPT_MESSAGE"),
         (lz4_bomb, b"DECOMPRESSION_LIMIT"),
         (frame_claims_huge, b"DECOMPRESSION_LIMIT"),
+        (offsets_past_i64, b"CORRUPT_MESSAGE"),
+        (timestamps_past_i64, b"CORRUPT_MESSAGE"),
     ],
 )
 def test_consumer_refuses_hostile_batches(c_client: CClient, fake_node: Any,
@@ -267,6 +285,54 @@ def test_consumer_poll_returns_within_its_timeout_when_the_leader_never_answers(
     assert b"0 records" in run.stderr
 
 
+_PATIENT_CONSUMER_C = r"""
+#include <limits.h>
+#include <stdio.h>
+#include <fabric.h>
+
+/* argv: bootstrap topic. A consumer that waits "forever" for a FETCH answer. */
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    fabric_consumer_config_t cfg;
+    fabric_consumer_config_init(&cfg);
+    cfg.max_wait_ms = 100;
+    cfg.request_timeout_ms = INT_MAX;
+    fabric_consumer_t *c;
+    if (fabric_consumer_new(&c, argv[1], &cfg)) return 3;
+    if (fabric_consumer_assign(c, argv[2], 0, 0)) return 4;
+    for (int i = 0; i < 4; i++) {
+        const fabric_record_t *r;
+        int rc = fabric_consumer_poll(c, 100, &r);
+        if (rc || r) {
+            printf("poll %d: %s %s\n", i, fabric_err_name(rc), fabric_consumer_last_error(c));
+            return 5;
+        }
+    }
+    printf("last error: [%s]\n", fabric_consumer_last_error(c));
+    fabric_consumer_destroy(c);
+    return 0;
+}
+"""
+
+
+def test_consumer_request_timeout_of_int_max_keeps_one_fetch_pending(c_client: CClient, fake_node: Any,
+                                                                      tmp_path: Path) -> None:
+    """request_timeout_ms = INT_MAX is a valid config ("wait for ever"): max_wait_ms + it
+    overflowed an int (UBSan: signed integer overflow in send_fetch), wrapped negative,
+    and the unanswered FETCH was given up at once and sent again after every backoff."""
+    node, set_handler = fake_node
+    set_handler(lambda request: None)  # FETCH is read and never answered
+    source, binary = tmp_path / "patient_consumer.c", tmp_path / "patient_consumer"
+    source.write_text(_PATIENT_CONSUMER_C)
+    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source),
+                    str(c_client.static_lib), "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
+    run = subprocess.run([str(binary), node.address, TOPIC], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "no answer within" not in run.stdout, run.stdout
+    assert node.fetch_requests == 1  # still waiting for the first answer
+
+
 def test_record_above_message_bytes_max_is_refused_before_sending(c_client: CClient, fake_node: Any) -> None:
     """The topic's message_bytes_max (8 MiB here) is checked per record as the Python producer
     does: MESSAGE_TOO_LARGE from fabric_produce, instead of a batch the node refuses with the
@@ -294,7 +360,7 @@ def test_metadata_lookups_end_by_the_callers_time(c_client: CClient) -> None:
     silent = [context.socket(zmq.ROUTER) for _ in range(4)]  # accept, never answer
     try:
         addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in silent]
-        run = subprocess.run([str(c_client.root / "build" / "test_deadlines"), ",".join(addresses)],
+        run = subprocess.run([str(c_client.test_deadlines), ",".join(addresses)],
                              capture_output=True, text=True, timeout=120, check=False)
     finally:
         for sock in silent:

@@ -142,8 +142,8 @@ def driver_binary(c_client: CClient, tmp_path_factory: pytest.TempPathFactory) -
     work = tmp_path_factory.mktemp("c-stopped-nodes")
     source, binary = work / "driver.c", work / "driver"
     source.write_text(_DRIVER_C)
-    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", f"-I{c_client.root}", str(source),
-                    str(c_client.root / "libfabric.a"), "-lzmq", "-llz4", "-lz", "-o", str(binary)],
+    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source),
+                    str(c_client.static_lib), "-lzmq", "-llz4", "-lz", "-o", str(binary)],
                    check=True, timeout=120)
     return binary
 

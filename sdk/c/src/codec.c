@@ -1098,8 +1098,13 @@ int fabric_batch_builder_add(fabric_batch_builder_t *b, int64_t timestamp_ms, co
             return FABRIC_ERR_INVALID_ARGUMENT;
     }
     int64_t first = b->record_count ? b->first_timestamp : timestamp_ms;
+    /* The gap is taken in unsigned arithmetic, where it is exact: the signed subtraction
+     * overflows (undefined behaviour) for timestamps far apart, INT64_MIN then INT64_MAX. */
+    uint64_t gap = timestamp_ms > first ? (uint64_t)timestamp_ms - (uint64_t)first
+                                        : (uint64_t)first - (uint64_t)timestamp_ms;
+    if (gap > (timestamp_ms > first ? (uint64_t)INT32_MAX : (uint64_t)INT32_MAX + 1))
+        return FABRIC_ERR_INVALID_ARGUMENT;
     int64_t delta = timestamp_ms - first;
-    if (delta < INT32_MIN || delta > INT32_MAX) return FABRIC_ERR_INVALID_ARGUMENT;
     size_t add = fabric_record_bytes(key_len, value_len, headers, header_count);
     /* The builder never holds more than the limit, so the subtraction cannot wrap. */
     if (add > (size_t)FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX - fabric_batch_builder_records_bytes(b))
@@ -1324,14 +1329,29 @@ static int decode_records(fabric_batch_t *batch, const uint8_t *section, size_t 
     const uint8_t *key_lengths = section + 4 * (size_t)n;
     const uint8_t *value_lengths = section + 8 * (size_t)n;
     const uint8_t *header_counts = section + 12 * (size_t)n;
+    /* base_offset is outside the CRC and first_timestamp any i64: the sums below would
+     * overflow (undefined behaviour) for offsets or timestamps no i64 can hold, which
+     * Python's check_records refuses too. The offset after the batch must fit as well: a
+     * consumer's position moves there. */
+    if (h->base_offset > INT64_MAX - n) {
+        set_err(err, err_len, "base_offset %lld: the offsets of %d records pass 2^63-1",
+                (long long)h->base_offset, n);
+        return FABRIC_ERR_CORRUPT_MESSAGE;
+    }
     fabric_record_t *records = batch->records;
     uint64_t header_total = 0;
     for (int32_t i = 0; i < n; i++) {
+        int32_t delta = (int32_t)(uint32_t)get_le(deltas + 4 * (size_t)i, 4);
+        if ((delta > 0 && h->first_timestamp > INT64_MAX - delta) ||
+            (delta < 0 && h->first_timestamp < INT64_MIN - delta)) {
+            set_err(err, err_len, "record %d: timestamp %lld%+d is outside the i64 range", i,
+                    (long long)h->first_timestamp, delta);
+            return FABRIC_ERR_CORRUPT_MESSAGE;
+        }
         records[i].topic = NULL;
         records[i].partition = -1;
         records[i].offset = h->base_offset + i;
-        records[i].timestamp_ms =
-            h->first_timestamp + (int32_t)(uint32_t)get_le(deltas + 4 * (size_t)i, 4);
+        records[i].timestamp_ms = h->first_timestamp + delta;
         records[i].header_count = (uint32_t)get_le(header_counts + 2 * (size_t)i, 2);
         records[i].headers = NULL;
         header_total += records[i].header_count;

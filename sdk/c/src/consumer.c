@@ -11,6 +11,7 @@
  */
 #include "internal.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,7 +336,10 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     c->fetch_pending = 1;
     c->fetch_id = id;
     c->fetch_conn = conn;
-    c->fetch_answer_wait_ms = max_wait + c->cfg.request_timeout_ms;
+    /* Capped: request_timeout_ms may be INT_MAX, and the int sum would overflow. */
+    c->fetch_answer_wait_ms = c->cfg.request_timeout_ms > INT_MAX - max_wait
+                                  ? INT_MAX
+                                  : max_wait + c->cfg.request_timeout_ms;
     c->fetch_answer_deadline = now_ms() + c->fetch_answer_wait_ms;
     c->fetch_grace_until = now_ms() + max_wait + FETCH_ANSWER_GRACE_MS;
     return 0;
