@@ -997,6 +997,13 @@ class Consumer:
             position = positions[tp]
             for buf in raw:
                 header = batch_format.read_header(buf)
+                if header.record_count < 1 or not 0 <= header.base_offset <= batch_format.OFFSET_MAX - header.record_count:
+                    # base_offset is outside the CRC (the leader stamps it): checked here, where
+                    # positions move by it, so that a node's bad header is CORRUPT_MESSAGE
+                    # from poll() rather than a struct error from the next FETCH's encoding.
+                    raise errors.CorruptMessageError(
+                        f"{tp}: batch of {header.record_count} records at offset {header.base_offset}: "
+                        f"offsets outside [0, {batch_format.OFFSET_MAX}]")
                 skip = position - header.base_offset
                 if skip >= header.record_count:
                     continue

@@ -96,6 +96,9 @@ TIMESTAMP_MS_MIN = -(1 << 63)
 TIMESTAMP_MS_MAX = (1 << 63) - 1
 TIMESTAMP_DELTA_MS_MIN = -(1 << 31)
 TIMESTAMP_DELTA_MS_MAX = (1 << 31) - 1
+# Offsets are i64 on the wire; a batch's records must all have one (and the offset after
+# it, where a reader's position moves, too).
+OFFSET_MAX = (1 << 63) - 1
 NO_PRODUCER_ID = -1  # producer_id of a batch that is not idempotent (its epoch and sequence are ignored)
 HEADERS_PER_RECORD_MAX = 0xFFFF
 HEADER_NAME_BYTES_MAX = 0xFFFF
@@ -619,6 +622,7 @@ def column_view(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) 
     if len(records) < arrays_bytes:
         raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
     arrays = struct.unpack_from(f"<{n}i{n}i{n}i{n}H", records, 0)
+    _check_timestamps(header.first_timestamp, arrays[0:n])
     key_lengths, value_lengths = arrays[n : 2 * n], arrays[2 * n : 3 * n]
     if min(key_lengths) < -1 or min(value_lengths) < -1:
         raise CorruptMessageError("negative key or value length")
@@ -633,6 +637,18 @@ def column_view(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) 
                       keys_start, values_start, headers_start)
 
 
+def _check_timestamps(first: int, deltas: Sequence[int]) -> None:
+    """Every record's timestamp is an i64. A leader refuses other records
+    (``check_records``); a reader refuses them too, as the C client does, rather than hand
+    out a timestamp no i64 holds. Only a first_timestamp within a delta of the i64 ends can
+    fail, so the usual batch costs two comparisons."""
+    if TIMESTAMP_MS_MIN - TIMESTAMP_DELTA_MS_MIN <= first <= TIMESTAMP_MS_MAX - TIMESTAMP_DELTA_MS_MAX:
+        return
+    low, high = first + min(deltas), first + max(deltas)
+    if low < TIMESTAMP_MS_MIN or high > TIMESTAMP_MS_MAX:
+        raise CorruptMessageError(f"record timestamps {low} to {high} outside the i64 range")
+
+
 def _decode_records(header: BatchHeader, records: bytes) -> DecodedBatch:
     n = header.record_count
     arrays_bytes = RECORD_FIXED_BYTES * n
@@ -640,6 +656,7 @@ def _decode_records(header: BatchHeader, records: bytes) -> DecodedBatch:
         raise CorruptMessageError(f"records section of {len(records)} bytes too short for {n} records")
     arrays = struct.unpack_from(f"<{n}i{n}i{n}i{n}H", records, 0)
     first = header.first_timestamp
+    _check_timestamps(first, arrays[0:n])
     timestamps = [first + d for d in arrays[0:n]]
     key_lengths = arrays[n : 2 * n]
     value_lengths = arrays[2 * n : 3 * n]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import zmq
 
+from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol.apis import ApiKey
@@ -231,6 +232,40 @@ def test_consumer_refuses_hostile_batches(c_client: CClient, fake_node: Any,
     assert error_name in run.stderr
     # The good batch came out whole before the bad one was refused.
     assert run.stdout.decode().splitlines() == ["0\t6b\t61", "1\t-\t62"]
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "error"),
+    [
+        (bad_crc, errors.CorruptMessageError),
+        (truncated, errors.CorruptMessageError),
+        (lz4_bomb, errors.DecompressionLimitError),
+        (offsets_past_i64, errors.CorruptMessageError),
+        (timestamps_past_i64, errors.CorruptMessageError),
+    ],
+)
+def test_python_consumer_refuses_the_same_hostile_batches(fake_node: Any, make_bad: Callable[[], bytes],
+                                                          error: type[errors.FabricError]) -> None:
+    """The Python consumer, from the same scripted node: each batch refused with the same
+    error, from poll(), and again on the next poll (the position stays before it). An offset
+    past 2^63-1 was a raw struct.error from encoding the next FETCH, and a timestamp past
+    the i64 range was handed out."""
+    from sdk import Consumer, TopicPartition
+
+    node, set_handler = fake_node
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)] if request.body["partitions"][0][
+        "fetch_offset"] == 0 else [make_bad()]))
+    tp = TopicPartition(TOPIC, 0)
+    with Consumer(node.address) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        assert [r.offset for r in consumer.poll(5_000)] == [0, 1]
+        for _ in range(2):
+            with pytest.raises(error):
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    consumer.poll(1_000)
+        assert consumer.position(tp) == 2
 
 
 def test_pipelined_batches_of_one_partition_and_in_order_resends(c_client: CClient, fake_node: Any) -> None:

@@ -166,6 +166,21 @@ def test_column_lengths_past_end_are_corrupt() -> None:
         batch.decode_batch(raw)
 
 
+def test_readers_refuse_timestamps_past_the_i64_range() -> None:
+    """first_timestamp is a node's to send: a record it puts past the i64 range is refused
+    by decode_batch and column_view (the leader's check refuses such records on produce)."""
+    hi, lo = batch.TIMESTAMP_MS_MAX, batch.TIMESTAMP_MS_MIN
+    assert batch.decode_batch(batch.encode_batch([hi - 1, hi], [None] * 2, [b"a", b"b"])).timestamps == [hi - 1, hi]
+    assert batch.column_view(batch.encode_batch([lo + 1, lo], [None] * 2, [b"a", b"b"])).header.first_timestamp == lo + 1
+    for first, second in ((hi, 1), (lo, -1)):
+        raw = bytearray(batch.encode_batch([0, second], [None] * 2, [b"a", b"b"]))
+        struct.pack_into("<q", raw, 28, first)  # first_timestamp; the second record's delta stays
+        struct.pack_into("<I", raw, 16, zlib.crc32(memoryview(raw)[20:]) & 0xFFFFFFFF)
+        for read in (batch.decode_batch, batch.column_view):
+            with pytest.raises(errors.CorruptMessageError, match="outside the i64 range"):
+                read(bytes(raw))
+
+
 def test_schema_truncated_and_trailing() -> None:
     sch = apis.METADATA_REQUEST_V0
     good = schema.encode(sch, {"topics": ["a", "bc"]})
