@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 
@@ -31,7 +32,7 @@ from sdk._client import Bootstrap, TopicPartition
 from sdk._group import OffsetAndMetadata
 from sdk.accumulator import Headers, RecordMetadata
 from sdk.aio_queue import AsyncQueueConsumer
-from sdk.consumer import CommitOffsets, Consumer, Record
+from sdk.consumer import CommitOffsets, Consumer, HandOut, Record
 from sdk.direct._client import DirectClient
 from sdk.direct._pubsub import Subscription
 from sdk.direct._server import Service
@@ -185,7 +186,23 @@ class AsyncConsumer:
         return await self._call(lambda c: c.assignment())
 
     async def poll(self, timeout_ms: int = 1000, max_records: int = 10_000) -> list[Record]:
-        return await self._call(lambda c: c.poll(timeout_ms=timeout_ms, max_records=max_records))
+        """``Consumer.poll`` on the worker. Cancelled meanwhile (``asyncio.wait_for``,
+        ``task.cancel()``), it hands its records to nobody: their partitions are read again
+        from the first of them by the next poll, and no commit covers them."""
+        if self._closing:
+            raise errors.ClientClosedError("consumer is closed")
+        polled = self._worker.submit(self.consumer.poll, timeout_ms, max_records)
+        try:
+            return await asyncio.wrap_future(polled)
+        except asyncio.CancelledError:
+            # The poll runs on (a worker thread cannot be interrupted) and moves the
+            # positions past what it returns, which the caller never sees: the next commit
+            # (auto commit, close()) skipped them for good. Queued on the same worker, so
+            # it runs right after that poll and before any later call.
+            if not polled.cancelled():
+                with contextlib.suppress(RuntimeError):  # the worker is shut down: closed meanwhile
+                    self._worker.submit(_give_back, self.consumer, polled)
+            raise
 
     def __aiter__(self) -> AsyncIterator[Record]:
         return self._records()
@@ -229,6 +246,17 @@ class AsyncConsumer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _give_back(consumer: Consumer, polled: concurrent.futures.Future[list[Record]]) -> None:
+    """On the consumer's worker, after a poll whose caller was cancelled: each partition's
+    position back at the first record the poll returned, as an iteration left early leaves
+    it (``HandOut``), so that the next poll reads those records again."""
+    if polled.cancelled() or polled.exception() is not None or consumer._closed:
+        return
+    records = polled.result()
+    if records:
+        HandOut(consumer, records)
 
 
 class AsyncClient:

@@ -546,6 +546,45 @@ def test_async_iteration_commits_only_finished_records_and_close_ends_it(cluster
     assert _first_offset_read_by_a_new_member(bootstrap, topic_name, group) == 6
 
 
+def test_a_cancelled_async_poll_leaves_its_records_to_the_next_poll(cluster: LocalCluster, topic_name: str) -> None:
+    """``asyncio.wait_for(consumer.poll(...))`` that gives up while the poll waits on the
+    worker: the poll goes on there and takes what arrives, for nobody. It used to move the
+    positions past those records all the same, so the next poll went on after them and the
+    next commit (auto commit, close()) skipped them for good; now the next poll reads them."""
+    import asyncio
+
+    import sdk
+
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    tp = TopicPartition(topic_name, 0)
+
+    async def run() -> tuple[int, list[int]]:
+        client = await sdk.connect(bootstrap)
+        try:
+            consumer = await client.consumer([topic_name], group_id=f"g-{topic_name}", **FAST)
+            deadline = time.monotonic() + 30
+            while not await consumer.assignment():
+                assert time.monotonic() < deadline, "never assigned"
+                await consumer.poll(200)
+            polling = asyncio.ensure_future(consumer.poll(10_000))
+            await asyncio.sleep(0.5)  # the poll waits for records on the worker
+            polling.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await polling
+            await asyncio.to_thread(_produce, bootstrap, topic_name, 5, 1)  # taken by the abandoned poll
+            position = await consumer.position(tp)  # on the worker, behind that poll
+            polled = [r.offset for r in await consumer.poll(10_000)]
+            return position, polled
+        finally:
+            await client.close()
+
+    position, polled = asyncio.run(run())
+    assert position == 0, f"the cancelled poll's records were skipped: position {position}"
+    assert polled == list(range(5)), polled
+
+
 def test_unsubscribe_hands_partitions_over_and_assign_needs_it(cluster: LocalCluster, topic_name: str) -> None:
     """As Kafka's consumer: assign() while subscribed is refused (the group decides the
     partitions); unsubscribe() commits what was handed out, leaves at once (another member
