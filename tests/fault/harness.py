@@ -8,6 +8,8 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,10 @@ from kazoo.client import KazooClient
 
 from fabric import errors
 from fabric import zk as zkl
-from fabric.local import LocalCluster
+from fabric.local import LocalCluster, LocalZooKeeper
 from nodes.log import Store
 from sdk import Admin, Consumer, Producer, TopicPartition
+from tests.conftest import make_cluster
 from tests.fault.history import History, check
 
 WAIT_S = 60.0
@@ -214,6 +217,24 @@ def keep_logs(cluster: LocalCluster, test_name: str) -> None:
     for log_file in cluster.base_dir.glob("*.log"):
         shutil.copy(log_file, target / log_file.name)
     print(f"node logs: {target}")
+
+
+@contextmanager
+def running_cluster(zk_server: LocalZooKeeper, base_dir: Path, test_name: str, session_timeout_ms: int,
+                    **kwargs: Any) -> Iterator[LocalCluster]:
+    """Three nodes with the fault tests' node arguments on the session's ZooKeeper, started;
+    afterwards, also on failure, paused nodes resumed (a SIGSTOPped node cannot be stopped
+    politely), the cluster stopped and its logs kept."""
+    cluster = make_cluster(zk_server, base_dir, session_timeout_ms=session_timeout_ms, node_args=NODE_ARGS, **kwargs)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        for node in cluster.nodes.values():
+            if node.process.running:
+                node.resume()
+        cluster.stop()
+        keep_logs(cluster, test_name)
 
 
 def start_workload(bootstrap: str, topic: str, partitions: int, rate_per_s: float) -> tuple[History, Writer, Reader]:

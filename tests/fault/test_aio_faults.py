@@ -25,14 +25,12 @@ import pytest
 import sdk
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk.consumer import POLL_WORK_MS
-from tests.conftest import make_cluster
 from tests.fault.harness import (
-    NODE_ARGS,
     collect_replicas,
     create_replicated_topic,
-    keep_logs,
     leader_of,
     read_everything,
+    running_cluster,
     wait_for_full_isr,
     wait_until,
 )
@@ -52,13 +50,8 @@ CATCH_UP_S = 60.0  # after the faults, for the group member to read every acknow
 
 @pytest.fixture
 def aio_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    cluster = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
-    cluster.start()
-    try:
+    with running_cluster(zk_server, tmp_path / "cluster", request.node.name, SESSION_TIMEOUT_MS) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        keep_logs(cluster, request.node.name)
 
 
 def test_aio_clients_through_leader_kill_and_pause(aio_cluster: LocalCluster, seed: int) -> None:

@@ -36,8 +36,7 @@ from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
 from sdk import Admin, Producer, QueueConsumer, QueueMessage
 from sdk._client import Bootstrap, MetadataClient
-from tests.conftest import make_cluster
-from tests.fault.harness import NODE_ARGS, keep_logs, wait_until
+from tests.fault.harness import running_cluster, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,16 +55,8 @@ MESSAGES_PER_PARTITION = 30
 
 @pytest.fixture
 def failover_cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    cluster = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
-    cluster.start()
-    try:
+    with running_cluster(zk_server, tmp_path / "cluster", request.node.name, SESSION_TIMEOUT_MS) as cluster:
         yield cluster
-    finally:
-        for node in cluster.nodes.values():
-            if node.process.running:
-                node.resume()  # a SIGSTOPped node cannot be stopped politely
-        cluster.stop()
-        keep_logs(cluster, request.node.name)
 
 
 def _controller_id(bootstrap: str) -> int:

@@ -19,14 +19,13 @@ import pytest
 
 from fabric.local import LocalCluster, LocalZooKeeper
 from sdk import Admin
-from tests.conftest import make_cluster
 from tests.fault.harness import (
     Reader,
     Writer,
     collect_replicas,
     create_replicated_topic,
-    keep_logs,
     read_everything,
+    running_cluster,
     seed_from_env,
     wait_for_full_isr,
 )
@@ -43,13 +42,8 @@ SETTLE_S = 2.0  # steady writes before and after each restart, so the stall is m
 
 @pytest.fixture
 def cluster(zk_server: LocalZooKeeper, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    c = make_cluster(zk_server, tmp_path / "cluster", session_timeout_ms=SESSION_TIMEOUT_MS, node_args=NODE_ARGS)
-    c.start()
-    try:
+    with running_cluster(zk_server, tmp_path / "cluster", request.node.name, SESSION_TIMEOUT_MS) as c:
         yield c
-    finally:
-        c.stop()
-        keep_logs(c, request.node.name)
 
 
 def write_stall_s(writer: Writer, start_s: float, end_s: float) -> float:
