@@ -428,3 +428,225 @@ def test_consumer_turns_the_order_of_its_fetch_partitions(c_client: CClient, fak
     orders = node.fetch_orders
     assert len(orders) >= 3 and all(sorted(order) == [0, 1, 2] for order in orders), orders
     assert {order[0] for order in orders} == {0, 1, 2}, orders[:6]
+
+
+def list_offsets_answer(request: apis.Message, offset: int, partition: int | None = None) -> list[Any]:
+    p = request.body["partitions"][0]
+    body = {"partitions": [{"topic": p["topic"], "partition": p["partition"] if partition is None else partition,
+                            "error": 0, "timestamp": -1, "offset": offset}]}
+    return apis.encode_response(request.header, body)
+
+
+def out_of_range_answer(request: apis.Message, log_start: int, log_end: int, high_watermark: int | None = None
+                        ) -> list[Any]:
+    """As a node answers a fetch outside the log: its bounds and high watermark (the log
+    end unless given)."""
+    p = request.body["partitions"][0]
+    hw = log_end if high_watermark is None else high_watermark
+    body = {"partitions": [{"topic": p["topic"], "partition": p["partition"], "error": 10, "high_watermark": hw,
+                            "log_start_offset": log_start, "log_end_offset": log_end, "batch_count": 0}]}
+    return apis.encode_response(request.header, body)
+
+
+def idle_fetch_answer(request: apis.Message) -> list[Any]:
+    time.sleep(0.05)  # the end of the log: as a node holding the fetch, not a busy loop
+    return fetch_answer(request, [])
+
+
+@pytest.mark.parametrize(("hostile_offset", "hostile_partition"),
+                         [(-5, None), (-1, None), (-(1 << 63), None), (2, 7)])
+def test_consumer_refuses_a_list_offsets_answer_that_is_no_position(
+        c_client: CClient, fake_node: Any, hostile_offset: int, hostile_partition: int | None) -> None:
+    """LIST_OFFSETS for the log start answered with a negative offset (or for another
+    partition): the C consumer took it as its position, and a negative position means "not
+    resolved yet", so it asked LIST_OFFSETS again with that offset as the timestamp (-1:
+    the log end instead of the start; -5: a timestamp the node refuses). Such an answer is
+    now a retriable error for the partition: the same question again after a backoff."""
+    node, set_handler = fake_node
+    asked: list[int] = []  # the timestamp of each LIST_OFFSETS
+    fetched: list[int] = []  # the fetch_offset of each FETCH
+
+    def handler(request: apis.Message) -> list[Any]:
+        if request.header.api_key == ApiKey.LIST_OFFSETS:
+            asked.append(request.body["partitions"][0]["timestamp"])
+            if len(asked) == 1:
+                return list_offsets_answer(request, hostile_offset, hostile_partition)
+            return list_offsets_answer(request, 2)
+        fetched.append(request.body["partitions"][0]["fetch_offset"])
+        return fetch_answer(request, [good_batch(2)]) if fetched[-1] == 2 else idle_fetch_answer(request)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "beginning",
+                          "-c", "2", "-i", "5000", "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert asked == [-2, -2], asked
+    assert fetched and fetched[0] == 2 and min(fetched) >= 0, fetched
+    assert run.stdout.decode().splitlines() == ["2", "3"]
+
+
+@pytest.mark.parametrize(("reset", "timestamp"), [("earliest", -2), ("latest", -1)])
+@pytest.mark.parametrize("bounds", [(-7, -3), (5, 3), (-(1 << 63), (1 << 63) - 1)])
+def test_consumer_resets_by_list_offsets_when_out_of_range_bounds_are_no_offsets(
+        c_client: CClient, fake_node: Any, reset: str, timestamp: int, bounds: tuple[int, int]) -> None:
+    """OFFSET_OUT_OF_RANGE carries the log start and end: the C consumer jumped to one of
+    them whatever they were, and a negative one then went out as a LIST_OFFSETS timestamp
+    (or a start past the end was fetched). Bounds that are not 0 <= start <= end are not
+    used: the consumer resets as the Python consumer always does, by LIST_OFFSETS."""
+    node, set_handler = fake_node
+    asked: list[int] = []
+    fetched: list[int] = []
+
+    def handler(request: apis.Message) -> list[Any]:
+        if request.header.api_key == ApiKey.LIST_OFFSETS:
+            asked.append(request.body["partitions"][0]["timestamp"])
+            return list_offsets_answer(request, 2)
+        fetched.append(request.body["partitions"][0]["fetch_offset"])
+        if fetched[-1] == 50:
+            return out_of_range_answer(request, *bounds)
+        return fetch_answer(request, [good_batch(2)]) if fetched[-1] == 2 else idle_fetch_answer(request)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "50",
+                          "-z", reset, "-c", "2", "-i", "5000", "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert asked == [timestamp], asked
+    assert fetched[:2] == [50, 2] and min(fetched) >= 0, fetched
+    assert run.stdout.decode().splitlines() == ["2", "3"]
+
+
+@pytest.mark.parametrize(("reset", "records"), [("earliest", ["2", "3"]), ("latest", ["4", "5"])])
+def test_consumer_resets_to_out_of_range_bounds_that_are_offsets(c_client: CClient, fake_node: Any, reset: str,
+                                                                 records: list[str]) -> None:
+    """Usable OFFSET_OUT_OF_RANGE bounds are still taken as they come, with no LIST_OFFSETS:
+    the log start for earliest, the high watermark (4) for latest, not the log end (6):
+    records 4 and 5 are not committed yet, and a position at 6 would skip them once they are."""
+    node, set_handler = fake_node
+    asked: list[int] = []
+
+    def handler(request: apis.Message) -> list[Any]:
+        if request.header.api_key == ApiKey.LIST_OFFSETS:
+            asked.append(request.body["partitions"][0]["timestamp"])
+            return list_offsets_answer(request, 0)
+        offset = request.body["partitions"][0]["fetch_offset"]
+        if offset == 50:
+            return out_of_range_answer(request, 2, 6, high_watermark=4)
+        return fetch_answer(request, [good_batch(offset)]) if offset in (2, 4, 6) else idle_fetch_answer(request)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "50",
+                          "-z", reset, "-c", "2", "-i", "5000", "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert asked == []
+    assert run.stdout.decode().splitlines() == records
+
+
+def test_consumer_ignores_fetch_results_for_partitions_it_did_not_ask_for(c_client: CClient,
+                                                                           fake_node: Any) -> None:
+    """A FETCH answer may name only partitions the FETCH asked for. One carrying records of
+    another assigned partition (here partition 1, whose start offset is not known yet: its
+    LIST_OFFSETS answers are unusable) had them handed out, and the position taken from
+    them, as if they had been fetched from it."""
+    node, set_handler = fake_node
+    node.partitions = 2
+
+    def handler(request: apis.Message) -> list[Any]:
+        if request.header.api_key == ApiKey.LIST_OFFSETS:
+            p = request.body["partitions"][0]["partition"]
+            return list_offsets_answer(request, 2 if p == 0 else -1)
+        asked = request.body["partitions"]
+        if asked[0]["fetch_offset"] != 2:
+            return idle_fetch_answer(request)
+        results = [{"topic": TOPIC, "partition": p, "error": 0, "high_watermark": 100, "log_start_offset": 0,
+                    "log_end_offset": 100, "batch_count": 1} for p in (1, 0)]
+        return apis.encode_response(request.header, {"partitions": results}, [good_batch(0), good_batch(2)])
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-p", "1",
+                          "-o", "beginning", "-c", "2", "-i", "3000", "-F", "partition,offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert node.fetch_orders and all(order == [0] for order in node.fetch_orders), node.fetch_orders
+    assert run.stdout.decode().splitlines() == ["0\t2", "0\t3"]
+
+
+_ALLOCATION_FAILURES_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <fabric.h>
+
+/* Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc against libfabric.a: the
+ * library's allocations come here (libzmq's and liblz4's, in their shared objects, do not),
+ * and the one numbered countdown after arming fails. */
+void *__real_malloc(size_t size);
+void *__real_calloc(size_t count, size_t size);
+void *__real_realloc(void *old, size_t size);
+static long countdown; /* 0: no failure armed */
+static int injected;
+
+static int fail_now(void) {
+    if (countdown == 0 || --countdown > 0) return 0;
+    injected = 1;
+    return 1;
+}
+void *__wrap_malloc(size_t size) { return fail_now() ? NULL : __real_malloc(size); }
+void *__wrap_calloc(size_t count, size_t size) { return fail_now() ? NULL : __real_calloc(count, size); }
+void *__wrap_realloc(void *old, size_t size) { return fail_now() ? NULL : __real_realloc(old, size); }
+
+/* argv: bootstrap topic. The first fabric_produce to a topic with its n-th allocation
+ * failing, for n = 1, 2, ... until one needs no more than n - 1: whatever it returned, the
+ * producer must then take keyless and keyed records for the topic and know its partitions. */
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    fabric_producer_config_t cfg;
+    fabric_producer_config_init(&cfg);
+    cfg.linger_ms = 60000; /* nothing is sent: records wait in their batches */
+    for (long n = 1;; n++) {
+        fabric_producer_t *p;
+        if (fabric_producer_new(&p, argv[1], &cfg)) return 3;
+        injected = 0;
+        countdown = n;
+        int first = fabric_produce(p, argv[2], -1, NULL, -1, "v", 1, NULL, 0, -1);
+        countdown = 0;
+        int32_t count = 0;
+        int keyless = fabric_produce(p, argv[2], -1, NULL, -1, "w", 1, NULL, 0, -1);
+        int keyed = fabric_produce(p, argv[2], -1, "k", 1, "x", 1, NULL, 0, -1);
+        int counted = fabric_producer_partition_count(p, argv[2], &count);
+        if (keyless || keyed || counted || count < 1) {
+            printf("allocation %ld failed (first produce: %s): then keyless %s, keyed %s, "
+                   "partition count %s %d: %s\n", n, fabric_err_name(first), fabric_err_name(keyless),
+                   fabric_err_name(keyed), fabric_err_name(counted), (int)count,
+                   fabric_producer_last_error(p));
+            return 1;
+        }
+        fabric_producer_destroy(p);
+        if (!injected) {
+            printf("first produce: %s, %ld allocations\n", fabric_err_name(first), n - 1);
+            return first ? 1 : 0;
+        }
+    }
+}
+"""
+
+
+def test_producer_survives_each_allocation_failure_of_a_first_produce(c_client: CClient, fake_node: Any,
+                                                                       tmp_path: Path) -> None:
+    """A first fabric_produce to a topic registers it and makes a queue per partition: when
+    that ran out of memory, the topic stayed registered with 0 partitions, and the next
+    keyless record divided by 0 (SIGFPE), a keyed one read queues[-1]. Each allocation of
+    the first produce fails in turn here (linker --wrap, nothing compiled into the
+    library); every later call must work."""
+    node, set_handler = fake_node
+    node.partitions = 3
+    set_handler(lambda request: produce_result(request, 0, 0))
+    source, binary = tmp_path / "allocation_failures.c", tmp_path / "allocation_failures"
+    source.write_text(_ALLOCATION_FAILURES_C)
+    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source),
+                    str(c_client.static_lib), "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc",
+                    "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
+    run = subprocess.run([str(binary), node.address, TOPIC], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stdout}{run.stderr[-3000:]}"
+    assert run.stdout.startswith("first produce: NONE, "), run.stdout

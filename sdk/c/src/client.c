@@ -542,25 +542,12 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
     }
     for (uint32_t t = 0; t < m->topic_count; t++) {
         const fabric_metadata_topic_t *mt = &m->topics[t];
-        topic_meta_t *tm = (topic_meta_t *)client_topic(c, mt->name.data);
-        if (tm == NULL) {
-            topic_meta_t *grown = realloc(c->topics, (c->topic_count + 1) * sizeof *grown);
-            if (grown == NULL) return FABRIC_ERR_NO_MEMORY;
-            c->topics = grown;
-            tm = &c->topics[c->topic_count];
-            memset(tm, 0, sizeof *tm);
-            tm->name = dup_bytes(mt->name.data, mt->name.len);
-            if (tm->name == NULL) return FABRIC_ERR_NO_MEMORY;
-            c->topic_count++;
-        }
-        tm->error = mt->error;
-        tm->message_bytes_max = mt->message_bytes_max;
         /* Partitions are listed by number; a topic's count only ever grows. */
         int32_t count = 0;
         for (uint32_t k = 0; k < mt->partition_count; k++) {
             int32_t p = mt->partitions[k].partition;
             if (p < 0 || (uint32_t)p >= mt->partition_count) {
-                client_set_error(c, "METADATA: topic %s lists partition %d of %u", tm->name, p,
+                client_set_error(c, "METADATA: topic %s lists partition %d of %u", mt->name.data, p,
                                  mt->partition_count);
                 return FABRIC_ERR_MALFORMED_REQUEST;
             }
@@ -579,6 +566,26 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
             leaders[ps->partition] = ps->error ? -1 : ps->leader;
             epochs[ps->partition] = ps->leader_epoch;
         }
+        /* A new topic enters the map only whole: one left there without its partitions (out
+         * of memory for them) read as a topic with none, which callers take as an answer
+         * and do not ask about again. */
+        topic_meta_t *tm = (topic_meta_t *)client_topic(c, mt->name.data);
+        if (tm == NULL) {
+            char *name = dup_bytes(mt->name.data, mt->name.len);
+            topic_meta_t *grown = name ? realloc(c->topics, (c->topic_count + 1) * sizeof *grown) : NULL;
+            if (grown == NULL) {
+                free(name);
+                free(leaders);
+                free(epochs);
+                return FABRIC_ERR_NO_MEMORY;
+            }
+            c->topics = grown;
+            tm = &c->topics[c->topic_count++];
+            memset(tm, 0, sizeof *tm);
+            tm->name = name;
+        }
+        tm->error = mt->error;
+        tm->message_bytes_max = mt->message_bytes_max;
         free(tm->leaders);
         free(tm->leader_epochs);
         tm->leaders = leaders;

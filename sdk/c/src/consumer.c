@@ -22,6 +22,9 @@
 /* A poll waits this long past its timeout (at most) for the answer of a FETCH it has just
  * sent, so that poll(c, 0) still returns what a node answers at once. */
 #define FETCH_ANSWER_GRACE_MS 100
+/* resolve_position's "the answer holds no position": this file's own, never returned to a
+ * caller; outside the i16 range, so no error code a node sends can be taken for it. */
+#define NO_POSITION_IN_ANSWER (INT16_MIN - 1)
 
 typedef struct cpart {
     char *topic;
@@ -29,6 +32,7 @@ typedef struct cpart {
     int64_t position;       /* >= 0, or FABRIC_OFFSET_BEGINNING/END until resolved */
     int64_t retry_after_ms; /* back off after a retriable error */
     int64_t missing_since_ms; /* when the map first lacked this partition (0: it has it) */
+    uint32_t fetch_id;      /* the last FETCH that asked for it (0: none) */
 } cpart_t;
 
 struct fabric_consumer {
@@ -156,6 +160,7 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
     p->position = offset;
     p->retry_after_ms = 0;
     p->missing_since_ms = 0;
+    p->fetch_id = 0;
     c->part_count++;
     c->metadata_ready = 0;
     return 0;
@@ -205,7 +210,9 @@ static int no_leader(fabric_consumer_t *c, cpart_t *p, int64_t now) {
     return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
 }
 
-/* Resolve FABRIC_OFFSET_BEGINNING/END with LIST_OFFSETS to the partition's leader. */
+/* Resolve FABRIC_OFFSET_BEGINNING/END with LIST_OFFSETS to the partition's leader. Returns
+ * 0, an error, or NO_POSITION_IN_ANSWER (last_error says why): p is asked about again after
+ * a backoff, as Kafka's consumer retries a reset that found no offset. */
 static int resolve_position(fabric_consumer_t *c, cpart_t *p) {
     const char *address = client_leader(&c->client, p->topic, p->partition);
     if (address == NULL) return no_leader(c, p, now_ms());
@@ -235,7 +242,22 @@ static int resolve_position(fabric_consumer_t *c, cpart_t *p) {
         client_set_error(&c->client, "LIST_OFFSETS %s/%d: %s", p->topic, p->partition,
                          fabric_err_name(rc));
     }
-    if (rc == 0) p->position = lo.partitions[0].offset;
+    if (rc == 0) {
+        /* Taken as the position only if it is one: a negative position means "not resolved
+         * yet", and the next LIST_OFFSETS would send it as its timestamp (-1: the log end
+         * instead of the start), and an answer for another partition is not ours. */
+        const fabric_list_offsets_result_t *res = &lo.partitions[0];
+        if (res->offset >= 0 && res->partition == p->partition &&
+            strcmp(res->topic.data, p->topic) == 0) {
+            p->position = res->offset;
+        } else {
+            client_set_error(&c->client,
+                             "LIST_OFFSETS %s/%d: answered %s/%d offset %lld, no position; asking again",
+                             p->topic, p->partition, res->topic.data, res->partition,
+                             (long long)res->offset);
+            rc = NO_POSITION_IN_ANSWER;
+        }
+    }
     fabric_arena_free(&arena);
     response_free(&resp);
     return rc;
@@ -274,7 +296,7 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
         cpart_t *p = &c->parts[i];
         if (p->position >= 0 || p->retry_after_ms > now) continue;
         int rc = resolve_position(c, p);
-        if (rc && !fabric_err_retriable(rc)) return rc;
+        if (rc && rc != NO_POSITION_IN_ANSWER && !fabric_err_retriable(rc)) return rc;
         if (rc) back_off(c, p, now);
     }
     /* Pick a leader round robin; collect its ready partitions. */
@@ -300,6 +322,7 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     if (conn == NULL) return FABRIC_ERR_TRANSPORT;
     fabric_fetch_partition_t *items = malloc(c->part_count * sizeof *items);
     if (items == NULL) return FABRIC_ERR_NO_MEMORY;
+    uint32_t id = client_next_id(&c->client);
     uint32_t n = 0;
     /* A node fills a FETCH answer in the request's partition order until max_bytes
      * (docs/PROTOCOL.md 5.3): a fixed order would serve the first partitions with a
@@ -313,6 +336,7 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
         fabric_fetch_partition_t item = {fabric_str(p->topic), p->partition, p->position,
                                          c->cfg.partition_bytes_max, -1};
         items[n++] = item;
+        p->fetch_id = id;
     }
     int64_t left = deadline - now;
     int32_t max_wait = c->cfg.max_wait_ms;
@@ -322,7 +346,6 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     fabric_buf_init(&body);
     fabric_fetch_request_encode(&req, &body);
     free(items);
-    uint32_t id = client_next_id(&c->client);
     int rc = body.err ? body.err
                       : client_send(&c->client, conn->data, conn->address, FABRIC_API_FETCH, id,
                                     &body, NULL, 0);
@@ -343,6 +366,14 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     c->fetch_answer_deadline = now_ms() + c->fetch_answer_wait_ms;
     c->fetch_grace_until = now_ms() + max_wait + FETCH_ANSWER_GRACE_MS;
     return 0;
+}
+
+/* The partition a result of the current FETCH answer is for, or NULL when that FETCH did not
+ * ask for it: a node's records or reset bounds for a partition we did not fetch (not
+ * assigned, backing off, its start not known yet) would move its position from nothing. */
+static cpart_t *asked_part(fabric_consumer_t *c, const fabric_fetch_partition_result_t *res) {
+    cpart_t *p = find_part(c, res->topic.data, res->partition);
+    return p != NULL && p->fetch_id == c->fetch_id ? p : NULL;
 }
 
 /* Wait for the pending FETCH's answer until the caller's deadline (it stays pending if that
@@ -418,7 +449,7 @@ static int await_fetch(fabric_consumer_t *c, int64_t deadline) {
     /* Per-partition errors. */
     for (uint32_t i = 0; i < c->body.partition_count; i++) {
         const fabric_fetch_partition_result_t *res = &c->body.partitions[i];
-        cpart_t *p = find_part(c, res->topic.data, res->partition);
+        cpart_t *p = asked_part(c, res);
         if (p == NULL || res->error == 0) continue;
         if (res->error == FABRIC_ERR_OFFSET_OUT_OF_RANGE) {
             if (c->cfg.offset_reset == FABRIC_RESET_NONE) {
@@ -428,8 +459,23 @@ static int await_fetch(fabric_consumer_t *c, int64_t deadline) {
                 drop_response(c);
                 return FABRIC_ERR_OFFSET_OUT_OF_RANGE;
             }
-            p->position = c->cfg.offset_reset == FABRIC_RESET_EARLIEST ? res->log_start_offset
-                                                                        : res->log_end_offset;
+            int earliest = c->cfg.offset_reset == FABRIC_RESET_EARLIEST;
+            /* "latest" is the high watermark, as LIST_OFFSETS answers it (and the Python
+             * consumer resets): the log end may hold records not yet committed, which a
+             * position there would skip once they are. */
+            if (0 <= res->log_start_offset && res->log_start_offset <= res->high_watermark &&
+                res->high_watermark <= res->log_end_offset) {
+                p->position = earliest ? res->log_start_offset : res->high_watermark;
+            } else {
+                /* Bounds that are no log's: a negative position would go out as a
+                 * LIST_OFFSETS timestamp. Reset as the Python consumer always does. */
+                client_set_error(&c->client,
+                                 "%s/%d: OFFSET_OUT_OF_RANGE with log bounds [%lld, %lld]; "
+                                 "resetting by LIST_OFFSETS",
+                                 p->topic, p->partition, (long long)res->log_start_offset,
+                                 (long long)res->log_end_offset);
+                p->position = earliest ? FABRIC_OFFSET_BEGINNING : FABRIC_OFFSET_END;
+            }
         } else if (fabric_err_retriable(res->error)) {
             back_off(c, p, now_ms());
         } else {
@@ -465,8 +511,8 @@ static int next_batch(fabric_consumer_t *c) {
     const fabric_fetch_partition_result_t *res = &c->body.partitions[c->result_index];
     zmq_msg_t *frame = &c->resp.frames[c->frame_index++];
     c->frames_left_in_result--;
-    cpart_t *p = find_part(c, res->topic.data, res->partition);
-    if (p == NULL) return 0; /* not ours (any more): skip the frame */
+    cpart_t *p = asked_part(c, res);
+    if (p == NULL) return 0; /* not asked for: skip the frame */
     char err[ERROR_TEXT_BYTES];
     int rc = fabric_batch_decode(zmq_msg_data(frame), zmq_msg_size(frame), &c->batch, err, sizeof err);
     if (rc) {

@@ -158,7 +158,8 @@ static ptopic_t *find_topic(fabric_producer_t *p, const char *name) {
     return NULL;
 }
 
-/* Grow a topic's queues to the partition count in the routing map. */
+/* Grow a topic's queues to the partition count in the routing map. Out of memory part of
+ * the way, the topic keeps the queues made so far (partition_count says how many). */
 static int sync_partitions(ptopic_t *t, int32_t count) {
     if (count <= t->partition_count) return 0;
     pqueue_t **queues = realloc(t->queues, sizeof *queues * (size_t)count);
@@ -174,6 +175,17 @@ static int sync_partitions(ptopic_t *t, int32_t count) {
         t->partition_count = i + 1;
     }
     return 0;
+}
+
+/* A topic's queues, builders and name; its batches must be gone (delivered or failed). */
+static void free_topic(ptopic_t *t) {
+    for (int32_t i = 0; i < t->partition_count; i++) {
+        fabric_batch_builder_free(&t->queues[i]->open);
+        free(t->queues[i]);
+    }
+    free(t->queues);
+    free(t->name);
+    free(t);
 }
 
 static int refresh(fabric_producer_t *p, const char *extra_topic, int64_t deadline_ms) {
@@ -215,15 +227,19 @@ static int topic_for_send(fabric_producer_t *p, const char *name, ptopic_t **out
     t = calloc(1, sizeof *t);
     if (t == NULL) return FABRIC_ERR_NO_MEMORY;
     t->name = malloc(strlen(name) + 1);
-    if (t->name == NULL) {
-        free(t);
-        return FABRIC_ERR_NO_MEMORY;
+    /* Registered only with all its queues: every use of a topic (the key hash, the sticky
+     * partition, queues[partition]) takes partition_count >= 1 for granted, and a topic
+     * left with none divided by zero on its next keyless record. */
+    int rc = t->name ? sync_partitions(t, m->partition_count) : FABRIC_ERR_NO_MEMORY;
+    if (rc) {
+        free_topic(t);
+        client_set_error(&p->client, "topic %s: out of memory registering its %d partitions", name,
+                         (int)m->partition_count);
+        return rc;
     }
     strcpy(t->name, name);
-    p->topics[p->topic_count++] = t;
-    int rc = sync_partitions(t, m->partition_count);
-    if (rc) return rc;
     t->sticky = (int32_t)(p->sticky_start % (uint32_t)t->partition_count);
+    p->topics[p->topic_count++] = t;
     *out = t;
     return 0;
 }
@@ -919,12 +935,8 @@ void fabric_producer_destroy(fabric_producer_t *p) {
             }
             if (q->open.record_count)
                 fail_open(p, q, FABRIC_ERR_CLOSED, "producer destroyed before the batch was sent");
-            fabric_batch_builder_free(&q->open);
-            free(q);
         }
-        free(t->queues);
-        free(t->name);
-        free(t);
+        free_topic(t);
     }
     free(p->topics);
     free(p->inflight);
