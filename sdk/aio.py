@@ -82,7 +82,11 @@ class AsyncProducer:
                     future.set_result(metadata)  # type: ignore[arg-type]
 
         def done(metadata: RecordMetadata | None, exc: BaseException | None) -> None:
-            if not loop.is_closed():
+            # On the sender thread. The loop may close at any moment (asyncio.run returned
+            # with sends unawaited): a check of loop.is_closed() before the hand-off would
+            # leave a window in which it raises RuntimeError on the sender thread. A closed
+            # loop has nobody left to await the future, so the outcome is dropped.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, metadata, exc)
 
         record_future.add_callback(done)
@@ -119,10 +123,16 @@ class AsyncConsumer:
     @classmethod
     async def create(cls, bootstrap: str, *, poll_timeout_ms: int = 500, **config: Any) -> AsyncConsumer:
         worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-consumer")
-        loop = asyncio.get_running_loop()
+        made = worker.submit(lambda: Consumer(bootstrap, **config))
         try:
-            consumer = await loop.run_in_executor(worker, lambda: Consumer(bootstrap, **config))
+            consumer = await asyncio.wrap_future(made)
         except BaseException:
+            # Cancelled (asyncio.wait_for, task.cancel()) while it was being made, or just
+            # after: the worker goes on making it and nobody would ever close it. Queued
+            # behind it on its own worker (its sockets' thread, and never blocking the
+            # loop), the close runs once it exists (AsyncQueueConsumer.create closes its
+            # consumer the same way, from a done callback).
+            worker.submit(_close_if_made, made)
             worker.shutdown(wait=False)
             raise
         return cls(worker, consumer, poll_timeout_ms)
@@ -257,6 +267,13 @@ def _give_back(consumer: Consumer, polled: concurrent.futures.Future[list[Record
     records = polled.result()
     if records:
         HandOut(consumer, records)
+
+
+def _close_if_made(made: concurrent.futures.Future[Consumer]) -> None:
+    """On the consumer's worker, after its creation: close the Consumer of a creation
+    whose caller was cancelled (nothing if it was never made, or failed)."""
+    if not made.cancelled() and made.exception() is None:
+        made.result().close()
 
 
 class AsyncClient:

@@ -424,7 +424,9 @@ class QueueConsumer:
         node. Raises LeaseNotHeldError whose ``lost`` lists the messages not known to be
         acknowledged; the others are. Those of them also in its ``unknown`` failed after the
         request was sent (the leader moved or went away meanwhile): each is either
-        acknowledged or delivered again. The rest had lost their lease: delivered again."""
+        acknowledged or delivered again. Of the rest, those whose request could not be sent
+        (their leader unreachable) are delivered again once their lease ends; the others
+        had lost their lease: delivered again."""
         self._settle(_many(messages), qp.ACTION_ACK, 0, "")
 
     def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
@@ -459,6 +461,7 @@ class QueueConsumer:
         lost: list[str] = []
         lost_messages: list[QueueMessage] = []
         unknown_messages: list[QueueMessage] = []
+        unsent_count = 0  # of lost: their request never left, so their lease is still live
         by_position = {(m.partition, m.offset): m for m in messages}
         for address, group in by_node.items():
             for start in range(0, len(group), qp.SETTLE_ENTRIES_MAX):
@@ -481,6 +484,8 @@ class QueueConsumer:
                     lost_messages.extend(chunk)
                     if address and exc.fields.get("sent", True):
                         unknown_messages.extend(chunk)
+                    else:
+                        unsent_count += len(chunk)
                     self._refresh_by_s = time.monotonic() + MAP_REFRESH_TIMEOUT_MS / 1000.0
                     self._refresh_map()
                     continue
@@ -492,12 +497,25 @@ class QueueConsumer:
         if lost:
             # ``lost`` on the error: the messages not known to be settled; the others were.
             # ``unknown``: those of them whose request failed after it was sent, each either
-            # settled or delivered again; the rest had lost their lease, delivered again.
-            outcome = ("were not settled, their lease had ended (they are delivered again)" if not unknown_messages
-                       else f"were not known to be settled; for {len(unknown_messages)} of them the request failed "
-                       "after it was sent (each is either settled or delivered again)")
+            # settled or delivered again. Of the rest, those the leader refused had lost
+            # their lease; those whose request never left (no leader known, or no
+            # connection to it: down, or paused with its lease still live) come back only
+            # when their lease ends: saying it had ended told the caller they were
+            # delivered again at once.
+            refused_count = len(lost) - len(unknown_messages) - unsent_count
+            outcomes = []
+            if refused_count:
+                outcomes.append(f"{refused_count} had lost their lease (they are delivered again)")
+            if unsent_count:
+                outcomes.append(f"{unsent_count} were not sent, their leader could not be reached (they are "
+                                "delivered again once their lease ends: at its visibility timeout, or sooner if "
+                                "that leader fails over)")
+            if unknown_messages:
+                outcomes.append(f"for {len(unknown_messages)} the request failed after it was sent (each is "
+                                "either settled or delivered again)")
             raise errors.LeaseNotHeldError(
-                f"{len(lost)} of {len(messages)} messages {outcome}: "
+                f"{len(lost)} of {len(messages)} messages were not "
+                f"{'known to be settled' if unknown_messages else 'settled'}: {'; '.join(outcomes)}: "
                 f"{', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}", lost=lost_messages,
                 unknown=unknown_messages)
         return [deadlines.get((m.partition, m.offset), 0) for m in messages]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import zmq
 
 from fabric import errors
 from fabric.protocol import apis
-from sdk.queue import QueueConsumer
+from sdk.queue import QueueConsumer, QueueMessage
 
 
 class _RefusingConns:
@@ -234,3 +235,50 @@ def test_calls_after_close_raise_client_closed() -> None:
         except errors.ClientClosedError:
             continue
         raise AssertionError("a call after close() did not raise ClientClosedError")
+
+
+class _SettlingConns(_RefusingConns):
+    """QUEUE_SETTLE as a leader that is there but out of reach (paused: no connection can
+    be made, so nothing is sent), or as one that answers that the lease had ended."""
+
+    def __init__(self, reachable: bool) -> None:
+        super().__init__()
+        self.reachable = reachable
+
+    def request(self, address: str, api: Any, body: dict[str, Any], *, timeout_ms: int) -> Any:
+        if not self.reachable:
+            raise errors.NodeNotReadyError(f"node {address} is not reachable", sent=False)
+        results = [{"partition": e["partition"], "offset": e["offset"], "deadline_ms": 0,
+                    "error": errors.LeaseNotHeldError.code} for e in body["entries"]]
+        return SimpleNamespace(body={"error": 0, "message": "", "results": results})
+
+
+def _leased(offset: int) -> QueueMessage:
+    now_ms = int(time.time() * 1000)
+    return QueueMessage("jobs", 0, offset, 1, now_ms + 30_000, now_ms, 4, None, b"job", granted_by=NODE)
+
+
+def test_an_ack_that_never_left_does_not_say_the_lease_ended() -> None:
+    """An ack whose request could not be sent (its leader paused: no connection) raised
+    LeaseNotHeldError saying the lease had ended and the messages were delivered again;
+    the lease is live on that leader, and they come back only when it ends (visibility
+    timeout, or the leader's failover). A lease the leader says had ended still says so."""
+    import pytest
+
+    worker = QueueConsumer("tcp://127.0.0.1:1", "jobs")
+    worker._meta = _LedMeta()  # type: ignore[assignment]
+    worker._conns = _SettlingConns(reachable=False)  # type: ignore[assignment]
+    with pytest.raises(errors.LeaseNotHeldError) as raised:
+        worker.ack([_leased(1), _leased(2)])
+    text = raised.value.message
+    assert "had ended" not in text and "had lost" not in text, text
+    assert "2 were not sent" in text and "once their lease ends" in text and "visibility timeout" in text, text
+    assert [m.offset for m in raised.value.lost] == [1, 2] and raised.value.unknown == []
+
+    worker._conns = _SettlingConns(reachable=True)  # type: ignore[assignment]
+    with pytest.raises(errors.LeaseNotHeldError) as raised:
+        worker.nack([_leased(3)])
+    text = raised.value.message
+    assert "1 had lost their lease" in text and "not sent" not in text, text
+    worker._conns = _RefusingConns()  # type: ignore[assignment]
+    worker.close()
