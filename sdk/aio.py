@@ -304,6 +304,9 @@ class AsyncClient:
         for the same options (a producer is a thread, sockets and a buffer, meant to be
         shared, as Kafka's), closed by ``client.close()``; one closed meanwhile is replaced."""
         self._check_open()
+        # From the loop's thread only: asked first, so that elsewhere it raises before a
+        # Producer (a sender thread, sockets) is made and left behind.
+        asyncio.get_running_loop()
         key = repr(sorted(config.items()))
         producer = self._producers.get(key)
         if producer is None or producer.closed:

@@ -115,3 +115,21 @@ def test_an_acknowledgement_after_the_loop_closed_is_dropped_quietly(caplog: pyt
     with caplog.at_level(logging.ERROR):
         batch.complete(7)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_a_producer_asked_for_off_the_loop_is_refused_before_it_is_made() -> None:
+    """``client.producer()`` from a thread without a running loop made a Producer (its
+    sender thread, its sockets) and only then found no loop to hand its results to: the
+    Producer was left running. It is now refused first, with nothing made."""
+
+    async def ask_off_the_loop() -> list[str]:
+        client = await sdk.connect(NOWHERE)
+        try:
+            with pytest.raises(RuntimeError, match="no running event loop"):
+                await asyncio.to_thread(client.producer)
+            assert not client._producers
+            return [t.name for t in threading.enumerate() if t.name == "fabric-producer-sender"]
+        finally:
+            await client.close()
+
+    assert not asyncio.run(ask_off_the_loop()), "a producer was made, and left running, for a refused call"
