@@ -28,8 +28,9 @@ _INPROC_NAMES = itertools.count(1)
 
 # pyzmq's Cython socket methods, called with plain-int flags. The sugar layer's
 # send_multipart/recv_multipart/get cost a few microseconds per call in IntFlag arithmetic,
-# enum conversions and argument checks; every request and reply of the SDK and of the
-# nodes' replica connections passes here, and on a path of ~15 thread wake-ups each
+# enum conversions and argument checks; every message on the SDK's and the nodes' polled
+# connections passes here (the synchronous Connections.request, for metadata, admin and
+# group calls, still reads with recv_multipart), and on a path of ~15 thread wake-ups each
 # running cold code, microseconds add up (docs/BENCHMARKS.md, "End to end at low rates").
 zmq_send: Callable[..., Any] = cast(Any, _CythonSocket.send)  # (sock, data, flags, copy=True)
 zmq_recv_frame: Callable[[zmq.Socket[Any], int, bool], zmq.Frame] = cast(Any, _CythonSocket.recv)

@@ -192,11 +192,12 @@ REPLICA_ACK_LOG_START_VERSION = 2  # the periodic ack: its answer carries the le
 
 
 def handle_replica_ack(node: NodeState, _envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
-    """Record a follower's log end and move the HW. Version 0 is answered with the HW
-    and our log end; version 1 is not answered: it is the ack a follower sends right
-    after applying stream batches, on every acks=all write's path, and an answer to it
-    cost a send here and a wake-up and a decode there for news the follower's next
-    version-0 ack (every ``REPLICA_ACK_INTERVAL_S``) brings anyway."""
+    """Record a follower's log end and move the HW. Versions 0 and 2 are answered with the
+    HW and our log end (version 2 with our log start too: what a follower's periodic ack,
+    every ``REPLICA_ACK_INTERVAL_S``, sends); version 1 is not answered: it is the ack a
+    follower sends right after applying stream batches, on every acks=all write's path,
+    and an answer to it cost a send here and a wake-up and a decode there for news the
+    next periodic ack brings anyway."""
     body = request.body
     now = time.monotonic()
     changed: set[TopicPartition] = set()
