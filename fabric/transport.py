@@ -174,8 +174,20 @@ class Connections:
             monitor = self.ctx.socket(zmq.PAIR)
             monitor.setsockopt(zmq.LINGER, 0)
             monitor.connect(monitor_address)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError as exc:
+                # The address came from the network (a METADATA node list, a FIND_COORDINATOR
+                # answer): one libzmq cannot parse ("garbage", "udp://...") raised a bare
+                # ZMQError out of every SDK call and killed a producer's sender thread, and
+                # left this socket and its monitor open on each attempt. Not reachable, as
+                # a node that is down: callers re-read the map and try again.
+                sock.disable_monitor()
+                sock.close(linger=0)
+                monitor.close(linger=0)
+                raise errors.NodeNotReadyError(
+                    f"node address {address!r:.200} is not a ZeroMQ endpoint ({exc})", sent=False) from None
             self._monitors[address] = monitor
-            sock.connect(address)
             self.sockets[address] = sock
             self.by_socket[sock] = address
             self.poller.register(sock, zmq.POLLIN)
@@ -328,7 +340,9 @@ class Connections:
                 continue
             frames = sock.recv_multipart(copy=False)
             message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
-            if message.header.correlation_id != correlation_id:
+            # The API too: an answer of another API carrying this id (a node that echoed a
+            # wrong correlation id) read as this one's raised a bare KeyError from its body.
+            if message.header.correlation_id != correlation_id or message.header.api_key != api_key:
                 self._stash.append((address, frames))
                 continue
             if message.header.error_code:

@@ -7,6 +7,7 @@ caller's thread.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
@@ -18,6 +19,8 @@ from fabric import errors
 from fabric.limits import NAMES_PER_REQUEST_MAX
 from fabric.protocol.apis import ApiKey
 from fabric.transport import DEFAULT_REQUEST_TIMEOUT_MS, Connections
+
+log = logging.getLogger("fabric.client")
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_MS", "Bootstrap", "ClusterMetadata", "Connections", "MetadataClient",
            "PartitionMetadata", "TopicMetadata", "TopicPartition"]
@@ -87,7 +90,9 @@ class ClusterMetadata:
 
     def leader_address(self, topic: str, partition: int) -> str | None:
         meta = self.topics.get(topic)
-        if meta is None or partition >= len(meta.partitions):
+        # Not ``partition >= len``: a negative partition (from a node's answer, such as an
+        # OFFSET_FETCH or an assignment) indexed from the end, or raised IndexError.
+        if meta is None or not 0 <= partition < len(meta.partitions):
             return None
         return self.nodes.get(meta.partitions[partition].leader)
 
@@ -357,6 +362,18 @@ class MetadataClient:
             known = self.metadata.topics.get(t["name"])
             if t["error"] == errors.LeaderNotAvailableError.code and known is not None:
                 topics[t["name"]] = known  # the node is still learning its partitions (a topic just grown)
+                continue
+            numbers = [p["partition"] for p in t["partitions"]]
+            if not t["error"] and (not numbers or numbers != list(range(len(numbers)))):
+                # Partitions are looked up by position (leader_address), and a topic has at
+                # least one: an answer listing none (a producer's partitioner divided by
+                # zero), or out of order, with gaps or twice, would route records to the
+                # wrong leaders. Not trusted: as a node still learning the topic.
+                log.warning("metadata answer lists topic %r with partitions %s: ignored", t["name"], numbers[:20])
+                if known is not None:
+                    topics[t["name"]] = known
+                else:
+                    topics.pop(t["name"], None)
                 continue
             if t["error"]:
                 topics.pop(t["name"], None)

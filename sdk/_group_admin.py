@@ -100,7 +100,7 @@ class GroupAdmin:
     def describe_group(self, group_id: str) -> GroupDescription:
         """Members, assignment, and per partition the committed offset, log end and lag."""
         body = self._group_call(group_id, ApiKey.DESCRIBE_GROUPS, {"group_ids": [group_id]})
-        g = body["groups"][0]
+        g = _row_of(body["groups"], group_id, "DESCRIBE_GROUPS")
         errors.raise_for_code(g["error"], f"describe group {group_id!r}")
         members = tuple(MemberDescription(m["member_id"], m["instance_id"], m["member_epoch"],
                                           tuple(m["subscribed_topics"]), m["subscribed_topic_regex"],
@@ -187,7 +187,7 @@ class GroupAdmin:
     def delete_group(self, group_id: str) -> None:
         """Delete the group and its committed offsets (refused while members are live)."""
         body = self._group_call(group_id, ApiKey.DELETE_GROUPS, {"group_ids": [group_id]})
-        result = body["results"][0]
+        result = _row_of(body["results"], group_id, "DELETE_GROUPS")
         errors.raise_for_code(result["error"], result["message"] or f"delete group {group_id!r}")
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -209,9 +209,9 @@ class GroupAdmin:
                                             wait_connect_ms=min(left_ms, METADATA_CONNECT_MS)).body
                 code = reply.get("error", 0)
                 if not code and api_key == ApiKey.DESCRIBE_GROUPS:
-                    code = reply["groups"][0]["error"]
+                    code = _row_of(reply["groups"], group_id, "DESCRIBE_GROUPS")["error"]
                 if not code and api_key == ApiKey.DELETE_GROUPS:
-                    code = reply["results"][0]["error"]
+                    code = _row_of(reply["results"], group_id, "DELETE_GROUPS")["error"]
                 if code and errors.error_for_code(code).retriable:
                     raise errors.error_for_code(code)(reply.get("message", ""))
                 return reply
@@ -258,9 +258,23 @@ class GroupAdmin:
             body = self._conns.request(address, ApiKey.LIST_OFFSETS, {"partitions": [
                 {"topic": tp.topic, "partition": tp.partition, "timestamp": timestamp} for tp in led]},
                 timeout_ms=self._read_timeout_ms()).body
-            for tp, result in zip(led, body["partitions"], strict=True):
-                out[tp] = result["offset"] if result["error"] == 0 else -1
+            # By name, not by position: an answer with fewer or more rows than asked raised
+            # a bare ValueError from zip. A partition left out is one the leader refused.
+            results = {(r["topic"], r["partition"]): r for r in body["partitions"]}
+            for tp in led:
+                result = results.get((tp.topic, tp.partition))
+                out[tp] = result["offset"] if result is not None and result["error"] == 0 else -1
         return out
+
+
+def _row_of(rows: list[dict[str, Any]], group_id: str, api: str) -> dict[str, Any]:
+    """The row of a DESCRIBE_GROUPS or DELETE_GROUPS answer about ``group_id``, matched by
+    id: taking the first row raised a bare IndexError for an answer without rows (a buggy
+    or version-skewed node), and reported another group's state for one about another."""
+    for row in rows:
+        if row["group_id"] == group_id:
+            return row
+    raise errors.UnknownServerError(f"the {api} answer left out group {group_id!r}")
 
 
 def _left_ms(timeout_ms: int, deadline: float) -> int:

@@ -235,6 +235,16 @@ class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk
                 tuple(PartitionMetadata(p["partition"], p["leader"], p["leader_epoch"], tuple(p["replicas"]), tuple(p["isr"]))
                       for p in t["partitions"]),
             ))
+        if names:
+            # The names asked, in that order, matched by name: an answer that left one out
+            # or named another (a buggy or version-skewed node) made describe_topic(),
+            # describe_queue() and the queue settings raise a bare IndexError, or describe
+            # a topic other than the one asked for.
+            by_name = {d.name: d for d in out}
+            missing = [n for n in names if n not in by_name]
+            if missing:
+                raise errors.UnknownServerError(f"the DESCRIBE_TOPICS answer left out {missing[:10]}")
+            return [by_name[n] for n in dict.fromkeys(names)]  # a name asked twice is answered once
         return out
 
     def describe_topic(self, name: str) -> TopicDescription:

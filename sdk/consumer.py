@@ -659,8 +659,19 @@ class Consumer:
                         timeout_ms=self._request_ms(self.request_timeout_ms),
                         wait_connect_ms=self._request_ms(METADATA_CONNECT_MS),
                     )
-                    for tp, result in zip(led, message.body["partitions"], strict=True):
+                    # By name, not by position: an answer with fewer or more rows than asked
+                    # (a buggy or version-skewed node) raised a bare ValueError from zip.
+                    results = {(r["topic"], r["partition"]): r for r in message.body["partitions"]}
+                    for tp in led:
+                        result = results.get((tp.topic, tp.partition))
+                        if result is None:
+                            raise errors.UnknownServerError(f"the LIST_OFFSETS answer of {address} left out {tp}")
                         errors.raise_for_code(result["error"], f"list offsets for {tp}")
+                        # -1 means "none" only for a time; a negative log start or end became
+                        # the position, and seek_to_end() or the next commit raised ValueError.
+                        if not (-1 if timestamp >= 0 else 0) <= result["offset"] <= batch_format.OFFSET_MAX:
+                            raise errors.UnknownServerError(
+                                f"the LIST_OFFSETS answer of {address} gave {tp} offset {result['offset']}")
                         out[tp] = result["offset"]
                 pending = []
             except errors.FabricError as exc:
@@ -956,6 +967,8 @@ class Consumer:
             except errors.FabricError as exc:
                 log.warning("undecodable fetch response from %s: %s", address, exc)
                 continue
+            if message.header.api_key != ApiKey.FETCH:
+                continue  # another API's answer with a fetch's correlation id (a buggy node): not ours
             flight = self._in_flight.pop(message.header.correlation_id, None)
             if flight is None:
                 continue

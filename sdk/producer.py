@@ -946,6 +946,12 @@ class _ProducerCore:
         except errors.FabricError as exc:
             log.warning("undecodable response from %s: %s", address, exc)
             return
+        if message.header.api_key != ApiKey.PRODUCE:
+            # Another API's answer carrying a PRODUCE's correlation id (a node that echoed a
+            # wrong one): read as a PRODUCE answer, its body raised KeyError in the sender
+            # thread, which died and failed every later record of the producer.
+            log.warning("answer of %s from %s is no PRODUCE answer: dropped", message.header.api_key, address)
+            return
         with self._lock:
             flight = self._in_flight.pop(message.header.correlation_id, None)
             if flight is None:

@@ -368,6 +368,8 @@ class QueueConsumer:
             pending = self._polls.get(address)
             if pending is None or pending[0] != message.header.correlation_id:
                 continue  # an abandoned poll: its leases expire and the messages come back
+            if message.header.api_key != ApiKey.QUEUE_RECEIVE:
+                continue  # another API's answer with the poll's correlation id (a buggy node): not ours
             del self._polls[address]
             left_s = max(pending[2], self._looked_s) if waited else read_s  # when the answer left, at the earliest
             if message.header.error_code == errors.UnsupportedVersionError.code and message.header.api_version:
@@ -462,7 +464,6 @@ class QueueConsumer:
         lost_messages: list[QueueMessage] = []
         unknown_messages: list[QueueMessage] = []
         unsent_count = 0  # of lost: their request never left, so their lease is still live
-        by_position = {(m.partition, m.offset): m for m in messages}
         for address, group in by_node.items():
             for start in range(0, len(group), qp.SETTLE_ENTRIES_MAX):
                 chunk = group[start:start + qp.SETTLE_ENTRIES_MAX]
@@ -489,11 +490,21 @@ class QueueConsumer:
                     self._refresh_by_s = time.monotonic() + MAP_REFRESH_TIMEOUT_MS / 1000.0
                     self._refresh_map()
                     continue
-                for r in reply["results"]:
+                # Each message of the chunk by its position: a result for a position not
+                # asked about (a buggy or version-skewed node) raised a bare KeyError, and a
+                # message the answer left out counted as settled. It is not known to be.
+                results = {(r["partition"], r["offset"]): r for r in reply["results"]}
+                for m in chunk:
+                    r = results.get((m.partition, m.offset))
+                    if r is None:
+                        lost.append(f"{m.partition}/{m.offset} (left out of the answer)")
+                        lost_messages.append(m)
+                        unknown_messages.append(m)
+                        continue
                     if r["error"]:
-                        lost.append(f"{r['partition']}/{r['offset']} ({errors.error_for_code(r['error']).name})")
-                        lost_messages.append(by_position[(r["partition"], r["offset"])])
-                    deadlines[(r["partition"], r["offset"])] = r["deadline_ms"]
+                        lost.append(f"{m.partition}/{m.offset} ({errors.error_for_code(r['error']).name})")
+                        lost_messages.append(m)
+                    deadlines[(m.partition, m.offset)] = r["deadline_ms"]
         if lost:
             # ``lost`` on the error: the messages not known to be settled; the others were.
             # ``unknown``: those of them whose request failed after it was sent, each either
@@ -511,8 +522,9 @@ class QueueConsumer:
                                 "delivered again once their lease ends: at its visibility timeout, or sooner if "
                                 "that leader fails over)")
             if unknown_messages:
-                outcomes.append(f"for {len(unknown_messages)} the request failed after it was sent (each is "
-                                "either settled or delivered again)")
+                outcomes.append(f"for {len(unknown_messages)} the outcome is not known: the request failed after "
+                                "it was sent, or the answer left them out (each is either settled or delivered "
+                                "again)")
             raise errors.LeaseNotHeldError(
                 f"{len(lost)} of {len(messages)} messages were not "
                 f"{'known to be settled' if unknown_messages else 'settled'}: {'; '.join(outcomes)}: "
