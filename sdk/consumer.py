@@ -410,7 +410,8 @@ class Consumer:
     def subscribe(self, topics: Iterable[str] | None = None, *, pattern: str | None = None,
                   listener: ConsumerRebalanceListener | None = None, tag_filter: str | None = None) -> None:
         """Join the group and read the partitions it gives this member: ``topics`` by name
-        and/or every topic whose whole name matches ``pattern`` (a Python regex). New topics
+        and/or every topic whose whole name matches ``pattern`` (an RE2 regular expression,
+        as the nodes evaluate it: no backreferences or lookaround). New topics
         and partitions are picked up. ``listener`` hears of revoked/assigned/lost partitions."""
         self._check_open("subscribe")
         group = self._require_group("subscribe()")

@@ -22,7 +22,8 @@ The client applies the filter exactly to every record. The node can only skip a 
 batch whose bloom proves that no record in it can match: it treats every negation as
 "may match", so it skips on positive terms only (``paid`` or ``paid && eu`` skip batches;
 ``!paid`` never does). A batch without a bloom (no tags at all, or a producer that writes
-no bloom, such as the C client) is never skipped by the node: it may still hold tagged records.
+none; the Python SDK and the C client both write one) is never skipped by the node: it may
+still hold tagged records.
 """
 
 from __future__ import annotations
