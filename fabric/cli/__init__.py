@@ -134,7 +134,8 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
 )
 
 EPILOG = """exit codes: 0 success, 1 error from the cluster or the environment, 2 usage error,
-3 partial success (some records delivered, some not), 130 interrupted, 143 stopped by SIGTERM.
+3 partial (`produce`: some records delivered, some not; `status`: ZooKeeper did not answer),
+130 interrupted, 143 stopped by SIGTERM.
 FABRIC_DEBUG=1 shows tracebacks and the client libraries' log messages."""
 
 
