@@ -44,6 +44,8 @@ class FakeNode:
     fetch_orders: list[list[int]] = field(default_factory=list)  # each FETCH's partitions, in request order
     partitions: int = 1  # the topic's partition count in the metadata this node gives
     answered_with_next_waiting: int = 0  # PRODUCE answers sent while another request already waited
+    # The body of the n-th METADATA answer (n from 1), when a test scripts it; else metadata_body.
+    metadata: Callable[[int], dict[str, Any]] | None = None
 
 
 def metadata_body(address: str, partitions: int = 1) -> dict[str, Any]:
@@ -76,8 +78,9 @@ def fake_node() -> Iterator[tuple[FakeNode, Callable[[Handler], None]]]:
             request = apis.decode_request(message)
             if request.header.api_key == ApiKey.METADATA:
                 node.metadata_requests += 1
-                reply: list[Any] | None = apis.encode_response(request.header,
-                                                               metadata_body(node.address, node.partitions))
+                body = (metadata_body(node.address, node.partitions) if node.metadata is None
+                        else node.metadata(node.metadata_requests))
+                reply: list[Any] | None = apis.encode_response(request.header, body)
             else:
                 if request.header.api_key == ApiKey.PRODUCE:
                     node.produce_batches.append([bytes(b) for b in request.batches])
@@ -650,3 +653,149 @@ def test_producer_survives_each_allocation_failure_of_a_first_produce(c_client: 
                          timeout=PROCESS_TIMEOUT_S, check=False)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stdout}{run.stderr[-3000:]}"
     assert run.stdout.startswith("first produce: NONE, "), run.stdout
+
+
+def metadata_listing(address: str, partitions: list[int], leader_address: str | None = None) -> dict[str, Any]:
+    """A METADATA body naming the topic's partitions as given (numbers in that order), led
+    by node 1 at leader_address (the node's own address unless given)."""
+    body = metadata_body(address)
+    body["nodes"][0]["address"] = address if leader_address is None else leader_address
+    body["topics"][0]["partitions"] = [dict(body["topics"][0]["partitions"][0], partition=p) for p in partitions]
+    return body
+
+
+@pytest.mark.parametrize("bad_address", ["garbage", "udp://x", "tcp://host"])
+def test_consumer_retries_a_leader_address_zeromq_cannot_parse(c_client: CClient, fake_node: Any,
+                                                                 bad_address: str) -> None:
+    """A METADATA node list naming the leader at an address libzmq refuses to connect to
+    (as the Python SDK's fuzzer found): fabric_consumer_poll failed for good with
+    TRANSPORT. It is now a node that is down: back off, ask METADATA again, and fetch from
+    the leader once an answer names it where it is."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: metadata_listing(node.address, [0], bad_address if n <= 2 else None)
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)] if request.body["partitions"][0][
+        "fetch_offset"] == 0 else []))
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-c", "2", "-i", "5000", "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode().splitlines() == ["0", "1"]
+    assert node.metadata_requests >= 3
+
+
+@pytest.mark.parametrize("hostile", [[], [1, 1], [0, 2], [-1, 0]], ids=["none", "twice", "gap", "negative"])
+def test_consumer_keeps_a_known_topic_over_an_answer_listing_impossible_partitions(
+        c_client: CClient, fake_node: Any, hostile: list[int]) -> None:
+    """After a good METADATA answer, every later one lists the topic with no partitions, a
+    partition twice, a gap or a negative number (and error 0). The C consumer took each as
+    the topic's new map: none gave the partition up after 3 s (UNKNOWN_TOPIC_OR_PARTITION),
+    partition 1 twice left partition 0 without a leader, and a number past the count or
+    below 0 refused the whole answer (so no node answered). Such an entry is now ignored:
+    the topic stays as it was known, and a poll that refreshed fetches on."""
+    node, set_handler = fake_node
+    node.partitions = 2
+    node.metadata = lambda n: metadata_listing(node.address, [0, 1] if n == 1 else hostile)
+    fetched: list[int] = []
+
+    def handler(request: apis.Message) -> list[Any]:
+        fetched.append(request.body["partitions"][0]["fetch_offset"])
+        if len(fetched) == 1:  # NOT_LEADER: the consumer backs off and refreshes its map
+            body = {"partitions": [{"topic": TOPIC, "partition": 0, "error": 8, "high_watermark": -1,
+                                    "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0}]}
+            return apis.encode_response(request.header, body)
+        return fetch_answer(request, [good_batch(0)]) if fetched[-1] == 0 else idle_fetch_answer(request)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-c", "2", "-i", "4000", "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode().splitlines() == ["0", "1"], run.stderr.decode()
+    assert node.metadata_requests >= 2
+
+
+def test_producer_does_not_take_a_partition_listed_twice_for_a_smaller_topic(c_client: CClient,
+                                                                              fake_node: Any) -> None:
+    """A topic whose METADATA lists partition 0 twice (and no partition 1): the C producer
+    registered it with one partition and hashed every key over that count, so records
+    whose key belongs on partition 1 went to partition 0. The entry is now ignored, as a
+    topic the node is still learning: the topic is unknown, and nothing is sent."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: metadata_listing(node.address, [0, 0])
+    set_handler(lambda request: produce_result(request, 0, 0))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-k", "\t"],
+                         input=b"".join(b"key-%d\tv\n" % i for i in range(8)), capture_output=True,
+                         timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1, run.stderr.decode()
+    assert b"UNKNOWN_TOPIC_OR_PARTITION" in run.stderr
+    assert node.produce_batches == []
+
+
+@pytest.mark.parametrize("level", ["result", "request"])
+def test_producer_takes_a_negative_error_code_from_a_node_as_unknown_server_error(
+        c_client: CClient, fake_node: Any, level: str) -> None:
+    """A node's error code below 0 (i16 on the wire; wire codes are 0..99) was read as one
+    of the client's own: -4 as NO_NODES, which is retriable, so the batch was sent again
+    and again until the flush gave up. It is now UNKNOWN_SERVER_ERROR, as the Python SDK
+    maps every code it does not know: not retried, and named so."""
+    node, set_handler = fake_node
+    set_handler(lambda request: produce_result(request, -4, 0) if level == "result"
+                else apis.encode_error_response(request.header, -4, "scripted"))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-T", "3000"],
+                         input=b"a\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1
+    assert b"UNKNOWN_SERVER_ERROR" in run.stderr and b"NO_NODES" not in run.stderr, run.stderr.decode()
+    assert len(node.produce_batches) == 1  # not retried
+
+
+def test_consumer_takes_a_negative_fetch_error_as_unknown_server_error(c_client: CClient,
+                                                                       fake_node: Any) -> None:
+    """The same for a FETCH result: -4 (NO_NODES to the client, retriable) had the consumer
+    back off and fetch again until its idle time ran out, as if the log were empty."""
+    node, set_handler = fake_node
+
+    def handler(request: apis.Message) -> list[Any]:
+        body = {"partitions": [{"topic": TOPIC, "partition": 0, "error": -4, "high_watermark": -1,
+                                "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0}]}
+        return apis.encode_response(request.header, body)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-i", "2000"], capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1
+    assert b"UNKNOWN_SERVER_ERROR" in run.stderr, run.stderr.decode()
+    assert node.fetch_requests == 1
+
+
+@pytest.mark.parametrize(("rows", "asked_again"), [
+    ([(7, 0, 9), (0, 0, 2)], False),  # one row more than asked, ours second
+    ([(7, 7, -1)], True),  # only another partition's row, with its error (UNKNOWN_TOPIC_OR_PARTITION)
+    ([], True),  # no row at all
+], ids=["extra-row", "other-partitions-error", "no-row"])
+def test_consumer_matches_list_offsets_rows_by_partition(c_client: CClient, fake_node: Any,
+                                                         rows: list[tuple[int, int, int]], asked_again: bool) -> None:
+    """The LIST_OFFSETS answer's row for the partition is found by topic and partition: an
+    answer with a row more than asked failed the poll with MALFORMED_REQUEST, and the one
+    row of another partition gave this one its error (UNKNOWN_TOPIC_OR_PARTITION, fatal).
+    An answer without the partition's row is asked again, as one with no position."""
+    node, set_handler = fake_node
+    asked: list[int] = []
+
+    def handler(request: apis.Message) -> list[Any]:
+        if request.header.api_key == ApiKey.LIST_OFFSETS:
+            asked.append(request.body["partitions"][0]["timestamp"])
+            if len(asked) > 1:
+                return list_offsets_answer(request, 2)
+            body = {"partitions": [{"topic": TOPIC, "partition": p, "error": error, "timestamp": -1,
+                                    "offset": offset} for p, error, offset in rows]}
+            return apis.encode_response(request.header, body)
+        offset = request.body["partitions"][0]["fetch_offset"]
+        return fetch_answer(request, [good_batch(2)]) if offset == 2 else idle_fetch_answer(request)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "beginning",
+                          "-c", "2", "-i", "5000", "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert asked == ([-2, -2] if asked_again else [-2]), asked
+    assert run.stdout.decode().splitlines() == ["2", "3"]

@@ -474,6 +474,7 @@ int client_recv(client_t *c, void *sock, response_t *out) {
         response_free(out);
         return rc;
     }
+    out->header.error_code = (int16_t)node_error(out->header.error_code);
     return 0;
 }
 
@@ -542,29 +543,41 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
     }
     for (uint32_t t = 0; t < m->topic_count; t++) {
         const fabric_metadata_topic_t *mt = &m->topics[t];
-        /* Partitions are listed by number; a topic's count only ever grows. */
-        int32_t count = 0;
-        for (uint32_t k = 0; k < mt->partition_count; k++) {
-            int32_t p = mt->partitions[k].partition;
-            if (p < 0 || (uint32_t)p >= mt->partition_count) {
-                client_set_error(c, "METADATA: topic %s lists partition %d of %u", mt->name.data, p,
-                                 mt->partition_count);
-                return FABRIC_ERR_MALFORMED_REQUEST;
-            }
-            if (p + 1 > count) count = p + 1;
-        }
+        /* Partitions are listed by number, each once: 0..n-1 in any order (the array
+         * decoder bounds n by FABRIC_ARRAY_ITEMS_MAX, so it fits an int32). */
+        int32_t count = (int32_t)mt->partition_count;
         int32_t *leaders = malloc(sizeof(int32_t) * (size_t)(count ? count : 1));
         int32_t *epochs = malloc(sizeof(int32_t) * (size_t)(count ? count : 1));
-        if (leaders == NULL || epochs == NULL) {
+        uint8_t *listed = calloc((size_t)(count ? count : 1), 1);
+        if (leaders == NULL || epochs == NULL || listed == NULL) {
             free(leaders);
             free(epochs);
+            free(listed);
             return FABRIC_ERR_NO_MEMORY;
         }
-        for (int32_t k = 0; k < count; k++) leaders[k] = -1, epochs[k] = -1;
+        /* A topic listed with no partitions (and no error), or with a number twice, past
+         * the count or negative, is not trusted: read as it came, partition 0 listed twice
+         * made a topic of one partition (keys hashed over that count went to the wrong
+         * partitions), a known topic listed with none was given up by the consumer, and a
+         * number past the count refused the whole answer, every other topic with it. Its
+         * entry is ignored, the topic kept as it was known or left unknown, as a node still
+         * learning it (the Python SDK's MetadataClient._parse). */
+        int trusted = mt->error != 0 || count > 0;
         for (uint32_t k = 0; k < mt->partition_count; k++) {
             const fabric_partition_state_t *ps = &mt->partitions[k];
+            if (ps->partition < 0 || ps->partition >= count || listed[ps->partition]) {
+                trusted = 0;
+                break;
+            }
+            listed[ps->partition] = 1;
             leaders[ps->partition] = ps->error ? -1 : ps->leader;
             epochs[ps->partition] = ps->leader_epoch;
+        }
+        free(listed);
+        if (!trusted) {
+            free(leaders);
+            free(epochs);
+            continue;
         }
         /* A new topic enters the map only whole: one left there without its partitions (out
          * of memory for them) read as a topic with none, which callers take as an answer
@@ -584,7 +597,7 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
             memset(tm, 0, sizeof *tm);
             tm->name = name;
         }
-        tm->error = mt->error;
+        tm->error = (int16_t)node_error(mt->error);
         tm->message_bytes_max = mt->message_bytes_max;
         free(tm->leaders);
         free(tm->leader_epochs);

@@ -218,7 +218,7 @@ static int resolve_position(fabric_consumer_t *c, cpart_t *p) {
     if (address == NULL) return no_leader(c, p, now_ms());
     p->missing_since_ms = 0;
     conn_t *conn = client_conn(&c->client, address);
-    if (conn == NULL) return FABRIC_ERR_TRANSPORT;
+    if (conn == NULL) return FABRIC_ERR_NODE_NOT_READY; /* see send_fetch */
     fabric_buf_t body;
     fabric_buf_init(&body);
     fabric_list_offsets_partition_t item = {fabric_str(p->topic), p->partition, p->position};
@@ -236,25 +236,33 @@ static int resolve_position(fabric_consumer_t *c, cpart_t *p) {
     rc = fabric_list_offsets_response_decode(zmq_msg_data(&resp.frames[1]),
                                              zmq_msg_size(&resp.frames[1]), &arena, &lo,
                                              c->client.error, sizeof c->client.error);
-    if (rc == 0 && lo.partition_count != 1) rc = FABRIC_ERR_MALFORMED_REQUEST;
-    if (rc == 0 && lo.partitions[0].error) {
-        rc = lo.partitions[0].error;
+    /* Its row by topic and partition, not the first: an answer of more rows than asked
+     * failed the poll with MALFORMED_REQUEST (and a stale error text), and a single row of
+     * another partition gave this one its error. An answer without one is an answer
+     * without a position. */
+    const fabric_list_offsets_result_t *res = NULL;
+    for (uint32_t i = 0; rc == 0 && res == NULL && i < lo.partition_count; i++) {
+        if (lo.partitions[i].partition == p->partition && strcmp(lo.partitions[i].topic.data, p->topic) == 0)
+            res = &lo.partitions[i];
+    }
+    if (rc == 0 && res != NULL && res->error) {
+        rc = node_error(res->error);
         client_set_error(&c->client, "LIST_OFFSETS %s/%d: %s", p->topic, p->partition,
                          fabric_err_name(rc));
     }
     if (rc == 0) {
         /* Taken as the position only if it is one: a negative position means "not resolved
          * yet", and the next LIST_OFFSETS would send it as its timestamp (-1: the log end
-         * instead of the start), and an answer for another partition is not ours. */
-        const fabric_list_offsets_result_t *res = &lo.partitions[0];
-        if (res->offset >= 0 && res->partition == p->partition &&
-            strcmp(res->topic.data, p->topic) == 0) {
+         * instead of the start). */
+        if (res != NULL && res->offset >= 0) {
             p->position = res->offset;
+        } else if (res != NULL) {
+            client_set_error(&c->client, "LIST_OFFSETS %s/%d: answered offset %lld, no position; asking again",
+                             p->topic, p->partition, (long long)res->offset);
+            rc = NO_POSITION_IN_ANSWER;
         } else {
-            client_set_error(&c->client,
-                             "LIST_OFFSETS %s/%d: answered %s/%d offset %lld, no position; asking again",
-                             p->topic, p->partition, res->topic.data, res->partition,
-                             (long long)res->offset);
+            client_set_error(&c->client, "LIST_OFFSETS %s/%d: the answer's %u rows leave it out; asking again",
+                             p->topic, p->partition, lo.partition_count);
             rc = NO_POSITION_IN_ANSWER;
         }
     }
@@ -319,7 +327,14 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
         return 0;
     }
     conn_t *conn = client_conn(&c->client, leader);
-    if (conn == NULL) return FABRIC_ERR_TRANSPORT;
+    if (conn == NULL) {
+        /* No socket for the leader's address (last_error says why): one ZeroMQ cannot
+         * connect to ("garbage", udp://..., tcp://host with no port), as a METADATA node
+         * list may hold, failed the poll for good with TRANSPORT. As a node that is down
+         * (and as the producer and a METADATA refresh take it): back off, ask again. */
+        for (size_t i = 0; i < c->part_count; i++) back_off(c, &c->parts[i], now);
+        return 0;
+    }
     fabric_fetch_partition_t *items = malloc(c->part_count * sizeof *items);
     if (items == NULL) return FABRIC_ERR_NO_MEMORY;
     uint32_t id = client_next_id(&c->client);
@@ -450,8 +465,9 @@ static int await_fetch(fabric_consumer_t *c, int64_t deadline) {
     for (uint32_t i = 0; i < c->body.partition_count; i++) {
         const fabric_fetch_partition_result_t *res = &c->body.partitions[i];
         cpart_t *p = asked_part(c, res);
-        if (p == NULL || res->error == 0) continue;
-        if (res->error == FABRIC_ERR_OFFSET_OUT_OF_RANGE) {
+        int error = node_error(res->error);
+        if (p == NULL || error == 0) continue;
+        if (error == FABRIC_ERR_OFFSET_OUT_OF_RANGE) {
             if (c->cfg.offset_reset == FABRIC_RESET_NONE) {
                 client_set_error(&c->client, "%s/%d: offset %lld outside [%lld, %lld]", p->topic,
                                  p->partition, (long long)p->position,
@@ -476,14 +492,13 @@ static int await_fetch(fabric_consumer_t *c, int64_t deadline) {
                                  (long long)res->log_end_offset);
                 p->position = earliest ? FABRIC_OFFSET_BEGINNING : FABRIC_OFFSET_END;
             }
-        } else if (fabric_err_retriable(res->error)) {
+        } else if (fabric_err_retriable(error)) {
             back_off(c, p, now_ms());
         } else {
             client_set_error(&c->client, "FETCH %s/%d: %s", p->topic, p->partition,
-                             fabric_err_name(res->error));
-            int code = res->error;
+                             fabric_err_name(error));
             drop_response(c);
-            return code;
+            return error;
         }
     }
     c->frame_index = 2;

@@ -88,6 +88,13 @@ typedef struct response {
 } response_t;
 
 int64_t now_ms(void);
+/* An error code a node sent (a header's error_code, a result's error), as this client
+ * takes it: wire codes are 0..FABRIC_WIRE_ERROR_MAX, and one below 0 would be read as one
+ * of the client's own (-4 NO_NODES is retriable, and a batch was retried until its
+ * delivery timeout; -1 INVALID_ARGUMENT blamed the caller's arguments). Such a code is
+ * UNKNOWN_SERVER_ERROR, as the Python SDK maps every code it does not know
+ * (fabric/errors.py error_for_code). */
+static inline int node_error(int code) { return code < 0 ? FABRIC_ERR_UNKNOWN_SERVER_ERROR : code; }
 /* Strict UTF-8 as Python decodes it (src/codec.c). */
 int codec_utf8_valid(const void *s, size_t len);
 void client_set_error(client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -575,12 +575,13 @@ static void handle_response(fabric_producer_t *p, response_t *r, int64_t now) {
         if (i < resp.result_count && resp.results[i].partition == b->queue->partition &&
             strcmp(resp.results[i].topic.data, b->queue->topic->name) == 0)
             res = &resp.results[i];
+        int error = res ? node_error(res->error) : 0;
         if (res == NULL) {
             deliver(p, b, -1, FABRIC_ERR_UNKNOWN_SERVER_ERROR, "the node's answer left this batch out");
-        } else if (res->error) {
+        } else if (error) {
             client_set_error(&p->client, "%s/%d: %s: %s", b->queue->topic->name,
-                     b->queue->partition, fabric_err_name(res->error), res->message.data);
-            retry_or_fail(p, b, res->error, res->message.data, now);
+                     b->queue->partition, fabric_err_name(error), res->message.data);
+            retry_or_fail(p, b, error, res->message.data, now);
         } else {
             deliver(p, b, res->base_offset, 0, "");
         }
