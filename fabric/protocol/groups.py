@@ -2,7 +2,7 @@
 
 Pure: schemas declared as data, codecs bytes in and values out. The API keys (30-36) are in
 :class:`fabric.protocol.apis.ApiKey`; this module is imported by ``apis`` to register them.
-See docs/GROUPS.md for the protocol walk-through and docs/PROTOCOL.md section 5.13.
+See docs/GROUPS.md for the protocol walk-through and docs/PROTOCOL.md section 5.14.
 
 Records in ``__consumer_offsets`` (one topic, ``OFFSETS_TOPIC_PARTITIONS`` partitions; the
 group id hashes to one partition, whose leader is the group's coordinator):

@@ -3,7 +3,7 @@
 A record's tags travel in one record header, ``fabric.tags``, whose value is the tags
 joined by commas (UTF-8). A tag is 1 to ``TAG_BYTES_MAX`` characters of
 ``[A-Za-z0-9._:/-]``. A producer also ORs every tag of a batch into a 32-bit bloom and
-stores it in the batch header's reserved fields (docs/PROTOCOL.md 4.1), with attribute bit
+stores it in the batch header's tag_bloom fields (docs/PROTOCOL.md 4.1, 4.6), with attribute bit
 5 saying it is there. Both live inside the CRC, so nobody can change them in transit, and
 the node reads them without decompressing.
 
