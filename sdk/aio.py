@@ -32,7 +32,7 @@ from sdk._client import Bootstrap, TopicPartition
 from sdk._group import OffsetAndMetadata
 from sdk.accumulator import Headers, RecordMetadata
 from sdk.aio_queue import AsyncQueueConsumer
-from sdk.consumer import CommitOffsets, Consumer, HandOut, Record
+from sdk.consumer import CommitOffsets, Consumer, HandOut, Record, _one_or_many
 from sdk.direct._client import DirectClient
 from sdk.direct._pubsub import Subscription
 from sdk.direct._server import Service
@@ -164,6 +164,21 @@ class AsyncConsumer:
 
     async def position(self, partition: TopicPartition | tuple[str, int]) -> int:
         return await self._call(lambda c: c.position(partition))
+
+    # Kafka's flow control, as ``Consumer``'s (docs/GROUPS.md): an ``async for`` stops
+    # handing out a partition's records as soon as ``await pause(tp)`` returns.
+    async def pause(self, partitions: TopicPartition | tuple[str, int]
+                    | Iterable[TopicPartition | tuple[str, int]]) -> None:
+        items = _one_or_many("partitions", partitions)  # a generator is read here, not on the worker
+        await self._call(lambda c: c.pause(items))
+
+    async def resume(self, partitions: TopicPartition | tuple[str, int]
+                     | Iterable[TopicPartition | tuple[str, int]]) -> None:
+        items = _one_or_many("partitions", partitions)
+        await self._call(lambda c: c.resume(items))
+
+    async def paused(self) -> set[TopicPartition]:
+        return await self._call(lambda c: c.paused())
 
     # In a group (``client.consumer(topics, group_id=...)``), as ``Consumer``'s: with
     # ``enable_auto_commit=False`` these are how an asyncio service commits.

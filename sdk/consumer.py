@@ -157,6 +157,16 @@ def _tp_list(name: str, partitions: object) -> list[TopicPartition]:
     return [_as_tp(p) for p in partitions]
 
 
+def _one_or_many(name: str, partitions: object) -> list[TopicPartition]:
+    """One partition (a TopicPartition or a (topic, partition) tuple) or an iterable of
+    them: pause() and resume() take both, as Kafka's take a collection and kafka-python's
+    single partitions."""
+    if isinstance(partitions, TopicPartition) or (
+            isinstance(partitions, tuple) and len(partitions) == 2 and isinstance(partitions[0], str)):
+        return [_as_tp(partitions)]
+    return _tp_list(name, partitions)
+
+
 def _poll_args(timeout_ms: float, max_records: int) -> None:
     # A negative timeout means "do not wait", as it always has; a float is a wait too
     # (``poll(timeout_ms=0.5 * 1000)``); a str or nan is a bug.
@@ -195,7 +205,13 @@ class HandOut:
 
     def __init__(self, consumer: Consumer, records: list[Record]) -> None:
         self.records = records
+        self._consumer = consumer
         self._positions = consumer._positions
+        # Partitions paused while this was handed out: none of their records follows (a
+        # later one would skip the first refused), and their positions stay at the first
+        # refused record, from which the next poll reads them again (as kafka-python's
+        # iterator stops a partition that is no longer fetchable).
+        self._stopped: set[TopicPartition] = set()
         consumer._iteration = self  # the consumer's next poll reads what this left unfinished again
         self._ends: dict[TopicPartition, int] = {}  # where poll() left each position: past all it read
         self._held: dict[TopicPartition, int] = {}  # each position as this hand-out last set it
@@ -211,6 +227,12 @@ class HandOut:
         tp = TopicPartition(record.topic, record.partition)
         if self._held.get(tp, -1) != self._positions.get(tp):
             return False
+        if self._stopped and tp in self._stopped:
+            return False
+        paused = self._consumer._paused
+        if paused and tp in paused:
+            self._stopped.add(tp)
+            return False
         self._held[tp] = self._positions[tp] = record.offset
         return True
 
@@ -222,9 +244,11 @@ class HandOut:
     def finish(self) -> None:
         """Every record handed out: positions go where poll() had put them."""
         for tp, end in self._ends.items():
-            if self._held[tp] == self._positions.get(tp):
+            if self._held[tp] == self._positions.get(tp) and tp not in self._stopped:
                 self._positions[tp] = self._held[tp] = end
-        self._ends.clear()
+        # A partition paused meanwhile stays unfinished: the next poll reads it again from
+        # the first record it refused (``unfinished``), once it is resumed.
+        self._ends = {tp: end for tp, end in self._ends.items() if tp in self._stopped}
 
     def unfinished(self) -> dict[TopicPartition, int]:
         """After leaving early: the partitions to read again, from where the caller stopped."""
@@ -322,16 +346,25 @@ class Consumer:
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._buffer: deque[RecordBatch | RawBatch] = deque()
         self._iteration: HandOut | None = None  # the records an iterator is handing out (HandOut)
+        # pause(): replaced, never changed in place, so the fetch plan below notices a
+        # change by identity. Buffered entries of a paused partition wait in _parked, in
+        # order, and go back to the buffer on resume(): _take and poll_raw_batches never
+        # see them, so the hot path pays nothing for pausing.
+        self._paused: frozenset[TopicPartition] = frozenset()
+        self._parked: dict[TopicPartition, list[RecordBatch | RawBatch]] = {}
+        # Set by a wrapper that cannot read a paused partition (sdk.OrderedConsumer): why.
+        self._pause_refused = ""
         # corr -> node, sent, {tp: pos}, Connections.drops(node) when sent
         self._in_flight: dict[int, tuple[str, float, dict[TopicPartition, int], int]] = {}
         self._busy_nodes: set[str] = set()
         self._fetch_turns: dict[str, int] = {}  # node address -> fetches sent to it (their order turns)
-        # The assigned partitions by leader address, for the metadata and the assignment
-        # list it was made from (both are replaced, never changed in place): a poll sends
-        # fetches several times, and rebuilding this each time was about a tenth of a
-        # consumer's CPU per small fetch answer (cProfile; docs/BENCHMARKS.md, "End to end
-        # at low rates").
-        self._plan: tuple[Any, list[TopicPartition], dict[str, list[TopicPartition]], bool] | None = None
+        # The assigned partitions not paused, by leader address, for the metadata, the
+        # assignment list and the paused set it was made from (all three are replaced, never
+        # changed in place): a poll sends fetches several times, and rebuilding this each
+        # time was about a tenth of a consumer's CPU per small fetch answer (cProfile;
+        # docs/BENCHMARKS.md, "End to end at low rates").
+        self._plan: tuple[Any, list[TopicPartition], frozenset[TopicPartition],
+                          dict[str, list[TopicPartition]], bool] | None = None
         self._refresh_needed = True
         self._refresh_warned_s = -math.inf
         self._refresh_failures = 0  # since the last warning
@@ -377,6 +410,12 @@ class Consumer:
                 if tp not in keep:
                     del d[tp]
         self._buffer = deque(b for b in self._buffer if TopicPartition(b.topic, b.partition) in keep)
+        if not self._paused <= keep:
+            # A partition that leaves the assignment (assign(), a revocation, a loss) is no
+            # longer paused: assigned again later, it is read (Kafka's consumer clears the
+            # pause state on reassignment too). The ones still assigned stay paused.
+            self._paused = self._paused & keep
+            self._parked = {tp: entries for tp, entries in self._parked.items() if tp in keep}
 
     def _await_partitions(self, tps: list[TopicPartition]) -> None:
         """Return once the metadata lists each of ``tps`` (their partition numbers are
@@ -577,6 +616,65 @@ class Consumer:
         self._positions[tp] = offset
         self._fetch_positions[tp] = offset
         self._buffer = deque(b for b in self._buffer if (b.topic, b.partition) != (tp.topic, tp.partition))
+        self._parked.pop(tp, None)  # paused: read from ``offset`` once resumed
+
+    def pause(self, partitions: TopicPartition | tuple[str, int] | Iterable[TopicPartition | tuple[str, int]]) -> None:
+        """Stop reading ``partitions`` (one, or an iterable of them; each assigned, else
+        InvalidRequestError, as Kafka's IllegalStateException, and nothing is paused) until
+        ``resume()``. Kafka's ``pause()``: they stay assigned, are left out of fetches, and
+        no poll, batch poll or iteration hands out a record of theirs, not even one already
+        fetched (an iteration stops handing out a partition's records at once). Their
+        positions and committed offsets do not move, so auto commit and ``commit()`` go on
+        committing them as they are, and heartbeats go on: a member with everything paused
+        keeps polling to stay in its group. Data already fetched is kept, not fetched again
+        (Kafka's Java consumer since KAFKA-7548; before, it dropped it), and handed out after
+        ``resume()`` from the position on: in order, nothing skipped, nothing twice. (What an
+        iteration had polled but not handed out, and the answer of a fetch that was out, are
+        fetched again from the position instead.) ``seek()`` works while paused and takes
+        effect on resume. A partition revoked (or lost) while paused is no longer paused if
+        the group gives it back (as Kafka's); the ones kept stay paused."""
+        self._check_open("pause")
+        if self._pause_refused:
+            raise errors.InvalidRequestError(self._pause_refused)
+        tps = self._assigned_only_list("pause", partitions)
+        new = {tp for tp in tps if tp not in self._paused}
+        if not new:
+            return
+        self._paused = self._paused | new
+        kept: deque[RecordBatch | RawBatch] = deque()
+        for entry in self._buffer:
+            tp = TopicPartition(entry.topic, entry.partition)
+            if tp in new:
+                self._parked.setdefault(tp, []).append(entry)
+            else:
+                kept.append(entry)
+        self._buffer = kept
+
+    def resume(self, partitions: TopicPartition | tuple[str, int] | Iterable[TopicPartition | tuple[str, int]]) -> None:
+        """Read paused ``partitions`` again (one, or an iterable; each assigned, else
+        InvalidRequestError): what was fetched before the pause comes first, then fetches
+        from where that ends, so they are handed out from their positions on, in order.
+        Resuming a partition that is not paused does nothing."""
+        self._check_open("resume")
+        tps = self._assigned_only_list("resume", partitions)
+        back = [tp for tp in dict.fromkeys(tps) if tp in self._paused]
+        if not back:
+            return
+        self._paused = self._paused.difference(back)
+        for tp in back:
+            self._buffer.extend(self._parked.pop(tp, ()))
+
+    def paused(self) -> set[TopicPartition]:
+        """The partitions paused now (a copy), as Kafka's ``paused()``."""
+        return set(self._paused)
+
+    def _assigned_only_list(self, what: str, partitions: object) -> list[TopicPartition]:
+        """``partitions`` of pause()/resume(), all checked before any changes."""
+        tps = _one_or_many("partitions", partitions)
+        for tp in tps:
+            if tp not in self._assigned:
+                raise errors.InvalidRequestError(f"{what}() of {tp}: it is not assigned")
+        return tps
 
     def _assigned_only(self, partitions: tuple[TopicPartition | tuple[str, int], ...]) -> list[TopicPartition]:
         """``partitions`` (all assigned ones if none), refused before any request if one is
@@ -946,20 +1044,23 @@ class Consumer:
             self._busy_nodes.add(address)
 
     def _fetch_plan(self) -> tuple[dict[str, list[TopicPartition]], bool]:
-        """The assigned partitions by leader address, and whether any has no known leader."""
-        metadata, assigned = self._meta.metadata, self._assigned
+        """The assigned partitions not paused by leader address, and whether any has no
+        known leader. Made again only when the map, the assignment or the paused set changed."""
+        metadata, assigned, paused = self._meta.metadata, self._assigned, self._paused
         plan = self._plan
-        if plan is None or plan[0] is not metadata or plan[1] is not assigned:
+        if plan is None or plan[0] is not metadata or plan[1] is not assigned or plan[2] is not paused:
             leaders: dict[str, list[TopicPartition]] = {}
             leaderless = False
             for tp in assigned:
+                if tp in paused:
+                    continue
                 address = metadata.leader_address(tp.topic, tp.partition)
                 if address is None:
                     leaderless = True
                 else:
                     leaders.setdefault(address, []).append(tp)
-            plan = self._plan = (metadata, assigned, leaders, leaderless)
-        return plan[2], plan[3]
+            plan = self._plan = (metadata, assigned, paused, leaders, leaderless)
+        return plan[3], plan[4]
 
     def _receive(self, timeout_ms: int) -> None:
         for address, frames in self._conns.poll(timeout_ms):
@@ -995,6 +1096,11 @@ class Consumer:
             index += result["batch_count"]
             if tp not in positions or self._fetch_positions.get(tp) != positions[tp]:
                 continue  # the caller seeked while this fetch was out: drop its data
+            if self._paused and tp in self._paused:
+                # Paused while this fetch was out: its data is dropped and its fetch position
+                # stays where this fetch started, the end of what is parked, so the fetch
+                # after resume() asks for exactly what follows (no gap, nothing twice).
+                continue
             error = result["error"]
             if error:
                 cls = errors.error_for_code(error)

@@ -152,6 +152,12 @@ class OrderedConsumer:
 
     ``poll`` returns what is final; records of a partition whose leader died wait until a
     new leader ticks (the bound is in docs/DESIGN.md, "Strict-order topics").
+
+    It has no ``pause()``, and its ``consumer.pause()`` raises InvalidRequestError: one
+    paused partition would hold the watermark at its last ID, so nothing of any partition
+    would be final until it is resumed, while the others' records pile up to
+    ``pending_records_max`` and are shed and fetched again, over and over. To stop reading
+    for a while, stop calling ``poll()``: there is no group to keep a membership in.
     """
 
     def __init__(self, bootstrap: str, topic: str, *, from_beginning: bool = True,
@@ -170,6 +176,9 @@ class OrderedConsumer:
         # reset to the latest offset would skip records appended meanwhile, above the cut.
         self.consumer = Consumer(bootstrap, auto_offset_reset="earliest", **consumer_options)
         self.consumer.skip_control_batches = False  # ticks move the watermark
+        self.consumer._pause_refused = (
+            f"an OrderedConsumer of {topic!r} reads every partition for one order: a paused partition would stop "
+            "them all; to stop reading for a while, stop calling poll()")
         try:
             meta = self.consumer._meta.topic(topic)
             if not meta.strict_order:

@@ -130,6 +130,17 @@ def test_a_normal_topic_refuses_an_ordered_reader(strict_cluster: LocalCluster, 
         OrderedConsumer(strict_cluster.bootstrap, topic_name)
 
 
+def test_an_ordered_reader_refuses_to_pause_a_partition(strict_cluster: LocalCluster, topic_name: str) -> None:
+    # One paused partition would hold the watermark, and so every partition (sdk/ordered.py).
+    with Admin(strict_cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2, strict_order=True)
+    with OrderedConsumer(strict_cluster.bootstrap, topic_name) as reader:
+        assert not hasattr(reader, "pause")
+        with pytest.raises(errors.InvalidRequestError, match="OrderedConsumer"):
+            reader.consumer.pause(reader.partitions[0])
+        assert reader.consumer.paused() == set()
+
+
 def test_a_strict_order_topic_keeps_its_partition_count(strict_cluster: LocalCluster, topic_name: str) -> None:
     # An open ordered reader skipped the records of partitions added after it started (and
     # a late one would sit below IDs already delivered): growth is refused instead.

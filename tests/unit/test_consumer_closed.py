@@ -27,6 +27,8 @@ CALLS: list[tuple[str, Callable[[Consumer], Any]]] = [
     ("beginning_offsets", lambda c: c.beginning_offsets([TP])),
     ("end_offsets", lambda c: c.end_offsets([TP])),
     ("position", lambda c: c.position(TP)),
+    ("pause", lambda c: c.pause(TP)),
+    ("resume", lambda c: c.resume(TP)),
     ("subscribe_all_partitions", lambda c: c.subscribe_all_partitions("t")),
     ("poll", lambda c: c.poll(timeout_ms=0)),
 ]
