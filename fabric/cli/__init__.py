@@ -1,7 +1,7 @@
 """The ``fabric`` command line: the top layer, which may import every package.
 
     fabric up                      local cluster: ZooKeeper + 3 nodes, until Ctrl-C
-    fabric demo                    the quickstart job: cluster, 100,000+ messages, summary
+    fabric demo                    the quickstart job: cluster, 200,000 messages, summary
     fabric node --id N --zk ...    one storage node
     fabric sequencer --zk ... --id N   one sequencer instance (strict-order topics)
     fabric topic create|list|describe|delete

@@ -1,6 +1,6 @@
 """The direct plane's registry in ZooKeeper (docs/ZOOKEEPER.md)::
 
-    /fabric/services/<name>/instance-<seq>    ephemeral sequential, JSON InstanceInfo
+    /fabric/services/<name>/instance-<token>-<seq>    ephemeral sequential, JSON InstanceInfo
     /fabric/publishers/publisher-<seq>        ephemeral sequential, JSON InstanceInfo
 
 Callers keep what a watch last delivered: when ZooKeeper is unreachable no watch fires, so

@@ -66,7 +66,9 @@ def as_bytes(value: object, what: str) -> bytes:
         return value.encode()
     if value is None:
         return b""
-    raise errors.InvalidRequestError(f"{what} must be bytes or str, got {type(value).__name__}")
+    # A wrong type is a TypeError naming the argument, as every other argument check here
+    # (below; docs/DIRECT.md) and in the rest of the SDK (sdk/_arguments.py).
+    raise TypeError(f"{what} must be bytes or str, got {type(value).__name__}")
 
 
 def as_headers(headers: Mapping[str, bytes | str] | None) -> dict[str, bytes] | None:

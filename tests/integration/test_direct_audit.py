@@ -144,6 +144,10 @@ def test_bad_arguments_are_named_before_anything_runs(zk_hosts: str) -> None:
             (lambda: client.serve("x", lambda r: b"", concurrency="4"), "concurrency"),
             (lambda: client.subscribe("x.y", pending_max="5"), "pending_max"),
             (lambda: client.subscribe("x.y", "not a handler"), "handler"),
+            (lambda: client.request("x", 123), "payload"),  # was InvalidRequestError, against the rule
+            (lambda: client.gather("x", 1.5), "payload"),
+            (lambda: client.publish("x.y", 7), "payload"),
+            (lambda: client.request("x", b"", headers={"h": 5}), "header 'h'"),
         ]:
             with pytest.raises(TypeError, match=text):
                 call()
