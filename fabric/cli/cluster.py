@@ -231,7 +231,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"global IDs increasing {'OK' if strict['strict_order_ids_increasing'] else 'MISMATCH'}")
         print(f"  group     2 members of group demo-billing split {plural(args.partitions, 'partition')} "
               f"{group['group_assignment']}, read {plural(cast(int, group['group_records']), 'record')}, committed offsets "
-              f"at the log end {'OK' if group['group_committed_at_end'] else 'MISMATCH'}")
+              f"at the log end {'OK' if group['group_committed_at_end'] else 'MISMATCH'}; one member paused "
+              f"{plural(cast(int, group['group_paused_partitions']), 'partition')} for 5 polls and stayed in the group, "
+              f"{plural(cast(int, group['group_records_while_paused']), 'record')} of them handed out meanwhile "
+              f"{'OK' if group['group_paused_partitions'] and not group['group_records_while_paused'] else 'MISMATCH'}")
         print(f"  direct    {direct['direct_requests']:,} requests to 2 instances of service 'demo-echo', "
               f"p50 {direct['direct_p50_us']} us, p99 {direct['direct_p99_us']} us, per instance {direct['direct_per_instance']}; "
               f"gather: {plural(cast(int, direct['direct_gather_replies']), 'reply', 'replies')} "
@@ -262,7 +265,7 @@ def _deleted_group_words(queue: dict[str, object]) -> str:
 
 def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, object]:
     """Two members of one consumer group share the topic's partitions and commit as they go."""
-    from sdk import Admin, Consumer
+    from sdk import Admin, Consumer, TopicPartition
 
     group_id = "demo-billing"
     print(f"== consumer group: 2 members of {group_id} read {topic}", flush=True)
@@ -270,6 +273,8 @@ def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> d
                         session_timeout_ms=10_000) for _ in range(2)]
     seen = 0
     assignment: list[list[int]] = [[], []]
+    paused: set[TopicPartition] = set()
+    during_pause = 0  # records of paused partitions handed out while they were paused: none
     try:
         for member in members:
             member.subscribe([topic])
@@ -278,8 +283,19 @@ def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> d
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (seen < expected or not all(assignment)):
             for index, member in enumerate(members):
-                seen += sum(len(batch) for batch in member.poll_batches(timeout_ms=100))
+                batches = member.poll_batches(timeout_ms=100)
+                seen += sum(len(batch) for batch in batches)
                 assignment[index] = sorted(tp.partition for tp in member.assignment())
+                if index == 0 and not paused and assignment[0]:
+                    # Flow control, as Kafka's: the first member stops reading its
+                    # partitions for a few polls, stays in the group, then reads on.
+                    paused = set(member.assignment())
+                    member.pause(paused)
+                    for _ in range(5):
+                        extra = member.poll_batches(timeout_ms=100)
+                        seen += sum(len(batch) for batch in extra)
+                        during_pause += sum(len(b) for b in extra if TopicPartition(b.topic, b.partition) in paused)
+                    member.resume(member.paused())
         for member in members:
             member.commit()
     finally:
@@ -293,7 +309,8 @@ def _group_demo(bootstrap: str, topic: str, partitions: int, expected: int) -> d
               and seen >= expected)
     shared = all(assignment) and sorted(assignment[0] + assignment[1]) == list(range(partitions))
     return {"group_records": seen, "group_assignment": assignment, "group_committed_at_end": at_end,
-            "group_ok": at_end and shared}
+            "group_paused_partitions": len(paused), "group_records_while_paused": during_pause,
+            "group_ok": at_end and shared and bool(paused) and during_pause == 0}
 
 
 def _direct_demo(bootstrap: str) -> dict[str, object]:

@@ -23,6 +23,7 @@ def test_demo_runs_and_every_check_passes() -> None:
     assert summary["checksum_match"]
     assert summary["strict_order_ok"]
     assert summary["group_ok"]
+    assert summary["group_paused_partitions"] > 0 and summary["group_records_while_paused"] == 0
     assert summary["direct_ok"]
     assert summary["queue_ok"] and summary["queue_acked_once"] and summary["queue_delayed_early"] == 0
     assert summary["queue_records_left"] == 0  # the consumed jobs were deleted
