@@ -27,7 +27,16 @@ from sdk.direct._peers import Response, _Peer, _PeerLost, _ServiceView
 from sdk.direct._pubsub import PENDING_MAX_DEFAULT, MessageHandler, Publisher, Subscription
 from sdk.direct._secure import DirectCredentials, DirectSecurity
 from sdk.direct._server import CONCURRENCY_DEFAULT, Handler, Service
-from sdk.direct._types import GatherResult, Message, Reply, as_bytes, as_headers, count_arg, ms_arg
+from sdk.direct._types import (
+    GatherResult,
+    Message,
+    Reply,
+    as_bytes,
+    as_headers,
+    count_arg,
+    ms_arg,
+    to_loop,
+)
 
 log = logging.getLogger("fabric.direct")
 
@@ -149,7 +158,7 @@ class DirectClient:
         loop = self.loop
         view.watch = registry.RegistryWatch(
             self.zk, registry.service_path(view.name),
-            lambda found: loop.call_soon_threadsafe(self._instances_changed, view, found))
+            lambda found: to_loop(loop, self._instances_changed, view, found))
         try:
             await asyncio.to_thread(view.watch.start)
         except Exception as exc:

@@ -37,7 +37,7 @@ from sdk.direct import _registry as registry
 from sdk.direct._io import SocketReader, make_socket, send_frames
 from sdk.direct._io import bind as bind_socket
 from sdk.direct._secure import DirectSecurity
-from sdk.direct._types import Message, count_arg, handler_arg
+from sdk.direct._types import Message, count_arg, handler_arg, to_loop
 
 log = logging.getLogger("fabric.direct")
 
@@ -190,7 +190,7 @@ class Subscription:
         self._reader = SocketReader(self._loop, sock, self._on_message)
         loop = self._loop
         self._watch = registry.RegistryWatch(
-            self._zk, registry.PUBLISHERS, lambda found: loop.call_soon_threadsafe(self._publishers_changed, found))
+            self._zk, registry.PUBLISHERS, lambda found: to_loop(loop, self._publishers_changed, found))
         try:
             await asyncio.to_thread(self._watch.start)
         except BaseException:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +57,14 @@ class Message:
     headers: dict[str, bytes]
     publisher_id: int
     sequence: int
+
+
+def to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+    """``fn(*args)`` on ``loop``, from another thread (a kazoo watch). A loop closed meanwhile
+    (an application that ended without ``close()``) has nobody left to tell: dropped, where
+    ``call_soon_threadsafe`` raised RuntimeError on kazoo's thread, logged with a traceback."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
 
 
 def as_bytes(value: object, what: str) -> bytes:

@@ -133,3 +133,19 @@ def test_a_producer_asked_for_off_the_loop_is_refused_before_it_is_made() -> Non
             await client.close()
 
     assert not asyncio.run(ask_off_the_loop()), "a producer was made, and left running, for a refused call"
+
+
+def test_a_registry_change_after_the_loop_closed_is_dropped() -> None:
+    """A direct-plane registry watch fires on kazoo's thread and hands the change to the
+    client's loop; an application that ended without ``close()`` has closed that loop, and
+    ``call_soon_threadsafe`` raised RuntimeError on kazoo's thread (logged with a traceback
+    by kazoo). The change is dropped: nobody is left to use it."""
+    from sdk.direct._types import to_loop
+
+    loop = asyncio.new_event_loop()
+    seen: list[object] = []
+    to_loop(loop, seen.append, 1)
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+    to_loop(loop, seen.append, 2)  # raised RuntimeError before
+    assert seen == [1]
