@@ -20,6 +20,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -103,11 +104,33 @@ def json_line(figures: Any, **kwargs: Any) -> str:
     return json.dumps(clean(figures), allow_nan=False, **kwargs)
 
 
+# How long a benchmark's reader waits for the records it expects, after the last one came:
+# past it the run has no figure to give (a record was lost, or the cluster stalled).
+READ_STALL_S_MAX = 120.0
+
+
+class BenchError(Exception):
+    """A run that cannot give its figure: one line on stderr, exit status 1."""
+
+
+def read_stalled(count: int, want: int, last_progress_s: float) -> bool:
+    """Whether a reader that has ``count`` of ``want`` records, the last of them at
+    ``last_progress_s`` (``time.perf_counter()``, the clock the readers time with), must
+    give up; raises BenchError if so."""
+    if count < want and time.perf_counter() - last_progress_s > READ_STALL_S_MAX:
+        raise BenchError(f"read {count:,} of {want:,} records, none for {READ_STALL_S_MAX:.0f} s")
+    return count < want
+
+
 def run(main: Callable[[], int | None]) -> None:
-    """``sys.exit(main())``, with Ctrl-C reported in one line (exit status 130)."""
+    """``sys.exit(main())``, with Ctrl-C reported in one line (exit status 130) and a run
+    that cannot give its figure (BenchError) in one line (exit status 1)."""
     try:
         code = main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
     sys.exit(code)

@@ -134,13 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fabric-bench-c-") as tmp, LocalCluster(1, Path(tmp) / "cluster") as cluster:
         input_path = Path(tmp) / "values.txt"
         input_path.write_bytes(b"\n".join(values) + b"\n")
-        admin = Admin(cluster.bootstrap)
-        addresses = ",".join(admin.nodes().values())
+        with Admin(cluster.bootstrap) as admin:
+            addresses = ",".join(admin.nodes().values())
         node_pid = cluster.nodes[1].process.pid
         for i in range(args.repeat):
             for lang, runs in (("c", c_runs), ("python", py_runs)):
                 topic = f"bench-{lang}-{i}"
-                admin.create_topic(topic, partitions=PARTITIONS, replication_factor=1)
+                with Admin(cluster.bootstrap) as admin:
+                    admin.create_topic(topic, partitions=PARTITIONS, replication_factor=1)
                 if lang == "c":
                     result = run_c(binary, addresses, topic, input_path, node_pid)
                 else:

@@ -29,7 +29,6 @@ import argparse
 import itertools
 import multiprocessing
 import os
-import statistics
 import tempfile
 import threading
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._cli import join_or_kill, json_line, non_negative_int, positive_int, quiet_children, run
-from bench.stats import latency_summary_ms, median
+from bench.stats import ended, latency_summary_ms, median
 from fabric.local import LocalCluster
 from sdk import Admin, Consumer, Producer, TopicPartition
 
@@ -233,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"end to end at {RATE_PER_S:,}/s, RF=3 acks=all, linger_ms={linger_ms}, max_in_flight={max_in_flight}: "
                   f"p50 {e2e['p50_ms']} ms p99 {e2e['p99_ms']} ms p99.9 {e2e['p999_ms']} ms ({e2e['samples']} messages)")
         if args.failovers:
-            times = failovers(cluster, "failover", args.failovers)
-            figures["failover_median_s"] = round(statistics.median(times), 3)
-            figures["failover_max_s"] = round(max(times), 3)
+            times, never = ended(failovers(cluster, "failover", args.failovers))
+            figures["failover_median_s"] = round(median(times), 3)
+            figures["failover_max_s"] = round(max(times, default=float("nan")), 3)
+            figures["failover_never_ended"] = never
             print(f"failover (kill -9 leader -> next acks=all ack): median {figures['failover_median_s']} s, "
-                  f"max {figures['failover_max_s']} s over {len(times)}; session timeout {SESSION_TIMEOUT_MS} ms")
+                  f"max {figures['failover_max_s']} s over {len(times)}"
+                  f"{f', {never} more never ended within 60 s' if never else ''}; session timeout {SESSION_TIMEOUT_MS} ms")
         print(f"RF=3 acks=all / RF=1 acks=1 throughput: {figures['ratio_rf3_all_to_rf1']}")
     print(json_line(figures))
     return 0

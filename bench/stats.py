@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -28,3 +29,13 @@ def latency_summary_ms(samples_s: Sequence[float]) -> dict[str, float]:
         "max_ms": round(max(ms), 3) if ms else float("nan"),
         "samples": len(ms),
     }
+
+
+def ended(times_s: Sequence[float]) -> tuple[list[float], int]:
+    """The failover times that ended, and how many did not (NaN: no acknowledgement within
+    the wait). Apart, because ``statistics.median`` and ``max`` over values holding a NaN
+    answer by the order of the values (``max([3.0, nan])`` is 3.0): a failover that never
+    ended could vanish from both figures."""
+    done = [t for t in times_s if not math.isnan(t)]
+    return done, len(times_s) - len(done)
+

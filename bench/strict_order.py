@@ -27,7 +27,7 @@ from typing import Any
 
 from bench._cli import join_or_kill, json_line, non_negative_int, positive_int, quiet_children, run
 from bench.replication import PARTITIONS, VALUE, paced, throughput
-from bench.stats import latency_summary_ms, median
+from bench.stats import ended, latency_summary_ms, median
 from fabric.local import LocalCluster
 from sdk import Admin, Consumer, OrderedConsumer, Producer, TopicPartition
 
@@ -161,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {latency['ordered']['p99_ms']} ms; ordering adds p50 {added['p50_ms']} ms, "
               f"p99 {added['p99_ms']} ms", flush=True)
         if args.failovers:
-            times = sequencer_failovers(cluster, "failover", args.failovers)
-            figures["sequencer_failover_s"] = {"median": round(median(times), 3), "max": round(max(times), 3)}
+            times, never = ended(sequencer_failovers(cluster, "failover", args.failovers))
+            figures["sequencer_failover_s"] = {"median": round(median(times), 3),
+                                               "max": round(max(times, default=float("nan")), 3),
+                                               "never_ended": never}
             print(f"kill -9 of the active sequencer -> next acknowledged strict-order write: median "
-                  f"{median(times):.2f} s, max {max(times):.2f} s over {len(times)} (session timeout "
+                  f"{median(times):.2f} s, max {max(times, default=float('nan')):.2f} s over {len(times)}"
+                  f"{f', {never} more never ended within 60 s' if never else ''} (session timeout "
                   f"{SESSION_TIMEOUT_MS} ms)", flush=True)
     print(json_line(figures))
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from bench._cli import json_line, positive_int, quiet_children, run
+from bench._cli import json_line, positive_int, quiet_children, read_stalled, run
 from bench.stats import median
 from fabric.limits import MESSAGE_BYTES_MAX_DEFAULT
 from fabric.local import LocalCluster, free_port
@@ -58,10 +58,11 @@ def run_fabric(bootstrap: str, topic: str, n: int, size: int, profile: bool) -> 
     with Consumer(bootstrap) as consumer:
         consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
         count = 0
-        started = time.perf_counter()
-        while count < n + 1:
+        started = last = time.perf_counter()
+        while read_stalled(count, n + 1, last):
             for batch in consumer.poll_batches(timeout_ms=5_000):
                 count += len(batch)
+                last = time.perf_counter()
         consume_s = time.perf_counter() - started
     return produce_s, consume_s
 

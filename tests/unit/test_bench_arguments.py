@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,32 @@ def test_the_docs_key_reader_expands_braces() -> None:
         "single_producer_msgs_per_s", "single_producers_msgs_per_s",
         "sixteen_producer_msgs_per_s", "sixteen_producers_msgs_per_s"}
     assert "produce_100b_ratio_to_baseline" in documented_keys("bench.throughput", size="100")
+
+
+def test_a_reader_that_gets_nothing_for_too_long_ends_the_run_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A benchmark's reader waited for ever for a record that never came; past
+    READ_STALL_S_MAX without one it ends the run: one line, exit status 1."""
+    from bench import _cli
+
+    now = time.perf_counter()
+    assert _cli.read_stalled(5, 10, now) and not _cli.read_stalled(10, 10, now - 1_000)
+    with pytest.raises(_cli.BenchError, match="read 5 of 10 records"):
+        _cli.read_stalled(5, 10, now - _cli.READ_STALL_S_MAX - 1)
+
+    def stalled() -> int:
+        _cli.read_stalled(1, 2, time.perf_counter() - _cli.READ_STALL_S_MAX - 1)
+        return 0
+
+    with pytest.raises(SystemExit) as exited:
+        _cli.run(stalled)
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.startswith("error: read 1 of 2 records")
+
+
+def test_failovers_that_never_ended_are_counted_apart() -> None:
+    """max() and median() over a list holding a NaN answer by its order: a failover that
+    never ended could vanish from both figures."""
+    from bench.stats import ended
+
+    assert ended([1.0, float("nan"), 3.0]) == ([1.0, 3.0], 1)
+    assert ended([]) == ([], 0)
