@@ -61,6 +61,17 @@ class PeerHealth:
             return True
         return False
 
+    def excuse(self, stalled_s: float) -> None:
+        """This process did not run for ``stalled_s`` (its heartbeat loop woke that late: a
+        garbage-collector pause, a starved or stopped process, a VM's stolen time). A PING
+        sent just before went unanswered through the stall through no fault of the peer's,
+        whose PONG may be on its way or, in the same process or on the same stalled VM,
+        not sent yet: the stall is not counted as its silence. Without this the first
+        check after a stall of over ``silence_limit_s`` declared a healthy peer dead (and
+        failed the requests waiting on it)."""
+        if self.unanswered_since_s is not None and stalled_s > 0:
+            self.unanswered_since_s += stalled_s
+
     def suspect(self, now: float) -> bool:
         """A PING unanswered for longer than an interval (a PONG normally takes well under a
         millisecond): maybe paused or dying, not dead yet. Picked only when nothing better

@@ -242,8 +242,15 @@ class DirectClient:
     async def _heartbeat_loop(self) -> None:
         interval_s = self.heartbeat_interval_ms / 1000 / 2
         next_idle_check_s = 0.0
+        due_s = time.monotonic() + interval_s
         while not self._closed:
             await asyncio.sleep(interval_s)
+            # Woken this much later than asked: this process (or its VM) did not run, and
+            # that time is nobody's silence (PeerHealth.excuse). A few intervals of slack:
+            # a busy loop is late by a little all the time.
+            stalled_s = time.monotonic() - due_s
+            due_s = time.monotonic() + interval_s
+            stalled = stalled_s > 2 * interval_s
             if time.monotonic() >= next_idle_check_s:
                 next_idle_check_s = time.monotonic() + IDLE_CHECK_INTERVAL_S
                 self._drop_idle_views(time.monotonic())
@@ -252,6 +259,8 @@ class DirectClient:
                     peer.reader.drain()  # frames that came while this loop was stalled count first
                 now = time.monotonic()
                 for znode, peer in list(view.peers.items()):
+                    if stalled:
+                        peer.health.excuse(stalled_s)
                     if peer.draining and now >= peer.draining_until_s:
                         peer.draining = False  # its SERVICE_STOPPING hold is over: it may serve again
                         view.refresh()

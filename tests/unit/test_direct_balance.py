@@ -210,3 +210,20 @@ def test_any_frame_from_a_followed_caller_keeps_it_alive() -> None:
     callers.touch(b"a")  # no longer followed: a frame does not follow it again (a PING does)
     callers.touch(b"never-pinged")  # never followed: untracked, as before
     assert callers.expired(9.0) == [] and len(callers) == 0
+
+
+def test_a_stall_of_this_process_is_not_the_peers_silence() -> None:
+    """A PING sent just before this process stopped running goes unanswered through the
+    stall; when the peer stalled too (the same process, or a VM whose time was stolen) its
+    PONG is not there when this process runs again, and the first check declared a healthy
+    peer dead. The heartbeat loop excuses the time it did not run."""
+    health = balance.PeerHealth(0.0)
+    health.heard(0.0)
+    assert health.ping_due(1.0)  # sent, and then the process stalls for 1.5 s
+    health.excuse(1.5)
+    assert not health.check(2.5)  # as if 0 s had passed since the PING
+    assert health.alive
+    assert health.check(1.0 + 1.5 + health.silence_limit_s + 0.01)  # still silent after that: dead
+    fresh = balance.PeerHealth(0.0)
+    fresh.excuse(5.0)  # no PING out: nothing to excuse
+    assert fresh.unanswered_since_s is None
