@@ -121,6 +121,10 @@ class CallerLiveness:
     def __contains__(self, caller: object) -> bool:
         return caller in self._deadline_s
 
+    def callers(self) -> list[bytes]:
+        """The callers followed now (their identities), most silent first."""
+        return list(self._deadline_s)
+
     def heard(self, caller: bytes, now: float, interval_ms: int = 0) -> None:
         """A PING from ``caller``, announcing its heartbeat interval (0: the default)."""
         limit_s = (interval_ms or HEARTBEAT_INTERVAL_MS) / 1000.0 * self.liveness

@@ -292,19 +292,32 @@ class DirectClient:
         dead, past LEAVING_GRACE_S, or other instances are ready."""
         if peer.pending or peer.blocking_outstanding:
             return False
-        if peer not in view.ready or not peer.health.alive or now - peer.left_s > LEAVING_GRACE_S:
+        if not peer.health.alive or now - peer.left_s > LEAVING_GRACE_S:
             return True
-        return any(not p.leaving for p in view.ready)
+        if peer in view.ready:
+            return any(not p.leaving for p in view.ready)
+        # Kept while it may become the last resort again: nothing ready, and a new instance
+        # yet to answer (which, should it never answer, leaves this one the only choice).
+        return bool(view.ready) or not view.awaiting_first_answer()
 
     async def _wait_pickable(self, view: _ServiceView, deadline: float) -> dict[str, _Peer]:
         """Instances ready to take a request; waits briefly for registered ones to answer."""
         limit = min(deadline, time.monotonic() + DISCOVERY_WAIT_MS / 1000)
+        asked: bool | None = None  # ZooKeeper asked: it lists an instance the watch has not delivered yet
         while True:
             ready = view.pickable()
             if ready:
                 return ready
             remaining = limit - time.monotonic()
-            if remaining <= 0 or not any(not p.leaving for p in view.peers.values()):
+            none_registered = not any(not p.leaving for p in view.peers.values())
+            if none_registered and remaining > 0 and asked is None:
+                # The watch delivers a little after ZooKeeper changed: a caller that has just
+                # seen an instance in services() (a read of its own) must not be told none
+                # is registered. ZooKeeper is asked once; instances there that the watch
+                # has not delivered yet are waited for, as registered ones are.
+                asked = await self._registered_unseen(view, remaining)
+                continue  # the view may have changed meanwhile
+            if remaining <= 0 or (none_registered and not asked):
                 registered = len(view.peers)
                 stopping = sum(1 for p in view.peers.values() if p.draining)
                 state = f"{stopping} answered SERVICE_STOPPING, the rest not answering" if stopping else "none answering"
@@ -314,6 +327,15 @@ class DirectClient:
             view.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(view.changed.wait(), remaining)
+
+    async def _registered_unseen(self, view: _ServiceView, timeout_s: float) -> bool:
+        """ZooKeeper lists an instance of ``view`` that the view has not had yet."""
+        try:
+            found = await asyncio.wait_for(asyncio.to_thread(
+                registry.read_instances, self.zk, registry.service_path(view.name)), timeout_s)
+        except (asyncio.TimeoutError, errors.FabricError):
+            return False  # no answer: the view is all there is to go by
+        return bool(found.keys() - view.peers.keys() - view.unusable - view.distrusted.keys())
 
     # -- request-reply -----------------------------------------------------------------
 

@@ -118,6 +118,22 @@ class _Peer:
         future = self.pending.pop(header.correlation_id, None)
         if future is not None and not future.done():
             future.set_result((header, frames))
+        elif header.type == wire.ERROR and header.correlation_id == 0 and len(frames) == 2:
+            self._notice(frames[1])
+
+    def _notice(self, body: bytes) -> None:
+        """An ERROR under correlation id 0 is about the instance, not a request: a stop
+        notice (SERVICE_STOPPING) takes it out of selection at once, before this client's
+        ZooKeeper watch says it left; requests in flight go on (it drains them)."""
+        try:
+            code = wire.decode_error(body).code
+        except errors.FabricError:
+            return
+        if code == errors.ServiceStopping.code:
+            was_draining = self.draining
+            self.stopping(time.monotonic())
+            if not was_draining:
+                self.view.refresh()
 
     def fail_all(self, reason: str) -> None:
         pending, self.pending = self.pending, {}
@@ -172,11 +188,16 @@ class _ServiceView:
 
     def refresh(self) -> None:
         ready = [p for p in self.peers.values() if p.pickable]
-        if not ready:
+        if not ready and not self.awaiting_first_answer():
             # Last resort: instances that left the registry but still answer heartbeats. A
             # ZooKeeper session that expired and came back removes and re-creates an
             # instance's znode; this bridges that gap. One that really stops answers
             # SERVICE_STOPPING (nothing runs, the caller moves on); a dead one goes silent.
+            # Not while a registered instance is yet to answer its first PING (a
+            # replacement that has just started): an instance that has just stopped may
+            # still count as alive for a heartbeat interval, and a request sent to it in
+            # that window was lost (it waited out the silence limit, then failed as
+            # "may have run"); waiting a moment for the new instance costs a round trip.
             ready = [p for p in self.peers.values()
                      if p.leaving and p.health.alive and not p.draining and p.trusted]
         self.ready = ready
@@ -185,6 +206,11 @@ class _ServiceView:
 
     def pickable(self) -> dict[str, _Peer]:
         return {p.znode: p for p in self.ready}
+
+    def awaiting_first_answer(self) -> bool:
+        """A registered, trusted instance has not answered yet (nor been declared dead)."""
+        return any(p.health.state == balance.CONNECTING and not p.leaving and p.trusted
+                   for p in self.peers.values())
 
     def pick(self, tried: list[str], rng: random.Random) -> _Peer | None:
         """Least outstanding requests among the ready peers (this client's count, from any

@@ -35,6 +35,14 @@ Handler = Callable[[Request], HandlerResult | Awaitable[HandlerResult]]
 CONCURRENCY_DEFAULT = 16
 QUEUE_PER_SLOT = 64  # requests waiting per concurrency slot before SERVICE_OVERLOADED
 DRAIN_TIMEOUT_MS_DEFAULT = 10_000
+# After deregistering, a stopping instance that callers are talking to stays open this
+# long (within drain_timeout_ms) refusing new requests with SERVICE_STOPPING. Callers
+# that PING are told at once (a stop notice, below); the others learn of the
+# deregistration through their ZooKeeper watch, a little later, and a request sent
+# meanwhile (or crossing the notice) would otherwise meet a closed socket and be lost:
+# failed as "may have run" once heartbeats go unanswered. Refused, it goes elsewhere.
+STOP_HOLD_MS = 100
+CALLER_RECENT_S = 1.0  # callers heard from this recently make stop() hold (none: it closes at once)
 LOAD_REPORT_INTERVAL_S = 2.0
 # Codes that tell a caller the handler did not run, so it may send the request elsewhere
 # even when it is not idempotent. A handler that raises one of these errors itself did
@@ -107,6 +115,7 @@ class Service:
         self._reported_load = -1
         self._background: asyncio.Task[None] | None = None
         self._callers = balance.CallerLiveness()
+        self._caller_heard_s = float("-inf")  # the last frame from any caller (stop() holds if recent)
         self._caller_watch: asyncio.Task[None] | None = None
         self.address = ""
         self.handled = 0
@@ -255,6 +264,7 @@ class Service:
             return
         identity = frames[0]
         self._callers.touch(identity)  # any frame shows a caller alive, not only its PINGs
+        self._caller_heard_s = time.monotonic()
         try:
             header = wire.decode_header(frames[1])
         except errors.FabricError as exc:
@@ -263,6 +273,8 @@ class Service:
         if header.type == wire.PING:
             self._callers.heard(identity, time.monotonic(), header.aux)
             self._send(identity, wire.pong_frames(self.in_flight))
+            if self._stopping:  # a caller that was not followed when stop() told the others
+                self._send(identity, self._stop_notice())
             return
         if header.type != wire.REQUEST:
             return  # PONGs and strays: nothing to answer
@@ -417,10 +429,19 @@ class Service:
                 continue
             self._start(identity, cid, request)
 
+    def _stop_notice(self) -> list[bytes]:
+        """SERVICE_STOPPING under correlation id 0, about the instance rather than a
+        request: the caller picks it no more (gRPC's GOAWAY), whether or not its ZooKeeper
+        watch has told it yet. The PONGs go on, so requests in flight are not given up."""
+        return wire.error_frames(0, errors.ServiceStopping.code, "ServiceStopping",
+                                 f"instance {self._stopping_as} of {self.name!r} is stopping")
+
     async def stop(self, *, drain_timeout_ms: int = DRAIN_TIMEOUT_MS_DEFAULT) -> None:
-        """Deregister first (callers stop picking this instance), refuse new requests with
-        SERVICE_STOPPING (callers retry those elsewhere: nothing ran), let the requests in
-        flight finish for up to ``drain_timeout_ms``, then close."""
+        """Deregister first (callers stop picking this instance), tell the callers that
+        PING (a stop notice), refuse new requests with SERVICE_STOPPING (callers retry those
+        elsewhere: nothing ran), let the requests in flight finish for up to
+        ``drain_timeout_ms``, hold on for STOP_HOLD_MS if callers were heard from lately
+        (late requests are refused, not lost), then close."""
         if self._stopping:
             return
         # Named now: deregistering forgets the znode, and every refusal from here on names it.
@@ -429,6 +450,11 @@ class Service:
         if self._registration is not None:
             await asyncio.to_thread(self._registration.close)  # never raises: ZooKeeper may be away
         self._stopping = True
+        for caller in self._callers.callers():
+            self._send(caller, self._stop_notice())
+        hold_until_s = time.monotonic()
+        if time.monotonic() - self._caller_heard_s < CALLER_RECENT_S:
+            hold_until_s += min(STOP_HOLD_MS, drain_timeout_ms) / 1000
         for task in (self._background, self._caller_watch):
             if task is not None:
                 task.cancel()
@@ -447,6 +473,9 @@ class Service:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.sleep(0)
+        hold_s = hold_until_s - time.monotonic()
+        if hold_s > 0:
+            await asyncio.sleep(hold_s)  # late requests are refused meanwhile (_on_message)
         self._close_socket()
         for _thread in self._threads:
             self._jobs.put(None)  # idle threads end; one still in its handler ends after it

@@ -784,3 +784,47 @@ def test_direct_client_connects_with_a_zk_url(zk_server: LocalZooKeeper, zk_host
         assert direct.services()["url"] == {}  # registered before, stopped since
     finally:
         direct.close()
+
+
+def test_a_stopping_instance_tells_its_callers_and_refuses_late_requests(
+        zk_hosts: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop() deregistered and closed at once when nothing was in flight: a caller whose
+    ZooKeeper watch had not fired yet sent its next request to a closed socket, and that
+    request failed as "stopped answering heartbeats (may have run)" though nothing ran.
+    The instance now tells the callers that PING (ERROR, correlation id 0,
+    SERVICE_STOPPING) and stays open STOP_HOLD_MS refusing late requests."""
+    from fabric.protocol import direct as wire
+    from sdk.direct import _server
+
+    monkeypatch.setattr(_server, "STOP_HOLD_MS", 1_500)  # a window wide enough for a loaded machine
+
+    async def run() -> None:
+        server = await DirectClient.connect(zk_hosts)
+        try:
+            service = await server.serve("notice", lambda r: b"ok")
+            dealer = zmq.Context.instance().socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVTIMEO, 5_000)
+            dealer.connect(service.address)
+            loop = asyncio.get_running_loop()
+            try:
+                dealer.send_multipart([_header(4, 0, aux=200)])  # PING: a followed caller
+                pong = await loop.run_in_executor(None, dealer.recv_multipart)
+                assert _HEADER.unpack(pong[0])[2] == 5
+                stopping = asyncio.ensure_future(service.stop())
+                notice = await loop.run_in_executor(None, dealer.recv_multipart)
+                _magic, _version, type_, _flags, _reserved, cid, _aux = _HEADER.unpack(notice[0])
+                assert (type_, cid) == (3, 0)
+                assert wire.decode_error(notice[1]).code == errors.ServiceStopping.code
+                dealer.send_multipart([_header(1, 9, aux=1_000), b"late"])  # sent before its watch fired
+                answer = await loop.run_in_executor(None, dealer.recv_multipart)
+                _magic, _version, type_, _flags, _reserved, cid, _aux = _HEADER.unpack(answer[0])
+                assert (type_, cid) == (3, 9)
+                assert wire.decode_error(answer[1]).code == errors.ServiceStopping.code  # refused: nothing ran
+                await asyncio.wait_for(stopping, 10)
+            finally:
+                dealer.close()
+        finally:
+            await server.close()
+
+    asyncio.run(run())

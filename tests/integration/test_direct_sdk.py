@@ -583,4 +583,5 @@ def test_asking_for_a_name_nobody_serves_leaves_nothing_in_zookeeper(zk_server: 
     finally:
         zk.stop()
         zk.close()
-    assert services == {"late"}, services
+    # "late" is a container whose instance has gone: ZooKeeper may have reaped it already.
+    assert services <= {"late"}, services

@@ -9,6 +9,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from sdk.direct import _balance as balance
 from sdk.direct._client import SERVICE_VIEW_IDLE_MS
 from sdk.direct._peers import _ServiceView
 
@@ -46,3 +47,30 @@ def test_picking_counts_as_use() -> None:
     assert view.pick([], random.Random(1)) is None
     assert view.used_s >= before_s
     assert not view.idle(view.used_s + IDLE_S / 2, IDLE_S)
+
+
+def _peer(state: str, *, leaving: bool = False, draining: bool = False) -> Any:
+    health = SimpleNamespace(state=state, alive=state == balance.ALIVE)
+    return SimpleNamespace(health=health, leaving=leaving, draining=draining, trusted=True,
+                           pickable=health.alive and not leaving and not draining)
+
+
+def test_a_leaving_instance_is_the_last_resort_only_while_no_new_one_is_yet_to_answer() -> None:
+    """An instance that left the registry but still answers heartbeats bridges a ZooKeeper
+    session that expired and came back. One that has just stopped also counts as alive for
+    up to a heartbeat interval, and a request it got in that window was lost; so while a
+    registered instance (a replacement) has yet to answer its first PING, the caller waits
+    for it instead."""
+    left = _peer(balance.ALIVE, leaving=True)
+    view = _view(0.0, left)
+    view.refresh()
+    assert view.ready == [left]
+    view = _view(0.0, left, _peer(balance.CONNECTING))
+    view.refresh()
+    assert view.ready == []
+    view = _view(0.0, left, _peer(balance.DEAD))  # the new one never answered: the old one again
+    view.refresh()
+    assert view.ready == [left]
+    view = _view(0.0, _peer(balance.ALIVE, leaving=True, draining=True))  # it sent a stop notice
+    view.refresh()
+    assert view.ready == []
