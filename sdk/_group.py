@@ -206,6 +206,19 @@ class GroupMember:
                 self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
                 return
             raise cls(response["message"])
+        if response["member_epoch"] <= gp.JOIN_EPOCH:
+            # A coordinator gives epochs from 1 up (0 is a join, -1 and -2 leaves, section
+            # "Heartbeat protocol" of docs/GROUPS.md). Stored, such an epoch went out in the
+            # next heartbeat: a leave, or a rejoin that freed our partitions for others while
+            # we still read them. Nothing of the answer is taken (the session clock still
+            # runs from the last good one); the coordinator is found again before the next
+            # heartbeat, paced as after a retriable error, and poll() says why.
+            self._coordinator = None
+            self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
+            raise errors.UnknownServerError(
+                f"group {self.group_id}: the coordinator answered the heartbeat with member epoch "
+                f"{response['member_epoch']} (a coordinator gives 1 or more): answer ignored",
+                group_id=self.group_id, member_epoch=response["member_epoch"])
         self._last_ok_s = now
         self.member_id = response["member_id"]
         self.member_epoch = response["member_epoch"]

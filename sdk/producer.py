@@ -130,6 +130,15 @@ def _partition_index(value: Any) -> int:
         raise TypeError(f"partition must be an int or None, not {type(value).__name__}") from None
 
 
+def _answered_offset_possible(base_offset: int, batch: ProducerBatch) -> bool:
+    """Whether a PRODUCE answer's ``base_offset`` (with error 0) can be ``batch``'s: each of
+    its records at an offset in [0, OFFSET_MAX], or -1 for a batch sent with sequence
+    numbers, a retry the leader stored before without remembering where (PROTOCOL.md 5.2)."""
+    if base_offset == -1:
+        return batch.base_sequence >= 0
+    return 0 <= base_offset <= batch_format.OFFSET_MAX - batch.record_count + 1
+
+
 def _request_groups(batches: list[ProducerBatch]) -> list[list[ProducerBatch]]:
     """Cut one node's ready batches into PRODUCE requests of at most REQUEST_BATCHES_MAX
     batches and about REQUEST_BYTES_MAX bytes (as Kafka's max.request.size): the node
@@ -982,6 +991,17 @@ class _ProducerCore:
             elif result["error"]:
                 self._retry_or_fail(batch, errors.error_for_code(result["error"])(result["message"]), now,
                                     refused=result["error"] != errors.OutOfOrderSequenceError.code)
+            elif not _answered_offset_possible(result["base_offset"], batch):
+                # Written, the answer says, at an offset no log has: handed to the futures it
+                # became RecordMetadata.offset (a negative one, or offsets past 2^63 - 1).
+                # Failed as an answer left out is: its records may be in the log, so an
+                # idempotent producer neither resends them nor gives their numbers back
+                # (its later batches of the partition start a new epoch, in order).
+                self._retry_or_fail(batch, errors.UnknownServerError(
+                    f"{batch.topic}/{batch.partition}: the node's answer gave this batch of {batch.record_count} "
+                    f"records base offset {result['base_offset']}: offsets outside [0, {batch_format.OFFSET_MAX}] "
+                    f"(its records may have been written)", topic=batch.topic, partition=batch.partition,
+                    base_offset=result["base_offset"]), now)
             else:
                 with self._lock:
                     self._acknowledged.add((batch.topic, batch.partition))

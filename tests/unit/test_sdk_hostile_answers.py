@@ -21,6 +21,7 @@ import zmq
 
 from fabric import errors
 from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
@@ -190,6 +191,86 @@ def test_a_negative_partition_from_a_node_has_no_leader(node: FakeNode) -> None:
     with Admin(node.address, request_timeout_ms=2000) as admin:
         described = admin.describe_group("g1")  # was an IndexError from the routing map
     assert [(o.partition, o.log_end) for o in described.offsets] == [(-5, -1)]
+
+
+# -- impossible values ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("idempotent", "base_offset"), [
+    (False, -1),  # -1 only for an idempotent retry whose first write's offset is forgotten
+    (False, -7),
+    (False, batch_format.OFFSET_MAX),  # two records: the second would be at 2^63
+    (True, -2),
+    (True, batch_format.OFFSET_MAX),
+])
+def test_a_produce_answers_impossible_base_offset_fails_the_batch(node: FakeNode, idempotent: bool,
+                                                                   base_offset: int) -> None:
+    sent: list[batch_format.BatchHeader] = []
+
+    def produce(request: apis.Message) -> list[Reply]:
+        sent.extend(batch_format.read_header(b) for b in request.batches)
+        body = node.sane(request)
+        if len(sent) == 1:
+            body["results"][0]["base_offset"] = base_offset
+        return [node.answer(request, body)]
+
+    node.handlers[ApiKey.PRODUCE] = produce
+    producer = Producer(node.address, acks="all" if idempotent else 1, enable_idempotence=idempotent, linger_ms=0,
+                        request_timeout_ms=1000, delivery_timeout_ms=2000, retry_backoff_ms=20)
+    try:
+        first = producer.send_batch(TOPIC, [b"a", b"b"], partition=0)
+        with pytest.raises(errors.UnknownServerError) as caught:  # was handed out as the records' offsets
+            first.result(timeout=10)
+        assert caught.value.fields["base_offset"] == base_offset
+        assert sender_alive(producer)
+        # Not resent (it may be stored: a resend without idempotence writes it twice), and
+        # an idempotent producer's next batch starts a new epoch at sequence 0: the first
+        # batch's numbers are neither reused nor left as a gap the node refuses for good.
+        assert producer.send(TOPIC, b"c", partition=0).result(timeout=10).offset == 7
+        assert len(sent) == 2
+        if idempotent:
+            assert [(h.producer_epoch, h.base_sequence) for h in sent] == [(0, 0), (1, 0)]
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.parametrize(("idempotent", "base_offset", "offsets"), [
+    (True, -1, [-1, -1]),  # an idempotent retry whose first write's offset is forgotten (PROTOCOL.md 5.2)
+    (False, batch_format.OFFSET_MAX - 1, [batch_format.OFFSET_MAX - 1, batch_format.OFFSET_MAX]),
+])
+def test_possible_base_offsets_are_still_taken(node: FakeNode, idempotent: bool, base_offset: int,
+                                               offsets: list[int]) -> None:
+    node.handlers[ApiKey.PRODUCE] = lambda r: [node.answer(r, {"results": [
+        {**e, "base_offset": base_offset} for e in node.sane(r)["results"]]})]
+    producer = Producer(node.address, acks="all" if idempotent else 1, enable_idempotence=idempotent, linger_ms=5,
+                        request_timeout_ms=1000, delivery_timeout_ms=2000)
+    try:
+        futures = [producer.send(TOPIC, v, partition=0) for v in (b"a", b"b")]
+        assert [f.result(timeout=10).offset for f in futures] == offsets
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.parametrize("epoch", [-1, -2, -9, 0])
+def test_a_heartbeat_answers_impossible_member_epoch_is_refused_not_echoed(node: FakeNode, epoch: int) -> None:
+    epochs_sent: list[int] = []
+
+    def heartbeat(request: apis.Message) -> list[Reply]:
+        epochs_sent.append(request.body["member_epoch"])
+        answer = {"error": 0, "message": "", "member_id": "m1", "member_epoch": 5 if len(epochs_sent) != 2 else epoch,
+                  "heartbeat_interval_ms": 0, "assignment": []}
+        return [node.answer(request, answer)]
+
+    node.handlers[ApiKey.CONSUMER_GROUP_HEARTBEAT] = heartbeat
+    consumer = Consumer(node.address, group_id="g1", request_timeout_ms=1000)
+    try:
+        consumer.subscribe([TOPIC])  # joins: epoch 5
+        with pytest.raises(errors.UnknownServerError) as caught:  # -1 was stored, and the next heartbeat left
+            consumer.poll(timeout_ms=0)
+        assert caught.value.fields["member_epoch"] == epoch
+        time.sleep(0.15)  # the heartbeat after a bad answer waits COORDINATOR_RETRY_MS
+        consumer.poll(timeout_ms=0)
+        assert epochs_sent == [0, 5, 5]
+    finally:
+        consumer.close()
 
 
 # -- answers that do not match the request ------------------------------------------------------
