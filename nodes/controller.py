@@ -124,8 +124,9 @@ def is_due(node: NodeState) -> bool:
 
 def reconcile_leaders(node: NodeState) -> None:
     """Elect a leader wherever the current one is gone (or an offline ISR member is back),
-    finish reassignments whose new replicas are all in sync, and give internal topics the
-    copies they were created without (nodes/reassign.py).
+    finish reassignments whose new replicas are all in sync, give internal topics the
+    copies they were created without, and then the min_insync those copies allow
+    (nodes/reassign.py).
 
     Runs on the ZooKeeper worker: it reads the routing cache (thread-safe snapshots),
     writes ZooKeeper with version checks and only flips the loop's dirty flags."""
@@ -146,6 +147,12 @@ def reconcile_leaders(node: NodeState) -> None:
                     break
     for start in range(0, len(wanted), CONTROLLER_PIPELINE_PARTITIONS_MAX):
         decide_and_write(node, wanted[start:start + CONTROLLER_PIPELINE_PARTITIONS_MAX])
+    # A grown internal topic's min_insync follows its copies (decided on the cache, which
+    # the writes above updated; written from fresh reads).
+    for name in [name for name in topics if apis.is_internal_topic(name)]:
+        now = node.routing.topic(name)
+        if now is not None and reassign.grown_internal_config(name, now.config, now.partitions.values()) is not None:
+            reassign.raise_internal_config(node, name)
 
 
 def decide_and_write(node: NodeState, batch: list[tuple[str, int, Decide]], live: set[int] | None = None) -> int:

@@ -23,17 +23,20 @@ ISR meanwhile makes the controller's write fail and the next round decide again.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import logging
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError, RolledBackError
 
 from fabric import errors, limits
 from fabric import zk as zkl
 from fabric.protocol import apis
 from fabric.wording import plural
-from fabric.zk import PartitionState
+from fabric.zk import PartitionState, TopicConfig
 from nodes.state import Envelope, NodeState
+
+log = logging.getLogger("fabric.controller")
 
 THROTTLE_BYTES_PER_S_MIN = limits.REASSIGN_THROTTLE_BYTES_PER_S_MIN  # below this a catch-up would take forever
 
@@ -126,6 +129,57 @@ def grow_internal(state: PartitionState, live: set[int], load: Mapping[int, int]
         return None
     target = state.replicas + tuple(spare[:factor - len(state.replicas)])
     return begin(state, target, 0, live | set(state.replicas), min_insync=1)
+
+
+def grown_internal_config(topic: str, config: TopicConfig, states: Collection[PartitionState]) -> TopicConfig | None:
+    """An internal topic's config once its partitions have more copies than it was made
+    with (``grow_internal``, or an operator's ``fabric topic reassign``): the replication
+    factor the fewest copies any partition has for good, and ``min_insync`` min(2, that),
+    as creation on that many nodes would have set them. A moving partition counts the
+    smaller of its old and new replica lists: acks=all writes must not be refused while
+    its new replicas catch up. Only ever raises either: a move to fewer copies leaves
+    them (``begin`` refuses fewer than ``min_insync``). None when nothing rises, a
+    partition is missing, or ``topic`` is a user's: theirs keep what their users set."""
+    if not apis.is_internal_topic(topic) or len(states) != config.partitions or not states:
+        return None
+    settled = min(min(len(s.replicas) - len(s.adding), len(s.replicas) - len(s.removing)) for s in states)
+    factor, min_insync = max(config.replication_factor, settled), max(config.min_insync, min(2, settled))
+    if (factor, min_insync) == (config.replication_factor, config.min_insync):
+        return None
+    return dataclasses.replace(config, replication_factor=factor, min_insync=min_insync)
+
+
+def raise_internal_config(node: NodeState, topic: str) -> None:
+    """On the ZooKeeper worker (a controller round): write ``grown_internal_config`` to the
+    topic's znode, as ALTER_TOPIC_CONFIGS would, so every node's acks=all check uses it.
+    One transaction, version-checked on the config and on every partition state it was
+    decided from; a race, or ZooKeeper away, leaves it to the next round."""
+    try:
+        raw, stat = zkl.get(node.zk, zkl.topic_path(topic))
+        config = TopicConfig.decode(raw)
+        reads = zkl.get_many(node.zk, [zkl.partition_path(topic, p) for p in range(config.partitions)])
+        for read in reads:
+            if isinstance(read, Exception):
+                raise read
+        states = [PartitionState.decode(p, data, st.version) for p, (data, st) in enumerate(reads)]
+        raised = grown_internal_config(topic, config, states)
+        if raised is None:
+            return
+        tx = node.zk.transaction()
+        for state in states:
+            tx.check(zkl.partition_path(topic, state.partition), state.version)
+        tx.set_data(zkl.topic_path(topic), raised.encode(), version=stat.version)
+        failures = [r for r in zkl.commit(tx, f"topic {topic!r} transaction") if isinstance(r, Exception)]
+        if failures:  # the op that failed, not the others it rolled back
+            raise next((r for r in failures if not isinstance(r, RolledBackError)), failures[0])
+    except Exception as exc:  # a race, or ZooKeeper away: the next round decides again
+        if not isinstance(exc, (BadVersionError, NoNodeError, RolledBackError)):
+            log.warning("controller: raising %s's min_insync failed: %s: %s", topic, type(exc).__name__, exc)
+        node.controller_dirty = True
+        return
+    log.info("controller: %s has %d copies of every partition: replication_factor %d -> %d, min_insync %d -> %d",
+             topic, raised.replication_factor, config.replication_factor, raised.replication_factor,
+             config.min_insync, raised.min_insync)
 
 
 def catch_up_throttle(state: PartitionState | None, node_id: int) -> int:

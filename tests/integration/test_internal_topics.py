@@ -108,9 +108,10 @@ def test_an_unreadable_group_record_costs_that_record_not_the_node(fresh_cluster
 def test_internal_topics_made_on_one_node_get_three_copies_as_nodes_join(zk_server: LocalZooKeeper,
                                                                          tmp_path: Path, topic_name: str) -> None:
     """A first group commit and a first queue receive on a one-node cluster make the
-    internal topics with one replica each; once two more nodes join, the controller moves
-    every partition of both to three replicas, all in sync, and the committed offset is
-    still there when the first node is gone."""
+    internal topics with one replica each (min_insync 1); once two more nodes join, the
+    controller moves every partition of both to three replicas, all in sync, raises their
+    min_insync to 2 (it stayed 1: acks=all commits acknowledged by one copy), and the
+    committed offset is still there when the first node is gone."""
     cluster = make_cluster(zk_server, tmp_path / "cluster", nodes=1)
     cluster.start()
     try:
@@ -124,8 +125,11 @@ def test_internal_topics_made_on_one_node_get_three_copies_as_nodes_join(zk_serv
         with Admin(bootstrap) as admin:
             for internal in (group_format.OFFSETS_TOPIC, qp.STATE_TOPIC):
                 assert {len(p.replicas) for p in admin.describe_topic(internal).partitions} == {1}
+                assert admin.describe_topic(internal).configs["min_insync"] == "1"
         cluster.add_node(2)
         cluster.add_node(3)
+        with Admin(bootstrap) as admin:  # a user's topic grown by hand keeps what its user set
+            admin.reassign_partition(topic_name, 0, [1, 2, 3])
 
         def grown() -> bool:
             with Admin(bootstrap) as admin:
@@ -137,6 +141,19 @@ def test_internal_topics_made_on_one_node_get_three_copies_as_nodes_join(zk_serv
         while not grown() and time.monotonic() < deadline:
             time.sleep(0.5)
         assert grown(), "the internal topics were not given three replicas"
+
+        def configs() -> list[tuple[str, str]]:
+            with Admin(bootstrap) as admin:
+                return [(c["replication_factor"], c["min_insync"])
+                        for c in (admin.describe_topic(t).configs for t in (group_format.OFFSETS_TOPIC, qp.STATE_TOPIC))]
+
+        deadline = time.monotonic() + 10
+        while configs() != [("3", "2")] * 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert configs() == [("3", "2")] * 2, "the grown internal topics kept their creation's min_insync"
+        with Admin(bootstrap) as admin:
+            admin.wait_reassigned(topic_name, 0, [1, 2, 3], timeout_s=30)
+            assert admin.describe_topic(topic_name).configs["min_insync"] == "1"
         cluster.nodes[1].kill()
         deadline = time.monotonic() + 60
         committed = None

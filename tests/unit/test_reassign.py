@@ -8,10 +8,17 @@ import dataclasses
 import pytest
 
 from fabric import errors
-from fabric.zk import PartitionState
+from fabric.zk import PartitionState, TopicConfig
 from nodes.follower import REPLICA_FETCH_BYTES_MAX, FollowerReplica, fetch_allowance
 from nodes.leader import LeaderReplica
-from nodes.reassign import begin, cancel, catch_up_throttle, complete, grow_internal
+from nodes.reassign import (
+    begin,
+    cancel,
+    catch_up_throttle,
+    complete,
+    grow_internal,
+    grown_internal_config,
+)
 
 STATE = PartitionState(0, (1, 2, 3), 1, 5, (1, 2, 3), version=7)
 REGISTERED = {1, 2, 3, 4}
@@ -147,3 +154,34 @@ def test_grow_internal_adds_the_least_loaded_live_nodes_then_completes_as_a_move
     assert grow_internal(dataclasses.replace(small, leader=-1), {1, 2}, load={}, factor=3) is None  # no leader
     two = grow_internal(small, {1, 2}, load={}, factor=3)
     assert two is not None and two.replicas == (1, 2)  # what the live nodes allow, more later
+
+
+def test_a_grown_internal_topic_gets_the_min_insync_its_copies_allow() -> None:
+    """Made on one node (replication factor 1, min_insync 1), __consumer_offsets kept
+    min_insync 1 after the controller gave it three copies: acks=all group commits were
+    acknowledged by one replica. Once every partition has its copies for good, the config
+    says so; a user's topic keeps what its user set."""
+    made = TopicConfig.build(2, 1, {"retention_ms": "-1", "min_insync": "1"}, 0)
+    one = PartitionState(0, (1,), 1, 5, (1,))
+    grown = grow_internal(one, {1, 2, 3}, load={}, factor=3)
+    assert grown is not None
+    three = complete(dataclasses.replace(grown, isr=(1, 2, 3)), {1, 2, 3})
+    assert three is not None and three.replicas == (1, 2, 3)
+    other = dataclasses.replace(three, partition=1)
+
+    raised = grown_internal_config("__consumer_offsets", made, [three, other])
+    assert raised is not None and (raised.replication_factor, raised.min_insync) == (3, 2)
+    assert dataclasses.replace(raised, replication_factor=1, min_insync=1) == made  # nothing else changes
+    assert grown_internal_config("__queue_state", made, [three, other]) == raised
+    assert grown_internal_config("__consumer_offsets", raised, [three, other]) is None  # already raised
+    # Not while a partition is still copying (its ISR may be the one old replica), nor
+    # while one is missing from the states read.
+    assert grown_internal_config("__consumer_offsets", made, [three, dataclasses.replace(grown, partition=1)]) is None
+    assert grown_internal_config("__consumer_offsets", made, [three]) is None
+    # Two copies: min_insync 2, as creation on two nodes would set it.
+    two = PartitionState(1, (1, 2), 1, 5, (1, 2))
+    assert grown_internal_config("__consumer_offsets", made, [three, two]) == \
+        dataclasses.replace(made, replication_factor=2, min_insync=2)
+    # Never lowered; a user's topic is never touched.
+    assert grown_internal_config("__consumer_offsets", raised, [one, other]) is None
+    assert grown_internal_config("events", made, [three, other]) is None
