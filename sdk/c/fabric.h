@@ -49,7 +49,7 @@ extern "C" {
 #define FABRIC_BATCH_RECORDS_MAX 1000000
 #define FABRIC_BATCH_UNCOMPRESSED_BYTES_MAX (64 * 1024 * 1024) /* 64 MiB */
 #define FABRIC_RECORD_FIXED_BYTES 14 /* 3 x i32 + 1 x u16 per record in the columns */
-#define FABRIC_NODES_MAX 1024        /* node addresses a client keeps sockets for */
+#define FABRIC_NODES_MAX 1024        /* node addresses a client has sockets open to at once */
 
 /* ---- Error codes ----------------------------------------------------------------------
  * 0..99 are the wire codes of docs/PROTOCOL.md section 7, with the same numbers. Negative

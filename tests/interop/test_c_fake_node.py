@@ -46,6 +46,11 @@ class FakeNode:
     answered_with_next_waiting: int = 0  # PRODUCE answers sent while another request already waited
     # The body of the n-th METADATA answer (n from 1), when a test scripts it; else metadata_body.
     metadata: Callable[[int], dict[str, Any]] | None = None
+    # Messages sent just before the answer to a request (hostile ones, not the answer), when scripted.
+    before_answer: Callable[[apis.Message], list[list[Any]]] | None = None
+    # Every address the node listens on: the first is `address`, the others more ports of it
+    # (a fake_node parametrized indirectly with a port count), for a node that moves.
+    addresses: list[str] = field(default_factory=list)
 
 
 def metadata_body(address: str, partitions: int = 1) -> dict[str, Any]:
@@ -59,11 +64,12 @@ def metadata_body(address: str, partitions: int = 1) -> dict[str, Any]:
 
 
 @pytest.fixture
-def fake_node() -> Iterator[tuple[FakeNode, Callable[[Handler], None]]]:
+def fake_node(request: pytest.FixtureRequest) -> Iterator[tuple[FakeNode, Callable[[Handler], None]]]:
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    node = FakeNode(f"tcp://127.0.0.1:{port}")
+    # Bound here, before the serving thread starts: a ZeroMQ socket is not to be shared by threads.
+    ports = [router.bind_to_random_port("tcp://127.0.0.1") for _ in range(getattr(request, "param", 1))]
+    node = FakeNode(f"tcp://127.0.0.1:{ports[0]}", addresses=[f"tcp://127.0.0.1:{port}" for port in ports])
     stop = threading.Event()
     handlers: list[Handler] = []
 
@@ -90,6 +96,8 @@ def fake_node() -> Iterator[tuple[FakeNode, Callable[[Handler], None]]]:
                 reply = handlers[0](request)
                 if request.header.api_key == ApiKey.PRODUCE and router.poll(0):
                     node.answered_with_next_waiting += 1
+            for hostile in node.before_answer(request) if node.before_answer is not None else []:
+                router.send_multipart(envelope + hostile)
             if reply is not None:
                 router.send_multipart(envelope + reply)
 
@@ -799,3 +807,195 @@ def test_consumer_matches_list_offsets_rows_by_partition(c_client: CClient, fake
     assert run.returncode == 0, run.stderr.decode()
     assert asked == ([-2, -2] if asked_again else [-2]), asked
     assert run.stdout.decode().splitlines() == ["2", "3"]
+
+
+def topic_error_listing(address: str, error: int) -> dict[str, Any]:
+    """A METADATA body listing the topic with a topic-level error and no partitions, as a node
+    answers during an election or before it has learned the topic (nodes/admin.py)."""
+    body = metadata_body(address)
+    body["topics"][0].update(error=error, message_bytes_max=0, partitions=[])
+    return body
+
+
+TOPIC_ERRORS = pytest.mark.parametrize("topic_error", [9, 7], ids=["LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PARTITION"])
+
+
+@TOPIC_ERRORS
+def test_producer_keeps_a_known_topic_over_an_answer_with_a_topic_error(c_client: CClient, fake_node: Any,
+                                                                        topic_error: int) -> None:
+    """After a good METADATA answer, the later ones list the topic with an error and no
+    partitions. The C producer took that as the topic's new map: no partition had a leader
+    any more, and a batch refused once (NOT_LEADER) went round without a leader until the
+    flush gave up. The map it knew is now kept (as the Python SDK keeps it on
+    LEADER_NOT_AVAILABLE), and the batch is resent to the leader it names."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: metadata_body(node.address) if n == 1 else topic_error_listing(node.address, topic_error)
+    answers = iter([8])  # NOT_LEADER once: the producer asks METADATA again
+    set_handler(lambda request: produce_result(request, next(answers, 0), 0))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-T", "3000"], input=b"a\n",
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert len(node.produce_batches) == 2
+    assert node.metadata_requests >= 2
+
+
+@pytest.mark.parametrize(("topic_error", "name"), [(9, b"LEADER_NOT_AVAILABLE"), (80, b"AUTHORIZATION_FAILED")])
+def test_producer_reports_the_topic_error_of_a_topic_it_never_knew(c_client: CClient, fake_node: Any,
+                                                                   topic_error: int, name: bytes) -> None:
+    """With no map of the topic to keep, the first fabric_produce to it returns the node's error."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: topic_error_listing(node.address, topic_error)
+    set_handler(lambda request: produce_result(request, 0, 0))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC], input=b"a\n",
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1
+    assert name in run.stderr, run.stderr.decode()
+    assert node.produce_batches == []
+
+
+@TOPIC_ERRORS
+def test_consumer_keeps_a_known_topic_over_an_answer_with_a_topic_error(c_client: CClient, fake_node: Any,
+                                                                        topic_error: int) -> None:
+    """The same for the consumer: after NOT_LEADER it asks METADATA again, and the answer's
+    topic error replaced the map. UNKNOWN_TOPIC_OR_PARTITION (a node that has not learned the
+    topic yet) failed the poll for good; LEADER_NOT_AVAILABLE left it fetching nothing."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: metadata_body(node.address) if n == 1 else topic_error_listing(node.address, topic_error)
+
+    def handler(request: apis.Message) -> list[Any]:
+        if node.fetch_requests == 1:
+            body = {"partitions": [{"topic": TOPIC, "partition": 0, "error": 8, "high_watermark": -1,
+                                    "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0}]}
+            return apis.encode_response(request.header, body)
+        return fetch_answer(request, [good_batch(0)]) if request.body["partitions"][0]["fetch_offset"] == 0 \
+            else idle_fetch_answer(request)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-c", "2", "-i", "2000", "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode().splitlines() == ["0", "1"], run.stderr.decode()
+    assert node.metadata_requests >= 2
+
+
+def without_response_flag(message: list[Any]) -> list[Any]:
+    """The message with its header's response flag (flags bit 0, PROTOCOL.md section 2) cleared."""
+    header = bytearray(message[0])
+    header[5] &= 0xFE
+    return [bytes(header), *message[1:]]
+
+
+@pytest.mark.parametrize("hostile", ["answer-without-flag", "request"])
+def test_producer_takes_no_metadata_answer_without_the_response_flag(c_client: CClient, fake_node: Any,
+                                                                     hostile: str) -> None:
+    """Before each METADATA answer the node sends a message with the request's id and API but
+    no response flag: an answer body saying the topic is unknown, or a METADATA request. The
+    C client took either as the answer (the first failed the produce with
+    UNKNOWN_TOPIC_OR_PARTITION, the second as MALFORMED_REQUEST from the only node). It is
+    now dropped, as an answer to another request is, and the answer that follows is taken."""
+    node, set_handler = fake_node
+    set_handler(lambda request: produce_result(request, 0, 0))
+
+    def before_answer(request: apis.Message) -> list[list[Any]]:
+        if request.header.api_key != ApiKey.METADATA:
+            return []
+        if hostile == "request":
+            return [apis.encode_request(ApiKey.METADATA, {"topics": [TOPIC]}, request.header.correlation_id)]
+        return [without_response_flag(apis.encode_response(request.header, topic_error_listing(node.address, 7)))]
+
+    node.before_answer = before_answer
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC], input=b"a\n",
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert len(node.produce_batches) == 1
+
+
+def test_consumer_takes_no_fetch_answer_without_the_response_flag(c_client: CClient, fake_node: Any) -> None:
+    """The same for a FETCH: records in a message without the response flag were handed out."""
+    node, set_handler = fake_node
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)]) if request.body["partitions"][0][
+        "fetch_offset"] == 0 else idle_fetch_answer(request))
+    forged = batch_format.encode_batch([1_700_000_000_000, 1_700_000_000_001], [None, None], [b"x", b"y"],
+                                       codec=batch_format.CODEC_NONE, base_offset=0, leader_epoch=0)
+    node.before_answer = lambda request: ([without_response_flag(fetch_answer(request, [forged]))]
+                                          if request.header.api_key == ApiKey.FETCH else [])
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-c", "2", "-i", "2000", "-F", "value"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert run.stdout.decode().splitlines() == ["a", "b"]
+
+
+_MOVING_LEADER_C = r"""
+#include <stdio.h>
+#include <fabric.h>
+
+/* argv: bootstrap topic. One poll, of up to 5 s, by a consumer that asks METADATA again at
+ * once after each NOT_LEADER (retry_backoff_ms 0). */
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    fabric_consumer_config_t cfg;
+    fabric_consumer_config_init(&cfg);
+    cfg.retry_backoff_ms = 0;
+    fabric_consumer_t *c;
+    if (fabric_consumer_new(&c, argv[1], &cfg) || fabric_consumer_assign(c, argv[2], 0, 0)) return 3;
+    const fabric_record_t *r = NULL;
+    int rc = fabric_consumer_poll(c, 5000, &r);
+    printf("%s %lld: %s\n", fabric_err_name(rc), r ? (long long)r->offset : -1LL, fabric_consumer_last_error(c));
+    fabric_consumer_destroy(c);
+    return rc != 0 || r == NULL;
+}
+"""
+# Addresses the moving leader takes in turn: more than the C client could keep open at once.
+# Its table holds FABRIC_NODES_MAX = 1,024 addresses, but each takes six ZeroMQ sockets (two
+# DEALERs and their handshake monitors, two sockets each) of the 1,023 libzmq allows a context
+# by default, so it ran out at the 171st: "cannot open a socket ...: Too many open files".
+LEADER_ADDRESSES = 300
+
+
+@pytest.mark.parametrize("fake_node", [LEADER_ADDRESSES], indirect=True)
+def test_consumer_follows_a_leader_through_more_addresses_than_it_can_keep_open(c_client: CClient, fake_node: Any,
+                                                                                 tmp_path: Path) -> None:
+    """A long-lived client in a cluster whose nodes come and go on new ports: after each
+    FETCH, answered NOT_LEADER, the METADATA answer names the leader at the next address,
+    until the consumer has been at every one. Every address the C client ever used kept its
+    sockets, so it ran out and the poll ended without the record, asking METADATA in a loop.
+    Sockets of an address neither in the METADATA node list nor a bootstrap address are now
+    closed after each refresh (none with a request outstanding), and the slot reused."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: metadata_listing(node.address, [0],
+                                               node.addresses[node.fetch_requests % LEADER_ADDRESSES])
+
+    def handler(request: apis.Message) -> list[Any]:
+        if node.fetch_requests < LEADER_ADDRESSES:
+            body = {"partitions": [{"topic": TOPIC, "partition": 0, "error": 8, "high_watermark": -1,
+                                    "log_start_offset": -1, "log_end_offset": -1, "batch_count": 0}]}
+            return apis.encode_response(request.header, body)
+        return fetch_answer(request, [good_batch(0)])
+
+    set_handler(handler)
+    source, binary = tmp_path / "moving_leader.c", tmp_path / "moving_leader"
+    source.write_text(_MOVING_LEADER_C)
+    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source),
+                    str(c_client.static_lib), "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
+    run = subprocess.run([str(binary), node.address, TOPIC], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert run.stdout.startswith("NONE 0: "), run.stdout
+    assert node.fetch_requests == LEADER_ADDRESSES  # one at each address, the last answered
+
+
+@pytest.mark.parametrize("base_offset", [-1, -7, batch_format.OFFSET_MAX])
+def test_producer_refuses_a_base_offset_no_log_has(c_client: CClient, fake_node: Any, base_offset: int) -> None:
+    """A PRODUCE answer with no error whose base offset no log has (below 0: this producer
+    sends no sequence numbers; or its two records past 2^63 - 1) was handed to the delivery
+    callback as the records' offset. The batch now fails with UNKNOWN_SERVER_ERROR and is
+    not sent again (it may be stored), as in the Python producer."""
+    node, set_handler = fake_node
+    set_handler(lambda request: produce_result(request, 0, base_offset))
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-T", "3000"],
+                         input=b"a\nb\n", capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1
+    assert b"UNKNOWN_SERVER_ERROR" in run.stderr and b"base offset" in run.stderr, run.stderr.decode()
+    assert len(node.produce_batches) == 1  # not retried

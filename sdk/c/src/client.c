@@ -232,7 +232,7 @@ static uint16_t read_handshake_failure(void *monitor, uint32_t *value) {
 static const char *handshake_failure(client_t *c, const char *address) {
     for (size_t i = 0; i < c->conn_count; i++) {
         conn_t *conn = &c->conns[i];
-        if (strcmp(conn->address, address) != 0) continue;
+        if (conn->address == NULL || strcmp(conn->address, address) != 0) continue;
         uint32_t value = 0, data_value = 0;
         uint16_t event = read_handshake_failure(conn->control_monitor, &value);
         uint16_t data_event = read_handshake_failure(conn->data_monitor, &data_value);
@@ -273,12 +273,16 @@ static void free_nodes(client_t *c) {
     c->node_count = 0;
 }
 
+/* A conn's sockets and address; the slot is free afterwards (address NULL). */
+static void close_conn(client_t *c, conn_t *conn) {
+    close_watched(&conn->data, &conn->data_monitor, c->data_linger_ms);
+    close_watched(&conn->control, &conn->control_monitor, 0);
+    free(conn->address);
+    memset(conn, 0, sizeof *conn);
+}
+
 void client_close(client_t *c) {
-    for (size_t i = 0; i < c->conn_count; i++) {
-        close_watched(&c->conns[i].data, &c->conns[i].data_monitor, c->data_linger_ms);
-        close_watched(&c->conns[i].control, &c->conns[i].control_monitor, 0);
-        free(c->conns[i].address);
-    }
+    for (size_t i = 0; i < c->conn_count; i++) close_conn(c, &c->conns[i]);
     c->conn_count = 0;
     for (size_t i = 0; i < c->bootstrap_count; i++) free(c->bootstrap[i]);
     c->bootstrap_count = 0;
@@ -332,23 +336,25 @@ static void *open_socket(client_t *c, const char *address, int linger_ms, void *
 }
 
 conn_t *client_conn(client_t *c, const char *address) {
-    conn_t *conn = NULL;
-    for (size_t i = 0; i < c->conn_count; i++) {
-        if (strcmp(c->conns[i].address, address) == 0) {
+    conn_t *conn = NULL, *free_slot = NULL;
+    for (size_t i = 0; i < c->conn_count && conn == NULL; i++) {
+        if (c->conns[i].address == NULL) {
+            if (free_slot == NULL) free_slot = &c->conns[i];
+        } else if (strcmp(c->conns[i].address, address) == 0) {
             conn = &c->conns[i];
-            break;
         }
     }
     if (conn == NULL) {
-        if (c->conn_count == FABRIC_NODES_MAX) {
-            client_set_error(c, "more than FABRIC_NODES_MAX=%d node addresses", FABRIC_NODES_MAX);
+        /* A slot client_close_unused_conns freed, else a new one at the end. */
+        if (free_slot == NULL && c->conn_count == FABRIC_NODES_MAX) {
+            client_set_error(c, "more than FABRIC_NODES_MAX=%d node addresses in use", FABRIC_NODES_MAX);
             return NULL;
         }
-        conn = &c->conns[c->conn_count];
+        conn = free_slot ? free_slot : &c->conns[c->conn_count];
         memset(conn, 0, sizeof *conn);
         conn->address = dup_bytes(address, strlen(address));
         if (conn->address == NULL) return NULL;
-        c->conn_count++;
+        if (free_slot == NULL) c->conn_count++;
     }
     if (conn->data == NULL) {
         conn->data = open_socket(c, address, c->data_linger_ms, &conn->data_monitor);
@@ -365,6 +371,27 @@ conn_t *client_conn(client_t *c, const char *address) {
 void client_drop_data(client_t *c, conn_t *conn) {
     (void)c;
     close_watched(&conn->data, &conn->data_monitor, 0);
+}
+
+/* Whether address is one the routing map or a refresh may send to: a node of the last
+ * METADATA answer (every live node, so every leader it names) or a bootstrap address. */
+static int address_in_use(const client_t *c, const char *address) {
+    for (size_t i = 0; i < c->node_count; i++)
+        if (strcmp(c->node_addresses[i], address) == 0) return 1;
+    for (size_t i = 0; i < c->bootstrap_count; i++)
+        if (strcmp(c->bootstrap[i], address) == 0) return 1;
+    return 0;
+}
+
+void client_close_unused_conns(client_t *c, const uint8_t *busy) {
+    for (size_t i = 0; i < c->conn_count; i++) {
+        conn_t *conn = &c->conns[i];
+        if (conn->address == NULL || busy[i] || address_in_use(c, conn->address)) continue;
+        close_conn(c, conn);
+    }
+    /* Free slots at the end are given back, so loops over conn_count stay short; the others
+     * stay where they are, since callers hold the index of a busy slot. */
+    while (c->conn_count > 0 && c->conns[c->conn_count - 1].address == NULL) c->conn_count--;
 }
 
 /* client_send, waiting at most connect_ms for a connected peer. */
@@ -486,13 +513,15 @@ static int request_within(client_t *c, conn_t *conn, uint16_t api_key, const fab
     int rc = send_within(c, conn->control, conn->address, api_key, id, body, NULL, 0, connect_ms);
     if (rc) return rc;
     int64_t deadline = now_ms() + timeout_ms;
+    unsigned not_responses = 0; /* messages with our id and API but no response flag, dropped */
     for (;;) {
         int64_t left = deadline - now_ms();
         if (left <= 0) {
             /* A fresh control socket, so a late answer cannot be mistaken for a later one. */
             close_watched(&conn->control, &conn->control_monitor, 0);
-            client_set_error(c, "request (api %u) to %s timed out after %d ms", api_key,
-                             conn->address, timeout_ms);
+            client_set_error(c, "request (api %u) to %s timed out after %d ms%s", api_key,
+                             conn->address, timeout_ms,
+                             not_responses ? " (what came with its id had no response flag: dropped)" : "");
             return FABRIC_ERR_REQUEST_TIMED_OUT;
         }
         zmq_pollitem_t item = {conn->control, 0, ZMQ_POLLIN, 0};
@@ -500,7 +529,8 @@ static int request_within(client_t *c, conn_t *conn, uint16_t api_key, const fab
         rc = client_recv(c, conn->control, out);
         if (rc == 1) continue;
         if (rc) return rc;
-        if (out->header.correlation_id != id || out->header.api_key != api_key) {
+        if (!is_answer_to(&out->header, id, api_key)) {
+            if (out->header.correlation_id == id && out->header.api_key == api_key) not_responses++;
             response_free(out);
             continue;
         }
@@ -527,7 +557,8 @@ int client_request(client_t *c, conn_t *conn, uint16_t api_key, const fabric_buf
 }
 
 /* Replace the routing map with a decoded METADATA response. Topics not in the response
- * keep their old entry (we may have asked for a subset). */
+ * keep their old entry (we may have asked for a subset), and so do known topics it lists
+ * with an error. */
 static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
     if (m->node_count > FABRIC_NODES_MAX) {
         client_set_error(c, "METADATA lists %u nodes, above FABRIC_NODES_MAX=%d", m->node_count,
@@ -543,9 +574,21 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
     }
     for (uint32_t t = 0; t < m->topic_count; t++) {
         const fabric_metadata_topic_t *mt = &m->topics[t];
+        /* A topic error (LEADER_NOT_AVAILABLE while a node learns of added partitions or an
+         * election runs, UNKNOWN_TOPIC_OR_PARTITION from a node that has not learned the
+         * topic yet) says nothing about the partitions we know: the entry it replaced left
+         * no partition a leader, and a consumer took UNKNOWN_TOPIC_OR_PARTITION from one
+         * lagging node as the topic's end. The map we had is kept, as the Python SDK's
+         * MetadataClient._parse keeps it for LEADER_NOT_AVAILABLE (it forgets it on other
+         * errors; here a topic that really went is reported by its leaders, whose PRODUCE and
+         * FETCH results say UNKNOWN_TOPIC_OR_PARTITION or AUTHORIZATION_FAILED). Without a map
+         * to keep, the entry records the error: what a caller asking for the topic gets. */
+        topic_meta_t *known = (topic_meta_t *)client_topic(c, mt->name.data);
+        if (mt->error != 0 && known != NULL && known->partition_count > 0) continue;
         /* Partitions are listed by number, each once: 0..n-1 in any order (the array
-         * decoder bounds n by FABRIC_ARRAY_ITEMS_MAX, so it fits an int32). */
-        int32_t count = (int32_t)mt->partition_count;
+         * decoder bounds n by FABRIC_ARRAY_ITEMS_MAX, so it fits an int32). Those listed
+         * with a topic error are not routed to (nor does the Python SDK route to them). */
+        int32_t count = mt->error ? 0 : (int32_t)mt->partition_count;
         int32_t *leaders = malloc(sizeof(int32_t) * (size_t)(count ? count : 1));
         int32_t *epochs = malloc(sizeof(int32_t) * (size_t)(count ? count : 1));
         uint8_t *listed = calloc((size_t)(count ? count : 1), 1);
@@ -563,7 +606,7 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
          * entry is ignored, the topic kept as it was known or left unknown, as a node still
          * learning it (the Python SDK's MetadataClient._parse). */
         int trusted = mt->error != 0 || count > 0;
-        for (uint32_t k = 0; k < mt->partition_count; k++) {
+        for (uint32_t k = 0; k < (uint32_t)count; k++) {
             const fabric_partition_state_t *ps = &mt->partitions[k];
             if (ps->partition < 0 || ps->partition >= count || listed[ps->partition]) {
                 trusted = 0;
@@ -582,7 +625,7 @@ static int apply_metadata(client_t *c, const fabric_metadata_response_t *m) {
         /* A new topic enters the map only whole: one left there without its partitions (out
          * of memory for them) read as a topic with none, which callers take as an answer
          * and do not ask about again. */
-        topic_meta_t *tm = (topic_meta_t *)client_topic(c, mt->name.data);
+        topic_meta_t *tm = known;
         if (tm == NULL) {
             char *name = dup_bytes(mt->name.data, mt->name.len);
             topic_meta_t *grown = name ? realloc(c->topics, (c->topic_count + 1) * sizeof *grown) : NULL;

@@ -188,8 +188,13 @@ static int refresh(fabric_consumer_t *c, int64_t deadline_ms) {
     for (size_t i = 0; i < c->part_count; i++) names[i] = c->parts[i].topic;
     int rc = client_refresh_metadata(&c->client, names, c->part_count, deadline_ms);
     free(names);
-    if (rc == 0) c->metadata_ready = 1;
-    return rc;
+    if (rc) return rc;
+    c->metadata_ready = 1;
+    /* A FETCH waiting for its answer holds its conn (fetch_conn): that one stays open. */
+    uint8_t busy[FABRIC_NODES_MAX] = {0};
+    if (c->fetch_pending) busy[c->fetch_conn - c->client.conns] = 1;
+    client_close_unused_conns(&c->client, busy);
+    return 0;
 }
 
 /* The routing map names no leader for p: retriable (LEADER_NOT_AVAILABLE) or not
@@ -424,8 +429,8 @@ static int await_fetch(fabric_consumer_t *c, int64_t deadline) {
             c->fetch_pending = 0;
             return rc;
         }
-        if (r.header.correlation_id != c->fetch_id || r.header.api_key != FABRIC_API_FETCH) {
-            response_free(&r); /* the answer to a fetch we gave up on */
+        if (!is_answer_to(&r.header, c->fetch_id, FABRIC_API_FETCH)) {
+            response_free(&r); /* the answer to a fetch we gave up on, or no answer at all */
             continue;
         }
         c->fetch_pending = 0;

@@ -34,7 +34,7 @@
 #define KEY_FILE_BYTES_MAX 4096  /* a zmq certificate file is a few hundred bytes */
 
 typedef struct conn {
-    char *address;
+    char *address; /* NULL: a free slot (client_close_unused_conns), for client_conn to reuse */
     void *data;    /* DEALER for PRODUCE and FETCH, many requests in flight */
     void *control; /* DEALER for synchronous METADATA and LIST_OFFSETS */
     /* PAIRs receiving each DEALER's failed handshakes (a libzmq socket monitor), or NULL:
@@ -62,7 +62,7 @@ typedef struct client {
     char *bootstrap[BOOTSTRAP_ADDRESSES_MAX];
     size_t bootstrap_count;
     conn_t conns[FABRIC_NODES_MAX];
-    size_t conn_count;
+    size_t conn_count; /* slots in use or freed below it; a conn keeps its index while open */
     int32_t node_ids[FABRIC_NODES_MAX];
     char *node_addresses[FABRIC_NODES_MAX];
     size_t node_count;
@@ -95,6 +95,13 @@ int64_t now_ms(void);
  * UNKNOWN_SERVER_ERROR, as the Python SDK maps every code it does not know
  * (fabric/errors.py error_for_code). */
 static inline int node_error(int code) { return code < 0 ? FABRIC_ERR_UNKNOWN_SERVER_ERROR : code; }
+/* Whether a received message is the answer to request id of api_key: a response (flags
+ * bit 0, PROTOCOL.md section 2) echoing both. A message without the flag is a request, or a
+ * peer's mistake, whatever its body holds: taken as the answer, its body was read as one (a
+ * METADATA "answer" that remapped topics, FETCH records handed out). */
+static inline int is_answer_to(const fabric_frame_header_t *h, uint32_t id, uint16_t api_key) {
+    return (h->flags & FABRIC_FLAG_RESPONSE) && h->correlation_id == id && h->api_key == api_key;
+}
 /* Strict UTF-8 as Python decodes it (src/codec.c). */
 int codec_utf8_valid(const void *s, size_t len);
 void client_set_error(client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -106,6 +113,13 @@ void client_close(client_t *c);
 conn_t *client_conn(client_t *c, const char *address);
 /* Close a conn's data socket, discarding what is queued on it; it reopens on next use. */
 void client_drop_data(client_t *c, conn_t *conn);
+/* Close the sockets of every address that is neither a node of the last METADATA answer nor
+ * a bootstrap address, except the conns busy[i] marks (a request outstanding on them), and
+ * free their slots for client_conn to reuse: nodes that come and go on new ports would
+ * otherwise take a slot (and six ZeroMQ sockets) each for good, until no socket could be
+ * opened. Called after a successful refresh, when the caller holds no conn_t pointer or
+ * index other than those it marks busy (busy has conn_count entries at least). */
+void client_close_unused_conns(client_t *c, const uint8_t *busy);
 uint32_t client_next_id(client_t *c);
 
 /* Send [header, body, batches...] without blocking longer than CONNECT_WAIT_MS.

@@ -197,6 +197,10 @@ static int refresh(fabric_producer_t *p, const char *extra_topic, int64_t deadli
     int rc = client_refresh_metadata(&p->client, names, n, deadline_ms);
     free(names);
     if (rc) return rc;
+    /* Requests in flight hold their conn by index (inflight_t.conn_index): those stay open. */
+    uint8_t busy[FABRIC_NODES_MAX] = {0};
+    for (size_t i = 0; i < p->inflight_count; i++) busy[p->inflight[i].conn_index] = 1;
+    client_close_unused_conns(&p->client, busy);
     for (size_t i = 0; i < p->topic_count; i++) {
         const topic_meta_t *m = client_topic(&p->client, p->topics[i]->name);
         if (m && m->error == 0 && (rc = sync_partitions(p->topics[i], m->partition_count))) return rc;
@@ -582,6 +586,17 @@ static void handle_response(fabric_producer_t *p, response_t *r, int64_t now) {
             client_set_error(&p->client, "%s/%d: %s: %s", b->queue->topic->name,
                      b->queue->partition, fabric_err_name(error), res->message.data);
             retry_or_fail(p, b, error, res->message.data, now);
+        } else if (res->base_offset < 0 ||
+                   res->base_offset > INT64_MAX - (int64_t)(b->record_count ? b->record_count - 1 : 0)) {
+            /* Written, the answer says, at offsets no log has (below 0, this producer sends
+             * no sequence numbers; or past 2^63 - 1): failed as an answer that left the
+             * batch out, not resent (it may be stored), as the Python producer does. */
+            char text[ERROR_TEXT_BYTES];
+            snprintf(text, sizeof text,
+                     "the node's answer gave this batch of %u records base offset %lld: offsets "
+                     "outside [0, 2^63-1] (its records may have been written)",
+                     b->record_count, (long long)res->base_offset);
+            deliver(p, b, -1, FABRIC_ERR_UNKNOWN_SERVER_ERROR, text);
         } else {
             deliver(p, b, res->base_offset, 0, "");
         }
