@@ -24,7 +24,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
@@ -631,6 +631,23 @@ def dead_letter_users(zk: KazooClient, name: str, timeout_s: float = ZK_OP_TIMEO
     return sorted(users)
 
 
+def settled_copies(states: Iterable[PartitionState]) -> int:
+    """The fewest copies any of ``states`` has for good: a moving partition counts the
+    smaller of its old and new replica lists (its new replicas may still be catching up).
+    A topic's ``replication_factor`` says what it was made with; a reassignment
+    (``fabric topic reassign``) changes the copies, and this is what they are now."""
+    return min(min(len(s.replicas) - len(s.adding), len(s.replicas) - len(s.removing)) for s in states)
+
+
+def current_replication_factor(zk: KazooClient, name: str, config: TopicConfig) -> int:
+    """``settled_copies`` of the topic's partitions, read now; the config's value when a
+    partition state cannot be read (a topic being deleted, ZooKeeper's answer lost)."""
+    reads = get_many(zk, [partition_path(name, p) for p in range(config.partitions)])
+    if not reads or any(isinstance(read, Exception) for read in reads):
+        return config.replication_factor
+    return settled_copies(PartitionState.decode(p, data, stat.version) for p, (data, stat) in enumerate(reads))
+
+
 def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
     """Grow a topic to ``total`` partitions: the config (version-checked) and the new
     partition states in one transaction. Existing partitions and their keys' placement
@@ -654,9 +671,12 @@ def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:
         raise errors.InvalidPartitionsError(
             f"topic {name!r} has {config.partitions} partitions; the new total must be more, at most {PARTITIONS_MAX}"
         )
+    # New partitions get the copies the topic has now, not what it was made with: one made
+    # with 1 and moved to 3 by `fabric topic reassign` got new partitions of 1 copy.
+    factor = current_replication_factor(zk, name, config)
     nodes = live_nodes(zk)
-    assignment = assign_replicas(name, total, config.replication_factor, list(nodes))
-    grown = dataclasses.replace(config, partitions=total)
+    assignment = assign_replicas(name, total, factor, list(nodes))
+    grown = dataclasses.replace(config, partitions=total, replication_factor=factor)
     tx = zk.transaction()
     tx.set_data(topic_path(name), grown.encode(), version=stat.version)
     request_bytes = create_op_bytes(zk, topic_path(name), grown.encode())  # (a set is no larger than a create)
@@ -705,7 +725,10 @@ def alter_topic_config(zk: KazooClient, name: str, configs: dict[str, str]) -> T
     config = TopicConfig.decode(raw)
     current = config.as_strings()
     merged = {key: current[key] for key in TopicConfig.SETTABLE} | configs
-    altered = TopicConfig.build(config.partitions, config.replication_factor, merged, config.created_ms)
+    # min_insync is checked against the copies the topic has now (a topic made with 1 and
+    # moved to 3 could not be given min_insync 2), and the factor stored follows them.
+    factor = current_replication_factor(zk, name, config)
+    altered = TopicConfig.build(config.partitions, factor, merged, config.created_ms)
     tx = zk.transaction()
     tx.set_data(topic_path(name), altered.encode(), version=stat.version)
     failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]

@@ -142,7 +142,7 @@ def grown_internal_config(topic: str, config: TopicConfig, states: Collection[Pa
     partition is missing, or ``topic`` is a user's: theirs keep what their users set."""
     if not apis.is_internal_topic(topic) or len(states) != config.partitions or not states:
         return None
-    settled = min(min(len(s.replicas) - len(s.adding), len(s.replicas) - len(s.removing)) for s in states)
+    settled = zkl.settled_copies(states)
     factor, min_insync = max(config.replication_factor, settled), max(config.min_insync, min(2, settled))
     if (factor, min_insync) == (config.replication_factor, config.min_insync):
         return None

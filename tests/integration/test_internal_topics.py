@@ -154,6 +154,15 @@ def test_internal_topics_made_on_one_node_get_three_copies_as_nodes_join(zk_serv
         with Admin(bootstrap) as admin:
             admin.wait_reassigned(topic_name, 0, [1, 2, 3], timeout_s=30)
             assert admin.describe_topic(topic_name).configs["min_insync"] == "1"
+            # What it has now, 3 copies, is what alter and create_partitions go by: made with 1,
+            # it refused min_insync 2 and got new partitions of 1 copy.
+            admin.alter_topic_config(topic_name, {"min_insync": 2})
+            deadline = time.monotonic() + 10  # the node answering describe learns it by its watch
+            while (now := admin.describe_topic(topic_name).configs)["min_insync"] != "2" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert (now["replication_factor"], now["min_insync"]) == ("3", "2")
+            admin.create_partitions(topic_name, 2)
+            assert sorted(len(p.replicas) for p in admin.describe_topic(topic_name).partitions) == [3, 3]
         cluster.nodes[1].kill()
         deadline = time.monotonic() + 60
         committed = None
