@@ -22,6 +22,7 @@ from fabric import errors
 from fabric.auth.curve import ClientSecurity
 from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey, Message
+from fabric.protocol.header import decode_header
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 _INPROC_NAMES = itertools.count(1)
@@ -339,6 +340,8 @@ class Connections:
                         f"{ApiKey(api_key).name} to {address}: the connection dropped before the answer came")
                 continue
             frames = sock.recv_multipart(copy=False)
+            if not decode_header(frames[0].bytes).is_response:
+                continue  # no answer (a request, a flag left out): dropped as others' answers are (apis.decode_response)
             message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
             # The API too: an answer of another API carrying this id (a node that echoed a
             # wrong correlation id) read as this one's raised a bare KeyError from its body.

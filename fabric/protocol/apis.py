@@ -431,6 +431,11 @@ def decode_response(frames: list[Any]) -> Message:
     if not frames:
         raise MalformedRequestError("empty response")
     header = decode_header(frames[0])
+    if not header.is_response:
+        # A request, or a peer's answer sent without the flag: taken as an answer, its body
+        # was read as one (section 2: every response sets flags bit 0).
+        raise MalformedRequestError(f"message of api {header.api_key} with correlation id {header.correlation_id} "
+                                    "has no response flag: not an answer")
     if len(frames) < 2:
         raise MalformedRequestError("response has no body frame")
     if header.error_code != 0:

@@ -24,6 +24,7 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
+from fabric.protocol.header import encode_header
 from fabric.transport import Connections
 from sdk import Admin, Consumer, Producer, QueueConsumer, TopicPartition
 
@@ -376,3 +377,42 @@ def test_another_apis_answer_is_not_taken_for_a_queue_poll(node: FakeNode) -> No
         assert (message.partition, message.offset) == (0, 5)
     finally:
         queue.close()
+
+
+# -- a message with a request's correlation id but no response flag -------------------------------
+def _unflagged(request: apis.Message, reply: Reply) -> Reply:
+    """``reply`` with the response flag cleared: a request-shaped message, the answer's body."""
+    return [encode_header(request.header._replace(flags=0)), *reply[1:]]
+
+
+def test_a_message_without_the_response_flag_is_not_taken_for_an_answer(node: FakeNode) -> None:
+    """An answer body sent without flags bit 0 (a request, or a peer's mistake) carrying a
+    request's correlation id and API was read as the answer: here an end offset of 999.
+    It is dropped, as another request's answer is, and the real answer is waited for."""
+    def list_offsets(request: apis.Message) -> list[Reply]:
+        forged = node.sane(request)
+        forged["partitions"][0]["offset"] = 999
+        return [_unflagged(request, node.answer(request, forged)), node.answer(request, node.sane(request))]
+
+    node.handlers[ApiKey.LIST_OFFSETS] = list_offsets
+    consumer = Consumer(node.address, request_timeout_ms=2000)
+    try:
+        tp = TopicPartition(TOPIC, 1)
+        assert consumer.end_offsets([tp]) == {tp: 11}
+    finally:
+        consumer.close()
+
+
+def test_a_produce_answer_without_the_response_flag_is_not_taken(node: FakeNode) -> None:
+    def produce(request: apis.Message) -> list[Reply]:
+        forged = node.sane(request)
+        forged["results"][0]["base_offset"] = 999
+        return [_unflagged(request, node.answer(request, forged)), node.answer(request, node.sane(request))]
+
+    node.handlers[ApiKey.PRODUCE] = produce
+    producer = Producer(node.address, acks=1, linger_ms=0, request_timeout_ms=1000, delivery_timeout_ms=6000)
+    try:
+        assert producer.send(TOPIC, b"v", partition=0).result(timeout=10).offset == 7
+        assert sender_alive(producer)
+    finally:
+        producer.close(timeout=5)
