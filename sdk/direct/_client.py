@@ -44,6 +44,7 @@ TIMEOUT_MS_DEFAULT = 5_000
 ATTEMPTS_MAX_DEFAULT = 3
 TIMEOUT_MS_MAX = 24 * 3600 * 1000  # fits the header's u32 with room to spare
 LEAVING_GRACE_S = 5.0  # an instance gone from the registry stays a last resort while it answers
+REGISTRY_ASK_INTERVAL_S = 0.1  # a name's view asks ZooKeeper itself at most this often (_wait_pickable)
 DISCOVERY_WAIT_MS = 2_000  # a call with no instance ready waits this long (within its deadline) for one
 # A service this client has not called for this long is forgotten (_ServiceView.idle): its
 # registry watch and its connections close, and the next call reads the registry again.
@@ -310,11 +311,15 @@ class DirectClient:
                 return ready
             remaining = limit - time.monotonic()
             none_registered = not any(not p.leaving for p in view.peers.values())
-            if none_registered and remaining > 0 and asked is None:
+            if (none_registered and remaining > 0 and asked is None
+                    and time.monotonic() - view.registry_asked_s >= REGISTRY_ASK_INTERVAL_S):
                 # The watch delivers a little after ZooKeeper changed: a caller that has just
                 # seen an instance in services() (a read of its own) must not be told none
                 # is registered. ZooKeeper is asked once; instances there that the watch
-                # has not delivered yet are waited for, as registered ones are.
+                # has not delivered yet are waited for, as registered ones are. At most
+                # every REGISTRY_ASK_INTERVAL_S per name: a caller calling a name nobody
+                # serves in a loop must not turn each call into a ZooKeeper read.
+                view.registry_asked_s = time.monotonic()
                 asked = await self._registered_unseen(view, remaining)
                 continue  # the view may have changed meanwhile
             if remaining <= 0 or (none_registered and not asked):

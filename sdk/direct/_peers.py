@@ -167,6 +167,7 @@ class _ServiceView:
         # every request (the request path reads it).
         self.ready: list[_Peer] = []
         self.used_s = time.monotonic()  # the last call through this view (``idle``)
+        self.registry_asked_s = float("-inf")  # when a call finding no instance last read ZooKeeper itself
 
     def idle(self, now_s: float, idle_s: float) -> bool:
         """Not called for ``idle_s`` and nothing of ours in flight to its instances: the
