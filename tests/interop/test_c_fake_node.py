@@ -51,6 +51,10 @@ class FakeNode:
     # Every address the node listens on: the first is `address`, the others more ports of it
     # (a fake_node parametrized indirectly with a port count), for a node that moves.
     addresses: list[str] = field(default_factory=list)
+    # For a request whose answer is to be held back, the condition under which it goes out
+    # (checked before each message is read, and every 50 ms), when scripted: a node slow to
+    # answer one request while it answers the others. None for a request: answered at once.
+    hold_answer: Callable[[apis.Message], Callable[[], bool] | None] | None = None
 
 
 def metadata_body(address: str, partitions: int = 1) -> dict[str, Any]:
@@ -76,7 +80,11 @@ def fake_node(request: pytest.FixtureRequest) -> Iterator[tuple[FakeNode, Callab
     def serve() -> None:
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
+        held: list[tuple[Callable[[], bool], list[bytes], list[Any]]] = []  # (release when, envelope, answer)
         while not stop.is_set():
+            for item in [item for item in held if item[0]()]:
+                held.remove(item)
+                router.send_multipart(item[1] + item[2])
             if not poller.poll(50):
                 continue
             frames = router.recv_multipart()
@@ -98,7 +106,10 @@ def fake_node(request: pytest.FixtureRequest) -> Iterator[tuple[FakeNode, Callab
                     node.answered_with_next_waiting += 1
             for hostile in node.before_answer(request) if node.before_answer is not None else []:
                 router.send_multipart(envelope + hostile)
-            if reply is not None:
+            release = node.hold_answer(request) if node.hold_answer is not None else None
+            if reply is not None and release is not None:
+                held.append((release, envelope, reply))
+            elif reply is not None:
                 router.send_multipart(envelope + reply)
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -110,6 +121,16 @@ def fake_node(request: pytest.FixtureRequest) -> Iterator[tuple[FakeNode, Callab
         thread.join(5)
         router.close(linger=0)
         ctx.term()
+
+
+def consume_two_offsets(c_client: CClient, address: str, *, idle_ms: int) -> list[str]:
+    """fabric-consume of partition 0 from offset 0 until two records (or ``idle_ms`` with
+    none): the offsets it printed; it must exit 0."""
+    run = subprocess.run([str(c_client.consume), "-b", address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-c", "2", "-i", str(idle_ms), "-F", "offset"],
+                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    return run.stdout.decode().splitlines()
 
 
 def produce_result(request: apis.Message, error: int, base_offset: int) -> list[Any]:
@@ -683,11 +704,7 @@ def test_consumer_retries_a_leader_address_zeromq_cannot_parse(c_client: CClient
     node.metadata = lambda n: metadata_listing(node.address, [0], bad_address if n <= 2 else None)
     set_handler(lambda request: fetch_answer(request, [good_batch(0)] if request.body["partitions"][0][
         "fetch_offset"] == 0 else []))
-    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
-                          "-c", "2", "-i", "5000", "-F", "offset"],
-                         capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
-    assert run.returncode == 0, run.stderr.decode()
-    assert run.stdout.decode().splitlines() == ["0", "1"]
+    assert consume_two_offsets(c_client, node.address, idle_ms=5000) == ["0", "1"]
     assert node.metadata_requests >= 3
 
 
@@ -853,6 +870,43 @@ def test_producer_reports_the_topic_error_of_a_topic_it_never_knew(c_client: CCl
     assert node.produce_batches == []
 
 
+@pytest.mark.parametrize(("topic_error", "name"), [
+    (80, b"AUTHORIZATION_FAILED"),
+    (22, b"INVALID_CONFIG"),  # any code that is not retriable, as it came
+    (-4, b"UNKNOWN_SERVER_ERROR"),  # a node's code below 0 (NO_NODES to the client, retriable)
+    (7, b"UNKNOWN_TOPIC_OR_PARTITION"),
+], ids=["AUTHORIZATION_FAILED", "INVALID_CONFIG", "negative", "UNKNOWN_TOPIC_OR_PARTITION"])
+def test_consumer_reports_the_topic_error_of_a_topic_it_never_knew(c_client: CClient, fake_node: Any,
+                                                                   topic_error: int, name: bytes) -> None:
+    """An assigned topic every METADATA answer lists with an error that is not retriable:
+    the poll returns that error, last_error naming the topic and the error. The C consumer
+    turned every such error into UNKNOWN_TOPIC_OR_PARTITION, so a principal refused the
+    topic (AUTHORIZATION_FAILED, nodes/authz.py) was told it did not exist; the Python
+    consumer raises AuthorizationFailedError."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: topic_error_listing(node.address, topic_error)
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)]))
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-o", "0",
+                          "-i", "2000"], capture_output=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 1
+    assert b"fabric-consume: " + name + b": " + TOPIC.encode() + b"/0: " in run.stderr, run.stderr.decode()
+    assert b"METADATA lists the topic with " + name in run.stderr, run.stderr.decode()
+    assert node.fetch_requests == 0
+
+
+@pytest.mark.parametrize("topic_error", [9, 25], ids=["LEADER_NOT_AVAILABLE", "NODE_NOT_READY"])
+def test_consumer_waits_on_a_retriable_topic_error(c_client: CClient, fake_node: Any, topic_error: int) -> None:
+    """A retriable topic error (an election, a node starting) is waited on: the consumer asks
+    METADATA again after retry_backoff_ms, and reads once the topic is listed. NODE_NOT_READY
+    failed the poll with UNKNOWN_TOPIC_OR_PARTITION, as every error but LEADER_NOT_AVAILABLE."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: topic_error_listing(node.address, topic_error) if n <= 2 else metadata_body(node.address)
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)]) if request.body["partitions"][0][
+        "fetch_offset"] == 0 else idle_fetch_answer(request))
+    assert consume_two_offsets(c_client, node.address, idle_ms=2000) == ["0", "1"]
+    assert node.metadata_requests >= 3
+
+
 @TOPIC_ERRORS
 def test_consumer_keeps_a_known_topic_over_an_answer_with_a_topic_error(c_client: CClient, fake_node: Any,
                                                                         topic_error: int) -> None:
@@ -999,3 +1053,44 @@ def test_producer_refuses_a_base_offset_no_log_has(c_client: CClient, fake_node:
     assert run.returncode == 1
     assert b"UNKNOWN_SERVER_ERROR" in run.stderr and b"base offset" in run.stderr, run.stderr.decode()
     assert len(node.produce_batches) == 1  # not retried
+
+
+@pytest.mark.parametrize("fake_node", [3], indirect=True)
+def test_producer_takes_an_answer_held_across_a_refresh_that_drops_its_address(c_client: CClient,
+                                                                              fake_node: Any) -> None:
+    """The answer to a PRODUCE is held back by its node while a METADATA refresh names that
+    node at another address only: the connection the PRODUCE went out on is then in neither
+    the node list nor the bootstrap list, and would be closed with the refresh's other
+    unused ones (client_close_unused_conns), losing the answer: the batch would wait out
+    request_timeout_ms and be sent again (with the producer's busy marking taken out, the
+    flush here ends with both batches pending). A connection with a request in flight stays
+    open until it is answered: the held answer is taken, its batch delivered once, not resent.
+
+    Ports: 0 the bootstrap, 1 where the first METADATA answer puts the leader, 2 where the
+    second moves it. One record a batch (-s 1): "a" goes out, then "b" (pipelined, while
+    "a" waits) is refused NOT_LEADER, which makes the producer refresh; the answer to "a"
+    goes out right after that METADATA answer, then "b" is resent at port 2."""
+    node, set_handler = fake_node
+    bootstrap, first_leader, second_leader = node.addresses
+    node.metadata = lambda n: metadata_listing(bootstrap, [0], first_leader if n == 1 else second_leader)
+    node.hold_answer = lambda request: ((lambda: node.metadata_requests >= 2)
+                                        if request.header.api_key == ApiKey.PRODUCE
+                                        and batch_format.decode_batch(request.batches[0]).values == [b"a"] else None)
+    refused: list[bytes] = []
+
+    def handler(request: apis.Message) -> list[Any]:
+        value = batch_format.decode_batch(request.batches[0]).values[0]
+        if value == b"b" and not refused:
+            refused.append(value)
+            return produce_result(request, 8, 0)  # NOT_LEADER: refresh
+        return produce_result(request, 0, 0 if value == b"a" else 1)
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.produce), "-b", bootstrap, "-t", TOPIC, "-p", "0", "-s", "1",
+                          "-T", "3000"], input=b"a\nb\n", capture_output=True, timeout=PROCESS_TIMEOUT_S,
+                         check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert b"2 acknowledged, 0 failed, 2 batches" in run.stderr, run.stderr.decode()
+    sent = [batch_format.decode_batch(request[0]).values for request in node.produce_batches]
+    assert sent == [[b"a"], [b"b"], [b"b"]]  # "a" once (its held answer taken), "b" resent after NOT_LEADER
+    assert node.metadata_requests == 2  # the answer to "a" was held until the second one

@@ -197,20 +197,28 @@ static int refresh(fabric_consumer_t *c, int64_t deadline_ms) {
     return 0;
 }
 
-/* The routing map names no leader for p: retriable (LEADER_NOT_AVAILABLE) or not
- * (UNKNOWN_TOPIC_OR_PARTITION). A partition past the topic's count may have just been
- * added, and a topic the node knows only in part (LEADER_NOT_AVAILABLE) is growing: each
- * node learns of added partitions by its own ZooKeeper watch, so the node asked may not
- * have heard yet. Ask again for PARTITION_LEARN_WAIT_MS before calling it unknown, as the
- * Python consumer's assign() does. */
+/* The routing map names no leader for p. A topic METADATA lists with an error (one the
+ * client never had a map of: a known map is kept over it) takes that error: a retriable one
+ * (LEADER_NOT_AVAILABLE in an election or while a node learns the topic, NODE_NOT_READY) is
+ * waited on; any other is the caller's, as it came. All of those used to be
+ * UNKNOWN_TOPIC_OR_PARTITION, which told a principal refused the topic (AUTHORIZATION_FAILED)
+ * that it did not exist; the Python consumer raises AuthorizationFailedError. A partition
+ * past the topic's count may have just been added: each node learns of added partitions by
+ * its own ZooKeeper watch, so the node asked may not have heard yet. Ask again for
+ * PARTITION_LEARN_WAIT_MS before calling it unknown, as the Python consumer's assign() does. */
 static int no_leader(fabric_consumer_t *c, cpart_t *p, int64_t now) {
     const topic_meta_t *t = client_topic(&c->client, p->topic);
-    if (t == NULL || t->error == FABRIC_ERR_LEADER_NOT_AVAILABLE) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
-    if (!t->error && p->partition < t->partition_count) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
-    if (!t->error) {
-        if (p->missing_since_ms == 0) p->missing_since_ms = now;
-        if (now - p->missing_since_ms < PARTITION_LEARN_WAIT_MS) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
+    if (t == NULL) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
+    if (t->error) {
+        /* Set for a retriable one too: a poll that returns no record can say why. */
+        client_set_error(&c->client, "%s/%d: METADATA lists the topic with %s (%s)%s", p->topic, p->partition,
+                         fabric_err_name(t->error), fabric_strerror(t->error),
+                         fabric_err_retriable(t->error) ? "; asking again" : "");
+        return t->error;
     }
+    if (p->partition < t->partition_count) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
+    if (p->missing_since_ms == 0) p->missing_since_ms = now;
+    if (now - p->missing_since_ms < PARTITION_LEARN_WAIT_MS) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
     client_set_error(&c->client, "%s/%d: no such topic or partition", p->topic, p->partition);
     return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
 }
