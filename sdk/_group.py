@@ -13,6 +13,15 @@ ever being read by two members: revoke first (commit its position, call
 ``on_partitions_revoked``, drop its buffered data), then report the smaller ownership in
 the next heartbeat, sent at once; only then can the coordinator give it to someone else.
 
+A heartbeat answer with no error is checked before anything of it is taken (``_answer_fault``):
+one no coordinator could send (an epoch below 1, no member id, an assignment naming a
+negative partition, one twice, or a topic the member did not subscribe to) is refused
+whole: poll() raises, and the coordinator is found again. (Kafka's classic consumer does
+not take an assignment that does not match its subscription either; it rejoins.) Assigned
+partitions the member's routing map does not list yet (a topic just grown, a pattern's
+new topic) wait, as Kafka's "unresolved" ones do, until a re-read of the map lists them;
+the rest of the assignment is taken at once.
+
 FENCED_INSTANCE_ID (another process joined with this member's ``instance_id``) is fatal,
 as Kafka's FencedInstanceIdException: the member gives its partitions up as lost, stops,
 and raises to the application from every later poll() and commit(). It never rejoins:
@@ -29,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from fabric import errors
+from fabric.limits import PARTITIONS_MAX
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from sdk._client import TopicPartition
@@ -42,6 +52,12 @@ COORDINATOR_RETRY_MS: Final[int] = 100
 CONNECT_WAIT_MS: Final[int] = 1_000  # a request to a node not connected yet waits this long to connect (at most)
 GROUP_REQUEST_TIMEOUT_MS: Final[int] = 10_000  # one commit or offset fetch
 HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
+# A coordinator gives 32 hex characters (nodes/group_state.py); an id past this many UTF-8
+# bytes (the bound of group ids and topic names) is no coordinator's, and would go out in
+# every later heartbeat and commit.
+MEMBER_ID_BYTES_MAX: Final[int] = 200
+# How often the routing map is read again while assigned partitions wait for it to list them.
+PENDING_RECHECK_MS: Final[int] = 250
 
 
 class OffsetAndMetadata(NamedTuple):
@@ -100,6 +116,9 @@ class GroupMember:
         self.member_id = ""
         self.member_epoch = gp.JOIN_EPOCH
         self.owned: set[TopicPartition] = set()
+        # Assigned by the last answer but not listed by the routing map yet: taken once it is.
+        self.pending: set[TopicPartition] = set()
+        self._pending_check_s = 0.0
         self.topics: list[str] = []
         self.pattern = ""
         self.listener = ConsumerRebalanceListener()
@@ -148,7 +167,7 @@ class GroupMember:
         if not self.subscribed:
             return False
         now = self._clock()
-        return now >= self._next_heartbeat_s or bool(
+        return now >= self._next_heartbeat_s or bool(self.pending and now >= self._pending_check_s) or bool(
             self.owned and (now - self._last_ok_s) * 1000 > self.session_timeout_ms - self.fence_margin_ms)
 
     def raise_if_fenced(self) -> None:
@@ -171,14 +190,35 @@ class GroupMember:
             log.warning("group %s: no heartbeat answered for %d ms; partitions lost", self.group_id,
                         self.session_timeout_ms - self.fence_margin_ms)
             self._lose()
+        if self.pending and now >= self._pending_check_s:
+            self._recheck_pending(now, self.pending)
         if now < self._next_heartbeat_s:
             return
         self._heartbeat(now)
 
+    def _listed(self, tp: TopicPartition) -> bool:
+        """Whether the routing map lists ``tp`` (so it can be read)."""
+        topic = self.consumer._meta.metadata.topics.get(tp.topic)
+        return topic is not None and tp.partition < topic.partition_count
+
+    def _recheck_pending(self, now: float, pending: set[TopicPartition], *, heartbeat: bool = True) -> None:
+        """Read the map of the ``pending`` partitions' topics again (the next time in
+        PENDING_RECHECK_MS). With ``heartbeat``, once it lists one, heartbeat now: that
+        answer (the coordinator's latest word, which may have taken it back) is taken with it."""
+        self._pending_check_s = now + PENDING_RECHECK_MS / 1000.0
+        try:
+            self.consumer._refresh(sorted({tp.topic for tp in pending}))
+        except errors.FabricError as exc:
+            log.debug("group %s: routing map not read again (%s)", self.group_id, exc)
+            return
+        if heartbeat and any(self._listed(tp) for tp in pending):
+            self._next_heartbeat_s = 0.0
+
     def _heartbeat(self, now: float) -> None:
+        topics, pattern = self.topics, self.pattern  # the answer is checked against what was sent
         body = {"group_id": self.group_id, "member_id": self.member_id, "member_epoch": self.member_epoch,
                 "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
-                "subscribed_topics": self.topics, "subscribed_topic_regex": self.pattern,
+                "subscribed_topics": topics, "subscribed_topic_regex": pattern,
                 "owned": gp.tp_list((tp.topic, tp.partition) for tp in self.owned)}
         try:
             response = self._call(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, attempts=1, timeout_ms=self.heartbeat_timeout_ms,
@@ -206,25 +246,21 @@ class GroupMember:
                 self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
                 return
             raise cls(response["message"])
-        if response["member_epoch"] <= gp.JOIN_EPOCH:
-            # A coordinator gives epochs from 1 up (0 is a join, -1 and -2 leaves, section
-            # "Heartbeat protocol" of docs/GROUPS.md). Stored, such an epoch went out in the
-            # next heartbeat: a leave, or a rejoin that freed our partitions for others while
-            # we still read them. Nothing of the answer is taken (the session clock still
-            # runs from the last good one); the coordinator is found again before the next
-            # heartbeat, paced as after a retriable error, and poll() says why.
+        fault = _answer_fault(response, topics, pattern)
+        if fault:
+            # Nothing of the answer is taken (the session clock still runs from the last
+            # good one); the coordinator is found again before the next heartbeat, paced as
+            # after a retriable error, and poll() says why.
             self._coordinator = None
             self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
             raise errors.UnknownServerError(
-                f"group {self.group_id}: the coordinator answered the heartbeat with member epoch "
-                f"{response['member_epoch']} (a coordinator gives 1 or more): answer ignored",
+                f"group {self.group_id}: the coordinator answered the heartbeat with {fault}: answer ignored",
                 group_id=self.group_id, member_epoch=response["member_epoch"])
         self._last_ok_s = now
         self.member_id = response["member_id"]
         self.member_epoch = response["member_epoch"]
         target = {TopicPartition(t, p) for t, p in gp.tp_set(response["assignment"])}
         revoked = self.owned - target
-        added = target - self.owned
         interval_ms = min(self.heartbeat_interval_ms, max(0, response["heartbeat_interval_ms"]))
         self._next_heartbeat_s = now + interval_ms / 1000.0
         if revoked:
@@ -237,6 +273,20 @@ class GroupMember:
             self._next_heartbeat_s = 0.0  # confirm the revocation at once: someone is waiting
             if self.fenced:
                 return  # that commit found us replaced: take nothing more, tick() stops the member
+        # A partition the map does not list cannot be read (no leader, no position): the
+        # map is read again once (a first join, a new topic), and what it still does not
+        # list waits, unreported, while the rest is taken now (after the revocations,
+        # which someone is waiting for). Before, the whole answer waited
+        # PARTITION_LEARN_WAIT_MS for it inside the heartbeat, then took nothing.
+        pending = {tp for tp in target - self.owned if not self._listed(tp)}
+        if pending - self.pending:
+            self._recheck_pending(now, pending, heartbeat=False)
+            pending = {tp for tp in pending if not self._listed(tp)}
+            if pending - self.pending:
+                log.info("group %s: assigned %s, not in the routing map yet: read once it lists them",
+                         self.group_id, ", ".join(sorted(map(str, pending - self.pending))[:20]))
+        self.pending = pending
+        added = target - self.owned - pending
         if added:
             ordered = sorted(added, key=str)
             try:
@@ -253,6 +303,7 @@ class GroupMember:
     def _lose(self, *, keep_member_id: bool = False) -> None:
         lost = sorted(self.owned, key=str)
         self.owned = set()
+        self.pending = set()
         self.member_id = "" if not (self.instance_id or keep_member_id) else self.member_id
         self.member_epoch = gp.JOIN_EPOCH
         if lost:
@@ -284,6 +335,7 @@ class GroupMember:
             log.info("group %s: leave not acknowledged (%s); the session timeout will end it", self.group_id, exc)
         self.subscribed = False
         self.owned = set()
+        self.pending = set()
         if rejoin_later:
             self.member_id = "" if not self.instance_id else self.member_id
             self.member_epoch = gp.JOIN_EPOCH
@@ -393,6 +445,51 @@ class GroupMember:
         except errors.FabricError:
             pass
         raise errors.CoordinatorNotAvailableError(f"no node answered FIND_COORDINATOR for {self.group_id!r}: {last}")
+
+
+def _answer_fault(response: dict[str, Any], topics: list[str], pattern: str) -> str:
+    """What makes a heartbeat answer with no error one that no coordinator sends ("" when
+    nothing does), given the subscription the heartbeat carried (the coordinator assigns
+    from that one, nodes/group_state.py). Stored, each of these went out again or was read:
+
+    * a member epoch of 0 or below (a coordinator gives 1 or more): in the next heartbeat a
+      leave, or a rejoin that freed our partitions for others while we still read them;
+    * a member id that is empty, not a string or longer than MEMBER_ID_BYTES_MAX: the next
+      heartbeat was UNKNOWN_MEMBER_ID, the partitions lost and a rejoin;
+    * a negative partition (taken, with no leader: the map was re-read at every poll), one
+      at PARTITIONS_MAX or above (no topic ever has it), a topic or partition listed twice
+      (Kafka's client keeps a topic's last entry, ``tp_set`` took the union: the answer
+      means nothing sure);
+    * a topic the member neither named nor matches with its pattern (a pattern never
+      matches an internal ``__`` topic, as on the coordinator): fetched and committed.
+
+    Partitions past the count the member's map knows are not here: a topic may have grown
+    (they wait in ``GroupMember.pending``)."""
+    epoch = response["member_epoch"]
+    if epoch <= gp.JOIN_EPOCH:
+        return f"member epoch {epoch} (a coordinator gives 1 or more)"
+    member_id = response["member_id"]
+    if not isinstance(member_id, str) or not member_id or len(member_id.encode("utf-8")) > MEMBER_ID_BYTES_MAX:
+        return (f"member id {str(member_id)[:40]!r} of type {type(member_id).__name__} (a coordinator gives "
+                f"1 to MEMBER_ID_BYTES_MAX={MEMBER_ID_BYTES_MAX} bytes)")
+    named = set(topics)
+    matcher = gp.compile_topic_pattern(pattern) if pattern else None
+    seen: set[str] = set()
+    for entry in response["assignment"]:
+        topic, partitions = entry["topic"], entry["partitions"]
+        if topic in seen:
+            return f"topic {topic[:200]!r} listed twice in its assignment"
+        seen.add(topic)
+        if topic not in named and not (matcher is not None and not topic.startswith("__")
+                                       and matcher.fullmatch(topic)):
+            return f"an assignment of topic {topic[:200]!r}, which the member did not subscribe to"
+        if len(set(partitions)) != len(partitions):
+            return f"partitions of {topic[:200]!r} listed twice in its assignment"
+        if not all(0 <= p < PARTITIONS_MAX for p in partitions):
+            wrong = next(p for p in partitions if not 0 <= p < PARTITIONS_MAX)
+            return (f"partition {wrong} of {topic[:200]!r} in its assignment (partitions are 0 to "
+                    f"PARTITIONS_MAX-1={PARTITIONS_MAX - 1})")
+    return ""
 
 
 def _left_ms(timeout_ms: int, deadline: float) -> int:

@@ -20,13 +20,14 @@ import pytest
 import zmq
 
 from fabric import errors
+from fabric.limits import PARTITIONS_MAX
 from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.protocol.header import encode_header
 from fabric.transport import Connections
-from sdk import Admin, Consumer, Producer, QueueConsumer, TopicPartition
+from sdk import Admin, Consumer, ConsumerRebalanceListener, Producer, QueueConsumer, TopicPartition
 
 Reply = list[Any]
 Handler = Callable[[apis.Message], list[Reply]]
@@ -270,6 +271,145 @@ def test_a_heartbeat_answers_impossible_member_epoch_is_refused_not_echoed(node:
         time.sleep(0.15)  # the heartbeat after a bad answer waits COORDINATOR_RETRY_MS
         consumer.poll(timeout_ms=0)
         assert epochs_sent == [0, 5, 5]
+    finally:
+        consumer.close()
+
+
+HELD = [{"topic": TOPIC, "partitions": [0]}]  # what a sane coordinator gives the member below
+
+
+@pytest.mark.parametrize(("pattern", "bad"), [
+    (None, {"member_id": ""}),  # echoed, the next heartbeat was UNKNOWN_MEMBER_ID: partitions lost, a rejoin
+    (None, {"member_id": "m" * 201}),  # above MEMBER_ID_BYTES_MAX: in every later request
+    (None, {"assignment": [{"topic": TOPIC, "partitions": [-1]}]}),  # was taken: assigned, without a leader
+    (None, {"assignment": [{"topic": TOPIC, "partitions": [1, 1]}]}),
+    (None, {"assignment": [{"topic": TOPIC, "partitions": [0]}, {"topic": TOPIC, "partitions": [1]}]}),
+    (None, {"assignment": [{"topic": TOPIC, "partitions": [PARTITIONS_MAX]}]}),  # no topic has it, ever
+    (None, {"assignment": [{"topic": "other", "partitions": [0]}]}),  # not subscribed: was read
+    (r"t\d", {"assignment": [{"topic": "x1", "partitions": [0]}]}),  # the pattern does not match it
+    (".*", {"assignment": [{"topic": "__consumer_offsets", "partitions": [0]}]}),  # a pattern never matches __*
+])
+def test_a_malformed_group_heartbeat_answer_is_refused_and_nothing_of_it_taken(
+        node: FakeNode, pattern: str | None, bad: dict[str, Any]) -> None:
+    """As an impossible epoch: the poll that sent the heartbeat raises, the member keeps
+    its id, epoch and partitions, and finds the coordinator again before its next one."""
+    sent: list[dict[str, Any]] = []
+
+    def heartbeat(request: apis.Message) -> list[Reply]:
+        sent.append(request.body)
+        answer = {"error": 0, "message": "", "member_id": "m1", "member_epoch": 5, "heartbeat_interval_ms": 0,
+                  "assignment": HELD}
+        if len(sent) == 2:
+            answer.update(member_epoch=6, **bad)
+        return [node.answer(request, answer)]
+
+    node.handlers[ApiKey.CONSUMER_GROUP_HEARTBEAT] = heartbeat
+    node.handlers[ApiKey.FETCH] = lambda r: []  # never answered: the member's reads are not what is tested
+    consumer = Consumer(node.address, group_id="g1", request_timeout_ms=1000, enable_auto_commit=False)
+    try:
+        consumer.subscribe(None if pattern else [TOPIC], pattern=pattern)
+        assert consumer.assignment() == [TopicPartition(TOPIC, 0)]
+        found = node.requests[ApiKey.FIND_COORDINATOR]
+        with pytest.raises(errors.UnknownServerError) as caught:
+            consumer.poll(timeout_ms=0)
+        assert caught.value.fields["member_epoch"] == 6
+        assert consumer.assignment() == [TopicPartition(TOPIC, 0)]
+        time.sleep(0.12)  # the heartbeat after a bad answer waits COORDINATOR_RETRY_MS
+        consumer.poll(timeout_ms=0)
+        assert [(b["member_id"], b["member_epoch"], b["owned"]) for b in sent] == [
+            ("", 0, []), ("m1", 5, HELD), ("m1", 5, HELD)]
+        assert node.requests[ApiKey.FIND_COORDINATOR] == found + 1
+    finally:
+        consumer.close()
+
+
+class Assignments(ConsumerRebalanceListener):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[TopicPartition]]] = []
+
+    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.calls.append(("assigned", assigned))
+
+    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.calls.append(("revoked", revoked))
+
+
+def _poll_until(consumer: Consumer, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 2
+    while not done():
+        assert time.monotonic() < deadline
+        consumer.poll(timeout_ms=20)
+
+
+def test_group_partitions_the_map_does_not_list_yet_wait_until_it_does(node: FakeNode) -> None:
+    """A topic just grown: the coordinator's map has partition 2 before the node the member
+    asks does. It is kept pending (Kafka's unresolved partitions), the rest is taken at
+    once. Before, the member waited PARTITION_LEARN_WAIT_MS for it, inside the heartbeat,
+    then took none of the answer (partition 0 neither) and did it all again."""
+    sent: list[dict[str, Any]] = []
+    assignment = [{"topic": TOPIC, "partitions": [0, 2]}]
+
+    def heartbeat(request: apis.Message) -> list[Reply]:
+        sent.append(request.body)
+        return [node.answer(request, {"error": 0, "message": "", "member_id": "m1", "member_epoch": 5,
+                                      "heartbeat_interval_ms": 3_000, "assignment": assignment})]
+
+    node.handlers[ApiKey.CONSUMER_GROUP_HEARTBEAT] = heartbeat
+    node.handlers[ApiKey.FETCH] = lambda r: []
+    listener = Assignments()
+    consumer = Consumer(node.address, group_id="g1", request_timeout_ms=1000, enable_auto_commit=False)
+    try:
+        started = time.monotonic()
+        consumer.subscribe([TOPIC], listener=listener)
+        assert time.monotonic() - started < 1
+        assert consumer.assignment() == [TopicPartition(TOPIC, 0)]
+        consumer.poll(timeout_ms=0)  # the map is read again: still two partitions
+        assert consumer.assignment() == [TopicPartition(TOPIC, 0)]
+        assert consumer._group is not None and consumer._group.pending == {TopicPartition(TOPIC, 2)}
+        node.partitions = [0, 1, 2]
+        _poll_until(consumer, lambda: len(consumer.assignment()) == 2)
+        assert listener.calls == [("assigned", [TopicPartition(TOPIC, 0)]), ("assigned", [TopicPartition(TOPIC, 2)])]
+        assert len(sent) == 2  # the interval is 3 s: the map listing it made the heartbeat that took it
+    finally:
+        consumer.close()
+
+
+def test_a_group_pattern_topic_the_map_does_not_list_yet_waits_and_can_be_taken_back(node: FakeNode) -> None:
+    """A pattern's new topic waits for the map too; the coordinator may take a pending
+    partition back (never given to the application: no callback), or give nothing."""
+    known = {TOPIC}
+    assignments = [[{"topic": TOPIC, "partitions": [0]}, {"topic": "t1", "partitions": [0]}]]
+
+    def metadata(request: apis.Message) -> list[Reply]:
+        body = node.sane(request)
+        body["topics"] = [t for t in body["topics"] if t["name"] in known]
+        return [node.answer(request, body)]
+
+    def heartbeat(request: apis.Message) -> list[Reply]:
+        return [node.answer(request, {"error": 0, "message": "", "member_id": "m1", "member_epoch": 5,
+                                      "heartbeat_interval_ms": 20, "assignment": assignments[-1]})]
+
+    node.handlers[ApiKey.METADATA] = metadata
+    node.handlers[ApiKey.CONSUMER_GROUP_HEARTBEAT] = heartbeat
+    node.handlers[ApiKey.FETCH] = lambda r: []
+    listener = Assignments()
+    consumer = Consumer(node.address, group_id="g1", request_timeout_ms=1000, enable_auto_commit=False)
+    t0, t1 = TopicPartition(TOPIC, 0), TopicPartition("t1", 0)
+    try:
+        consumer.subscribe(pattern=r"t\d", listener=listener)
+        consumer.poll(timeout_ms=0)
+        assert consumer.assignment() == [t0]
+        assert consumer._group is not None and consumer._group.pending == {t1}
+        assignments.append([{"topic": TOPIC, "partitions": [0]}])  # taken back before the map listed it
+        known.add("t1")
+        consumer.poll(timeout_ms=50)
+        assert consumer.assignment() == [t0]
+        assert not consumer._group.pending
+        assignments.append([{"topic": TOPIC, "partitions": [0]}, {"topic": "t1", "partitions": [0]}])
+        _poll_until(consumer, lambda: len(consumer.assignment()) == 2)
+        assignments.append([])  # an empty assignment: everything revoked
+        _poll_until(consumer, lambda: not consumer.assignment())
+        assert listener.calls == [("assigned", [t0]), ("assigned", [t1]), ("revoked", [t0, t1])]
     finally:
         consumer.close()
 
