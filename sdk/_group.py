@@ -190,29 +190,40 @@ class GroupMember:
             log.warning("group %s: no heartbeat answered for %d ms; partitions lost", self.group_id,
                         self.session_timeout_ms - self.fence_margin_ms)
             self._lose()
+        denied: list[str] = []
         if self.pending and now >= self._pending_check_s:
-            self._recheck_pending(now, self.pending)
-        if now < self._next_heartbeat_s:
-            return
-        self._heartbeat(now)
+            denied = self._recheck_pending(now, self.pending)
+        if now >= self._next_heartbeat_s:
+            self._heartbeat(now)
+        denied = sorted(set(denied) & {tp.topic for tp in self.pending})  # the heartbeat may have taken them back
+        if denied:
+            # Named in subscribe() (the coordinator assigns a named topic whoever asks), but
+            # this principal may not describe it: poll() says so, as Kafka's consumer raises
+            # TopicAuthorizationException, each time the map is read again (the heartbeat
+            # went first: the membership holds). Its other partitions are read meanwhile.
+            raise errors.AuthorizationFailedError(
+                f"group {self.group_id}: assigned partitions of {', '.join(map(repr, denied[:20]))}, which this "
+                "principal may not describe (docs/SECURITY.md)", group_id=self.group_id)
 
     def _listed(self, tp: TopicPartition) -> bool:
         """Whether the routing map lists ``tp`` (so it can be read)."""
         topic = self.consumer._meta.metadata.topics.get(tp.topic)
         return topic is not None and tp.partition < topic.partition_count
 
-    def _recheck_pending(self, now: float, pending: set[TopicPartition], *, heartbeat: bool = True) -> None:
+    def _recheck_pending(self, now: float, pending: set[TopicPartition], *, heartbeat: bool = True) -> list[str]:
         """Read the map of the ``pending`` partitions' topics again (the next time in
         PENDING_RECHECK_MS). With ``heartbeat``, once it lists one, heartbeat now: that
-        answer (the coordinator's latest word, which may have taken it back) is taken with it."""
+        answer (the coordinator's latest word, which may have taken it back) is taken with it.
+        Returns the topics among them this principal may not describe."""
         self._pending_check_s = now + PENDING_RECHECK_MS / 1000.0
         try:
             self.consumer._refresh(sorted({tp.topic for tp in pending}))
         except errors.FabricError as exc:
             log.debug("group %s: routing map not read again (%s)", self.group_id, exc)
-            return
+            return []
         if heartbeat and any(self._listed(tp) for tp in pending):
             self._next_heartbeat_s = 0.0
+        return sorted({tp.topic for tp in pending} & self.consumer._meta.denied)
 
     def _heartbeat(self, now: float) -> None:
         topics, pattern = self.topics, self.pattern  # the answer is checked against what was sent

@@ -556,3 +556,41 @@ def test_a_produce_answer_without_the_response_flag_is_not_taken(node: FakeNode)
         assert sender_alive(producer)
     finally:
         producer.close(timeout=5)
+
+
+def test_an_assigned_topic_this_principal_may_not_describe_is_an_authorization_error(node: FakeNode) -> None:
+    """A topic named in subscribe() that the principal may not describe (a secure cluster):
+    the coordinator assigns it (a named topic stays), METADATA refuses it. It waited
+    pending for ever, re-read every 250 ms; poll() now raises AuthorizationFailedError each
+    time the map is read again, as Kafka's TopicAuthorizationException, after the heartbeat
+    (the membership holds) and while the other partitions are read."""
+    secret = "secret-topic"
+
+    def metadata(request: apis.Message) -> list[Reply]:
+        body = node.sane(request)
+        for topic in body["topics"]:
+            if topic["name"] == secret:
+                topic.update(error=errors.AuthorizationFailedError.code, partitions=[])
+        return [node.answer(request, body)]
+
+    def heartbeat(request: apis.Message) -> list[Reply]:
+        return [node.answer(request, {"error": 0, "message": "", "member_id": "m1", "member_epoch": 5,
+                                      "heartbeat_interval_ms": 3_000,
+                                      "assignment": [{"topic": TOPIC, "partitions": [0]},
+                                                     {"topic": secret, "partitions": [0]}]})]
+
+    node.handlers[ApiKey.METADATA] = metadata
+    node.handlers[ApiKey.CONSUMER_GROUP_HEARTBEAT] = heartbeat
+    node.handlers[ApiKey.FETCH] = lambda r: []
+    consumer = Consumer(node.address, group_id="g1", request_timeout_ms=1000, enable_auto_commit=False)
+    try:
+        consumer.subscribe([TOPIC, secret])
+        assert consumer.assignment() == [TopicPartition(TOPIC, 0)]
+        deadline = time.monotonic() + 2
+        with pytest.raises(errors.AuthorizationFailedError, match=secret):
+            while time.monotonic() < deadline:
+                consumer.poll(timeout_ms=50)
+        consumer.poll(timeout_ms=0)  # raised once per re-read of the map, not at every poll
+        assert consumer.assignment() == [TopicPartition(TOPIC, 0)]
+    finally:
+        consumer.close()
