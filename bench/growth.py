@@ -1,7 +1,7 @@
 """Growth: does throughput stay flat as data, partitions and producers grow? Printed as
 ratios from one run, with the peak resident memory of the producer and of the node.
 
-    python -m bench.growth [--messages 500000] [--retained-mb 1024] [--repeats 3]
+    python -m bench.growth [--messages 500000] [--retained-mb 1024] [--repeats 3] [--producers-nice 0]
 
 One local node, acks=1, lz4, random (incompressible, so stored as they are) 100-byte
 records sent with ``send_batch`` (so that the producer's Python work does not hide the
@@ -20,6 +20,10 @@ node's), and for the producers' second ratio with a ``send()`` each:
   process, whose memory has long been in use: a new process's first pass touches its
   buffers for the first time), and none closes or exits before all have reported, so the
   timed window holds the 16 producers' sending and nothing of their start-up or teardown.
+  ``--producers-nice N`` runs the producers of this part (the single one too, and so the
+  sixteen, which inherit it) at niceness N, the node at its own: on a machine the node
+  shares, sixteen busy producers at equal priority take CPU the node needs, which is not
+  so when they run on other machines, as deployed. The default, 0, is equal priority.
 
 Medians over ``--repeats``; the node's peak RSS is its VmHWM from /proc.
 """
@@ -35,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._cli import json_line, positive_int, quiet_children, read_stalled, run
+from bench._cli import json_line, non_negative_int, positive_int, quiet_children, read_stalled, run
 from bench.stats import median
 from fabric.local import LocalCluster
 from sdk import Admin, Consumer, Producer, TopicPartition
@@ -142,15 +146,25 @@ def node_peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _niceness(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 19:
+        raise argparse.ArgumentTypeError(f"{text!r} is above 19, the highest niceness")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=positive_int, default=500_000)
     parser.add_argument("--retained-mb", type=positive_int, default=1024)
     parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--producers-nice", type=_niceness, default=0, metavar="0-19",
+                        help="niceness of the producers of the producers part (the node keeps its own)")
     args = parser.parse_args(argv)
     n, repeats = args.messages, args.repeats
     figures: dict[str, Any] = {"bench": "growth", "messages": n, "size": SIZE, "retained_mb": args.retained_mb,
-                               "repeats": repeats, "load_average_1m_start": round(os.getloadavg()[0], 2)}
+                               "repeats": repeats, "producers_nice": args.producers_nice,
+                               "load_average_1m_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="fabric-bench-") as tmp, LocalCluster(1, Path(tmp) / "cluster") as cluster:
         bootstrap = cluster.bootstrap
         node_pid = next(iter(cluster.nodes.values())).process.pid
@@ -178,14 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         sixty_four = [n / produce(bootstrap, "p64", n) for _ in range(repeats)]
         print(f"partitions: 64 -> {median(sixty_four):,.0f} msg/s vs 1 -> {median(one):,.0f} = "
               f"{median(sixty_four) / median(one):.2f}", flush=True)
+        if args.producers_nice:
+            os.nice(args.producers_nice)  # this process and the producers it starts from now on; the node started before
         single = [n / produce(bootstrap, "many", n) for _ in range(repeats)]
         shared = n // 16 * 16  # what the sixteen send between them: n // 16 each
         sixteen = [shared / many_producers(bootstrap, "many", n, 16) for _ in range(repeats)]
-        print(f"producers, send_batch: 16 -> {median(sixteen):,.0f} msg/s aggregate vs 1 -> "
+        nice = f" (producers at nice {args.producers_nice})" if args.producers_nice else ""
+        print(f"producers, send_batch{nice}: 16 -> {median(sixteen):,.0f} msg/s aggregate vs 1 -> "
               f"{median(single):,.0f} = {median(sixteen) / median(single):.2f}", flush=True)
         single_send = [n / produce(bootstrap, "many", n, per_record=True) for _ in range(repeats)]
         sixteen_send = [shared / many_producers(bootstrap, "many", n, 16, per_record=True) for _ in range(repeats)]
-        print(f"producers, send() per record: 16 -> {median(sixteen_send):,.0f} msg/s aggregate vs 1 -> "
+        print(f"producers, send() per record{nice}: 16 -> {median(sixteen_send):,.0f} msg/s aggregate vs 1 -> "
               f"{median(single_send):,.0f} = {median(sixteen_send) / median(single_send):.2f}", flush=True)
         figures.update({
             "empty_produce_msgs_per_s": round(empty[0]), "empty_consume_msgs_per_s": round(empty[1]),

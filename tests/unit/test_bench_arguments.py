@@ -27,6 +27,7 @@ BAD = [
     ("bench.bulk", ["--chunk", "0"]),
     ("bench.growth", ["--messages", "-5"]),
     ("bench.growth", ["--retained-mb", "x"]),
+    ("bench.growth", ["--producers-nice", "20"]),
     ("bench.storage_layout", ["--partitions", "0"]),
     ("bench.storage_layout", ["--retained-gb", "0.0001"]),
     ("bench.c_client", ["--messages", "-5"]),
