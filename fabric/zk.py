@@ -639,13 +639,24 @@ def settled_copies(states: Iterable[PartitionState]) -> int:
     return min(min(len(s.replicas) - len(s.adding), len(s.replicas) - len(s.removing)) for s in states)
 
 
+def read_partition_states(zk: KazooClient, name: str, partitions: int) -> list[PartitionState]:
+    """Partitions 0..``partitions``-1 of a topic, read now (pipelined), each with the
+    version it was read at; raises the first read's exception (NoNodeError, a timeout)."""
+    reads = get_many(zk, [partition_path(name, p) for p in range(partitions)])
+    for read in reads:
+        if isinstance(read, Exception):
+            raise read
+    return [PartitionState.decode(p, data, stat.version) for p, (data, stat) in enumerate(reads)]
+
+
 def current_replication_factor(zk: KazooClient, name: str, config: TopicConfig) -> int:
     """``settled_copies`` of the topic's partitions, read now; the config's value when a
     partition state cannot be read (a topic being deleted, ZooKeeper's answer lost)."""
-    reads = get_many(zk, [partition_path(name, p) for p in range(config.partitions)])
-    if not reads or any(isinstance(read, Exception) for read in reads):
+    try:
+        states = read_partition_states(zk, name, config.partitions)
+    except Exception:
         return config.replication_factor
-    return settled_copies(PartitionState.decode(p, data, stat.version) for p, (data, stat) in enumerate(reads))
+    return settled_copies(states) if states else config.replication_factor
 
 
 def add_partitions(zk: KazooClient, name: str, total: int) -> TopicConfig:

@@ -157,11 +157,7 @@ def raise_internal_config(node: NodeState, topic: str) -> None:
     try:
         raw, stat = zkl.get(node.zk, zkl.topic_path(topic))
         config = TopicConfig.decode(raw)
-        reads = zkl.get_many(node.zk, [zkl.partition_path(topic, p) for p in range(config.partitions)])
-        for read in reads:
-            if isinstance(read, Exception):
-                raise read
-        states = [PartitionState.decode(p, data, st.version) for p, (data, st) in enumerate(reads)]
+        states = zkl.read_partition_states(node.zk, topic, config.partitions)
         raised = grown_internal_config(topic, config, states)
         if raised is None:
             return
