@@ -14,8 +14,9 @@ ever being read by two members: revoke first (commit its position, call
 the next heartbeat, sent at once; only then can the coordinator give it to someone else.
 
 A heartbeat answer with no error is checked before anything of it is taken (``_answer_fault``):
-one no coordinator could send (an epoch below 1, no member id, an assignment naming a
-negative partition, one twice, or a topic the member did not subscribe to) is refused
+one no coordinator could send (an epoch below 1, no member id, another member id than the
+one a member in the group sent, an assignment naming a negative partition, one twice, or a
+topic the member did not subscribe to) is refused
 whole: poll() raises, and the coordinator is found again. (Kafka's classic consumer does
 not take an assignment that does not match its subscription either; it rejoins.) Assigned
 partitions the member's routing map does not list yet (a topic just grown, a pattern's
@@ -226,8 +227,9 @@ class GroupMember:
         return sorted({tp.topic for tp in pending} & self.consumer._meta.denied)
 
     def _heartbeat(self, now: float) -> None:
-        topics, pattern = self.topics, self.pattern  # the answer is checked against what was sent
-        body = {"group_id": self.group_id, "member_id": self.member_id, "member_epoch": self.member_epoch,
+        # The answer is checked against what was sent: the subscription, and who sent it.
+        topics, pattern, member_id, epoch = self.topics, self.pattern, self.member_id, self.member_epoch
+        body = {"group_id": self.group_id, "member_id": member_id, "member_epoch": epoch,
                 "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
                 "subscribed_topics": topics, "subscribed_topic_regex": pattern,
                 "owned": gp.tp_list((tp.topic, tp.partition) for tp in self.owned)}
@@ -257,7 +259,7 @@ class GroupMember:
                 self._next_heartbeat_s = now + COORDINATOR_RETRY_MS / 1000.0
                 return
             raise cls(response["message"])
-        fault = _answer_fault(response, topics, pattern)
+        fault = _answer_fault(response, topics, pattern, member_id, epoch)
         if fault:
             # Nothing of the answer is taken (the session clock still runs from the last
             # good one); the coordinator is found again before the next heartbeat, paced as
@@ -458,15 +460,24 @@ class GroupMember:
         raise errors.CoordinatorNotAvailableError(f"no node answered FIND_COORDINATOR for {self.group_id!r}: {last}")
 
 
-def _answer_fault(response: dict[str, Any], topics: list[str], pattern: str) -> str:
+def _answer_fault(response: dict[str, Any], topics: list[str], pattern: str, member_id_sent: str,
+                  epoch_sent: int) -> str:
     """What makes a heartbeat answer with no error one that no coordinator sends ("" when
     nothing does), given the subscription the heartbeat carried (the coordinator assigns
-    from that one, nodes/group_state.py). Stored, each of these went out again or was read:
+    from that one, nodes/group_state.py) and the member id and epoch it was sent with.
+    Stored, each of these went out again or was read:
 
     * a member epoch of 0 or below (a coordinator gives 1 or more): in the next heartbeat a
       leave, or a rejoin that freed our partitions for others while we still read them;
     * a member id that is empty, not a string or longer than MEMBER_ID_BYTES_MAX: the next
       heartbeat was UNKNOWN_MEMBER_ID, the partitions lost and a rejoin;
+    * a member id other than the one sent, answering a member in the group (epoch above 0):
+      a coordinator answers such a heartbeat with the member it names, or with an error
+      (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, FENCED_INSTANCE_ID). Only a join (epoch 0)
+      gets a new id: a first one, a static member's every join (the instance taken over
+      under a new id), a rejoin under an id the group no longer knows. Stored, it went out
+      in the next heartbeat and every commit: another member's id, or one the group does
+      not know (UNKNOWN_MEMBER_ID: the partitions lost and a rejoin);
     * a negative partition (taken, with no leader: the map was re-read at every poll), one
       at PARTITIONS_MAX or above (no topic ever has it), a topic or partition listed twice
       (Kafka's client keeps a topic's last entry, ``tp_set`` took the union: the answer
@@ -483,6 +494,9 @@ def _answer_fault(response: dict[str, Any], topics: list[str], pattern: str) -> 
     if not isinstance(member_id, str) or not member_id or len(member_id.encode("utf-8")) > MEMBER_ID_BYTES_MAX:
         return (f"member id {str(member_id)[:40]!r} of type {type(member_id).__name__} (a coordinator gives "
                 f"1 to MEMBER_ID_BYTES_MAX={MEMBER_ID_BYTES_MAX} bytes)")
+    if epoch_sent > gp.JOIN_EPOCH and member_id != member_id_sent:
+        return (f"member id {member_id[:40]!r} to member {member_id_sent[:40]!r} at epoch {epoch_sent} (a "
+                "coordinator answers a member in the group under the id it sent; only a join gets a new one)")
     named = set(topics)
     matcher = gp.compile_topic_pattern(pattern) if pattern else None
     seen: set[str] = set()

@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from fabric import errors
+from fabric.limits import PARTITIONS_MAX
 from fabric.protocol import apis
+from fabric.protocol import batch as batch_format
 from fabric.protocol import groups as gp
 from fabric.protocol.apis import ApiKey
 from fabric.wording import plural
 from sdk._arguments import I32_MAX, I64_MAX, int_arg, str_arg
 from sdk._client import METADATA_CONNECT_MS, METADATA_TIMEOUT_MS, TopicPartition
+from sdk._group import MEMBER_ID_BYTES_MAX
 
 if TYPE_CHECKING:
     from sdk._client import Connections, MetadataClient
@@ -102,12 +105,21 @@ class GroupAdmin:
         body = self._group_call(group_id, ApiKey.DESCRIBE_GROUPS, {"group_ids": [group_id]})
         g = _row_of(body["groups"], group_id, "DESCRIBE_GROUPS")
         errors.raise_for_code(g["error"], f"describe group {group_id!r}")
+        fault = _description_fault(g)
+        if fault:
+            raise errors.UnknownServerError(f"the DESCRIBE_GROUPS answer for group {group_id!r} gave {fault}",
+                                            group_id=group_id)
         members = tuple(MemberDescription(m["member_id"], m["instance_id"], m["member_epoch"],
                                           tuple(m["subscribed_topics"]), m["subscribed_topic_regex"],
                                           _tps(m["assignment"]), _tps(m["revoking"])) for m in g["members"])
         reader = {tp: m.member_id for m in members for tp in m.assignment}
         fetched = self._group_call(group_id, ApiKey.OFFSET_FETCH, {"group_id": group_id, "partitions": []})
         errors.raise_for_code(fetched["error"], fetched["message"])
+        for o in fetched["offsets"]:
+            if not -1 <= o["offset"] <= batch_format.OFFSET_MAX:  # was taken for "none"
+                raise errors.UnknownServerError(
+                    f"the OFFSET_FETCH answer for group {group_id!r} gave {o['topic'][:200]!r} partition "
+                    f"{o['partition']} offset {o['offset']} (-1, for none, or 0 up)", group_id=group_id)
         committed = {TopicPartition(o["topic"], o["partition"]): (o["offset"], o["metadata"])
                      for o in fetched["offsets"] if o["offset"] >= 0}  # -1 is the wire's "none"
         tps = sorted(set(committed) | set(reader), key=lambda tp: (tp.topic, tp.partition))
@@ -263,8 +275,53 @@ class GroupAdmin:
             results = {(r["topic"], r["partition"]): r for r in body["partitions"]}
             for tp in led:
                 result = results.get((tp.topic, tp.partition))
-                out[tp] = result["offset"] if result is not None and result["error"] == 0 else -1
+                if result is None or result["error"]:
+                    out[tp] = -1
+                    continue
+                # -1 means "none" only for a time (as in Consumer's offset lookups): a
+                # negative log start or end was shown by describe_group (and its lag taken
+                # for unknown) and given back by reset_offsets.
+                if not (-1 if timestamp >= 0 else 0) <= result["offset"] <= batch_format.OFFSET_MAX:
+                    raise errors.UnknownServerError(
+                        f"the LIST_OFFSETS answer of {address} gave {tp} offset {result['offset']}")
+                out[tp] = result["offset"]
         return out
+
+
+def _description_fault(row: dict[str, Any]) -> str:
+    """What makes a DESCRIBE_GROUPS row with no error one that no coordinator sends ("" when
+    nothing does; nodes/group_state.py ``describe``), so that describe_group never hands
+    the user an impossible value: a group epoch below 0; a member id that is empty, not a
+    string, longer than MEMBER_ID_BYTES_MAX or given twice; an instance id that is not a
+    string; a member epoch below 1 (a coordinator gives 1 or more); a partition outside 0
+    to PARTITIONS_MAX-1; a partition held (assigned or being revoked) twice, by one member
+    or by two (the coordinator gives a partition only to a member when no other holds it).
+    ``state`` is not checked: a newer node may name a state this SDK does not know."""
+    if row["group_epoch"] < 0:
+        return f"group epoch {row['group_epoch']} (a coordinator gives 0 or more)"
+    seen_ids: set[str] = set()
+    held: set[tuple[str, int]] = set()
+    for member in row["members"]:
+        member_id = member["member_id"]
+        if not isinstance(member_id, str) or not member_id or len(member_id.encode("utf-8")) > MEMBER_ID_BYTES_MAX:
+            return (f"member id {str(member_id)[:40]!r} of type {type(member_id).__name__} (a coordinator gives "
+                    f"1 to MEMBER_ID_BYTES_MAX={MEMBER_ID_BYTES_MAX} bytes)")
+        if member_id in seen_ids:
+            return f"member {member_id[:40]!r} twice"
+        seen_ids.add(member_id)
+        if not isinstance(member["instance_id"], str):
+            return f"member {member_id[:40]!r} an instance id of type {type(member['instance_id']).__name__}"
+        if member["member_epoch"] < 1:
+            return f"member {member_id[:40]!r} epoch {member['member_epoch']} (a coordinator gives 1 or more)"
+        for entry in (*member["assignment"], *member["revoking"]):
+            for partition in entry["partitions"]:
+                if not 0 <= partition < PARTITIONS_MAX:
+                    return (f"member {member_id[:40]!r} partition {partition} of {entry['topic'][:200]!r} (partitions "
+                            f"are 0 to PARTITIONS_MAX-1={PARTITIONS_MAX - 1})")
+                if (entry["topic"], partition) in held:
+                    return f"partition {partition} of {entry['topic'][:200]!r} held twice"
+                held.add((entry["topic"], partition))
+    return ""
 
 
 def _row_of(rows: list[dict[str, Any]], group_id: str, api: str) -> dict[str, Any]:

@@ -281,6 +281,7 @@ HELD = [{"topic": TOPIC, "partitions": [0]}]  # what a sane coordinator gives th
 @pytest.mark.parametrize(("pattern", "bad"), [
     (None, {"member_id": ""}),  # echoed, the next heartbeat was UNKNOWN_MEMBER_ID: partitions lost, a rejoin
     (None, {"member_id": "m" * 201}),  # above MEMBER_ID_BYTES_MAX: in every later request
+    (None, {"member_id": "m2"}),  # a member in the group renamed: its next heartbeat and commits under another's id
     (None, {"assignment": [{"topic": TOPIC, "partitions": [-1]}]}),  # was taken: assigned, without a leader
     (None, {"assignment": [{"topic": TOPIC, "partitions": [1, 1]}]}),
     (None, {"assignment": [{"topic": TOPIC, "partitions": [0]}, {"topic": TOPIC, "partitions": [1]}]}),
