@@ -29,7 +29,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import (
+    BadVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, WatchedEvent
@@ -729,23 +735,32 @@ def alter_topic_config(zk: KazooClient, name: str, configs: dict[str, str]) -> T
     for key in configs:
         if key not in TopicConfig.ALTERABLE:
             raise errors.InvalidConfigError(f"{key!r} {_why_not_alterable(key)}; alterable: {', '.join(TopicConfig.ALTERABLE)}")
-    try:
-        raw, stat = get(zk, topic_path(name))
-    except NoNodeError:
-        raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
-    config = TopicConfig.decode(raw)
-    current = config.as_strings()
-    merged = {key: current[key] for key in TopicConfig.SETTABLE} | configs
-    # min_insync is checked against the copies the topic has now (a topic made with 1 and
-    # moved to 3 could not be given min_insync 2), and the factor stored follows them.
-    factor = current_replication_factor(zk, name, config)
-    altered = TopicConfig.build(config.partitions, factor, merged, config.created_ms)
-    tx = zk.transaction()
-    tx.set_data(topic_path(name), altered.encode(), version=stat.version)
-    failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]
-    if failures:
-        raise errors.InvalidConfigError(f"topic {name!r} changed while its configs were set; try again: {failures[0]!r}")
-    return altered
+    failures: list[Any] = []
+    for _ in range(TOPIC_TRANSACTION_TRIES):
+        try:
+            raw, stat = get(zk, topic_path(name))
+        except NoNodeError:
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+        config = TopicConfig.decode(raw)
+        current = config.as_strings()
+        merged = {key: current[key] for key in TopicConfig.SETTABLE} | configs
+        # min_insync is checked against the copies the topic has now (a topic made with 1 and
+        # moved to 3 could not be given min_insync 2), and the factor stored follows them. A
+        # move to fewer copies committed after this read rewrites the config
+        # (write_partition_state_with_config): the version check below then fails, and the
+        # next try checks against the copies it left.
+        factor = current_replication_factor(zk, name, config)
+        altered = TopicConfig.build(config.partitions, factor, merged, config.created_ms)
+        tx = zk.transaction()
+        tx.set_data(topic_path(name), altered.encode(), version=stat.version)
+        failures = [r for r in commit(tx, f"topic {name!r} transaction") if isinstance(r, Exception)]
+        if not failures:
+            return altered
+        if any(isinstance(r, NoNodeError) for r in failures):
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        if not any(isinstance(r, BadVersionError) for r in failures):
+            break
+    raise errors.InvalidConfigError(f"topic {name!r} changed while its configs were set; try again: {failures[0]!r}")
 
 
 def delete_topic(zk: KazooClient, name: str) -> None:
@@ -798,6 +813,39 @@ def write_partition_state(zk: KazooClient, topic: str, state: PartitionState,
             raise BadVersionError()
     stat = set_data(zk, partition_path(topic, state.partition), state.encode(), version=state.version)
     return dataclasses.replace(state, version=stat.version)
+
+
+def commit_all(tx: Any, what: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[Any]:
+    """``commit`` a transaction that must succeed whole: its results, or the exception of
+    the op that failed (BadVersionError, NoNodeError), not the RolledBackError of the
+    others it undid."""
+    results = commit(tx, what, timeout_s)
+    failures = [r for r in results if isinstance(r, Exception)]
+    if failures:
+        raise next((r for r in failures if not isinstance(r, RolledBackError)), failures[0])
+    return results
+
+
+def write_partition_state_with_config(zk: KazooClient, topic: str, old: PartitionState, new: PartitionState,
+                                      config: bytes, config_version: int) -> PartitionState:
+    """Write ``new`` over ``old`` (version-checked, as ``write_partition_state``) in one
+    transaction with the topic config it was decided against, read at ``config_version``
+    (``config`` its data): a reassignment, checked against that config's ``min_insync``.
+    The config is checked when ``new`` keeps at least ``old``'s copies (``settled_copies``),
+    and written again unchanged, moving its version on, when it has fewer: a config write
+    decided from the copies before this one (ALTER_TOPIC_CONFIGS setting ``min_insync``, the
+    controller raising an internal topic's) then fails its own version check and decides
+    again, rather than leaving ``min_insync`` above the partition's copies. Raises
+    BadVersionError (the config or the partition changed since read) or NoNodeError (the
+    topic was deleted)."""
+    tx = zk.transaction()
+    if settled_copies([new]) < settled_copies([old]):
+        tx.set_data(topic_path(topic), config, version=config_version)
+    else:
+        tx.check(topic_path(topic), config_version)
+    tx.set_data(partition_path(topic, new.partition), new.encode(), version=new.version)
+    results = commit_all(tx, f"partition {topic}/{new.partition} transaction")
+    return dataclasses.replace(new, version=results[-1].version)
 
 
 def write_partition_states(zk: KazooClient, writes: list[tuple[str, PartitionState, int]]) -> list[Any]:

@@ -15,7 +15,10 @@ As Kafka does it (KIP-455), the controller owns the decision and the move has tw
    removed replica stops serving the partition and deletes its copy (``nodes/roles.py``).
 
 Both writes are version-checked, like every partition state write: a leader changing the
-ISR meanwhile makes the controller's write fail and the next round decide again.
+ISR meanwhile makes the controller's write fail and the next round decide again. ``begin``
+is also checked against the topic config it read (its ``min_insync``), in the same
+transaction; a move to fewer copies rewrites that config, so a raise of ``min_insync``
+decided from the copies before it fails too (``zkl.write_partition_state_with_config``).
 ``describe_replicas`` answers DESCRIBE_REPLICAS: each node's own copy (range, size), so
 ``fabric topic describe`` can show a moving replica's progress.
 """
@@ -161,13 +164,14 @@ def raise_internal_config(node: NodeState, topic: str) -> None:
         raised = grown_internal_config(topic, config, states)
         if raised is None:
             return
+        # A move to fewer copies begun since these reads fails both checks: it changed its
+        # partition's state, and rewrote the config (zkl.write_partition_state_with_config).
+        # One begun after this commit is checked against the raised min_insync.
         tx = node.zk.transaction()
         for state in states:
             tx.check(zkl.partition_path(topic, state.partition), state.version)
         tx.set_data(zkl.topic_path(topic), raised.encode(), version=stat.version)
-        failures = [r for r in zkl.commit(tx, f"topic {topic!r} transaction") if isinstance(r, Exception)]
-        if failures:  # the op that failed, not the others it rolled back
-            raise next((r for r in failures if not isinstance(r, RolledBackError)), failures[0])
+        zkl.commit_all(tx, f"topic {topic!r} transaction")
     except Exception as exc:  # a race, or ZooKeeper away: the next round decides again
         if not isinstance(exc, (BadVersionError, NoNodeError, RolledBackError)):
             log.warning("controller: raising %s's min_insync failed: %s: %s", topic, type(exc).__name__, exc)
@@ -201,25 +205,44 @@ def handle_reassign(node: NodeState, envelope: Envelope, request: apis.Message) 
 
 def _begin_in_zookeeper(node: NodeState, topic: str, partition: int, target: tuple[int, ...],
                         throttle_bytes_per_s: int) -> dict[str, Any]:
-    """On the ZooKeeper worker: read, decide, write (version-checked)."""
+    """On the ZooKeeper worker: read the topic config and the partition state, decide,
+    write in one transaction with the config (``zkl.write_partition_state_with_config``).
+    The ``min_insync`` a target is checked against is the config's in ZooKeeper, not this
+    node's cached copy: a raise of it just committed (the controller's of an internal
+    topic, ALTER_TOPIC_CONFIGS) is seen, and one committed between the read and the write
+    fails the write, which reads and decides again. Either way a partition is never moved
+    to fewer copies than its topic's ``min_insync``."""
     try:
-        route = node.routing.topic(topic)
-        if route is None:
-            raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
-        try:
-            raw, stat = zkl.get(node.zk, zkl.partition_path(topic, partition))
-        except NoNodeError:
-            raise errors.UnknownTopicOrPartitionError(f"{topic} has no partition {partition}") from None
-        state = PartitionState.decode(partition, raw, stat.version)
-        live = set(zkl.live_nodes(node.zk))
-        # No replicas: cancel the running move (docs/PROTOCOL.md 5.18).
-        new_state = cancel(state, live) if not target else \
-            begin(state, target, throttle_bytes_per_s, live, route.config.min_insync)
-        if new_state is not None:
-            written = zkl.write_partition_state(node.zk, topic, new_state)
+        for _ in range(zkl.TOPIC_TRANSACTION_TRIES):
+            try:
+                raw_config, config_stat = zkl.get(node.zk, zkl.topic_path(topic))
+            except NoNodeError:
+                raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}") from None
+            try:
+                raw, stat = zkl.get(node.zk, zkl.partition_path(topic, partition))
+            except NoNodeError:
+                raise errors.UnknownTopicOrPartitionError(f"{topic} has no partition {partition}") from None
+            config = TopicConfig.decode(raw_config)
+            state = PartitionState.decode(partition, raw, stat.version)
+            live = set(zkl.live_nodes(node.zk))
+            # No replicas: cancel the running move (docs/PROTOCOL.md 5.18).
+            new_state = cancel(state, live) if not target else \
+                begin(state, target, throttle_bytes_per_s, live, config.min_insync)
+            if new_state is None:
+                break
+            try:
+                written = zkl.write_partition_state_with_config(node.zk, topic, state, new_state, raw_config,
+                                                                config_stat.version)
+            except (BadVersionError, NoNodeError):
+                continue  # the config or the partition changed (or the topic went): read and decide again
             node.routing.apply_partition_state(topic, written)
             node.routing_dirty = True
             node.controller_dirty = True  # nothing to add (a removal only) completes at once
+            break
+        else:
+            raise errors.RequestTimedOutError(
+                f"partition {topic}/{partition} kept changing while the move was decided "
+                f"({zkl.TOPIC_TRANSACTION_TRIES} tries); try again")
     except errors.FabricError as exc:
         return {"error": exc.code, "message": exc.message}
     return {"error": 0, "message": ""}
