@@ -248,6 +248,12 @@ typedef struct fabric_consumer_config {
     int offset_reset;           /* FABRIC_RESET_*; default EARLIEST */
     const char *curve_key_file;   /* as in fabric_producer_config_t; NULL: $FABRIC_KEY_FILE */
     const char *curve_server_key; /* NULL: $FABRIC_SERVER_KEY */
+    /* How long polls wait, counted across polls, for METADATA to map an assigned partition's
+     * topic that the answers list with a retriable error (LEADER_NOT_AVAILABLE,
+     * NODE_NOT_READY, ...) or leave without partitions; then a poll returns
+     * FABRIC_ERR_REQUEST_TIMED_OUT and the next one waits anew. Default 60000 (as the
+     * producer's max_block_ms); -1 = no limit. */
+    int metadata_wait_ms;
 } fabric_consumer_config_t;
 
 typedef struct fabric_consumer fabric_consumer_t;
@@ -261,6 +267,7 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
                            int64_t offset);
 /* The next record, waiting up to timeout_ms. *record is NULL when none came in time
  * (return value 0). The record and its bytes stay valid until the next poll or destroy.
+ * REQUEST_TIMED_OUT when an assigned partition's topic had no map for metadata_wait_ms.
  * A FETCH whose answer has not come when timeout_ms runs out stays pending for the next
  * poll (given up after max_wait_ms + request_timeout_ms); a poll waits at most 100 ms past
  * timeout_ms for the answer of a FETCH it has just sent. */

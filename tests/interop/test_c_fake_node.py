@@ -8,6 +8,7 @@ answer carrying a corrupt batch or an lz4 bomb (the client must refuse it cleanl
 
 from __future__ import annotations
 
+import resource
 import struct
 import subprocess
 import threading
@@ -352,6 +353,16 @@ def test_consumer_poll_returns_within_its_timeout_when_the_leader_never_answers(
     assert b"0 records" in run.stderr
 
 
+def compile_program(c_client: CClient, tmp_path: Path, name: str, source: str, *link_flags: str) -> Path:
+    """A test program against libfabric.a (with the sanitizers' flags when those are on)."""
+    source_path, binary = tmp_path / f"{name}.c", tmp_path / name
+    source_path.write_text(source)
+    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source_path),
+                    str(c_client.static_lib), *link_flags, "-lzmq", "-llz4", "-lz", "-o", str(binary)],
+                   check=True, timeout=120)
+    return binary
+
+
 _PATIENT_CONSUMER_C = r"""
 #include <limits.h>
 #include <stdio.h>
@@ -389,10 +400,7 @@ def test_consumer_request_timeout_of_int_max_keeps_one_fetch_pending(c_client: C
     and the unanswered FETCH was given up at once and sent again after every backoff."""
     node, set_handler = fake_node
     set_handler(lambda request: None)  # FETCH is read and never answered
-    source, binary = tmp_path / "patient_consumer.c", tmp_path / "patient_consumer"
-    source.write_text(_PATIENT_CONSUMER_C)
-    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source),
-                    str(c_client.static_lib), "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
+    binary = compile_program(c_client, tmp_path, "patient_consumer", _PATIENT_CONSUMER_C)
     run = subprocess.run([str(binary), node.address, TOPIC], capture_output=True, text=True,
                          timeout=PROCESS_TIMEOUT_S, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -673,11 +681,8 @@ def test_producer_survives_each_allocation_failure_of_a_first_produce(c_client: 
     node, set_handler = fake_node
     node.partitions = 3
     set_handler(lambda request: produce_result(request, 0, 0))
-    source, binary = tmp_path / "allocation_failures.c", tmp_path / "allocation_failures"
-    source.write_text(_ALLOCATION_FAILURES_C)
-    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source),
-                    str(c_client.static_lib), "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc",
-                    "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
+    binary = compile_program(c_client, tmp_path, "allocation_failures", _ALLOCATION_FAILURES_C,
+                             "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc")
     run = subprocess.run([str(binary), node.address, TOPIC], capture_output=True, text=True,
                          timeout=PROCESS_TIMEOUT_S, check=False)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stdout}{run.stderr[-3000:]}"
@@ -1001,10 +1006,11 @@ int main(int argc, char **argv) {
     return rc != 0 || r == NULL;
 }
 """
-# Addresses the moving leader takes in turn: more than the C client could keep open at once.
-# Its table holds FABRIC_NODES_MAX = 1,024 addresses, but each takes six ZeroMQ sockets (two
-# DEALERs and their handshake monitors, two sockets each) of the 1,023 libzmq allows a context
-# by default, so it ran out at the 171st: "cannot open a socket ...: Too many open files".
+# Addresses the moving leader takes in turn: more than the C client could once keep open at
+# once. Its table holds FABRIC_NODES_MAX = 1,024 addresses, but each took six ZeroMQ sockets
+# (two DEALERs and their handshake monitors, two sockets each) of the 1,023 libzmq allows a
+# context by default, so it ran out at the 171st: "cannot open a socket ...: Too many open
+# files". (It now takes four, of a context sized for the whole table: see the test below.)
 LEADER_ADDRESSES = 300
 
 
@@ -1029,10 +1035,7 @@ def test_consumer_follows_a_leader_through_more_addresses_than_it_can_keep_open(
         return fetch_answer(request, [good_batch(0)])
 
     set_handler(handler)
-    source, binary = tmp_path / "moving_leader.c", tmp_path / "moving_leader"
-    source.write_text(_MOVING_LEADER_C)
-    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", *c_client.cflags, f"-I{c_client.root}", str(source),
-                    str(c_client.static_lib), "-lzmq", "-llz4", "-lz", "-o", str(binary)], check=True, timeout=120)
+    binary = compile_program(c_client, tmp_path, "moving_leader", _MOVING_LEADER_C)
     run = subprocess.run([str(binary), node.address, TOPIC], capture_output=True, text=True,
                          timeout=PROCESS_TIMEOUT_S, check=False)
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
@@ -1094,3 +1097,149 @@ def test_producer_takes_an_answer_held_across_a_refresh_that_drops_its_address(c
     sent = [batch_format.decode_batch(request[0]).values for request in node.produce_batches]
     assert sent == [[b"a"], [b"b"], [b"b"]]  # "a" once (its held answer taken), "b" resent after NOT_LEADER
     assert node.metadata_requests == 2  # the answer to "a" was held until the second one
+
+
+_NOW_MS_C = r"""
+#include <time.h>
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+"""
+_EVERY_PARTITION_C = _NOW_MS_C + r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <fabric.h>
+
+
+/* argv: bootstrap topic partitions. A consumer of partitions 0..n-1 from offset 0 polls until
+ * each has given a record (or 10 s pass), and says how many did. */
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    int n = atoi(argv[3]);
+    /* Each node address takes six file descriptors: as an application talking to many nodes
+     * does, raise the soft open-file limit to the hard one (docs/C_CLIENT.md). */
+    struct rlimit files;
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+        files.rlim_cur = files.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &files);
+    }
+    fabric_consumer_t *c;
+    if (fabric_consumer_new(&c, argv[1], NULL)) return 3;
+    for (int p = 0; p < n; p++)
+        if (fabric_consumer_assign(c, argv[2], p, 0)) return 3;
+    char *seen = calloc((size_t)n, 1);
+    int count = 0, rc = 0;
+    long long deadline = now_ms() + 10000;
+    while (count < n && now_ms() < deadline) {
+        const fabric_record_t *r = NULL;
+        rc = fabric_consumer_poll(c, 500, &r);
+        if (rc) break;
+        if (r && !seen[r->partition]) seen[r->partition] = 1, count++;
+    }
+    printf("%d of %d partitions: %s: %s\n", count, n, fabric_err_name(rc), fabric_consumer_last_error(c));
+    free(seen);
+    fabric_consumer_destroy(c);
+    return count != n;
+}
+"""
+# Node addresses one consumer reads from at once: above the ~170 that libzmq's default of
+# 1,023 sockets a context allowed (six sockets each, then), and quick to go through.
+SIMULTANEOUS_ADDRESSES = 300
+
+
+@pytest.mark.parametrize("fake_node", [SIMULTANEOUS_ADDRESSES], indirect=True)
+def test_consumer_reads_from_more_node_addresses_at_once_than_a_default_context_allows(
+        c_client: CClient, fake_node: Any, tmp_path: Path) -> None:
+    """Partition p is led by node p + 1 at the node's p-th port, all listed in every METADATA
+    answer, so the consumer keeps a connection to each at once (none is unused). Its context
+    kept libzmq's ZMQ_MAX_SOCKETS of 1,023, and at six sockets an address the 171st could not
+    be opened ("Too many open files"): 170 partitions were read, the others never. The client
+    now sizes its context for FABRIC_NODES_MAX addresses (capped by ZMQ_SOCKET_LIMIT) and
+    takes four sockets an address."""
+    node, set_handler = fake_node
+    # This process holds the node's end of every connection (two an address) and its ports.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4 * SIMULTANEOUS_ADDRESSES + 256
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below the {wanted} files this test needs")
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    body = metadata_body(node.address, SIMULTANEOUS_ADDRESSES)
+    body["nodes"] = [{"node_id": i + 1, "address": address} for i, address in enumerate(node.addresses)]
+    for p in body["topics"][0]["partitions"]:
+        p.update(leader=p["partition"] + 1, replicas=[p["partition"] + 1], isr=[p["partition"] + 1])
+    node.metadata = lambda n: body
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)] if request.body["partitions"][0][
+        "fetch_offset"] == 0 else []))
+    binary = compile_program(c_client, tmp_path, "every_partition", _EVERY_PARTITION_C)
+    try:
+        run = subprocess.run([str(binary), node.address, TOPIC, str(SIMULTANEOUS_ADDRESSES)], capture_output=True,
+                             text=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert run.stdout.startswith(f"{SIMULTANEOUS_ADDRESSES} of {SIMULTANEOUS_ADDRESSES} partitions"), run.stdout
+
+
+_METADATA_WAIT_C = _NOW_MS_C + r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <fabric.h>
+
+
+/* argv: bootstrap topic metadata_wait_ms. Polls of 100 ms until one returns an error or a
+ * record (or 5 s pass): that poll's error, when it came, and what it said; then the error of
+ * one more poll of 100 ms. */
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    fabric_consumer_config_t cfg;
+    fabric_consumer_config_init(&cfg);
+    cfg.metadata_wait_ms = atoi(argv[3]);
+    fabric_consumer_t *c;
+    if (fabric_consumer_new(&c, argv[1], &cfg) || fabric_consumer_assign(c, argv[2], 0, 0)) return 3;
+    const fabric_record_t *r = NULL;
+    int rc = 0;
+    long long start = now_ms();
+    while (rc == 0 && r == NULL && now_ms() - start < 5000) rc = fabric_consumer_poll(c, 100, &r);
+    printf("%s %lld %s\n", fabric_err_name(rc), now_ms() - start, fabric_consumer_last_error(c));
+    printf("%s\n", fabric_err_name(fabric_consumer_poll(c, 100, &r)));
+    fabric_consumer_destroy(c);
+    return 0;
+}
+"""
+METADATA_WAIT_MS = 600
+
+
+@pytest.mark.parametrize(("topic_error", "said"), [
+    (25, "listed the topic with NODE_NOT_READY"),
+    (9, "listed the topic with LEADER_NOT_AVAILABLE"),
+    (None, "given the topic no partitions"),  # listed with none and no error: not trusted
+], ids=["NODE_NOT_READY", "LEADER_NOT_AVAILABLE", "no_partitions"])
+def test_consumer_waits_on_a_retriable_topic_error_only_for_metadata_wait_ms(
+        c_client: CClient, fake_node: Any, tmp_path: Path, topic_error: int | None, said: str) -> None:
+    """Every METADATA answer lists the assigned topic with a retriable error (or with no
+    partitions). The consumer waited for ever, each poll returning no record as at the end of
+    a partition, so a caller could not tell a node stuck in NODE_NOT_READY from a quiet log.
+    Polls now wait for a map only metadata_wait_ms (counted across polls), then one returns
+    REQUEST_TIMED_OUT saying what the answers said, and the next poll waits anew."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: (metadata_listing(node.address, []) if topic_error is None
+                               else topic_error_listing(node.address, topic_error))
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)]))
+    binary = compile_program(c_client, tmp_path, "metadata_wait", _METADATA_WAIT_C)
+    run = subprocess.run([str(binary), node.address, TOPIC, str(METADATA_WAIT_MS)], capture_output=True,
+                         text=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    first, again = run.stdout.splitlines()
+    name, elapsed_ms, said_text = first.split(" ", 2)
+    assert name == "REQUEST_TIMED_OUT", run.stdout
+    assert METADATA_WAIT_MS <= int(elapsed_ms) < METADATA_WAIT_MS + 2500, run.stdout
+    assert said in said_text and "(metadata_wait_ms)" in said_text, run.stdout
+    assert again == "NONE", run.stdout  # the next poll waits anew: no error at once
+    assert node.metadata_requests >= 3 and node.fetch_requests == 0

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 int64_t now_ms(void) {
@@ -116,6 +117,15 @@ int client_init(client_t *c, const char *bootstrap) {
         client_close(c);
         return FABRIC_ERR_TRANSPORT;
     }
+    /* libzmq allows a context 1,023 sockets unless told otherwise, which a client ran out of
+     * at about 170 node addresses; the context is this client's own (no caller shares it),
+     * so it is sized here, before its first socket (libzmq reads the value then). */
+    int sockets_max = CONTEXT_SOCKETS_MAX;
+    int socket_limit = zmq_ctx_get(c->zctx, ZMQ_SOCKET_LIMIT); /* -1 before libzmq 4.1 */
+    if (socket_limit > 0 && sockets_max > socket_limit) sockets_max = socket_limit;
+    /* Not fatal: with libzmq's default the client works, for fewer addresses at once, and
+     * a socket it cannot open says so (open_socket). */
+    zmq_ctx_set(c->zctx, ZMQ_MAX_SOCKETS, sockets_max);
     return 0;
 }
 
@@ -233,16 +243,11 @@ static const char *handshake_failure(client_t *c, const char *address) {
     for (size_t i = 0; i < c->conn_count; i++) {
         conn_t *conn = &c->conns[i];
         if (conn->address == NULL || strcmp(conn->address, address) != 0) continue;
-        uint32_t value = 0, data_value = 0;
+        /* The control DEALER's monitor speaks for the data DEALER too (conn_t). */
+        uint32_t value = 0;
         uint16_t event = read_handshake_failure(conn->control_monitor, &value);
-        uint16_t data_event = read_handshake_failure(conn->data_monitor, &data_value);
         if (event) conn->control_refusal = event, conn->control_refusal_value = value;
-        if (data_event) conn->data_refusal = data_event, conn->data_refusal_value = data_value;
         event = conn->control_refusal, value = conn->control_refusal_value;
-        if (conn->data_refusal) {
-            event = conn->data_refusal;
-            value = conn->data_refusal_value;
-        }
         if (event == 0) return NULL;
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             return "the node does not know this client's key (register it: fabric principal add)";
@@ -275,7 +280,7 @@ static void free_nodes(client_t *c) {
 
 /* A conn's sockets and address; the slot is free afterwards (address NULL). */
 static void close_conn(client_t *c, conn_t *conn) {
-    close_watched(&conn->data, &conn->data_monitor, c->data_linger_ms);
+    close_socket(&conn->data, c->data_linger_ms);
     close_watched(&conn->control, &conn->control_monitor, 0);
     free(conn->address);
     memset(conn, 0, sizeof *conn);
@@ -303,7 +308,19 @@ uint32_t client_next_id(client_t *c) {
 static void *open_socket(client_t *c, const char *address, int linger_ms, void **monitor) {
     void *s = zmq_socket(c->zctx, ZMQ_DEALER);
     if (s == NULL) {  /* out of sockets (ZMQ_MAX_SOCKETS) or file descriptors */
-        client_set_error(c, "cannot open a socket for %s: %s", address, zmq_strerror(errno));
+        int err = errno;
+        size_t open_sockets = 0;
+        for (size_t i = 0; i < c->conn_count; i++)
+            open_sockets += (c->conns[i].data != NULL) + (c->conns[i].control != NULL) +
+                            2 * (c->conns[i].control_monitor != NULL);
+        struct rlimit files;
+        long long files_max = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                                  ? (long long)files.rlim_cur : -1;
+        client_set_error(c,
+                         "cannot open a socket for %s: %s (%zu sockets open of the ZeroMQ context's "
+                         "%d; the process may open %lld files, and each node address takes %d)",
+                         address, zmq_strerror(err), open_sockets, zmq_ctx_get(c->zctx, ZMQ_MAX_SOCKETS),
+                         files_max, FDS_PER_ADDRESS);
         return NULL;
     }
     int hwm = SOCKET_HWM_MESSAGES, one = 1;
@@ -324,12 +341,14 @@ static void *open_socket(client_t *c, const char *address, int linger_ms, void *
         zmq_close(s);
         return NULL;
     }
-    close_socket(monitor, 0); /* the last socket's, if any */
-    *monitor = watch_handshakes(c, s);
+    if (monitor) {
+        close_socket(monitor, 0); /* the last socket's, if any */
+        *monitor = watch_handshakes(c, s);
+    }
     if (zmq_connect(s, address) != 0) {
         client_set_error(c, "cannot connect to %s: %s", address, zmq_strerror(errno));
         zmq_close(s);
-        close_socket(monitor, 0);
+        if (monitor) close_socket(monitor, 0);
         return NULL;
     }
     return s;
@@ -357,8 +376,7 @@ conn_t *client_conn(client_t *c, const char *address) {
         if (free_slot == NULL) c->conn_count++;
     }
     if (conn->data == NULL) {
-        conn->data = open_socket(c, address, c->data_linger_ms, &conn->data_monitor);
-        conn->data_refusal = 0;
+        conn->data = open_socket(c, address, c->data_linger_ms, NULL);
     }
     if (conn->control == NULL) {
         conn->control = open_socket(c, address, 0, &conn->control_monitor);
@@ -370,7 +388,7 @@ conn_t *client_conn(client_t *c, const char *address) {
 
 void client_drop_data(client_t *c, conn_t *conn) {
     (void)c;
-    close_watched(&conn->data, &conn->data_monitor, 0);
+    close_socket(&conn->data, 0);
 }
 
 /* Whether address is one the routing map or a refresh may send to: a node of the last

@@ -25,6 +25,9 @@
 /* resolve_position's "the answer holds no position": this file's own, never returned to a
  * caller; outside the i16 range, so no error code a node sends can be taken for it. */
 #define NO_POSITION_IN_ANSWER (INT16_MIN - 1)
+/* no_leader's "metadata_wait_ms ran out", returned to the caller as REQUEST_TIMED_OUT: its
+ * own value, since a node may list a topic with REQUEST_TIMED_OUT, which is waited on. */
+#define METADATA_WAIT_EXPIRED (INT16_MIN - 2)
 
 typedef struct cpart {
     char *topic;
@@ -32,6 +35,7 @@ typedef struct cpart {
     int64_t position;       /* >= 0, or FABRIC_OFFSET_BEGINNING/END until resolved */
     int64_t retry_after_ms; /* back off after a retriable error */
     int64_t missing_since_ms; /* when the map first lacked this partition (0: it has it) */
+    int64_t unmapped_since_ms; /* when a METADATA answer first gave its topic no map (0: mapped) */
     uint32_t fetch_id;      /* the last FETCH that asked for it (0: none) */
 } cpart_t;
 
@@ -77,6 +81,7 @@ void fabric_consumer_config_init(fabric_consumer_config_t *c) {
     c->request_timeout_ms = 30000;
     c->retry_backoff_ms = 100;
     c->offset_reset = FABRIC_RESET_EARLIEST;
+    c->metadata_wait_ms = 60000;
 }
 
 int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
@@ -88,7 +93,8 @@ int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
     else fabric_consumer_config_init(&cfg);
     if (cfg.max_wait_ms < 0 || cfg.max_wait_ms > 60000 || cfg.max_bytes <= 0 ||
         cfg.partition_bytes_max <= 0 || cfg.request_timeout_ms <= 0 || cfg.retry_backoff_ms < 0 ||
-        cfg.offset_reset < FABRIC_RESET_EARLIEST || cfg.offset_reset > FABRIC_RESET_NONE)
+        cfg.offset_reset < FABRIC_RESET_EARLIEST || cfg.offset_reset > FABRIC_RESET_NONE ||
+        cfg.metadata_wait_ms < -1)
         return FABRIC_ERR_INVALID_ARGUMENT;
     fabric_consumer_t *c = calloc(1, sizeof *c);
     if (c == NULL) return FABRIC_ERR_NO_MEMORY;
@@ -160,6 +166,7 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
     p->position = offset;
     p->retry_after_ms = 0;
     p->missing_since_ms = 0;
+    p->unmapped_since_ms = 0;
     p->fetch_id = 0;
     c->part_count++;
     c->metadata_ready = 0;
@@ -200,22 +207,44 @@ static int refresh(fabric_consumer_t *c, int64_t deadline_ms) {
 /* The routing map names no leader for p. A topic METADATA lists with an error (one the
  * client never had a map of: a known map is kept over it) takes that error: a retriable one
  * (LEADER_NOT_AVAILABLE in an election or while a node learns the topic, NODE_NOT_READY) is
- * waited on; any other is the caller's, as it came. All of those used to be
+ * waited on, as is a topic the answers leave without a map (not listed, or its partitions
+ * not trusted: apply_metadata); any other is the caller's, as it came. All of those used to be
  * UNKNOWN_TOPIC_OR_PARTITION, which told a principal refused the topic (AUTHORIZATION_FAILED)
- * that it did not exist; the Python consumer raises AuthorizationFailedError. A partition
- * past the topic's count may have just been added: each node learns of added partitions by
- * its own ZooKeeper watch, so the node asked may not have heard yet. Ask again for
- * PARTITION_LEARN_WAIT_MS before calling it unknown, as the Python consumer's assign() does. */
+ * that it did not exist; the Python consumer raises AuthorizationFailedError. The wait is
+ * bounded by metadata_wait_ms, counted across polls from the first answer that left the topic
+ * without a map: then METADATA_WAIT_EXPIRED (the poll's REQUEST_TIMED_OUT), and the next
+ * poll waits anew. It used to last for ever, each poll returning no record, so a caller could
+ * not tell a node stuck in NODE_NOT_READY from a partition with nothing new (as Kafka's
+ * max.block.ms and the Python producer's max_block_ms bound a wait for a topic's metadata).
+ * A partition past the count of a topic with a map may have just been added: each node learns
+ * of added partitions by its own ZooKeeper watch, so the node asked may not have heard yet.
+ * Ask again for PARTITION_LEARN_WAIT_MS before calling it unknown, as the Python consumer's
+ * assign() does. */
 static int no_leader(fabric_consumer_t *c, cpart_t *p, int64_t now) {
     const topic_meta_t *t = client_topic(&c->client, p->topic);
-    if (t == NULL) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
-    if (t->error) {
-        /* Set for a retriable one too: a poll that returns no record can say why. */
-        client_set_error(&c->client, "%s/%d: METADATA lists the topic with %s (%s)%s", p->topic, p->partition,
-                         fabric_err_name(t->error), fabric_strerror(t->error),
-                         fabric_err_retriable(t->error) ? "; asking again" : "");
-        return t->error;
+    if (t == NULL || t->error) {
+        if (t != NULL && !fabric_err_retriable(t->error)) {
+            client_set_error(&c->client, "%s/%d: METADATA lists the topic with %s (%s)", p->topic,
+                             p->partition, fabric_err_name(t->error), fabric_strerror(t->error));
+            return t->error;
+        }
+        if (p->unmapped_since_ms == 0) p->unmapped_since_ms = now;
+        int64_t waited_ms = now - p->unmapped_since_ms;
+        int expired = c->cfg.metadata_wait_ms >= 0 && waited_ms >= c->cfg.metadata_wait_ms;
+        /* Set while waiting too: a poll that returns no record can say why. */
+        if (t == NULL)
+            client_set_error(&c->client, "%s/%d: METADATA has given the topic no partitions for %lld ms%s",
+                             p->topic, p->partition, (long long)waited_ms,
+                             expired ? " (metadata_wait_ms)" : "; asking again");
+        else
+            client_set_error(&c->client, "%s/%d: METADATA has listed the topic with %s (%s) for %lld ms%s",
+                             p->topic, p->partition, fabric_err_name(t->error), fabric_strerror(t->error),
+                             (long long)waited_ms, expired ? " (metadata_wait_ms)" : "; asking again");
+        if (!expired) return t == NULL ? FABRIC_ERR_LEADER_NOT_AVAILABLE : t->error;
+        p->unmapped_since_ms = 0; /* the next poll waits anew */
+        return METADATA_WAIT_EXPIRED;
     }
+    p->unmapped_since_ms = 0;
     if (p->partition < t->partition_count) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
     if (p->missing_since_ms == 0) p->missing_since_ms = now;
     if (now - p->missing_since_ms < PARTITION_LEARN_WAIT_MS) return FABRIC_ERR_LEADER_NOT_AVAILABLE;
@@ -230,6 +259,7 @@ static int resolve_position(fabric_consumer_t *c, cpart_t *p) {
     const char *address = client_leader(&c->client, p->topic, p->partition);
     if (address == NULL) return no_leader(c, p, now_ms());
     p->missing_since_ms = 0;
+    p->unmapped_since_ms = 0;
     conn_t *conn = client_conn(&c->client, address);
     if (conn == NULL) return FABRIC_ERR_NODE_NOT_READY; /* see send_fetch */
     fabric_buf_t body;
@@ -317,6 +347,7 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
         cpart_t *p = &c->parts[i];
         if (p->position >= 0 || p->retry_after_ms > now) continue;
         int rc = resolve_position(c, p);
+        if (rc == METADATA_WAIT_EXPIRED) return FABRIC_ERR_REQUEST_TIMED_OUT;
         if (rc && rc != NO_POSITION_IN_ANSWER && !fabric_err_retriable(rc)) return rc;
         if (rc) back_off(c, p, now);
     }
@@ -328,10 +359,12 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
         leader = client_leader(&c->client, p->topic, p->partition);
         if (leader == NULL) {
             int rc = no_leader(c, p, now);
+            if (rc == METADATA_WAIT_EXPIRED) return FABRIC_ERR_REQUEST_TIMED_OUT;
             if (!fabric_err_retriable(rc)) return rc;
             back_off(c, p, now);
         } else {
             p->missing_since_ms = 0;
+            p->unmapped_since_ms = 0;
         }
     }
     c->next_leader++;

@@ -32,20 +32,32 @@
 #define ADDRESS_BYTES_MAX 1024
 #define CURVE_KEY_CHARS 40       /* a 32-byte CURVE key in Z85 text */
 #define KEY_FILE_BYTES_MAX 4096  /* a zmq certificate file is a few hundred bytes */
+/* ZeroMQ sockets a node address takes (conn_t): two DEALERs, and the control DEALER's
+ * handshake monitor, which is two PAIRs (libzmq's and ours). */
+#define SOCKETS_PER_ADDRESS 4
+/* ZMQ_MAX_SOCKETS of the context each producer or consumer creates (libzmq's default, 1,023,
+ * ran out at about 170 addresses): room for a full table of FABRIC_NODES_MAX addresses,
+ * capped by the context's ZMQ_SOCKET_LIMIT (65,535 with epoll). The open-file limit
+ * (RLIMIT_NOFILE) bounds it too: each socket holds one descriptor (its mailbox), each
+ * connected DEALER one more, so an address takes FDS_PER_ADDRESS. */
+#define CONTEXT_SOCKETS_MAX (FABRIC_NODES_MAX * SOCKETS_PER_ADDRESS)
+#define FDS_PER_ADDRESS (SOCKETS_PER_ADDRESS + 2)
 
 typedef struct conn {
     char *address; /* NULL: a free slot (client_close_unused_conns), for client_conn to reuse */
     void *data;    /* DEALER for PRODUCE and FETCH, many requests in flight */
     void *control; /* DEALER for synchronous METADATA and LIST_OFFSETS */
-    /* PAIRs receiving each DEALER's failed handshakes (a libzmq socket monitor), or NULL:
-     * read when a node cannot be reached, to say why (a CURVE mismatch, a refused key). */
-    void *data_monitor;
+    /* A PAIR receiving the control DEALER's failed handshakes (a libzmq socket monitor), or
+     * NULL: read when a node cannot be reached, to say why (a CURVE mismatch, a refused key).
+     * One for the address, not one per DEALER: both connect together, to the same endpoint
+     * with the same keys, so a node that refuses one refuses the other, and a monitor costs
+     * two sockets (its own and libzmq's end of it) and two file descriptors. */
     void *control_monitor;
-    /* The last failed handshake each monitor reported (event, value; 0 = none), kept until
-     * that socket is reopened: libzmq does not retry a handshake the node refused, so the
-     * event comes once, and a later attempt on the same socket must still say why. */
-    uint16_t data_refusal, control_refusal;
-    uint32_t data_refusal_value, control_refusal_value;
+    /* The last failed handshake the monitor reported (event, value; 0 = none), kept until
+     * the control socket is reopened: libzmq does not retry a handshake the node refused, so
+     * the event comes once, and a later attempt must still say why. */
+    uint16_t control_refusal;
+    uint32_t control_refusal_value;
 } conn_t;
 
 typedef struct topic_meta {
@@ -116,7 +128,7 @@ void client_drop_data(client_t *c, conn_t *conn);
 /* Close the sockets of every address that is neither a node of the last METADATA answer nor
  * a bootstrap address, except the conns busy[i] marks (a request outstanding on them), and
  * free their slots for client_conn to reuse: nodes that come and go on new ports would
- * otherwise take a slot (and six ZeroMQ sockets) each for good, until no socket could be
+ * otherwise take a slot (and SOCKETS_PER_ADDRESS ZeroMQ sockets) each for good, until no socket could be
  * opened. Called after a successful refresh, when the caller holds no conn_t pointer or
  * index other than those it marks busy (busy has conn_count entries at least). */
 void client_close_unused_conns(client_t *c, const uint8_t *busy);

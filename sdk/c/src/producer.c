@@ -488,7 +488,12 @@ static void send_ready(fabric_producer_t *p, int64_t now) {
                 conn_t *conn = address ? client_conn(&p->client, address) : NULL;
                 if (conn == NULL) {
                     char text[ERROR_TEXT_BYTES];
-                    snprintf(text, sizeof text, "no leader known for %s/%d", t->name, pi);
+                    /* With a leader, why its socket could not be opened (out of sockets or
+                     * file descriptors, an address ZeroMQ refuses): what a delivery timeout says. */
+                    if (address == NULL)
+                        snprintf(text, sizeof text, "no leader known for %s/%d", t->name, pi);
+                    else
+                        snprintf(text, sizeof text, "leader of %s/%d: %.300s", t->name, pi, p->client.error);
                     retry_or_fail(p, b, FABRIC_ERR_LEADER_NOT_AVAILABLE, text, now);
                     break;
                 }

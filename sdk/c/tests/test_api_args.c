@@ -117,6 +117,17 @@ static void test_consumer_arguments(void) {
     int32_t count;
     EXPECT(fabric_topic_partition_count(UNREACHABLE, NULL, 1000, &count), FABRIC_ERR_INVALID_ARGUMENT);
     EXPECT(fabric_topic_partition_count(UNREACHABLE, "t", 1000, NULL), FABRIC_ERR_INVALID_ARGUMENT);
+    /* metadata_wait_ms: -1 (no limit) and up; 60 s by default. */
+    fabric_consumer_config_t cfg;
+    fabric_consumer_config_init(&cfg);
+    EXPECT(cfg.metadata_wait_ms, 60000);
+    cfg.metadata_wait_ms = -2;
+    c = NULL;
+    EXPECT(fabric_consumer_new(&c, UNREACHABLE, &cfg), FABRIC_ERR_INVALID_ARGUMENT);
+    EXPECT(c == NULL, 1);
+    cfg.metadata_wait_ms = -1;
+    EXPECT(fabric_consumer_new(&c, UNREACHABLE, &cfg), 0);
+    fabric_consumer_destroy(c);
 }
 
 /* Addresses ZeroMQ could never connect to are refused at once: a consumer given one used
