@@ -30,7 +30,16 @@ class PeerHealth:
     sent no PINGs meanwhile, so the peer had nothing to answer and is not blamed for the
     gap. It is dead once a PING has gone ``liveness`` intervals without any frame back,
     also when it has never answered at all (registered, but not serving: gathers, which
-    ask peers not heard from yet, would otherwise keep asking it for ever)."""
+    ask peers not heard from yet, would otherwise keep asking it for ever).
+
+    Frames count from every socket of this client to the peer. The loop's own DEALER
+    calls ``heard``; a blocking caller's thread, which waits on a DEALER of its own, only
+    stores the time it heard the peer in ``thread_heard_s`` (one attribute store: no lock
+    on its request path), and ``absorb``, on the loop, turns that into a transition. So
+    the state is decided here, on one thread, from all the evidence, and both caller paths
+    see one verdict: an instance that answers blocking calls while the loop's PONG is late
+    (its event loop busy behind those very requests) is no longer a suspect, then dead,
+    for the loop (and so for the blocking calls waiting on it) while the threads hear it."""
 
     def __init__(self, now: float, *, interval_ms: int = HEARTBEAT_INTERVAL_MS,
                  liveness: int = HEARTBEAT_LIVENESS) -> None:
@@ -43,6 +52,11 @@ class PeerHealth:
         self.last_heard_s = now
         self.last_ping_s = float("-inf")
         self.unanswered_since_s: float | None = None  # the first PING sent since the last frame heard
+        # Written by blocking callers' threads (sdk/direct/_blocking.py): the last time one
+        # heard the peer on its own socket. A float store is atomic; when two threads race,
+        # an earlier time may overwrite a later one, which only undercounts.
+        self.thread_heard_s = float("-inf")
+        self._thread_judged_s = float("-inf")  # the value of thread_heard_s ``absorb`` last took in
 
     def heard(self, now: float) -> bool:
         """Any frame from the peer. Returns True when this revives or first admits it."""
@@ -53,10 +67,30 @@ class PeerHealth:
             return True
         return False
 
+    def absorb(self) -> bool:
+        """On the loop, before ``check``: a time a blocking caller stored in
+        ``thread_heard_s`` since the last call is a frame heard then, if it answers the
+        PING left unanswered (it came after it) or none is outstanding; one from before
+        that PING is old news. Returns True when this revives the peer (as ``heard``)."""
+        heard_s = self.thread_heard_s
+        if heard_s == self._thread_judged_s:
+            return False  # nothing new: the common case, one comparison per peer and tick
+        self._thread_judged_s = heard_s
+        since = self.unanswered_since_s
+        if heard_s <= self.last_heard_s or (since is not None and heard_s < since):
+            return False
+        return self.heard(heard_s)
+
+    def _answered(self, since: float) -> bool:
+        """A blocking caller heard the peer after the PING sent at ``since``: it is not
+        silent, though ``absorb`` has yet to take that in (any thread may ask)."""
+        return self.thread_heard_s >= since
+
     def check(self, now: float) -> bool:
         """Returns True when the peer just turned dead (its in-flight requests are lost)."""
         since = self.unanswered_since_s
-        if self.state != DEAD and since is not None and now - since > self.silence_limit_s:
+        if (self.state != DEAD and since is not None and now - since > self.silence_limit_s
+                and not self._answered(since)):
             self.state = DEAD
             return True
         return False
@@ -77,7 +111,7 @@ class PeerHealth:
         millisecond): maybe paused or dying, not dead yet. Picked only when nothing better
         is left, so a stalled instance stops taking requests long before it is declared dead."""
         since = self.unanswered_since_s
-        return since is not None and now - since > self.interval_s
+        return since is not None and now - since > self.interval_s and not self._answered(since)
 
     def ping_due(self, now: float) -> bool:
         if now - self.last_ping_s >= self.interval_s:

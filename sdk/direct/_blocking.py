@@ -7,7 +7,11 @@ over DEALER sockets of its own thread (one per instance it called, created on fi
 and waits on them with a blocking receive bounded by a receive timeout. What is shared
 stays on the loop: discovery, the instances' health (heartbeats), and the ready list it
 picks from; this path only reads them, plus the per-instance count of blocking requests
-in flight that least-outstanding selection adds to the loop's own.
+in flight that least-outstanding selection adds to the loop's own, and the time it last
+heard each instance on its own sockets (``PeerHealth.thread_heard_s``), which the loop's
+health state machine counts as that instance's answer, as it counts frames on its own
+DEALER. Without that, an instance answering blocking calls while the loop's PONG was late
+turned suspect and then dead in the shared view, and the calls waiting on it gave up.
 
 While it waits, the thread PINGs its instance every heartbeat interval, so the instance
 follows it as a caller (and drops its queued requests if this process stalls).
@@ -139,7 +143,12 @@ class BlockingCaller:
 
     def _wait(self, sock: zmq.Socket[Any], peer: _Peer, cid: int, deadline_s: float) -> Response | str:
         """The reply to ``cid``, or why there is none. Replies to earlier attempts that gave
-        up (other correlation ids) and PONGs are skipped."""
+        up (other correlation ids) and PONGs are skipped, but a frame that is fresh tells
+        the loop's health view the instance answers (``PeerHealth.thread_heard_s``): the
+        reply to ``cid``, and anything read after this wait's first PING. Nobody reads this
+        socket between calls, so what came before may be old (a PONG, a reply to an earlier
+        attempt); that PING went out only after a receive found the socket empty."""
+        pinged = False
         while True:
             if self._closed:
                 raise errors.ClientClosedError("direct client closed during the request")
@@ -153,12 +162,17 @@ class BlockingCaller:
             frames = recv_frames_within(sock, max(1, int(min(remaining_s, self._interval_s) * 1000)))
             if frames is None:
                 send_frames(sock, self._ping)  # still waiting: keep the instance following us
+                pinged = True
                 continue
+            if pinged:
+                peer.health.thread_heard_s = time.monotonic()
             try:
                 header = wire.decode_header(frames[0])
             except errors.FabricError:
                 continue  # undecodable: skipped, as the loop's reader skips it
             if header.type in (wire.REPLY, wire.ERROR) and header.correlation_id == cid:
+                if not pinged:
+                    peer.health.thread_heard_s = time.monotonic()  # a store only: the loop decides
                 return header, frames
 
     def _socket(self, peer: _Peer) -> zmq.Socket[Any]:

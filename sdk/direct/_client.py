@@ -260,6 +260,8 @@ class DirectClient:
                     peer.reader.drain()  # frames that came while this loop was stalled count first
                 now = time.monotonic()
                 for znode, peer in list(view.peers.items()):
+                    if peer.health.absorb():  # what blocking callers heard on their own sockets counts too
+                        view.refresh()
                     if stalled:
                         peer.health.excuse(stalled_s)
                     if peer.draining and now >= peer.draining_until_s:
