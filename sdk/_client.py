@@ -227,10 +227,18 @@ class MetadataClient:
         self.bootstrap = bootstrap
         self.connections = connections
         self.metadata = ClusterMetadata()
-        self.denied: set[str] = set()  # topics a secure cluster refused to describe to us
+        # Topics the last METADATA answer listing them listed with an error (their wire
+        # code), until one lists them without: ``topic()`` raises that error for a topic
+        # it has no map of, rather than calling every one of them unknown.
+        self.topic_errors: dict[str, int] = {}
         self._known: list[str] = []
         self._unanswered: dict[str, float] = {}  # address -> when it last failed to answer
         self._rediscovered_s = -math.inf
+
+    @property
+    def denied(self) -> set[str]:
+        """Topics a secure cluster refused to describe to us (AUTHORIZATION_FAILED)."""
+        return {name for name, code in self.topic_errors.items() if code == errors.AuthorizationFailedError.code}
 
     def candidates(self, avoid: Iterable[str] = (), deadline_s: float | None = None) -> list[str]:
         """Addresses to ask, those that recently failed to answer (or are in ``avoid``) last;
@@ -331,7 +339,7 @@ class MetadataClient:
                     self.unanswered(address)
                     continue
                 self.answered(address)
-                self.metadata = self._parse(message.body, merge=bool(asked))
+                self.metadata = self._parse(message.body, asked)
                 return self.metadata
         if isinstance(last, (errors.AuthenticationFailedError, errors.AuthorizationFailedError)):
             raise last  # a refusal, not an outage: say so (docs/SECURITY.md)
@@ -355,13 +363,27 @@ class MetadataClient:
         self._known = known
         return list(self._known)
 
-    def _parse(self, body: dict[str, Any], *, merge: bool) -> ClusterMetadata:
+    def _parse(self, body: dict[str, Any], asked: list[str]) -> ClusterMetadata:
+        """The map from a METADATA answer to a request for ``asked`` (every topic: empty)."""
         nodes = {n["node_id"]: n["address"] for n in body["nodes"]}
+        merge = bool(asked)
         topics = dict(self.metadata.topics) if merge else {}
+        # A topic the answer does not list (an answer for every topic lists only those the
+        # node knows, and a secure cluster's only those the principal may describe) has no
+        # error of its own any more: unknown.
+        listed = {t["name"] for t in body["topics"]}
+        for name in [n for n in (asked if merge else list(self.topic_errors)) if n not in listed]:
+            self.topic_errors.pop(name, None)
         for t in body["topics"]:
             known = self.metadata.topics.get(t["name"])
-            if t["error"] == errors.LeaderNotAvailableError.code and known is not None:
-                topics[t["name"]] = known  # the node is still learning its partitions (a topic just grown)
+            if t["error"]:
+                self.topic_errors[t["name"]] = t["error"]
+            if t["error"] and errors.error_for_code(t["error"]).retriable:
+                # A passing state (an election, a node still learning a topic just created
+                # or grown, a node starting): the map known is kept, and a topic without
+                # one waits (a consumer's assign(), a producer's max_block_ms).
+                if known is not None:
+                    topics[t["name"]] = known
                 continue
             numbers = [p["partition"] for p in t["partitions"]]
             if not t["error"] and (not numbers or numbers != list(range(len(numbers)))):
@@ -376,11 +398,11 @@ class MetadataClient:
                     topics.pop(t["name"], None)
                 continue
             if t["error"]:
+                # Not retriable (no such topic, a principal refused it, ...): the topic is
+                # forgotten, and ``topic()`` raises that error (``topic_error``).
                 topics.pop(t["name"], None)
-                if t["error"] == errors.AuthorizationFailedError.code:
-                    self.denied.add(t["name"])
                 continue
-            self.denied.discard(t["name"])
+            self.topic_errors.pop(t["name"], None)
             topics[t["name"]] = TopicMetadata(
                 t["name"],
                 tuple(
@@ -393,12 +415,29 @@ class MetadataClient:
         return ClusterMetadata(nodes, topics, body["controller_id"], time.monotonic())
 
     def topic(self, name: str, *, refresh_if_missing: bool = True) -> TopicMetadata:
+        """The map of topic ``name``, asked for when the map has none (``refresh_if_missing``).
+        Without one, the error METADATA listed the topic with (``topic_error``): callers
+        that may wait ask again on a retriable one (LEADER_NOT_AVAILABLE, NODE_NOT_READY)."""
         meta = self.metadata.topics.get(name)
         if meta is None and refresh_if_missing:
             self.refresh([name])
             meta = self.metadata.topics.get(name)
-        if meta is None and name in self.denied:
-            raise errors.AuthorizationFailedError(f"this principal may not describe topic {name!r} (docs/SECURITY.md)")
         if meta is None:
-            raise errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+            raise self.topic_error(name)
         return meta
+
+    def topic_error(self, name: str) -> errors.FabricError:
+        """Why the map has no topic ``name``: the error the last METADATA answer listing it
+        gave (docs/PROTOCOL.md section 7's class: AuthorizationFailedError for a principal
+        refused it, LeaderNotAvailableError, ...); UnknownTopicOrPartitionError for a topic
+        no node knows, or one listed without an error but with partitions not usable."""
+        code = self.topic_errors.get(name, errors.UnknownTopicOrPartitionError.code)
+        if code == errors.UnknownTopicOrPartitionError.code:
+            return errors.UnknownTopicOrPartitionError(f"unknown topic {name!r}", topic=name)
+        if code == errors.AuthorizationFailedError.code:
+            return errors.AuthorizationFailedError(
+                f"this principal may not describe topic {name!r} (docs/SECURITY.md)", topic=name)
+        cls = errors.error_for_code(code)
+        # A code this client does not know is UnknownServerError: the number says which.
+        said = cls.name if cls.code == code else f"error code {code}"
+        return cls(f"metadata lists topic {name!r} with {said}: {cls.description}", topic=name)

@@ -39,6 +39,7 @@ from sdk._client import (
     Connections,
     DroppedNodes,
     MetadataClient,
+    TopicMetadata,
     TopicPartition,
 )
 from sdk._group import ConsumerRebalanceListener, GroupMember, OffsetAndMetadata
@@ -366,6 +367,9 @@ class Consumer:
         self._plan: tuple[Any, list[TopicPartition], frozenset[TopicPartition],
                           dict[str, list[TopicPartition]], bool] | None = None
         self._refresh_needed = True
+        # An assigned topic the last re-read of the map refused (_refused_topic): poll()
+        # raises it before it hands out anything, so no position moves past records unseen.
+        self._refused: errors.FabricError | None = None
         self._refresh_warned_s = -math.inf
         self._refresh_failures = 0  # since the last warning
         self._last_recheck_s = 0.0
@@ -390,7 +394,10 @@ class Consumer:
         """Read exactly ``partitions`` (a list of TopicPartition or (topic, partition)).
         Not while subscribed to a group (``unsubscribe()`` first), as Kafka's consumer.
         A partition the topic lacks raises UnknownTopicOrPartitionError, after up to
-        PARTITION_LEARN_WAIT_MS of asking again in case it was only just added."""
+        PARTITION_LEARN_WAIT_MS of asking again in case it was only just added. A topic
+        METADATA lists with an error raises that error (UnknownTopicOrPartitionError for
+        an unknown topic, AuthorizationFailedError, ...), a retriable one (LEADER_NOT_AVAILABLE
+        for a topic just created) after asking again as long."""
         self._check_open("assign")
         if self._group is not None and self._group.subscribed:
             raise errors.InvalidRequestError(
@@ -421,15 +428,31 @@ class Consumer:
         """Return once the metadata lists each of ``tps`` (their partition numbers are
         checked non-negative already). One past its topic's count may have just been added
         and not yet reached the node asked: ask again for up to PARTITION_LEARN_WAIT_MS,
-        then raise UnknownTopicOrPartitionError (an unknown topic raises at once)."""
+        then raise UnknownTopicOrPartitionError. A topic METADATA lists with an error is
+        waited on as long when the error is retriable (LEADER_NOT_AVAILABLE: just created;
+        NODE_NOT_READY), then raises it; any other error raises at once
+        (UnknownTopicOrPartitionError for an unknown topic, AuthorizationFailedError, ...)."""
         topics = sorted({tp.topic for tp in tps})
         deadline = min(time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0, self._work_by_s)
-        while beyond := [tp for tp in tps if tp.partition >= self._meta.topic(tp.topic).partition_count]:
+        while beyond := [tp for tp in tps
+                         if tp.partition >= self._topic_within(tp.topic, deadline).partition_count]:
             if time.monotonic() >= deadline:
                 tp = beyond[0]
                 raise errors.UnknownTopicOrPartitionError(f"topic {tp.topic!r} has no partition {tp.partition}")
             time.sleep(PARTITION_LEARN_PAUSE_S)
             self._refresh(topics)
+
+    def _topic_within(self, name: str, deadline_s: float) -> TopicMetadata:
+        """The map of topic ``name``; a retriable error METADATA lists it with (a topic just
+        created is LEADER_NOT_AVAILABLE until the node asked has learned all of it) asked
+        about again every PARTITION_LEARN_PAUSE_S until ``deadline_s``, then raised."""
+        while True:
+            try:
+                return self._meta.topic(name)  # asks again while the map has none
+            except errors.FabricError as exc:
+                if not exc.retriable or time.monotonic() + PARTITION_LEARN_PAUSE_S >= deadline_s:
+                    raise
+            time.sleep(PARTITION_LEARN_PAUSE_S)
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
@@ -597,9 +620,12 @@ class Consumer:
             log.warning("auto commit failed: %s", exc)
 
     def subscribe_all_partitions(self, topic: str) -> list[TopicPartition]:
-        """Assign every partition of ``topic`` (no group coordination; that is a later feature)."""
+        """Assign every partition of ``topic`` (no group coordination; that is a later feature).
+        A topic METADATA lists with an error raises it, after up to PARTITION_LEARN_WAIT_MS
+        of asking again when it is retriable, as ``assign()``."""
         self._check_open("subscribe_all_partitions")
-        meta = self._meta.topic(str_arg("topic", topic))
+        deadline = min(time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0, self._work_by_s)
+        meta = self._topic_within(str_arg("topic", topic), deadline)
         tps = [TopicPartition(topic, p) for p in range(meta.partition_count)]
         self.assign(tps)
         return tps
@@ -830,6 +856,9 @@ class Consumer:
             if group is not None:
                 group.tick()
             self._send_fetches()
+            if self._refused is not None:
+                refused, self._refused = self._refused, None
+                raise refused
             if self._buffer:
                 return True
             # Rounded up: a wait truncated to 0 ms would return with part of the time left,
@@ -996,6 +1025,7 @@ class Consumer:
                     log.warning("metadata refresh failed: %s%s", exc, more)
                     self._refresh_warned_s, self._refresh_failures = now, 0
                 return
+            self._refused = self._refused_topic()
         if len(self._buffer) >= BUFFERED_BATCHES_MAX:
             return  # the caller is behind; fetching more would only grow memory
         leaders, leaderless = self._fetch_plan()
@@ -1042,6 +1072,22 @@ class Consumer:
                 continue
             self._in_flight[correlation_id] = (address, time.monotonic(), positions, self._conns.drops(address))
             self._busy_nodes.add(address)
+
+    def _refused_topic(self) -> errors.FabricError | None:
+        """After a re-read of the map: the error of an assigned topic (not paused) it lists
+        with one that is not retriable, for ``poll()`` to raise as it raises a FETCH refusal
+        (AuthorizationFailedError once the principal may no longer describe it, as Kafka's
+        TopicAuthorizationException), each time the map is read again. Retriable errors
+        keep the map known and are waited on; UNKNOWN_TOPIC_OR_PARTITION (a node that has
+        not learned the topic, or one deleted) and UNKNOWN_SERVER_ERROR are waited on too,
+        as the same codes in a FETCH answer are."""
+        listed = self._meta.metadata.topics
+        for topic in sorted({tp.topic for tp in self._assigned if tp.topic not in listed and tp not in self._paused}):
+            exc = self._meta.topic_error(topic)
+            if not exc.retriable and not isinstance(exc, (errors.UnknownTopicOrPartitionError,
+                                                          errors.UnknownServerError)):
+                return exc
+        return None
 
     def _fetch_plan(self) -> tuple[dict[str, list[TopicPartition]], bool]:
         """The assigned partitions not paused by leader address, and whether any has no

@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from fabric import errors
 from fabric.protocol import batch as batch_format
-from sdk._client import TopicPartition
+from sdk._client import PARTITION_LEARN_WAIT_MS, TopicPartition
 from sdk.consumer import Consumer, Record
 
 # Records held back until the watermark passes them. Past this, the partitions that run
@@ -180,7 +180,9 @@ class OrderedConsumer:
             f"an OrderedConsumer of {topic!r} reads every partition for one order: a paused partition would stop "
             "them all; to stop reading for a while, stop calling poll()")
         try:
-            meta = self.consumer._meta.topic(topic)
+            # A topic just created (LEADER_NOT_AVAILABLE until the node asked has learned
+            # it) is asked about again, as assign() does.
+            meta = self.consumer._topic_within(topic, time.monotonic() + PARTITION_LEARN_WAIT_MS / 1000.0)
             if not meta.strict_order:
                 raise errors.InvalidRequestError(
                     f"topic {topic!r} is not strict-order; create it with strict_order=True to read it in order")

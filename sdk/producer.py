@@ -555,14 +555,26 @@ class _ProducerCore:
         self._wanted_topics.add(topic)
         self._wake()
         deadline = time.monotonic() + self.max_block_s
+        waiting: BaseException | None = None  # the retriable error METADATA last listed the topic with
+        ask_again_s = math.inf
         while topic not in self._partition_counts:
             exc = self._unknown_topics.pop(topic, None)
             if exc is not None:
-                raise exc
-            remaining = deadline - time.monotonic()
+                if not (isinstance(exc, errors.FabricError) and exc.retriable):
+                    raise exc  # UNKNOWN_TOPIC_OR_PARTITION, AUTHORIZATION_FAILED, ... as the node said
+                # LEADER_NOT_AVAILABLE (a topic just created), NODE_NOT_READY, ...: passing
+                # states, asked about again after the backoff, within max_block_ms.
+                waiting, ask_again_s = exc, time.monotonic() + self.retry_backoff_s
+            now = time.monotonic()
+            if now >= ask_again_s:
+                ask_again_s = math.inf
+                self._wanted_topics.add(topic)
+                self._wake()
+            remaining = deadline - now
             if remaining <= 0:
-                raise errors.RequestTimedOutError(f"no metadata for topic {topic!r} within max_block_ms")
-            self._metadata_ready.wait(min(remaining, 0.1))
+                why = f" (metadata lists it with {waiting.name})" if isinstance(waiting, errors.FabricError) else ""
+                raise errors.RequestTimedOutError(f"no metadata for topic {topic!r} within max_block_ms{why}")
+            self._metadata_ready.wait(max(0.0, min(remaining, 0.1, ask_again_s - now)))
         return self._partition_counts[topic]
 
     def _learns_partition(self, topic: str, partition: int) -> bool:
@@ -684,7 +696,9 @@ class _ProducerCore:
     def partitions_for(self, topic: str) -> int:
         """How many partitions ``topic`` has, from the routing map (fetched first if the
         topic is new to this producer, waiting up to ``max_block_ms``; an unknown topic
-        raises UnknownTopicOrPartitionError)."""
+        raises UnknownTopicOrPartitionError, one METADATA lists with another error that is
+        not retriable raises that error, AuthorizationFailedError for instance; a retriable
+        one, LEADER_NOT_AVAILABLE for a topic just created, is waited on)."""
         with self._lock:
             count = self._partition_counts.get(topic)
             return count if count is not None else self._await_topic(topic)
@@ -801,9 +815,9 @@ class _ProducerCore:
                 self._acc.set_message_bytes_max(name, topic_meta.message_bytes_max)
             for topic in wanted:
                 if topic not in metadata.topics:
-                    self._unknown_topics[topic] = (  # secure cluster: say it is a refusal
-                        errors.AuthorizationFailedError(f"this principal may not describe topic {topic!r}")
-                        if topic in meta.denied else errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}"))
+                    # The error the answer listed it with (AUTHORIZATION_FAILED on a secure
+                    # cluster, ...): _await_topic raises it, or waits on a retriable one.
+                    self._unknown_topics[topic] = meta.topic_error(topic)
                 self._wanted_topics.discard(topic)
             self._refreshes_done = begun
             self._metadata_ready.notify_all()

@@ -34,7 +34,7 @@ from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import FROM_ENV
 from sdk._arguments import I32_MAX, int_arg, optional_str_arg, str_arg
-from sdk._client import METADATA_TIMEOUT_MS, Bootstrap, Connections, MetadataClient
+from sdk._client import METADATA_TIMEOUT_MS, Bootstrap, Connections, MetadataClient, TopicMetadata
 
 log = logging.getLogger("fabric.queue")
 
@@ -313,7 +313,9 @@ class QueueConsumer:
             # The first round (or the queue was missing from the last answer): no map at
             # all is raised (no node answered, a refusal), as an unknown queue is below.
             self._refresh_map(quiet=False)
-        topic = self._meta.topic(self.queue, refresh_if_missing=False)
+        topic = self._queue_map()
+        if topic is None:
+            return set()
         addresses = {self._meta.metadata.leader_address(self.queue, p.partition) for p in topic.partitions}
         now = time.monotonic()
         if (None in addresses or any(now - since > UNREACHABLE_REFRESH_S for since in self._unreachable_since.values())) \
@@ -322,9 +324,23 @@ class QueueConsumer:
             # in the map gets one at the next election: ask the cluster again.
             self._unreachable_since.clear()
             self._refresh_map()
-            topic = self._meta.topic(self.queue, refresh_if_missing=False)
+            topic = self._queue_map()
+            if topic is None:
+                return set()
             addresses = {self._meta.metadata.leader_address(self.queue, p.partition) for p in topic.partitions}
         return {a for a in addresses if a}
+
+    def _queue_map(self) -> TopicMetadata | None:
+        """The queue's map; None while METADATA lists it with a retriable error (a queue
+        just created is LEADER_NOT_AVAILABLE until the node asked has learned it,
+        NODE_NOT_READY): no node to ask this round, the next asks again. Any other error
+        (an unknown queue, AUTHORIZATION_FAILED) is raised."""
+        try:
+            return self._meta.topic(self.queue, refresh_if_missing=False)
+        except errors.FabricError as exc:
+            if exc.retriable:
+                return None
+            raise
 
     def _send_polls(self, max_messages: int, wait_ms: int) -> bool:
         """A RECEIVE to every node leading a partition of the queue that has none pending;
