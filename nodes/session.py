@@ -27,7 +27,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 import fabric
 from fabric import errors
 from fabric import zk as zkl
-from nodes import metrics, roles
+from nodes import metrics, roles, starting
 from nodes.lease import CONNECTED, LOST, SUSPENDED
 from nodes.log import PartitionLog
 from nodes.state import NodeState
@@ -137,7 +137,7 @@ def start(node: NodeState) -> None:
     """Connect, register and read the world, before the loop serves anyone."""
     node.zk.add_listener(lambda state: on_zk_state(node, state))
     log.info("connecting to ZooKeeper at %s (waiting up to %.0f s)", node.config.zk, ZK_START_TIMEOUT_S)
-    node.zk.start(timeout=ZK_START_TIMEOUT_S)
+    starting.start_zookeeper(node, ZK_START_TIMEOUT_S)  # requests meanwhile: NODE_NOT_READY
     node.zk_ok.set()
     record_session(node)
     zkl.ensure_layout(node.zk)  # retried through a connection lost while starting
@@ -176,7 +176,8 @@ def register(node: NodeState) -> None:
                 raise errors.ConfigError(
                     f"node id {node.node_id} is registered by another live process (its ZooKeeper session "
                     f"outlived {REGISTER_WAIT_S:.0f} s of waiting): each node needs an id of its own") from None
-            time.sleep(0.2)
+            # Before the loop runs (start() only): requests meanwhile are answered NODE_NOT_READY.
+            starting.refuse_for(node, 0.2, "waiting for its previous ZooKeeper session to expire")
 
 
 def reconcile_local_data(node: NodeState) -> None:
