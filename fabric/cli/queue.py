@@ -13,6 +13,7 @@ from fabric.cli._common import (
     positive_int,
     replication_factor,
     usage_error,
+    utf8_text,
     with_bootstrap,
 )
 from fabric.protocol import queues as qp
@@ -66,17 +67,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     send = with_bootstrap(qsub.add_parser("send", help="send lines of stdin (or --message) to a queue"))
     send.add_argument("name")
     send.add_argument("--message", "-m", action="append", help="a message (repeatable; default: stdin lines)")
-    send.add_argument("--delay-ms", type=non_negative_int, default=0, help="not delivered before this long")
+    # Every bound of a queue send is a constant of fabric/protocol/queues.py: checked here,
+    # a usage error (exit 2) like --priority's, not a refusal after connecting (exit 1).
+    send.add_argument("--delay-ms", type=int_in_range(0, qp.SEND_DELAY_MS_MAX, "SEND_DELAY_MS_MAX, 7 days"), default=0,
+                      help="not delivered before this long (at most 7 days)")
     send.add_argument("--priority", type=int, choices=range(qp.PRIORITY_MIN, qp.PRIORITY_MAX + 1), metavar="0..9",
                       help=f"higher is handed out first (default {qp.PRIORITY_DEFAULT} when not given)")
     send.add_argument("--ttl-ms", type=non_negative_int, default=0, help="dropped if not delivered within this long")
-    send.add_argument("--dedup-id", default="", help="a repeat of this id within the dedup window is dropped")
+    send.add_argument("--dedup-id", type=dedup_id, default="",
+                      help=f"a repeat of this id within the dedup window is dropped (at most "
+                           f"{qp.DEDUP_ID_BYTES_MAX} bytes of UTF-8)")
     receive = with_bootstrap(qsub.add_parser("receive", help="receive, print and acknowledge messages"))
     receive.add_argument("name")
     receive.add_argument("--group", "-g", default=qp.DEFAULT_GROUP, help="consumer group")
     receive.add_argument("--max-messages", "-n", type=positive_int, default=10, help="stop after this many")
     receive.add_argument("--wait-ms", type=non_negative_int, default=5_000, help="long-poll this long (max 20 s)")
     receive.add_argument("--no-ack", action="store_true", help="leave them leased (they come back after the timeout)")
+
+
+def dedup_id(text: str) -> str:
+    """A ``--dedup-id``: at most DEDUP_ID_BYTES_MAX bytes of UTF-8, as the SDK and the node take it."""
+    size = len(utf8_text(text).encode())
+    if size > qp.DEDUP_ID_BYTES_MAX:
+        raise argparse.ArgumentTypeError(f"{size} bytes of UTF-8, more than DEDUP_ID_BYTES_MAX ({qp.DEDUP_ID_BYTES_MAX})")
+    return text
 
 
 def cmd_queue(args: argparse.Namespace) -> int:

@@ -81,6 +81,16 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["demo", "--size", "10"], "24-digit sequence number"),  # sent 24 bytes, reported 10
     (["keys", "generate", "bad name"], "key name 'bad name'"),  # was exit 1, after the command started
     (["principal", "add", "a/b", "--key", "x.key"], "principal name 'a/b'"),
+    # Every bound of a queue send is a constant of fabric/protocol/queues.py: a delay and a
+    # dedup id out of theirs were refused by the SDK after connecting (exit 1), while
+    # --priority 10 and --ttl-ms -1 were usage errors.
+    (["queue", "send", "q", "-m", "x", "--delay-ms", "604800001"], "DELAY_MS_MAX"),
+    (["queue", "send", "q", "-m", "x", "--delay-ms", "-1"], "DELAY_MS_MAX"),
+    (["queue", "send", "q", "-m", "x", "--dedup-id", "d" * 129], "DEDUP_ID_BYTES_MAX"),
+    (["queue", "send", "q", "-m", "x", "--dedup-id", "é" * 65], "130 bytes of UTF-8"),
+    (["queue", "send", "q", "-m", "x", "--dedup-id", NOT_UTF8], "not valid UTF-8"),
+    (["queue", "send", "q", "-m", "x", "--priority", "10"], "--priority"),
+    (["queue", "send", "q", "-m", "x", "--ttl-ms", "-1"], "--ttl-ms"),
 ])
 def test_bad_values_are_refused_while_parsing(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert needle in refused(argv, capsys)
@@ -101,6 +111,8 @@ def test_node_drain_refuses_a_node_id_wider_than_i32(capsys: pytest.CaptureFixtu
     (["status", "--timeout", "0.5"], "timeout", 0.5),
     (["produce", "t1", "--header", "n" * 65_535 + "=v", "--key-sep", "é"], "key_sep", "é"),
     (["consume", "t1", "--group", "billing-1"], "group", "billing-1"),
+    (["queue", "send", "q", "--delay-ms", "604800000"], "delay_ms", 604_800_000),
+    (["queue", "send", "q", "--dedup-id", "é" * 64], "dedup_id", "é" * 64),  # 128 bytes
 ])
 def test_the_edges_of_each_range_are_accepted(argv: list[str], attribute: str, value: object) -> None:
     args, rest = build_parser().parse_known_args(argv)

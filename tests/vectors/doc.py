@@ -105,7 +105,10 @@ def generated() -> str:
     out += ["### 9.3 Body frames", "",
             "The values of each body, then its bytes. A request or response is the header frame, then",
             "this body frame (then batch frames where section 5 says so). Field order is the schema's",
-            "(section 5), not the order the values are listed in.", ""]
+            "(section 5), not the order the values are listed in. The values are chosen to show the",
+            "encoding, not taken from a cluster, which would not always send them: a partition's first",
+            "`leader_epoch` is its topic's `created_ms mod 2^30` (section 5), not the 0 of",
+            "`metadata_response.hex`.", ""]
     for name in sorted(n for n in files if n not in HEADERS and not n.startswith(("batch_", "direct_"))):
         stem = name.removesuffix(".hex")
         out.append(f"**`{name}`**: {_label(stem, specs.get(stem))}\n\n{hex_block(files[name])}")
