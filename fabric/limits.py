@@ -31,8 +31,11 @@ BATCH_HEADER_BYTES: Final[int] = 72
 BATCH_RECORDS_MAX: Final[int] = 1_000_000
 # The largest records section a batch may decompress to, whatever its lz4 frame claims.
 BATCH_UNCOMPRESSED_BYTES_MAX: Final[int] = 64 * 1024 * 1024
-# Default per-topic limit on one batch as sent on the wire (compressed size).
+# Default per-topic limit on one batch as sent on the wire (compressed size), and the
+# bounds of a topic's message_bytes_max.
 MESSAGE_BYTES_MAX_DEFAULT: Final[int] = 8 * 1024 * 1024
+TOPIC_MESSAGE_BYTES_MIN: Final[int] = 1024
+TOPIC_MESSAGE_BYTES_MAX: Final[int] = 64 * 1024 * 1024
 # The lz4 output one PRODUCE request may cost its node (the records_bytes of its lz4
 # batches; the first is always taken). lz4 expands up to ~255x, so without it a request of
 # REQUEST_BYTES_MAX could make the node's one loop decompress tens of GiB (found by

@@ -47,8 +47,11 @@ from fabric.limits import (
     MESSAGE_BYTES_MAX_DEFAULT,
     PARTITIONS_MAX,
     REPLICATION_FACTOR_MAX,
+    TOPIC_MESSAGE_BYTES_MAX,
+    TOPIC_MESSAGE_BYTES_MIN,
     TOPIC_NAME_BYTES_MAX,
 )
+from fabric.protocol.apis import INTERNAL_TOPIC_PREFIX, is_internal_topic
 from fabric.protocol.queues import (
     DEDUP_WINDOW_MS_DEFAULT,
     DEDUP_WINDOW_MS_MAX,
@@ -396,6 +399,13 @@ class TopicConfig:
             if key == "dead_letter":
                 if raw:
                     validate_topic_name(raw)
+                    if is_internal_topic(raw):
+                        # The leader writes dead letters (their key, value and headers the
+                        # producers' own) with its node rights: into __queue_state or
+                        # __consumer_offsets they would forge queue state or group offsets.
+                        raise errors.InvalidQueueConfigError(
+                            f"dead_letter {raw!r}: names starting with {INTERNAL_TOPIC_PREFIX!r} are Fabric's "
+                            "internal topics, which cannot take dead letters")
                 values[key] = raw
             elif key in ("strict_order", "unclean_leader_election", "queue"):
                 if raw.lower() not in ("true", "false", "1", "0"):
@@ -417,7 +427,7 @@ class TopicConfig:
             values.setdefault("retention_ms", -1)
             values.setdefault("message_bytes_max", QUEUE_MESSAGE_BYTES_DEFAULT)
         config = cls(partitions=partitions, replication_factor=replication_factor, created_ms=now_ms, **values)
-        if config.message_bytes_max < 1024 or config.message_bytes_max > 64 * 1024 * 1024:
+        if not TOPIC_MESSAGE_BYTES_MIN <= config.message_bytes_max <= TOPIC_MESSAGE_BYTES_MAX:
             raise errors.InvalidConfigError("message_bytes_max must be within [1024, 67108864]")
         if not 1 <= config.min_insync <= replication_factor:
             raise errors.InvalidConfigError(
@@ -574,8 +584,10 @@ def create_topic(
     its own version check and looks again (``delete_topic``)."""
     validate_topic_name(name)
     config = TopicConfig.build(partitions, replication_factor, configs, int(time.time() * 1000))
-    if config.queue and config.dead_letter == name:  # its poison messages would come back forever
-        raise errors.InvalidQueueConfigError(f"queue {name!r} cannot be its own dead-letter queue")
+    # Any topic may be read in queue mode with its dead_letter: as its own, its poison
+    # messages would come back for ever, whether it says queue=true or not.
+    if config.dead_letter == name:
+        raise errors.InvalidQueueConfigError(f"topic {name!r} cannot be its own dead-letter queue")
     for _ in range(TOPIC_TRANSACTION_TRIES):
         tx = zk.transaction()
         if config.dead_letter:

@@ -31,6 +31,16 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
 from fabric.transport import Connections
+from nodes.queue_dead_letters import (
+    DEAD_LETTERS_PER_WRITE,
+    Letter,
+    as_dropped,
+    dead_letter,
+    encode_letters,
+    log_dropped,
+    next_dead_letter_write,
+    unfit_letters,
+)
 from nodes.queue_share import COUNTING, Group, SharePartition, copy_appended_ms
 from nodes.queue_snapshot import load_record
 from nodes.queue_state import DEAD, Change, Finished
@@ -44,19 +54,13 @@ REQUEST_TIMEOUT_S: Final[float] = 15.0  # a request to a node unanswered this lo
 LOAD_FETCH_BYTES_MAX: Final[int] = 512 * 1024  # state read per load step: small, so a step never stalls the loop
 OUTBOX_MAX: Final[int] = 10_000  # requests waiting for a connection to their node
 # One write's bounds, well inside a topic's default message_bytes_max (8 MiB): state records
-# are ~90 bytes; dead letters carry their values.
+# are ~90 bytes; dead letters' bounds are in nodes/queue_dead_letters.py.
 STATE_RECORDS_PER_WRITE: Final[int] = 20_000
-DEAD_LETTERS_PER_WRITE: Final[int] = 1_000
-DEAD_LETTER_BYTES_PER_WRITE: Final[int] = 4 * 1024 * 1024
 WRITE_RETRY_S: Final[float] = 20.0  # a failing state write is retried this long (a failover), then reloads
 CONNECT_WAIT_S: Final[float] = 1.0  # a request whose node cannot be connected to this long fails
 RETRY_INTERVAL_S: Final[float] = 0.2  # a failed load step or topic creation is retried after this
 LOADING: Final[str] = "loading"
 ACTIVE: Final[str] = "active"
-# Queue options that describe the original send; a dead letter does not carry them, so
-# redriving it neither waits again nor expires nor is dropped as a duplicate.
-_SEND_ONLY_HEADERS: Final[frozenset[str]] = frozenset(
-    {qp.HEADER_DELAY_MS, qp.HEADER_DELIVER_AT_MS, qp.HEADER_TTL_MS, qp.HEADER_DEDUP_ID})
 
 Done = Callable[[int, str], None]  # (error code, message); 0 when durable
 
@@ -71,7 +75,7 @@ class Slot:
     load_in_flight: bool = False
     next_load_s: float = 0.0
     pending: list[tuple[bytes, bytes]] = field(default_factory=list)  # state records to write next
-    dead: list[Finished] = field(default_factory=list)  # to dead-letter before those records
+    dead: list[tuple[str, Finished]] = field(default_factory=list)  # (group, ...) to dead-letter before those records
     # Answers waiting for their decisions to be written: (records queued before them, answer).
     waiters: list[tuple[int, Done]] = field(default_factory=list)
     retry_until_s: float = 0.0  # a failed write is retried until then (0: no failure pending)
@@ -137,11 +141,15 @@ class QueueDurability:
         if group == COUNTING:
             g.state.drain_changes()  # only counts: nothing it decides is a group's to keep
             return
+        dead = [f for f in finished if f.state == DEAD]
+        dropped = {f.offset for f in self._unfit_dead_letters(share, dead)} if dead else set()
+        for offset in dropped:  # decided before the changes are written: __queue_state says dropped
+            g.state.drop_dead_letter(offset)
         key = qp.state_key(share.topic, share.partition, group)
         # Consecutive offsets with the same decision (a receive or an ack of a run of
         # messages) become one record; order is kept, so the newest per offset still wins.
         run: list[Change] = []
-        for change in g.state.drain_changes():
+        for change in as_dropped(g.state.drain_changes(), dropped):
             if run and change.offset == run[-1].offset + 1 and len(run) < qp.STATE_RANGE_MAX and (
                     change.state, change.delivery_count, change.visible_at_ms, change.reason) == (
                     run[0].state, run[0].delivery_count, run[0].visible_at_ms, run[0].reason):
@@ -154,7 +162,18 @@ class QueueDurability:
         if run:
             slot.pending.append((key, _range_record(run)))
             slot.queued += 1
-        slot.dead.extend(f for f in finished if f.state == DEAD)
+        slot.dead.extend((group, f) for f in dead if f.offset not in dropped)
+
+    def _unfit_dead_letters(self, share: SharePartition, dead: list[Finished]) -> list[Finished]:
+        """Those of ``dead`` the dead-letter topic can never take (``unfit_letters``): dropped
+        instead, so they do not hold the partition's writes for ever."""
+        plog = self.node.logs.get((share.topic, share.partition))
+        route = self.node.routing.topic(share.config.dead_letter)
+        if plog is None or route is None:
+            return []  # the write says why
+        found = share.records(plog, [f.offset for f in dead])
+        return unfit_letters(share.topic, share.partition, dead, found, share.config.dead_letter,
+                             route.config.message_bytes_max)
 
     def _after_durable(self, slots: list[Slot], done: Done) -> None:
         """Call ``done`` once everything decided so far on ``slots`` is written (now if nothing)."""
@@ -245,9 +264,10 @@ class QueueDurability:
             for _need, waiter in ready:
                 waiter(0, "")
 
-    def _dead_letter(self, slot: Slot, dead: list[Finished], done: Done) -> None:
+    def _dead_letter(self, slot: Slot, dead: list[tuple[str, Finished]], done: Done) -> None:
         """Produce the dead letters (acks=all) in bounded batches, one after another; ``done``
-        after the last, so no record saying they left the queue is written before them."""
+        after the last, so no record saying they left the queue is written before them. Each
+        batch fits the dead-letter topic's message_bytes_max as it is now (it is alterable)."""
         share = slot.share
         plog = self.node.logs.get((share.topic, share.partition))
         dlq = share.config.dead_letter
@@ -255,23 +275,19 @@ class QueueDurability:
         if plog is None or route is None:
             done(errors.UnknownTopicOrPartitionError.code, f"dead-letter topic {dlq!r} does not exist")
             return
-        chunk: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = []
-        chunk_bytes = 0
+        limit_bytes = route.config.message_bytes_max
         candidates = dead[:DEAD_LETTERS_PER_WRITE]
-        found = share.records(plog, [f.offset for f in candidates])  # one lookup for the chunk
-        taken = 0
-        for f in candidates:
-            if chunk_bytes >= DEAD_LETTER_BYTES_PER_WRITE:
-                break
-            taken += 1
-            record = found.get(f.offset)
-            if record is None:
-                continue  # removed by retention meanwhile: nothing left to move
-            ts, key, value, headers = record
-            kept = [(k, v) for k, v in headers if k not in _SEND_ONLY_HEADERS and k not in qp.DLQ_HEADERS]
-            chunk.append((ts, key, value, kept + qp.dead_letter_headers(
-                share.topic, share.partition, f.offset, f.delivery_count, f.reason)))
-            chunk_bytes += len(value or b"") + len(key or b"")
+        found = share.records(plog, [f.offset for _group, f in candidates])  # one lookup for the chunk
+        letters = [dead_letter(share.topic, share.partition, f, found[f.offset]) if f.offset in found else None
+                   for _group, f in candidates]
+        taken, written, unfit = next_dead_letter_write(letters, limit_bytes)
+        for i in unfit:  # the topic's limit lowered since ``_collect``: __queue_state says dead-lettered
+            group, f = candidates[i]
+            if (g := share.groups.get(group)) is not None and g.state.dead_total > 0:
+                g.state.drop_dead_letter(f.offset)
+        if unfit:
+            log_dropped(share.topic, share.partition, [candidates[i][1] for i in unfit], dlq, limit_bytes)
+        chunk = [letter for i in written if (letter := letters[i]) is not None]
         rest = dead[taken:]
 
         def after(code: int, text: str) -> None:
@@ -283,16 +299,16 @@ class QueueDurability:
         if not chunk:
             after(0, "")
             return
-        self._produce(dlq, share.partition % route.config.partitions, chunk, after)
+        self._produce(dlq, share.partition % route.config.partitions, chunk, after, frame_bytes_max=limit_bytes)
 
-    def _produce(self, topic: str, partition: int,
-                 records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]], done: Done) -> None:
+    def _produce(self, topic: str, partition: int, records: list[Letter], done: Done, *,
+                 frame_bytes_max: int = 0) -> None:
+        """``frame_bytes_max``: the topic's message_bytes_max (``encode_letters``); 0: none."""
         address = self._leader_address(topic, partition)
         if address is None:
             done(errors.LeaderNotAvailableError.code, f"{topic}/{partition} has no leader")
             return
-        frame = batch_format.encode_batch([r[0] for r in records], [r[1] for r in records], [r[2] for r in records],
-                                          [r[3] for r in records])
+        frame = encode_letters(records, frame_bytes_max)
         body = {"acks": -1, "timeout_ms": WRITE_TIMEOUT_MS, "entries": [{"topic": topic, "partition": partition}]}
 
         def on_reply(message: apis.Message | None) -> None:

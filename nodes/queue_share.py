@@ -30,6 +30,7 @@ from typing import Final
 
 from fabric import errors
 from fabric import zk as zkl
+from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from nodes.log import PartitionLog
@@ -72,10 +73,18 @@ def copy_appended_ms(local: PartitionLog | None, header: batch_format.BatchHeade
     return entry.append_ms
 
 
-def queue_config(config: zkl.TopicConfig) -> QueueConfig:
+def queue_config(config: zkl.TopicConfig, topic: str = "") -> QueueConfig:
+    dead_letter = config.dead_letter
+    if apis.is_internal_topic(dead_letter):
+        # Refused at creation (fabric/zk.py); a config written before that was: the node
+        # writes dead letters with its own rights, and the producers' key, value and
+        # headers in __queue_state or __consumer_offsets would forge state. Dropped instead.
+        log.warning("queue %s: dead_letter %r is an internal topic; its poison and expired messages are "
+                    "dropped (counted), not written there", topic, dead_letter)
+        dead_letter = ""
     return QueueConfig(
         visibility_timeout_ms=config.visibility_timeout_ms, max_deliveries=config.max_deliveries,
-        dead_letter=config.dead_letter, message_ttl_ms=config.message_ttl_ms,
+        dead_letter=dead_letter, message_ttl_ms=config.message_ttl_ms,
         max_messages=config.max_messages, max_bytes=config.max_bytes)
 
 
@@ -107,7 +116,7 @@ class SharePartition:
         self.partition = partition
         self.epoch = epoch
         self.topic_config = config
-        self.config = queue_config(config)
+        self.config = queue_config(config, topic)
         self.groups: dict[str, Group] = {}
         self.records_loaded = 0  # __queue_state records read for it while loading (its compaction's clock)
         self._batches: OrderedDict[int, batch_format.DecodedBatch] = OrderedDict()

@@ -409,6 +409,12 @@ class ShareState:
                 for e in sorted(self._entries.values(), key=lambda e: e.offset)
                 if e.delivery_count or e.state not in (AVAILABLE, DELAYED)]
 
+    def drop_dead_letter(self, offset: int) -> None:
+        """Dropped, not dead-lettered: its dead letter fits no batch the dead-letter topic takes."""
+        self.dead_total, self.dropped_total = self.dead_total - 1, self.dropped_total + 1
+        if (e := self._entries.get(offset)) is not None and e.state == DEAD:
+            self._move(e, DROPPED)
+
     def _record(self, e: Entry) -> None:
         self._changes.append(Change(e.offset, e.state, e.delivery_count, e.visible_at_ms, e.last_reason))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from fabric import errors
-from fabric.limits import PARTITIONS_MAX, REPLICATION_FACTOR_MAX
+from fabric.limits import PARTITIONS_MAX, REPLICATION_FACTOR_MAX, TOPIC_MESSAGE_BYTES_MAX
 from fabric.protocol import apis
 from fabric.protocol import queues as qp
 from fabric.protocol.apis import ApiKey
@@ -81,8 +81,10 @@ class QueueAdmin:
                      dedup_window_ms: int = qp.DEDUP_WINDOW_MS_DEFAULT,
                      group_retention_ms: int = qp.QUEUE_GROUP_RETENTION_MS_DEFAULT, wait: bool = True) -> None:
         """A queue: a topic kept until consumed (no time retention) with queue settings.
-        ``dead_letter``: a queue for poison messages, created (with the same partitions)
-        when it does not exist yet. ``group_retention_ms``: a group idle this long (no
+        ``dead_letter``: a queue for poison messages, created when it does not exist yet,
+        with the same partitions and ``max_message_bytes`` plus ``qp.DEAD_LETTER_ROOM_BYTES``
+        (8 KiB, room for the ``fabric.dlq.*`` headers; 64 MiB at most); not itself and not an
+        internal topic (``__...``). ``group_retention_ms``: a group idle this long (no
         receive, settle or live lease) is deleted (``queue_group_retention_ms``). Settings out of bounds raise InvalidQueueConfigError (or
         the topic's errors) before anything is created, the dead-letter queue included."""
         str_arg("name", name)
@@ -115,7 +117,10 @@ class QueueAdmin:
             if dead_letter == name:
                 raise errors.InvalidQueueConfigError("a queue cannot be its own dead-letter queue")
             try:
-                self.create_queue(dead_letter, partitions, replication_factor, max_message_bytes=max_message_bytes,
+                # A dead letter is its message plus the fabric.dlq.* headers: with the queue's
+                # own limit, a message near it could never be dead-lettered.
+                dead_letter_bytes = min(max_message_bytes + qp.DEAD_LETTER_ROOM_BYTES, TOPIC_MESSAGE_BYTES_MAX)
+                self.create_queue(dead_letter, partitions, replication_factor, max_message_bytes=dead_letter_bytes,
                                   wait=wait)
             except errors.TopicAlreadyExistsError:
                 pass

@@ -51,6 +51,15 @@ DEDUP_WINDOW_MS_MAX: Final[int] = DELAY_MS_MAX
 DEDUP_IDS_MAX: Final[int] = 1_000_000  # bound on remembered ids per partition; oldest forgotten first
 DEDUP_ID_BYTES_MAX: Final[int] = 128  # as SQS's MessageDeduplicationId
 QUEUE_MESSAGE_BYTES_DEFAULT: Final[int] = 1024 * 1024  # a queue's message_bytes_max (SQS: 256 KiB)
+# A dead letter's fabric.dlq.reason is cut to this (at a character boundary): the SDK sends
+# at most 1,000 characters (4,000 bytes), a hand-written client up to 65,535 bytes.
+DEAD_LETTER_REASON_BYTES_MAX: Final[int] = 4096
+# What a dead letter adds to its message: the fabric.dlq.* headers, at most 4,455 bytes (five
+# names and their framing, the queue's name up to 200 bytes, three decimals, the reason up to
+# DEAD_LETTER_REASON_BYTES_MAX); usually ~120. A dead-letter topic Admin.create_queue makes
+# takes the queue's message_bytes_max plus this (64 MiB at most), so a message the queue
+# took fits it as a dead letter.
+DEAD_LETTER_ROOM_BYTES: Final[int] = 8192
 DEFAULT_GROUP: Final[str] = "default"  # the group a QueueConsumer joins unless told otherwise
 # Groups per queue partition: each holds a share state of every unfinished message of the
 # partition (~300 bytes each), so groups made by name without limit took the node's memory
@@ -199,6 +208,18 @@ def check_sent_headers(headers: list[tuple[str, bytes | None]], now_ms: int) -> 
     the rules ``send_headers`` applies before an SDK sends, so a client that skipped them
     is refused (INVALID_DELAY, INVALID_PRIORITY, INVALID_REQUEST) rather than having its
     priority turned into 4 or its options, dedup id included, dropped at delivery."""
+    for name, raw in headers:
+        # The bytes as sent, and UTF-8 as documented: read_headers replaces bytes that are
+        # not UTF-8 (by U+FFFD, three bytes each), so an id of 10 such bytes was taken (two
+        # different ones could then read as the same id) and one of 43 was refused as
+        # over 128 bytes. The SDK sends a str's UTF-8, which this never refuses.
+        if name == HEADER_DEDUP_ID and raw is not None:
+            if len(raw) > DEDUP_ID_BYTES_MAX:
+                raise InvalidRequestError(f"dedup_id is longer than DEDUP_ID_BYTES_MAX ({DEDUP_ID_BYTES_MAX} bytes)")
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidRequestError(f"header {name} must be UTF-8, got {raw!r:.60}") from None
     fields = read_headers(headers)
     send_headers(delay_ms=fields["delay_ms"], deliver_at_ms=fields["deliver_at_ms"], priority=fields["priority"],
                  ttl_ms=fields["ttl_ms"], dedup_id=fields["dedup_id"], now_ms=now_ms)
