@@ -632,8 +632,10 @@ def _no_dead_letter_topic(dead_letter: str) -> errors.InvalidQueueConfigError:
 
 
 def dead_letter_users(zk: KazooClient, name: str, timeout_s: float = ZK_OP_TIMEOUT_S) -> list[str]:
-    """The queues whose dead-letter topic is ``name``, read from ZooKeeper itself (a node's
-    watched copy of the topics lags: a queue created a moment ago is not in it yet)."""
+    """The topics whose dead-letter topic is ``name``, queues or not (any topic may be read
+    in queue mode with its ``dead_letter``: deleted under a plain one, it left that one's
+    reads failing on "dead-letter topic does not exist"), read from ZooKeeper itself (a
+    node's watched copy of the topics lags: a queue created a moment ago is not in it yet)."""
     deadline = time.monotonic() + timeout_s  # for the whole scan, not per topic
     topics = get_children(zk, TOPICS, timeout_s)
     pending = [(topic, zk.get_async(topic_path(topic))) for topic in topics]
@@ -644,7 +646,7 @@ def dead_letter_users(zk: KazooClient, name: str, timeout_s: float = ZK_OP_TIMEO
         except NoNodeError:  # deleted since the listing
             continue
         config = TopicConfig.decode(raw)
-        if config.queue and config.dead_letter == name:
+        if config.dead_letter == name:
             users.append(topic)
     return sorted(users)
 

@@ -117,3 +117,17 @@ def test_internal_topics_and_the_topic_itself_are_refused_as_dead_letter(cluster
         with pytest.raises(errors.InvalidRequestError, match="UTF-8"):  # the docs' rule, at the node
             producer.send(topic_name, b"x", headers=[(qp.HEADER_DEDUP_ID, b"\xff" * 10)]).result(15)
         assert producer.send(topic_name, b"ok", dedup_id="d-1").result(15).offset == 0
+
+
+def test_a_plain_topics_dead_letter_topic_cannot_be_deleted_before_it(cluster: LocalCluster, topic_name: str) -> None:
+    """Any topic may be read in queue mode with its dead_letter; only queues' were counted,
+    so a plain topic's could be deleted, leaving its reads failing for ever (and a topic of
+    that name made again could dead-letter back into it: a cycle)."""
+    dlq = f"{topic_name}.dlq"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(dlq, partitions=1)
+        admin.create_topic(topic_name, partitions=1, config={"dead_letter": dlq})
+        with pytest.raises(errors.InvalidQueueConfigError, match="dead-letter queue of"):
+            admin.delete_topic(dlq)
+        admin.delete_topic(topic_name)
+        admin.delete_topic(dlq)
