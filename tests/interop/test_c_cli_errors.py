@@ -48,6 +48,8 @@ def test_default_acks_match_the_python_cli(c_client: CClient) -> None:
         ("consume", ["-p", "0", "-o", "-5"]),
         ("consume", ["-p", "0", "-c", "ten"]),  # was 0 records, exit 0
         ("consume", ["-p", "0", "-i", "2s"]),
+        ("consume", ["-p", "0", "--metadata-wait-ms", "-2"]),  # -1 is "no limit"; below it nothing
+        ("consume", ["-p", "0", "-m", "1m"]),
     ],
 )
 def test_bad_numbers_are_refused_not_read_as_zero(c_client: CClient, tool: str, flags: list[str]) -> None:

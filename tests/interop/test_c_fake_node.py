@@ -1243,3 +1243,95 @@ def test_consumer_waits_on_a_retriable_topic_error_only_for_metadata_wait_ms(
     assert said in said_text and "(metadata_wait_ms)" in said_text, run.stdout
     assert again == "NONE", run.stdout  # the next poll waits anew: no error at once
     assert node.metadata_requests >= 3 and node.fetch_requests == 0
+
+
+def test_fabric_consume_stops_at_metadata_wait_ms_naming_the_topic(c_client: CClient, fake_node: Any) -> None:
+    """fabric-consume --metadata-wait-ms: every METADATA answer lists the topic with
+    NODE_NOT_READY, so the poll returns REQUEST_TIMED_OUT after the wait; the tool says so,
+    naming the topic, and exits 1 as for its other poll errors, even with --follow (which
+    otherwise waits for records for ever). The tool had no such flag: only the library's
+    default of 60 s applied, and only with --follow would it ever be reached."""
+    node, set_handler = fake_node
+    node.metadata = lambda n: topic_error_listing(node.address, 25)  # NODE_NOT_READY
+    set_handler(lambda request: fetch_answer(request, [good_batch(0)]))
+    started = time.monotonic()
+    run = subprocess.run([str(c_client.consume), "-b", node.address, "-t", TOPIC, "-p", "0", "-f",
+                          "--metadata-wait-ms", "300"], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S, check=False)
+    elapsed = time.monotonic() - started
+    assert run.returncode == 1, run.stderr
+    assert (f"fabric-consume: REQUEST_TIMED_OUT: {TOPIC}/0: METADATA has listed the topic with NODE_NOT_READY"
+            in run.stderr), run.stderr
+    assert "(metadata_wait_ms)" in run.stderr, run.stderr
+    assert elapsed < 3, f"fabric-consume --metadata-wait-ms 300 took {elapsed:.1f} s"
+    assert node.fetch_requests == 0
+
+
+_REFUSED_LEADER_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <fabric.h>
+
+static void on_delivery(const fabric_delivery_t *d, void *opaque) {
+    (void)opaque;
+    printf("delivery %s: %s\n", fabric_err_name(d->error), d->message);
+}
+
+/* argv: bootstrap topic delivery_timeout_ms flush_ms. One record to partition 0, a flush of
+ * flush_ms, then destroy: each delivery report (the destroy's too) and the flush's result. */
+int main(int argc, char **argv) {
+    if (argc != 5) return 2;
+    fabric_producer_config_t cfg;
+    fabric_producer_config_init(&cfg);
+    cfg.request_timeout_ms = 500;
+    cfg.delivery_timeout_ms = atoi(argv[3]);
+    cfg.on_delivery = on_delivery;
+    fabric_producer_t *p;
+    if (fabric_producer_new(&p, argv[1], &cfg)) return 3;
+    if (fabric_produce(p, argv[2], 0, NULL, -1, "v", 1, NULL, 0, -1)) return 4;
+    printf("flush %s\n", fabric_err_name(fabric_producer_flush(p, atoi(argv[4]))));
+    fabric_producer_destroy(p);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize(("delivery_timeout_ms", "flush_ms", "reported"), [
+    (800, 10_000, "delivery DELIVERY_TIMEOUT: not acknowledged within delivery_timeout_ms=800 after 0 attempts; "
+                  "last error NODE_NOT_READY: node "),
+    (60_000, 1500, "delivery CLOSED: producer destroyed before the batch was sent; last error NODE_NOT_READY: node "),
+], ids=["delivery_timeout", "destroyed"])
+def test_producer_says_why_the_leaders_data_socket_was_refused(c_client: CClient, fake_node: Any, tmp_path: Path,
+                                                               delivery_timeout_ms: int, flush_ms: int,
+                                                               reported: str) -> None:
+    """The bootstrap node answers METADATA (plaintext) naming as the leader a node that
+    requires CURVE, so only the sockets to the leader are refused, and the refusal is seen by
+    a PRODUCE send on the data socket, never by a METADATA request. The send's error said why
+    ("node ... refused the connection: the node requires CURVE ..."), but the batch kept no
+    error of its own: once past delivery_timeout_ms it was failed with "not sent within
+    delivery_timeout_ms", and destroyed unsent with "producer destroyed before the batch was
+    sent", the reason lost. Both now carry the batch's last error."""
+    leader_context = zmq.Context()
+    leader = leader_context.socket(zmq.ROUTER)
+    public_key, secret_key = zmq.curve_keypair()
+    leader.curve_server = True
+    leader.curve_publickey, leader.curve_secretkey = public_key, secret_key
+    leader_address = f"tcp://127.0.0.1:{leader.bind_to_random_port('tcp://127.0.0.1')}"
+    node, set_handler = fake_node
+    body = metadata_body(node.address)
+    body["nodes"].append({"node_id": 2, "address": leader_address})
+    body["topics"][0]["partitions"][0].update(leader=2, replicas=[2], isr=[2])
+    node.metadata = lambda n: body
+    set_handler(lambda request: produce_result(request, 0, 0))
+    binary = compile_program(c_client, tmp_path, "refused_leader", _REFUSED_LEADER_C)
+    try:
+        run = subprocess.run([str(binary), node.address, TOPIC, str(delivery_timeout_ms), str(flush_ms)],
+                             capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, check=False)
+    finally:
+        leader.close(linger=0)
+        leader_context.term()
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    delivery = next(line for line in run.stdout.splitlines() if line.startswith("delivery "))
+    assert delivery.startswith(reported), run.stdout
+    assert f"{leader_address} refused the connection: " in delivery and "requires CURVE" in delivery, run.stdout
+    assert node.produce_batches == []  # nothing reached the bootstrap node

@@ -6,7 +6,8 @@
  * Prints one line per record: the --fields (default "value") separated by tabs. With
  * --hex, keys, values and header values are printed in hex (binary safe; a null is "-").
  * It stops after --count records if given; without --follow also once no record has come
- * for --idle-ms.
+ * for --idle-ms. A poll error ends it with exit status 1, among them REQUEST_TIMED_OUT once
+ * the topic has had no partition map for --metadata-wait-ms (fabric_consumer_config_t).
  */
 #include "../fabric.h"
 #include "int_arg.h"
@@ -61,7 +62,10 @@ static void usage(FILE *f) {
             "  -i, --idle-ms N         without -f: stop after N ms without records (2000)\n"
             "  -F, --fields LIST       comma list of partition,offset,timestamp,key,value,headers\n"
             "  -x, --hex               hex-encode keys, values and header values\n"
-            "  -z, --reset earliest|latest|none  on OFFSET_OUT_OF_RANGE (earliest)\n");
+            "  -z, --reset earliest|latest|none  on OFFSET_OUT_OF_RANGE (earliest)\n"
+            "  -m, --metadata-wait-ms N  exit 1 once METADATA has not mapped the topic (listed it with\n"
+            "                          a retriable error or no partitions) for N ms (60000; -1 = no\n"
+            "                          limit); without -f only a wait below --idle-ms is reached\n");
 }
 
 static void put_bytes(const void *data, int32_t len, int hex) {
@@ -142,9 +146,10 @@ int main(int argc, char **argv) {
         {"count", required_argument, 0, 'c'},     {"follow", no_argument, 0, 'f'},
         {"idle-ms", required_argument, 0, 'i'},   {"fields", required_argument, 0, 'F'},
         {"hex", no_argument, 0, 'x'},             {"reset", required_argument, 0, 'z'},
+        {"metadata-wait-ms", required_argument, 0, 'm'},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
     int opt;
-    while ((opt = getopt_long(argc, argv, "b:t:p:o:c:fi:F:xz:h", long_options, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "b:t:p:o:c:fi:F:xz:m:h", long_options, NULL)) != -1) {
         switch (opt) {
         case 'b': bootstrap = optarg; break;
         case 't': topic = optarg; break;
@@ -178,6 +183,10 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
             }
+            break;
+        case 'm':
+            /* Below -1 fabric_consumer_new would refuse it as INVALID_ARGUMENT: a usage error here. */
+            cfg.metadata_wait_ms = (int)int_arg("fabric-consume", "--metadata-wait-ms", optarg, -1, INT32_MAX);
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

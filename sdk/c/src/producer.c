@@ -42,6 +42,12 @@ typedef struct pbatch {
     int attempts;
     uint64_t order; /* creation order: a failed batch is requeued by it */
     int slots;      /* in-flight slots of its partition it holds while sent */
+    /* Its last retriable failure (0 and NULL: none), said when it expires or is destroyed
+     * unsent. A send's own failure, such as a leader's data socket refusing the handshake
+     * ("node ... refused the connection: ..."), was otherwise lost: the batch was failed later
+     * with "not sent within delivery_timeout_ms" and no reason. */
+    int last_error;
+    char *last_message;
 } pbatch_t;
 
 typedef struct ptopic ptopic_t;
@@ -291,6 +297,7 @@ static void deliver(fabric_producer_t *p, pbatch_t *b, int64_t base_offset, int 
     p->buffered_bytes -= b->buffered_bytes;
     p->batches_pending--;
     fabric_buf_free(&b->bytes);
+    free(b->last_message);
     free(b);
 }
 
@@ -354,18 +361,31 @@ static void release_slots(pbatch_t *b) {
     b->slots = 0;
 }
 
+/* b is past delivery_timeout_ms: fail it with the last error it had (error 0: none). */
+static void expire(fabric_producer_t *p, pbatch_t *b, int error, const char *message) {
+    if (error == 0) {
+        deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, "not sent within delivery_timeout_ms");
+        return;
+    }
+    char text[ERROR_TEXT_BYTES];
+    snprintf(text, sizeof text,
+             "not acknowledged within delivery_timeout_ms=%d after %d attempts; last "
+             "error %s: %s",
+             p->cfg.delivery_timeout_ms, b->attempts, fabric_err_name(error), message ? message : "");
+    deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, text);
+}
+
 static void retry_or_fail(fabric_producer_t *p, pbatch_t *b, int error, const char *message,
                           int64_t now) {
     if (fabric_err_retriable(error)) {
         if (now - b->created_ms >= p->cfg.delivery_timeout_ms) {
-            char text[ERROR_TEXT_BYTES];
-            snprintf(text, sizeof text,
-                     "not acknowledged within delivery_timeout_ms=%d after %d attempts; last "
-                     "error %s: %s",
-                     p->cfg.delivery_timeout_ms, b->attempts, fabric_err_name(error), message);
-            deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, text);
+            expire(p, b, error, message);
             return;
         }
+        /* Kept for expire and destroy; without memory for the text, the code alone. */
+        free(b->last_message);
+        b->last_error = error;
+        b->last_message = strdup(message ? message : "");
         p->refresh_needed = 1;
         b->retry_after_ms = now + p->cfg.retry_backoff_ms;
         timer_at(p, b->retry_after_ms);
@@ -481,7 +501,7 @@ static void send_ready(fabric_producer_t *p, int64_t now) {
                 if (q->head == NULL) q->tail = NULL;
                 b->next = NULL;
                 if (now - b->created_ms >= p->cfg.delivery_timeout_ms) {
-                    deliver(p, b, -1, FABRIC_ERR_DELIVERY_TIMEOUT, "not sent within delivery_timeout_ms");
+                    expire(p, b, b->last_error, b->last_message);
                     continue;
                 }
                 const char *address = client_leader(&p->client, t->name, pi);
@@ -952,7 +972,11 @@ void fabric_producer_destroy(fabric_producer_t *p) {
             while (q->head) {
                 pbatch_t *b = q->head;
                 q->head = b->next;
-                deliver(p, b, -1, FABRIC_ERR_CLOSED, "producer destroyed before the batch was sent");
+                char text[ERROR_TEXT_BYTES] = "producer destroyed before the batch was sent";
+                if (b->last_error) /* why it was not sent yet, as a delivery timeout says */
+                    snprintf(text, sizeof text, "producer destroyed before the batch was sent; last error %s: %s",
+                             fabric_err_name(b->last_error), b->last_message ? b->last_message : "");
+                deliver(p, b, -1, FABRIC_ERR_CLOSED, text);
             }
             if (q->open.record_count)
                 fail_open(p, q, FABRIC_ERR_CLOSED, "producer destroyed before the batch was sent");
