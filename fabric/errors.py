@@ -332,7 +332,7 @@ class UnknownMemberIdError(FabricError):
     pass
 
 
-@_wire(61, "FENCED_MEMBER_EPOCH", "the member epoch is stale; the member lost its partitions and must rejoin")
+@_wire(61, "FENCED_MEMBER_EPOCH", "the member epoch is not the current one; the member must treat its partitions as lost and rejoin")
 class FencedMemberEpochError(FabricError):
     pass
 

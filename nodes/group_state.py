@@ -105,6 +105,20 @@ def _error_response(exc: errors.FabricError, member_id: str = "", epoch: int = -
             "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS_DEFAULT, "assignment": []}
 
 
+def _epoch_refused(epoch: int, member: Member) -> str:
+    """FENCED_MEMBER_EPOCH's message. An epoch above the current one was never given to the
+    member (answers wait for their records to commit), so calling it "stale", as this did,
+    sent readers looking for a lost answer; only one below the current epoch is stale."""
+    if epoch > member.member_epoch:
+        why = f"member epoch {epoch} is unknown: ahead of the current epoch {member.member_epoch}"
+    elif epoch == member.previous_epoch:
+        why = (f"member epoch {epoch} is stale (current {member.member_epoch}); the previous epoch is taken only "
+               "while owned lists nothing the member was not given")
+    else:
+        why = f"member epoch {epoch} is stale (current {member.member_epoch})"
+    return f"{why}; rejoin with member epoch 0 and this member id"
+
+
 class GroupState:
     def __init__(self, group_id: str, *, new_member_id: Callable[[], str] | None = None) -> None:
         self.group_id = group_id
@@ -222,8 +236,7 @@ class GroupState:
                 raise errors.UnknownMemberIdError(f"member {member_id!r} is not in group {self.group_id!r}")
             owned = gp.tp_set(req["owned"])
             if epoch != member.member_epoch and not (epoch == member.previous_epoch and owned <= member.holds()):
-                raise errors.FencedMemberEpochError(
-                    f"member epoch {epoch} is stale (current {member.member_epoch}); rejoin")
+                raise errors.FencedMemberEpochError(_epoch_refused(epoch, member))
             released = member.revoking - owned
             if released:
                 member.revoking -= released

@@ -75,7 +75,7 @@ static const error_row_t ERROR_ROWS[] = {
     {54, "SERVICE_STOPPING", 1, "the instance is draining before it stops; the handler did not run"},
     /* 60-69: consumer groups */
     {60, "UNKNOWN_MEMBER_ID", 0, "the group coordinator does not know this member; rejoin"},
-    {61, "FENCED_MEMBER_EPOCH", 0, "the member epoch is stale; the member lost its partitions and must rejoin"},
+    {61, "FENCED_MEMBER_EPOCH", 0, "the member epoch is not the current one; the member must treat its partitions as lost and rejoin"},
     {62, "GROUP_NOT_EMPTY", 0, "the group has live members; stop them first"},
     {63, "NOT_COORDINATOR", 1, "this node does not coordinate that group; find the coordinator again"},
     {64, "COORDINATOR_NOT_AVAILABLE", 1, "the group's coordinator partition has no leader right now"},
