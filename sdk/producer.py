@@ -629,7 +629,9 @@ class _ProducerCore:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError.
-        Returns within ``timeout`` plus at most SENDER_STOP_S (10 s) for the sender thread."""
+        Returns within ``timeout`` plus at most SENDER_STOP_S (10 s) for the sender thread.
+        ``timeout=0`` does not flush (Kafka's ``close(Duration.ZERO)``): what is not yet
+        acknowledged fails at once, without the warning a flush that timed out gives."""
         with self._lock:
             if self._closed:
                 return
@@ -637,10 +639,11 @@ class _ProducerCore:
             # Dropped from a callback on the sender thread: that thread cannot join itself.
             threading.Thread(target=self.close, args=(timeout,), name="fabric-producer-close", daemon=True).start()
             return
-        try:
-            self.flush(timeout)
-        except TimeoutError:
-            log.warning("close(): flush timed out; failing what is left")
+        if timeout is None or timeout > 0:
+            try:
+                self.flush(timeout)
+            except TimeoutError:
+                log.warning("close(): flush timed out; failing what is left")
         with self._lock:
             self._closed = True
             self._refuse(errors.ClientClosedError(self._closed_why))
@@ -1272,7 +1275,8 @@ class Producer:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Flush, stop the sender thread and close sockets. Unsent records fail with ClientClosedError.
-        Returns within ``timeout`` plus at most SENDER_STOP_S (10 s) for the sender thread."""
+        Returns within ``timeout`` plus at most SENDER_STOP_S (10 s) for the sender thread.
+        ``timeout=0`` does not flush: what is not yet acknowledged fails at once."""
         self._finalizer.detach()
         self._core.close(timeout)
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not zookeeper_available(), reason="needs ZooKeep
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "TMPDIR": str(tmp),
+    return {**os.environ, "TMPDIR": str(tmp), "PYTHONFAULTHANDLER": "1",
             "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
@@ -64,7 +64,12 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
         assert first.startswith("one node"), first
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole group
-        _out, err = proc.communicate(timeout=60)
+        try:
+            _out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack, for the report
+            _out, err = proc.communicate(timeout=30)
+            pytest.fail(f"still running 60 s after Ctrl-C; its threads:\n{err[-8000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

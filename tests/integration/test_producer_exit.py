@@ -153,6 +153,22 @@ def test_delivery_timeout_holds_without_answers(silent_node: SilentNode) -> None
             future.result(30)
 
 
+def test_close_zero_fails_what_is_unsent_at_once_without_a_warning(silent_node: SilentNode,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    # close(0), as Kafka's close(Duration.ZERO): no flush, so no "flush timed out" warning
+    # for what the caller chose not to wait for (a benchmark's Ctrl-C printed it).
+    producer = Producer(silent_node.address, acks=1, linger_ms=0, delivery_timeout_ms=60_000)
+    futures = [producer.send("t", b"record-%d" % i) for i in range(100)]
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="fabric.producer"):
+        producer.close(0)
+    assert time.monotonic() - started < 12  # the sender's stop (SENDER_STOP_S) at most, no flush
+    assert not [r for r in caplog.records if "flush timed out" in r.getMessage()]
+    for future in futures:
+        with pytest.raises(errors.ClientClosedError):
+            future.result(1)
+
+
 def test_headers_must_be_pairs() -> None:
     normalize = normalize_headers
     assert normalize([("a", b"b"), ("c", "d"), ("e", None)]) == [("a", b"b"), ("c", b"d"), ("e", None)]
