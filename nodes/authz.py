@@ -14,15 +14,23 @@ What ``NodeSecurity`` does, in the order the node needs it (docs/SECURITY.md):
   only); the node's own key on the SUB and the follower->leader connections.
 * **every request**: ``admit`` checks the decoded request against the ACLs before any
   handler runs (``fabric.auth.acl.required_access`` says what it needs). A refusal is
-  ``AUTHORIZATION_FAILED`` naming principal, operation and resource, logged at WARNING.
-  An unknown principal (removed after it connected) is refused everything.
+  ``AUTHORIZATION_FAILED`` naming principal, operation and resource, logged at WARNING,
+  and always request-level: nothing of the request is applied, even the items the
+  principal may use (docs/PROTOCOL.md section 12). Only METADATA answers per topic, and
+  the all-topics forms of METADATA, DESCRIBE_TOPICS and DESCRIBE_REPLICAS list only the
+  topics the principal may describe (``wrap_handlers``). The check reads names, never the
+  routing map, so a topic that does not exist is refused exactly as a forbidden one. An
+  API the node has no handler for is never admitted (``UNKNOWN_API`` to everyone, from
+  nodes/server.py). An unknown principal (removed after it connected), or a connection
+  whose key was rotated out, is refused everything.
 * **quotas**: a PRODUCE within its ACL is written at once; ``fabric.auth.quota.Throttle``
-  says how long its response waits. ``hold`` parks that response in a bounded delay
-  queue and ``release`` (a loop duty) sends it when due. When THROTTLED_RESPONSES_MAX
-  responses are already held, an over-quota PRODUCE is refused *before it is written*
-  with the retriable ``THROTTLED`` (nothing written, the producer retries after its
-  backoff): a full queue never lets a greedy producer through unthrottled, and never
-  drops acknowledged data.
+  says how long its response waits (at most ``THROTTLE_MS_MAX``, 10 s: well inside a
+  client's 30 s request timeout; the rest of the debt holds later responses). ``hold``
+  parks that response in a bounded delay queue and ``release`` (a loop duty) sends it
+  when due. When THROTTLED_RESPONSES_MAX responses are already held, an over-quota
+  PRODUCE is refused *before it is written* with the retriable ``THROTTLED`` (nothing
+  written, the producer retries after its backoff): a full queue never lets a greedy
+  producer through unthrottled, and never drops acknowledged data.
 """
 
 from __future__ import annotations
@@ -189,6 +197,29 @@ class NodeSecurity:
             return {**body, "topics": topics}
 
         handlers[ApiKey.METADATA] = metadata
+        # The all-topics forms of DESCRIBE_TOPICS and DESCRIBE_REPLICAS (``fabric topic
+        # describe`` with no name) need describe on the cluster, and then answered every
+        # topic's configs and log sizes, those METADATA hides from the principal included.
+        # They list only what it may describe, as METADATA's all-topics form does; a name
+        # asked for was checked by ``admit`` (refused whole when not describable).
+        self._keep_describable(handlers, ApiKey.DESCRIBE_TOPICS, "names", "topics", "name")
+        self._keep_describable(handlers, ApiKey.DESCRIBE_REPLICAS, "topics", "partitions", "topic")
+
+    def _keep_describable(self, handlers: dict[int, Any], api: ApiKey, names_field: str, items_field: str,
+                          topic_field: str) -> None:
+        inner = handlers.get(api)
+        if inner is None:
+            return
+
+        def answer(node: NodeState, envelope: Envelope, request: apis.Message) -> dict[str, Any] | None:
+            body: dict[str, Any] | None = inner(node, envelope, request)
+            if body is None or request.body[names_field]:
+                return body
+            principal = self.principal
+            return {**body, items_field: [item for item in body[items_field]
+                                          if self.may_describe(principal, item[topic_field])]}
+
+        handlers[api] = answer
 
     # -- quotas ----------------------------------------------------------------------------
     def _account(self, node: NodeState, envelope: Envelope, request: apis.Message, principal: str) -> bool:

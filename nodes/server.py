@@ -174,7 +174,7 @@ class Node:
                                              caller=self.authz.caller if self.authz else None)
         self.handlers = metrics.instrument(dict(DISPATCH))
         if self.authz is not None:
-            self.authz.wrap_handlers(self.handlers)  # METADATA answers per topic
+            self.authz.wrap_handlers(self.handlers)  # METADATA per topic; all-topic answers filtered
         all_duties = duties(config)
         self.duties, self.duties_before = all_duties, [d for d in all_duties if d.before_requests]
         self.duties_after = [d for d in all_duties if not d.before_requests]
@@ -339,9 +339,9 @@ class Node:
                 log.exception("decoding a request failed")
                 node.send_error(envelope, None, errors.UnknownServerError(f"{type(exc).__name__}: {exc}"))
                 continue
-            if self.authz is not None and not self.authz.admit(node, envelope, message[0], request):
+            handler = self.handlers.get(request.header.api_key)  # None: UNKNOWN_API to all (_reply), not 80
+            if handler is not None and self.authz is not None and not self.authz.admit(node, envelope, message[0], request):
                 continue  # refused and answered: no handler sees it
-            handler = self.handlers.get(request.header.api_key)
             if isinstance(handler, GroupCommit):
                 if wb is None:
                     wb = node.store.new_write_batch()

@@ -753,15 +753,19 @@ class _ProducerCore:
         with self._lock:
             ready = self._acc.ready(now, self._in_flight_slots, self.max_in_flight)
             self._sending = list(ready)
-        by_node: dict[str, list[ProducerBatch]] = {}
+        # On a secure cluster a PRODUCE carries one topic: a node refuses a request whole
+        # when its principal may not produce one topic in it (docs/PROTOCOL.md section 12),
+        # and that failed the batches of topics it may produce, sent along in the same one.
+        per_topic = self._security is not None
+        by_node: dict[tuple[str, str], list[ProducerBatch]] = {}
         for batch in ready:
             address = meta.metadata.leader_address(batch.topic, batch.partition)
             if address is None:
                 self._refresh_needed = True  # the map names no (reachable) leader: ask again
                 self._retry(batch, errors.LeaderNotAvailableError(f"no leader known for {batch.topic}/{batch.partition}"), now)
                 continue
-            by_node.setdefault(address, []).append(batch)
-        for address, batches in by_node.items():
+            by_node.setdefault((address, batch.topic if per_topic else ""), []).append(batch)
+        for (address, _topic), batches in by_node.items():
             for group in _request_groups(batches):
                 self._send_request(conns, address, group, now)
         with self._lock:

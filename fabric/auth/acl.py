@@ -244,8 +244,8 @@ def required_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operati
     if api_key == ApiKey.API_VERSIONS:
         return []
     if api_key == ApiKey.METADATA:
-        # Asking for all topics is allowed to every principal (names are not secret here,
-        # as in Kafka before topic filtering); asking for named topics needs describe.
+        # Asking for all topics is allowed to every principal and lists only the topics it
+        # may describe (nodes/authz.py); asking for named topics needs describe.
         return [(Operation.DESCRIBE, Resource(ResourceType.TOPIC, t)) for t in dict.fromkeys(body["topics"])]
     if api_key == ApiKey.PRODUCE:
         # Writing an internal topic is the nodes' business (the coordinators' state), like

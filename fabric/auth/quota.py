@@ -20,7 +20,17 @@ from fabric.errors import InvalidRequestError
 
 DEFAULT_PRINCIPAL = "*"  # a quota for every principal without one of its own
 BURST_S_DEFAULT = 1.0
-THROTTLE_MS_MAX = 30_000  # never hold one response longer than this (below client timeouts)
+# The longest one response is held. A client following docs/PROTOCOL.md section 8 gives
+# each request 30 s (the SDKs' request_timeout_ms); a hold of 30 s (this was the cap) made
+# a single large batch answer just as that timeout fired, and the client resent it (a
+# duplicate without idempotence). 10 s leaves two thirds of the timeout for the request's
+# own work (an acks=all wait for replicas) and the network, and is about Kafka's default
+# quota window (11 samples of 1 s), over which its throttle is computed. The cap forgives
+# nothing: ``record`` charges the whole batch to the principal's ``tat``, so the debt past
+# the cap holds its next responses in turn, and a client that waits for its answers is
+# held to the quota on average as long as it keeps less than rate * 10 s unanswered (with
+# B bytes unanswered it gets at most about B per 10 s: docs/PROTOCOL.md 5.2, "Quotas").
+THROTTLE_MS_MAX = 10_000
 TRACKED_PRINCIPALS_MAX = 100_000
 
 

@@ -552,3 +552,75 @@ def test_the_recorded_digest_is_offered_only_to_the_recorded_cluster(secure: Loc
         assert any(entry.principal == name for entry in store.list_acls(zk))
     finally:
         close_client(zk)
+
+
+def test_describing_all_topics_lists_only_those_the_principal_may_describe(secure: LocalCluster,
+                                                                           admin: Admin) -> None:
+    """`describe` on the cluster lets a principal ask DESCRIBE_TOPICS and DESCRIBE_REPLICAS
+    for every topic (`fabric topic describe` with no name). They answered every topic's
+    configs and log sizes, those METADATA hides from it included; now they list only the
+    topics it may describe, as METADATA's all-topics form does."""
+    mine, hidden = _topic(admin, "secd"), _topic(admin, "secd")
+    name, security = _user(secure)
+    _acl(secure, name, "describe", "cluster", "")
+    _acl(secure, name, "describe", "topic", mine)
+    address = _leader(admin, hidden)
+    conns = Connections(security=security)
+    try:
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        while True:  # both grants reach the node through a watch
+            try:
+                body = conns.request(address, ApiKey.DESCRIBE_TOPICS, {"names": []}).body
+                if mine in {t["name"] for t in body["topics"]}:
+                    break
+            except errors.AuthorizationFailedError:
+                pass
+            assert time.monotonic() < deadline, "the grants never reached the node"
+            time.sleep(0.05)
+        assert hidden not in {t["name"] for t in body["topics"]}
+        assert all(t["name"] == mine or not t["name"].startswith("secd-") for t in body["topics"])
+        replicas = conns.request(address, ApiKey.DESCRIBE_REPLICAS, {"topics": []}).body
+        assert hidden not in {p["topic"] for p in replicas["partitions"]}
+        with pytest.raises(errors.AuthorizationFailedError, match=f"may not describe topic '{hidden}'"):
+            conns.request(address, ApiKey.DESCRIBE_TOPICS, {"names": [hidden]})  # named: refused, as before
+    finally:
+        conns.close()
+    assert {mine, hidden} <= {t.name for t in admin.describe_topics()}  # the operator (a super key) sees both
+
+
+def test_an_api_the_node_does_not_serve_is_unknown_api_for_a_user_too(secure: LocalCluster, admin: Admin) -> None:
+    """ALLOCATE_IDS is the sequencer's: a node has no handler for it. Sent by a user it was
+    refused AUTHORIZATION_FAILED ('may not admin cluster'), by an operator UNKNOWN_API: the
+    ACL check ran before the node knew it would not serve the request."""
+    _name, security = _user(secure)
+    conns = Connections(security=security)
+    try:
+        with pytest.raises(errors.UnknownApiError, match="no handler"):
+            conns.request(next(iter(admin.nodes().values())), ApiKey.ALLOCATE_IDS, {"count": 1, "kind": 0},
+                          timeout_ms=int(ANSWER_WAIT_S * 1000))
+    finally:
+        conns.close()
+
+
+def test_a_topic_the_producer_may_not_write_fails_alone(secure: LocalCluster, admin: Admin) -> None:
+    # The node refuses a PRODUCE whole when one topic in it is refused (PROTOCOL section 12),
+    # so the producer sends one topic a request on a secure cluster: a topic the principal
+    # may describe (here through consume) but not produce used to fail the batches of a
+    # topic it may produce that went to the same leader in the same request.
+    allowed = f"sec-{uuid.uuid4().hex[:8]}"
+    admin.create_topic(allowed, partitions=3, replication_factor=3)
+    refused = _topic(admin)
+    name, security = _user(secure)
+    _acl(secure, name, "produce", "topic", allowed)
+    _acl(secure, name, "consume", "topic", refused)
+    leader = admin.describe_topic(refused).partitions[0].leader
+    same = next(p.partition for p in admin.describe_topic(allowed).partitions if p.leader == leader)
+    with Producer(secure.bootstrap, security=security, acks="all", linger_ms=100, delivery_timeout_ms=30_000) as p:
+        assert p.partitions_for(refused) == 1  # described: the producer has its map
+        good = [p.send(allowed, b"ok-%d" % i, partition=same) for i in range(5)]
+        bad = p.send(refused, b"no", partition=0)
+        p.flush(timeout=60)
+    for future in good:
+        assert future.result(0).partition == same
+    with pytest.raises(errors.AuthorizationFailedError, match=f"may not produce topic '{refused}'"):
+        bad.result(0)
