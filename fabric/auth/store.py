@@ -42,7 +42,7 @@ from fabric.zk import ROOT, close_client, make_client
 
 log = logging.getLogger("fabric.auth")
 
-__all__ = ["NoAuthError", "SecurityCache", "add_acl", "add_principal", "list_acls", "list_principals",
+__all__ = ["NoAuthError", "SecurityCache", "add_acl", "add_principal", "find_principal", "list_acls", "list_principals",
            "list_quotas", "remove_acl", "remove_principal", "secure_zk_kwargs", "set_quota"]
 
 SECURITY = f"{ROOT}/security"
@@ -66,20 +66,42 @@ def _ensure(zk: KazooClient) -> None:
             pass
 
 
+def _name_taken(name: str) -> errors.InvalidRequestError:
+    # The only way to a new key for a name is remove, then add: say so, and that the
+    # principal's ACL entries and quota are kept by name across the two.
+    return errors.InvalidRequestError(
+        f"principal {name!r} already exists; to give it a new key: fabric principal remove {name}, then "
+        f"fabric principal add {name} --key NEW_KEY (its ACL entries and quota stay)")
+
+
 def add_principal(zk: KazooClient, name: str, public_key: str | bytes, role: Role = Role.USER) -> Principal:
     validate_name(name)
     key = validate_public_key(public_key).decode("ascii")
     _ensure(zk)
     principal = Principal(name, key, role)
+    # The name first: adding bob again (with his own key, or any other) is a name conflict,
+    # and was reported as "that public key is already registered as principal 'bob'".
+    if zk.exists(principal_path(name)) is not None:
+        raise _name_taken(name)
     for other in list_principals(zk):
         if other.public_key == key:
-            raise errors.InvalidRequestError(f"that public key is already registered as principal {other.name!r}")
+            raise errors.InvalidRequestError(
+                f"that public key is already registered as principal {other.name!r} (a key belongs to one "
+                f"principal only: generate another with fabric keys generate {name})")
     try:
         zk.create(principal_path(name), principal.encode())
     except NodeExistsError:
-        raise errors.InvalidRequestError(
-            f"principal {name!r} exists; remove it first to rotate its key") from None
+        raise _name_taken(name) from None  # added by someone else since the check above
     return principal
+
+
+def find_principal(zk: KazooClient, name: str) -> Principal | None:
+    """The principal registered under ``name``, or None."""
+    try:
+        raw, _ = zk.get(principal_path(name))
+    except NoNodeError:
+        return None
+    return Principal.decode(name, raw)
 
 
 def remove_principal(zk: KazooClient, name: str) -> None:

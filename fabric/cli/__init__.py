@@ -12,7 +12,7 @@
     fabric group list|describe|reset-offsets|delete   consumer groups
     fabric queue create|list|describe|delete|redrive|send|receive   work queues (docs/QUEUES.md)
     fabric bench                   the produce/consume benchmark (python -m bench)
-    fabric keys|principal|acl      CURVE keys, principals, access rules (docs/SECURITY.md)
+    fabric keys|principal|acl|quota  CURVE keys, principals, access rules, quotas (docs/SECURITY.md)
 
 Commands that talk to a cluster take ``--bootstrap`` (``zk://host:port`` or node
 addresses); without it they use ``$FABRIC_BOOTSTRAP`` or the cluster that ``fabric up``

@@ -1,14 +1,14 @@
-"""``fabric keys|principal|acl``: CURVE keys, principals and access rules.
+"""``fabric keys|principal|acl|quota``: CURVE keys, principals, access rules and quotas.
 
     fabric keys generate NAME [--dir DIR] [--force]
     fabric principal add NAME --key KEY_OR_FILE [--role user|super|node]
-    fabric principal remove NAME
+    fabric principal remove NAME                           (then add again: a new key, same ACLs)
     fabric principal list
     fabric acl add --principal P --operation OP (--topic T | --topic-prefix P | --group G |
                    --group-prefix P | --queue Q | --queue-prefix P | --service S |
                    --service-prefix P | --cluster)
     fabric acl remove ... (the same options)
-    fabric acl list [--principal P]
+    fabric acl list [--principal P]                        (P's entries, then the '*' ones)
     fabric quota set PRINCIPAL --produce-bytes-per-s N     (PRINCIPAL '*': everyone without one)
     fabric quota remove PRINCIPAL
     fabric quota list
@@ -34,7 +34,7 @@ from typing import Any
 from fabric import errors
 from fabric.auth import keys, store
 from fabric.auth.acl import ANY_PRINCIPAL, AclEntry, Operation, ResourceType, Role
-from fabric.auth.quota import Quota
+from fabric.auth.quota import DEFAULT_PRINCIPAL, Quota
 from fabric.cli._common import (
     EXIT_ERROR,
     EXIT_USAGE,
@@ -82,27 +82,48 @@ def _targets_recorded_cluster(args: argparse.Namespace, state: dict[str, Any]) -
     return not given or given == state.get("bootstrap")
 
 
-def _digest(args: argparse.Namespace) -> str | None:
-    """The ZooKeeper credentials, or None on a plaintext cluster. A file that cannot be read
-    is said to be that, naming where it was given, before anything connects (it read as
-    "cannot reach ZooKeeper")."""
+def _digest_source(args: argparse.Namespace) -> tuple[str, str, int] | None:
+    """Where the ZooKeeper credentials come from: (path, how it was given, the exit code of
+    a file that cannot be read), or None on a plaintext cluster."""
     state = _state()
     # The recorded digest is the password of the cluster `fabric up` started: ZooKeeper's
     # digest scheme sends it in the clear to whichever server the command connects to, so
     # it is offered to that cluster only, never to another --bootstrap.
     recorded = state.get("zk_digest_file") if _targets_recorded_cluster(args, state) else None
     if getattr(args, "zk_digest_file", None):
-        path, origin, code = args.zk_digest_file, "argument --zk-digest-file", EXIT_USAGE
-    elif os.environ.get("FABRIC_ZK_DIGEST_FILE"):
-        path, origin, code = os.environ["FABRIC_ZK_DIGEST_FILE"], "$FABRIC_ZK_DIGEST_FILE", EXIT_USAGE
-    elif recorded:
-        path, origin, code = recorded, f"the digest file recorded in {STATE_FILE}", EXIT_ERROR
-    else:
+        return args.zk_digest_file, "argument --zk-digest-file", EXIT_USAGE
+    if os.environ.get("FABRIC_ZK_DIGEST_FILE"):
+        return os.environ["FABRIC_ZK_DIGEST_FILE"], "$FABRIC_ZK_DIGEST_FILE", EXIT_USAGE
+    if recorded:
+        return str(recorded), f"the digest file recorded in {STATE_FILE}", EXIT_ERROR
+    return None
+
+
+def _digest(args: argparse.Namespace) -> str | None:
+    """The ZooKeeper credentials, or None on a plaintext cluster. A file that cannot be read
+    is said to be that, naming where it was given, before anything connects (it read as
+    "cannot reach ZooKeeper")."""
+    source = _digest_source(args)
+    if source is None:
         return None
+    path, origin, code = source
     try:
         return store.read_digest(path)
     except errors.FabricError as exc:
         raise CliError(f"{origin}: {exc.message}", code) from None
+
+
+def refused_write_message(source: tuple[str, str, int] | None) -> str:
+    """Why ZooKeeper refused a write. ZooKeeper's digest scheme accepts any user:password at
+    login and refuses only the write, so a wrong password looks like no password: the
+    message says which it was (it told a user who had passed --zk-digest-file to pass it)."""
+    if source is None:
+        return ("ZooKeeper refused the write: this cluster is secure; pass --zk-digest-file "
+                "(or set FABRIC_ZK_DIGEST_FILE)")
+    path, origin, _ = source
+    return (f"ZooKeeper refused the write with the digest in {path} ({origin}): its user:password is not the "
+            f"one that owns this cluster's znodes (a wrong user or password, or another cluster's file; "
+            f"the direct plane's zk-direct.digest may not write principals, ACLs or quotas)")
 
 
 @contextmanager
@@ -118,8 +139,7 @@ def _zk(args: argparse.Namespace) -> Iterator[Any]:
         yield zk
     except store.NoAuthError:
         raise errors.AuthorizationFailedError(
-            "ZooKeeper refused the write: this cluster is secure; pass --zk-digest-file "
-            "(or set FABRIC_ZK_DIGEST_FILE)") from None
+            refused_write_message(_digest_source(args) if digest else None)) from None
     finally:
         close_client(zk)
 
@@ -142,7 +162,7 @@ def _acl_options(parser: argparse.ArgumentParser) -> None:
     for rtype, suffix in _RESOURCE_OPTIONS:
         kind = "names starting with" if suffix else "name"
         where.add_argument(f"--{rtype.value}{suffix}", metavar="NAME", help=f"{rtype.value} {kind} NAME")
-    where.add_argument("--cluster", action="store_true", help="the cluster itself (elect leaders, list all topics)")
+    where.add_argument("--cluster", action="store_true", help=CLUSTER_HELP)
 
 
 def _entry(args: argparse.Namespace) -> AclEntry:
@@ -167,46 +187,75 @@ def _name(what: str) -> Any:
     return check
 
 
+def _quota_principal(text: str) -> str:
+    """An argparse type: ``*`` or a name a principal can have. A bad one was refused by
+    ZooKeeper's side of the command (exit 1) after connecting."""
+    return text if text == DEFAULT_PRINCIPAL else _name("principal")(text)
+
+
+def _commands(parser: argparse.ArgumentParser, dest: str) -> Any:
+    """The sub-commands of a command group, listed with their summaries in the group's
+    --help (without a help= each, `fabric quota --help` showed a bare COMMAND)."""
+    return parser.add_subparsers(dest=dest, required=True, title="commands", metavar="COMMAND")
+
+
+def _command(commands: Any, name: str, summary: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=summary, description=summary)
+    return parser
+
+
+# What each operation on the cluster resource allows (required_access in fabric/auth/acl.py).
+# Not the topic listing: METADATA of all topics needs no cluster right and shows each
+# principal only the topics it may describe.
+CLUSTER_HELP = ("the cluster itself. describe: list consumer groups (fabric group list), describe topics without "
+                "naming them (fabric topic describe; only topics the principal may describe are shown); alter: elect "
+                "leaders, reassign partitions; admin: drain nodes (fabric node drain) and any other API a node serves "
+                "that the ACL table of docs/SECURITY.md does not name. Listing topics (fabric topic list) needs none of these")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k = subparsers.add_parser("keys", help="CURVE key pairs for secure clusters")
     k.set_defaults(run=cmd_keys)
-    ksub = k.add_subparsers(dest="keys_command", required=True)
-    gen = ksub.add_parser("generate", help="write NAME.key (public) and NAME.key_secret (mode 0600)")
+    ksub = _commands(k, "keys_command")
+    gen = _command(ksub, "generate", "write NAME.key (public) and NAME.key_secret (mode 0600)")
     gen.add_argument("name", type=_name("key"))
     gen.add_argument("--dir", default=str(DEFAULT_KEY_DIR), help=f"where to write (default {DEFAULT_KEY_DIR})")
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
 
     p = subparsers.add_parser("principal", help="register, remove and list public keys")
     p.set_defaults(run=cmd_principal)
-    psub = p.add_subparsers(dest="principal_command", required=True)
-    add = _with_zk(psub.add_parser("add"))
+    psub = _commands(p, "principal_command")
+    add = _with_zk(_command(psub, "add", "register a public key under a new principal name"))
     add.add_argument("name", type=_name("principal"))
     add.add_argument("--key", "-k", required=True,
                      help=f"Z85 public key, or a .key/.key_secret file (a bare name not found here: in {DEFAULT_KEY_DIR})")
     add.add_argument("--role", choices=[r.value for r in Role], default="user",
                      help="user: ACLs decide; super: operator, may do everything; node: a storage node")
-    remove = _with_zk(psub.add_parser("remove"))
+    remove = _with_zk(_command(psub, "remove", "unregister a principal (its ACL entries and quota stay); "
+                                                "remove, then add again to rotate its key"))
     remove.add_argument("name")
-    _with_zk(psub.add_parser("list"))
+    _with_zk(_command(psub, "list", "every principal: name, role, public key"))
 
     a = subparsers.add_parser("acl", help="allow principals operations on topics, groups, queues, services")
     a.set_defaults(run=cmd_acl)
-    asub = a.add_subparsers(dest="acl_command", required=True)
-    _acl_options(_with_zk(asub.add_parser("add")))
-    _acl_options(_with_zk(asub.add_parser("remove")))
-    lst = _with_zk(asub.add_parser("list"))
-    lst.add_argument("--principal", "-p")
+    asub = _commands(a, "acl_command")
+    _acl_options(_with_zk(_command(asub, "add", "allow a principal (or '*') an operation on a resource")))
+    _acl_options(_with_zk(_command(asub, "remove", "remove one entry (the same options as add)")))
+    lst = _with_zk(_command(asub, "list", "every entry, or those that apply to one principal"))
+    lst.add_argument("--principal", "-p",
+                     help="only the entries that apply to this principal: its own and the '*' ones")
 
     q = subparsers.add_parser("quota", help="per-principal produce byte rates (responses are delayed, never dropped)")
     q.set_defaults(run=cmd_quota)
-    qsub = q.add_subparsers(dest="quota_command", required=True)
-    qset = _with_zk(qsub.add_parser("set"))
-    qset.add_argument("principal", help="principal name, or '*' for every principal without its own quota")
+    qsub = _commands(q, "quota_command")
+    qset = _with_zk(_command(qsub, "set", "set (or replace) a principal's produce byte rate"))
+    qset.add_argument("principal", type=_quota_principal, help="principal name, or '*' for every principal without its own quota")
     qset.add_argument("--produce-bytes-per-s", type=positive_int, required=True,
-                      help="bytes per second this principal may produce (at least 1)")
-    qremove = _with_zk(qsub.add_parser("remove"))
-    qremove.add_argument("principal")
-    _with_zk(qsub.add_parser("list"))
+                      help="bytes per second this principal may produce (at least 1; no quota at all: "
+                           "fabric quota remove)")
+    qremove = _with_zk(_command(qsub, "remove", "remove a principal's quota (or the '*' default)"))
+    qremove.add_argument("principal", type=_quota_principal, help="principal name, or '*'")
+    _with_zk(_command(qsub, "list", "every quota: principal and produce bytes per second"))
 
 
 def cmd_quota(args: argparse.Namespace) -> int:
@@ -248,7 +297,7 @@ def cmd_principal(args: argparse.Namespace) -> int:
             print(f"added principal {principal.name} ({principal.role.value}) {principal.public_key}")
         elif args.principal_command == "remove":
             store.remove_principal(zk, args.name)
-            print(f"removed principal {args.name} (its ACL entries stay until removed)")
+            print(f"removed principal {args.name} (its ACL entries and quota stay until removed)")
         else:
             for principal in store.list_principals(zk):
                 print(f"{principal.name}\t{principal.role.value}\t{principal.public_key}")
@@ -272,8 +321,34 @@ def cmd_acl(args: argparse.Namespace) -> int:
                 raise errors.InvalidRequestError(f"no such ACL entry: {entry}")
             print(f"removed: {entry}")
         else:
-            for entry in store.list_acls(zk):
-                if args.principal in (None, entry.principal):
-                    print(entry)
+            if args.principal is not None and args.principal != ANY_PRINCIPAL:
+                _note_role(zk, args.principal)
+            for line in acl_lines(store.list_acls(zk), args.principal):
+                print(line)
     return 0
+
+
+def acl_lines(entries: list[AclEntry], principal: str | None) -> list[str]:
+    """What ``fabric acl list [-p P]`` prints: every entry, or the entries that apply to P,
+    its own first, then those for ``*`` (every principal), marked as such: an operator who
+    asks what alice may do needs both, and the ``*`` ones were left out."""
+    if principal is None:
+        return [str(entry) for entry in entries]
+    own = [str(entry) for entry in entries if entry.principal == principal]
+    if principal == ANY_PRINCIPAL:
+        return own
+    return own + [f"{entry}   (from '*': applies to every principal)"
+                  for entry in entries if entry.principal == ANY_PRINCIPAL]
+
+
+def _note_role(zk: Any, name: str) -> None:
+    """On stderr, when the entries do not tell what ``name`` may do: a super or node key
+    may do everything whatever the ACLs say, and entries for an unregistered name apply to
+    nobody yet."""
+    principal = store.find_principal(zk, name)
+    if principal is None:
+        print(f"note: no principal {name!r} is registered; these entries apply once one is", file=sys.stderr)
+    elif principal.role is not Role.USER:
+        print(f"note: {name} has role {principal.role.value}: every operation on every resource is allowed, "
+              f"whatever the entries say", file=sys.stderr)
 
