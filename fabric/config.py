@@ -18,6 +18,7 @@ as the table in ``docs/OPERATIONS.md`` (a test checks that they agree).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -153,7 +154,9 @@ NODE_OPTIONS: tuple[Option, ...] = (
            "a principal with role node), its side of connections to other nodes"),
     Option("zk_digest_file", str, "", "", "with `security = \"curve\"`: file holding the ZooKeeper digest "
            "`user:password` (mode 0600) that owns Fabric's znodes"),
-    Option("log_level", str, "INFO", "", "DEBUG, INFO, WARNING, ERROR", choices=LOG_LEVELS),
+    Option("log_level", str, "INFO", "", "least severe level logged: "
+           + ", ".join(f"`{level}`" for level in LOG_LEVELS[:-1]) + f" or `{LOG_LEVELS[-1]}`; "
+           "case does not matter (`info` is `INFO`)", choices=LOG_LEVELS),
     Option("log_format", str, "text", "", "`text` for people, `json` for log pipelines (one object per line)",
            choices=LOG_FORMATS),
 )
@@ -217,8 +220,22 @@ def argument_parser(prog: str = "fabric node") -> argparse.ArgumentParser:
     return parser
 
 
+# Where a value came from, as the effective-configuration log line names it.
+SOURCE_FLAG = "flag"
+SOURCE_ENV = "env"
+SOURCE_FILE = "file"
+SOURCE_DEFAULT = "default"
+
+
 def load_node_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every option's value by precedence flag > environment > file > default."""
+    return resolve_node_settings(argv, environ)[0]
+
+
+def resolve_node_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None
+                          ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every option's value by precedence flag > environment > file > default, and where
+    each came from (``SOURCE_FLAG``, ``SOURCE_ENV``, ``SOURCE_FILE``, ``SOURCE_DEFAULT``)."""
     environ = os.environ if environ is None else environ
     flags = vars(argument_parser().parse_args(list(argv)))  # --help exits 0; a bad flag raises ConfigError
     config_path = flags.pop("config", None) or environ.get(CONFIG_ENV)
@@ -228,22 +245,40 @@ def load_node_settings(argv: Sequence[str], environ: Mapping[str, str] | None = 
     if unknown_env:
         raise ConfigError(f"unknown environment variable(s) {', '.join(unknown_env)}")
     settings: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     missing = []
     for option in NODE_OPTIONS:
         if option.name in flags:
             settings[option.name] = option.parse(flags[option.name], f"flag {option.flag}")
+            sources[option.name] = SOURCE_FLAG
         elif option.env in environ:
             settings[option.name] = option.parse(environ[option.env], f"environment {option.env}")
+            sources[option.name] = SOURCE_ENV
         elif option.name in from_file:
             settings[option.name] = option.parse(from_file[option.name], f"config file {config_path}")
+            sources[option.name] = SOURCE_FILE
         elif option.required:
             missing.append(option)
         else:
             settings[option.name] = option.default
+            sources[option.name] = SOURCE_DEFAULT
     if missing:
         raise ConfigError("missing required option(s): " + "; ".join(
             f"{o.name} ({o.flag}, {o.env} or `{o.name} =` in --config)" for o in missing))
-    return settings
+    return settings, sources
+
+
+def effective_config_line(settings: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """The node's one log line of its effective configuration: every option, in the
+    table's order, as ``name=value (source)``. Strings are JSON-quoted, so an empty one
+    (``key_file=""``) or one with spaces still reads as one value. No option holds a
+    secret: the key options name files, whose contents are never logged."""
+    parts = []
+    for option in NODE_OPTIONS:
+        value = settings[option.name]
+        shown = json.dumps(value) if isinstance(value, str) else str(value)
+        parts.append(f"{option.name}={shown} ({sources.get(option.name, '?')})")
+    return "effective configuration: " + ", ".join(parts)
 
 
 def _markdown_cell(value: Any) -> str:

@@ -262,6 +262,47 @@ class ManagedProcess:
             return ""
 
 
+# What a node that cannot start prints as it exits (nodes/launch.py): its own reason.
+NODE_START_ERROR_MARK = "fabric node: error: "
+# Its last lines are searched for that line, no more: the log is appended to across
+# restarts, and an earlier run's reason must not stand in for this run's crash.
+START_ERROR_LINES_SEARCHED = 5
+
+
+def start_failure_reason(log_text: str) -> str:
+    """Why a node process exited before it registered, in one line, from its log: the
+    reason in the node's own error line near the end (``fabric node: error: node 1 cannot
+    start: cannot listen on ...``, without its prefix), else the log's last line (a
+    crash's exception), else that the log is empty."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    for line in reversed(lines[-START_ERROR_LINES_SEARCHED:]):
+        if NODE_START_ERROR_MARK in line:
+            reason = line.split(NODE_START_ERROR_MARK, 1)[1]
+            who, cannot, rest = reason.partition(" cannot start: ")
+            return rest if cannot and who.startswith("node ") else reason
+    return lines[-1] if lines else "it wrote nothing to its log"
+
+
+class NodeStartError(RuntimeError):
+    """A node process exited before it registered in ZooKeeper. ``reason`` is the node's
+    own one-line reason (``start_failure_reason``); ``log_path`` its log."""
+
+    def __init__(self, node_id: int, reason: str, log_path: Path, exit_status: int | None, log_tail: str = "") -> None:
+        self.node_id = node_id
+        self.reason = reason
+        self.log_path = log_path
+        self.exit_status = exit_status
+        # The message keeps the log's last lines, which a test fixture's failure shows (its
+        # temporary directory may be gone by the time someone reads the report); `fabric up`
+        # prints ``summary`` and the path only.
+        super().__init__(f"{self.summary} (log: {log_path})" + (f"\n{log_tail}" if log_tail else ""))
+
+    @property
+    def summary(self) -> str:
+        """The reason without the log's path, for when that log is gone (a temporary dir)."""
+        return f"node {self.node_id} could not start: {self.reason}"
+
+
 class LocalZooKeeper:
     """One ZooKeeper server on a free port with a temporary data dir (never 2181 by default).
 
@@ -710,7 +751,9 @@ class LocalCluster:
             for node_id in list(pending):
                 node = self.nodes[node_id]
                 if not node.process.running:
-                    raise RuntimeError(f"node {node_id} exited during start:\n{node.process.log_tail()}")
+                    tail = node.process.log_tail()
+                    raise NodeStartError(node_id, start_failure_reason(tail), node.process.log_path,
+                                         node.process.exit_status, tail)
                 try:
                     raw, _ = zkl.get(zk, zkl.node_path(node_id))
                 except (NoNodeError, errors.RequestTimedOutError, ConnectionLoss, SessionExpiredError):

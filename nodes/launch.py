@@ -4,6 +4,7 @@ flags, environment and a TOML file (``fabric.config``), one logging setup
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +28,7 @@ def server_argv(settings: dict[str, Any]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        settings = config.load_node_settings(sys.argv[1:] if argv is None else argv)
+        settings, sources = config.resolve_node_settings(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         usage = exc.fields.get("usage")
         if usage:  # a flag argparse refused: the usage line first, as argparse prints it
@@ -36,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.setup(settings["log_level"], settings["log_format"], process=f"node{settings['id']}",
                node_id=settings["id"])
+    # First thing in the log: what this node runs with and why (flag, environment, file or
+    # default), so an operator need not reconstruct four sources from a unit file.
+    logging.getLogger("fabric.node").info("%s", config.effective_config_line(settings, sources))
     return server_main(server_argv(settings))
 
 

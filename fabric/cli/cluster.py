@@ -16,6 +16,7 @@ from typing import cast
 
 from fabric.cli._common import (
     STATE_FILE,
+    CliError,
     Parser,
     Progress,
     bootstrap,
@@ -67,16 +68,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from fabric.local import LocalCluster
-
-    base_dir = make_directory(args.data_dir, "--data-dir") if args.data_dir else None
     from fabric import config
+    from fabric.local import LocalCluster, NodeStartError
 
     node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
-    # Refuse a bad file (or FABRIC_NODE_* variable) now, before anything starts. Its
-    # session_timeout_ms is the cluster's: LocalCluster passes --session-timeout-ms to every
-    # node and sequencer, and a flag wins over the file, so it used to be ignored silently.
+    # Refuse a bad file (or FABRIC_NODE_* variable) now, before anything starts or is made
+    # (a --data-dir was created, then the file refused). Its session_timeout_ms is the
+    # cluster's: LocalCluster passes --session-timeout-ms to every node and sequencer, and a
+    # flag wins over the file, so it used to be ignored silently.
     settings = config.load_node_settings(["--id", "1", "--zk", "-", "--data-dir", "-", *node_args])
+    base_dir = make_directory(args.data_dir, "--data-dir") if args.data_dir else None
     sequencers = 2
     cluster = LocalCluster(args.nodes, base_dir, node_args=node_args, sequencer_count=sequencers,
                            zk_servers=args.zk_servers, secure=args.secure, stable_ports=True,
@@ -93,7 +94,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     mode = "secure (CURVE, ACLs)" if args.secure else "plaintext"
     print(f"starting {zookeeper}, {plural(args.nodes, f'{mode} storage node')} and {plural(sequencers, 'sequencer')} ...",
           flush=True)
-    cluster.start()
+    try:
+        cluster.start()
+    except NodeStartError as exc:
+        # The node's own one-line reason (a `host` not of this machine, a port in use),
+        # not its log pasted in; the log only if it outlives the start (a --data-dir).
+        raise CliError(f"{exc.summary} (log: {exc.log_path})" if exc.log_path.exists() else exc.summary) from None
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
         state = {"bootstrap": cluster.bootstrap, "zk": cluster.zk_address, "pid": os.getpid()}
