@@ -14,6 +14,10 @@ One entry point over both planes, asyncio first (``sdk.aio``, ``sdk.direct``)::
     reply = await client.request("echo", b"hi", timeout_ms=500)
 
 and the same with blocking calls: ``sdk.Client("zk://127.0.0.1:2181")``.
+
+The address may be left out (``Producer()``, ``Admin()``, ``sdk.connect()``; ``None`` before
+a queue or topic: ``QueueConsumer(None, "jobs")``): then it is ``$FABRIC_BOOTSTRAP``, else
+the cluster ``fabric up`` recorded (fabric/bootstrap.py), as for the ``fabric`` commands.
 """
 
 from fabric.auth.curve import ClientSecurity

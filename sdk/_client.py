@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fabric import errors
+from fabric.bootstrap import resolve_bootstrap
 from fabric.limits import NAMES_PER_REQUEST_MAX
 from fabric.protocol.apis import ApiKey
 from fabric.transport import DEFAULT_REQUEST_TIMEOUT_MS, Connections
@@ -112,9 +113,20 @@ def host_port(address: str, *, chroot: bool = False) -> tuple[str, int]:
 
 class Bootstrap:
     """``tcp://h:p,tcp://h:p`` (or ``h:p,h:p``): node addresses; ``zk://h:p[/chroot]``:
-    ZooKeeper, from which the live nodes' addresses are read."""
+    ZooKeeper, from which the live nodes' addresses are read. ``None``: ``$FABRIC_BOOTSTRAP``,
+    else the cluster ``fabric up`` recorded (fabric/bootstrap.py; ConfigError if neither)."""
 
-    def __init__(self, spec: str | Iterable[str]) -> None:
+    def __init__(self, spec: str | Iterable[str] | None = None) -> None:
+        if spec is None:
+            found, origin = resolve_bootstrap(None)
+            try:
+                self._parse(found)
+            except ValueError as exc:  # the caller wrote no address: say where this one came from
+                raise ValueError(f"{exc} (from {origin})") from None
+        else:
+            self._parse(spec)
+
+    def _parse(self, spec: str | Iterable[str]) -> None:
         if isinstance(spec, str):
             parts = [p.strip() for p in spec.split(",") if p.strip()]
         elif isinstance(spec, Iterable) and not isinstance(spec, bytes):
@@ -128,6 +140,9 @@ class Bootstrap:
             raise TypeError(f"bootstrap must be a str such as 'zk://HOST:PORT', got {type(spec).__name__} {spec!r:.60}")
         if not parts:
             raise ValueError("bootstrap is empty: give node addresses or zk://host:port")
+        # The addresses as one string: what clients made from this one are given (sdk.Client's
+        # producers), so that they reach the cluster it found even if the environment changes.
+        self.text = ",".join(parts)
         self.zk: str | None = None
         self.addresses: list[str] = []
         is_zk = parts[0].startswith("zk://")

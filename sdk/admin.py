@@ -67,7 +67,15 @@ def _config_value(value: object) -> str:
 
 
 class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk/_queue_admin.py
-    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None,
+    """The cluster's administration through any node: topics, leaders and replicas, nodes,
+    consumer groups and queues.
+
+    ``bootstrap``: ``zk://HOST:PORT[/chroot]`` (ZooKeeper) or ``tcp://HOST:PORT,...`` (nodes);
+    None: ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded (ConfigError if neither,
+    fabric/bootstrap.py). An empty string is a ValueError, never "find one".
+    """
+
+    def __init__(self, bootstrap: str | None = None, *, request_timeout_ms: int = 30_000, context: zmq.Context[Any] | None = None,
                  security: ClientSecurity | None = None) -> None:
         # Checked before a socket is opened (sdk/_arguments.py has the shared checks).
         self.request_timeout_ms = int_arg("request_timeout_ms", request_timeout_ms, 1, I32_MAX)

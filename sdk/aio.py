@@ -121,7 +121,9 @@ class AsyncConsumer:
         return self._closing
 
     @classmethod
-    async def create(cls, bootstrap: str, *, poll_timeout_ms: int = 500, **config: Any) -> AsyncConsumer:
+    async def create(cls, bootstrap: str | None = None, *, poll_timeout_ms: int = 500, **config: Any) -> AsyncConsumer:
+        """A Consumer made on its own worker thread; ``bootstrap`` and ``config`` are
+        Consumer's (None: ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded)."""
         worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-consumer")
         made = worker.submit(lambda: Consumer(bootstrap, **config))
         try:
@@ -412,8 +414,11 @@ class AsyncClient:
         await self.close()
 
 
-async def connect(bootstrap: str, **direct_options: Any) -> AsyncClient:
-    """``zk://host:port[/chroot]`` gives both planes; node addresses give topics only."""
+async def connect(bootstrap: str | None = None, **direct_options: Any) -> AsyncClient:
+    """``zk://host:port[/chroot]`` gives both planes; node addresses give topics only.
+    None: ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded (ConfigError if
+    neither, fabric/bootstrap.py), found once, here: the client's producers and consumers
+    use that address."""
     spec = Bootstrap(bootstrap)
     direct = await DirectClient.connect(spec.zk, **direct_options) if spec.zk is not None else None
-    return AsyncClient(bootstrap, direct)
+    return AsyncClient(bootstrap if bootstrap is not None else spec.text, direct)

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from fabric import errors
 from fabric.protocol import queues as qp
+from sdk._client import Bootstrap
 from sdk.queue import QueueConsumer, QueueMessage
 
 T = TypeVar("T")
@@ -60,7 +61,13 @@ class AsyncQueueConsumer:
         return self._closing
 
     @classmethod
-    async def create(cls, bootstrap: str, queue: str, group: str = qp.DEFAULT_GROUP, **options: Any) -> AsyncQueueConsumer:
+    async def create(cls, bootstrap: str | None, queue: str, group: str = qp.DEFAULT_GROUP,
+                     **options: Any) -> AsyncQueueConsumer:
+        """A QueueConsumer made on its own worker thread; the arguments are QueueConsumer's
+        (``bootstrap`` None: ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded)."""
+        if bootstrap is None:
+            # Found once, here: the settling consumer made later must reach the same cluster.
+            bootstrap = Bootstrap(None).text
         worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fabric-aio-queue")
         future = worker.submit(lambda: QueueConsumer(bootstrap, queue, group, **options))
         try:

@@ -25,9 +25,13 @@ __all__ = ["Client"]
 
 
 class Client:
-    def __init__(self, bootstrap: str, **direct_options: Any) -> None:
-        self.bootstrap = bootstrap
+    """``bootstrap``: ``zk://HOST:PORT[/chroot]`` gives both planes, node addresses
+    (``tcp://HOST:PORT,...``) topics only; None: ``$FABRIC_BOOTSTRAP``, else the cluster
+    ``fabric up`` recorded (ConfigError if neither, fabric/bootstrap.py), found once, here."""
+
+    def __init__(self, bootstrap: str | None = None, **direct_options: Any) -> None:
         spec = Bootstrap(bootstrap)
+        self.bootstrap: str = bootstrap if bootstrap is not None else spec.text
         self._direct = SyncDirect(spec.zk, **direct_options) if spec.zk is not None else None
 
     @property

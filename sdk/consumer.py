@@ -260,6 +260,10 @@ class HandOut:
 class Consumer:
     """Read assigned partitions from their leaders.
 
+    ``bootstrap``: ``zk://HOST:PORT[/chroot]`` (ZooKeeper) or ``tcp://HOST:PORT,...`` (nodes);
+    None: ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded (ConfigError if neither,
+    fabric/bootstrap.py). An empty string is a ValueError, never "find one".
+
     ``auto_offset_reset``: where to start a partition with no position, or whose position
     fell out of the log (retention): ``earliest``, ``latest`` or ``none`` (raise
     OffsetOutOfRangeError).
@@ -292,7 +296,7 @@ class Consumer:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | None = None,
         *,
         auto_offset_reset: str = "earliest",
         fetch_max_wait_ms: int = 500,

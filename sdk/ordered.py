@@ -158,9 +158,12 @@ class OrderedConsumer:
     would be final until it is resumed, while the others' records pile up to
     ``pending_records_max`` and are shed and fetched again, over and over. To stop reading
     for a while, stop calling ``poll()``: there is no group to keep a membership in.
+
+    ``bootstrap`` comes before ``topic``, as for every client; None (``OrderedConsumer(None,
+    "ledger")``): ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded.
     """
 
-    def __init__(self, bootstrap: str, topic: str, *, from_beginning: bool = True,
+    def __init__(self, bootstrap: str | None, topic: str, *, from_beginning: bool = True,
                  pending_records_max: int = PENDING_RECORDS_MAX_DEFAULT,
                  clock: Callable[[], float] = time.monotonic, **consumer_options: Any) -> None:
         # A group would hand this reader some partitions, and the merge needs all of them;

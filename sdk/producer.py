@@ -180,7 +180,7 @@ class _ProducerCore:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | None = None,
         *,
         acks: int | str = "all",
         linger_ms: float = 5,
@@ -1213,6 +1213,10 @@ def _forwarded(method: Callable[..., Any]) -> Any:
 class Producer:
     """Send records to topics.
 
+    ``bootstrap``: ``zk://HOST:PORT[/chroot]`` (ZooKeeper) or ``tcp://HOST:PORT,...`` (nodes);
+    None: ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded (ConfigError if neither,
+    fabric/bootstrap.py). An empty string is a ValueError, never "find one".
+
     ``acks``: 0 (fire and forget), 1 (the leader wrote it) or ``"all"``/-1 (every in-sync
     replica has it; the default). ``enable_idempotence`` (default: on with acks=all)
     stamps batches with a producer id and sequences so that retries never duplicate.
@@ -1235,7 +1239,7 @@ class Producer:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: str | None = None,
         *,
         acks: int | str = "all",
         linger_ms: float = 5,

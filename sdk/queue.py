@@ -91,9 +91,12 @@ class QueueMessage:
 
 
 class QueueConsumer:
-    """A worker of ``queue`` in ``group`` (``"default"`` unless named); not thread-safe."""
+    """A worker of ``queue`` in ``group`` (``"default"`` unless named); not thread-safe.
 
-    def __init__(self, bootstrap: str, queue: str, group: str = qp.DEFAULT_GROUP, *, consumer_id: str | None = None,
+    ``bootstrap`` comes before ``queue``, as for every client; None (``QueueConsumer(None,
+    "jobs")``): ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded."""
+
+    def __init__(self, bootstrap: str | None, queue: str, group: str = qp.DEFAULT_GROUP, *, consumer_id: str | None = None,
                  visibility_timeout_ms: int = 0, context: zmq.Context[Any] | None = None,
                  security: ClientSecurity | None = None) -> None:
         # visibility_timeout_ms: 0 takes the queue's (30 s unless it was created otherwise).

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fabric.bootstrap import resolve_bootstrap
+from fabric.errors import ConfigError
 from sdk import TopicPartition
 
 EARLIEST = -2  # in offsets JSON, as in Kafka's connector
@@ -98,9 +100,18 @@ def parse_optional_int(options: Mapping[str, str], name: str, *, minimum: int = 
 
 
 def bootstrap_from(options: Mapping[str, str]) -> str:
-    """``bootstrap`` (``zk://h:p/chroot`` or ``tcp://h:p,...``) or ``zk`` (``h:p/chroot``)."""
+    """``bootstrap`` (``zk://h:p/chroot`` or ``tcp://h:p,...``) or ``zk`` (``h:p/chroot``);
+    neither: ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded, as the SDK does
+    (fabric/bootstrap.py). Read on the driver, where the options are parsed: the tasks get
+    the address it found, never their own machine's environment."""
     bootstrap = _get(options, "bootstrap")
     zk = _get(options, "zk")
+    for name, value in (("bootstrap", bootstrap), ("zk", zk)):
+        # Given but empty (an unset variable in the job's code) is a mistake, not "find one":
+        # the job would quietly reach whatever cluster the driver's environment names.
+        if value is not None and not str(value).strip():
+            raise FabricOptionError(f"option {name} is empty: give an address, or leave the option out "
+                                    "for $FABRIC_BOOTSTRAP, else the cluster `fabric up` recorded")
     if bootstrap and zk:
         raise FabricOptionError("give either option bootstrap or option zk, not both")
     if bootstrap:
@@ -108,10 +119,17 @@ def bootstrap_from(options: Mapping[str, str]) -> str:
     if zk:
         zk = zk.strip()
         return zk if zk.startswith("zk://") else f"zk://{zk}"
-    raise FabricOptionError(
-        "option bootstrap is required, e.g. .option('bootstrap', 'zk://127.0.0.1:2181') "
-        "or .option('zk', '127.0.0.1:2181/chroot')"
-    )
+    try:
+        return resolve_bootstrap(None)[0].strip()
+    except ConfigError as exc:
+        # The SDK's message names the CLI's --bootstrap: say it in this connector's terms.
+        path, pid = exc.fields.get("state_file"), exc.fields.get("pid")
+        found = (f"the cluster `fabric up` recorded in {path} (pid {pid}) is not running" if pid is not None
+                 else f"the driver has no $FABRIC_BOOTSTRAP, and no `fabric up` record in {path}")
+        raise FabricOptionError(
+            "option bootstrap is required, e.g. .option('bootstrap', 'zk://127.0.0.1:2181') "
+            f"or .option('zk', '127.0.0.1:2181/chroot'): {found}"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ environment, 2 a usage error, 3 partial success, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import socket
@@ -18,10 +17,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
+from fabric.bootstrap import resolve_bootstrap, state_file
+from fabric.errors import ConfigError
 from fabric.limits import I32_MAX, I64_MAX, PARTITIONS_MAX, REPLICATION_FACTOR_MAX
 from fabric.wording import plural
 
-STATE_FILE = Path(os.environ.get("FABRIC_HOME", Path.home() / ".fabric")) / "local.json"
+STATE_FILE = state_file()  # what `fabric up` writes; read again by each resolve_bootstrap()
 PROGRESS_INTERVAL_S = 1.0
 REACH_TIMEOUT_S = 2.0  # a TCP connect to a bootstrap address that takes longer counts as unreachable
 
@@ -243,50 +244,23 @@ def with_bootstrap(parser: argparse.ArgumentParser, *, zookeeper_only: bool = Fa
 
 def bootstrap(args: argparse.Namespace, *, check: bool = True) -> str:
     """The cluster to talk to: ``--bootstrap``, else ``$FABRIC_BOOTSTRAP``, else ``fabric up``'s
-    record; checked for form and (with ``check``) reachability, so a bad address fails at
-    once with one line. A command with its own answer to "unreachable" (``fabric status``
-    exits 3) passes ``check=False``."""
+    record (fabric/bootstrap.py, the rule the SDK follows too); checked for form and (with
+    ``check``) reachability, so a bad address fails at once with one line. A command with
+    its own answer to "unreachable" (``fabric status`` exits 3) passes ``check=False``."""
     given = getattr(args, "bootstrap", None)
-    if given is not None:  # never truthiness: an empty --bootstrap is a mistake, not "the recorded cluster"
-        if not str(given).strip():
-            raise usage_error("argument --bootstrap: empty (give zk://HOST:PORT or node addresses)")
-        spec, origin = str(given), "argument --bootstrap"
-    elif os.environ.get("FABRIC_BOOTSTRAP"):
-        spec, origin = os.environ["FABRIC_BOOTSTRAP"], "$FABRIC_BOOTSTRAP"
-    else:
-        spec, origin = _recorded_cluster(), f"the cluster recorded in {STATE_FILE}"
+    # never truthiness: an empty --bootstrap is a mistake, not "the recorded cluster"
+    if given is not None and not str(given).strip():
+        raise usage_error("argument --bootstrap: empty (give zk://HOST:PORT or node addresses)")
+    try:
+        spec, origin = resolve_bootstrap(None if given is None else str(given))
+    except ConfigError as exc:
+        raise CliError(exc.message) from None
+    if given is not None:
+        origin = "argument --bootstrap"
     endpoints, is_zk = parse_bootstrap(spec, origin)
     if check:
         check_reachable(spec, endpoints, is_zk)
     return spec
-
-
-def _recorded_cluster() -> str:
-    try:
-        state = json.loads(STATE_FILE.read_text())
-        spec = str(state["bootstrap"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CliError(
-            "no cluster given: pass --bootstrap zk://HOST:PORT (or node addresses), set FABRIC_BOOTSTRAP, "
-            "or start one with `fabric up`"
-        ) from None
-    pid = state.get("pid")
-    if isinstance(pid, int) and not _process_alive(pid):
-        raise CliError(
-            f"the cluster recorded in {STATE_FILE} (`fabric up`, pid {pid}) is not running: "
-            "start it with `fabric up`, or pass --bootstrap"
-        )
-    return spec
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def parse_bootstrap(spec: str, origin: str = "argument --bootstrap") -> tuple[list[tuple[str, int]], bool]:

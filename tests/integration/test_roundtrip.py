@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -269,3 +270,19 @@ def test_threads_sharing_a_producer_lose_and_reorder_nothing(cluster: LocalClust
         assert len(keyed) == per_thread // 2
         assert [int(r.value.split(b":")[1]) for r in sorted(keyed, key=lambda r: r.offset)] == \
             list(range(0, per_thread, 2))
+
+
+def test_clients_without_an_address_round_trip_a_record(cluster: LocalCluster, topic_name: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Made without an address, they reach the cluster $FABRIC_BOOTSTRAP names, as the `fabric`
+    # commands do (fabric/bootstrap.py; the order itself: tests/unit/test_bootstrap_resolution.py).
+    monkeypatch.setenv("FABRIC_BOOTSTRAP", cluster.bootstrap)
+    monkeypatch.setenv("FABRIC_HOME", str(tmp_path))  # no `fabric up` record of the developer's own is read
+    with Admin() as admin:
+        admin.create_topic(topic_name, partitions=1)
+    with Producer(linger_ms=0) as producer:
+        sent = producer.send(topic_name, b"found by itself", key=b"k").result(timeout=10)
+    with Consumer() as consumer:
+        consumer.assign([TopicPartition(topic_name, 0)])
+        records = consumer.poll(timeout_ms=5_000)
+    assert [(r.offset, r.key, r.value) for r in records] == [(sent.offset, b"k", b"found by itself")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,7 +48,9 @@ def test_selection_needs_exactly_one_form() -> None:
         opts.parse_selection({"subscribePattern": "("})
 
 
-def test_bootstrap_and_batch_offset_rules() -> None:
+def test_bootstrap_and_batch_offset_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRIC_BOOTSTRAP", raising=False)  # nothing to find: no address given is refused
+    monkeypatch.setenv("FABRIC_HOME", str(tmp_path))
     assert opts.bootstrap_from({"zk": "h:1/c"}) == "zk://h:1/c"
     with pytest.raises(opts.FabricOptionError, match="bootstrap is required"):
         opts.bootstrap_from({})
