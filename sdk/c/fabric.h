@@ -11,7 +11,9 @@
  *      max_in_flight batches in flight per partition (default 5; a failed batch is resent
  *      alone and in order, but not idempotently: set max_in_flight = 1 for strict order
  *      under retries).
- *   3. fabric_consumer_t: assign partitions at an offset, poll records.
+ *   3. fabric_consumer_t: assign partitions at an offset, poll records. No consumer groups:
+ *      no subscribe, no rebalancing, no committed offsets (keep positions yourself and
+ *      assign at them to resume; docs/C_CLIENT.md).
  *
  * Threading: an object is used from one thread at a time (ZeroMQ sockets are not
  * thread-safe). The producer has no background thread: the library does I/O inside
@@ -130,7 +132,8 @@ enum fabric_err {
 };
 #define FABRIC_WIRE_ERROR_MAX 99 /* wire codes are 0..99; unassigned ones print UNKNOWN */
 
-/* "NOT_LEADER"-style name; "UNKNOWN" for codes outside the table. Never NULL. */
+/* "NOT_LEADER"-style name; "NONE" for 0 (FABRIC_OK); "UNKNOWN" for codes outside the
+ * table. Never NULL. */
 const char *fabric_err_name(int code);
 /* A sentence describing the code (the "meaning" column of PROTOCOL.md). Never NULL. */
 const char *fabric_strerror(int code);
@@ -162,6 +165,8 @@ typedef struct fabric_record {
 #define FABRIC_CODEC_LZ4 1
 
 /* ---- Producer -------------------------------------------------------------------------- */
+/* A delivery report, valid only during the callback: topic and message (and the struct
+ * itself) may be freed as soon as the callback returns, so copy what you keep. */
 typedef struct fabric_delivery {
     const char *topic;
     int32_t partition;
@@ -171,6 +176,16 @@ typedef struct fabric_delivery {
     const char *message; /* the node's explanation of error, or "" */
 } fabric_delivery_t;
 
+/* Called once per batch, inside the call that settles it: fabric_produce,
+ * fabric_producer_poll, fabric_producer_flush or fabric_producer_destroy (CLOSED). From
+ * the callback you may call fabric_produce (it only queues: the running call, or the next
+ * one, sends the record; BUFFER_FULL at once instead of waiting for room),
+ * fabric_producer_partition_count, _next_timeout_ms and _last_error (during destroy,
+ * fabric_produce and fabric_producer_partition_count return FABRIC_ERR_CLOSED).
+ * fabric_producer_flush and fabric_producer_poll return FABRIC_ERR_INVALID_ARGUMENT at once
+ * (they would wait for the call that runs the callback), and fabric_producer_destroy does
+ * nothing (it would free the producer under that call): set a flag, act after the call
+ * returns. last_error says which call was refused. */
 typedef void (*fabric_delivery_cb)(const fabric_delivery_t *delivery, void *opaque);
 
 #define FABRIC_MAX_IN_FLIGHT_DEFAULT 5
@@ -183,10 +198,14 @@ typedef struct fabric_producer_config {
     int compression;         /* FABRIC_CODEC_NONE or FABRIC_CODEC_LZ4 (default) */
     size_t buffer_bytes_max; /* memory for unacknowledged records; default 64 MiB */
     int max_block_ms;        /* fabric_produce waits this long for buffer room; default 60000 */
-    int request_timeout_ms;  /* a request unanswered this long is retried; default 30000 */
+    /* A request unanswered this long is retried (and a leader answers acks = -1 writes not
+     * replicated by then with REQUEST_TIMED_OUT): default 30000. Keep it above the cluster's
+     * session_timeout_ms + 1.6 s (7.6 s by default): shorter, a failover makes resends that
+     * duplicate records (docs/C_CLIENT.md, "request_timeout_ms and failovers"). */
+    int request_timeout_ms;
     int delivery_timeout_ms; /* give up on a batch after this long; default 120000 */
     int retry_backoff_ms;    /* wait between retries of a batch; default 100 */
-    fabric_delivery_cb on_delivery; /* called once per batch, from the producer's calls */
+    fabric_delivery_cb on_delivery; /* called once per batch, from the producer's calls (above) */
     void *opaque;                   /* passed to on_delivery */
     /* Secure clusters (docs/SECURITY.md): the client's NAME.key_secret file and the
      * cluster's public key (40 Z85 characters, or a cluster.key file). Both NULL: taken
@@ -210,25 +229,46 @@ int fabric_producer_new(fabric_producer_t **out, const char *bootstrap,
                         const fabric_producer_config_t *config);
 /* Queue one record. partition -1 = by key (crc32(key) % partitions) or, without a key,
  * sticky round robin. key_len/value_len -1 = null. timestamp_ms -1 (any negative) = now.
- * Header names must be UTF-8 of at most 65535 bytes. The bytes are copied. Returns 0, or
- * UNKNOWN_TOPIC_OR_PARTITION, BUFFER_FULL, INVALID_ARGUMENT, MESSAGE_TOO_LARGE (the record
- * plus the 72-byte batch header is above the topic's message_bytes_max), ... */
+ * Header names must be UTF-8 of at most 65535 bytes. The bytes are copied. Returns 0 or:
+ *   INVALID_ARGUMENT   a NULL pointer, a length below -1, partition below -1, a header name
+ *                      not UTF-8 or over 65535 bytes, a topic name over 65535 bytes;
+ *   NO_NODES           no node answered METADATA within max_block_ms (the first record of
+ *                      a topic, or a partition past the known count, asks for it);
+ *   UNKNOWN_TOPIC_OR_PARTITION  no such topic; or a partition past the topic's count, after
+ *                      asking METADATA again for up to 3 s (PARTITION_LEARN_WAIT_MS, within
+ *                      max_block_ms) in case it was just added;
+ *   the topic's error  for a topic not known before, as METADATA listed it: LEADER_NOT_AVAILABLE,
+ *                      AUTHORIZATION_FAILED, ... (a negative code as UNKNOWN_SERVER_ERROR);
+ *   MESSAGE_TOO_LARGE  the record plus the 72-byte batch header is above the topic's
+ *                      message_bytes_max (or the record above 64 MiB);
+ *   BUFFER_FULL        buffer_bytes_max stayed full for max_block_ms (at once from a callback);
+ *   NO_MEMORY;
+ *   CLOSED             called from a delivery callback of fabric_producer_destroy.
+ * A failure after queueing (a node's error, a timeout) goes to the delivery callback. */
 int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition,
                    const void *key, int32_t key_len, const void *value, int32_t value_len,
                    const fabric_header_t *headers, size_t header_count, int64_t timestamp_ms);
-/* Do I/O for up to timeout_ms: send ready batches, read answers, fire delivery callbacks. */
+/* Do I/O: send ready batches, read answers, fire delivery callbacks. Returns 0 (or
+ * INVALID_ARGUMENT from a delivery callback). It returns early, so it does not pace a loop:
+ *   - nothing pending (no record buffered, unsent or unanswered) when called: after one
+ *     wait of min(timeout_ms, 100) ms;
+ *   - else as soon as nothing is pending any more (every record's callback has run),
+ *     or at timeout_ms, whichever comes first.
+ * While nodes are down it can end up to about 2 s late (docs/C_CLIENT.md, Blocking). */
 int fabric_producer_poll(fabric_producer_t *p, int timeout_ms);
 /* Milliseconds until the producer next needs fabric_producer_poll (-1 = nothing pending). */
 int fabric_producer_next_timeout_ms(fabric_producer_t *p);
-/* Send everything buffered and wait until each batch is acknowledged or failed.
- * Returns 0, or REQUEST_TIMED_OUT if timeout_ms passed first (-1 = no limit). */
+/* Send everything buffered and wait until each batch is acknowledged or failed (records
+ * produced from callbacks meanwhile included). Returns 0, REQUEST_TIMED_OUT if timeout_ms
+ * passed first (-1 = no limit), or INVALID_ARGUMENT at once from a delivery callback. */
 int fabric_producer_flush(fabric_producer_t *p, int timeout_ms);
 /* Partition count of a topic (fetching metadata if needed). */
 int fabric_producer_partition_count(fabric_producer_t *p, const char *topic, int32_t *count);
 /* The message of the last error this producer saw, for logs. Never NULL. */
 const char *fabric_producer_last_error(const fabric_producer_t *p);
 /* Frees everything. Records not yet acknowledged are reported with FABRIC_ERR_CLOSED:
- * call fabric_producer_flush first. */
+ * call fabric_producer_flush first. From a delivery callback it does nothing (last_error
+ * says so): destroy after the call that ran the callback returns. */
 void fabric_producer_destroy(fabric_producer_t *p);
 
 /* ---- Consumer -------------------------------------------------------------------------- */
@@ -262,18 +302,33 @@ void fabric_consumer_config_init(fabric_consumer_config_t *config);
 /* bootstrap as for fabric_producer_new; config NULL: the defaults. */
 int fabric_consumer_new(fabric_consumer_t **out, const char *bootstrap,
                         const fabric_consumer_config_t *config);
-/* Add a partition to read from offset (>= 0, FABRIC_OFFSET_BEGINNING or FABRIC_OFFSET_END). */
+/* Add a partition to read from offset (>= 0, FABRIC_OFFSET_BEGINNING or FABRIC_OFFSET_END).
+ * Assigning a partition already assigned moves its position there: this is the seek.
+ * There is no unassign (a consumer reads its partitions until destroyed; at most 10,000).
+ * Any assign drops the records fetched and not yet returned (of every partition; they are
+ * fetched again) and the record the last poll returned. No request is made here. */
 int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t partition,
                            int64_t offset);
 /* The next record, waiting up to timeout_ms. *record is NULL when none came in time
- * (return value 0). The record and its bytes stay valid until the next poll or destroy.
- * REQUEST_TIMED_OUT when an assigned partition's topic had no map for metadata_wait_ms.
+ * (return value 0). The record and its bytes stay valid until the next poll, assign or
+ * destroy. REQUEST_TIMED_OUT when an assigned partition's topic had no map for
+ * metadata_wait_ms; UNKNOWN_TOPIC_OR_PARTITION for a topic no node knows, or for a
+ * partition past the topic's count once METADATA has been asked again for 3 s
+ * (PARTITION_LEARN_WAIT_MS; polls meanwhile return no record); a topic's other errors as
+ * METADATA lists them; OFFSET_OUT_OF_RANGE with FABRIC_RESET_NONE; a FETCH's errors that
+ * are not retriable (CORRUPT_MESSAGE, ...); INVALID_ARGUMENT with nothing assigned. One FETCH at a time goes to one leader, and its
+ * answer's records are all handed out before the next FETCH (docs/C_CLIENT.md, Consumer).
  * A FETCH whose answer has not come when timeout_ms runs out stays pending for the next
  * poll (given up after max_wait_ms + request_timeout_ms); a poll waits at most 100 ms past
  * timeout_ms for the answer of a FETCH it has just sent. */
 int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record);
-/* The next offset this consumer will return for the partition (UNKNOWN_TOPIC_OR_PARTITION
- * for one not assigned). */
+/* The partition's position: the offset after the last record returned (or the offset
+ * assigned), where the next fetch starts; the next record returned is at it or, past a
+ * gap, above it. No request is made: after assign with FABRIC_OFFSET_BEGINNING or
+ * FABRIC_OFFSET_END it is that constant (-2 or -1) until a poll has resolved it by
+ * LIST_OFFSETS (the first poll, unless the leader could not be asked), and again after an
+ * OFFSET_OUT_OF_RANGE reset that goes by LIST_OFFSETS. Returns 0, or
+ * UNKNOWN_TOPIC_OR_PARTITION for a partition not assigned. */
 int fabric_consumer_position(fabric_consumer_t *c, const char *topic, int32_t partition,
                              int64_t *offset);
 const char *fabric_consumer_last_error(const fabric_consumer_t *c);

@@ -464,9 +464,11 @@ def test_the_c_programs_of_the_docs_build_and_run_as_written(c_client: CClient, 
                                                              topic_name: str, tmp_path: Path) -> None:
     """docs/C_CLIENT.md's producer and consumer, read from the file at test time (only the
     address and topic replaced): a reader who copied them found that they did not compile
-    (statements outside any function, no includes, no main)."""
+    (statements outside any function, no includes, no main). On 6 partitions, as a reader
+    ran them: the producer's key "user-42" goes to partition 1, and the consumer, which
+    read partition 0 alone, printed nothing; it reads every partition now."""
     producer, consumer = _c_blocks("docs/C_CLIENT.md")
-    admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    admin.create_topic(topic_name, partitions=6, replication_factor=3)
     outputs = []
     for name, source in (("producer", producer), ("consumer", consumer)):
         path = tmp_path / f"{name}.c"
@@ -477,7 +479,7 @@ def test_the_c_programs_of_the_docs_build_and_run_as_written(c_client: CClient, 
         run = subprocess.run([str(tmp_path / name)], capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
         assert run.returncode == 0, run.stderr
         outputs.append(run.stdout)
-    assert outputs[1] == "0: hello\n"
-    (record,) = consume_all_python(node_addresses, topic_name, 1, 1)
+    assert outputs[1] == "1/0: hello\n"
+    (record,) = consume_all_python(node_addresses, topic_name, 6, 1)
     assert (record.key, record.value, [(n, bytes(v)) for n, v in record.headers]) == (
         b"user-42", b"hello", [("trace", b"abc")])

@@ -1335,3 +1335,24 @@ def test_producer_says_why_the_leaders_data_socket_was_refused(c_client: CClient
     assert delivery.startswith(reported), run.stdout
     assert f"{leader_address} refused the connection: " in delivery and "requires CURVE" in delivery, run.stdout
     assert node.produce_batches == []  # nothing reached the bootstrap node
+
+
+def test_delivery_callback_may_produce_but_not_flush_poll_or_destroy(c_client: CClient, fake_node: Any,
+                                                                     tmp_path: Path) -> None:
+    """sdk/c/tests/test_delivery_callbacks.c against this node. fabric_producer_flush from a
+    delivery callback waited for the call running the callback, its whole timeout, then
+    returned REQUEST_TIMED_OUT (the Python producer raises RuntimeError at once for the same
+    call); fabric_producer_destroy there freed the producer under that call. Both are now
+    refused at once (flush and poll INVALID_ARGUMENT, destroy ignored), and a record produced
+    from a callback goes out with the flush that ran it."""
+    node, set_handler = fake_node
+    set_handler(lambda request: produce_result(request, 0, 0))
+    source = (c_client.root / "tests" / "test_delivery_callbacks.c").read_text()
+    binary = compile_program(c_client, tmp_path, "test_delivery_callbacks", source)
+    run = subprocess.run([str(binary), node.address, TOPIC], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S, check=False)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stdout}{run.stderr[-3000:]}"
+    assert run.stdout.splitlines()[-1] == "ok", run.stdout
+    sent = [value for request in node.produce_batches for frame in request
+            for value in batch_format.decode_batch(frame).values]
+    assert sent == [b"first", b"from-callback"]  # the destroyed producer's "unsent" never went

@@ -13,6 +13,12 @@
  * No background thread: I/O happens inside fabric_produce (when a batch closed, a timer
  * is due, or every IO_EVERY_RECORDS records while requests are in flight),
  * fabric_producer_poll and fabric_producer_flush.
+ *
+ * Delivery callbacks run inside those calls (and fabric_producer_destroy), in the middle of
+ * a turn of the state machine. So a callback may queue records (fabric_produce only queues
+ * there: the running call sends them) but not start a turn of its own: flush and poll
+ * there are refused (flush waited for the call running it, its whole timeout), and destroy
+ * is ignored (it freed the producer under that call). See in_callback.
  */
 #include "internal.h"
 
@@ -96,6 +102,8 @@ struct fabric_producer {
     int flushing;
     unsigned records_since_io;
     uint64_t next_order;
+    int callback_depth; /* delivery callbacks running now: see in_callback */
+    int destroying;     /* fabric_producer_destroy is reporting what it fails: refuse records */
 };
 
 void fabric_producer_config_init(fabric_producer_config_t *c) {
@@ -203,10 +211,14 @@ static int refresh(fabric_producer_t *p, const char *extra_topic, int64_t deadli
     int rc = client_refresh_metadata(&p->client, names, n, deadline_ms);
     free(names);
     if (rc) return rc;
-    /* Requests in flight hold their conn by index (inflight_t.conn_index): those stay open. */
-    uint8_t busy[FABRIC_NODES_MAX] = {0};
-    for (size_t i = 0; i < p->inflight_count; i++) busy[p->inflight[i].conn_index] = 1;
-    client_close_unused_conns(&p->client, busy);
+    /* Requests in flight hold their conn by index (inflight_t.conn_index): those stay open.
+     * So does every conn while a delivery callback runs (a fabric_produce there asking about
+     * a new topic): the turn it interrupts may hold a conn for a request it has yet to send. */
+    if (p->callback_depth == 0) {
+        uint8_t busy[FABRIC_NODES_MAX] = {0};
+        for (size_t i = 0; i < p->inflight_count; i++) busy[p->inflight[i].conn_index] = 1;
+        client_close_unused_conns(&p->client, busy);
+    }
     for (size_t i = 0; i < p->topic_count; i++) {
         const topic_meta_t *m = client_topic(&p->client, p->topics[i]->name);
         if (m && m->error == 0 && (rc = sync_partitions(p->topics[i], m->partition_count))) return rc;
@@ -274,8 +286,17 @@ static int learn_partition(fabric_producer_t *p, ptopic_t *t, int32_t partition)
     return FABRIC_ERR_UNKNOWN_TOPIC_OR_PARTITION;
 }
 
+/* From a callback of fabric_producer_destroy: its topics are being freed. */
+static int refuse_while_destroying(fabric_producer_t *p, const char *call) {
+    if (!p->destroying) return 0;
+    client_set_error(&p->client, "%s from a delivery callback of fabric_producer_destroy: the producer is closed",
+                     call);
+    return 1;
+}
+
 int fabric_producer_partition_count(fabric_producer_t *p, const char *topic, int32_t *count) {
     if (p == NULL || topic == NULL || count == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (refuse_while_destroying(p, "fabric_producer_partition_count")) return FABRIC_ERR_CLOSED;
     ptopic_t *t;
     int rc = topic_for_send(p, topic, &t);
     if (rc == 0) *count = t->partition_count;
@@ -287,15 +308,37 @@ static void timer_at(fabric_producer_t *p, int64_t when_ms) {
     if (when_ms < p->next_timer_ms) p->next_timer_ms = when_ms;
 }
 
+/* A delivery callback, with callback_depth counting it (see in_callback). */
+static void report(fabric_producer_t *p, const fabric_delivery_t *d) {
+    p->callback_depth++;
+    p->cfg.on_delivery(d, p->cfg.opaque);
+    p->callback_depth--;
+}
+
+/* Called from the library's own calls only: with a delivery callback running, a flush or
+ * poll would start a turn inside the turn that runs the callback (flush waited for itself,
+ * as long as its timeout), and destroy would free what that turn goes on using. The Python
+ * producer raises RuntimeError for flush() from a callback for the same reason. */
+static int in_callback(fabric_producer_t *p, const char *call) {
+    if (p->callback_depth == 0) return 0;
+    client_set_error(&p->client,
+                     "%s from a delivery callback %s: the callback runs inside the fabric_produce, "
+                     "fabric_producer_poll, fabric_producer_flush or fabric_producer_destroy that "
+                     "delivers the batch; call it after that call returns",
+                     call, strcmp(call, "fabric_producer_destroy") == 0 ? "ignored" : "refused");
+    return 1;
+}
+
 static void deliver(fabric_producer_t *p, pbatch_t *b, int64_t base_offset, int error,
                     const char *message) {
+    /* Accounted before the callback: a record it produces finds the batch's room free. */
+    p->buffered_bytes -= b->buffered_bytes;
+    p->batches_pending--;
     if (p->cfg.on_delivery) {
         fabric_delivery_t d = {b->queue->topic->name, b->queue->partition, base_offset,
                                b->record_count,       error,             message ? message : ""};
-        p->cfg.on_delivery(&d, p->cfg.opaque);
+        report(p, &d);
     }
-    p->buffered_bytes -= b->buffered_bytes;
-    p->batches_pending--;
     fabric_buf_free(&b->bytes);
     free(b->last_message);
     free(b);
@@ -303,15 +346,17 @@ static void deliver(fabric_producer_t *p, pbatch_t *b, int64_t base_offset, int 
 
 /* Report records that never made it into a closed batch (encoding failed). */
 static void fail_open(fabric_producer_t *p, pqueue_t *q, int error, const char *message) {
-    if (p->cfg.on_delivery && q->open.record_count) {
-        fabric_delivery_t d = {q->topic->name, q->partition, -1, (uint32_t)q->open.record_count,
-                               error, message};
-        p->cfg.on_delivery(&d, p->cfg.opaque);
-    }
-    p->open_records -= (size_t)q->open.record_count;
+    /* The builder is emptied before the callback: a record the callback produces to this
+     * partition opens a new batch instead of being dropped with the failed ones. */
+    uint32_t record_count = (uint32_t)q->open.record_count;
+    p->open_records -= (size_t)record_count;
     p->buffered_bytes -= q->open_buffered_bytes;
     q->open_buffered_bytes = 0;
     fabric_batch_builder_reset(&q->open);
+    if (p->cfg.on_delivery && record_count) {
+        fabric_delivery_t d = {q->topic->name, q->partition, -1, record_count, error, message};
+        report(p, &d);
+    }
 }
 
 static void close_open_batch(fabric_producer_t *p, pqueue_t *q, int64_t now) {
@@ -776,6 +821,7 @@ int fabric_producer_next_timeout_ms(fabric_producer_t *p) {
 
 int fabric_producer_poll(fabric_producer_t *p, int timeout_ms) {
     if (p == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (in_callback(p, "fabric_producer_poll")) return FABRIC_ERR_INVALID_ARGUMENT;
     int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
     do {
         int64_t left = deadline - now_ms();
@@ -787,6 +833,7 @@ int fabric_producer_poll(fabric_producer_t *p, int timeout_ms) {
 
 int fabric_producer_flush(fabric_producer_t *p, int timeout_ms) {
     if (p == NULL) return FABRIC_ERR_INVALID_ARGUMENT;
+    if (in_callback(p, "fabric_producer_flush")) return FABRIC_ERR_INVALID_ARGUMENT;
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
     p->flushing = 1;
     while (pending(p)) {
@@ -845,6 +892,7 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
     int rc = check_record(&p->client, topic, partition, key, key_len, value, value_len, headers,
                           header_count);
     if (rc) return rc;
+    if (refuse_while_destroying(p, "fabric_produce")) return FABRIC_ERR_CLOSED;
     ptopic_t *t;
     rc = topic_for_send(p, topic, &t);
     if (rc) return rc;
@@ -885,6 +933,14 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
         (size_t)(meta->message_bytes_max - FABRIC_BATCH_HEADER_BYTES) < batch_max)
         batch_max = (size_t)(meta->message_bytes_max - FABRIC_BATCH_HEADER_BYTES);
     /* Backpressure: a bounded wait for acknowledgements, then BUFFER_FULL. */
+    if (p->buffered_bytes + size > p->cfg.buffer_bytes_max && p->buffered_bytes > 0 && p->callback_depth) {
+        /* Room comes from answers, which only the call running the callback reads. */
+        client_set_error(&p->client,
+                         "producer buffer of buffer_bytes_max=%zu is full, and fabric_produce from a "
+                         "delivery callback does not wait for room",
+                         p->cfg.buffer_bytes_max);
+        return FABRIC_ERR_BUFFER_FULL;
+    }
     if (p->buffered_bytes + size > p->cfg.buffer_bytes_max) {
         int64_t deadline = now_ms() + p->cfg.max_block_ms;
         p->flushing = 1; /* send what we have rather than linger while blocked */
@@ -949,14 +1005,17 @@ int fabric_produce(fabric_producer_t *p, const char *topic, int32_t partition, c
         close_open_batch(p, q, now);
         closed = 1;
     }
-    if (closed || now >= p->next_timer_ms ||
-        (p->inflight_count && ++p->records_since_io >= IO_EVERY_RECORDS))
+    /* Not from a delivery callback: the turn running it sends the record on its next step. */
+    if (p->callback_depth == 0 &&
+        (closed || now >= p->next_timer_ms || (p->inflight_count && ++p->records_since_io >= IO_EVERY_RECORDS)))
         service(p, 0, now + p->cfg.max_block_ms); /* as a send waits for room: max_block_ms */
     return 0;
 }
 
 void fabric_producer_destroy(fabric_producer_t *p) {
     if (p == NULL) return;
+    if (in_callback(p, "fabric_producer_destroy")) return;
+    p->destroying = 1;
     for (size_t i = 0; i < p->inflight_count; i++) {
         for (size_t k = 0; k < p->inflight[i].count; k++) {
             pbatch_t *b = p->inflight[i].batches[k];
