@@ -32,6 +32,7 @@ back in turn, and both would read the partitions in turns for ever.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -59,6 +60,8 @@ HEARTBEAT_TIMEOUT_MS_MIN: Final[int] = 500
 MEMBER_ID_BYTES_MAX: Final[int] = 200
 # How often the routing map is read again while assigned partitions wait for it to list them.
 PENDING_RECHECK_MS: Final[int] = 250
+# What a ConsumerRebalanceListener must have: plain methods, called on the consumer's thread.
+LISTENER_HOOKS: Final[tuple[str, ...]] = ("on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost")
 
 
 class OffsetAndMetadata(NamedTuple):
@@ -76,11 +79,19 @@ class OffsetAndMetadata(NamedTuple):
 
 
 class ConsumerRebalanceListener:
-    """Override what you need. Called on the consumer's thread, inside ``poll()``.
+    """Override what you need. Called on the consumer's thread, inside the call that
+    heartbeats or leaves: ``subscribe()``, ``poll()`` (and iteration), ``unsubscribe()`` and
+    ``close()``. An exception a hook raises comes out of that call.
 
     ``on_partitions_revoked`` runs before the partitions go to another member (commit or
-    flush there); ``on_partitions_lost`` when the member was removed (session expired,
-    fenced): another member may already own them, so do not commit.
+    flush there), and at ``unsubscribe()`` and ``close()`` for the partitions held then;
+    ``on_partitions_lost`` when the member was removed (session expired, fenced): another
+    member may already own them, so do not commit.
+
+    The hooks are plain methods, called and never awaited: with the asyncio consumer they
+    run on its worker thread, where no event loop runs, so ``subscribe()`` refuses a
+    listener with an ``async def`` hook (TypeError). Hand async work to the loop with
+    ``asyncio.run_coroutine_threadsafe(coroutine, loop)``.
     """
 
     def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -139,10 +150,18 @@ class GroupMember:
                 gp.compile_topic_pattern(pattern)
             except errors.InvalidRequestError as exc:
                 raise ValueError(exc.message) from None
-        if listener is not None and not all(callable(getattr(listener, hook, None)) for hook in (
-                "on_partitions_revoked", "on_partitions_assigned", "on_partitions_lost")):
+        if listener is not None and not all(callable(getattr(listener, hook, None)) for hook in LISTENER_HOOKS):
             # Checked now: a missing hook would otherwise fail inside a later poll().
             raise TypeError(f"listener must be a ConsumerRebalanceListener, got {type(listener).__name__}")
+        coroutines = [hook for hook in LISTENER_HOOKS if inspect.iscoroutinefunction(getattr(listener, hook, None))]
+        if coroutines:
+            # The hooks are called, never awaited, on the consumer's thread (the asyncio
+            # consumer's worker, where no loop runs): an ``async def`` hook only made a
+            # coroutine nobody ran, and the application never heard of its partitions.
+            raise TypeError(
+                f"listener {type(listener).__name__}: {', '.join(coroutines)} must be a plain def, not async def: the "
+                "consumer calls its hooks on its own thread and does not await them (schedule async work on your "
+                "loop with asyncio.run_coroutine_threadsafe from there)")
         self.topics = sorted(set(topics or ()))
         self.pattern = pattern or ""
         if not self.topics and not self.pattern:

@@ -167,6 +167,11 @@ class RecordFuture:
         return self._batch.done
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
+        """The RecordMetadata once acknowledged (``offset`` -1 with acks=0), or the record's
+        error (DeliveryTimeoutError, ClientClosedError, what the node answered, ...).
+        ``timeout`` seconds (None: no bound) without an outcome raise the built-in
+        TimeoutError, not a FabricError: the record is still on its way and may yet be
+        delivered, and ``result()`` may be called again."""
         if not self._batch.wait(timeout):
             raise TimeoutError(f"record not acknowledged within {timeout} s")
         if self._batch.exception is not None:
@@ -176,12 +181,15 @@ class RecordFuture:
         return RecordMetadata(batch.topic, batch.partition, -1 if base < 0 else base + self._index, self._timestamp)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The record's error, None once acknowledged; the built-in TimeoutError as ``result``."""
         if not self._batch.wait(timeout):
             raise TimeoutError(f"record not acknowledged within {timeout} s")
         return self._batch.exception
 
     def add_callback(self, callback: Callable[[RecordMetadata | None, BaseException | None], Any]) -> None:
-        """``callback(metadata, None)`` on success, ``callback(None, exception)`` on failure."""
+        """``callback(metadata, None)`` on success, ``callback(None, exception)`` on failure,
+        on the thread that settles the record (the producer's sender thread, or the one
+        calling ``close()``); at once on this thread if the record is settled already."""
 
         def fire() -> None:
             exc = self._batch.exception

@@ -63,10 +63,26 @@ class AsyncProducer:
              timestamp_ms: int | None = None, *, tags: Iterable[str] | None = None, delay_ms: int = 0,
              deliver_at_ms: int = 0, priority: int | None = None, dedup_id: str = "",
              ttl_ms: int = 0) -> asyncio.Future[RecordMetadata]:
-        """Appends to the producer's buffer now (blocking only while the buffer is full, or
-        for the metadata of a topic or partition new to the producer, at most
-        ``max_block_ms``) and returns a future for the acknowledgement. ``headers``, ``tags``
-        and the queue options are ``Producer.send``'s (docs/GROUPS.md, docs/QUEUES.md)."""
+        """Appends to the producer's buffer now and returns an asyncio future for the
+        acknowledgement: ``await`` it for the RecordMetadata, or the record's error
+        (DeliveryTimeoutError, ...). ``headers``, ``tags`` and the queue options are
+        ``Producer.send``'s (docs/GROUPS.md, docs/QUEUES.md).
+
+        This is a plain method run on the loop's thread, so what ``Producer.send`` raises
+        before queueing comes from this call, not from the awaited future: TypeError or
+        ValueError for an argument, UnknownTopicOrPartitionError for an unknown topic or a
+        partition the topic lacks, BufferFullError, RequestTimedOutError (no metadata within
+        ``max_block_ms``), MessageTooLargeError, ClientClosedError. It blocks the event loop
+        while it waits: for room while the buffer is full, for the metadata of a topic new
+        to the producer (the first send to it: a round trip, but up to ``max_block_ms``
+        while no node answers), and up to PARTITION_LEARN_WAIT_MS (3 s) for a partition at
+        or past the topic's count. Learn the topics at start-up off the loop,
+        ``await asyncio.to_thread(producer.producer.partitions_for, "events")``, and the
+        first sends find their metadata there.
+
+        There is no ``callback``: ``future.add_done_callback(fn)`` runs ``fn(future)`` on
+        the loop once the record is settled (the producer's sender thread hands the outcome
+        to the loop)."""
         loop = self._loop
         future: asyncio.Future[RecordMetadata] = loop.create_future()
         record_future = self.producer.send(topic, value, key=key, headers=headers, partition=partition,
@@ -93,6 +109,7 @@ class AsyncProducer:
         return future
 
     async def flush(self, timeout_s: float | None = None) -> None:
+        """``Producer.flush`` on a thread of its own (the loop goes on meanwhile)."""
         await asyncio.to_thread(self.producer.flush, timeout_s)
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
@@ -185,6 +202,11 @@ class AsyncConsumer:
     # In a group (``client.consumer(topics, group_id=...)``), as ``Consumer``'s: with
     # ``enable_auto_commit=False`` these are how an asyncio service commits.
     async def subscribe(self, topics: Iterable[str] | None = None, **options: Any) -> None:
+        """``Consumer.subscribe`` on the worker: ``pattern=``, ``listener=``, ``tag_filter=``.
+        A ``listener``'s hooks run on the worker thread (no event loop runs there), inside
+        this call, ``poll()``, ``async for``, ``unsubscribe()`` and ``close()``, whose
+        ``await`` raises what a hook raised; they must be plain ``def`` (an ``async def``
+        hook is a TypeError here: it would never be awaited)."""
         names = None if topics is None else list(topics)
         await self._call(lambda c: c.subscribe(names, **options))
 
@@ -333,7 +355,9 @@ class AsyncClient:
     async def consumer(self, topics: Iterable[str] = (), **config: Any) -> AsyncConsumer:
         """A consumer of ``topics``: with ``group_id=...`` in ``config`` it joins that group
         (partitions shared with the other members, offsets committed); without, it reads
-        every partition itself (``auto_offset_reset`` decides where it starts)."""
+        every partition itself (``auto_offset_reset`` decides where it starts). ``config``
+        is ``Consumer``'s options, so a rebalance listener is not one of them: make the
+        consumer with no topics, then ``await consumer.subscribe(topics, listener=...)``."""
         self._check_open()
         names = list(topics)
         consumer = await AsyncConsumer.create(self.bootstrap, **config)

@@ -289,9 +289,12 @@ class Consumer:
     a wrong type): ``fetch_max_wait_ms`` 0..FETCH_WAIT_MS_MAX (fabric/limits.py),
     ``fetch_min_bytes`` >= 0, ``fetch_max_bytes`` and ``partition_fetch_bytes_max`` > 0,
     the timeouts and intervals > 0 (``auto_commit_interval_ms`` >= 0), all within the wire's
-    i32 (docs/PROTOCOL.md section 5.3). ``session_timeout_ms``'s range (6 s to 30 min) is
-    the group coordinator's, as Kafka's broker bounds are: it refuses the first heartbeat
-    (``InvalidRequestError`` naming the range, from the first poll).
+    i32 (docs/PROTOCOL.md section 5.3). With ``group_id``, ``heartbeat_interval_ms`` must
+    be below ``session_timeout_ms`` (ValueError here: with the default interval of 3 s, a
+    session of 3 s or less). ``session_timeout_ms``'s range (6 s to 30 min) is the group
+    coordinator's, as Kafka's broker bounds are: it refuses the first heartbeat, which
+    ``subscribe()`` sends, so ``subscribe()`` raises ``InvalidRequestError`` naming the
+    range (the first ``poll()`` does when ``subscribe()`` could not reach the coordinator).
     """
 
     def __init__(
@@ -478,7 +481,12 @@ class Consumer:
         """Join the group and read the partitions it gives this member: ``topics`` by name
         and/or every topic whose whole name matches ``pattern`` (an RE2 regular expression,
         as the nodes evaluate it: no backreferences or lookaround). New topics
-        and partitions are picked up. ``listener`` hears of revoked/assigned/lost partitions."""
+        and partitions are picked up. A named topic that does not exist is no error (as in
+        Kafka): polls return nothing until it is created, and its partitions are assigned
+        at the member's next heartbeat after that. ``listener`` hears of
+        revoked/assigned/lost partitions (``ConsumerRebalanceListener``: plain methods;
+        an ``async def`` hook is a TypeError). The first heartbeat is sent here, so this
+        raises what the coordinator refuses (``session_timeout_ms`` out of its range)."""
         self._check_open("subscribe")
         group = self._require_group("subscribe()")
         if isinstance(topics, str):
@@ -509,7 +517,11 @@ class Consumer:
     def commit(self, offsets: CommitOffsets | None = None) -> None:
         """Commit ``offsets`` (next offset to read, optionally with a metadata string: a
         ``(offset, "metadata")`` pair or an ``OffsetAndMetadata``), or the positions of
-        everything ``poll()`` has handed out. Returns once the commit is durable."""
+        everything ``poll()`` has handed out. Returns once the commit is durable. Inside a
+        ``for record in consumer`` (or ``async for``) body, the positions stop at the
+        record being handled: ``commit()`` covers the records before it, and this one is
+        read again after a restart; ``commit({TopicPartition(record.topic,
+        record.partition): record.offset + 1})`` covers it too."""
         self._check_open("commit")
         group = self._require_group("commit()")
         group.raise_if_fenced()  # first: a fenced member holds nothing, so there may be nothing to send
@@ -1276,9 +1288,12 @@ class Consumer:
         self._meta.refresh(topics, avoid=avoid, deadline_s=self._deadline_s())
 
     def close(self) -> None:
-        """Commit (with auto commit), leave the group at once, and close the sockets;
-        within ``request_timeout_ms`` also when no node answers (what was not committed by
-        then is not: the group's session timeout ends the membership)."""
+        """Commit (with auto commit), leave the group at once (the listener hears its
+        partitions revoked; the other members get them at their next heartbeat, which their
+        polls send within their ``heartbeat_interval_ms``, without waiting for this one's
+        session to time out; a static member's are kept for it instead), and close the sockets; within ``request_timeout_ms`` also when no node
+        answers (what was not committed by then is not: the group's session timeout ends
+        the membership)."""
         if self._closed:
             return
         if self._group is not None:

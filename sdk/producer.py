@@ -262,6 +262,11 @@ class _ProducerCore:
         self._partition_counts: dict[str, int] = {}
         self._message_bytes_max: dict[str, int] = {}
         self._unknown_topics: dict[str, BaseException] = {}
+        # Why the last metadata refresh failed (None once one succeeds), and whether any
+        # ever did: a send() that waited max_block_ms for a topic's metadata says why, or
+        # its RequestTimedOutError hid the cause (ZooKeeper unreachable, say) in a log line.
+        self._metadata_error: BaseException | None = None
+        self._map_read = False
         self._wanted_topics: set[str] = set()
         self._sticky: dict[str, int] = {}
         # Where a topic's keyless records start: random per producer, as Kafka's sticky
@@ -323,7 +328,32 @@ class _ProducerCore:
         dedup_id: str = "",
         ttl_ms: int = 0,
     ) -> RecordFuture:
-        """Queue one record; returns a future resolving to RecordMetadata (topic, partition, offset).
+        """Queue one record; returns a RecordFuture resolving to RecordMetadata (topic,
+        partition, offset, timestamp). ``future.result(timeout)`` raises the built-in
+        TimeoutError when no answer came within ``timeout`` seconds (the record may still be
+        delivered), else the record's own error (DeliveryTimeoutError, ...).
+
+        Raised by send() itself, before anything is queued: TypeError/ValueError for a bad
+        argument; for a topic new to this producer, what METADATA says of it
+        (UnknownTopicOrPartitionError for an unknown topic, AuthorizationFailedError, ...),
+        or RequestTimedOutError when no metadata came within ``max_block_ms`` (its message
+        says why: the last metadata error, such as ZooKeeper not answering, or that nothing
+        answered from the bootstrap yet); BufferFullError
+        when the buffer stayed full for ``max_block_ms``; MessageTooLargeError;
+        ClientClosedError after ``close()``. A ``partition`` at or past the topic's count
+        may have just been added: send() asks again for up to PARTITION_LEARN_WAIT_MS (3 s,
+        or ``max_block_ms`` if shorter) before it raises UnknownTopicOrPartitionError.
+
+        ``callback(metadata, exception)``: ``callback(RecordMetadata, None)`` once the record
+        is acknowledged, ``callback(None, exception)`` once it failed. It runs on the
+        producer's sender thread (records that ``close()`` fails: on the thread calling
+        close()), with no lock held; an exception it raises is logged (``fabric.producer``)
+        and the producer goes on. A slow callback delays every answer behind it: hand long
+        work to an executor of your own. From a callback, ``send()`` cannot wait for what
+        the sender thread itself provides: a full buffer raises BufferFullError at once, a
+        topic this producer has not sent to yet InvalidRequestError, a partition past the
+        known count UnknownTopicOrPartitionError; ``close()`` works (it finishes on a thread
+        of its own) and ``flush()`` raises RuntimeError (it would wait for itself).
 
         ``delay_ms``/``deliver_at_ms``, ``priority`` (0..9), ``dedup_id`` and ``ttl_ms`` are
         queue-mode options carried as ``fabric.*`` headers (docs/QUEUES.md); bad values raise.
@@ -572,8 +602,17 @@ class _ProducerCore:
                 self._wake()
             remaining = deadline - now
             if remaining <= 0:
-                why = f" (metadata lists it with {waiting.name})" if isinstance(waiting, errors.FabricError) else ""
-                raise errors.RequestTimedOutError(f"no metadata for topic {topic!r} within max_block_ms{why}")
+                if isinstance(waiting, errors.FabricError):
+                    why = f" (metadata lists it with {waiting.name})"
+                elif self._metadata_error is not None:
+                    why = f" (last metadata error: {self._metadata_error})"
+                elif not self._map_read:
+                    bootstrap = f"zk://{self._bootstrap.zk}" if self._bootstrap.zk else ",".join(self._bootstrap.addresses)
+                    why = f" (no routing map read yet: nothing answered from bootstrap {bootstrap} so far)"
+                else:
+                    why = ""
+                raise errors.RequestTimedOutError(
+                    f"no metadata for topic {topic!r} within max_block_ms={int(self.max_block_s * 1000)}{why}")
             self._metadata_ready.wait(max(0.0, min(remaining, 0.1, ask_again_s - now)))
         return self._partition_counts[topic]
 
@@ -609,7 +648,9 @@ class _ProducerCore:
             pass  # one wake is already pending; that is enough
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send everything buffered now and wait until each batch is acknowledged or failed."""
+        """Send everything buffered now and wait until each batch is acknowledged or failed;
+        the built-in TimeoutError if that takes longer than ``timeout`` seconds. After
+        ``close()`` it returns at once: nothing is left to send."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("flush() from a send callback would wait for itself: the callback runs on "
                                "the producer's sender thread, which resolves the batches")
@@ -807,6 +848,7 @@ class _ProducerCore:
             log.log(logging.DEBUG if cut_short else logging.WARNING, "metadata refresh failed: %s", exc)
             with self._lock:
                 self._refreshes_done = begun
+                self._metadata_error = exc
                 if not cut_short:
                     for topic in wanted:
                         self._unknown_topics[topic] = exc
@@ -816,6 +858,8 @@ class _ProducerCore:
             return
         self._refresh_needed = False
         with self._lock:
+            self._metadata_error = None
+            self._map_read = True
             for name, topic_meta in metadata.topics.items():
                 self._partition_counts[name] = topic_meta.partition_count
                 self._message_bytes_max[name] = topic_meta.message_bytes_max
@@ -1226,7 +1270,9 @@ class Producer:
     ``message_bytes_max`` less the 72-byte batch header is smaller. ``buffer_bytes_max``: memory
     for unsent records; ``send()`` blocks up to ``max_block_ms`` when it is full, then
     raises BufferFullError. Retriable errors are retried until ``delivery_timeout_ms``,
-    which holds in every state (no leader, no producer id, no answer).
+    which holds in every state (no leader, no producer id, no answer); it must be at least
+    ``request_timeout_ms`` (else ValueError here). ``send()``'s docstring says what it
+    raises at once, what its future raises, and what a ``callback`` may do.
 
     Call ``close()`` (or use ``with``). A producer that is garbage-collected, or still
     open when the interpreter exits, flushes for up to ``UNCLOSED_FLUSH_S_MAX`` seconds

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from collections import deque
@@ -55,6 +56,10 @@ MAP_REFRESH_TIMEOUT_MS: Final[int] = METADATA_TIMEOUT_MS
 ITERATION_BATCH_MESSAGES: Final[int] = 10  # what iteration (next_message) asks the nodes for at a time
 BUFFER_MESSAGES_MAX: Final[int] = qp.RECEIVE_MESSAGES_MAX  # leased but not yet handed out
 SETTLE_TIMEOUT_MS: Final[int] = 15_000
+# A long poll waits on the sockets in slices this long, so that a close() from another
+# thread ends a receive (and an iteration) within about this much, not at the end of its
+# wait_ms (up to 20 s).
+CLOSE_CHECK_INTERVAL_MS: Final[int] = 200
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,16 @@ class QueueMessage:
 
 
 class QueueConsumer:
-    """A worker of ``queue`` in ``group`` (``"default"`` unless named); not thread-safe.
+    """A worker of ``queue`` in ``group`` (``"default"`` unless named).
+
+    One consumer belongs to one thread: its calls are not meant to run from several
+    threads at once (ZeroMQ sockets are not thread-safe). The one exception is ``close()``,
+    which may come from another thread to stop a worker: it waits for the call in
+    progress on the consumer's sockets, and that thread's ``for msg in worker`` loop (or
+    ``run()``) ends with no exception, within about CLOSE_CHECK_INTERVAL_MS (200 ms) when
+    it was waiting for messages; a ``receive()`` or ``next_message()`` it interrupts raises
+    ClientClosedError, as every call after ``close()`` does. ``run(handler,
+    should_stop=...)`` stops without a second thread, and acks what it handled first.
 
     ``bootstrap`` comes before ``queue``, as for every client; None (``QueueConsumer(None,
     "jobs")``): ``$FABRIC_BOOTSTRAP``, else the cluster ``fabric up`` recorded."""
@@ -131,22 +145,32 @@ class QueueConsumer:
         # Every re-read of the routing map ends by this (time.monotonic()): set by each call
         # from its own wait, so that no call waits on the map past its documented bound.
         self._refresh_by_s = math.inf
+        # Held by each call while it uses the sockets, and by close(): a close() from another
+        # thread (a supervisor stopping a worker's loop) closed them under the iterating
+        # thread's long poll, which raised a raw ZMQError ("Socket operation on non-socket")
+        # there, and libzmq may not be entered on one socket from two threads at all. Such
+        # a close() sets ``_close_requested`` first, which ends that poll at its next slice
+        # (CLOSE_CHECK_INTERVAL_MS) and refuses new calls, so the lock is let go soon.
+        self._use_lock = threading.RLock()
+        self._close_requested = False
 
     # -- receiving ------------------------------------------------------------------------------
     def receive(self, max_messages: int = 10, wait_ms: int = 0) -> list[QueueMessage]:
         """Up to ``max_messages`` messages leased to this consumer; waits up to ``wait_ms``
-        (at most RECEIVE_WAIT_MS_MAX, 20 s) for the first one (long polling)."""
+        (at most RECEIVE_WAIT_MS_MAX, 20 s) for the first one (long polling). A ``close()``
+        from another thread meanwhile ends the wait with ClientClosedError."""
         int_arg("max_messages", max_messages, -I32_MAX - 1, I32_MAX)  # types; the ranges just below
         if not 1 <= max_messages <= qp.RECEIVE_MESSAGES_MAX:
             raise errors.InvalidRequestError(
                 f"max_messages {max_messages} outside 1..RECEIVE_MESSAGES_MAX ({qp.RECEIVE_MESSAGES_MAX})")
         _check_wait(wait_ms)
-        self._check_open()
-        if wait_ms == 0:
-            self._receive_now(max_messages)
-        else:
-            self._receive_within(max_messages, wait_ms)
-        return self._hand_out(max_messages)
+        with self._use_lock:
+            self._check_open()
+            if wait_ms == 0:
+                self._receive_now(max_messages)
+            else:
+                self._receive_within(max_messages, wait_ms)
+            return self._hand_out(max_messages)
 
     def _refresh_map(self, *, quiet: bool = True) -> None:
         """Re-read the routing map, within MAP_REFRESH_TIMEOUT_MS and the current call's
@@ -173,9 +197,15 @@ class QueueConsumer:
         """One message, waiting up to ``wait_ms`` (None if none came). Asks the nodes for up
         to 10 at a time, but takes each from the buffer only as it is handed out: a loop left
         early (``break``, an exception) leaves the rest buffered, and ``close()`` gives them
-        back at once instead of their leases running out (what iteration uses)."""
+        back at once instead of their leases running out (what iteration uses). A ``close()``
+        from another thread meanwhile ends the wait with ClientClosedError."""
         _check_wait(wait_ms)
-        self._check_open()
+        with self._use_lock:
+            self._check_open()
+            return self._next_buffered(wait_ms)
+
+    def _next_buffered(self, wait_ms: int) -> QueueMessage | None:
+        """``next_message``'s work, the lock held."""
         if not self._buffered():
             self._receive_within(ITERATION_BATCH_MESSAGES, wait_ms)
         return self._buffer.popleft() if self._buffered() else None
@@ -186,13 +216,17 @@ class QueueConsumer:
         self._refresh_by_s = deadline + MAP_REFRESH_TIMEOUT_MS / 1000.0
         refused_rounds = 0
         while True:
+            self._raise_if_close_requested()
             self._take_replies(0)
             if self._buffered():
                 break
             remaining_ms = math.ceil((deadline - time.monotonic()) * 1000)  # up: never a 0 ms spin
             all_sent = self._send_polls(max_messages, max(0, remaining_ms))
-            # A node not connected yet is asked again shortly, not after the whole wait.
-            self._take_replies(max(0, remaining_ms) if all_sent else min(max(0, remaining_ms), int(RECEIVE_RETRY_S * 1000)))
+            # A node not connected yet is asked again shortly, not after the whole wait; and
+            # the wait is cut in slices, each ending with a look at a close() from another
+            # thread (the polls sent stay out: the next slice only waits for their answers).
+            slice_ms = CLOSE_CHECK_INTERVAL_MS if all_sent else min(CLOSE_CHECK_INTERVAL_MS, int(RECEIVE_RETRY_S * 1000))
+            self._take_replies(min(max(0, remaining_ms), slice_ms))
             if self._buffered() or time.monotonic() >= deadline:
                 break
             if all_sent and not self._polls:
@@ -214,7 +248,8 @@ class QueueConsumer:
             for _ in range(2):  # a second round for nodes whose connection was still being made
                 all_sent = self._send_polls(max_messages, 0)
                 while self._polls and not self._buffer and time.monotonic() < give_up:
-                    self._take_replies(max(1, int((give_up - time.monotonic()) * 1000)))
+                    self._raise_if_close_requested()
+                    self._take_replies(min(CLOSE_CHECK_INTERVAL_MS, max(1, int((give_up - time.monotonic()) * 1000))))
                 if self._buffer or all_sent:
                     break
                 time.sleep(RECEIVE_RETRY_S)
@@ -264,9 +299,25 @@ class QueueConsumer:
         return [self._buffer.popleft() for _ in range(min(max_messages, len(self._buffer)))]
 
     def __iter__(self) -> Iterator[QueueMessage]:
-        """Messages one by one, long-polling for ever (until ``close``); see ``next_message``."""
-        while not self._closed:
-            message = self.next_message()
+        """Messages one by one, long-polling for ever; see ``next_message``. Ends (no
+        exception) once ``close()`` is called, also from another thread: the iteration
+        then hands out nothing more, and what it had received goes back with the close,
+        as the Consumer's iteration ends at its ``close()``."""
+        while True:
+            with self._use_lock:
+                if self._closed or self._close_requested:
+                    return
+                try:
+                    message = self._next_buffered(qp.RECEIVE_WAIT_MS_MAX)
+                except errors.ClientClosedError:
+                    if self._close_requested:
+                        return  # closed from another thread while this waited
+                    raise
+                if message is not None and self._close_requested:
+                    # Taken just as a close() came: it goes back with the others (the close
+                    # waits for this lock), not to a loop that is being stopped.
+                    self._buffer.appendleft(message)
+                    return
             if message is not None:
                 yield message
 
@@ -279,13 +330,27 @@ class QueueConsumer:
         and a settle refused because a lease ended is logged, not raised: the message is
         delivered again (or, when the request failed after it was sent, maybe settled), as
         docs/QUEUES.md says. What was handled is acked even when the
-        loop is left by an exception that is not the handler's ``Exception``."""
-        while not self._closed and not should_stop():
-            batch = self.receive(max_messages, 1_000)
+        loop is left by an exception that is not the handler's ``Exception``.
+
+        ``should_stop`` is asked before each receive, which waits at most 1 s: the way to
+        stop a worker (``should_stop=stop_event.is_set``), after acking what it handled.
+        A ``close()`` from another thread ends the loop too, without the acks still due."""
+        while not self._closed and not self._close_requested and not should_stop():
+            try:
+                batch = self.receive(max_messages, 1_000)
+            except errors.ClientClosedError:
+                if self._close_requested:
+                    return  # close() from another thread: the loop ends, as iteration does
+                raise
             received_s = time.monotonic()  # leases are judged on this clock (lease_ends_s)
             done: list[QueueMessage] = []
             try:
                 for msg in batch:
+                    if self._close_requested:
+                        # Stopped from another thread: the rest are not handled, and what was
+                        # handled cannot be acked once the close has closed the sockets: all of
+                        # them are delivered again when their leases end.
+                        break
                     now_s = time.monotonic()
                     if msg.lease_ends_s <= now_s:
                         log.warning("%s/%d: lease ended before the handler's turn; not handled (delivered again)",
@@ -305,11 +370,17 @@ class QueueConsumer:
                     self._settle_quietly(done, qp.ACTION_ACK, "")
 
     def _settle_quietly(self, messages: list[QueueMessage], action: int, reason: str) -> None:
-        """``run()``'s settles: a lease that ended is the documented redelivery, not an error."""
+        """``run()``'s settles: a lease that ended is the documented redelivery, not an error;
+        nor is a close() from another thread that came first (delivered again too)."""
         try:
             self._settle(messages, action, 0, reason)
         except errors.LeaseNotHeldError as exc:
             log.warning("%s", exc.message)
+        except errors.ClientClosedError:
+            if not self._close_requested:
+                raise
+            log.warning("%d handled messages not settled: the consumer was closed first (they are delivered "
+                        "again once their lease ends)", len(messages))
 
     def _node_addresses(self) -> set[str]:
         if self.queue not in self._meta.metadata.topics:
@@ -469,7 +540,12 @@ class QueueConsumer:
         return self._settle([message], qp.ACTION_EXTEND, ms, "")[0]
 
     def _settle(self, messages: list[QueueMessage], action: int, arg_ms: int, reason: str) -> list[int]:
-        self._check_open()
+        with self._use_lock:
+            self._check_open()
+            return self._settle_now(messages, action, arg_ms, reason)
+
+    def _settle_now(self, messages: list[QueueMessage], action: int, arg_ms: int, reason: str) -> list[int]:
+        """``_settle``'s work, the lock held (also close()'s, which is past the check)."""
         if not messages:
             return []
         by_node: dict[str, list[QueueMessage]] = {}
@@ -553,23 +629,34 @@ class QueueConsumer:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closed or self._close_requested:
             # As every other client of the SDK (and the asyncio QueueConsumer): not a
             # request the nodes refused, the caller's own use after close().
             raise errors.ClientClosedError("this QueueConsumer is closed")
 
+    def _raise_if_close_requested(self) -> None:
+        """Between two slices of a wait: a close() from another thread ends this call."""
+        if self._close_requested:
+            raise errors.ClientClosedError("this QueueConsumer was closed (from another thread) during the receive")
+
     def close(self) -> None:
-        """Give back what was received but not handed out, then close. Idempotent."""
-        if self._closed:
-            return
-        if self._buffer:
-            try:
-                self._settle(list(self._buffer), qp.ACTION_RELEASE, 0, "consumer closed")
-            except errors.FabricError:
-                pass  # their leases end on their own
-            self._buffer.clear()
-        self._closed = True
-        self._conns.close()
+        """Give back what was received but not handed out, then close. Idempotent. From
+        another thread it first stops the call in progress (see the class docstring) and
+        waits for it: about CLOSE_CHECK_INTERVAL_MS for a receive waiting for messages, up
+        to MAP_REFRESH_TIMEOUT_MS for one re-reading the routing map, and an ack, nack or
+        extend under way until it ends (SETTLE_TIMEOUT_MS a request)."""
+        self._close_requested = True  # first: a receive in another thread stops at its next slice
+        with self._use_lock:
+            if self._closed:
+                return
+            if self._buffer:
+                try:
+                    self._settle_now(list(self._buffer), qp.ACTION_RELEASE, 0, "consumer closed")
+                except errors.FabricError:
+                    pass  # their leases end on their own
+                self._buffer.clear()
+            self._closed = True
+            self._conns.close()
 
     def __enter__(self) -> QueueConsumer:
         return self

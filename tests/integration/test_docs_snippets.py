@@ -111,7 +111,7 @@ def test_groups_block(docs_cluster: LocalCluster) -> None:
 
 
 def test_queues_block(docs_cluster: LocalCluster) -> None:
-    example, asyncio_example = python_blocks("docs/QUEUES.md")
+    example, _stop_example, asyncio_example = python_blocks("docs/QUEUES.md")  # the middle one: run(should_stop=)
     handled: list[bytes] = []
 
     def handle(value: bytes) -> None:

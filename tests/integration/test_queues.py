@@ -844,3 +844,72 @@ def test_an_idle_group_expires_after_its_retention_and_a_polling_one_does_not(
         assert _wait_log_start(bootstrap, topic_name, 5) == 5, "the idle group was not expired"
         with Admin(bootstrap) as admin:
             assert list(admin.describe_queue_groups(topic_name)) == ["polling"]
+
+
+# A QueueConsumer's close() from another thread stops the worker thread cleanly.
+#
+# A developer stopped a ``for msg in worker:`` loop the only way a loop that long-polls for
+# ever can be stopped, close() from another thread: the iterating thread raised a raw
+# ``zmq.ZMQError('Socket operation on non-socket')`` (its sockets closed under its poll).
+# Now the iteration ends as the Consumer's does at close(), ``run()`` returns, and a
+# receive() caught waiting raises ClientClosedError, each within CLOSE_CHECK_INTERVAL_MS
+# or so, not at the end of its long poll.
+# Well under the 20 s long poll the close used to leave running (CLOSE_CHECK_INTERVAL_MS is
+# 0.2 s): a busy machine's slack, not a timing claim.
+STOPPED_WITHIN_S = 10.0
+
+
+def _stop_from_another_thread(worker: QueueConsumer, body: Callable[[], object]) -> tuple[list[str], float]:
+    """Run ``body`` on a thread until it waits, close ``worker`` from here, and return how
+    the thread ended (``"returned"`` or the exception's repr) and how long the close took."""
+    outcome: list[str] = []
+
+    def target() -> None:
+        try:
+            body()
+            outcome.append("returned")
+        except BaseException as exc:  # the test reports whatever came out
+            outcome.append(repr(exc))
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    time.sleep(0.5)  # well into its long poll
+    assert thread.is_alive(), outcome
+    started_s = time.monotonic()
+    worker.close()
+    thread.join(STOPPED_WITHIN_S)
+    assert not thread.is_alive(), "the worker thread did not stop"
+    return outcome, time.monotonic() - started_s
+
+
+@pytest.fixture
+def queue(cluster: LocalCluster, topic_name: str) -> str:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2)
+    return topic_name
+
+
+def test_a_for_loop_ends_when_another_thread_closes_the_consumer(cluster: LocalCluster, queue: str) -> None:
+    worker = QueueConsumer(cluster.bootstrap, queue)
+    seen: list[QueueMessage] = []
+
+    def loop() -> None:
+        for msg in worker:  # an empty queue: each long poll waits 20 s
+            seen.append(msg)
+
+    outcome, close_s = _stop_from_another_thread(worker, loop)
+    assert outcome == ["returned"] and seen == []
+    assert close_s < STOPPED_WITHIN_S
+    with pytest.raises(errors.ClientClosedError):
+        worker.receive(1, 0)
+    assert list(worker) == []  # iterating a closed consumer ends at once, as the Consumer's
+
+
+def test_run_returns_and_a_waiting_receive_raises_client_closed(cluster: LocalCluster, queue: str) -> None:
+    runner = QueueConsumer(cluster.bootstrap, queue)
+    outcome, _ = _stop_from_another_thread(runner, lambda: runner.run(lambda msg: None))
+    assert outcome == ["returned"]
+
+    receiver = QueueConsumer(cluster.bootstrap, queue)
+    outcome, _ = _stop_from_another_thread(receiver, lambda: receiver.receive(10, 20_000))
+    assert len(outcome) == 1 and outcome[0].startswith("ClientClosedError("), outcome
