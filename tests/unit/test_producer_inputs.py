@@ -37,9 +37,14 @@ def offline_core(partition_counts: dict[str, int]) -> Iterator[_ProducerCore]:
     try:
         yield made
     finally:
-        closer = threading.Thread(target=made.close, args=(0,))
-        closer.start()
-        closer.join()
+        close_from_another_thread(made)
+
+
+def close_from_another_thread(made: _ProducerCore) -> None:
+    """close(0) as a user's thread does (not the sender's own, which close() hands off)."""
+    closer = threading.Thread(target=made.close, args=(0,))
+    closer.start()
+    closer.join()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ metadata refresh's failure, or says that nothing has answered from the bootstrap
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from fabric import errors
 from fabric.local import free_port
 from sdk.producer import _ProducerCore
+from tests.unit.test_producer_inputs import close_from_another_thread
 
 
 class _ZooKeeperDown:
@@ -38,9 +38,7 @@ def core() -> Iterator[_ProducerCore]:
     try:
         yield made
     finally:
-        closer = threading.Thread(target=made.close, args=(0,))
-        closer.start()
-        closer.join()
+        close_from_another_thread(made)
 
 
 def test_the_timeout_says_nothing_answered_yet_then_names_the_last_refresh_error(core: _ProducerCore) -> None:
