@@ -81,7 +81,8 @@ class OffsetAndMetadata(NamedTuple):
 class ConsumerRebalanceListener:
     """Override what you need. Called on the consumer's thread, inside the call that
     heartbeats or leaves: ``subscribe()``, ``poll()`` (and iteration), ``unsubscribe()`` and
-    ``close()``. An exception a hook raises comes out of that call.
+    ``close()``. An exception a hook raises comes out of that call (from ``unsubscribe()``
+    and ``close()``, once the member has left the group and, for ``close()``, is closed).
 
     ``on_partitions_revoked`` runs before the partitions go to another member (commit or
     flush there), and at ``unsubscribe()`` and ``close()`` for the partitions held then;
@@ -353,9 +354,15 @@ class GroupMember:
             return
         if not self.subscribed or not self.member_id:
             return
+        hook_error: Exception | None = None
         if self.owned:
-            # As Kafka's close(): the application hears that it no longer reads these.
-            self.listener.on_partitions_revoked(sorted(self.owned, key=str))
+            # As Kafka's close(): the application hears that it no longer reads these. What
+            # the hook raises is raised once the member has left: raised from here, it left
+            # the member in the group (its partitions held until its session timed out).
+            try:
+                self.listener.on_partitions_revoked(sorted(self.owned, key=str))
+            except Exception as exc:  # the application's own, whatever it is
+                hook_error = exc
         epoch = gp.STATIC_LEAVE_EPOCH if self.instance_id else gp.LEAVE_EPOCH
         body = {"group_id": self.group_id, "member_id": self.member_id, "member_epoch": epoch,
                 "instance_id": self.instance_id, "session_timeout_ms": self.session_timeout_ms,
@@ -371,6 +378,8 @@ class GroupMember:
         if rejoin_later:
             self.member_id = "" if not self.instance_id else self.member_id
             self.member_epoch = gp.JOIN_EPOCH
+        if hook_error is not None:
+            raise hook_error
 
     # -- offsets ----------------------------------------------------------------------------
     def commit(self, offsets: dict[TopicPartition, tuple[int, str]], *, in_group: bool) -> None:

@@ -1296,16 +1296,20 @@ class Consumer:
         the membership)."""
         if self._closed:
             return
-        if self._group is not None:
-            try:
-                with self._within(self.request_timeout_ms / 1000.0):
-                    if self._group.subscribed and self._group.owned:
-                        self._auto_commit(force=True)
-                    self._group.leave()
-            except errors.FabricError as exc:
-                log.warning("leaving the group failed: %s", exc)
-        self._closed = True
-        self._conns.close()
+        try:
+            if self._group is not None:
+                try:
+                    with self._within(self.request_timeout_ms / 1000.0):
+                        if self._group.subscribed and self._group.owned:
+                            self._auto_commit(force=True)
+                        self._group.leave()
+                except errors.FabricError as exc:
+                    log.warning("leaving the group failed: %s", exc)
+        finally:
+            # Also when the listener's on_partitions_revoked raised (that comes out of this
+            # call, after the leave): it left the consumer open, its sockets with it.
+            self._closed = True
+            self._conns.close()
 
     def __enter__(self) -> Consumer:
         return self

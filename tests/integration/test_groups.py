@@ -840,3 +840,29 @@ def test_a_slow_async_iterating_member_keeps_its_session(cluster: LocalCluster, 
             other.join(30)
     assert handled == list(range(_SLOW_RECORDS))
     _held_then_left(got_while_held, other_got)
+
+
+def test_a_revoked_hook_that_raises_at_close_still_leaves_and_closes(cluster: LocalCluster, topic_name: str) -> None:
+    """The listener's exception comes out of close(), as documented, but only after the
+    member has left and the sockets are closed: it used to escape before both, so the
+    member kept its partitions until its session timed out and the consumer stayed open."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1, replication_factor=3)
+    _produce(bootstrap, topic_name, 3, 1)
+    group = f"g-{topic_name}"
+
+    class Failing(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+            raise ValueError("the application's own failure")
+
+    member = Consumer(bootstrap, group_id=group, auto_offset_reset="earliest", session_timeout_ms=30_000)
+    member.subscribe([topic_name], listener=Failing())
+    got: dict[int, list[Any]] = {}
+    _poll_until([member], lambda: len(got.get(0, [])) == 3, sink=got)
+    with pytest.raises(ValueError, match="own failure"):
+        member.close()
+    with pytest.raises(errors.ClientClosedError):
+        member.poll(timeout_ms=0)
+    with Admin(bootstrap) as admin:  # left at once: no member waits out the 30 s session
+        assert admin.describe_group(group).members == ()
