@@ -234,7 +234,10 @@ class NodeSecurity:
         now = time.monotonic()
         nbytes = sum(len(batch) for batch in request.batches)
         delay_ms = self.throttle.record(principal, nbytes, now)
-        if delay_ms <= 0:
+        if delay_ms <= 0 or request.body.get("acks") == 0:
+            # acks=0 has no answer to hold (its bytes are charged: the principal's later
+            # answers are held for them). Registered as a hold, it took a place of the
+            # queue below for HELD_FORGET_S that no answer would ever free.
             return True
         if self.throttled_count() >= THROTTLED_RESPONSES_MAX:
             self._forget_stale(now)

@@ -49,8 +49,8 @@ def _security(quotas: dict[str, Quota]) -> authz.NodeSecurity:
     return security
 
 
-def _produce(correlation_id: int, nbytes: int) -> apis.Message:
-    return apis.Message(Header(ApiKey.PRODUCE, 0, correlation_id), {"entries": []}, [b"x" * nbytes])
+def _produce(correlation_id: int, nbytes: int, acks: int = 1) -> apis.Message:
+    return apis.Message(Header(ApiKey.PRODUCE, 0, correlation_id), {"acks": acks, "entries": []}, [b"x" * nbytes])
 
 
 @pytest.fixture(autouse=True)
@@ -90,3 +90,13 @@ def test_within_quota_passes_even_when_the_queue_is_full() -> None:
         security._account(node, [b"g"], _produce(cid, 5_000), "greedy")  # type: ignore[arg-type]
     assert security._account(node, [b"p"], _produce(1, 1_000), "polite")  # type: ignore[arg-type]
     assert not node.errors
+
+
+def test_an_over_quota_acks_0_produce_is_charged_but_takes_no_place_in_the_queue() -> None:
+    security, node = _security({"greedy": Quota(1_000)}), _RecordingNode()
+    for cid in range(1, 2 * QUEUE_MAX + 1):  # more than the queue holds: none is refused
+        assert security._account(node, [b"c"], _produce(cid, 5_000, acks=0), "greedy")  # type: ignore[arg-type]
+    assert security.throttled_count() == 0 and not node.errors
+    # The bytes count: the principal's next answered PRODUCE is held for them.
+    assert security._account(node, [b"c"], _produce(99, 10, acks=1), "greedy")  # type: ignore[arg-type]
+    assert security.throttled_count() == 1
