@@ -201,7 +201,10 @@ typedef struct fabric_producer_config {
     /* A request unanswered this long is retried (and a leader answers acks = -1 writes not
      * replicated by then with REQUEST_TIMED_OUT): default 30000. Keep it above the cluster's
      * session_timeout_ms + 1.6 s (7.6 s by default): shorter, a failover makes resends that
-     * duplicate records (docs/C_CLIENT.md, "request_timeout_ms and failovers"). */
+     * duplicate records (docs/C_CLIENT.md, "request_timeout_ms and failovers"). A request
+     * whose connection drops first (the node died, shut down or restarted) is failed then, not
+     * after this timeout (its answer cannot come), and retried as NODE_NOT_READY: METADATA
+     * refresh, retry_backoff_ms, the same batch bytes in order. */
     int request_timeout_ms;
     int delivery_timeout_ms; /* give up on a batch after this long; default 120000 */
     int retry_backoff_ms;    /* wait between retries of a batch; default 100 */
@@ -319,8 +322,9 @@ int fabric_consumer_assign(fabric_consumer_t *c, const char *topic, int32_t part
  * are not retriable (CORRUPT_MESSAGE, ...); INVALID_ARGUMENT with nothing assigned. One FETCH at a time goes to one leader, and its
  * answer's records are all handed out before the next FETCH (docs/C_CLIENT.md, Consumer).
  * A FETCH whose answer has not come when timeout_ms runs out stays pending for the next
- * poll (given up after max_wait_ms + request_timeout_ms); a poll waits at most 100 ms past
- * timeout_ms for the answer of a FETCH it has just sent. */
+ * poll (given up after max_wait_ms + request_timeout_ms, or as soon as its connection drops:
+ * then fetched again after a METADATA refresh and retry_backoff_ms); a poll waits at most
+ * 100 ms past timeout_ms for the answer of a FETCH it has just sent. */
 int fabric_consumer_poll(fabric_consumer_t *c, int timeout_ms, const fabric_record_t **record);
 /* The partition's position: the offset after the last record returned (or the offset
  * assigned), where the next fetch starts; the next record returned is at it or, past a

@@ -56,6 +56,10 @@ class FakeNode:
     # (checked before each message is read, and every 50 ms), when scripted: a node slow to
     # answer one request while it answers the others. None for a request: answered at once.
     hold_answer: Callable[[apis.Message], Callable[[], bool] | None] | None = None
+    # For a request the node takes and then drops its connections over, unanswered, when
+    # scripted: it closes its socket (as a node that dies: the kernel closes a killed
+    # process's connections at once) and binds again at the same addresses (restarted there).
+    drop_after: Callable[[apis.Message], bool] | None = None
 
 
 def metadata_body(address: str, partitions: int = 1) -> dict[str, Any]:
@@ -102,6 +106,11 @@ def fake_node(request: pytest.FixtureRequest) -> Iterator[tuple[FakeNode, Callab
                 if request.header.api_key == ApiKey.FETCH:
                     node.fetch_requests += 1
                     node.fetch_orders.append([p["partition"] for p in request.body["partitions"]])
+                if node.drop_after is not None and node.drop_after(request):
+                    poller.unregister(router)
+                    rebind()
+                    poller.register(router, zmq.POLLIN)
+                    continue
                 reply = handlers[0](request)
                 if request.header.api_key == ApiKey.PRODUCE and router.poll(0):
                     node.answered_with_next_waiting += 1
@@ -112,6 +121,21 @@ def fake_node(request: pytest.FixtureRequest) -> Iterator[tuple[FakeNode, Callab
                 held.append((release, envelope, reply))
             elif reply is not None:
                 router.send_multipart(envelope + reply)
+
+    def rebind() -> None:
+        nonlocal router
+        router.close(linger=0)
+        router = ctx.socket(zmq.ROUTER)
+        deadline = time.monotonic() + 5.0
+        for address in node.addresses:
+            while True:  # the old socket's listener closes in libzmq's I/O thread, a moment later
+                try:
+                    router.bind(address)
+                    break
+                except zmq.ZMQError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -333,6 +357,78 @@ def test_pipelined_batches_of_one_partition_and_in_order_resends(c_client: CClie
     assert node.produce_batches[first_accepted] == [first]  # the earliest batch, resent alone
     values = [v for data in accepted for v in batch_format.decode_batch(data).values]
     assert values == [b"value-%03d" % i for i in range(200)]  # each once, in order
+
+
+# How soon after its connection dropped a request must be sent again: generous (a METADATA
+# refresh and retry_backoff_ms come first), and far below request_timeout_ms (30 s in both
+# examples), which it used to wait.
+RESEND_AFTER_DROP_S_MAX = 5.0
+
+
+def drop_once(api_key: ApiKey, dropped_at: list[float]) -> Callable[[apis.Message], bool]:
+    """A FakeNode.drop_after that drops the connections over the first request of api_key."""
+    def drop(request: apis.Message) -> bool:
+        if request.header.api_key != api_key or dropped_at:
+            return False
+        dropped_at.append(time.monotonic())
+        return True
+    return drop
+
+
+def test_producer_resends_at_once_when_the_leaders_connection_drops(c_client: CClient, fake_node: Any) -> None:
+    """The leader takes the first PRODUCE and drops its connections unanswered, then is back at
+    the same address (a node killed and restarted: the kernel closes a dead process's
+    connections at once). The producer sees the drop on its socket's monitor and resends what
+    was in flight there within seconds, the same batch bytes in their order (three batches
+    of one partition, pipelined), each stored once; it used to wait request_timeout_ms (30 s)."""
+    node, set_handler = fake_node
+    dropped_at: list[float] = []
+    node.drop_after = drop_once(ApiKey.PRODUCE, dropped_at)
+    answered_at: list[float] = []
+    accepted: list[bytes] = []
+
+    def handler(request: apis.Message) -> list[Any]:
+        answered_at.append(time.monotonic())
+        results = []
+        for entry, data in zip(request.body["entries"], request.batches, strict=True):
+            results.append({"topic": entry["topic"], "partition": entry["partition"], "error": 0,
+                            "base_offset": len(accepted), "log_start_offset": 0, "message": ""})
+            accepted.append(bytes(data))
+        return apis.encode_response(request.header, {"results": results})
+
+    set_handler(handler)
+    run = subprocess.run([str(c_client.produce), "-b", node.address, "-t", TOPIC, "-p", "0", "-s", "1",
+                          "-T", "20000"], input=b"a\nb\nc\n", capture_output=True, timeout=PROCESS_TIMEOUT_S,
+                         check=False)
+    assert run.returncode == 0, run.stderr.decode()
+    assert b"3 acknowledged, 0 failed" in run.stderr, run.stderr.decode()
+    assert dropped_at and answered_at
+    resent_after_s = answered_at[0] - dropped_at[0]
+    assert resent_after_s < RESEND_AFTER_DROP_S_MAX, f"resent {resent_after_s:.1f} s after the drop"
+    first = node.produce_batches[0][0]
+    assert accepted[0] == first  # the dropped batch, resent as it was
+    assert [batch_format.decode_batch(data).values for data in accepted] == [[b"a"], [b"b"], [b"c"]]
+
+
+def test_consumer_fetches_again_at_once_when_the_leaders_connection_drops(c_client: CClient,
+                                                                         fake_node: Any) -> None:
+    """The leader takes the first FETCH and drops its connections unanswered, then is back at
+    the same address: the consumer fetches again within seconds, not after max_wait_ms +
+    request_timeout_ms (30.5 s), and reads the records."""
+    node, set_handler = fake_node
+    dropped_at: list[float] = []
+    node.drop_after = drop_once(ApiKey.FETCH, dropped_at)
+    answered_at: list[float] = []
+
+    def handler(request: apis.Message) -> list[Any]:
+        answered_at.append(time.monotonic())
+        return fetch_answer(request, [good_batch(0)])
+
+    set_handler(handler)
+    assert consume_two_offsets(c_client, node.address, idle_ms=20_000) == ["0", "1"]
+    assert node.fetch_requests >= 2
+    resent_after_s = answered_at[0] - dropped_at[0]
+    assert resent_after_s < RESEND_AFTER_DROP_S_MAX, f"fetched again {resent_after_s:.1f} s after the drop"
 
 
 def test_consumer_poll_returns_within_its_timeout_when_the_leader_never_answers(

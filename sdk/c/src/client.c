@@ -184,22 +184,20 @@ static void close_socket(void **sock, int linger_ms) {
     }
 }
 
-/* A DEALER and the PAIR watching its handshakes. */
-static void close_watched(void **sock, void **monitor, int linger_ms) {
-    close_socket(sock, linger_ms);
-    close_socket(monitor, 0);
-}
-
 #define HANDSHAKE_EVENTS                                                                       \
     (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |               \
      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+/* ...and a connection that dropped: a node that died (the kernel closes a killed process's
+ * connections at once), stopped or restarted. The requests sent on it are lost, long before
+ * they time out (as the Python SDK watches, fabric/transport.py). */
+#define MONITOR_EVENTS (HANDSHAKE_EVENTS | ZMQ_EVENT_DISCONNECTED)
 
-/* A PAIR receiving sock's failed handshakes, or NULL (then failures are only timeouts).
- * Set up before sock connects, so that no event is missed. */
-static void *watch_handshakes(client_t *c, void *sock) {
+/* A PAIR receiving sock's failed handshakes and dropped connections, or NULL (then
+ * failures are only timeouts). Set up before sock connects, so that no event is missed. */
+static void *watch_connections(client_t *c, void *sock) {
     char endpoint[96];
-    snprintf(endpoint, sizeof endpoint, "inproc://fabric-handshakes-%p-%u", (void *)c, c->monitor_seq++);
-    if (zmq_socket_monitor(sock, endpoint, HANDSHAKE_EVENTS) != 0) return NULL;
+    snprintf(endpoint, sizeof endpoint, "inproc://fabric-monitor-%p-%u", (void *)c, c->monitor_seq++);
+    if (zmq_socket_monitor(sock, endpoint, MONITOR_EVENTS) != 0) return NULL;
     void *pair = zmq_socket(c->zctx, ZMQ_PAIR);
     if (pair == NULL) return NULL;
     int zero = 0;
@@ -211,10 +209,16 @@ static void *watch_handshakes(client_t *c, void *sock) {
     return pair;
 }
 
-/* The last failed handshake a monitor reported (event and value), 0 when none. */
-static uint16_t read_handshake_failure(void *monitor, uint32_t *value) {
-    uint16_t last = 0;
-    while (monitor) {
+/* Read every event conn's monitor has queued: the last failed handshake is kept
+ * (conn->refusal), dropped connections are counted (conn->drops). */
+static void read_monitor(conn_t *conn) {
+    void *monitor = conn->monitor;
+    int ready = 0;
+    size_t ready_size = sizeof ready;
+    /* The common case, nothing queued, costs this query rather than a failed receive. */
+    if (monitor == NULL || zmq_getsockopt(monitor, ZMQ_EVENTS, &ready, &ready_size) != 0 || !(ready & ZMQ_POLLIN))
+        return;
+    for (;;) {
         zmq_msg_t first, second;
         zmq_msg_init(&first);
         if (zmq_msg_recv(&first, monitor, ZMQ_DONTWAIT) < 0) {
@@ -223,8 +227,12 @@ static uint16_t read_handshake_failure(void *monitor, uint32_t *value) {
         }
         if (zmq_msg_size(&first) >= 6) { /* u16 event, u32 value, native byte order */
             const uint8_t *d = zmq_msg_data(&first);
-            memcpy(&last, d, 2);
-            memcpy(value, d + 2, 4);
+            uint16_t event;
+            uint32_t value;
+            memcpy(&event, d, 2);
+            memcpy(&value, d + 2, 4);
+            if (event == ZMQ_EVENT_DISCONNECTED) conn->drops++;
+            else if (event & HANDSHAKE_EVENTS) conn->refusal = event, conn->refusal_value = value;
         }
         int more = zmq_msg_more(&first);
         zmq_msg_close(&first);
@@ -234,7 +242,11 @@ static uint16_t read_handshake_failure(void *monitor, uint32_t *value) {
             zmq_msg_close(&second);
         }
     }
-    return last;
+}
+
+uint32_t client_drops(conn_t *conn) {
+    read_monitor(conn);
+    return conn->drops;
 }
 
 /* Why address could not be reached, when a handshake failed (as the Python SDK words
@@ -243,11 +255,10 @@ static const char *handshake_failure(client_t *c, const char *address) {
     for (size_t i = 0; i < c->conn_count; i++) {
         conn_t *conn = &c->conns[i];
         if (conn->address == NULL || strcmp(conn->address, address) != 0) continue;
-        /* The control DEALER's monitor speaks for the data DEALER too (conn_t). */
-        uint32_t value = 0;
-        uint16_t event = read_handshake_failure(conn->control_monitor, &value);
-        if (event) conn->control_refusal = event, conn->control_refusal_value = value;
-        event = conn->control_refusal, value = conn->control_refusal_value;
+        /* The data DEALER's monitor speaks for the control DEALER too (conn_t). */
+        read_monitor(conn);
+        uint16_t event = conn->refusal;
+        uint32_t value = conn->refusal_value;
         if (event == 0) return NULL;
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             return "the node does not know this client's key (register it: fabric principal add)";
@@ -281,7 +292,8 @@ static void free_nodes(client_t *c) {
 /* A conn's sockets and address; the slot is free afterwards (address NULL). */
 static void close_conn(client_t *c, conn_t *conn) {
     close_socket(&conn->data, c->data_linger_ms);
-    close_watched(&conn->control, &conn->control_monitor, 0);
+    close_socket(&conn->monitor, 0);
+    close_socket(&conn->control, 0);
     free(conn->address);
     memset(conn, 0, sizeof *conn);
 }
@@ -312,7 +324,7 @@ static void *open_socket(client_t *c, const char *address, int linger_ms, void *
         size_t open_sockets = 0;
         for (size_t i = 0; i < c->conn_count; i++)
             open_sockets += (c->conns[i].data != NULL) + (c->conns[i].control != NULL) +
-                            2 * (c->conns[i].control_monitor != NULL);
+                            2 * (c->conns[i].monitor != NULL);
         struct rlimit files;
         long long files_max = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
                                   ? (long long)files.rlim_cur : -1;
@@ -343,7 +355,7 @@ static void *open_socket(client_t *c, const char *address, int linger_ms, void *
     }
     if (monitor) {
         close_socket(monitor, 0); /* the last socket's, if any */
-        *monitor = watch_handshakes(c, s);
+        *monitor = watch_connections(c, s);
     }
     if (zmq_connect(s, address) != 0) {
         client_set_error(c, "cannot connect to %s: %s", address, zmq_strerror(errno));
@@ -376,11 +388,11 @@ conn_t *client_conn(client_t *c, const char *address) {
         if (free_slot == NULL) c->conn_count++;
     }
     if (conn->data == NULL) {
-        conn->data = open_socket(c, address, c->data_linger_ms, NULL);
+        conn->data = open_socket(c, address, c->data_linger_ms, &conn->monitor);
+        conn->refusal = 0;
     }
     if (conn->control == NULL) {
-        conn->control = open_socket(c, address, 0, &conn->control_monitor);
-        conn->control_refusal = 0;
+        conn->control = open_socket(c, address, 0, NULL);
     }
     if (conn->data == NULL || conn->control == NULL) return NULL;
     return conn;
@@ -389,6 +401,7 @@ conn_t *client_conn(client_t *c, const char *address) {
 void client_drop_data(client_t *c, conn_t *conn) {
     (void)c;
     close_socket(&conn->data, 0);
+    close_socket(&conn->monitor, 0);
 }
 
 /* Whether address is one the routing map or a refresh may send to: a node of the last
@@ -404,7 +417,14 @@ static int address_in_use(const client_t *c, const char *address) {
 void client_close_unused_conns(client_t *c, const uint8_t *busy) {
     for (size_t i = 0; i < c->conn_count; i++) {
         conn_t *conn = &c->conns[i];
-        if (conn->address == NULL || busy[i] || address_in_use(c, conn->address)) continue;
+        if (conn->address == NULL) continue;
+        if (busy[i] || address_in_use(c, conn->address)) {
+            /* Kept: its monitor is read here too, so that the drops of a node the client sends
+             * nothing to do not pile up (libzmq's send of an event waits while the queue, 1,000
+             * events, is full). */
+            read_monitor(conn);
+            continue;
+        }
         close_conn(c, conn);
     }
     /* Free slots at the end are given back, so loops over conn_count stay short; the others
@@ -536,7 +556,7 @@ static int request_within(client_t *c, conn_t *conn, uint16_t api_key, const fab
         int64_t left = deadline - now_ms();
         if (left <= 0) {
             /* A fresh control socket, so a late answer cannot be mistaken for a later one. */
-            close_watched(&conn->control, &conn->control_monitor, 0);
+            close_socket(&conn->control, 0);
             client_set_error(c, "request (api %u) to %s timed out after %d ms%s", api_key,
                              conn->address, timeout_ms,
                              not_responses ? " (what came with its id had no response flag: dropped)" : "");

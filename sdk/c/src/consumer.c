@@ -63,6 +63,7 @@ struct fabric_consumer {
     int fetch_pending;
     uint32_t fetch_id;
     conn_t *fetch_conn;
+    uint32_t fetch_drops; /* fetch_conn's drops when it was sent: once they are more, it is lost */
     int64_t fetch_answer_deadline;
     int64_t fetch_grace_until; /* sent + max_wait + FETCH_ANSWER_GRACE_MS */
     int fetch_answer_wait_ms; /* max_wait + request_timeout_ms, for the error text */
@@ -407,6 +408,8 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     fabric_buf_init(&body);
     fabric_fetch_request_encode(&req, &body);
     free(items);
+    /* Read just before the send, so that a drop before it is not taken for one after it. */
+    uint32_t drops = client_drops(conn);
     int rc = body.err ? body.err
                       : client_send(&c->client, conn->data, conn->address, FABRIC_API_FETCH, id,
                                     &body, NULL, 0);
@@ -420,6 +423,7 @@ static int send_fetch(fabric_consumer_t *c, int64_t deadline) {
     c->fetch_pending = 1;
     c->fetch_id = id;
     c->fetch_conn = conn;
+    c->fetch_drops = drops;
     /* Capped: request_timeout_ms may be INT_MAX, and the int sum would overflow. */
     c->fetch_answer_wait_ms = c->cfg.request_timeout_ms > INT_MAX - max_wait
                                   ? INT_MAX
@@ -437,48 +441,66 @@ static cpart_t *asked_part(fabric_consumer_t *c, const fabric_fetch_partition_re
     return p != NULL && p->fetch_id == c->fetch_id ? p : NULL;
 }
 
+/* Read what the data socket has queued, up to the pending FETCH's answer: 0 = taken (in
+ * c->resp), 1 = not there yet, else an error. */
+static int take_fetch_answer(fabric_consumer_t *c, conn_t *conn) {
+    for (;;) {
+        response_t r;
+        int rc = client_recv(&c->client, conn->data, &r);
+        if (rc) return rc;
+        if (is_answer_to(&r.header, c->fetch_id, FABRIC_API_FETCH)) {
+            c->resp = r;
+            c->have_resp = 1;
+            return 0;
+        }
+        response_free(&r); /* the answer to a fetch we gave up on, or no answer at all */
+    }
+}
+
 /* Wait for the pending FETCH's answer until the caller's deadline (it stays pending if that
- * comes first; a FETCH just sent gets FETCH_ANSWER_GRACE_MS past it) or its own answer
- * deadline (then it is given up). Returns 0 with
- * c->have_resp set or not, or an error. */
+ * comes first; a FETCH just sent gets FETCH_ANSWER_GRACE_MS past it), its own answer
+ * deadline, or the drop of the connection it went out on (then it is given up: a node that
+ * died, shut down or restarted will not answer it, so it is sent again after a METADATA
+ * refresh, to a new leader if there is one, rather than after max_wait_ms +
+ * request_timeout_ms). Returns 0 with c->have_resp set or not, or an error. */
 static int await_fetch(fabric_consumer_t *c, int64_t deadline) {
     conn_t *conn = c->fetch_conn;
     int rc;
     if (deadline < c->fetch_grace_until) deadline = c->fetch_grace_until;
     for (;;) {
         int64_t now = now_ms();
-        if (now >= c->fetch_answer_deadline || conn->data == NULL) {
+        int dropped = 0;
+        if (conn->data != NULL) {
+            /* The monitor before the socket: libzmq queues what came on a connection before it
+             * reports the connection dropped, so an answer that beat the drop is taken. */
+            dropped = client_drops(conn) != c->fetch_drops;
+            rc = take_fetch_answer(c, conn);
+            if (rc == 0) break;
+            if (rc != 1) {
+                c->fetch_pending = 0;
+                return rc;
+            }
+        }
+        if (now >= c->fetch_answer_deadline || conn->data == NULL || dropped) {
             c->fetch_pending = 0;
             client_drop_data(&c->client, conn);
-            client_set_error(&c->client, "FETCH to %s: no answer within %d ms", conn->address,
-                             c->fetch_answer_wait_ms);
+            if (dropped)
+                client_set_error(&c->client, "FETCH to %s: the connection dropped before the answer came "
+                                 "(the node died, shut down or restarted); fetching again", conn->address);
+            else
+                client_set_error(&c->client, "FETCH to %s: no answer within %d ms", conn->address,
+                                 c->fetch_answer_wait_ms);
             for (size_t i = 0; i < c->part_count; i++) back_off(c, &c->parts[i], now);
             return 0;
         }
         int64_t until = deadline < c->fetch_answer_deadline ? deadline : c->fetch_answer_deadline;
         int64_t wait = until - now;
-        zmq_pollitem_t item = {conn->data, 0, ZMQ_POLLIN, 0};
-        int ready = zmq_poll(&item, 1, wait > 0 ? (long)wait : 0);
-        if (ready <= 0) {
-            if (now_ms() >= deadline) return 0; /* still pending: the next poll waits on */
-            continue;
-        }
-        response_t r;
-        rc = client_recv(&c->client, conn->data, &r);
-        if (rc == 1) continue;
-        if (rc) {
-            c->fetch_pending = 0;
-            return rc;
-        }
-        if (!is_answer_to(&r.header, c->fetch_id, FABRIC_API_FETCH)) {
-            response_free(&r); /* the answer to a fetch we gave up on, or no answer at all */
-            continue;
-        }
-        c->fetch_pending = 0;
-        c->resp = r;
-        c->have_resp = 1;
-        break;
+        /* The monitor too: a drop ends the wait at once. */
+        zmq_pollitem_t items[2] = {{conn->data, 0, ZMQ_POLLIN, 0}, {conn->monitor, 0, ZMQ_POLLIN, 0}};
+        int ready = zmq_poll(items, conn->monitor != NULL ? 2 : 1, wait > 0 ? (long)wait : 0);
+        if (ready <= 0 && now_ms() >= deadline) return 0; /* still pending: the next poll waits on */
     }
+    c->fetch_pending = 0;
     const uint8_t *frame = zmq_msg_data(&c->resp.frames[1]);
     size_t frame_len = zmq_msg_size(&c->resp.frames[1]);
     if (c->resp.header.error_code) {

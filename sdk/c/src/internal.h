@@ -32,8 +32,8 @@
 #define ADDRESS_BYTES_MAX 1024
 #define CURVE_KEY_CHARS 40       /* a 32-byte CURVE key in Z85 text */
 #define KEY_FILE_BYTES_MAX 4096  /* a zmq certificate file is a few hundred bytes */
-/* ZeroMQ sockets a node address takes (conn_t): two DEALERs, and the control DEALER's
- * handshake monitor, which is two PAIRs (libzmq's and ours). */
+/* ZeroMQ sockets a node address takes (conn_t): two DEALERs, and the data DEALER's
+ * monitor, which is two PAIRs (libzmq's and ours). */
 #define SOCKETS_PER_ADDRESS 4
 /* ZMQ_MAX_SOCKETS of the context each producer or consumer creates (libzmq's default, 1,023,
  * ran out at about 170 addresses): room for a full table of FABRIC_NODES_MAX addresses,
@@ -47,17 +47,26 @@ typedef struct conn {
     char *address; /* NULL: a free slot (client_close_unused_conns), for client_conn to reuse */
     void *data;    /* DEALER for PRODUCE and FETCH, many requests in flight */
     void *control; /* DEALER for synchronous METADATA and LIST_OFFSETS */
-    /* A PAIR receiving the control DEALER's failed handshakes (a libzmq socket monitor), or
-     * NULL: read when a node cannot be reached, to say why (a CURVE mismatch, a refused key).
-     * One for the address, not one per DEALER: both connect together, to the same endpoint
-     * with the same keys, so a node that refuses one refuses the other, and a monitor costs
-     * two sockets (its own and libzmq's end of it) and two file descriptors. */
-    void *control_monitor;
+    /* A PAIR receiving the data DEALER's failed handshakes and dropped connections (a libzmq
+     * socket monitor), or NULL; opened and closed with the data socket. Failed handshakes are
+     * read when a node cannot be reached, to say why (a CURVE mismatch, a refused key). One
+     * for the address, not one per DEALER: both connect together, to the same endpoint with
+     * the same keys, so a node that refuses one refuses the other, and a monitor costs two
+     * sockets (its own and libzmq's end of it) and two file descriptors. On the data DEALER
+     * because a drop matters for the requests in flight there: libzmq reports it after it
+     * has queued what came on the connection before it, so an answer that beat the drop is
+     * still taken (the control DEALER's drop came in no order with the data's answers). */
+    void *monitor;
     /* The last failed handshake the monitor reported (event, value; 0 = none), kept until
-     * the control socket is reopened: libzmq does not retry a handshake the node refused, so
+     * the data socket is reopened: libzmq does not retry a handshake the node refused, so
      * the event comes once, and a later attempt must still say why. */
-    uint16_t control_refusal;
-    uint32_t control_refusal_value;
+    uint16_t refusal;
+    uint32_t refusal_value;
+    /* Connections of the data DEALER that dropped so far, as read from the monitor (never
+     * reset while the slot holds this address). A request sent when it was n is lost once it
+     * is above n: the node answers on the connection the request came on, and the DEALER
+     * reconnects by itself as a new peer, so that answer never comes (client_drops). */
+    uint32_t drops;
 } conn_t;
 
 typedef struct topic_meta {
@@ -123,8 +132,13 @@ int client_init(client_t *c, const char *bootstrap);
 int client_set_curve(client_t *c, const char *key_file, const char *server_key);
 void client_close(client_t *c);
 conn_t *client_conn(client_t *c, const char *address);
-/* Close a conn's data socket, discarding what is queued on it; it reopens on next use. */
+/* Close a conn's data socket (and its monitor), discarding what is queued on it; it reopens
+ * on next use. */
 void client_drop_data(client_t *c, conn_t *conn);
+/* conn->drops after reading the events its monitor has queued: one ZMQ_EVENTS query when
+ * there are none, so callers read it where they poll or send anyway. Read it just before
+ * sending a request, so that a drop before the send is not taken for one after it. */
+uint32_t client_drops(conn_t *conn);
 /* Close the sockets of every address that is neither a node of the last METADATA answer nor
  * a bootstrap address, except the conns busy[i] marks (a request outstanding on them), and
  * free their slots for client_conn to reuse: nodes that come and go on new ports would

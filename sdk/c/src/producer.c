@@ -76,10 +76,19 @@ struct ptopic {
     size_t sticky_bytes; /* keyless bytes the sticky partition took since it became sticky */
 };
 
+/* A conn read_answers polls: where its data socket and monitor are in the poll set. */
+typedef struct polled {
+    size_t conn_index;
+    size_t data_item;
+    size_t monitor_item; /* NO_MONITOR when the conn has none */
+} polled_t;
+#define NO_MONITOR ((size_t)-1)
+
 typedef struct inflight {
     uint32_t correlation_id;
     size_t conn_index;
     int64_t sent_ms;
+    uint32_t drops; /* its conn's drops when sent: once they are more, the answer is lost */
     pbatch_t *batches[REQUEST_BATCHES_MAX];
     size_t count;
 } inflight_t;
@@ -93,6 +102,11 @@ struct fabric_producer {
     size_t topic_count;
     inflight_t *inflight;
     size_t inflight_count, inflight_cap;
+    /* read_answers' poll set, kept between turns (on the stack, two items for each of
+     * FABRIC_NODES_MAX conns took 48 KiB): busy conns' data sockets and monitors. */
+    zmq_pollitem_t *poll_items;
+    polled_t *polled;
+    size_t poll_cap; /* conns both have room for */
     size_t buffered_bytes;
     size_t batches_pending; /* closed and not yet acknowledged or failed */
     size_t open_records;    /* records in open builders */
@@ -461,6 +475,14 @@ static inflight_t *new_inflight(fabric_producer_t *p) {
     return f;
 }
 
+/* Whether a request in flight on conns[ci] went out before the connection dropped (its answer
+ * will not come: conn_t.drops), as far as the conn's monitor has been read. */
+static int lost_on(const fabric_producer_t *p, size_t ci) {
+    for (size_t i = 0; i < p->inflight_count; i++)
+        if (p->inflight[i].conn_index == ci && p->inflight[i].drops != p->client.conns[ci].drops) return 1;
+    return 0;
+}
+
 static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, size_t count,
                        int64_t now) {
     fabric_buf_t body;
@@ -478,9 +500,21 @@ static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, s
         frames[i] = &batches[i]->bytes;
     }
     uint32_t id = client_next_id(&p->client);
-    int rc = body.err ? body.err
-                      : client_send(&p->client, conn->data, conn->address, FABRIC_API_PRODUCE, id,
-                                    &body, frames, count);
+    size_t ci = conn_index(p, conn);
+    /* Read just before the send, so that a drop before it is not taken for one after it. */
+    uint32_t drops = client_drops(conn);
+    int rc = body.err;
+    if (rc == 0 && lost_on(p, ci)) {
+        /* Requests went out on this node's connection before it dropped: they are resent first,
+         * in their order (check_timeouts), and these wait behind them rather than overtake them
+         * on the new connection. */
+        client_set_error(&p->client, "the connection to %.300s dropped with requests in flight",
+                         conn->address);
+        rc = FABRIC_ERR_NODE_NOT_READY;
+    }
+    if (rc == 0)
+        rc = client_send(&p->client, conn->data, conn->address, FABRIC_API_PRODUCE, id, &body,
+                         frames, count);
     fabric_buf_free(&body);
     if (rc) {
         p->refresh_needed = 1;
@@ -510,8 +544,9 @@ static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, s
         return;
     }
     f->correlation_id = id;
-    f->conn_index = conn_index(p, conn);
+    f->conn_index = ci;
     f->sent_ms = now;
+    f->drops = drops;
     f->count = count;
     memcpy(f->batches, batches, count * sizeof *batches);
     timer_at(p, now + p->cfg.request_timeout_ms);
@@ -674,48 +709,79 @@ static void handle_response(fabric_producer_t *p, response_t *r, int64_t now) {
     fabric_arena_free(&arena);
 }
 
-/* Requests unanswered for request_timeout_ms: close that node's data socket (late answers
- * would be orphans) and retry everything that was in flight on it. */
-static void check_timeouts(fabric_producer_t *p, int64_t now) {
-    for (size_t i = 0; i < p->inflight_count; i++) {
-        if (now - p->inflight[i].sent_ms < p->cfg.request_timeout_ms) {
-            timer_at(p, p->inflight[i].sent_ms + p->cfg.request_timeout_ms);
+/* Give up on every request in flight on conns[ci]: close the node's data socket (late answers
+ * would be orphans) and retry their batches, which go back to their queues in their order. */
+static void fail_requests_on(fabric_producer_t *p, size_t ci, int error, const char *message, int64_t now) {
+    client_drop_data(&p->client, &p->client.conns[ci]);
+    for (size_t k = 0; k < p->inflight_count;) {
+        if (p->inflight[k].conn_index != ci) {
+            k++;
             continue;
         }
-        size_t ci = p->inflight[i].conn_index;
-        client_drop_data(&p->client, &p->client.conns[ci]);
-        for (size_t k = 0; k < p->inflight_count;) {
-            if (p->inflight[k].conn_index != ci) {
-                k++;
-                continue;
-            }
-            inflight_t f = p->inflight[k];
-            remove_inflight(p, k);
-            for (size_t j = 0; j < f.count; j++) {
-                release_slots(f.batches[j]);
-                retry_or_fail(p, f.batches[j], FABRIC_ERR_REQUEST_TIMED_OUT,
-                              "no answer within request_timeout_ms", now);
-            }
+        inflight_t f = p->inflight[k];
+        remove_inflight(p, k);
+        for (size_t j = 0; j < f.count; j++) {
+            release_slots(f.batches[j]);
+            retry_or_fail(p, f.batches[j], error, message, now);
         }
+    }
+}
+
+/* Requests unanswered for request_timeout_ms, or sent on a connection that dropped since (the
+ * node died, shut down or restarted: its answer cannot come, so waiting out the timeout only
+ * delays the resend, as the Python producer and librdkafka see it): everything in flight to
+ * that node is retried, after a METADATA refresh that finds where its partitions are led now
+ * (retry_or_fail). A drop is known from the conn's monitor, read in read_answers and before
+ * each send. */
+static void check_timeouts(fabric_producer_t *p, int64_t now) {
+    for (size_t i = 0; i < p->inflight_count; i++) {
+        const inflight_t *f = &p->inflight[i];
+        size_t ci = f->conn_index;
+        const conn_t *conn = &p->client.conns[ci];
+        int timed_out = now - f->sent_ms >= p->cfg.request_timeout_ms;
+        if (!timed_out && f->drops == conn->drops) {
+            timer_at(p, f->sent_ms + p->cfg.request_timeout_ms);
+            continue;
+        }
+        char text[ERROR_TEXT_BYTES] = "no answer within request_timeout_ms";
+        if (!timed_out)
+            snprintf(text, sizeof text, "the connection to %.300s dropped before the answer came (the node "
+                     "died, shut down or restarted)", conn->address);
+        fail_requests_on(p, ci, timed_out ? FABRIC_ERR_REQUEST_TIMED_OUT : FABRIC_ERR_NODE_NOT_READY, text, now);
         i = (size_t)-1; /* the array changed: start over */
     }
 }
 
-/* Read every answer already queued, waiting up to wait_ms for the first one. */
+/* Read every answer already queued, waiting up to wait_ms for the first one, or for a
+ * connection with requests in flight to drop (its monitor is polled with it). */
 static int read_answers(fabric_producer_t *p, int wait_ms) {
-    zmq_pollitem_t items[FABRIC_NODES_MAX];
-    size_t conns[FABRIC_NODES_MAX];
-    size_t n = 0;
-    for (size_t i = 0; i < p->client.conn_count; i++) {
-        if (p->client.conns[i].data == NULL) continue;
+    size_t n = 0, item_count = 0;
+    if (p->inflight_count && p->poll_cap < p->client.conn_count) {
+        size_t cap = p->client.conn_count;
+        zmq_pollitem_t *items = realloc(p->poll_items, 2 * cap * sizeof *items);
+        if (items) p->poll_items = items;
+        polled_t *polled = items ? realloc(p->polled, cap * sizeof *polled) : NULL;
+        if (polled) p->polled = polled;
+        if (polled) p->poll_cap = cap; /* else nothing is polled: requests time out and are retried */
+    }
+    zmq_pollitem_t *items = p->poll_items;
+    for (size_t i = 0; i < p->client.conn_count && i < p->poll_cap; i++) {
+        conn_t *conn = &p->client.conns[i];
+        if (conn->data == NULL) continue;
         int busy = 0;
         for (size_t k = 0; k < p->inflight_count && !busy; k++) busy = p->inflight[k].conn_index == i;
         if (!busy) continue;
-        items[n].socket = p->client.conns[i].data;
-        items[n].fd = 0;
-        items[n].events = ZMQ_POLLIN;
-        items[n].revents = 0;
-        conns[n++] = i;
+        polled_t *polled = &p->polled[n++];
+        zmq_pollitem_t data = {conn->data, 0, ZMQ_POLLIN, 0};
+        polled->conn_index = i;
+        polled->data_item = item_count;
+        items[item_count++] = data;
+        polled->monitor_item = NO_MONITOR;
+        if (conn->monitor != NULL) {
+            zmq_pollitem_t monitor = {conn->monitor, 0, ZMQ_POLLIN, 0};
+            polled->monitor_item = item_count;
+            items[item_count++] = monitor;
+        }
     }
     if (n == 0) {
         if (wait_ms > 0) {
@@ -724,12 +790,21 @@ static int read_answers(fabric_producer_t *p, int wait_ms) {
         }
         return 0;
     }
-    int ready = zmq_poll(items, (int)n, wait_ms);
+    int ready = zmq_poll(items, (int)item_count, wait_ms);
     if (ready <= 0) return 0;
     for (size_t i = 0; i < n; i++) {
-        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        const polled_t *polled = &p->polled[i];
+        int dropped = 0;
+        if (polled->monitor_item != NO_MONITOR && (items[polled->monitor_item].revents & ZMQ_POLLIN)) {
+            conn_t *conn = &p->client.conns[polled->conn_index];
+            uint32_t drops = conn->drops;
+            dropped = client_drops(conn) != drops; /* check_timeouts resends what is lost */
+        }
+        /* Read after the monitor: libzmq queues what came on a connection before it reports the
+         * connection dropped, so an answer that beat the drop is taken, not resent. */
+        if (!dropped && !(items[polled->data_item].revents & ZMQ_POLLIN)) continue;
         for (;;) {
-            conn_t *conn = &p->client.conns[conns[i]];
+            conn_t *conn = &p->client.conns[polled->conn_index];
             if (conn->data == NULL) break;
             response_t r;
             int rc = client_recv(&p->client, conn->data, &r);
@@ -1044,6 +1119,8 @@ void fabric_producer_destroy(fabric_producer_t *p) {
     }
     free(p->topics);
     free(p->inflight);
+    free(p->poll_items);
+    free(p->polled);
     client_close(&p->client);
     free(p);
 }
