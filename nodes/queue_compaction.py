@@ -42,6 +42,7 @@ from nodes.queue_snapshot import (
     snapshot_due,
     snapshot_records,
     split_writes,
+    state_headers,
 )
 from nodes.state import TopicPartition
 
@@ -103,8 +104,8 @@ class QueueCompaction(QueueGroups):
         snapshot_id = f"{self.node.node_id}.{share.epoch}.{clock.sequence}.{now_ms}".encode()
         records = snapshot_records(share, plog.log_start_offset, snapshot_id, now_ms)
         clock.last_records = len(records)
-        incarnation = (qp.HEADER_STATE_INCARNATION, str(share.topic_config.created_ms).encode())
-        writes = split_writes([(t, k, v, [*h, incarnation]) for t, k, v, h in records], STATE_RECORDS_PER_WRITE)
+        tags = state_headers(share)
+        writes = split_writes([(t, k, v, [*h, *tags]) for t, k, v, h in records], STATE_RECORDS_PER_WRITE)
         k = state_partition(share.topic, share.partition, route.config.partitions)
         slot.flushing = True  # the partition's one write slot, for every write of the snapshot
 

@@ -323,16 +323,19 @@ class QueueCoordinator(QueueLeases):
     # -- the loop's turn ---------------------------------------------------------------------------
     def tick(self) -> None:
         now = time.monotonic()
-        self._take_replies(now)
-        self._follow_leadership()
         self._catching_up = False
-        try:
-            self.node.check_write_allowed(-1)
-        except errors.NodeNotReadyError:
-            # In doubt (a stall being verified, ZooKeeper out of reach past the ISR's hold):
-            # decide nothing (no expiry, no dead letter); long polls that are due are told.
+        if not self.node.unfenced_leader_allowed():
+            # In doubt (a stall being verified, ZooKeeper out of reach past our lease): decide
+            # nothing (no expiry, no dead letter); long polls that are due are told. Replies
+            # are read but held: one to a write sent before a SIGSTOP answers the receives and
+            # settles that waited on it and starts the next write, which a leader deposed
+            # meanwhile must not do (its late write took acks back to leases).
+            self._take_replies(now, act=False)
+            self._follow_leadership()
             self._retry_parked(now, overdue_only=True)
             return
+        self._take_replies(now)
+        self._follow_leadership()
         now_ms = wall_ms()
         for tp, slot in list(self._slots.items()):
             if slot.mode == LOADING:

@@ -42,7 +42,7 @@ from nodes.queue_dead_letters import (
     unfit_letters,
 )
 from nodes.queue_share import COUNTING, Group, SharePartition, copy_appended_ms
-from nodes.queue_snapshot import load_record
+from nodes.queue_snapshot import header, load_record, state_headers, written_epoch
 from nodes.queue_state import DEAD, Change, Finished
 from nodes.state import NodeState, TopicPartition
 
@@ -74,6 +74,7 @@ class Slot:
     load_offset: int = 0
     load_in_flight: bool = False
     next_load_s: float = 0.0
+    load_epoch_max: int = -1  # the highest leader epoch among the state records read so far
     pending: list[tuple[bytes, bytes]] = field(default_factory=list)  # state records to write next
     dead: list[tuple[str, Finished]] = field(default_factory=list)  # (group, ...) to dead-letter before those records
     # Answers waiting for their decisions to be written: (records queued before them, answer).
@@ -110,15 +111,6 @@ def _starts(share: SharePartition) -> dict[str, int]:
     return {name: g.state.start_offset for name, g in share.groups.items() if name != COUNTING}
 
 
-def _incarnation(headers: list[tuple[str, bytes | None]]) -> bytes | None:
-    """The queue incarnation a state record was written for; None on a record written
-    before records carried it (taken as the current queue's, as before)."""
-    for name, value in headers:
-        if name == qp.HEADER_STATE_INCARNATION:
-            return value
-    return None
-
-
 def wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -133,6 +125,7 @@ class QueueDurability:
         self._creating_topic_until = 0.0
         self._wake = False  # something a parked receive waits for may have changed
         self._outbox: list[tuple[str, list[Any], int]] = []  # requests waiting for their connection
+        self._held: list[apis.Message] = []  # replies read while in doubt (``_take_replies``)
 
     # -- durability --------------------------------------------------------------------------------
     def _collect(self, slot: Slot, group: str, g: Group, finished: list[Finished]) -> None:
@@ -245,10 +238,8 @@ class QueueDurability:
                 finished(errors.CoordinatorNotAvailableError.code, f"{qp.STATE_TOPIC} is missing")
                 return
             k = state_partition(share.topic, share.partition, route.config.partitions)
-            now_ms = wall_ms()
-            incarnation: list[tuple[str, bytes | None]] = [
-                (qp.HEADER_STATE_INCARNATION, str(share.topic_config.created_ms).encode())]
-            self._produce(qp.STATE_TOPIC, k, [(now_ms, key, value, incarnation) for key, value in records], finished)
+            now_ms, tags = wall_ms(), state_headers(share)
+            self._produce(qp.STATE_TOPIC, k, [(now_ms, key, value, tags) for key, value in records], finished)
 
         if dead:
             self._dead_letter(slot, dead, write_state)
@@ -388,8 +379,11 @@ class QueueDurability:
                                                               strict=True)):
                     if base + i < slot.load_offset or key is None or value is None or not key.startswith(prefix):
                         continue
-                    if _incarnation(headers) not in (None, incarnation):
+                    if header(headers, qp.HEADER_STATE_INCARNATION) not in (None, incarnation):
                         continue  # a deleted queue's of the same name: not this queue's state
+                    if (epoch := written_epoch(headers)) < slot.load_epoch_max and epoch >= 0:
+                        continue  # a deposed leader's write that landed after its successor's
+                    slot.load_epoch_max = max(slot.load_epoch_max, epoch)
                     try:
                         fields = qp.decode_state_record(value)
                     except errors.FabricError as exc:
@@ -466,9 +460,27 @@ class QueueDurability:
             else:
                 self._outbox.append((address, frames, correlation_id))
 
-    def _take_replies(self, now: float) -> None:
+    def _take_replies(self, now: float, *, act: bool = True) -> None:
+        """Read the replies; act on them (and on drops and timeouts) only when ``act``: in
+        doubt of its session a node holds them (one per request) until it knows it leads."""
+        for _address, frames in self._conns.drain():
+            try:
+                self._held.append(apis.decode_response([f.bytes if i < 2 else f.buffer
+                                                        for i, f in enumerate(frames)]))
+            except errors.FabricError as exc:
+                log.warning("undecodable reply to the queue coordinator: %s", exc)
+        if not act:
+            return
         if self._outbox:
             self._send_outbox(now)
+        held, self._held = self._held, []
+        for i, message in enumerate(held):  # before the drops: an answer that came before its connection went counts
+            if not self.node.unfenced_leader_allowed():  # stopped while answering: the rest wait for ZooKeeper's word
+                self._held = held[i:]
+                return
+            entry = self._requests.pop(message.header.correlation_id, None)
+            if entry is not None:
+                entry[2](message)
         for gone in self._conns.take_disconnected():
             # The peer went away: what we asked it will not be answered.
             for correlation_id, (_sent, address, callback) in list(self._requests.items()):
@@ -476,15 +488,6 @@ class QueueDurability:
                     del self._requests[correlation_id]
                     callback(None)
             self._conns.drop(gone)
-        for _address, frames in self._conns.drain():
-            try:
-                message = apis.decode_response([f.bytes if i < 2 else f.buffer for i, f in enumerate(frames)])
-            except errors.FabricError as exc:
-                log.warning("undecodable reply to the queue coordinator: %s", exc)
-                continue
-            entry = self._requests.pop(message.header.correlation_id, None)
-            if entry is not None:
-                entry[2](message)
         for correlation_id, (sent, address, callback) in list(self._requests.items()):
             if now - sent > REQUEST_TIMEOUT_S:
                 del self._requests[correlation_id]

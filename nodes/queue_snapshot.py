@@ -164,6 +164,20 @@ def snapshot_taken_ms(snapshot_id: bytes) -> int:
     return int(last) if last.isdigit() and len(last) < 19 else 0
 
 
+def state_headers(share: SharePartition) -> list[tuple[str, bytes | None]]:
+    """What every ``__queue_state`` record a leader writes carries: its queue's incarnation
+    and the leader epoch it writes at (fabric/protocol/queues.py)."""
+    return [(qp.HEADER_STATE_INCARNATION, str(share.topic_config.created_ms).encode()),
+            (qp.HEADER_STATE_EPOCH, str(share.epoch).encode())]
+
+
+def written_epoch(headers: list[tuple[str, bytes | None]]) -> int:
+    """The leader epoch a state record was written at; -1 when it does not say (written
+    before records carried it, or unreadable: taken as current, as before)."""
+    raw = header(headers, qp.HEADER_STATE_EPOCH)
+    return int(raw) if raw is not None and raw.isdigit() and len(raw) < 19 else -1
+
+
 def header(headers: list[tuple[str, bytes | None]], name: str) -> bytes | None:
     for key, value in headers:
         if key == name:

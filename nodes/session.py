@@ -211,7 +211,9 @@ def reconcile_local_data(node: NodeState) -> None:
 
 
 def note_turn(node: NodeState, now: float, last_turn: float, timeout_ms: int) -> None:
-    """Pause detection: a turn that starts much later than the poll allowed means we were stopped."""
+    """Pause detection: a turn that starts much later than the poll allowed means we were stopped
+    (within a turn: ``NodeState.stalled_in_turn``)."""
+    node.turn_started_s = now
     if now - last_turn > PAUSE_SUSPECT_S + timeout_ms / 1000.0:
         # We were stopped (SIGSTOP, a long GC, a swapped-out host): the world may
         # have moved on. Answer nobody until ZooKeeper confirms our session.

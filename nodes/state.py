@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fabric.node")
 
 PUB_HWM_MESSAGES = 1_000  # beyond this PUB drops; followers notice the gap and fetch
+# A loop turn's work (the poll's wait excluded) this long means we were stopped in it: as
+# nodes/session.py's PAUSE_SUSPECT_S for a turn that starts late.
+TURN_STALL_SUSPECT_S = 1.0
 
 TopicPartition = tuple[str, int]
 Envelope = list[Any]  # the ROUTER identity frame(s) a reply goes back through
@@ -198,6 +201,7 @@ class NodeState:
     controller_dirty: bool = True
     session_lost: bool = False
     verify_session: bool = False  # set after a stall: answer nobody until ZooKeeper confirms us
+    turn_started_s: float = 0.0  # when the loop's turn began (monotonic; nodes/session.py note_turn)
     drain_requested: bool = False  # SIGTERM: a controlled shutdown (nodes/drain.py) is wanted
     draining_since: float = 0.0  # loop-only from here: when the drain began (monotonic), 0 if not
     drained_at_s: float = 0.0  # when the drain had nothing left to move
@@ -273,13 +277,36 @@ class NodeState:
     def check_write_allowed(self, acks: int) -> None:
         """The lease rule (nodes/lease.py): acks=all while the ISR holds, acks=0/1 only while
         our session cannot have expired, nothing after a stall until ZooKeeper confirms us."""
-        if self.session_lost or self.verify_session or not self.lease.replicated_writes_allowed():
+        if self.session_lost or self.stalled_in_turn() or not self.lease.replicated_writes_allowed():
             raise errors.NodeNotReadyError(f"node {self.node_id} cannot confirm its ZooKeeper session")
         now = time.monotonic()
         if acks != -1 and not self.lease.within_lease(now):
             raise errors.NodeNotReadyError(
                 f"node {self.node_id} is out of touch with ZooKeeper ({self.lease.describe(now)}): acks=0/1 "
                 f"writes wait until it is back, so a leader that may have been replaced takes none")
+
+    def unfenced_leader_allowed(self) -> bool:
+        """Whether we may act as a leader that nothing fences once deposed (the queue
+        coordinator: its state writes go acks=all to another node, which no follower of
+        ours refuses as a follower refuses a deposed data leader's stream): the acks=1 rule
+        (``check_write_allowed``), within our session's lease, not the ISR's hold."""
+        try:
+            self.check_write_allowed(1)
+        except errors.NodeNotReadyError:
+            return False
+        return True
+
+    def stalled_in_turn(self) -> bool:
+        """Whether ZooKeeper must confirm us first (``verify_session``), also when we were
+        stopped in the middle of this loop turn: the turn's start checks for a stall, but a
+        SIGSTOP lands anywhere, and the rest of a turn frozen before the queue coordinator's
+        tick answered receives and wrote its state as a leader deposed meanwhile."""
+        if not self.verify_session and self.turn_started_s and \
+                time.monotonic() - self.turn_started_s > TURN_STALL_SUSPECT_S:
+            log.warning("loop turn stalled for %.1f s; verifying the ZooKeeper session",
+                        time.monotonic() - self.turn_started_s)
+            self.verify_session = True
+        return self.verify_session
 
     def check_routing_current(self) -> None:
         """METADATA and DESCRIBE_TOPICS only within the lease: past it our map may be stale

@@ -104,6 +104,12 @@ DLQ_HEADERS: Final[frozenset[str]] = frozenset(
 # decimal). A queue deleted and created again under the same name must not inherit the
 # old one's acks and leases (its new messages were taken as already acknowledged).
 HEADER_STATE_INCARNATION: Final[str] = "fabric.incarnation"
+# On each ``__queue_state`` record: the leader epoch of the queue partition at which its
+# leader wrote it (decimal). A loader skips a record of an epoch below one it has already
+# read: a deposed leader's write that landed after its successor's (a leader paused past its
+# ZooKeeper session, a write of its retried after the failover) restated decisions the
+# successor had overtaken, and an acknowledged message came back as leased.
+HEADER_STATE_EPOCH: Final[str] = "fabric.epoch"
 
 RECEIVE_REQUEST_V0: Schema = (
     ("queue", "str"),

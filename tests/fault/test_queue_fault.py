@@ -1,5 +1,6 @@
 """Queue mode under faults: 8 competing workers acking after processing, 100,000 messages,
-workers SIGKILLed and the queue partitions' leader SIGKILLed during the run.
+workers SIGKILLed, the queue partitions' leader SIGKILLed, and one SIGSTOPped past its
+ZooKeeper session and woken (its successor then SIGKILLed) during the run.
 
 Seeded (FABRIC_FAULT_SEED reproduces a run). The checker reads the producer's
 acknowledgements and every worker's log (tests/fault/queue_worker.py):
@@ -46,6 +47,7 @@ VISIBILITY_MS = 10_000
 LEADER_KILL_GRACE_S = 0.5  # a reply the killed leader sent just before dying is logged this much later at most;
 # the next leader is not serving for seconds after a kill, so no lease of its falls in the window
 MAX_DELIVERIES = 5
+PAUSED_PAST_SESSION_S = 1.5  # a paused leader stays stopped this long after its session could expire
 RUN_TIMEOUT_S = 300.0
 
 
@@ -108,7 +110,7 @@ def test_queue_survives_worker_and_leader_kills(fresh_cluster: LocalCluster, tmp
         produce_start = time.monotonic()
         with Producer(bootstrap, linger_ms=5) as producer:
             futures = [(v, producer.send(queue, v.encode())) for v in values]
-            actions = ["kill-worker", "kill-worker", "kill-leader", "kill-worker"]
+            actions = ["kill-worker", "kill-worker", "kill-leader", "kill-worker", "pause-leader"]
             rng.shuffle(actions)
             for v, f in futures:
                 f.result(timeout=120)
@@ -121,6 +123,26 @@ def test_queue_survives_worker_and_leader_kills(fresh_cluster: LocalCluster, tmp
                 live = [w for w in workers if w.process.poll() is None]
                 rng.choice(live).kill()
                 add()  # a replacement, as a supervisor would start
+            elif action == "pause-leader":
+                # Past its session: a successor serves, then the paused one wakes (with a state
+                # write's reply waiting) and that successor dies too, so a third leader reloads
+                # what __queue_state says. A deposed leader's write landing after its
+                # successor's once took acknowledged messages back to leases there.
+                partition = rng.randrange(PARTITIONS)
+                with Admin(bootstrap) as admin:
+                    paused = admin.describe_topic(queue).partitions[partition].leader
+                fresh_cluster.nodes[paused].pause()
+                time.sleep(fresh_cluster.session_timeout_ms / 1000.0 + PAUSED_PAST_SESSION_S)
+                fresh_cluster.nodes[paused].resume()
+                leader_kills.append(time.time())  # its leases ended with its session
+                time.sleep(rng.uniform(1.5, 3.0))
+                with Admin(bootstrap) as admin:
+                    successor = admin.describe_topic(queue).partitions[partition].leader
+                if successor not in (paused, -1):
+                    fresh_cluster.nodes[successor].kill()
+                    leader_kills.append(time.time())
+                    time.sleep(1.0)
+                    fresh_cluster.nodes[successor].start()
             else:
                 with Admin(bootstrap) as admin:
                     leader = admin.describe_topic(queue).partitions[rng.randrange(PARTITIONS)].leader

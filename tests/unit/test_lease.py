@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from fabric import errors
 from fabric import zk as zkl
 from nodes.lease import CONNECTED, LEASE_FRACTION, LOST, SUSPENDED, SessionLease
+from nodes.state import TURN_STALL_SUSPECT_S, NodeState
 
 
 def test_connected_allows_everything_while_contact_is_fresh() -> None:
@@ -99,3 +102,13 @@ def test_a_connect_attempt_waits_at_most_a_third_of_the_session(hosts: str, serv
     assert sorted((h, p) for h, _ip, p in client._connection._expand_client_hosts()) == servers  # each once
     chroot = hosts.partition("/")[2]
     assert client.chroot == (f"/{chroot}" if chroot else "")
+
+
+def test_a_loop_turn_stopped_in_its_middle_is_a_stall_to_verify() -> None:
+    # A SIGSTOP lands anywhere in a turn, not only in its poll: the rest of the turn, run on
+    # waking, must not act as a leader before ZooKeeper confirms the session.
+    node = SimpleNamespace(verify_session=False, turn_started_s=time.monotonic())
+    assert not NodeState.stalled_in_turn(node)  # type: ignore[arg-type]
+    node.turn_started_s = time.monotonic() - TURN_STALL_SUSPECT_S - 0.5
+    assert NodeState.stalled_in_turn(node)  # type: ignore[arg-type]
+    assert node.verify_session  # the next turn's session check asks ZooKeeper
