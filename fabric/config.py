@@ -7,7 +7,7 @@ variable (``FABRIC_NODE_FSYNC_INTERVAL_MS``). A value is taken from the first of
     1. the command line flag
     2. the environment variable
     3. the TOML file given by ``--config`` (or ``FABRIC_NODE_CONFIG``)
-    4. the default below
+    4. the default below (for ``metrics_host``: the value ``host`` got)
 
 Bad input (an unknown key in the file, a word where a number belongs, a port out of
 range, a missing required option) raises ``ConfigError`` naming the source and the
@@ -18,10 +18,11 @@ as the table in ``docs/OPERATIONS.md`` (a test checks that they agree).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,6 +46,23 @@ CONFIG_FILE_BYTES_MAX = 1024 * 1024  # a node's TOML file is small; anything big
 PORT_MAX = 65_535
 
 
+def bind_host_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as an address to bind (a host name or an IP literal, no
+    port, no scheme), or None. Checked where it is read, so a typo is refused by name
+    before the process starts, not as a bind error from inside the HTTP server."""
+    if not value:
+        return "must not be empty"
+    if any(character.isspace() for character in value) or "/" in value:
+        return f"must be one host name or IP address, got {value!r}"
+    if ":" in value:
+        try:
+            ipaddress.IPv6Address(value)
+        except ValueError:
+            # "10.0.0.5:9300", "[::1]": the port is an option of its own, and brackets belong to URLs.
+            return f"must be a host name or IP address without a port or brackets, got {value!r}"
+    return None
+
+
 def _bound(number: float) -> str:
     """A bound as written: 2147483647, not 2.14748e+09."""
     return str(int(number)) if number == int(number) else str(number)
@@ -63,6 +81,10 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     required: bool = False
+    # Left unset, the option takes this other option's value (its default is then shown as
+    # "`host`'s value"), so one setting moves both.
+    default_from: str = ""
+    check: Callable[[str], str | None] | None = None  # a string's problem, or None (bind_host_problem)
 
     @property
     def flag(self) -> str:
@@ -97,6 +119,9 @@ class Option:
             value = raw.upper() if self.name == "log_level" else raw
             if not value and self.required:
                 raise ConfigError(f"{where} must not be empty")
+            problem = self.check(value) if self.check is not None else None
+            if problem is not None:
+                raise ConfigError(f"{where} {problem}")
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where} must be one of {', '.join(self.choices)}, got {raw!r}")
         if self.minimum is not None and value < self.minimum:
@@ -143,8 +168,11 @@ NODE_OPTIONS: tuple[Option, ...] = (
            "minutes (docs/GROUPS.md)", minimum=1),
     Option("session_timeout_ms", int, 6_000, "ms", "ZooKeeper session timeout: how long a dead node "
            "keeps its partitions before failover", minimum=1),
-    Option("metrics_port", int, 0, "", "Prometheus endpoint (`/metrics` on `host`); 0 picks a free port "
+    Option("metrics_port", int, 0, "", "Prometheus endpoint (`/metrics` on `metrics_host`); 0 picks a free port "
            "(published in the node's znode), -1 turns it off", minimum=-1, maximum=PORT_MAX),
+    Option("metrics_host", str, None, "", "address the Prometheus endpoint binds, e.g. a management network's "
+           "apart from client traffic, or `0.0.0.0` for every interface (its published URL then names `host`); "
+           "a host name or IP address, no port", default_from="host", check=bind_host_problem),
     Option("security", str, "none", "", "`none` (plaintext, local development only) or `curve`: CURVE on every "
            "socket, registered keys only, ACLs, quotas, ZooKeeper digest ACLs (docs/SECURITY.md)",
            choices=("none", "curve")),
@@ -215,6 +243,8 @@ def argument_parser(prog: str = "fabric node") -> argparse.ArgumentParser:
     for option in NODE_OPTIONS:
         unit = f" [{option.unit}]" if option.unit else ""
         default = "" if option.default is None else f" (default {option.default})"
+        if option.default_from:
+            default = f" (default: {option.default_from}'s value)"
         parser.add_argument(option.flag, dest=option.name, metavar=option.name.upper(),
                             help=f"{option.help}{unit}{default}")
     return parser
@@ -262,6 +292,9 @@ def resolve_node_settings(argv: Sequence[str], environ: Mapping[str, str] | None
         else:
             settings[option.name] = option.default
             sources[option.name] = SOURCE_DEFAULT
+    for option in NODE_OPTIONS:
+        if option.default_from and sources.get(option.name) == SOURCE_DEFAULT:
+            settings[option.name] = settings[option.default_from]
     if missing:
         raise ConfigError("missing required option(s): " + "; ".join(
             f"{o.name} ({o.flag}, {o.env} or `{o.name} =` in --config)" for o in missing))
@@ -281,7 +314,10 @@ def effective_config_line(settings: Mapping[str, Any], sources: Mapping[str, str
     return "effective configuration: " + ", ".join(parts)
 
 
-def _markdown_cell(value: Any) -> str:
+def _markdown_cell(option: Option) -> str:
+    value = option.default
+    if option.default_from:
+        return f"`{option.default_from}`'s value"
     if value is None:
         return "required"
     if isinstance(value, str):
@@ -295,7 +331,7 @@ def markdown_table() -> str:
              "|---|---|---|---|---|---|---|"]
     for o in NODE_OPTIONS:
         lines.append(f"| `{o.name}` | `{o.flag}` | `{o.env}` | {o.kind.__name__} | {o.unit or '-'} | "
-                     f"{_markdown_cell(o.default)} | {o.help} |")
+                     f"{_markdown_cell(o)} | {o.help} |")
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ import functools
 import os
 import queue
 import random
+import re
 import shutil
 import signal
 import socket
@@ -41,12 +42,19 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar",)
+# SLF4J's plain stderr logger (Debian's libslf4j-java, which ZooKeeper depends on). Without a
+# binding on the classpath ZooKeeper logs nothing at all, so a server that exits at start
+# (its port taken, a data dir it cannot create) left no reason in its log to report.
+ZOOKEEPER_LOGGER_JAR = "/usr/share/java/slf4j-simple.jar"
+ZOOKEEPER_LOG_LEVEL = "warn"  # its warnings and errors only: INFO is a dozen lines per session
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
 ZOOKEEPER_READY_TIMEOUT_S = 60.0
+ZOOKEEPER_READY_POLL_S = 0.1
 ZOOKEEPER_CONTAINER_CHECK_INTERVAL_MS = 1_000  # how often ZooKeeper deletes empty container znodes
 NODE_READY_TIMEOUT_S = 60.0
 REGISTRATION_POLL_S = 0.05  # how often the wait for a node or sequencer registration asks ZooKeeper
 STOP_TIMEOUT_S = 10.0
+LOG_TAIL_LINES = 30  # of a process's log, shown where it failed
 SPAWN_TIMEOUT_S = 60.0  # a fork and exec on the spawner thread; far longer means that thread is stuck
 
 
@@ -186,11 +194,15 @@ class ManagedProcess:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        # Where this start's output begins in the log, which is appended to across restarts:
+        # why this start failed is below it, an earlier run's reason above.
+        self.log_start_offset = 0
 
     def start(self) -> None:
         if self.running:
             return
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
+        self.log_start_offset = self._log.seek(0, os.SEEK_END)
         log_file = self._log
         self.proc = _SPAWNER.run(lambda: subprocess.Popen(
             self.argv,
@@ -255,43 +267,79 @@ class ManagedProcess:
             self._log.close()
             self._log = None
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES, *, this_start: bool = False) -> str:
+        """The log's last ``lines``; with ``this_start``, of what the current (or last) start wrote only."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as log:
+                if this_start:
+                    log.seek(self.log_start_offset)
+                text = log.read().decode(errors="replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-lines:])
 
 
-# What a node that cannot start prints as it exits (nodes/launch.py): its own reason.
-NODE_START_ERROR_MARK = "fabric node: error: "
+# What a Fabric process that cannot start prints as it exits (nodes/launch.py,
+# sequencer/service.py): its own reason, after one of these.
+START_ERROR_MARKS = ("fabric node: error: ", "fabric sequencer: error: ")
+# Who the reason is about, left out: the error names the process already.
+_START_ERROR_WHO = re.compile(r"^(?:node|sequencer) \d+ (?:cannot start|stopped): ")
 # Its last lines are searched for that line, no more: the log is appended to across
 # restarts, and an earlier run's reason must not stand in for this run's crash.
 START_ERROR_LINES_SEARCHED = 5
+# ZooKeeper (a JVM, logging through slf4j-simple) ends with an ERROR line, its exception's
+# stack trace and "Exiting JVM with code N"; the ERROR line is searched for this far up.
+JAVA_ERROR_LINES_SEARCHED = 60
+_JAVA_ERROR = re.compile(r"^\[[^\]]*\] ERROR \S+ - (.*)$")
+_JAVA_EXIT = "Exiting JVM with code"
+_JAVA_EXCEPTION = re.compile(r"^[\w.$]+(?:Exception|Error)(?::.*)?$")
+
+
+def _java_error(lines: list[str]) -> str | None:
+    """The last ERROR of a JVM's log (not its "Exiting JVM" line), with the exception the
+    next line names: ``Unable to access datadir, exiting abnormally: ...DatadirException: ...``."""
+    window = lines[-JAVA_ERROR_LINES_SEARCHED:]
+    for index in range(len(window) - 1, -1, -1):
+        found = _JAVA_ERROR.match(window[index])
+        if found is None or found.group(1).startswith(_JAVA_EXIT):
+            continue
+        following = window[index + 1] if index + 1 < len(window) else ""
+        return f"{found.group(1)}: {following}" if _JAVA_EXCEPTION.match(following) else found.group(1)
+    return None
 
 
 def start_failure_reason(log_text: str) -> str:
-    """Why a node process exited before it registered, in one line, from its log: the
-    reason in the node's own error line near the end (``fabric node: error: node 1 cannot
-    start: cannot listen on ...``, without its prefix), else the log's last line (a
-    crash's exception), else that the log is empty."""
+    """Why a process exited before it served, in one line, from its log: the reason in a
+    Fabric process's own error line near the end (``fabric node: error: node 1 cannot
+    start: cannot listen on ...``, without its prefix), else a JVM's last ERROR with its
+    exception (ZooKeeper), else the log's last line (a crash's exception), else that the
+    log is empty."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     for line in reversed(lines[-START_ERROR_LINES_SEARCHED:]):
-        if NODE_START_ERROR_MARK in line:
-            reason = line.split(NODE_START_ERROR_MARK, 1)[1]
-            who, cannot, rest = reason.partition(" cannot start: ")
-            return rest if cannot and who.startswith("node ") else reason
+        for mark in START_ERROR_MARKS:
+            if mark in line:
+                reason = line.split(mark, 1)[1]
+                return _START_ERROR_WHO.sub("", reason, count=1)
+    java = _java_error(lines)
+    if java is not None:
+        return java
     return lines[-1] if lines else "it wrote nothing to its log"
 
 
-class NodeStartError(RuntimeError):
-    """A node process exited before it registered in ZooKeeper. ``reason`` is the node's
-    own one-line reason (``start_failure_reason``); ``log_path`` its log."""
+class ProcessStartError(RuntimeError):
+    """A process of a local cluster (ZooKeeper server, storage node, sequencer) exited, or
+    did not become ready in time, while the cluster started. ``process`` names it
+    (``node 1``, ``sequencer 2``, ``zookeeper (127.0.0.1:2181)``); ``reason`` is its own
+    one-line reason from its log (``start_failure_reason``); ``log_path`` its log;
+    ``exit_status`` None if it still ran (it was too slow)."""
 
-    def __init__(self, node_id: int, reason: str, log_path: Path, exit_status: int | None, log_tail: str = "") -> None:
-        self.node_id = node_id
+    def __init__(self, process: str, reason: str, log_path: Path, exit_status: int | None,
+                 log_tail: str = "") -> None:
+        self.process = process
         self.reason = reason
         self.log_path = log_path
         self.exit_status = exit_status
+        self.log_tail = log_tail
         # The message keeps the log's last lines, which a test fixture's failure shows (its
         # temporary directory may be gone by the time someone reads the report); `fabric up`
         # prints ``summary`` and the path only.
@@ -300,7 +348,27 @@ class NodeStartError(RuntimeError):
     @property
     def summary(self) -> str:
         """The reason without the log's path, for when that log is gone (a temporary dir)."""
-        return f"node {self.node_id} could not start: {self.reason}"
+        return f"{self.process} could not start: {self.reason}"
+
+    @classmethod
+    def of(cls, process: str, managed: ManagedProcess, reason: str | None = None) -> ProcessStartError:
+        """The error for ``managed``: ``reason``, or (it exited) the one its log gives for this start."""
+        searched = managed.log_tail(JAVA_ERROR_LINES_SEARCHED, this_start=True)
+        return cls(process, reason or start_failure_reason(searched), managed.log_path, managed.exit_status,
+                   "\n".join(searched.splitlines()[-LOG_TAIL_LINES:]))
+
+
+class NodeStartError(ProcessStartError):
+    """A node process exited before it registered in ZooKeeper (or did not register in time)."""
+
+    def __init__(self, node_id: int, reason: str, log_path: Path, exit_status: int | None, log_tail: str = "") -> None:
+        self.node_id = node_id
+        super().__init__(f"node {node_id}", reason, log_path, exit_status, log_tail)
+
+    @classmethod
+    def of_node(cls, node_id: int, managed: ManagedProcess, reason: str | None = None) -> NodeStartError:
+        found = ProcessStartError.of(f"node {node_id}", managed, reason)
+        return cls(node_id, found.reason, found.log_path, found.exit_status, found.log_tail)
 
 
 class LocalZooKeeper:
@@ -355,12 +423,14 @@ class LocalZooKeeper:
             # Followers get 10 ticks to connect to a leader and 5 to stay in sync with it.
             lines += ["initLimit=10", "syncLimit=5", "reconfigEnabled=false", *self.peers]
         self.cfg_path.write_text("\n".join([*lines, ""]))
-        classpath = ":".join([ZOOKEEPER_CONF_DIR, *ZOOKEEPER_JARS])
+        logger = [ZOOKEEPER_LOGGER_JAR] if os.path.exists(ZOOKEEPER_LOGGER_JAR) else []
+        classpath = ":".join([ZOOKEEPER_CONF_DIR, *ZOOKEEPER_JARS, *logger])
         argv = [
             "java",
             "-Xmx256m",
             "-XX:+UseSerialGC",
             "-Dzookeeper.jmx.log4j.disable=true",
+            f"-Dorg.slf4j.simpleLogger.defaultLogLevel={ZOOKEEPER_LOG_LEVEL}",
             # Empty container znodes (a direct-plane service name whose instances all went,
             # sdk/direct/_registry.py) are deleted within this, not the default minute.
             f"-Dznode.container.checkIntervalMs={ZOOKEEPER_CONTAINER_CHECK_INTERVAL_MS}",
@@ -391,15 +461,31 @@ class LocalZooKeeper:
                 return line.split(":", 1)[1].strip()
         return ""  # "This ZooKeeper instance is not currently serving requests"
 
+    @property
+    def label(self) -> str:
+        """How a start error names this server: its name and client address."""
+        return f"{self.name} ({self.address})"
+
+    def ready(self) -> bool:
+        """Whether it serves; ProcessStartError, with the reason from its log, if it exited."""
+        if self.process is not None and not self.process.running:
+            raise ProcessStartError.of(self.label, self.process)
+        return self.mode() in ("standalone", "leader", "follower")
+
     def wait_ready(self, timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process is not None and not self.process.running:
-                raise RuntimeError(f"ZooKeeper exited during start:\n{self.process.log_tail()}")
-            if self.mode() in ("standalone", "leader", "follower"):
+            if self.ready():
                 return
-            time.sleep(0.1)
-        raise RuntimeError(f"ZooKeeper did not serve on {self.address} within {timeout_s} s")
+            time.sleep(ZOOKEEPER_READY_POLL_S)
+        raise self.too_slow(timeout_s)
+
+    def too_slow(self, timeout_s: float) -> RuntimeError:
+        """The error for a server that still did not serve after ``timeout_s``."""
+        why = f"did not serve within {timeout_s:g} s"
+        if self.process is None:
+            return RuntimeError(f"{self.label} {why}: it was never started")
+        return ProcessStartError.of(self.label, self.process, why)
 
     # Fault injection, as on nodes.
     def kill(self) -> None:
@@ -439,12 +525,20 @@ class ZooKeeperEnsemble:
     def address(self) -> str:
         return ",".join(server.address for server in self.servers)
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> None:
         # All at once: a server alone cannot serve until a majority has joined the election.
         for server in self.servers:
             server.start(wait=False)
-        for server in self.servers:
-            server.wait_ready()
+        # Each turn asks every server still starting, so one that exited is reported at once,
+        # not after the others' wait for a quorum it was needed for has timed out.
+        deadline = time.monotonic() + timeout_s
+        starting = list(self.servers)
+        while starting:
+            starting = [server for server in starting if not server.ready()]
+            if starting and time.monotonic() > deadline:
+                raise starting[0].too_slow(timeout_s)
+            if starting:
+                time.sleep(ZOOKEEPER_READY_POLL_S)
 
     def stop(self) -> None:
         for server in self.servers:
@@ -719,7 +813,7 @@ class LocalCluster:
             for sequencer_id in range(1, self.sequencer_count + 1):
                 self.add_sequencer(sequencer_id)
             if self.sequencer_count:
-                self.wait_for_active_sequencer()
+                self.wait_for_active_sequencer(starting=True)
         except BaseException:
             self.stop()
             raise
@@ -751,9 +845,7 @@ class LocalCluster:
             for node_id in list(pending):
                 node = self.nodes[node_id]
                 if not node.process.running:
-                    tail = node.process.log_tail()
-                    raise NodeStartError(node_id, start_failure_reason(tail), node.process.log_path,
-                                         node.process.exit_status, tail)
+                    raise NodeStartError.of_node(node_id, node.process)
                 try:
                     raw, _ = zkl.get(zk, zkl.node_path(node_id))
                 except (NoNodeError, errors.RequestTimedOutError, ConnectionLoss, SessionExpiredError):
@@ -764,8 +856,13 @@ class LocalCluster:
                     pending.discard(node_id)
             return True if not pending else None
 
-        self._with_zk(lambda zk: self._poll_registration(
-            zk, registered, timeout_s, lambda: f"nodes {sorted(pending)} did not register within {timeout_s} s"))
+        def too_slow() -> NodeStartError:
+            late = sorted(pending)
+            others = f" (nor did nodes {late[1:]})" if len(late) > 1 else ""
+            return NodeStartError.of_node(late[0], self.nodes[late[0]].process,
+                                          f"did not register in ZooKeeper within {timeout_s:g} s{others}")
+
+        self._with_zk(lambda zk: self._poll_registration(zk, registered, timeout_s, too_slow))
 
     def add_sequencer(self, sequencer_id: int) -> LocalSequencer:
         secure_args = self.security.sequencer_args() if self.security is not None else []
@@ -779,31 +876,44 @@ class LocalCluster:
         return self._with_zk(lambda zk: self._read_active_id(zk))
 
     def wait_for_active_sequencer(self, timeout_s: float = NODE_READY_TIMEOUT_S, *,
-                                  other_than: int | None = None) -> int:
-        """Wait until a running sequencer instance (not ``other_than``) is registered as active."""
+                                  other_than: int | None = None, starting: bool = False) -> int:
+        """Wait until a running sequencer instance (not ``other_than``) is registered as active.
+        ``starting`` (the cluster's start): every instance was just started, so one that
+        exited could not start, and ProcessStartError says why (as a timeout does)."""
 
         def active(zk: KazooClient) -> int | None:
+            if starting:
+                for sequencer_id in sorted(self.sequencers):
+                    process = self.sequencers[sequencer_id].process
+                    if not process.running:
+                        raise ProcessStartError.of(f"sequencer {sequencer_id}", process)
             found = self._read_active_id(zk)
             sequencer = self.sequencers.get(found) if found is not None else None
             if found is not None and found != other_than and sequencer is not None and sequencer.process.running:
                 return found
             return None
 
-        return self._with_zk(lambda zk: self._poll_registration(
-            zk, active, timeout_s, lambda: f"no sequencer became active within {timeout_s} s"))
+        def too_slow() -> RuntimeError:
+            why = f"no sequencer became active within {timeout_s:g} s"
+            if starting and self.sequencers:
+                first_id = min(self.sequencers)
+                return ProcessStartError.of(f"sequencer {first_id}", self.sequencers[first_id].process, why)
+            return RuntimeError(why)
+
+        return self._with_zk(lambda zk: self._poll_registration(zk, active, timeout_s, too_slow))
 
     @staticmethod
     def _poll_registration(zk: KazooClient, probe: Callable[[KazooClient], _T | None], timeout_s: float,
-                           failure: Callable[[], str]) -> _T:
+                           failure: Callable[[], RuntimeError]) -> _T:
         """The one wait-for-registration loop (nodes and sequencers): ask ``probe`` every
-        50 ms until it returns a value; RuntimeError with ``failure()`` after ``timeout_s``."""
+        50 ms until it returns a value; raises ``failure()`` after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
             found = probe(zk)
             if found is not None:
                 return found
             if time.monotonic() > deadline:
-                raise RuntimeError(failure())
+                raise failure()
             time.sleep(REGISTRATION_POLL_S)
 
     @staticmethod

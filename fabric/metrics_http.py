@@ -40,6 +40,8 @@ CONNECTIONS_MAX = 16  # connections served at once (Prometheus needs one per scr
 CONNECTION_TIMEOUT_S = 10.0  # per socket read or write of one connection
 LISTEN_BACKLOG = 64  # a burst of connects waits here, not in SYN retries (socketserver's default: 5)
 METRICS_PATH = "/metrics"
+# Bind addresses meaning every interface: no scraper can reach a URL that names them.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 _BUSY_RESPONSE = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -150,12 +152,16 @@ class MetricsEndpoint:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self, host: str, port: int) -> str:
-        """Serve on host:port (0: a free port); returns the endpoint's URL."""
+    def start(self, host: str, port: int, *, reachable_host: str = "") -> str:
+        """Serve on host:port (0: a free port); returns the endpoint's URL (the one a node or
+        sequencer publishes). A wildcard ``host`` (every interface) is named in the URL as
+        ``reachable_host``, the process's own address, when one is given."""
         self._server = _Server((host, port), self.renderer, self.connections_max)
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()
         bound_port = self._server.server_address[1]
+        if host in WILDCARD_HOSTS and reachable_host:
+            host = reachable_host
         url_host = f"[{host}]" if ":" in host else host
         self.address = f"http://{url_host}:{bound_port}{METRICS_PATH}"
         return self.address

@@ -174,7 +174,7 @@ def serve(node: Any) -> NodeMetrics | None:
         return None
     metrics = NodeMetrics(config.node_id, os.path.join(config.data_dir, "rocksdb"))
     metrics.client_address = node.address
-    metrics.start_http(config.host, config.metrics_port)
+    metrics.start_http(config.metrics_host or config.host, config.metrics_port, reachable_host=config.host)
 
     def stop_with_the_node() -> None:
         while not node.stopping.wait(STOP_CHECK_INTERVAL_S):
@@ -378,9 +378,13 @@ class NodeMetrics:
             self._next_snapshot_s = now_s + SNAPSHOT_INTERVAL_S - 0.001  # the duty's own interval is the same
 
     # -- endpoint -------------------------------------------------------------------------
-    def start_http(self, host: str, port: int) -> str:
-        """Serve /metrics on host:port (0: a free port); returns the endpoint's URL."""
-        self.address = self.endpoint.start(host, port)
+    def start_http(self, host: str, port: int, *, reachable_host: str = "") -> str:
+        """Serve /metrics on host:port (0: a free port); returns the endpoint's URL, which
+        names ``reachable_host`` if ``host`` is a wildcard (MetricsEndpoint.start)."""
+        try:
+            self.address = self.endpoint.start(host, port, reachable_host=reachable_host)
+        except OSError as exc:  # name the endpoint: "Address already in use" alone reads like the client port
+            raise OSError(f"metrics endpoint {host}:{port}: {exc.strerror or exc}") from exc
         return self.address
 
     def stop(self) -> None:

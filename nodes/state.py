@@ -80,6 +80,7 @@ class NodeConfig:
     replication_buffer_bytes: int = 0  # kernel socket buffer of PUB/SUB; 0 lets the OS size it
     client_heartbeat_timeout_ms: int = CLIENT_HEARTBEAT_TIMEOUT_MS  # silent client connections close (0: never)
     metrics_port: int = 0  # Prometheus endpoint; 0 picks a free port, -1 turns it off
+    metrics_host: str = ""  # the address that endpoint binds; "": host's
     security: str = "none"  # "curve": secure mode (nodes/authz.py, docs/SECURITY.md)
     server_key_file: str = ""
     key_file: str = ""
@@ -116,6 +117,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
     parser.add_argument("--offsets-retention-ms", type=int, default=OFFSETS_RETENTION_MS_DEFAULT)
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus endpoint; 0 picks a free port, -1 off")
+    parser.add_argument("--metrics-host", default="", help="address the Prometheus endpoint binds (default: --host)")
     parser.add_argument("--security", choices=("none", "curve"), default="none")
     parser.add_argument("--server-key-file", default="")
     parser.add_argument("--key-file", default="")
@@ -140,6 +142,7 @@ def parse_node_args(argv: list[str] | None) -> tuple[NodeConfig, str]:
         offsets_retention_ms=args.offsets_retention_ms,
         session_timeout_ms=args.session_timeout_ms,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         security=args.security,
         server_key_file=args.server_key_file,
         key_file=args.key_file,

@@ -28,7 +28,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from fabric import errors, logs
+from fabric import config, errors, logs
 from fabric import zk as zkl
 from fabric.auth.curve import DOMAIN_REPLICATION, ServerSecurity, ZapAuthenticator
 from fabric.auth.store import SecurityCache, read_digest, secure_zk_kwargs
@@ -73,7 +73,8 @@ SERVED_API_KEYS = frozenset({ApiKey.API_VERSIONS, ApiKey.ALLOCATE_IDS})
 class SequencerService:
     def __init__(self, zk_hosts: str, sequencer_id: int, *, host: str = "127.0.0.1", port: int = 0,
                  session_timeout_ms: int = 6_000, block_ids: int = RESERVATION_BLOCK_IDS_DEFAULT,
-                 server_key_file: str = "", zk_digest_file: str = "", metrics_port: int = -1) -> None:
+                 server_key_file: str = "", zk_digest_file: str = "", metrics_port: int = -1,
+                 metrics_host: str = "") -> None:
         self.zk_hosts = zk_hosts
         self.sequencer_id = sequencer_id
         self.host = host
@@ -102,8 +103,9 @@ class SequencerService:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self._renewer: threading.Thread | None = None
-        # The Prometheus endpoint (sequencer/metrics.py); -1: none.
+        # The Prometheus endpoint (sequencer/metrics.py); -1: none. It binds metrics_host ("": host).
         self.metrics_port = metrics_port
+        self.metrics_host = metrics_host or host
         self.metrics = SequencerMetrics(self) if metrics_port >= 0 else None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -133,9 +135,10 @@ class SequencerService:
             self.address = f"tcp://{self.host}:{self.port}"
             if self.metrics is not None:
                 try:
-                    self.metrics.endpoint.start(self.host, self.metrics_port)
+                    self.metrics.endpoint.start(self.metrics_host, self.metrics_port, reachable_host=self.host)
                 except OSError as exc:  # name the port: "Address already in use" alone reads like --port
-                    raise OSError(f"metrics endpoint {self.host}:{self.metrics_port}: {exc.strerror or exc}") from exc
+                    raise OSError(f"metrics endpoint {self.metrics_host}:{self.metrics_port}: "
+                                  f"{exc.strerror or exc}") from exc
             log.info("sequencer %d listening on %s, standing by", self.sequencer_id, self.address)
             self.zk.DataWatch(SEQUENCER_ACTIVE, self._on_active_znode)
             self._renewer = threading.Thread(target=self._renew_lease, name="lease", daemon=True)
@@ -431,6 +434,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise argparse.ArgumentTypeError(f"{part!r} is not HOST:PORT")
         return text
 
+    def bind_host(text: str) -> str:
+        problem = config.bind_host_problem(text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
     class Defaults(argparse.ArgumentDefaultsHelpFormatter):
         def _get_help_string(self, action: argparse.Action) -> str | None:
             return action.help if action.default in (None, "") else super()._get_help_string(action)
@@ -450,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="ZooKeeper session timeout: how long a dead active instance holds its place")
     parser.add_argument("--metrics-port", type=ranged(-1, 65_535), default=0,
                         help="Prometheus endpoint port (/metrics); 0 picks a free one, -1 turns it off")
+    # No default for argparse to run through bind_host (it refuses ""): unset, it is --host.
+    parser.add_argument("--metrics-host", type=bind_host, default=None,
+                        help="address the Prometheus endpoint binds (default: --host); 0.0.0.0 for every interface")
     logs.add_arguments(parser)
     parser.add_argument("--server-key-file", default="", help="secure mode: the cluster key pair (docs/SECURITY.md)")
     parser.add_argument("--zk-digest-file", default="", help="secure mode: the ZooKeeper digest user:password file")
@@ -459,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         service = SequencerService(args.zk, args.sequencer_id, host=args.host, port=args.port,
                                    session_timeout_ms=args.session_timeout_ms, server_key_file=args.server_key_file,
-                                   zk_digest_file=args.zk_digest_file, metrics_port=args.metrics_port)
+                                   zk_digest_file=args.zk_digest_file, metrics_port=args.metrics_port,
+                                   metrics_host=args.metrics_host or "")
     except Exception as exc:  # a missing key or digest file: one line, as below, not a traceback
         return _cannot_run(args.sequencer_id, f"cannot start: {str(exc) or type(exc).__name__}")
 

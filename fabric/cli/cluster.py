@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_up(args: argparse.Namespace) -> int:
     from fabric import config
-    from fabric.local import LocalCluster, NodeStartError
+    from fabric.local import LocalCluster, ProcessStartError
 
     node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
     # Refuse a bad file (or FABRIC_NODE_* variable) now, before anything starts or is made
@@ -96,9 +96,11 @@ def cmd_up(args: argparse.Namespace) -> int:
           flush=True)
     try:
         cluster.start()
-    except NodeStartError as exc:
-        # The node's own one-line reason (a `host` not of this machine, a port in use),
-        # not its log pasted in; the log only if it outlives the start (a --data-dir).
+    except ProcessStartError as exc:
+        # A ZooKeeper server, node or sequencer that could not start (LocalCluster.start has
+        # stopped whatever it had started): its own one-line reason (a `host` not of this
+        # machine, a port in use), not its log pasted in; the log only if it outlives the
+        # start (a --data-dir).
         raise CliError(f"{exc.summary} (log: {exc.log_path})" if exc.log_path.exists() else exc.summary) from None
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
+from fabric import zk as zkl
 from fabric.local import LocalZooKeeper
 from sdk import Admin, Consumer, Producer, TopicPartition
 from tests.conftest import make_cluster
@@ -17,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_node_from_toml_file_logs_json(zk_server: LocalZooKeeper, tmp_path: Path, topic_name: str) -> None:
     config_file = tmp_path / "node.toml"
+    # metrics_host: the endpoint on another loopback address than the node's host (127.0.0.1).
     config_file.write_text('[node]\nfsync = "interval"\nfsync_interval_ms = 200\nlog_format = "json"\n'
-                           'log_level = "INFO"\n')
+                           'log_level = "INFO"\nmetrics_host = "127.0.0.2"\n')
     cluster = make_cluster(zk_server, tmp_path / "cluster", nodes=1, node_args=["--config", str(config_file)])
     cluster.start()
     try:
@@ -29,12 +32,22 @@ def test_node_from_toml_file_logs_json(zk_server: LocalZooKeeper, tmp_path: Path
         with Consumer(cluster.bootstrap) as consumer:
             consumer.assign([TopicPartition(topic_name, 0)])
             assert [r.value for r in consumer.poll(timeout_ms=5000)] == [b"hello"]
+        zk = zkl.make_client(cluster.zk_address)
+        zk.start(timeout=30)
+        try:
+            metrics_url = zkl.live_nodes(zk)[1].metrics_address
+        finally:
+            zkl.close_client(zk)
+        assert metrics_url.startswith("http://127.0.0.2:"), metrics_url
+        with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+            assert b"fabric_requests_total" in answer.read()
     finally:
         cluster.stop()
     lines = [line for line in (tmp_path / "cluster" / "node1.log").read_text().splitlines() if line.startswith("{")]
     assert lines, "the node wrote no JSON log lines"
     records = [json.loads(line) for line in lines]
     assert all(r["process"] == "node1" and r["node"] == 1 and r["level"] for r in records)
+    assert any('metrics_host="127.0.0.2" (file)' in r["msg"] for r in records)
 
 
 def test_bad_option_stops_the_node_with_a_clear_message(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ def test_defaults_fill_what_no_source_gives() -> None:
     assert settings["id"] == 1 and settings["zk"] == "127.0.0.1:2181"
     for option in config.NODE_OPTIONS:
         if not option.required:
-            assert settings[option.name] == option.default, option.name
+            expected = settings[option.default_from] if option.default_from else option.default
+            assert settings[option.name] == expected, option.name
 
 
 def test_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
@@ -57,6 +58,13 @@ def test_config_file_from_environment_and_node_section(tmp_path: Path) -> None:
     ([], {"FABRIC_NODE_FSYNCC": "1"}, "", "unknown environment variable(s) FABRIC_NODE_FSYNCC"),
     ([], {}, "id = [1\n", "is not valid TOML"),
     ([], {}, 'log_level = "chatty"\n', "log_level must be one of DEBUG"),
+    (["--metrics-host", ""], {}, "", "flag --metrics-host: metrics_host must not be empty"),
+    ([], {"FABRIC_NODE_METRICS_HOST": "10.0.0.5:9300"}, "",
+     "environment FABRIC_NODE_METRICS_HOST: metrics_host must be a host name or IP address without a port"),
+    ([], {}, 'metrics_host = "[::1]"\n', "metrics_host must be a host name or IP address without a port or brackets"),
+    ([], {}, 'metrics_host = "http://10.0.0.5"\n', "metrics_host must be one host name or IP address"),
+    ([], {}, 'metrics_host = "10.0.0.5 10.0.0.6"\n', "metrics_host must be one host name or IP address"),
+    ([], {}, "metrics_host = 10\n", "metrics_host must be a string, got 10"),
 ])
 def test_bad_input_is_refused_with_its_source(tmp_path: Path, argv: list[str], env: dict[str, str], toml: str,
                                               message: str | None) -> None:
@@ -102,3 +110,45 @@ def test_declared_defaults_match_the_node() -> None:
                  "offsets_retention_ms",
                  "session_timeout_ms", "client_heartbeat_timeout_ms"):
         assert getattr(defaults, name) == settings[name], name
+
+
+def test_metrics_host_follows_host_unless_given(tmp_path: Path) -> None:
+    # Nothing changes for a node that does not set it: the endpoint stays on `host`,
+    # wherever `host` came from; set, it wins from any source.
+    path = write(tmp_path, 'host = "10.0.0.11"\n')
+    settings, sources = config.resolve_node_settings([*REQUIRED, "--config", path], {})
+    assert (settings["metrics_host"], sources["metrics_host"]) == ("10.0.0.11", config.SOURCE_DEFAULT)
+    settings = config.load_node_settings([*REQUIRED, "--host", "10.0.0.12"], {})
+    assert settings["metrics_host"] == "10.0.0.12"
+    for argv, env, toml, value in [
+        (["--metrics-host", "10.1.0.5"], {}, "", "10.1.0.5"),
+        ([], {"FABRIC_NODE_METRICS_HOST": "0.0.0.0"}, "", "0.0.0.0"),
+        ([], {}, 'metrics_host = "::1"\n', "::1"),
+        ([], {}, 'metrics_host = "mgmt.node1.example"\n', "mgmt.node1.example"),
+    ]:
+        settings = config.load_node_settings([*REQUIRED, "--config", write(tmp_path, toml), *argv], env)
+        assert (settings["host"], settings["metrics_host"]) == ("127.0.0.1", value)
+
+
+def test_the_node_binds_its_metrics_where_the_settings_say() -> None:
+    from nodes.launch import server_argv
+    from nodes.state import parse_node_args
+
+    node_config, _level = parse_node_args(server_argv(config.load_node_settings(
+        [*REQUIRED, "--host", "10.0.0.11", "--metrics-host", "10.1.0.5"], {})))
+    assert (node_config.host, node_config.metrics_host) == ("10.0.0.11", "10.1.0.5")
+    node_config, _level = parse_node_args(server_argv(config.load_node_settings(REQUIRED, {})))
+    assert node_config.metrics_host == node_config.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("10.1.0.5:9300", "without a port"), ("", "must not be empty"), (" 10.1.0.5", "one host name")])
+def test_a_sequencers_bad_metrics_host_is_one_line_and_exit_2(value: str, problem: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from sequencer.service import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--zk", "127.0.0.1:1", "--metrics-host", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("fabric sequencer: error: argument --metrics-host: ") and problem in err[0], err

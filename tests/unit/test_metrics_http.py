@@ -184,3 +184,21 @@ def test_head_unknown_paths_methods_gzip_and_openmetrics() -> None:
         assert headers["Content-Type"].startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
     finally:
         endpoint.stop()
+
+
+def test_a_wildcard_endpoint_publishes_a_reachable_url() -> None:
+    # Bound to every interface (a node's `metrics_host = "0.0.0.0"`), its URL names the
+    # process's own address: "http://0.0.0.0:..." in a node's znode is no scrape target.
+    endpoint = MetricsEndpoint(CollectorRegistry(auto_describe=False))
+    address = endpoint.start("0.0.0.0", 0, reachable_host="127.0.0.1")
+    try:
+        assert address.startswith("http://127.0.0.1:") and address.endswith("/metrics"), address
+        with urllib.request.urlopen(address, timeout=SCRAPE_TIMEOUT_S) as answer:
+            assert answer.status == 200
+    finally:
+        endpoint.stop()
+    specific = MetricsEndpoint(CollectorRegistry(auto_describe=False))
+    try:  # a specific address is its own URL, whatever the process's host
+        assert specific.start("127.0.0.1", 0, reachable_host="10.0.0.11").startswith("http://127.0.0.1:")
+    finally:
+        specific.stop()

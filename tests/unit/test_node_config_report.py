@@ -6,6 +6,7 @@ reason ``fabric up`` gives for a node that could not start, and a bad ``fabric u
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 import fabric.local
 from fabric import config, logs
 from fabric.cli import build_parser
+from fabric.cli._common import CliError
 from fabric.cli.cluster import cmd_up
 from fabric.errors import ConfigError
 
@@ -31,6 +33,7 @@ def test_every_option_is_reported_with_its_source(tmp_path: Path) -> None:
     assert 'host="10.0.0.11" (file), port=9092 (flag), ' in line
     assert "fsync_interval_ms=250 (env)" in line and 'fsync="interval" (file)' in line
     assert 'key_file="" (default)' in line and line.endswith('log_format="text" (default)')
+    assert 'metrics_port=0 (default), metrics_host="10.0.0.11" (default), ' in line  # `host`'s value
     assert line.count(" (") == len(config.NODE_OPTIONS) and "\n" not in line
 
 
@@ -76,6 +79,23 @@ def test_the_table_lists_exactly_the_log_levels_the_node_takes() -> None:
     # An earlier run's reason far above this run's crash is not this run's.
     ("fabric node: error: node 1 cannot start: old reason\n" + "line\n" * 10 + "KeyError: 'x'\n", "KeyError: 'x'"),
     ("", "it wrote nothing to its log"),
+    # A sequencer's own lines (sequencer/service.py), at start and when it stops at once.
+    ("fabric sequencer: error: sequencer 2 cannot start: [Errno 2] No such file or directory: 'k'\n",
+     "[Errno 2] No such file or directory: 'k'"),
+    ("fabric sequencer: error: sequencer 1 stopped: Address already in use (addr='tcp://127.0.0.1:9')\n",
+     "Address already in use (addr='tcp://127.0.0.1:9')"),
+    # ZooKeeper (slf4j-simple): its ERROR and the exception under it, not the stack trace's
+    # last frame or its "Exiting JVM" line.
+    ("[main] WARN org.apache.zookeeper.server.quorum.QuorumPeerMain - Either no config or no quorum\n"
+     "[main] ERROR org.apache.zookeeper.server.ZooKeeperServerMain - Unable to access datadir, exiting abnormally\n"
+     "org.apache.zookeeper.server.persistence.FileTxnSnapLog$DatadirException: Unable to create data directory /d\n"
+     + "\tat org.apache.zookeeper.server.ZooKeeperServerMain.main(ZooKeeperServerMain.java:68)\n" * 5
+     + "Unable to access datadir, exiting abnormally\n"
+     "[main] ERROR org.apache.zookeeper.util.ServiceUtils - Exiting JVM with code 3\n",
+     "Unable to access datadir, exiting abnormally: org.apache.zookeeper.server.persistence."
+     "FileTxnSnapLog$DatadirException: Unable to create data directory /d"),
+    ("[main] ERROR org.apache.zookeeper.server.quorum.QuorumPeer - Unable to load database on disk\n",
+     "Unable to load database on disk"),
 ])
 def test_start_failure_reason(log: str, reason: str) -> None:
     assert fabric.local.start_failure_reason(log) == reason
@@ -89,3 +109,32 @@ def test_a_bad_up_config_is_refused_before_the_data_dir_is_made(tmp_path: Path) 
     with pytest.raises(ConfigError, match="unknown option"):
         cmd_up(args)
     assert not data_dir.exists()
+
+
+@pytest.mark.parametrize("process", ["node 1", "sequencer 2", "zookeeper (127.0.0.1:2181)"])
+def test_a_process_that_cannot_start_fails_up_in_one_line(process: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a node's error was caught: a ZooKeeper server's or a sequencer's came out as
+    # "internal error RuntimeError: ..." with its log pasted in.
+    log_path = tmp_path / "data" / "p.log"
+
+    class StandIn:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.supervisor = fabric.local.Supervisor()
+
+        def start(self) -> None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text("why\n")
+            raise fabric.local.ProcessStartError(process, "why", log_path, 1, "why")
+
+    monkeypatch.setattr(fabric.local, "LocalCluster", StandIn)
+    args, _rest = build_parser().parse_known_args(["up", "--data-dir", str(tmp_path / "data")])
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with pytest.raises(CliError) as caught:
+            cmd_up(args)
+    finally:  # cmd_up took them over before it started the cluster
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert caught.value.message == f"{process} could not start: why (log: {log_path})"
+    assert caught.value.exit_code == 1  # as for a node (docs/OPERATIONS.md)
