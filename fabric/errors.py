@@ -40,7 +40,9 @@ Hierarchy::
     │   InvalidGlobalIdError, InvalidIdCountError
     ├── queues (70-79, docs/QUEUES.md): InvalidVisibilityTimeoutError, LeaseNotHeldError,
     │   InvalidQueueConfigError, InvalidDelayError, InvalidPriorityError,
-    │   InvalidReceiveWaitError; retriable: QueueFullError (backpressure)
+    │   InvalidReceiveWaitError, AlreadySettledError (a LeaseNotHeldError: a settle's
+    │   per-message result);
+    │   retriable: QueueFullError (backpressure)
     ├── direct plane (codes 50-59, sdk.direct)
     │   ├── NoServiceAvailable       no live instance of the service is known
     │   ├── RequestTimeout           no reply within timeout_ms (outcome unknown)
@@ -385,6 +387,14 @@ class InvalidVisibilityTimeoutError(FabricError):
 
 @_wire(71, "LEASE_NOT_HELD", "the message is not leased to this consumer (lease expired, acked or redelivered)")
 class LeaseNotHeldError(FabricError):
+    pass
+
+
+@_wire(77, "ALREADY_SETTLED", "the message is already finished in this group (acknowledged, purged, dead-lettered or "
+       "dropped): it is not delivered to the group again (an ack of an acknowledged or purged one is not refused)")
+class AlreadySettledError(LeaseNotHeldError):
+    # A lease not held, as LEASE_NOT_HELD, but the one case where the message is not
+    # delivered again: an ``except LeaseNotHeldError`` keeps catching it.
     pass
 
 

@@ -5,10 +5,10 @@ Per (queue partition, group) a share state (``nodes/queue_state.py``) decides wh
 writes what it decided to ``__queue_state`` before any answer depends on it and reads it back
 after a leadership change. This module serves QUEUE_RECEIVE (long-polled), QUEUE_SETTLE (ack,
 nack, extend, batched) and QUEUE_DESCRIBE, follows leadership and runs the timers
-(QUEUE_DELETE_GROUP and group expiry: ``nodes/queue_groups.py``). A new
-leader keeps acknowledged messages done and delivery counts; leases in flight at a failure
-are not kept (their messages are delivered again: at-least-once). Everything runs on the
-node's loop thread.
+(QUEUE_DELETE_GROUP and group expiry: ``nodes/queue_groups.py``; QUEUE_PURGE:
+``nodes/queue_purge.py``). A new leader keeps acknowledged messages done and delivery
+counts; leases in flight at a failure are not kept (their messages are delivered again:
+at-least-once). Everything runs on the node's loop thread.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fabric.protocol.apis import ApiKey
 from nodes.log import PartitionLog
 from nodes.queue_durable import ACTIVE, LOADING, STATE_TOPIC_PARTITIONS, Slot, wall_ms
 from nodes.queue_leases import QueueLeases
+from nodes.queue_purge import QueuePurge
 from nodes.queue_share import COUNTING, SharePartition, appended_ms
 from nodes.queue_state import Finished, check_receive_wait_ms, check_visibility_ms
 from nodes.state import Envelope, NodeState, TopicPartition
@@ -49,7 +50,7 @@ class _Parked:
     arrived_s: float = 0.0
 
 
-class QueueCoordinator(QueueLeases):
+class QueueCoordinator(QueueLeases, QueuePurge):
     def __init__(self, node: NodeState) -> None:
         super().__init__(node)
         self._snapshots, self._state_logs = {}, {}  # nodes/queue_compaction.py
@@ -65,7 +66,7 @@ class QueueCoordinator(QueueLeases):
     def handle(self, envelope: Envelope, request: apis.Message) -> None:
         api = request.header.api_key
         body = request.body
-        if api != ApiKey.QUEUE_DESCRIBE or body["group"]:  # describing "" means every group
+        if api not in (ApiKey.QUEUE_DESCRIBE, ApiKey.QUEUE_PURGE) or body["group"]:  # "": every group
             _check_name("group", body["group"])
         if api == ApiKey.QUEUE_RECEIVE:
             self._receive(envelope, request)
@@ -75,6 +76,8 @@ class QueueCoordinator(QueueLeases):
             self.node.send_response(envelope, request.header, self._describe(body["queue"], body["group"]))
         elif api == ApiKey.QUEUE_DELETE_GROUP:
             self._delete_group(envelope, request, self._led(body["queue"], -1), self._waiting(body["queue"]))
+        elif api == ApiKey.QUEUE_PURGE:
+            self._purge(envelope, request, self._led(body["queue"], -1))
         else:
             raise errors.UnknownApiError(f"api {api} is not a queue api")
 
@@ -236,12 +239,15 @@ class QueueCoordinator(QueueLeases):
     def _settle_one(self, body: dict[str, Any], entry: dict[str, Any], now_ms: int, touched: dict[int, Slot]) -> int:
         queue, group, consumer = body["queue"], body["group"], body["consumer_id"]
         tp = (queue, entry["partition"])
-        _plog, leader, _config = self.node.leader_log(*tp)
-        slot = self._slots.get(tp)
-        g = slot.share.groups.get(group) if slot is not None and slot.share.epoch == leader.epoch else None
-        if slot is None or g is None or slot.mode != ACTIVE:
-            # Leases do not outlive the leader that granted them: this one never granted it.
+        _plog, slot = self._slot(tp)  # loading starts here if it had not
+        g = slot.share.groups.get(group)
+        if slot.mode != ACTIVE:  # the lease ended with the leader that granted it; settled before? not read yet
+            raise errors.CoordinatorLoadInProgressError(f"queue {tp[0]}/{tp[1]} is loading its state")
+        if g is None:
             raise errors.LeaseNotHeldError(f"offset {entry['offset']} is not leased to {consumer!r}")
+        # What is due first: a lease that ended at its last delivery is dead-lettered now (ALREADY_SETTLED).
+        self._collect(slot, group, g, g.state.tick(now_ms))
+        touched[id(slot)] = slot  # and its answer waits for that to be written
         action, offset = entry["action"], entry["offset"]
         deadline = 0
         finished: list[Finished] = []
@@ -256,7 +262,7 @@ class QueueCoordinator(QueueLeases):
             deadline = g.state.extend(consumer, offset, now_ms, entry["arg_ms"])
         elif action == qp.ACTION_RELEASE:  # visible at once, the delivery not counted (as ``_unlease``)
             if not g.state.unlease(consumer, offset, now_ms):
-                raise errors.LeaseNotHeldError(f"offset {offset} is not leased to {consumer!r}")
+                raise g.state.not_held(consumer, offset)
         else:
             raise errors.InvalidRequestError(
                 f"unknown settle action {action}; known: ack 0, nack 1, extend 2, release 3")
@@ -326,10 +332,8 @@ class QueueCoordinator(QueueLeases):
         self._catching_up = False
         if not self.node.unfenced_leader_allowed():
             # In doubt (a stall being verified, ZooKeeper out of reach past our lease): decide
-            # nothing (no expiry, no dead letter); long polls that are due are told. Replies
-            # are read but held: one to a write sent before a SIGSTOP answers the receives and
-            # settles that waited on it and starts the next write, which a leader deposed
-            # meanwhile must not do (its late write took acks back to leases).
+            # nothing, due long polls are told; replies are held, as acting on them is a deposed
+            # leader's late write (it took acks back to leases: docs/DESIGN.md, "Queue mode").
             self._take_replies(now, act=False)
             self._follow_leadership()
             self._retry_parked(now, overdue_only=True)

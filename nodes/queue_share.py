@@ -119,6 +119,7 @@ class SharePartition:
         self.config = queue_config(config, topic)
         self.groups: dict[str, Group] = {}
         self.records_loaded = 0  # __queue_state records read for it while loading (its compaction's clock)
+        self.purge_floor = 0  # a purge of every group settled the log below this, for groups to come too
         self._batches: OrderedDict[int, batch_format.DecodedBatch] = OrderedDict()
 
     # -- groups ------------------------------------------------------------------------
@@ -126,8 +127,7 @@ class SharePartition:
         """The group's share state, made on first use from the start of the log."""
         found = self.groups.get(name)
         if found is None:
-            found = Group(ShareState(self.config, plog.log_start_offset),
-                          DedupWindow(self.topic_config.dedup_window_ms, qp.DEDUP_IDS_MAX))
+            found = self._new_group(plog)
             self.groups[name] = found
             if name != COUNTING:
                 self.groups.pop(COUNTING, None)  # a real group counts from now on
@@ -159,8 +159,31 @@ class SharePartition:
             return found
         if not any(n != COUNTING for n in self.groups):
             return self.group(COUNTING, plog)
-        return Group(ShareState(self.config, plog.log_start_offset),
-                     DedupWindow(self.topic_config.dedup_window_ms, qp.DEDUP_IDS_MAX))
+        return self._new_group(plog)
+
+    def _new_group(self, plog: PartitionLog) -> Group:
+        """A group that starts now: at what is left of the log, past what a purge of every
+        group settled."""
+        g = Group(ShareState(self.config, plog.log_start_offset),
+                  DedupWindow(self.topic_config.dedup_window_ms, qp.DEDUP_IDS_MAX))
+        if self.purge_floor:
+            g.state.purge(self.purge_floor)
+        return g
+
+    def purge(self, g: Group, end_offset: int, *, loading: bool = False) -> int:
+        """Settle ``g``'s messages below ``end_offset`` (nodes/queue_purge.py); how many of
+        those it had read were queued. Changes read back for them no longer apply, but the
+        dead letters and drops among them still count."""
+        for offset in [o for o in g.restore if o < end_offset]:
+            change = g.restore.pop(offset)
+            if change.counted and change.state in (DEAD, DROPPED):
+                if loading:
+                    g.gone[offset] = change.state  # counted once loading ends (``loaded``)
+                elif change.state == DEAD:
+                    g.state.dead_total += 1
+                else:
+                    g.state.dropped_total += 1
+        return g.state.purge(end_offset)
 
     def delete_group(self, name: str, now_ms: int) -> None:
         """Forget a group (an admin's delete or its expiry): it no longer counts toward
@@ -191,14 +214,19 @@ class SharePartition:
                 break
         return out
 
-    def mark(self, group: str, state: str, written_ms: int, plog: PartitionLog) -> None:
+    def mark(self, group: str, state: str, written_ms: int, plog: PartitionLog, offset: int = 0) -> None:
         """A group-wide ``__queue_state`` record read while loading: a tombstone forgets
         every earlier record of the group (a later one starts it afresh, at what is left
-        of the log); a use sets its idle clock."""
+        of the log); a use sets its idle clock; a purge settles what is below ``offset``
+        (of group "": for every group that starts later)."""
         if state == qp.STATE_DELETED:
             self.groups.pop(group, None)
-            return
-        self.used(self.group(group, plog), written_ms, written=True)
+        elif state == qp.STATE_PURGED and group == COUNTING:
+            self.purge_floor = max(self.purge_floor, offset)
+        elif state == qp.STATE_PURGED:  # not a use: its idle clock goes on
+            self.purge(self.group(group, plog), offset, loading=True)
+        else:
+            self.used(self.group(group, plog), written_ms, written=True)
 
     @staticmethod
     def used(g: Group, at_ms: int, *, written: bool = False) -> None:

@@ -84,6 +84,8 @@ def snapshot_records(share: SharePartition, log_start: int, snapshot_id: bytes, 
         state = g.state
         out.append((used_ms, key, qp.encode_state_record(state.start_offset, qp.STATE_USED, 0, 0, ""),
                     [*headers, (SNAPSHOT_COUNTS_HEADER, counts)]))
+        if state.purged_below > state.start_offset:  # a purge past what the group has read
+            out.append((used_ms, key, qp.encode_state_record(state.purged_below, qp.STATE_PURGED, 0, 0, ""), headers))
         for first in range(log_start, state.start_offset, qp.STATE_RANGE_MAX):
             last = min(first + qp.STATE_RANGE_MAX, state.start_offset) - 1
             out.append((used_ms, key, qp.encode_state_record(first, ACKED, 0, 0, "", last_offset=last), headers))
@@ -91,6 +93,9 @@ def snapshot_records(share: SharePartition, log_start: int, snapshot_id: bytes, 
             c = run[0]
             out.append((used_ms, key, qp.encode_state_record(c.offset, c.state, c.delivery_count, c.visible_at_ms,
                                                              c.reason, last_offset=run[-1].offset), headers))
+    if share.purge_floor > log_start:  # the floor of groups that start later
+        floor = qp.encode_state_record(share.purge_floor, qp.STATE_PURGED, 0, 0, "")
+        out.append((now_ms, qp.state_key(share.topic, share.partition, COUNTING), floor, headers))
     marker = qp.encode_state_record(0, qp.STATE_DELETED, 0, 0, "snapshot")
     out.append((now_ms, qp.state_key(share.topic, share.partition, COUNTING), marker, headers))
     return out
@@ -150,7 +155,7 @@ def load_record(share: SharePartition, plog: PartitionLog, group: str, fields: d
             dead, dropped = _counts(counts)
             share.snapshot_base(group, dead, dropped, plog, record_ms)
         else:
-            share.mark(group, state, record_ms, plog)
+            share.mark(group, state, record_ms, plog, fields["offset"])
         return
     share.restore(group, fields["offset"], fields["last_offset"],
                   Change(fields["offset"], state, fields["delivery_count"], visible_at_ms, fields["reason"],

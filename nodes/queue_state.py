@@ -22,13 +22,13 @@ every message that is done (acked, dead, dropped), which is what bounds the stat
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Final
 
 from fabric import errors
 
 # The bounds live with the wire format (fabric/protocol/queues.py) so the SDK and the CLI
-# quote the same numbers; re-exported here for the state machine's readers.
+# quote the same numbers; re-exported here for the state machine's readers, as are its
+# data types (nodes/queue_entries.py).
 from fabric.protocol.queues import (
     DEDUP_IDS_MAX,
     DEDUP_WINDOW_MS_DEFAULT,
@@ -50,99 +50,36 @@ from nodes.queue_bounds import (
     deliver_at,
 )
 from nodes.queue_dedup import DedupWindow
+from nodes.queue_entries import (
+    _DONE,
+    ACKED,
+    AVAILABLE,
+    DEAD,
+    DELAYED,
+    DROPPED,
+    LEASED,
+    REASON_EXPIRED,
+    REASON_NACK,
+    REASON_TTL,
+    Change,
+    Entry,
+    Finished,
+    Lease,
+    QueueConfig,
+)
 
-__all__ = ["DEDUP_IDS_MAX", "DedupWindow", "DEDUP_WINDOW_MS_DEFAULT", "DELAY_MS_MAX", "MAX_DELIVERIES_DEFAULT",
+__all__ = ["ACKED", "AVAILABLE", "DEAD", "DELAYED", "DROPPED", "LEASED", "REASON_EXPIRED", "REASON_NACK",
+           "REASON_TTL", "Change", "Entry", "Finished", "Lease", "QueueConfig",
+           "DEDUP_IDS_MAX", "DedupWindow", "DEDUP_WINDOW_MS_DEFAULT", "DELAY_MS_MAX", "MAX_DELIVERIES_DEFAULT",
            "check_priority", "check_receive_wait_ms", "check_visibility_ms", "deliver_at",
            "MAX_DELIVERIES_MAX", "PRIORITY_DEFAULT", "PRIORITY_MAX", "PRIORITY_MIN", "RECEIVE_MESSAGES_MAX",
            "RECEIVE_WAIT_MS_MAX", "VISIBILITY_TIMEOUT_MS_DEFAULT", "VISIBILITY_TIMEOUT_MS_MAX"]
 
-AVAILABLE: Final[str] = "available"
-DELAYED: Final[str] = "delayed"
-LEASED: Final[str] = "leased"
-ACKED: Final[str] = "acked"
-DEAD: Final[str] = "dead"
-DROPPED: Final[str] = "dropped"
-_DONE = frozenset({ACKED, DEAD, DROPPED})
-
-REASON_EXPIRED: Final[str] = "visibility timeout"
-REASON_TTL: Final[str] = "ttl expired"
-REASON_NACK: Final[str] = "nack"
-
-
-@dataclass(frozen=True)
-class QueueConfig:
-    visibility_timeout_ms: int = VISIBILITY_TIMEOUT_MS_DEFAULT
-    max_deliveries: int = MAX_DELIVERIES_DEFAULT
-    dead_letter: str = ""  # topic name; "" drops expired/poison messages (counted)
-    message_ttl_ms: int = 0  # 0: no queue-wide TTL
-    max_messages: int = 0  # 0: unbounded
-    max_bytes: int = 0  # 0: unbounded
-
-    def __post_init__(self) -> None:
-        check_visibility_ms(self.visibility_timeout_ms)
-        if not 1 <= self.max_deliveries <= MAX_DELIVERIES_MAX:
-            raise errors.InvalidQueueConfigError(
-                f"max_deliveries {self.max_deliveries} outside 1..MAX_DELIVERIES_MAX ({MAX_DELIVERIES_MAX})"
-            )
-        for name in ("message_ttl_ms", "max_messages", "max_bytes"):
-            if getattr(self, name) < 0:
-                raise errors.InvalidQueueConfigError(f"{name} must be >= 0 (0: no limit)")
-
-
-@dataclass
-class Entry:
-    offset: int
-    size_bytes: int
-    priority: int
-    visible_at_ms: int
-    expires_at_ms: int  # 0: never
-    state: str = AVAILABLE
-    delivery_count: int = 0
-    consumer: str = ""
-    deadline_ms: int = 0
-    last_reason: str = ""
-    # Leased, but the answer carrying it has not left yet (it waits until its lease is
-    # durable): its lease clock starts when it does (``answered``), and a lease that ends
-    # before is undone, not counted as a delivery.
-    unanswered: bool = False
-
-
-@dataclass(frozen=True)
-class Lease:
-    offset: int
-    delivery_count: int
-    deadline_ms: int
-
-
-@dataclass(frozen=True)
-class Change:
-    """A state change to persist (replicated, acks=all) before the reply that depends on it.
-
-    The newest change per offset wins on rebuild. Appends are not changes: they are the
-    data log itself, which a new leader replays first.
-    """
-
-    offset: int
-    state: str
-    delivery_count: int
-    visible_at_ms: int
-    reason: str
-    # False for a snapshot's restatement (nodes/queue_compaction.py): its dead letters and
-    # drops are in the snapshot's counts already, so restoring it must not count them again.
-    counted: bool = True
-    # Read back from __queue_state: when its record was written, as ``visible_at_ms`` is, on
-    # this node's clock as far as known (0 otherwise). ``restore`` bounds the delay by it.
-    written_ms: int = 0
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A message that left the queue without an ack: dead-lettered or dropped."""
-
-    offset: int
-    state: str  # DEAD or DROPPED
-    delivery_count: int
-    reason: str
+# Messages the start offset passed that were dead-lettered or dropped, remembered (newest
+# first kept) so a late ack of one is told so rather than taken as acknowledged. Bounded:
+# ~100 bytes each; older ones, and those a snapshot restated, read as acknowledged.
+GIVEN_UP_REMEMBERED_MAX: Final[int] = 10_000
+REASON_PURGED: Final[str] = "purged"
 
 
 class ShareState:
@@ -166,6 +103,9 @@ class ShareState:
         self.dropped_total = 0
         self.dead_total = 0
         self.deduplicated_total = 0
+        # A purge settled every message below this (nodes/queue_purge.py), ingested or not.
+        self.purged_below = 0
+        self._given_up: dict[int, str] = {}  # offset -> DEAD or DROPPED, below the start offset
         # Drained by the coordinator after every call; never longer than one call's changes.
         self._changes: list[Change] = []
 
@@ -195,6 +135,9 @@ class ShareState:
         """A record at ``offset`` is in the log; it joins the queue."""
         if offset < self.next_offset:
             return  # already known (replayed after a rebuild)
+        if offset < self.purged_below:
+            self.skip(offset)  # sent before a purge that reached the log's end past it
+            return
         check_priority(priority)
         ttl = ttl_ms or self.config.message_ttl_ms
         if ttl_ms and self.config.message_ttl_ms:
@@ -255,18 +198,61 @@ class ShareState:
         e = self._entries.get(self._visible[0][1])
         return e.size_bytes if e is not None else 0
 
+    def finished(self, offset: int) -> str:
+        """How the message at ``offset`` left this group, if it did: ACKED (acknowledged by any
+        consumer, or purged), DEAD or DROPPED (given up on), "" while it is still queued.
+        Below the start offset the state is forgotten: ACKED unless remembered as given up."""
+        if offset < self.start_offset:
+            return self._given_up.get(offset, ACKED)
+        e = self._entries.get(offset)
+        if e is not None:
+            return e.state if e.state in _DONE else ""
+        return ACKED if offset < self.purged_below else ""
+
+    def not_held(self, consumer: str, offset: int) -> errors.FabricError:
+        """Why ``consumer`` cannot settle ``offset``: the group is done with it
+        (ALREADY_SETTLED: it is not delivered again), or its lease is gone (LEASE_NOT_HELD:
+        it is, or will be, delivered again)."""
+        finished = self.finished(offset)
+        if finished:
+            how = "acknowledged or purged" if finished == ACKED else f"given up on ({finished})"
+            return errors.AlreadySettledError(f"offset {offset} was already {how}: not delivered again")
+        return errors.LeaseNotHeldError(f"offset {offset} is not leased to {consumer!r}")
+
     def _held(self, consumer: str, offset: int, now_ms: int) -> Entry:
         e = self._entries.get(offset)
         if e is None or e.state != LEASED or e.consumer != consumer or e.deadline_ms <= now_ms:
-            raise errors.LeaseNotHeldError(f"offset {offset} is not leased to {consumer!r}")
+            raise self.not_held(consumer, offset)
         return e
 
-    def ack(self, consumer: str, offset: int, now_ms: int) -> None:
+    def ack(self, consumer: str, offset: int, now_ms: int) -> bool:
+        """True: acknowledged now. False: the group had acknowledged (or purged) it already,
+        by this consumer or another after a redelivery: an ack is idempotent, as SQS's
+        DeleteMessage, since what it asks for holds. Raises ``not_held``'s error otherwise."""
+        e = self._entries.get(offset)
+        if (e is None or e.state != LEASED) and self.finished(offset) == ACKED:
+            return False
         e = self._held(consumer, offset, now_ms)
         self._move(e, ACKED)
         self._closed(e)
         self._record(e)
         self._advance()
+        return True
+
+    def purge(self, end_offset: int) -> int:
+        """Settle every message below ``end_offset`` (the log's end when the purge came),
+        ingested or not: held leases are dropped, delayed messages go too; not dead-lettered,
+        not counted as dropped. Returns how many queued messages it settled. One restating
+        record is the caller's to persist (``purged_below``), not a change per message."""
+        count = 0
+        for e in [e for e in self._entries.values() if e.offset < end_offset and e.state not in _DONE]:
+            self._move(e, ACKED)
+            e.last_reason = REASON_PURGED
+            self._closed(e)
+            count += 1
+        self.purged_below = max(self.purged_below, end_offset)
+        self._advance()
+        return count
 
     def nack(self, consumer: str, offset: int, now_ms: int, delay_ms: int = 0, reason: str = REASON_NACK) -> Finished | None:
         """Give a message back; visible again after ``delay_ms``, or dead at max_deliveries."""
@@ -495,6 +481,10 @@ class ShareState:
             if e is not None and e.state not in _DONE:
                 break
             if e is not None:
+                if e.state != ACKED:
+                    self._given_up[e.offset] = e.state
+                    if len(self._given_up) > GIVEN_UP_REMEMBERED_MAX:
+                        del self._given_up[next(iter(self._given_up))]
                 self._bytes -= e.size_bytes
                 del self._entries[self.start_offset]
             self.start_offset += 1

@@ -25,6 +25,7 @@ from fabric.auth.curve import ClientSecurity
 # Re-exported from fabric.errors, one name per class (tests/unit/test_sdk_error_exports.py
 # checks none is missing): the docs name them bare, and users import them from sdk.
 from fabric.errors import (
+    AlreadySettledError,
     AuthenticationFailedError,
     AuthorizationFailedError,
     BufferFullError,
@@ -136,6 +137,7 @@ __all__ = [
     "TopicPartition",
     "connect",
     # The exceptions (fabric.errors).
+    "AlreadySettledError",
     "AuthenticationFailedError",
     "AuthorizationFailedError",
     "BufferFullError",

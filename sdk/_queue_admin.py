@@ -4,7 +4,8 @@ and deleting a queue's group.
 A queue is a topic whose config says ``queue=true`` and carries the queue's settings
 (docs/QUEUES.md), so creating and deleting are topic operations. ``describe_queue`` asks
 each partition's leader for its counts; ``redrive`` moves dead letters back;
-``delete_queue_group`` asks each leader to drop a group's state (QUEUE_DELETE_GROUP).
+``delete_queue_group`` asks each leader to drop a group's state (QUEUE_DELETE_GROUP);
+``purge_queue`` to settle what was sent so far (QUEUE_PURGE).
 """
 
 from __future__ import annotations
@@ -218,6 +219,39 @@ class QueueAdmin:
         if not deleted:
             raise errors.GroupIdNotFoundError(f"queue {name!r} has no group {group!r}")
         return sorted(deleted)
+
+    def purge_queue(self, name: str, group: str | None = None, *, timeout_s: float = 10.0) -> dict[str, int]:
+        """Settle every message of queue ``name`` (any topic read in queue mode) sent before
+        the call, as SQS's PurgeQueue: for every group, those to come included (``group``
+        None), or for ``group`` alone. Each is settled as an ack settles it: not
+        dead-lettered, not delivered again; delayed messages too; held leases are dropped
+        (their ack succeeds, a nack or extend raises LeaseNotHeldError listing them in
+        ``settled``). Durable before it returns; idempotent (run again, it purges only what
+        was sent since). Returns the messages purged by group (summed over partitions; ""
+        is a queue nobody consumes yet). Retries a leader that is loading or moving for up
+        to ``timeout_s``."""
+        str_arg("name", name)
+        group = optional_str_arg("group", group)
+        if group is not None and not group:
+            raise errors.InvalidRequestError("purge_queue: group is None (every group) or a group name, not ''")
+        # Kept across retries: each try counts only what it purged (a partition purged by an
+        # earlier try answers 0 for it), so the sum is what the call purged.
+        answers: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._queue_leaders_call(name, ApiKey.QUEUE_PURGE, {"queue": name, "group": group or ""}, answers)
+                break
+            except errors.RetriableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(DESCRIBE_RETRY_S)
+        purged: dict[str, int] = {}
+        for row in answers:
+            purged[row["group"]] = purged.get(row["group"], 0) + row["purged"]
+        if len(purged) > 1 and not purged.get("", 1):
+            del purged[""]  # the floor of groups to come, beside groups that counted themselves
+        return dict(sorted(purged.items()))
 
     def _queue_leaders_call(self, name: str, api_key: int, body: dict[str, Any], out: list[dict[str, Any]]) -> None:
         """``api_key`` to each leader of ``name``'s partitions, their ``partitions`` answers

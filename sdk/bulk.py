@@ -279,17 +279,19 @@ class BulkFuture:
                 raise TimeoutError(f"records not acknowledged within {timeout} s")
 
 
-def by_key(columns: Columns, partition_count: int) -> list[tuple[int, Columns]]:
+def by_key(columns: Columns, partition_count: int, route: list[bytes | None] | None = None
+           ) -> list[tuple[int, Columns]]:
     """Keyed records: split by partition (crc32 of the key, as ``send``), keeping order.
     Null keys form the group of target -1: the sticky partitioner's, as ``send(key=None)``
-    (they all went to partition 0 once, piling onto one partition)."""
+    (they all went to partition 0 once, piling onto one partition). ``route``: the bytes
+    each record goes by instead of its key (a queue message's dedup id when it has no key)."""
     from fabric.protocol.keyhash import partition_for_key
 
     keys = [columns.key(i) for i in range(columns.count)] if columns.keys is not None else [None] * columns.count
     values = [columns.values.item(i) for i in range(columns.count)]
     headers = columns.headers
     members: dict[int, list[int]] = {}
-    for index, key in enumerate(keys):
+    for index, key in enumerate(route if route is not None else keys):
         target = partition_for_key(key, partition_count) if key is not None else -1
         members.setdefault(target, []).append(index)
     out: list[tuple[int, Columns]] = []

@@ -7,6 +7,7 @@ sender thread, which alone touches the sockets.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import math
@@ -72,10 +73,18 @@ MAX_IN_FLIGHT_MAX = 100
 REQUEST_BATCHES_MAX = 64  # batches per PRODUCE request to one node
 REQUEST_BYTES_MAX = 1024 * 1024  # ...and about this many record bytes per request (a larger batch goes alone)
 NEW_CONNECTION_WAIT_MS = 100  # a produce to a node we have no socket to yet waits this long to connect
-# A producer that is garbage-collected, or still open when the interpreter exits, without
-# close(): it flushes what it holds for at most this long, then logs how many records
-# were lost (kafka-python flushes at exit, librdkafka warns; we do both, within a bound).
+# A producer still open when the interpreter exits, without close(): it flushes what it
+# holds for at most this long, then logs how many records were lost (kafka-python flushes
+# at exit, librdkafka warns; we do both, within a bound).
 UNCLOSED_FLUSH_S_MAX = 10.0
+# A Producer handle garbage-collected without close() leaves its core orphaned, not closed:
+# in `Producer(...).send(...).result(10)` the handle is collected after `send` is looked up
+# and before it runs, so closing at once refused the very send the caller was making. The
+# orphaned core's sender thread delivers what it is given and closes the core once it has
+# had nothing to send and no call under way for this long: long enough for a call already
+# begun to reach the buffer, short enough that a dropped producer's thread and sockets
+# end soon after (the promise that dropping the last reference stops the thread).
+ORPHAN_IDLE_S = 1.0
 # close() waits this long, after its flush, for the sender thread to finish the step it is
 # in (a metadata refresh or a request, each bounded) and stop.
 SENDER_STOP_S = 10.0
@@ -118,6 +127,33 @@ def _timestamp_ms(value: Any) -> int:
     if not batch_format.TIMESTAMP_MS_MIN <= ts <= batch_format.TIMESTAMP_MS_MAX:
         raise ValueError(f"timestamp_ms={ts} outside the i64 range of the batch format")
     return ts
+
+
+def _with_queue_headers(cols: bulk.Columns, values: Any, keys: Any, priority: int | None, delay_ms: int,
+                        ttl_ms: int, dedup_ids: Sequence[str | None] | None
+                        ) -> tuple[bulk.Columns, list[bytes | None] | None]:
+    """``send_batch``'s queue options as each record's ``fabric.*`` headers (after its own),
+    checked as ``send`` checks them; and, with dedup ids, the bytes each record routes by
+    (its key, else its id: repeats meet one partition's dedup window), None when none."""
+    now_ms = int(time.time() * 1000)
+    shared = queue_format.send_headers(delay_ms=delay_ms, priority=priority, ttl_ms=ttl_ms, now_ms=now_ms)
+    ids: list[str | None] = [None] * cols.count
+    if dedup_ids is not None:
+        if isinstance(dedup_ids, str | bytes):  # iterating it would make each character an id
+            raise TypeError(f"dedup_ids must be a sequence of str or None, one per record, not a {type(dedup_ids).__name__}")
+        ids = list(dedup_ids)
+        if len(ids) != cols.count:
+            raise ValueError(f"dedup_ids has {len(ids)} items, values {cols.count}")
+    own = cols.headers or [None] * cols.count
+    merged: list[Headers | None] = []
+    for record_headers, dedup_id in zip(own, ids, strict=True):
+        extra = queue_format.send_headers(dedup_id=dedup_id, now_ms=now_ms) if dedup_id is not None else []
+        merged.append([*(record_headers or []), *shared, *extra] or None)
+    route: list[bytes | None] | None = None
+    if any(ids):
+        record_keys = [cols.key(i) for i in range(cols.count)] if cols.keys is not None else [None] * cols.count
+        route = [k if k is not None else (d.encode() if d else None) for k, d in zip(record_keys, ids, strict=True)]
+    return bulk.Columns(values, keys, merged), route
 
 
 def _partition_index(value: Any) -> int:
@@ -291,6 +327,15 @@ class _ProducerCore:
         self._stop = threading.Event()
         self._refusal: BaseException | None = None  # why send() must refuse (closed, sender died)
         self._closed_why = "send() after close()"  # what that refusal says once closed
+        # Set (without the lock) once the Producer handle was collected: the sender thread
+        # then closes the core after ORPHAN_IDLE_S with nothing to do (_close_if_abandoned).
+        self._orphaned = False
+        self._idle_since_s = 0.0  # when an orphaned core last had something to do
+        self._orphan_lost = 0  # records an orphaned core failed to deliver, logged when it closes
+        # Calls under way whose records are not in the buffer yet (send() waiting for a
+        # topic's metadata or for room, send_batch() between its two locked steps): an
+        # orphaned core must not close under them.
+        self._calls_waiting = 0
         self._ctx = context or zmq.Context.instance()
         self._bootstrap = Bootstrap(bootstrap)
         wake = unique_inproc_endpoint("producer-wake")
@@ -309,6 +354,7 @@ class _ProducerCore:
             setattr(self, "send", self._fast.send)  # noqa: B010 (mypy: a method is not assignable)
         self._thread = threading.Thread(target=self._run_sender, name="fabric-producer-sender", daemon=True)
         self._thread.start()
+        _UNCLOSED_CORES.add(self)  # flushed at interpreter exit unless closed (_close_unclosed_at_exit)
 
     # -- user thread ------------------------------------------------------------------------
     def send(
@@ -488,6 +534,11 @@ class _ProducerCore:
         headers: Sequence[Headers | dict[str, bytes | str | None] | None] | None = None,
         partition: int | None = None,
         timestamp_ms: int | None = None,
+        *,
+        priority: int | None = None,
+        delay_ms: int = 0,
+        ttl_ms: int = 0,
+        dedup_ids: Sequence[str | None] | None = None,
     ) -> bulk.BulkFuture:
         """Queue many records at once; returns a BulkFuture (``result()`` lists the batches).
 
@@ -501,8 +552,18 @@ class _ProducerCore:
         record that cannot fit ``message_bytes_max`` refuses the whole call, before
         anything is queued; the call waits up to ``max_block_ms`` for buffer room for all
         of its records (an empty buffer takes any size), so ``BufferFullError`` too means
-        that nothing was queued."""
+        that nothing was queued.
+
+        Queue-mode options, as ``send``'s (docs/QUEUES.md): ``priority``, ``delay_ms`` and
+        ``ttl_ms`` apply to every record of the call; ``dedup_ids`` is one id per record
+        (None or "" for none), aligned with ``values``, and a record with an id but no key
+        goes to the partition its id hashes to, as with ``send``. They are checked before
+        anything is queued, with send's errors (InvalidPriorityError, InvalidDelayError,
+        InvalidRequestError, TypeError; ValueError for ``dedup_ids`` of another length)."""
         cols = bulk.Columns(values, keys, headers)
+        route: list[bytes | None] | None = None
+        if priority is not None or delay_ms or ttl_ms or dedup_ids is not None:  # checked even for no records
+            cols, route = _with_queue_headers(cols, values, keys, priority, delay_ms, ttl_ms, dedup_ids)
         if cols.count == 0:
             return bulk.BulkFuture([])
         if not isinstance(topic, str):
@@ -521,12 +582,24 @@ class _ProducerCore:
             sticky = self._sticky.get(topic, self._sticky_start) % count
             if partition is not None and partition >= count > 0 and self._learns_partition(topic, partition):
                 count = self._partition_counts[topic]
+            self._calls_waiting += 1  # its records are compressed outside the lock, before they are pending
+        try:
+            return self._send_prepared(topic, cols, partition, ts, count, limit, batch_bytes_max, sticky, route)
+        finally:
+            with self._lock:
+                self._calls_waiting -= 1
+
+    def _send_prepared(self, topic: str, cols: bulk.Columns, partition: int | None, ts: int, count: int,
+                       limit: int, batch_bytes_max: int, sticky: int,
+                       route: list[bytes | None] | None) -> bulk.BulkFuture:
+        """send_batch() once the topic is known: cut, compress (no lock held) and queue.
+        ``route``: per record, what places a keyless one (its dedup id), or None."""
         if partition is not None and not 0 <= partition < count:
             raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {count})")
         bulk.check_fits(cols, topic, limit)
         groups: list[tuple[int, bulk.Columns]]
-        if partition is None and cols.keys is not None:
-            groups = bulk.by_key(cols, count)
+        if partition is None and (cols.keys is not None or route is not None):
+            groups = bulk.by_key(cols, count, route)
         else:
             groups = [(partition if partition is not None else -1, cols)]
         pieces: list[tuple[int, bulk.Piece]] = []
@@ -540,6 +613,8 @@ class _ProducerCore:
         payloads = [batch_format.compress_records(piece.records, self.codec, adaptive=True) for _, piece in pieces]
         parts: list[tuple[BatchResult, int]] = []
         with self._lock:
+            if self._refusal is not None:  # closed while the records were being compressed
+                raise self._refusal
             # Room for the whole call before any of it is queued (an empty buffer takes any
             # size, as for one large record): a BufferFullError then means nothing went in,
             # and the caller may simply send the call again.
@@ -564,15 +639,19 @@ class _ProducerCore:
                 f"producer buffer of buffer_bytes_max={self._acc.buffer_bytes_max} is full, and send() from a send "
                 "callback cannot wait for room: the callback runs on the thread that would free it")
         deadline = time.monotonic() + self.max_block_s
-        while not self._acc.has_room(size):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise errors.BufferFullError(
-                    f"producer buffer of buffer_bytes_max={self._acc.buffer_bytes_max} stayed full for max_block_ms={int(self.max_block_s * 1000)}"
-                )
-            self._space.wait(remaining)
-            if self._closed:
-                raise errors.ClientClosedError("producer closed while send() was blocked")
+        self._calls_waiting += 1
+        try:
+            while not self._acc.has_room(size):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise errors.BufferFullError(
+                        f"producer buffer of buffer_bytes_max={self._acc.buffer_bytes_max} stayed full for max_block_ms={int(self.max_block_s * 1000)}"
+                    )
+                self._space.wait(remaining)
+                if self._closed:
+                    raise errors.ClientClosedError("producer closed while send() was blocked")
+        finally:
+            self._calls_waiting -= 1  # the lock is held again here (Condition.wait retakes it)
 
     def _await_topic(self, topic: str) -> int:
         """Ask the sender thread for this topic's metadata; called with the lock held."""
@@ -581,6 +660,14 @@ class _ProducerCore:
                 f"topic {topic!r} is new to this producer, and send() from a send callback cannot wait for its "
                 "metadata (the callback runs on the thread that fetches it): send to it, or call "
                 "partitions_for() on it, once outside the callback first")
+        self._calls_waiting += 1
+        try:
+            return self._wait_for_topic(topic)
+        finally:
+            self._calls_waiting -= 1  # the lock is held again here (Condition.wait retakes it)
+
+    def _wait_for_topic(self, topic: str) -> int:
+        """_await_topic's wait (lock held, released while waiting), up to max_block_ms."""
         self._unknown_topics.pop(topic, None)
         self._wanted_topics.add(topic)
         self._wake()
@@ -624,6 +711,14 @@ class _ProducerCore:
         on the sender thread, which does the refresh: the cached count then."""
         if threading.current_thread() is self._thread:
             return partition < self._partition_counts.get(topic, 0)
+        self._calls_waiting += 1
+        try:
+            return self._wait_for_partition(topic, partition)
+        finally:
+            self._calls_waiting -= 1  # the lock is held again here (Condition.wait retakes it)
+
+    def _wait_for_partition(self, topic: str, partition: int) -> bool:
+        """_learns_partition's wait (lock held, released while waiting)."""
         deadline = time.monotonic() + min(self.max_block_s, PARTITION_LEARN_WAIT_MS / 1000.0)
         while not self._closed:
             wanted = self._refreshes_begun + 1
@@ -686,6 +781,8 @@ class _ProducerCore:
             except TimeoutError:
                 log.warning("close(): flush timed out; failing what is left")
         with self._lock:
+            if self._closed:  # the sender thread closed an orphaned core meanwhile: nothing was left
+                return
             self._closed = True
             self._refuse(errors.ClientClosedError(self._closed_why))
             self._space.notify_all()
@@ -702,16 +799,15 @@ class _ProducerCore:
         self._wake_push.close(linger=0)
 
     def close_unattended(self) -> None:
-        """What a producer that nobody closed does when it is collected or the interpreter
-        exits: flush within UNCLOSED_FLUSH_S_MAX, then say how many records were lost."""
+        """What a producer that nobody closed does when the interpreter exits (its handle
+        alive or orphaned): flush within UNCLOSED_FLUSH_S_MAX, then say how many records
+        were lost."""
         with self._lock:
             if self._closed:
                 return
             pending = [(b.result, b.record_count) for b in self._pending_batches()]
-            # Also what `Producer(...).send(...)` meets: the handle, referenced by nobody,
-            # is collected between looking send up and calling it.
-            self._closed_why = ("send() after the Producer was garbage-collected (or the interpreter began to "
-                                "exit): keep a reference to it, or use `with Producer(...) as producer:`")
+            self._closed_why = ("send() after the interpreter began to exit, with the Producer not closed: "
+                                "keep a reference to it, or use `with Producer(...) as producer:`")
         if not pending:
             self.close(0)
             return
@@ -720,9 +816,50 @@ class _ProducerCore:
         if lost:
             log.error(
                 "producer was not closed: %d of %d records were not delivered (flushed for up to "
-                "UNCLOSED_FLUSH_S_MAX=%.0f s at exit or garbage collection); call flush() or close()",
+                "UNCLOSED_FLUSH_S_MAX=%.0f s at exit); call flush() or close()",
                 lost, sum(count for _, count in pending), UNCLOSED_FLUSH_S_MAX,
             )
+
+    def _orphan(self) -> None:
+        """The Producer handle was garbage-collected without close() (not at interpreter
+        exit: close_unattended). The core goes on delivering what it is given, a send
+        already looked up on the handle included, and its sender thread closes it once
+        it has been idle for ORPHAN_IDLE_S (_close_if_abandoned)."""
+        # No lock: a cyclic collection may run this on a thread inside one of this core's
+        # own locked sections. The sender reads these flags on its next turn.
+        self._closed_why = (f"send() after the Producer was garbage-collected and its sender stopped, idle for "
+                            f"ORPHAN_IDLE_S={ORPHAN_IDLE_S:g} s: keep a reference to it, or use "
+                            "`with Producer(...) as producer:`")
+        self._idle_since_s = time.monotonic()
+        self._orphaned = True
+
+    def _close_if_abandoned(self) -> bool:
+        """On the sender thread, at the start of each turn of an orphaned core: close it
+        (True) once it has had nothing pending and no call under way for ORPHAN_IDLE_S.
+        A record sent since the last turn is pending still (this turn's ready() has not
+        run) or was taken by a turn's ready(), which marks the core busy: none is missed."""
+        now = time.monotonic()
+        with self._lock:
+            # Nobody will call flush(): what is sent leaves without waiting for its linger.
+            self._acc.flushing = True
+            # Every batch holds buffer bytes until it is answered or failed (_finish):
+            # cheaper than listing _pending_batches() on each turn of a busy orphan.
+            if self._calls_waiting or self._wanted_topics or self._due or self._acc.buffered_bytes or self._in_flight:
+                self._idle_since_s = now
+                return False
+            if now - self._idle_since_s < ORPHAN_IDLE_S:
+                return False
+            self._closed = True
+            self._refuse(errors.ClientClosedError(self._closed_why))
+            self._space.notify_all()
+            self._metadata_ready.notify_all()
+            self._stop.set()
+            self._wake_push.close(linger=0)  # under the lock: send() and flush() wake with it under the lock
+            lost, self._orphan_lost = self._orphan_lost, 0
+        if lost:
+            log.error("producer was garbage-collected without close(): %d records failed after that (their "
+                      "futures hold the errors); keep a reference and call flush() or close()", lost)
+        return True
 
     def _pending_batches(self) -> list[ProducerBatch]:
         """Every batch not yet answered, wherever it is (call with the lock held): queued,
@@ -754,6 +891,8 @@ class _ProducerCore:
         conns.poller.register(self._wake_pull, zmq.POLLIN)
         try:
             while not self._stop.is_set():
+                if self._orphaned and self._close_if_abandoned():
+                    break
                 self._sender_turn(conns, meta)
                 self._run_due()
         except Exception as exc:  # a bug, not an operating error: fail loudly, never hang
@@ -794,6 +933,8 @@ class _ProducerCore:
         with self._lock:
             ready = self._acc.ready(now, self._in_flight_slots, self.max_in_flight)
             self._sending = list(ready)
+            if ready:
+                self._idle_since_s = now  # an orphaned core's idle time starts again (_close_if_abandoned)
         # On a secure cluster a PRODUCE carries one topic: a node refuses a request whole
         # when its principal may not produce one topic in it (docs/PROTOCOL.md section 12),
         # and that failed the batches of topics it may produce, sent along in the same one.
@@ -1168,6 +1309,8 @@ class _ProducerCore:
         if self._sticky_batch.get(batch.topic) is batch:  # its size is final: keep the count, not the batch
             self._sticky_closed_bytes[batch.topic] = self._sticky_closed_bytes.get(batch.topic, 0) + batch.size_bytes
             del self._sticky_batch[batch.topic]
+        if exc is not None and self._orphaned:
+            self._orphan_lost += batch.record_count  # nobody may look at its futures: logged at close
         self._due += batch.result.settle(base_offset, exc)  # callbacks run once the lock is released
 
     def _expire_queued(self, now: float) -> None:
@@ -1235,6 +1378,24 @@ def _install_speedups() -> bool:
     return True
 
 
+# Every core not yet closed, its handle alive or orphaned: flushed at interpreter exit.
+# Weak, so that a core whose sender stopped is collected as soon as nothing uses it.
+_UNCLOSED_CORES: weakref.WeakSet[_ProducerCore] = weakref.WeakSet()
+
+
+def _close_unclosed_at_exit() -> None:
+    """At interpreter exit, each producer nobody closed flushes for up to
+    UNCLOSED_FLUSH_S_MAX and logs what it lost. One hook for every core, apart from the
+    handles' finalizers (which only orphan a core): an orphaned core has no finalizer
+    left to run. Registered at import, after zmq and logging were imported, so it runs
+    before their own exit hooks (atexit runs last-registered first): its sockets and
+    its log still work. The sender threads are daemons, still running here."""
+    for core in list(_UNCLOSED_CORES):
+        core.close_unattended()
+
+
+atexit.register(_close_unclosed_at_exit)
+
 _records_section: Callable[[list[Any]], tuple[bytes, int, int] | None] | None = None
 _new_lock: Callable[[], Any] = threading.Lock  # the compiled send takes a FastLock from C
 _fast_send: Callable[[_ProducerCore], Any] | None = None  # a producer's compiled send (sdk/_speedups.pyx)
@@ -1274,13 +1435,17 @@ class Producer:
     ``request_timeout_ms`` (else ValueError here). ``send()``'s docstring says what it
     raises at once, what its future raises, and what a ``callback`` may do.
 
-    Call ``close()`` (or use ``with``). A producer that is garbage-collected, or still
-    open when the interpreter exits, flushes for up to ``UNCLOSED_FLUSH_S_MAX`` seconds
-    and logs how many records it could not deliver.
+    Call ``close()`` (or use ``with``). A producer garbage-collected without ``close()``
+    goes on delivering what it was given, so a temporary works:
+    ``Producer(bootstrap).send("t", b"v").result(10)``. It closes itself once it has had
+    nothing to send and no call under way for ``ORPHAN_IDLE_S`` (1 s); a send after that
+    raises ClientClosedError, and records that failed after the collection are logged.
+    A producer still open when the interpreter exits (referenced or not) flushes for up to
+    ``UNCLOSED_FLUSH_S_MAX`` (10 s) and logs how many records it could not deliver.
 
     This is a thin handle: the sender thread holds the ``_ProducerCore`` behind it, not
-    the handle, so dropping the last reference to a Producer really collects it (and
-    runs that bounded flush) instead of leaving a thread running forever.
+    the handle, so dropping the last reference to a Producer really collects it and stops
+    the thread (after that idle second) instead of leaving it running forever.
     """
 
     def __init__(
@@ -1319,8 +1484,10 @@ class Producer:
         self.send_batch = core.send_batch
         self.flush = core.flush
         self.partitions_for = core.partitions_for
-        # finalize holds the core, never the handle; it also runs at interpreter exit.
-        self._finalizer = weakref.finalize(self, core.close_unattended)
+        # finalize holds the core, never the handle. It does not run at interpreter exit:
+        # _close_unclosed_at_exit flushes every unclosed core then, orphaned ones included.
+        self._finalizer = weakref.finalize(self, core._orphan)
+        self._finalizer.atexit = False
 
     send = _forwarded(_ProducerCore._send_python)
     send_batch = _forwarded(_ProducerCore.send_batch)

@@ -513,12 +513,15 @@ class QueueConsumer:
     # -- settling ---------------------------------------------------------------------------------
     def ack(self, messages: QueueMessage | Iterable[QueueMessage]) -> None:
         """Acknowledge (done: never delivered again). Many messages go in one request per
-        node. Raises LeaseNotHeldError whose ``lost`` lists the messages not known to be
-        acknowledged; the others are. Those of them also in its ``unknown`` failed after the
-        request was sent (the leader moved or went away meanwhile): each is either
-        acknowledged or delivered again. Of the rest, those whose request could not be sent
-        (their leader unreachable) are delivered again once their lease ends; the others
-        had lost their lease: delivered again."""
+        node. Idempotent: a message the group already acknowledged (this consumer, or
+        another after a redelivery) or purged is no error. Raises LeaseNotHeldError whose
+        ``lost`` lists the messages not known to be acknowledged. Those of them also in its
+        ``unknown`` failed after the request was sent (the leader moved or went away
+        meanwhile): each is either acknowledged or delivered again. Of the rest, those whose
+        request could not be sent (their leader unreachable) are delivered again once their
+        lease ends; the others had lost their lease: delivered again. Its ``settled`` lists
+        those dead-lettered or dropped before the ack came (their last lease had ended):
+        not delivered again. The messages in none of them are acknowledged."""
         self._settle(_many(messages), qp.ACTION_ACK, 0, "")
 
     def nack(self, messages: QueueMessage | Iterable[QueueMessage], delay_ms: int = 0, reason: str = "") -> None:
@@ -558,6 +561,7 @@ class QueueConsumer:
         lost: list[str] = []
         lost_messages: list[QueueMessage] = []
         unknown_messages: list[QueueMessage] = []
+        settled_messages: list[QueueMessage] = []  # finished in the group before: never delivered again
         unsent_count = 0  # of lost: their request never left, so their lease is still live
         for address, group in by_node.items():
             for start in range(0, len(group), qp.SETTLE_ENTRIES_MAX):
@@ -591,40 +595,25 @@ class QueueConsumer:
                 results = {(r["partition"], r["offset"]): r for r in reply["results"]}
                 for m in chunk:
                     r = results.get((m.partition, m.offset))
-                    if r is None:
-                        lost.append(f"{m.partition}/{m.offset} (left out of the answer)")
+                    code = r["error"] if r is not None else -1
+                    if code == errors.AlreadySettledError.code:
+                        # Done in the group before this call (an ack of an acknowledged or
+                        # purged message is answered 0: idempotent): not delivered again.
+                        settled_messages.append(m)
+                    elif code:
+                        # LEASE_NOT_HELD: the lease ended, the message is delivered again.
+                        # Anything else (left out of the answer, a leader still reading its
+                        # state after a failover) does not say whether it was settled before.
+                        lost.append(f"{m.partition}/{m.offset} "
+                                    f"({errors.error_for_code(code).name if r is not None else 'left out of the answer'})")
                         lost_messages.append(m)
-                        unknown_messages.append(m)
-                        continue
-                    if r["error"]:
-                        lost.append(f"{m.partition}/{m.offset} ({errors.error_for_code(r['error']).name})")
-                        lost_messages.append(m)
-                    deadlines[(m.partition, m.offset)] = r["deadline_ms"]
-        if lost:
-            # ``lost`` on the error: the messages not known to be settled; the others were.
-            # ``unknown``: those of them whose request failed after it was sent, each either
-            # settled or delivered again. Of the rest, those the leader refused had lost
-            # their lease; those whose request never left (no leader known, or no
-            # connection to it: down, or paused with its lease still live) come back only
-            # when their lease ends: saying it had ended told the caller they were
-            # delivered again at once.
-            refused_count = len(lost) - len(unknown_messages) - unsent_count
-            outcomes = []
-            if refused_count:
-                outcomes.append(f"{refused_count} had lost their lease (they are delivered again)")
-            if unsent_count:
-                outcomes.append(f"{unsent_count} were not sent, their leader could not be reached (they are "
-                                "delivered again once their lease ends: at its visibility timeout, or sooner if "
-                                "that leader fails over)")
-            if unknown_messages:
-                outcomes.append(f"for {len(unknown_messages)} the outcome is not known: the request failed after "
-                                "it was sent, or the answer left them out (each is either settled or delivered "
-                                "again)")
-            raise errors.LeaseNotHeldError(
-                f"{len(lost)} of {len(messages)} messages were not "
-                f"{'known to be settled' if unknown_messages else 'settled'}: {'; '.join(outcomes)}: "
-                f"{', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}", lost=lost_messages,
-                unknown=unknown_messages)
+                        if code != errors.LeaseNotHeldError.code:
+                            unknown_messages.append(m)
+                    if r is not None:
+                        deadlines[(m.partition, m.offset)] = r["deadline_ms"]
+        if lost or settled_messages:
+            raise _not_settled(len(messages), action, lost, lost_messages, unknown_messages, unsent_count,
+                               settled_messages)
         return [deadlines.get((m.partition, m.offset), 0) for m in messages]
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -663,6 +652,43 @@ class QueueConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _not_settled(total: int, action: int, lost: list[str], lost_messages: list[QueueMessage],
+                 unknown_messages: list[QueueMessage], unsent_count: int,
+                 settled_messages: list[QueueMessage]) -> errors.LeaseNotHeldError:
+    """The error of a settle some of whose messages were not settled by it. ``lost``: the
+    messages not known to be settled; ``unknown``: those of them whose request failed after
+    it was sent (or the answer left out, or a leader still reading its state answered),
+    each either settled or delivered again. Of the rest of ``lost``, those the leader
+    refused had lost their lease; those whose request never left (no leader known, or no
+    connection to it: down, or paused with its lease still live) come back only when their
+    lease ends: saying it had ended told the caller they were delivered again at once.
+    ``settled``: the group had finished them before this call (for an ack: dead-lettered or
+    dropped; for a nack, extend or release: acknowledged, purged, dead-lettered or
+    dropped): never delivered to the group again, so never said to be."""
+    refused_count = len(lost) - len(unknown_messages) - unsent_count
+    outcomes = []
+    if refused_count:
+        outcomes.append(f"{refused_count} had lost their lease (they are delivered again)")
+    if unsent_count:
+        outcomes.append(f"{unsent_count} were not sent, their leader could not be reached (they are "
+                        "delivered again once their lease ends: at its visibility timeout, or sooner if "
+                        "that leader fails over)")
+    if unknown_messages:
+        outcomes.append(f"for {len(unknown_messages)} the outcome is not known: the request failed after "
+                        "it was sent, the answer left them out, or their leader was still reading its state "
+                        "after a failover (each is either settled or delivered again)")
+    if settled_messages:
+        how = ("dead-lettered or dropped before this ack (their last lease had ended)" if action == qp.ACTION_ACK
+               else "acknowledged, purged, dead-lettered or dropped")
+        outcomes.append(f"{len(settled_messages)} were already {how}: they are not delivered again")
+    names = [*lost, *(f"{m.partition}/{m.offset} (ALREADY_SETTLED)" for m in settled_messages)]
+    return errors.LeaseNotHeldError(
+        f"{len(names)} of {total} messages were not "
+        f"{'known to be settled' if unknown_messages else 'settled'} by this call: {'; '.join(outcomes)}: "
+        f"{', '.join(names[:10])}{' ...' if len(names) > 10 else ''}", lost=lost_messages,
+        unknown=unknown_messages, settled=settled_messages)
 
 
 def _check_name(what: str, name: str) -> None:

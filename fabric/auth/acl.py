@@ -313,7 +313,7 @@ def _group_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation
 
 
 def _queue_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation, Resource]] | None:
-    """Queue mode (API keys 40-43), as Kafka share groups: a queue is a topic, so receiving
+    """Queue mode (API keys 40-44), as Kafka share groups: a queue is a topic, so receiving
     and settling need consume on the topic (which also lets the worker see its routing) and
     consume on the group; describing needs describe on the topic; deleting a queue group
     needs delete on the group, as DELETE_GROUPS (Kafka's DeleteShareGroupState, DELETE on the
@@ -325,4 +325,12 @@ def _queue_access(api_key: int, body: Mapping[str, Any]) -> list[tuple[Operation
         return [(Operation.DESCRIBE, Resource(ResourceType.TOPIC, body["queue"]))]
     if api_key == queues.API_QUEUE_DELETE_GROUP:
         return [(Operation.DELETE, _group(body["group"]))]
+    if api_key == queues.API_QUEUE_PURGE:
+        # Every group's messages: delete on the topic, as Kafka's DeleteRecords. One group's:
+        # delete on that group (as deleting its state) and consume on the topic (it settles
+        # what that group's workers could have acknowledged).
+        topic = Resource(ResourceType.TOPIC, body["queue"])
+        if not body["group"]:
+            return [(Operation.DELETE, topic)]
+        return [(Operation.CONSUME, topic), (Operation.DELETE, _group(body["group"]))]
     return None

@@ -24,7 +24,7 @@ from fabric.cli._common import (
     utf8_text,
     with_bootstrap,
 )
-from fabric.cli.group import group_id
+from fabric.cli.group import group_id, timestamp_ms_from_iso
 from fabric.protocol.tags import TagFilter
 
 POLL_TIMEOUT_MS = 500
@@ -55,6 +55,16 @@ def from_offset(text: str) -> str | int:
     return value
 
 
+def from_time(text: str) -> int:
+    """``--from-time``: ISO 8601, as ``fabric group reset-offsets --datetime`` takes it, in ms
+    since the epoch; anything else is a usage error."""
+    try:
+        return timestamp_ms_from_iso(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; give a date and time such as 2026-11-29T10:00:00Z "
+                                          "(UTC when no zone is given)") from None
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     consume = with_bootstrap(subparsers.add_parser(
         "consume", help="print messages to stdout",
@@ -63,8 +73,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ))
     consume.add_argument("topic", help="topic to read")
     consume.add_argument("--partition", type=partition_index, help="read only this partition (default: all)")
-    consume.add_argument("--from-offset", type=from_offset, default="earliest",
-                         help="earliest, latest or an offset N (past a partition's end: an error)")
+    start = consume.add_mutually_exclusive_group()
+    start.add_argument("--from-offset", type=from_offset, default="earliest",
+                       help="earliest, latest or an offset N (past a partition's end: an error)")
+    start.add_argument("--from-time", type=from_time, metavar="ISO8601",
+                       help="start each partition at its first record with a timestamp at or after this time, "
+                            "e.g. 2026-11-29T10:00:00Z (UTC when no zone is given); a partition with none "
+                            "starts at its end")
     consume.add_argument("--follow", action="store_true", help="keep waiting for new messages")
     consume.add_argument("--max-messages", type=positive_int, help="stop after this many")
     consume.add_argument("--print-offset", action="store_true", help="start each line with PARTITION:OFFSET")
@@ -106,6 +121,14 @@ def format_record(record: Any, args: argparse.Namespace) -> bytes:
 def cmd_consume(args: argparse.Namespace) -> int:
     from sdk import Consumer, TopicPartition
 
+    if args.from_time is not None and (args.ordered or args.group is not None):
+        # A group starts where it committed, an ordered reader at an end of the one order:
+        # neither has a per-partition time to start at (`fabric group reset-offsets --to
+        # datetime` moves a group's committed offsets to a time).
+        flag = "--ordered" if args.ordered else "--group"
+        raise usage_error(f"--from-time does not go with {flag}"
+                          + (" (to start a group at a time: `fabric group reset-offsets GROUP --topic T "
+                             "--to datetime --datetime ...` while it is inactive)" if flag == "--group" else ""))
     if args.ordered:  # first: it refuses --group
         return _consume_ordered(args)
     if args.group is not None:  # never truthiness: --group '' must not mean "no group" (group_id refuses it)
@@ -120,7 +143,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
         else:
             tps = [TopicPartition(args.topic, args.partition)]
             consumer.assign(tps)
-        if args.from_offset == "earliest":
+        if args.from_time is not None:
+            _seek_to_time(consumer, tps, args.from_time)
+        elif args.from_offset == "earliest":
             consumer.seek_to_beginning()
         elif args.from_offset == "latest":
             consumer.seek_to_end()
@@ -161,6 +186,19 @@ def _seek_checked(consumer: Any, tps: list[Any], offset: int) -> None:
         )
     for tp in tps:
         consumer.seek(tp, offset)
+
+
+def _seek_to_time(consumer: Any, tps: list[Any], timestamp_ms: int) -> None:
+    """Seek each partition to its first record with a timestamp at or after
+    ``timestamp_ms``; one with none (offsets_for_times gives -1) to its end, so that only
+    what comes next is read there, as ``fabric group reset-offsets --to datetime`` does."""
+    found = consumer.offsets_for_times({tp: timestamp_ms for tp in tps})
+    at_end = [tp for tp in tps if found[tp] < 0]
+    for tp in tps:
+        if found[tp] >= 0:
+            consumer.seek(tp, found[tp])
+    if at_end:
+        consumer.seek_to_end(*at_end)
 
 
 def _consume_ordered(args: argparse.Namespace) -> int:

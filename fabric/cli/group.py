@@ -30,6 +30,23 @@ def group_id(text: str) -> str:
     return text
 
 
+def timestamp_ms_from_iso(text: str) -> int:
+    """An ISO 8601 date and time (``2026-11-22T20:00:00Z``; one without a zone is UTC) as
+    milliseconds since the Unix epoch, for ``reset-offsets --datetime`` and ``fabric consume
+    --from-time``. ValueError saying why (its message is ``TEXT is ...``) when it is not ISO
+    8601 or is before 1970: LIST_OFFSETS reads a negative timestamp as earliest/latest."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not ISO 8601") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    timestamp_ms = int(moment.timestamp() * 1000)
+    if timestamp_ms < 0:
+        raise ValueError(f"{text!r} is before 1970")
+    return timestamp_ms
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = subparsers.add_parser("group", help="consumer groups: list, describe (lag), reset offsets, delete")
     actions = group.add_subparsers(dest="group_command", required=True)
@@ -96,14 +113,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if not args.datetime:
             raise usage_error("--to datetime needs --datetime (ISO 8601)")
         try:
-            moment = datetime.fromisoformat(args.datetime.replace("Z", "+00:00"))
-        except ValueError:
-            raise usage_error(f"--datetime {args.datetime!r} is not ISO 8601") from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
-        timestamp_ms = int(moment.timestamp() * 1000)
-        if timestamp_ms < 0:  # LIST_OFFSETS reads a negative timestamp as earliest/latest
-            raise usage_error(f"--datetime {args.datetime!r} is before 1970")
+            timestamp_ms = timestamp_ms_from_iso(args.datetime)
+        except ValueError as exc:
+            raise usage_error(f"--datetime {exc}") from None
     if args.to == "offset" and args.offset is None:
         raise usage_error("--to offset needs --offset N (N >= 0)")
     if args.offset is not None and args.to != "offset":  # it was dropped without a word

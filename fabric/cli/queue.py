@@ -1,4 +1,4 @@
-"""``fabric queue create|delete|delete-group|describe|list|redrive|send|receive`` (docs/QUEUES.md)."""
+"""``fabric queue create|delete|delete-group|describe|list|purge|redrive|send|receive`` (docs/QUEUES.md)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     delete_group.add_argument("name", help="the queue (or any topic read in queue mode)")
     delete_group.add_argument("group", help="the group to delete")
     with_bootstrap(qsub.add_parser("list", help="list queues"))
+    purge = with_bootstrap(qsub.add_parser(
+        "purge", help="settle every message sent so far (every group, or --group), as SQS PurgeQueue"))
+    purge.add_argument("name", help="the queue (or any topic read in queue mode)")
+    purge.add_argument("--group", default=None, help="purge for this group only (default: every group, and "
+                                                     "groups that start later)")
     describe = with_bootstrap(qsub.add_parser("describe", help="settings and counts per partition"))
     describe.add_argument("name", help="a queue, or any topic read in queue mode")
     describe.add_argument("--group", "-g", default=qp.DEFAULT_GROUP, help="consumer group (default: default)")
@@ -116,6 +121,11 @@ def cmd_queue(args: argparse.Namespace) -> int:
         elif command == "delete-group":
             partitions = admin.delete_queue_group(args.name, args.group)
             print(f"deleted group {args.group} of queue {args.name} ({plural(len(partitions), 'partition')})")
+        elif command == "purge":
+            purged = admin.purge_queue(args.name, args.group)
+            by_group = ", ".join(f"group {g or '(none consuming yet)'}: {n}" for g, n in purged.items())
+            whom = f"group {args.group}" if args.group else "every group"
+            print(f"purged queue {args.name} for {whom}: {plural(sum(purged.values()), 'message')} ({by_group})")
         elif command == "list":
             for name in admin.list_queues():
                 print(name)

@@ -64,6 +64,7 @@ class ApiKey(IntEnum):
     QUEUE_SETTLE = 41
     QUEUE_DESCRIBE = 42
     QUEUE_DELETE_GROUP = 43
+    QUEUE_PURGE = 44
     # Operations (55-59).
     DRAIN_NODE = 55
     REASSIGN_PARTITION = 56

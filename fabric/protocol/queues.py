@@ -1,4 +1,4 @@
-"""Queue-mode wire schemas (API keys 40-43) and the bounds every layer quotes.
+"""Queue-mode wire schemas (API keys 40-44) and the bounds every layer quotes.
 
 Pure: schemas declared as data, encoded and decoded by :mod:`fabric.protocol.schema`.
 The lease/delivery rules are in ``nodes/queue_state.py``, the node side in
@@ -11,6 +11,8 @@ listing and deleting queues are topic operations (a queue is a topic whose confi
 to the origin, ack), so they need no API of their own. Deleting a queue's group is an
 API (``QUEUE_DELETE_GROUP``): a group's state lives on each partition's leader and in
 ``__queue_state``, where the deletion is a record (state ``deleted``) a new leader replays.
+Purging (``QUEUE_PURGE``, as SQS's PurgeQueue) settles every message below the log's end
+for one group or all, one record (state ``purged``) per group a new leader replays.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ API_QUEUE_RECEIVE: Final[int] = 40
 API_QUEUE_SETTLE: Final[int] = 41
 API_QUEUE_DESCRIBE: Final[int] = 42
 API_QUEUE_DELETE_GROUP: Final[int] = 43
+API_QUEUE_PURGE: Final[int] = 44
 
 # Defaults and bounds, SQS's numbers where SQS has one; named so errors can quote them.
 VISIBILITY_TIMEOUT_MS_DEFAULT: Final[int] = 30_000
@@ -189,12 +192,26 @@ DELETE_GROUP_RESPONSE_V0: Schema = (
     ("partitions", Array(Struct(DELETE_GROUP_RESULT))),
 )
 
+PURGE_REQUEST_V0: Schema = (("queue", "str"), ("group", "str"))  # group "": every group, and those to come
+PURGE_RESULT: Schema = (
+    ("partition", "i32"),
+    ("group", "str"),  # "": the partition's floor for groups that start later (purged: 0)
+    ("end_offset", "i64"),  # everything below it is settled for the group
+    ("purged", "i64"),  # messages it settled that were queued (visible, in flight, delayed)
+)
+PURGE_RESPONSE_V0: Schema = (
+    ("error", "i16"),
+    ("message", "text"),
+    ("partitions", Array(Struct(PURGE_RESULT))),  # the partitions this node leads
+)
+
 SCHEMAS: dict[tuple[int, int], tuple[Schema, Schema]] = {
     (API_QUEUE_RECEIVE, 0): (RECEIVE_REQUEST_V0, RECEIVE_RESPONSE_V0),
     (API_QUEUE_RECEIVE, 1): (RECEIVE_REQUEST_V0, RECEIVE_RESPONSE_V1),
     (API_QUEUE_SETTLE, 0): (SETTLE_REQUEST_V0, SETTLE_RESPONSE_V0),
     (API_QUEUE_DESCRIBE, 0): (DESCRIBE_REQUEST_V0, DESCRIBE_RESPONSE_V0),
     (API_QUEUE_DELETE_GROUP, 0): (DELETE_GROUP_REQUEST_V0, DELETE_GROUP_RESPONSE_V0),
+    (API_QUEUE_PURGE, 0): (PURGE_REQUEST_V0, PURGE_RESPONSE_V0),
 }
 
 
@@ -308,9 +325,12 @@ STATE_RANGE_MAX: Final[int] = 100_000  # offsets one record may cover; more is a
 # used then, by the record's timestamp: the idle clock of queue_group_retention_ms).
 STATE_DELETED: Final[str] = "deleted"
 STATE_USED: Final[str] = "used"
-GROUP_MARKERS: Final[frozenset[str]] = frozenset({STATE_DELETED, STATE_USED})
+# A third, ``purged``: every message of the group below ``offset`` is settled (QUEUE_PURGE);
+# of the group-less name "", the floor a group starting later begins at.
+STATE_PURGED: Final[str] = "purged"
+GROUP_MARKERS: Final[frozenset[str]] = frozenset({STATE_DELETED, STATE_USED, STATE_PURGED})
 STATE_CODES: Final[dict[str, int]] = {"available": 0, "delayed": 1, "leased": 2, "acked": 3, "dead": 4, "dropped": 5,
-                                      STATE_DELETED: 6, STATE_USED: 7}
+                                      STATE_DELETED: 6, STATE_USED: 7, STATE_PURGED: 8}
 _STATE_NAMES: Final[dict[int, str]] = {v: k for k, v in STATE_CODES.items()}
 STATE_RECORD_V0: Schema = (
     ("version", "u8"),

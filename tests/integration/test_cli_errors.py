@@ -81,6 +81,11 @@ def free_port() -> int:
 @pytest.mark.parametrize(("args", "needle"), [
     (("consume", "T", "--from-offset", "yesterday"), "--from-offset: 'yesterday' is not earliest, latest or an offset"),
     (("consume", "T", "--from-offset", "-5"), "--from-offset"),
+    (("consume", "T", "--from-time", "yesterday"), "--from-time: 'yesterday' is not ISO 8601"),
+    (("consume", "T", "--from-time", "1969-12-31T23:59:59Z"), "is before 1970"),
+    (("consume", "T", "--from-time", "2026-11-29T10:00:00Z", "--from-offset", "5"), "not allowed with"),
+    (("consume", "T", "--from-time", "2026-11-29T10:00:00Z", "--group", "g"), "reset-offsets"),
+    (("consume", "T", "--from-time", "2026-11-29T10:00:00Z", "--ordered"), "--from-time does not go with --ordered"),
     (("consume", "T", "--max-messages", "0"), "--max-messages"),
     (("consume", "T", "--partition", "x"), "--partition"),
     (("produce", "T", "--acks", "2"), "--acks"),
@@ -156,6 +161,23 @@ def test_consume_from_the_end_offset_is_allowed(fabric: Fabric, topic: str) -> N
     assert (result.code, result.stdout, result.stderr) == (0, b"", "")
     result = fabric("consume", topic, "--partition", "0", "--from-offset", "3")
     assert result.code == 0 and result.stdout == b"v3\nv4\n"
+
+
+def test_consume_from_a_time(fabric: Fabric, cluster: LocalCluster, topic_name: str) -> None:
+    """--from-time: each partition from its first record at or after the time; one with
+    none (partition 1 here holds nothing that late) from its end."""
+    minute_ms = 60_000
+    start_ms = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=2)
+    with Producer(cluster.bootstrap) as producer:
+        for i in range(5):
+            producer.send(topic_name, b"v%d" % i, partition=0, timestamp_ms=start_ms + i * minute_ms)
+        producer.send(topic_name, b"early", partition=1, timestamp_ms=start_ms)
+    result = fabric("consume", topic_name, "--from-time", "2027-01-15T08:02:00Z", "--print-offset")
+    assert (result.code, result.stdout, result.stderr) == (0, b"0:2\tv2\n0:3\tv3\n0:4\tv4\n", "")
+    result = fabric("consume", topic_name, "--from-time", "2027-01-15T09:01:59+01:00")  # 08:01:59Z
+    assert (result.code, result.stdout) == (0, b"v2\nv3\nv4\n")
 
 
 def test_zookeeper_address_without_scheme_is_plainly_refused(fabric: Fabric, zk_server: LocalZooKeeper,

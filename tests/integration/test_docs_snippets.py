@@ -57,12 +57,15 @@ def first_call_ends_the_loop(*_args: Any) -> None:
 
 
 def test_readme_blocks(docs_cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
-    quickstart, bulk, aio, tags, ordered = python_blocks("README.md")
+    quickstart, offsets, bulk, aio, tags, ordered = python_blocks("README.md")
 
     namespace = run_block(quickstart, docs_cluster)
     assert namespace["bootstrap"] == docs_cluster.bootstrap  # the example's own address was replaced
     out = capsys.readouterr().out
     assert "RecordMetadata(" in out and "clicked" in out
+
+    namespace = run_block(offsets, docs_cluster)  # seek, end offsets, offsets_for_times as the prose says
+    assert namespace["first"] == 0 and namespace["end"] >= 0 and set(namespace["found"]) == {namespace["tp"]}
 
     with Producer(docs_cluster.bootstrap) as producer:
         values = [b"a", "b", None]

@@ -1,5 +1,5 @@
-"""No silent loss: a producer nobody closed delivers at exit or collection, or says what
-it lost; the delivery timeout holds in every state; bad headers and large records get
+"""No silent loss: a producer nobody closed delivers at exit or after collection, or says
+what it lost; the delivery timeout holds in every state; bad headers and large records get
 clear answers."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fabric.protocol import apis
 from fabric.protocol.apis import ApiKey
 from sdk import Admin, Producer
 from sdk.accumulator import normalize_headers
-from sdk.producer import _ProducerCore
+from sdk.producer import ORPHAN_IDLE_S, _ProducerCore
 from tests.integration.helpers import read_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,8 +63,22 @@ def test_collected_producer_flushes_and_stops_its_thread(cluster: LocalCluster, 
         producer.send(topic_name, b"v%d" % i)
     del producer
     gc.collect()
+    # Orphaned, it sends at once (nobody will flush) and stops once idle for ORPHAN_IDLE_S.
+    thread.join(ORPHAN_IDLE_S + 10)
     assert not thread.is_alive()
     assert len(read_all(cluster.bootstrap, topic_name, 1, expected=100)) == 100
+
+
+def test_a_temporary_producer_delivers(cluster: LocalCluster, topic_name: str) -> None:
+    """``Producer(bootstrap).send(...).result()``: the handle is collected before send runs."""
+    import asyncio
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+    assert Producer(cluster.bootstrap).send(topic_name, b"a").result(30).offset == 0
+    sent = asyncio.run(asyncio.to_thread(lambda: Producer(cluster.bootstrap).send(topic_name, b"b").result(30)))
+    assert sent.offset == 1
+    assert [r.value for r in read_all(cluster.bootstrap, topic_name, 1, expected=2)] == [b"a", b"b"]
 
 
 class SilentNode:
@@ -122,14 +136,18 @@ import sdk.producer
 from sdk import Producer
 sdk.producer.UNCLOSED_FLUSH_S_MAX = 1.0  # the test's node never answers: do not wait 10 s
 producer = Producer(sys.argv[1], acks=1, linger_ms=0)
+send = producer.send
+if sys.argv[2] == "orphaned":
+    del producer  # collected: its core is orphaned, and busy until exit
 for i in range(1000):
-    producer.send("t", b"record-%d" % i)
+    send("t", b"record-%d" % i)
 """
 
 
-def test_exit_with_undeliverable_records_says_how_many_were_lost(silent_node: SilentNode) -> None:
+@pytest.mark.parametrize("handle", ["kept", "orphaned"])
+def test_exit_with_undeliverable_records_says_how_many_were_lost(silent_node: SilentNode, handle: str) -> None:
     started = time.monotonic()
-    done = run_script(EXIT_WITH_LOSS, silent_node.address)
+    done = run_script(EXIT_WITH_LOSS, silent_node.address, handle)
     assert done.returncode == 0
     assert "1000 of 1000 records were not delivered" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

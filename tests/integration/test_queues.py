@@ -272,9 +272,10 @@ def test_extend_keeps_the_lease_and_any_topic_works_as_a_queue(cluster: LocalClu
         slow.extend(got[0], 5_000)
         time.sleep(1.0)
         assert other.receive(10, 300) == []  # still leased to the slow worker
-        slow.ack(got)
         with pytest.raises(errors.LeaseNotHeldError):
             other.ack(got)  # not its lease
+        slow.ack(got)
+        other.ack(got)  # acknowledged in the group: an ack is idempotent, whoever sends it
 
 
 def test_a_lease_that_ended_while_buffered_is_not_handed_out(cluster: LocalCluster, topic_name: str) -> None:
@@ -913,3 +914,68 @@ def test_run_returns_and_a_waiting_receive_raises_client_closed(cluster: LocalCl
     receiver = QueueConsumer(cluster.bootstrap, queue)
     outcome, _ = _stop_from_another_thread(receiver, lambda: receiver.receive(10, 20_000))
     assert len(outcome) == 1 and outcome[0].startswith("ClientClosedError("), outcome
+
+
+def test_a_purge_settles_what_was_sent_and_a_repeated_ack_is_no_error(
+        cluster: LocalCluster, topic_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """SQS's PurgeQueue and DeleteMessage, as an SQS user expects them: a second ack of a
+    message is no error (it was LEASE_NOT_HELD saying the message was delivered again,
+    which it never was); a purge settles every message sent before it (visible, leased,
+    delayed), for groups that start later too; its dropped leases' acks succeed, an
+    extend of one says it is settled, not delivered again; later messages are delivered."""
+    from fabric.cli import main as fabric_main
+
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2)
+    _send(bootstrap, topic_name, [b"m%d" % i for i in range(10)])
+    _send(bootstrap, topic_name, [b"tomorrow"], delay_ms=86_400_000)
+    with QueueConsumer(bootstrap, topic_name, visibility_timeout_ms=60_000) as worker, Admin(bootstrap) as admin:
+        held = _drain(worker, 4, ack=False)
+        assert len(held) == 4
+        worker.ack(held[0])
+        worker.ack(held[0])  # idempotent: its outcome holds
+        assert admin.purge_queue(topic_name) == {"default": 10}  # 3 leased, 6 visible, 1 delayed
+        desc = admin.describe_queue(topic_name)
+        assert [desc.total(k) for k in ("visible", "in_flight", "delayed", "dead_lettered", "dropped")] == [0] * 5
+        worker.ack(held[1])  # a lease the purge dropped: settled, so its ack succeeds
+        with pytest.raises(errors.LeaseNotHeldError) as raised:
+            worker.extend(held[2], 1_000)
+        assert raised.value.settled == [held[2]] and raised.value.lost == []
+        assert "already" in raised.value.message and "delivered again" not in raised.value.message.replace(
+            "not delivered again", "")
+        _send(bootstrap, topic_name, [b"after"])
+        assert [m.value for m in _drain(worker, 1)] == [b"after"]
+        assert worker.receive(10, 0) == []
+        with QueueConsumer(bootstrap, topic_name, "late") as late:  # a group that starts after the purge
+            assert [m.value for m in _drain(late, 1)] == [b"after"]
+            assert late.receive(10, 0) == []
+        assert fabric_main(["-b", bootstrap, "queue", "purge", topic_name, "--group", "late"]) == 0
+        assert capsys.readouterr().out.strip() == f"purged queue {topic_name} for group late: 0 messages (group late: 0)"
+
+
+def test_send_batch_takes_sends_queue_options(cluster: LocalCluster, topic_name: str) -> None:
+    """``send_batch`` had no priority, delay, TTL or dedup id (SQS's SendMessageBatch has
+    per-entry delay and dedup ids): a per-call priority, delay_ms and ttl_ms, and one dedup
+    id per record, checked before anything is queued with send's errors; a record with an
+    id and no key goes where its id hashes, so its repeat meets the same dedup window."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_queue(topic_name, partitions=2)
+    with Producer(bootstrap, linger_ms=1) as producer:
+        for bad, error in (({"priority": 10}, errors.InvalidPriorityError), ({"delay_ms": -1}, errors.InvalidDelayError),
+                           ({"ttl_ms": -1}, errors.InvalidRequestError),
+                           ({"dedup_ids": ["x" * 129]}, errors.InvalidRequestError),
+                           ({"dedup_ids": ["a", "b"]}, ValueError), ({"dedup_ids": "a"}, TypeError)):
+            with pytest.raises(error):
+                producer.send_batch(topic_name, [b"never"], **bad)  # type: ignore[arg-type]
+        producer.send_batch(topic_name, [b"a", b"b"], dedup_ids=["id-a", None], priority=9).result(30)
+        producer.send_batch(topic_name, [b"a again", b"c"], dedup_ids=["id-a", ""], ttl_ms=60_000).result(30)
+        producer.send_batch(topic_name, [b"later"], delay_ms=86_400_000).result(30)
+    with QueueConsumer(bootstrap, topic_name) as worker:
+        got = {m.value: m for m in _drain(worker, 3)}
+        assert sorted(got) == [b"a", b"b", b"c"] and worker.receive(10, 0) == []
+        assert got[b"a"].priority == got[b"b"].priority == 9 and got[b"c"].header(qp.HEADER_TTL_MS) == b"60000"
+    with Admin(bootstrap) as admin:
+        desc = admin.describe_queue(topic_name)
+        assert (desc.total("deduplicated"), desc.total("delayed"), desc.total("visible")) == (1, 1, 0)

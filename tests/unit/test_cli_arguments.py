@@ -206,7 +206,7 @@ def test_a_bare_key_file_name_is_found_where_keys_generate_wrote_it(
     (["group", "reset-offsets", "g", "--topic", "t", "--to", "earliest", "--frob"],
      "fabric group reset-offsets: error: unrecognized arguments: --frob"),
     (["--frob", "topic", "list"], "fabric: error: unrecognized arguments: --frob"),
-    (["queue", "purge"], "fabric queue: error: argument COMMAND: invalid choice: 'purge'"),  # not "queue_command"
+    (["queue", "peek"], "fabric queue: error: argument COMMAND: invalid choice: 'peek'"),  # not "queue_command"
 ])
 def test_an_unknown_flag_is_refused_by_the_command_it_was_given_to(
         argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,10 +1,23 @@
-"""The public Producer is a thin handle over _ProducerCore: the two must take the same options."""
+"""The public Producer is a thin handle over _ProducerCore: the two must take the same options,
+and a handle dropped while its core is in use must not cut the call short."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
 
-from sdk.producer import Producer, _ProducerCore
+import pytest
+
+import sdk.producer
+from fabric import errors
+from fabric.protocol.apis import ApiKey
+from sdk.aio import AsyncProducer
+from sdk.producer import ORPHAN_IDLE_S, Producer, _ProducerCore
+from tests.unit.test_sdk_hostile_answers import TOPIC, FakeNode
 
 
 def test_handle_and_core_take_the_same_parameters() -> None:
@@ -26,9 +39,6 @@ def test_help_shows_the_handles_methods_with_the_cores_docs() -> None:
 
 
 def test_queue_send_options_become_headers_and_bad_values_raise() -> None:
-    import pytest
-
-    from fabric import errors
     from fabric.protocol import queues as q
 
     now_ms = 1_700_000_000_000
@@ -58,13 +68,92 @@ def test_queue_send_options_become_headers_and_bad_values_raise() -> None:
     assert "delay_ms" in inspect.signature(Producer.send if hasattr(Producer, "send") else _ProducerCore.send).parameters
 
 
-def test_a_send_on_a_collected_handle_says_why_it_was_refused() -> None:
-    """``Producer(...).send(...)``: nothing references the handle once send is looked up,
-    so it is collected (and its core closed) before the call; the error must say that,
-    not a bare 'send() after close()' the caller never made."""
-    import pytest
+SENDER_END_WAIT_S = ORPHAN_IDLE_S + 10  # an orphaned sender ends ORPHAN_IDLE_S after its last work
 
-    from fabric import errors
 
-    with pytest.raises(errors.ClientClosedError, match=r"garbage-collected.*keep a reference"):
-        Producer("tcp://127.0.0.1:1").send("t", b"v")  # no node there: nothing is sent either way
+@pytest.fixture
+def node() -> Iterator[FakeNode]:
+    """A real ROUTER socket answering METADATA, INIT_PRODUCER_ID and PRODUCE. At the end,
+    the sender threads of the producers a test dropped are waited for (each ends on its
+    own once idle), so none outlives its test."""
+    before = set(threading.enumerate())
+    fake = FakeNode()
+    try:
+        yield fake
+    finally:
+        for thread in set(threading.enumerate()) - before:
+            if thread.name == "fabric-producer-sender":
+                thread.join(SENDER_END_WAIT_S)
+                assert not thread.is_alive(), "a dropped producer's sender thread did not end"
+        fake.close()
+
+
+def test_a_send_on_a_temporary_producer_is_delivered(node: FakeNode) -> None:
+    """``Producer(...).send(...).result()``, as ``KafkaProducer().send(t, v).get()``: nothing
+    references the handle once send is looked up, so it is collected before the call. Its
+    core closed at once then, refusing the send the caller was making; now it is orphaned
+    and delivers (asyncio.to_thread is where a user met it)."""
+    assert Producer(node.address).send(TOPIC, b"v").result(10).offset == 7
+    assert Producer(node.address).send_batch(TOPIC, [b"a", b"b"]).result(10)
+    assert asyncio.run(asyncio.to_thread(lambda: Producer(node.address).send(TOPIC, b"v").result(10))).offset == 7
+
+    async def temporary_async_producer() -> int:
+        # The AsyncProducer and its handle go once send() returns; the record still arrives
+        # (and the loop is not held up: a collected handle used to flush on the loop's thread).
+        return (await AsyncProducer(Producer(node.address)).send(TOPIC, b"v")).offset
+
+    assert asyncio.run(temporary_async_producer()) == 7
+
+
+# ORPHAN_IDLE_S for the tests that wait it out: the rule, not the second. A handle has no
+# reference cycle, so `del` collects it at once and no gc.collect() is called: in a large
+# test process a full collection can take a good part of a short grace (a run with 0.3 s
+# and a gc.collect() there once failed, its send refused, in the whole unit suite).
+SHORT_IDLE_S = 0.5
+
+
+def test_a_dropped_producer_stops_its_thread_once_idle_and_then_refuses_with_why(
+        monkeypatch: pytest.MonkeyPatch, node: FakeNode) -> None:  # node (its teardown) inside the patch
+    """The handle's promise: dropping the last reference stops the sender thread, after
+    ORPHAN_IDLE_S without work (not at once: a send already looked up is still coming), and
+    a later send through a kept bound method says why it is refused."""
+    monkeypatch.setattr(sdk.producer, "ORPHAN_IDLE_S", SHORT_IDLE_S)
+    producer = Producer(node.address, acks=1)
+    thread = producer._core._thread
+    send = producer.send
+    started = time.monotonic()
+    del producer  # the last reference: the handle is collected here
+    assert thread.is_alive()
+    time.sleep(SHORT_IDLE_S / 5)
+    assert send(TOPIC, b"late but within the grace").result(10).offset == 7  # the idle time starts again
+    thread.join(SENDER_END_WAIT_S)
+    assert not thread.is_alive()
+    assert time.monotonic() - started >= SHORT_IDLE_S * 1.2
+    with pytest.raises(errors.ClientClosedError, match=r"garbage-collected.*ORPHAN_IDLE_S=.*keep a reference"):
+        send(TOPIC, b"v")
+
+
+def test_an_orphaned_producer_waits_for_a_send_that_awaits_metadata(
+        monkeypatch: pytest.MonkeyPatch, node: FakeNode) -> None:  # node (its teardown) inside the patch
+    """A send waiting for a new topic's metadata has nothing in the buffer yet: the
+    orphaned core must not close under it, however long the metadata takes."""
+    monkeypatch.setattr(sdk.producer, "ORPHAN_IDLE_S", SHORT_IDLE_S)
+    new_topic = "t-new"  # not in the map the producer reads first: send() must ask for it
+    metadata = node.sane
+    answering = threading.Event()
+
+    def slow_metadata(request: Any) -> list[Any]:
+        if new_topic in (request.body["topics"] or ()):
+            answering.wait(10)
+        return [node.answer(request, metadata(request))]
+
+    node.handlers[ApiKey.METADATA] = slow_metadata
+    producer = Producer(node.address, acks=1)
+    send = producer.send
+    del producer
+    timer = threading.Timer(SHORT_IDLE_S * 2, answering.set)
+    timer.start()
+    try:
+        assert send(new_topic, b"v").result(10).offset == 7
+    finally:
+        timer.cancel()

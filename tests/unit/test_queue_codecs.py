@@ -24,6 +24,10 @@ BODIES: dict[str, tuple[s.Schema, dict[str, Any]]] = {
     "describe_response": (q.DESCRIBE_RESPONSE_V0, {"error": 0, "message": "", "partitions": [
         {"partition": 0, "group": "w", "visible": 5, "in_flight": 1, "delayed": 2, "dead_lettered": 0, "dropped": 0,
          "deduplicated": 3, "oldest_age_ms": 1234}]}),
+    "purge_request": (q.PURGE_REQUEST_V0, {"queue": "jobs", "group": ""}),
+    "purge_response": (q.PURGE_RESPONSE_V0, {"error": 0, "message": "", "partitions": [
+        {"partition": 0, "group": "w", "end_offset": 12, "purged": 9},
+        {"partition": 0, "group": "", "end_offset": 12, "purged": 0}]}),
 }
 
 
@@ -42,7 +46,7 @@ def test_pinned_vectors() -> None:
 
 def test_queue_keys_are_in_their_range_and_do_not_collide() -> None:
     keys = {key for key, _ in q.SCHEMAS}
-    assert keys == {40, 41, 42, 43}
+    assert keys == {40, 41, 42, 43, 44}
     for key, version in q.SCHEMAS:  # registered with the node's API table, same schemas
         assert apis.SCHEMAS[(key, version)] == q.SCHEMAS[(key, version)]
         assert apis.ApiKey(key).name.startswith("QUEUE_")

@@ -295,3 +295,45 @@ def test_dead_is_done() -> None:
     g = rebuild(writer, writer.records[-1:] + snapshot_records(writer.share, 0, b"s", writer.now_ms), writer.now_ms)
     assert g.state.entry(0) is None and g.state.dead_total == 1 and g.state.start_offset == 1
     assert DEAD == "dead"
+
+
+@pytest.mark.parametrize(("seed", "snapshot_after"), [(4, False), (5, True), (6, True)])
+def test_a_purge_survives_a_new_leader_with_or_without_a_snapshot(seed: int, snapshot_after: bool) -> None:
+    """QUEUE_PURGE's records (nodes/queue_purge.py): the group's ``purged`` record and the
+    partition's floor (group ""), read back by a new leader from the whole log or from a
+    snapshot: nothing below the purge's end comes back, dead letters before it still count,
+    a message sent after it is delivered, and a group that starts later begins past it."""
+    writer = Writer(seed)
+    for _ in range(150):
+        writer.step()
+    state = writer.group.state
+    end = len(writer.plog.messages) + 2  # two more appended before the purge, not read by the group yet
+    dead_before = state.dead_total
+    writer.share.purge(writer.group, end)
+    writer.share.purge_floor = end
+    writer.records.append((writer.now_ms, qp.state_key("jobs", 0, GROUP),
+                           qp.encode_state_record(end, qp.STATE_PURGED, 0, 0, ""), []))
+    writer.records.append((writer.now_ms, qp.state_key("jobs", 0, ""),
+                           qp.encode_state_record(end, qp.STATE_PURGED, 0, 0, ""), []))
+    for offset in range(end - 2, end + 1):  # the two, then one sent after the purge
+        writer.plog.messages.append((writer.now_ms, 4, 0, 0))
+        state.append(offset, writer.now_ms)
+    writer.collect()
+    if snapshot_after:
+        writer.snapshot()
+    records = _trimmed(writer, writer.records) if snapshot_after else writer.records
+    later = writer.now_ms + 1
+    rebuilt = rebuild(writer, records, later)
+    _entries, counts = view(rebuilt)
+    assert counts["start_offset"] == end and counts["visible"] == 1 and counts["delayed"] == 0
+    assert counts["dead_lettered"] == dead_before
+    assert rebuilt.state.finished(end - 1) == ACKED and rebuilt.state.finished(end) == ""
+    share = _share(dead_letter="jobs.dlq")  # the floor, read back: a group that starts later
+    for timestamp, key, value, headers in records:
+        load_record(share, writer.plog, key.split(b"\0")[2].decode(), qp.decode_state_record(value),  # type: ignore[arg-type]
+                    headers, timestamp)
+    assert share.purge_floor == end
+    late = share.group("late", writer.plog)  # type: ignore[arg-type]
+    for offset in range(len(writer.plog.messages)):
+        late.state.append(offset, writer.now_ms)
+    assert late.state.counts()["visible"] == 1 and late.state.start_offset == end

@@ -140,6 +140,13 @@ def test_deleting_a_queue_group_needs_delete_on_the_group() -> None:
         (Operation.DELETE, Resource(ResourceType.GROUP, "w"))]
 
 
+def test_purging_needs_delete_on_the_topic_or_on_the_one_group() -> None:
+    topic = Resource(ResourceType.TOPIC, "jobs")
+    assert required_access(qp.API_QUEUE_PURGE, {"queue": "jobs", "group": ""}) == [(Operation.DELETE, topic)]
+    assert required_access(qp.API_QUEUE_PURGE, {"queue": "jobs", "group": "w"}) == [
+        (Operation.CONSUME, topic), (Operation.DELETE, Resource(ResourceType.GROUP, "w"))]
+
+
 def test_the_delete_group_schema_round_trips() -> None:
     request, response = qp.SCHEMAS[(qp.API_QUEUE_DELETE_GROUP, 0)]
     assert schema.decode(request, schema.encode(request, {"queue": "jobs", "group": "w"})) == {

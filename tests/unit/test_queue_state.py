@@ -461,3 +461,61 @@ def test_an_answered_lease_takes_the_visibility_asked_for() -> None:
     assert s.answered("w", 0, 300, 5_000) == 5_300
     assert s.answered("w", 0, 400, 5_000) == 0  # once only
     assert s.answered("other", 0, 300) == 0
+
+
+def test_an_ack_of_an_acknowledged_message_succeeds_and_other_settles_say_already_settled() -> None:
+    """An SQS user's ``ack(m); ack(m)``: the second is no error (the ack's outcome holds),
+    also once the start offset passed it, and when another consumer acknowledged it after a
+    redelivery. A nack, extend or release of it is refused as ALREADY_SETTLED (not
+    delivered again), never as LEASE_NOT_HELD (which says it is delivered again)."""
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=1_000))
+    fill(s, 3)
+    s.acquire("w1", 3, 0)
+    assert s.ack("w1", 1, 10) is True
+    assert s.ack("w1", 1, 11) is False  # still held as an entry (offset 0 is not done)
+    s.ack("w1", 0, 12)
+    assert s.start_offset == 2 and s.ack("w1", 0, 13) is False  # forgotten below the start offset
+    for settle in (lambda: s.nack("w1", 1, 14), lambda: s.extend("w1", 1, 14, 1_000)):
+        with pytest.raises(errors.AlreadySettledError):
+            settle()
+    assert isinstance(s.not_held("w1", 1), errors.AlreadySettledError)
+    # Offset 2: w1's lease ends, w2 gets it again and acks it: w1's late ack holds too.
+    s.tick(1_500)
+    (again,), _ = s.acquire("w2", 1, 1_500)
+    assert again.offset == 2 and again.delivery_count == 2
+    with pytest.raises(errors.LeaseNotHeldError):
+        s.ack("w1", 2, 1_600)  # w2 holds it now: not settled, delivered (again) to w2
+    s.ack("w2", 2, 1_600)
+    assert s.ack("w1", 2, 1_700) is False
+    assert s.counts()["visible"] == 0 and s.counts()["in_flight"] == 0
+
+
+def test_a_late_ack_of_a_dead_lettered_message_says_so_not_delivered_again() -> None:
+    s = qs.ShareState(qs.QueueConfig(visibility_timeout_ms=1_000, max_deliveries=1, dead_letter="dlq"))
+    fill(s, 2)
+    s.acquire("w1", 2, 0)
+    s.ack("w1", 1, 5)
+    s.tick(1_000)  # offset 0's only allowed lease ended: dead-lettered; the start offset passes both
+    assert s.start_offset == 2
+    with pytest.raises(errors.AlreadySettledError, match="given up on"):
+        s.ack("w1", 0, 1_001)
+    assert s.ack("w1", 1, 1_001) is False
+
+
+def test_purge_settles_everything_below_the_end_and_later_messages_are_delivered() -> None:
+    s = qs.ShareState(qs.QueueConfig())
+    fill(s, 4)
+    s.append(4, 0, visible_at_ms=60_000)  # delayed
+    leases, _ = s.acquire("w1", 2, 0)
+    # The log's end is 7: offsets 5 and 6 are appended but not ingested yet; purged too.
+    assert s.purge(7) == 5
+    s.drain_changes()
+    assert s.counts()["visible"] == s.counts()["in_flight"] == s.counts()["delayed"] == 0
+    assert s.ack("w1", leases[0].offset, 1) is False  # the dropped lease's ack: settled, no error
+    with pytest.raises(errors.AlreadySettledError):
+        s.extend("w1", leases[1].offset, 1, 1_000)
+    fill(s, 3)  # 5, 6 (before the purge) and 7 (after it)
+    assert s.counts()["visible"] == 1 and s.dead_total == s.dropped_total == 0
+    (lease,), _ = s.acquire("w1", 10, 2)
+    assert lease.offset == 7
+    assert s.purge(7) == 0  # idempotent
