@@ -20,6 +20,7 @@ WORKER_WAIT_MS = 500
 # poll ends within WORKER_WAIT_MS; the rest is for a leader's timer and a busy machine.
 GROUP_DELETE_WAIT_MS = WORKER_WAIT_MS + 4_500
 GROUP_DELETE_RETRY_MS = 100
+STALE_JOBS = 300  # sent once the work is done, then purged (fabric queue purge): none is delivered
 
 
 def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str, object]:
@@ -98,6 +99,14 @@ def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str,
             left = sum(end[tp] - start[tp] for tp in partitions)
             if left:
                 time.sleep(0.25)
+    # A backlog nobody wants any more (jobs of a cancelled run): purged, as SQS's
+    # PurgeQueue, `fabric queue purge demo-jobs --group demo-workers`; none is delivered.
+    with Producer(bootstrap, linger_ms=5) as producer:
+        producer.send_batch(queue, [f"stale-{i}".encode() for i in range(STALE_JOBS)]).result(30)
+    with Admin(bootstrap) as admin:
+        purged = admin.purge_queue(queue, "demo-workers").get("demo-workers", 0)
+    with QueueConsumer(bootstrap, queue, "demo-workers") as late:
+        delivered_after_purge = len(late.receive(100, WORKER_WAIT_MS))
     # The work is done and its workers are gone: retire their group, as an operator would
     # with `fabric queue delete-group demo-jobs demo-workers`, so it no longer counts
     # toward the queue's group limit.
@@ -108,7 +117,9 @@ def queue_demo(bootstrap: str, jobs: int = 2_000, workers: int = 4) -> dict[str,
             "queue_acked_once": once, "queue_dead_letters": len(dead), "queue_delayed_early": len(early),
             "queue_records_left": left, "queue_group_deleted": gone, "queue_group_deleted_partitions": deleted,
             "queue_group_delete_tries": tries, "queue_group_delete_refusal": refusal,
-            "queue_ok": once and dead == poison and not early and left == 0 and gone}
+            "queue_purged": purged, "queue_delivered_after_purge": delivered_after_purge,
+            "queue_ok": once and dead == poison and not early and left == 0 and gone and purged == STALE_JOBS
+            and delivered_after_purge == 0}
 
 
 def delete_queue_group_when_idle(admin: Admin, queue: str, group: str, wait_ms: int,

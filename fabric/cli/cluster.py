@@ -251,7 +251,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"{queue['queue_msgs_per_s']:,} msg/s: each acked once {'OK' if queue['queue_acked_once'] else 'MISMATCH'}, "
               f"{plural(cast(int, queue['queue_dead_letters']), 'poison job')} in the dead-letter queue, "
               f"delayed jobs early: {queue['queue_delayed_early']}, records left once consumed: "
-              f"{queue['queue_records_left']}; group demo-workers deleted (fabric queue delete-group) "
+              f"{queue['queue_records_left']}; {queue['queue_purged']} stale jobs purged (fabric queue purge), "
+              f"{queue['queue_delivered_after_purge']} delivered after; group demo-workers deleted (fabric queue delete-group) "
               f"{_deleted_group_words(queue)} {'OK' if queue['queue_ok'] else 'MISMATCH'}")
         print(f"  operate   node {max(cluster.nodes)} joined; {topic}/0 moved {moved['reassign_from']} -> "
               f"{moved['reassign_to']} in {moved['reassign_seconds']} s ({moved['reassign_bytes']:,} bytes copied, "

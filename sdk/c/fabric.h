@@ -109,13 +109,14 @@ enum fabric_err {
     FABRIC_ERR_GROUP_ID_NOT_FOUND = 67,
     FABRIC_ERR_UNRELEASED_INSTANCE_ID = 68,
     FABRIC_ERR_GROUP_MAX_SIZE_REACHED = 69,
-    FABRIC_ERR_INVALID_VISIBILITY_TIMEOUT = 70, /* queues (docs/QUEUES.md): 70-76 */
+    FABRIC_ERR_INVALID_VISIBILITY_TIMEOUT = 70, /* queues (docs/QUEUES.md): 70-77 */
     FABRIC_ERR_LEASE_NOT_HELD = 71,
     FABRIC_ERR_QUEUE_FULL = 72, /* retriable: backpressure */
     FABRIC_ERR_INVALID_QUEUE_CONFIG = 73,
     FABRIC_ERR_INVALID_DELAY = 74,
     FABRIC_ERR_INVALID_PRIORITY = 75,
     FABRIC_ERR_INVALID_RECEIVE_WAIT = 76,
+    FABRIC_ERR_ALREADY_SETTLED = 77, /* finished in the group (acked, purged, dead-lettered): not delivered again */
     FABRIC_ERR_AUTHORIZATION_FAILED = 80,  /* an ACL does not allow the operation */
     FABRIC_ERR_AUTHENTICATION_FAILED = 81, /* CURVE key not registered, or wrong server key */
     FABRIC_ERR_THROTTLED = 82,             /* nothing written, retry: over quota, or past a request's lz4 budget */

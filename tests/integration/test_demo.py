@@ -27,6 +27,7 @@ def test_demo_runs_and_every_check_passes() -> None:
     assert summary["direct_ok"]
     assert summary["queue_ok"] and summary["queue_acked_once"] and summary["queue_delayed_early"] == 0
     assert summary["queue_records_left"] == 0  # the consumed jobs were deleted
+    assert summary["queue_purged"] == 300 and summary["queue_delivered_after_purge"] == 0  # fabric queue purge
     # Then the worker group, as `fabric queue delete-group` would (retried while a closed
     # worker's long poll was still parked), and it is no longer listed.
     assert summary["queue_group_deleted"] and summary["queue_group_delete_refusal"] == ""

@@ -935,7 +935,9 @@ def test_a_purge_settles_what_was_sent_and_a_repeated_ack_is_no_error(
         assert len(held) == 4
         worker.ack(held[0])
         worker.ack(held[0])  # idempotent: its outcome holds
-        assert admin.purge_queue(topic_name) == {"default": 10}  # 3 leased, 6 visible, 1 delayed
+        # 3 leased, 6 visible, 1 delayed; a partition the group has not read yet counts under ""
+        purged = admin.purge_queue(topic_name)
+        assert sum(purged.values()) == 10 and set(purged) <= {"default", ""}, purged
         desc = admin.describe_queue(topic_name)
         assert [desc.total(k) for k in ("visible", "in_flight", "delayed", "dead_lettered", "dropped")] == [0] * 5
         worker.ack(held[1])  # a lease the purge dropped: settled, so its ack succeeds

@@ -91,6 +91,9 @@ static const error_row_t ERROR_ROWS[] = {
     {74, "INVALID_DELAY", 0, "delay_ms or a nack's delay outside 0..DELAY_MS_MAX (7 days), deliver_at_ms negative or more than 7 days ahead, or both set"},
     {75, "INVALID_PRIORITY", 0, "priority outside PRIORITY_MIN..PRIORITY_MAX (0..9)"},
     {76, "INVALID_RECEIVE_WAIT", 0, "receive wait_ms outside 0..RECEIVE_WAIT_MS_MAX (20 s)"},
+    {77, "ALREADY_SETTLED", 0, "the message is already finished in this group (acknowledged, purged, dead-lettered or "
+                               "dropped): it is not delivered to the group again (an ack of an acknowledged or purged "
+                               "one is not refused)"},
     {80, "AUTHORIZATION_FAILED", 0, "the principal may not perform that operation on that resource"},
     {81, "AUTHENTICATION_FAILED", 0, "the peer's CURVE key is not registered, or the server key is wrong"},
     {82, "THROTTLED", 1, "nothing was written, retry later: over its produce quota with the node's throttle queue full, "
