@@ -54,12 +54,14 @@ class QueuePurge(QueueGroups):
         results: list[dict[str, Any]] = []
         for (_tp, plog, share), slot in zip(led, slots, strict=True):
             end = plog.log_end_offset
+            floor_before = max(share.purge_floor, plog.log_start_offset)  # what an earlier purge of all settled
             names = [group] if group else list(share.groups)
             for name in names:
                 g = share.group(name, plog)  # one group's purge makes its state, as a receive would
                 self._collect(slot, name, g, g.state.tick(now_ms))  # what was decided before, first
                 # Appended but not read yet (not committed, or not replayed): settled as they join.
-                unread = max(0, end - g.state.next_offset)
+                # Not below what an earlier purge settled: a group that starts now starts past it.
+                unread = max(0, end - max(g.state.next_offset, g.state.purged_below))
                 purged = share.purge(g, end) + unread
                 if name != COUNTING:
                     self._group_record(slot, name, qp.STATE_PURGED, end, "")
@@ -67,8 +69,10 @@ class QueuePurge(QueueGroups):
             if not group:
                 share.purge_floor = max(share.purge_floor, end)  # and groups that start later
                 self._group_record(slot, COUNTING, qp.STATE_PURGED, end, "")
-                if COUNTING not in names:
-                    results.append({"partition": share.partition, "group": COUNTING, "end_offset": end, "purged": 0})
+                if COUNTING not in names:  # a queue nobody consumes (nor described: no count kept) counts its log
+                    unread = max(0, end - floor_before) if not names else 0
+                    results.append({"partition": share.partition, "group": COUNTING, "end_offset": end,
+                                    "purged": unread})
             log.info("queue %s/%d: purged below offset %d for %s", share.topic, share.partition, end,
                      f"group {group!r}" if group else "every group")
         header = request.header

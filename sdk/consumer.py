@@ -549,6 +549,8 @@ class Consumer:
         """Commit without raising: errors go to ``callback(offsets, exception)`` (or the log).
         Requests on a consumer are sequential, so this returns once the node answered."""
         self._check_open("commit_async")
+        if callback is not None and not callable(callback):  # before anything is committed, as send() checks
+            raise TypeError(f"callback must be callable or None, not {type(callback).__name__}")
         try:
             self.commit(offsets)
         except errors.FabricError as exc:
@@ -1167,7 +1169,12 @@ class Consumer:
             if error:
                 cls = errors.error_for_code(error)
                 if cls is errors.OffsetOutOfRangeError:
-                    log.warning("%s: offset %d out of range; resetting to %s", tp, positions[tp], self.auto_offset_reset)
+                    if self.auto_offset_reset == "none":  # nothing is reset: the next poll raises, until a seek()
+                        log.warning("%s: offset %d out of range (auto_offset_reset='none': seek() to go on)", tp,
+                                    positions[tp])
+                    else:
+                        log.warning("%s: offset %d out of range; resetting to %s", tp, positions[tp],
+                                    self.auto_offset_reset)
                     self._positions.pop(tp, None)
                     self._fetch_positions.pop(tp, None)
                 elif cls.retriable or cls is errors.UnknownTopicOrPartitionError:

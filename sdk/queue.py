@@ -684,7 +684,10 @@ def _not_settled(total: int, action: int, lost: list[str], lost_messages: list[Q
                else "acknowledged, purged, dead-lettered or dropped")
         outcomes.append(f"{len(settled_messages)} were already {how}: they are not delivered again")
     names = [*lost, *(f"{m.partition}/{m.offset} (ALREADY_SETTLED)" for m in settled_messages)]
-    return errors.LeaseNotHeldError(
+    # Every refused message finished before: AlreadySettledError (a LeaseNotHeldError), as
+    # the wire's 77, so a caller can tell "nothing comes back" apart without reading lists.
+    cls = errors.AlreadySettledError if settled_messages and not lost else errors.LeaseNotHeldError
+    return cls(
         f"{len(names)} of {total} messages were not "
         f"{'known to be settled' if unknown_messages else 'settled'} by this call: {'; '.join(outcomes)}: "
         f"{', '.join(names[:10])}{' ...' if len(names) > 10 else ''}", lost=lost_messages,

@@ -193,6 +193,15 @@ def utf8_text(text: str) -> str:
     return text
 
 
+def group_name(text: str) -> str:
+    """A consumer or queue group: 1 to 255 bytes of UTF-8 (an empty one means "every group"
+    on the wire, which a flag naming one group must not ask for)."""
+    utf8_text(text)
+    if not 1 <= len(text.encode("utf-8")) <= 255:
+        raise argparse.ArgumentTypeError("a group name is 1 to 255 bytes")
+    return text
+
+
 def key_value(text: str) -> tuple[str, str]:
     name, sep, value = utf8_text(text).partition("=")
     if not sep or not name:

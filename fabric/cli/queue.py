@@ -7,6 +7,7 @@ import sys
 
 from fabric.cli._common import (
     bootstrap,
+    group_name,
     int_in_range,
     non_negative_int,
     partition_count,
@@ -60,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     purge = with_bootstrap(qsub.add_parser(
         "purge", help="settle every message sent so far (every group, or --group), as SQS PurgeQueue"))
     purge.add_argument("name", help="the queue (or any topic read in queue mode)")
-    purge.add_argument("--group", default=None, help="purge for this group only (default: every group, and "
+    purge.add_argument("--group", type=group_name, default=None, help="purge for this group only (default: every group, and "
                                                      "groups that start later)")
     describe = with_bootstrap(qsub.add_parser("describe", help="settings and counts per partition"))
     describe.add_argument("name", help="a queue, or any topic read in queue mode")
@@ -74,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     send.add_argument("--message", "-m", action="append", help="a message (repeatable; default: stdin lines)")
     # Every bound of a queue send is a constant of fabric/protocol/queues.py: checked here,
     # a usage error (exit 2) like --priority's, not a refusal after connecting (exit 1).
-    send.add_argument("--delay-ms", type=int_in_range(0, qp.SEND_DELAY_MS_MAX, "SEND_DELAY_MS_MAX, 7 days"), default=0,
+    send.add_argument("--delay-ms", type=int_in_range(0, qp.SEND_DELAY_MS_MAX, "DELAY_MS_MAX, 7 days"), default=0,
                       help="not delivered before this long (at most 7 days)")
     send.add_argument("--priority", type=int, choices=range(qp.PRIORITY_MIN, qp.PRIORITY_MAX + 1), metavar="0..9",
                       help=f"higher is handed out first (default {qp.PRIORITY_DEFAULT} when not given)")
@@ -123,7 +124,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
             print(f"deleted group {args.group} of queue {args.name} ({plural(len(partitions), 'partition')})")
         elif command == "purge":
             purged = admin.purge_queue(args.name, args.group)
-            by_group = ", ".join(f"group {g or '(none consuming yet)'}: {n}" for g, n in purged.items())
+            by_group = ", ".join(f"group {g or '(no consumer yet)'}: {n:,}" for g, n in purged.items())
             whom = f"group {args.group}" if args.group else "every group"
             print(f"purged queue {args.name} for {whom}: {plural(sum(purged.values()), 'message')} ({by_group})")
         elif command == "list":

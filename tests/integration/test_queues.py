@@ -944,6 +944,7 @@ def test_a_purge_settles_what_was_sent_and_a_repeated_ack_is_no_error(
         with pytest.raises(errors.LeaseNotHeldError) as raised:
             worker.extend(held[2], 1_000)
         assert raised.value.settled == [held[2]] and raised.value.lost == []
+        assert isinstance(raised.value, errors.AlreadySettledError)  # nothing the call named comes back
         assert "already" in raised.value.message and "delivered again" not in raised.value.message.replace(
             "not delivered again", "")
         _send(bootstrap, topic_name, [b"after"])
@@ -954,6 +955,20 @@ def test_a_purge_settles_what_was_sent_and_a_repeated_ack_is_no_error(
             assert late.receive(10, 0) == []
         assert fabric_main(["-b", bootstrap, "queue", "purge", topic_name, "--group", "late"]) == 0
         assert capsys.readouterr().out.strip() == f"purged queue {topic_name} for group late: 0 messages (group late: 0)"
+
+
+def test_a_purge_counts_what_it_settled(cluster: LocalCluster, topic_name: str) -> None:
+    """A purge that is a plain topic's first use in queue mode counted 0 of the messages it
+    settled, and a group purged after a purge of every group counted the log below that
+    purge too (which it never had: a group starts past it)."""
+    bootstrap = cluster.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, partitions=1)
+        _send(bootstrap, topic_name, [b"a", b"b", b"c"])
+        assert admin.purge_queue(topic_name) == {"": 3}  # nobody reads it yet: its log is counted
+        _send(bootstrap, topic_name, [b"d"])
+        assert admin.purge_queue(topic_name, "newcomer") == {"newcomer": 1}
+        assert admin.purge_queue(topic_name) == {"newcomer": 0}  # ("" of 0 beside a group: left out)
 
 
 def test_send_batch_takes_sends_queue_options(cluster: LocalCluster, topic_name: str) -> None:

@@ -41,3 +41,14 @@ def test_a_closed_consumer_refuses(name: str, call: Callable[[Consumer], Any]) -
     with pytest.raises(errors.ClientClosedError, match=f"{name}.* after close"):
         call(consumer)
     consumer.close()  # a second close does nothing
+
+
+def test_commit_async_refuses_a_callback_that_is_not_callable_before_it_commits() -> None:
+    # It committed first (a node was asked) and only then raised calling it; no node here:
+    # the TypeError must come before any request.
+    consumer = Consumer(f"tcp://127.0.0.1:{free_port()}", group_id="g")
+    try:
+        with pytest.raises(TypeError, match="callback must be callable"):
+            consumer.commit_async({TP: 7}, callback=5)
+    finally:
+        consumer.close()
