@@ -62,8 +62,14 @@ def _topic_configs(name: object, partitions: object, replication_factor: object,
 
 
 def _config_value(value: object) -> str:
-    """A config value as the wire carries it: booleans as true/false, the rest as str()."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """A config value as the wire carries it: booleans as true/false, numbers and strings as
+    str(). Anything else (None, a list) went as its str(), ``'None'``, which the node
+    refused far from the call: a TypeError names it here."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if not isinstance(value, (int, float, str)):
+        raise TypeError(f"a config value is an int, bool, float or str, not {type(value).__name__} {value!r:.60}")
+    return str(value)
 
 
 class Admin(GroupAdmin, QueueAdmin):  # groups: sdk/_group_admin.py; queues: sdk/_queue_admin.py

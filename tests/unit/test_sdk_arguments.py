@@ -225,6 +225,7 @@ def test_commit_checks_offsets_before_anything_is_sent() -> None:
     ({"replication_factor": "3"}, TypeError, "replication_factor must be an int"),
     ({"config": ["a"]}, TypeError, "config must be a dict"),
     ({"config": {5: "x"}}, TypeError, "each config name must be a str"),
+    ({"config": {"retention_ms": None}}, TypeError, "config value is an int, bool, float or str, not NoneType"),
     ({"strict_order": True, "config": {"strict_order": "false"}}, errors.InvalidConfigError, "disagree"),
 ])
 def test_create_topic_refuses_bad_arguments(admin: Admin, kwargs: dict[str, Any], error: type[Exception],
