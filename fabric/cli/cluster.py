@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from fabric.cli._common import (
     STATE_FILE,
@@ -31,6 +31,9 @@ from fabric.cli._common import (
 from fabric.cli._queue_demo import queue_demo
 from fabric.cli._reassign_demo import reassign_demo
 from fabric.wording import plural
+
+if TYPE_CHECKING:
+    from fabric.local import ProcessStartError  # imported where used: `fabric --help` stays fast
 
 # Each demo message starts with its sequence number in this many digits, so a smaller
 # --size was sent as this many bytes while the summary (and its MB/s) said --size.
@@ -67,10 +70,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     node.set_defaults(run_argv=cmd_node)
 
 
+def _require_zookeeper() -> None:
+    """A clear one-line error, not "internal error RuntimeError", on a machine without it."""
+    from fabric.local import zookeeper_available
+
+    if not zookeeper_available():
+        raise CliError("ZooKeeper is not installed: apt-get install -y zookeeper default-jre-headless "
+                       "(the README's first command, scripts/install.sh, does this)")
+
+
+def _start_error(exc: ProcessStartError) -> CliError:
+    """A ZooKeeper server, node or sequencer that could not start (the cluster has stopped
+    whatever it had started): its own one-line reason (a `host` not of this machine, a
+    port in use), not its log pasted in; the log only if it outlives the start (a --data-dir)."""
+    return CliError(f"{exc.summary} (log: {exc.log_path})" if exc.log_path.exists() else exc.summary)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from fabric import config
     from fabric.local import LocalCluster, ProcessStartError
 
+    _require_zookeeper()
     node_args = ["--config", str(Path(args.config).resolve())] if args.config else []
     # Refuse a bad file (or FABRIC_NODE_* variable) now, before anything starts or is made
     # (a --data-dir was created, then the file refused). Its session_timeout_ms is the
@@ -97,11 +117,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         cluster.start()
     except ProcessStartError as exc:
-        # A ZooKeeper server, node or sequencer that could not start (LocalCluster.start has
-        # stopped whatever it had started): its own one-line reason (a `host` not of this
-        # machine, a port in use), not its log pasted in; the log only if it outlives the
-        # start (a --data-dir).
-        raise CliError(f"{exc.summary} (log: {exc.log_path})" if exc.log_path.exists() else exc.summary) from None
+        raise _start_error(exc) from None
     try:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
         state = {"bootstrap": cluster.bootstrap, "zk": cluster.zk_address, "pid": os.getpid()}
@@ -154,6 +170,16 @@ def cmd_up(args: argparse.Namespace) -> int:
 # -- demo: the quickstart's main job -----------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start a local cluster, push N keyed messages through it and read them all back."""
+    from fabric.local import ProcessStartError
+
+    _require_zookeeper()
+    try:
+        return _demo(args)
+    except ProcessStartError as exc:  # only the cluster's start raises it
+        raise _start_error(exc) from None
+
+
+def _demo(args: argparse.Namespace) -> int:
     from fabric.local import LocalCluster
     from sdk import Admin, Consumer, Producer, TopicPartition
 

@@ -138,3 +138,17 @@ def test_a_process_that_cannot_start_fails_up_in_one_line(process: str, tmp_path
             signal.signal(signum, handler)
     assert caught.value.message == f"{process} could not start: why (log: {log_path})"
     assert caught.value.exit_code == 1  # as for a node (docs/OPERATIONS.md)
+
+
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_up_and_demo_without_zookeeper_say_so_in_one_line(command: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # It was "internal error RuntimeError: ZooKeeper is not installed ..." with a traceback's
+    # worth of context; nothing is made or started first.
+    monkeypatch.setattr(fabric.local, "zookeeper_available", lambda: False)
+    data_dir = tmp_path / "d"
+    argv = [command, "--data-dir", str(data_dir)] if command == "up" else [command]
+    args, _rest = build_parser().parse_known_args(argv)
+    with pytest.raises(CliError, match=r"^ZooKeeper is not installed: apt-get install") as caught:
+        args.run(args)
+    assert caught.value.exit_code == 1 and not data_dir.exists()
