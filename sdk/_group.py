@@ -203,14 +203,24 @@ class GroupMember:
                        f"this one is fenced, reads none of the group's partitions and does not rejoin; close it "
                        f"(two live consumers must not share an instance id)")
 
+    def _unheard_left_s(self) -> float:
+        """How long this member may still hold its partitions without a heartbeat answered:
+        past that the coordinator may give them away (inf when it holds none)."""
+        if not self.owned:
+            return math.inf
+        return self._last_ok_s + (self.session_timeout_ms - self.fence_margin_ms) / 1000.0 - self._clock()
+
+    def _drop_unheard(self) -> None:
+        # We have not been heard for (nearly) a whole session: the coordinator may give our
+        # partitions away. Drop them before another record is handed out.
+        log.warning("group %s: no heartbeat answered for %d ms; partitions lost", self.group_id,
+                    self.session_timeout_ms - self.fence_margin_ms)
+        self._lose()
+
     def _tick(self) -> None:
         now = self._clock()
-        if self.owned and (now - self._last_ok_s) * 1000 > self.session_timeout_ms - self.fence_margin_ms:
-            # We have not been heard for (nearly) a whole session: the coordinator may give
-            # our partitions away. Drop them before another record is handed out.
-            log.warning("group %s: no heartbeat answered for %d ms; partitions lost", self.group_id,
-                        self.session_timeout_ms - self.fence_margin_ms)
-            self._lose()
+        if self.owned and self._unheard_left_s() < 0:
+            self._drop_unheard()
         denied: list[str] = []
         if self.pending and now >= self._pending_check_s:
             denied = self._recheck_pending(now, self.pending)
@@ -418,8 +428,12 @@ class GroupMember:
         of (one try used to ask every node for the coordinator and re-read the map, about
         40 s with every node paused, before the deadline was even looked at)."""
         now = time.monotonic()
+        # A member holding partitions waits no longer than it may hold them unheard (``_tick``):
+        # a commit to a paused coordinator waited 10 s while its successor gave the partitions
+        # to another member after the session (6 s), and both held them meanwhile.
+        unheard_left_s = self._unheard_left_s() if api_key != ApiKey.CONSUMER_GROUP_HEARTBEAT else math.inf
         deadline = min(now + self.consumer.request_timeout_ms / 1000.0, self.consumer._work_by_s,
-                       math.inf if budget_ms is None else now + budget_ms / 1000.0)
+                       math.inf if budget_ms is None else now + budget_ms / 1000.0, now + max(0.0, unheard_left_s))
         tries = 0
         while True:
             tries += 1
@@ -439,6 +453,11 @@ class GroupMember:
                     raise
                 self._coordinator = None
                 if (attempts and tries >= attempts) or time.monotonic() >= deadline:
+                    if self.owned and self._unheard_left_s() <= 0:
+                        self._drop_unheard()
+                        raise errors.RequestTimedOutError(
+                            f"group {self.group_id}: the coordinator did not answer before this member's session "
+                            "could end: its partitions are lost (on_partitions_lost ran); poll() joins again") from exc
                     raise
                 time.sleep(min(COORDINATOR_RETRY_MS / 1000.0, max(0.0, deadline - time.monotonic())))
 
