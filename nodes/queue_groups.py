@@ -85,6 +85,12 @@ class QueueGroups(QueueDurability):
         touched = [slot for slot, r in zip(slots, results, strict=True) if not r["error"]]
         for slot in touched:
             self._tombstone(slot, group, now_ms, REASON_DELETED)
+        self._answer_when_durable(envelope, request, touched, results)
+
+    def _answer_when_durable(self, envelope: Envelope, request: apis.Message, slots: list[Slot],
+                             results: list[dict[str, Any]]) -> None:
+        """Answer ``results`` per partition once what was decided on ``slots`` is written
+        (QUEUE_DELETE_GROUP, QUEUE_PURGE); the write's error instead if it failed."""
         header = request.header
 
         def answer(code: int, text: str) -> None:
@@ -92,7 +98,7 @@ class QueueGroups(QueueDurability):
                 self.node.send_error(envelope, header, errors.error_for_code(code)(text or "queue state write failed"))
             else:
                 self.node.send_response(envelope, header, {"error": 0, "message": "", "partitions": results})
-        self._after_durable(touched, answer)
+        self._after_durable(slots, answer)
 
     def _tombstone(self, slot: Slot, group: str, now_ms: int, reason: str) -> None:
         share = slot.share

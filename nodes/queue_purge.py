@@ -75,11 +75,4 @@ class QueuePurge(QueueGroups):
                                     "purged": unread})
             log.info("queue %s/%d: purged below offset %d for %s", share.topic, share.partition, end,
                      f"group {group!r}" if group else "every group")
-        header = request.header
-
-        def answer(code: int, text: str) -> None:
-            if code:
-                self.node.send_error(envelope, header, errors.error_for_code(code)(text or "queue state write failed"))
-            else:
-                self.node.send_response(envelope, header, {"error": 0, "message": "", "partitions": results})
-        self._after_durable(slots, answer)
+        self._answer_when_durable(envelope, request, slots, results)
