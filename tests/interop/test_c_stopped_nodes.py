@@ -40,6 +40,9 @@ LINE_TIMEOUT_S = 60.0
 # Commands on stdin, results on stdout:
 #   send TOPIC PARTITION VALUE FLUSH_MS -> "delivered ERROR OFFSET MS" (from the delivery
 #       callback, MS after fabric_produce was called), then "flushed RESULT MS"
+#   spread TOPIC P1,P2,... VALUE POLL_MS -> one record to each partition, then
+#       fabric_producer_poll(POLL_MS) until nothing is pending: a "delivered ..." line per
+#       batch, then "polled LONGEST_POLL_MS MS"
 #   count TOPIC -> "count RESULT N MS" (fabric_producer_partition_count: a METADATA refresh
 #       for a topic the producer has not used yet)
 _DRIVER_C = r"""
@@ -74,8 +77,8 @@ int main(int argc, char **argv) {
     cfg.on_delivery = on_delivery;
     fabric_producer_t *p;
     if (fabric_producer_new(&p, argv[1], &cfg)) return 1;
-    char line[512], topic[256], value[256];
-    int partition, flush_ms;
+    char line[1024], topic[256], value[256], parts[256];
+    int partition, flush_ms, poll_ms;
     while (fgets(line, sizeof line, stdin)) {
         if (sscanf(line, "send %255s %d %255s %d", topic, &partition, value, &flush_ms) == 4) {
             sent_at = now_ms();
@@ -83,6 +86,17 @@ int main(int argc, char **argv) {
             if (rc == 0) rc = fabric_producer_flush(p, flush_ms);
             else printf("delivered %s -1 %lld\n", fabric_err_name(rc), now_ms() - sent_at);
             printf("flushed %s %lld\n", rc ? fabric_err_name(rc) : "OK", now_ms() - sent_at);
+        } else if (sscanf(line, "spread %255s %255s %255s %d", topic, parts, value, &poll_ms) == 4) {
+            sent_at = now_ms();
+            for (char *at = strtok(parts, ","); at != NULL; at = strtok(NULL, ","))
+                if (fabric_produce(p, topic, atoi(at), NULL, -1, value, (int32_t)strlen(value), NULL, 0, -1)) return 1;
+            long long longest = 0;
+            while (fabric_producer_next_timeout_ms(p) >= 0) {
+                long long began = now_ms();
+                fabric_producer_poll(p, poll_ms);
+                if (now_ms() - began > longest) longest = now_ms() - began;
+            }
+            printf("polled %lld %lld\n", longest, now_ms() - sent_at);
         } else if (sscanf(line, "count %255s", topic) == 1) {
             int32_t n = -1;
             long long began = now_ms();
@@ -230,3 +244,41 @@ def test_c_delivery_timeout_holds_while_every_node_is_stopped(driver_binary: Pat
     assert values in ([b"warm", b"after-0", b"after-1", b"after-2"],
                       [b"warm", b"never-answered", b"after-0", b"after-1", b"after-2"]), values
     assert offsets == list(range(len(values) - 3, len(values)))
+
+
+def test_c_delivery_timeout_holds_with_every_leader_stopped(driver_binary: Path, cluster: LocalCluster,
+                                                             admin: Admin, topic_name: str) -> None:
+    """Records to three partitions, each led by another node, all three stopped, the
+    application calling fabric_producer_poll(p, 50) (an idle loop): each record is failed
+    with DELIVERY_TIMEOUT at about delivery_timeout_ms. A send to a node with no connection
+    waited 1 s of its own, for each leader in turn and twice a turn, and a batch past its
+    deadline by then was requeued rather than failed: the reports came 2.5 s late (4.5 s for
+    2 s), and one poll of 50 ms took over 3 s."""
+    admin.create_topic(topic_name, partitions=6, replication_factor=1)
+    leaders: dict[int, int] = {}
+    for p in admin.describe_topic(topic_name).partitions:
+        leaders.setdefault(p.leader, p.partition)
+    assert len(leaders) == len(cluster.nodes), f"partitions not led by every node: {leaders}"
+    parts = ",".join(str(p) for p in sorted(leaders.values()))
+    driver = Driver(driver_binary, _bootstrap(admin))
+    try:
+        driver.command(f"spread {topic_name} {parts} warm 50")
+        warm = [driver.line() for _ in range(len(leaders) + 1)]
+        assert [line[:2] if line else None for line in warm[:-1]] == [["delivered", "OK"]] * len(leaders), warm
+        for node in cluster.nodes.values():
+            node.pause()
+        try:
+            driver.command(f"spread {topic_name} {parts} never-answered 50")
+            lost = [driver.line(PAUSE_S_MAX) for _ in leaders]
+        finally:
+            for node in cluster.nodes.values():
+                node.resume()
+        assert all(line is not None for line in lost), \
+            f"not every record reported within {PAUSE_S_MAX} s (delivery_timeout_ms={DELIVERY_TIMEOUT_MS}): {lost}"
+        for line in lost:
+            assert line is not None and line[:2] == ["delivered", "DELIVERY_TIMEOUT"], lost
+            assert int(line[3]) < DELIVERY_TIMEOUT_MS + 1_500, lost
+        polled = driver.line()
+        assert polled is not None and polled[0] == "polled", polled
+    finally:
+        driver.close()

@@ -480,6 +480,13 @@ int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
                        CONNECT_WAIT_MS);
 }
 
+int client_send_within(client_t *c, void *sock, const char *address, uint16_t api_key,
+                       uint32_t correlation_id, const fabric_buf_t *body,
+                       const fabric_buf_t *const *batches, size_t batch_count, int connect_ms) {
+    return send_within(c, sock, address, api_key, correlation_id, body, batches, batch_count,
+                       connect_ms < 0 ? 0 : connect_ms);
+}
+
 void response_free(response_t *r) {
     for (size_t i = 0; i < r->count; i++) zmq_msg_close(&r->frames[i]);
     free(r->frames);

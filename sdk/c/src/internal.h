@@ -153,6 +153,10 @@ uint32_t client_next_id(client_t *c);
 int client_send(client_t *c, void *sock, const char *address, uint16_t api_key,
                 uint32_t correlation_id, const fabric_buf_t *body,
                 const fabric_buf_t *const *batches, size_t batch_count);
+/* client_send waiting at most connect_ms (0: not at all) for a connected peer. */
+int client_send_within(client_t *c, void *sock, const char *address, uint16_t api_key,
+                       uint32_t correlation_id, const fabric_buf_t *body,
+                       const fabric_buf_t *const *batches, size_t batch_count, int connect_ms);
 /* Receive one whole message without waiting. 0 = got one, 1 = none, else an error. */
 int client_recv(client_t *c, void *sock, response_t *out);
 void response_free(response_t *r);

@@ -116,6 +116,11 @@ struct fabric_producer {
     int flushing;
     unsigned records_since_io;
     uint64_t next_order;
+    /* Until when the sends of this turn may wait for a connection (service: CONNECT_WAIT_MS
+     * from its start, for all of them together). Each send to a node with no connection
+     * waited CONNECT_WAIT_MS of its own, twice a turn: with three stopped leaders a turn took
+     * 6 s, and a batch past delivery_timeout_ms was failed seconds late (send_group). */
+    int64_t send_wait_until;
     int callback_depth; /* delivery callbacks running now: see in_callback */
     int destroying;     /* fabric_producer_destroy is reporting what it fails: refuse records */
 };
@@ -512,12 +517,24 @@ static void send_group(fabric_producer_t *p, conn_t *conn, pbatch_t **batches, s
                          conn->address);
         rc = FABRIC_ERR_NODE_NOT_READY;
     }
-    if (rc == 0)
-        rc = client_send(&p->client, conn->data, conn->address, FABRIC_API_PRODUCE, id, &body,
-                         frames, count);
+    if (rc == 0) {
+        /* The wait for a connection is bounded by what is left of the turn's (send_wait_until)
+         * and by the earliest delivery deadline of these batches, so that a batch that cannot
+         * be sent is failed at delivery_timeout_ms, not a wait later. */
+        int64_t until = p->send_wait_until;
+        for (size_t i = 0; i < count; i++)
+            if (batches[i]->created_ms + p->cfg.delivery_timeout_ms < until)
+                until = batches[i]->created_ms + p->cfg.delivery_timeout_ms;
+        int64_t wait_ms = until - now_ms();
+        rc = client_send_within(&p->client, conn->data, conn->address, FABRIC_API_PRODUCE, id, &body,
+                                frames, count, wait_ms <= 0 ? 0 : wait_ms > CONNECT_WAIT_MS ? CONNECT_WAIT_MS : (int)wait_ms);
+    }
     fabric_buf_free(&body);
     if (rc) {
         p->refresh_needed = 1;
+        /* The time now, not the turn's: the send may have waited, and a batch past its
+         * delivery deadline by then is failed here rather than requeued for another turn. */
+        now = now_ms();
         for (size_t i = 0; i < count; i++) {
             release_slots(batches[i]);
             retry_or_fail(p, batches[i], rc == FABRIC_ERR_TRANSPORT ? FABRIC_ERR_NODE_NOT_READY : rc,
@@ -857,6 +874,7 @@ static void service(fabric_producer_t *p, int wait_ms, int64_t deadline_ms) {
     p->records_since_io = 0;
     refresh_if_due(p, deadline_ms);
     int64_t now = now_ms();
+    p->send_wait_until = now + CONNECT_WAIT_MS;
     p->next_timer_ms = INT64_MAX;
     if (p->refresh_needed) timer_at(p, p->refresh_after_ms);
     for (size_t ti = 0; ti < p->topic_count; ti++) {
