@@ -309,5 +309,8 @@ def session_verified(node: NodeState, owned: Any, error: BaseException | None) -
     if owned:
         node.verify_session = False
         node.routing_dirty = True
+        # Deaf since the stall until now (nothing answered while unconfirmed): followers'
+        # lag is counted from here, not through our own pause (leader.isr_change).
+        node.listening_since_s = time.monotonic()
     else:
         roles.step_down_everywhere(node, "could not confirm our ZooKeeper session after a stall")

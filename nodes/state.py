@@ -204,6 +204,7 @@ class NodeState:
     controller_dirty: bool = True
     session_lost: bool = False
     verify_session: bool = False  # set after a stall: answer nobody until ZooKeeper confirms us
+    listening_since_s: float = 0.0  # when ZooKeeper last confirmed us after a stall (leader.isr_change)
     turn_started_s: float = 0.0  # when the loop's turn began (monotonic; nodes/session.py note_turn)
     drain_requested: bool = False  # SIGTERM: a controlled shutdown (nodes/drain.py) is wanted
     draining_since: float = 0.0  # loop-only from here: when the drain began (monotonic), 0 if not
@@ -266,8 +267,11 @@ class NodeState:
                 pass  # a wake is already queued, or we are closing
 
     def session_ok(self) -> bool:
-        """Connected with a session we hold: metadata changes may be attempted."""
-        return self.zk_ok.is_set() and not self.verify_session and not self.session_lost
+        """Connected with a session we hold: metadata changes may be attempted. Not in a
+        turn that was itself stopped (``stalled_in_turn``): the ISR check in the rest of a
+        turn a SIGSTOP froze saw every follower's last ack from before the stop and shrank
+        the ISR to the leader alone (a fault hunt with the C producer)."""
+        return self.zk_ok.is_set() and not self.stalled_in_turn() and not self.session_lost
 
     def may_coordinate(self) -> bool:
         """Consumer groups may be coordinated here (nodes/group_coordinator.py): within the

@@ -112,3 +112,17 @@ def test_a_loop_turn_stopped_in_its_middle_is_a_stall_to_verify() -> None:
     node.turn_started_s = time.monotonic() - TURN_STALL_SUSPECT_S - 0.5
     assert NodeState.stalled_in_turn(node)  # type: ignore[arg-type]
     assert node.verify_session  # the next turn's session check asks ZooKeeper
+
+
+def test_no_metadata_change_in_the_rest_of_a_stopped_turn() -> None:
+    # The ISR check (and the controller's round) ask session_ok(): in a turn stopped in its
+    # middle they must not act on what they saw before the stop (an ISR shrunk to the
+    # leader alone, found by a fault hunt) until ZooKeeper has confirmed the session.
+    zk_ok = threading.Event()
+    zk_ok.set()
+    node = SimpleNamespace(verify_session=False, session_lost=False, zk_ok=zk_ok, turn_started_s=time.monotonic())
+    node.stalled_in_turn = lambda: NodeState.stalled_in_turn(node)  # type: ignore[arg-type]
+    assert NodeState.session_ok(node)  # type: ignore[arg-type]
+    node.turn_started_s = time.monotonic() - TURN_STALL_SUSPECT_S - 0.5
+    assert not NodeState.session_ok(node)  # type: ignore[arg-type]
+    assert node.verify_session

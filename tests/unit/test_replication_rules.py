@@ -86,6 +86,23 @@ def test_unregistered_follower_leaves_the_isr_at_once() -> None:
     assert leader.isr_change(50, 50, now_s=1.2, lag_max_s=2.0, live={1, 2, 3}) == {1, 2, 3}
 
 
+def test_a_leaders_own_stall_is_not_its_followers_lag() -> None:
+    # A leader stopped longer than the lag bound (SIGSTOP) neither sent its followers its
+    # newest batches nor read their acks; on waking it shrank the ISR to itself (a fault hunt
+    # with the C producer). The lag counts from when it listens again; a follower that
+    # stays behind after that still leaves, and a dead one (unregistered) at once.
+    leader = LeaderReplica.start(1, state(1, (1, 2, 3)), log_end_offset=0, now_s=0.0)
+    leader.record_follower(2, 40, leader_end=50, now_s=1.0)
+    leader.record_follower(3, 40, leader_end=50, now_s=1.0)
+    # stopped from 1.0 to 4.0 s; ZooKeeper confirmed it at 4.1 s
+    assert leader.isr_change(50, 40, now_s=4.2, lag_max_s=2.0) == {1}  # as it was
+    assert leader.isr_change(50, 40, now_s=4.2, lag_max_s=2.0, listening_since_s=4.1) is None
+    leader.record_follower(2, 50, leader_end=50, now_s=4.3)
+    assert leader.isr_change(50, 40, now_s=6.0, lag_max_s=2.0, listening_since_s=4.1) is None
+    assert leader.isr_change(50, 40, now_s=6.0, lag_max_s=2.0, live={1, 2}, listening_since_s=4.1) == {1, 2}
+    assert leader.isr_change(50, 40, now_s=6.2, lag_max_s=2.0, listening_since_s=4.1) == {1, 2}  # 3 still behind
+
+
 def test_caught_up_as_of_previous_report() -> None:
     # Under steady writes a follower is never exactly level when it reports; reaching the
     # leader's end as it was at the previous report counts as caught up at that report.
@@ -109,7 +126,7 @@ def test_a_draining_leader_keeps_its_isr_while_the_controller_moves_its_leadersh
     node = SimpleNamespace(session_ok=lambda: True, config=SimpleNamespace(replica_lag_max_ms=5_000),
                            routing=SimpleNamespace(nodes=lambda: {2: None, 3: None}), leaders={tp: replica},
                            isr_jobs=set(), logs={tp: SimpleNamespace(log_end_offset=0, high_watermark=0, incarnation=1)},
-                           states={tp: state(1, (1, 2, 3))}, zk=None, draining_since=0.0,
+                           states={tp: state(1, (1, 2, 3))}, zk=None, draining_since=0.0, listening_since_s=0.0,
                            zk_worker=SimpleNamespace(submit=lambda job, done: submitted.append(job)))
     node.draining_since = 100.0
     leader_side.check_isr(node, 120.0)  # type: ignore[arg-type]
@@ -132,7 +149,7 @@ def test_the_isr_changes_of_one_check_go_to_zookeeper_as_one_job() -> None:
     node = SimpleNamespace(session_ok=lambda: True, config=SimpleNamespace(replica_lag_max_ms=5_000),
                            routing=SimpleNamespace(nodes=lambda: {1: None, 2: None}), leaders=leaders, isr_jobs=set(),
                            logs={tp: SimpleNamespace(log_end_offset=0, high_watermark=0, incarnation=1) for tp in tps},
-                           states={tp: state(1, (1, 2, 3)) for tp in tps}, zk=None, draining_since=0.0,
+                           states={tp: state(1, (1, 2, 3)) for tp in tps}, zk=None, draining_since=0.0, listening_since_s=0.0,
                            zk_worker=SimpleNamespace(submit=lambda job, done: submitted.append((job, done))))
     leader_side.check_isr(node, 1.0)  # type: ignore[arg-type]  # node 3 is gone: out of every ISR
     assert len(submitted) == 1 and node.isr_jobs == set(tps)
