@@ -153,14 +153,19 @@ class BlockingCaller:
             if self._closed:
                 raise errors.ClientClosedError("direct client closed during the request")
             remaining_s = deadline_s - time.monotonic()
-            if remaining_s <= 0:
-                return f"no reply from instance {peer.znode} in time"
-            if peer.health.state == balance.DEAD:
+            # Past the deadline, a last look at what is already here: a caller stopped
+            # (SIGSTOP) past its deadline may find the reply waiting, and returning "no
+            # reply" then left the outcome unknown for a request that had run (the asyncio
+            # path reads first too).
+            last_look = remaining_s <= 0
+            if not last_look and peer.health.state == balance.DEAD:
                 return f"instance {peer.znode} stopped answering heartbeats"
-            if peer.closed:  # it left the registry and nobody pings it now: silence would not show
+            if not last_look and peer.closed:  # it left the registry and nobody pings it now
                 return f"instance {peer.znode} left the registry"
-            frames = recv_frames_within(sock, max(1, int(min(remaining_s, self._interval_s) * 1000)))
+            frames = recv_frames_within(sock, 0 if last_look else max(1, int(min(remaining_s, self._interval_s) * 1000)))
             if frames is None:
+                if last_look:
+                    return f"no reply from instance {peer.znode} in time"
                 send_frames(sock, self._ping)  # still waiting: keep the instance following us
                 pinged = True
                 continue

@@ -243,8 +243,16 @@ def _register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, *, 
             try:
                 # Without makepath under a container: a parent reaped meanwhile is made a
                 # container again by the next attempt, never a persistent znode.
-                path: str = zk.create_async(f"{parent}/{prefix}", info.encode(), ephemeral=True, sequence=True,
-                                            makepath=not container).get(timeout=ZK_TIMEOUT_S)
+                pending = zk.create_async(f"{parent}/{prefix}", info.encode(), ephemeral=True, sequence=True,
+                                          makepath=not container)
+                try:
+                    path: str = pending.get(timeout=ZK_TIMEOUT_S)
+                except KazooTimeoutError:
+                    # The create may still be applied after we gave up (ZooKeeper slow, not
+                    # gone): serve() has failed, so an entry made then would name a closed
+                    # port for the rest of the session. Delete it when it lands.
+                    pending.rawlink(lambda done: _delete_late_create(zk, done))
+                    raise
                 return path
             except NoNodeError:
                 if attempt == REGISTER_ATTEMPTS_MAX - 1:
@@ -255,6 +263,13 @@ def _register(zk: KazooClient, parent: str, prefix: str, info: InstanceInfo, *, 
             f"digest ($FABRIC_ZK_DIGEST_FILE) and a key ($FABRIC_KEY_FILE)", operation="register",
             resource=parent) from None
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _delete_late_create(zk: KazooClient, done: Any) -> None:
+    """On kazoo's thread: a registration's create answered after its caller timed out."""
+    if done.successful():
+        log.info("registry: deleting %s, created after its registration had timed out", done.value)
+        zk.delete_async(done.value)  # not waited for: a failure leaves it to the session's expiry
 
 
 def update(zk: KazooClient, path: str, info: InstanceInfo) -> None:

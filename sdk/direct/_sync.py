@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -27,6 +28,9 @@ from sdk.direct._types import GatherResult, Message, Reply, ms_arg
 
 T = TypeVar("T")
 CALL_MARGIN_S = 10.0  # on top of a call's own timeout: ZooKeeper reads, loop scheduling
+# A call waits for the loop in slices of at most this, and a slice counts for no more than
+# it asked: time this process did not run (SIGSTOP, a stalled VM) is not the loop's delay.
+WAIT_SLICE_S = 1.0
 STOP_JOIN_S = 30.0
 # A client garbage-collected without close(): its services drain this long, and the
 # collection waits at most UNCLOSED_CLOSE_S for the close. Unclosed, each such client kept
@@ -63,11 +67,23 @@ class LoopThread:
             coro.close()
             raise errors.ClientClosedError("direct client is closed")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise errors.RequestTimeout(f"the client's loop did not finish the call within {timeout_s:.1f} s") from None
+        # The bound is on the loop, not on this process: a wait that came back later than it
+        # asked (the whole process was stopped meanwhile) counts only what it asked, as the
+        # heartbeats excuse a stall (PeerHealth.excuse). Counted whole, a SIGSTOP longer than
+        # the bound failed the call in flight with RequestTimeout as the process resumed,
+        # before the loop thread had a turn: sub.next(200) and gather() raised it (fault hunt).
+        left_s = timeout_s
+        while True:
+            wait_s = min(left_s, WAIT_SLICE_S)
+            began_s = time.monotonic()
+            try:
+                return future.result(wait_s)
+            except TimeoutError:
+                left_s -= min(time.monotonic() - began_s, wait_s)
+                if left_s <= 0:
+                    future.cancel()
+                    raise errors.RequestTimeout(
+                        f"the client's loop did not finish the call within {timeout_s:.1f} s") from None
 
     def on_thread(self) -> bool:
         return threading.current_thread() is self._thread

@@ -16,9 +16,14 @@ heartbeat tick as the client runs them, with the loop's PONG simply not arriving
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -158,6 +163,25 @@ def test_frames_left_in_a_threads_socket_from_an_earlier_call_are_no_evidence(
     assert _tick(peer.health, time.monotonic() + LIMIT_S)
 
 
+def test_a_reply_already_here_is_taken_past_the_deadline(pair: tuple[zmq.Socket[Any], zmq.Socket[Any]]) -> None:
+    """A caller stopped (SIGSTOP) past its deadline while the reply came: the wait looks at
+    what is already in its socket before it gives up, as the asyncio path does. It returned
+    "no reply in time" unread, which left a request that had run with an unknown outcome
+    (direct-plane fault hunt)."""
+    dealer, router = pair
+    caller, peer = _caller(), _peer(pinged_ago_s=0.5)
+    dealer.send_multipart(wire.ping_frames(INTERVAL_MS))
+    identity, _ = router.recv_multipart()
+    router.send_multipart([identity, *wire.reply_frames(3, b"old")])  # an abandoned call's: skipped
+    router.send_multipart([identity, *wire.reply_frames(4, b"ran")])
+    time.sleep(0.05)
+    response = caller._wait(dealer, peer, 4, time.monotonic() - 1.0)  # woke 1 s past the deadline
+    assert not isinstance(response, str), response
+    header, frames = response
+    assert header.correlation_id == 4 and frames[-1] == b"ran"
+    assert isinstance(caller._wait(dealer, peer, 5, time.monotonic() - 1.0), str)  # and nothing else waits
+
+
 def test_the_loop_decides_from_the_threads_evidence_with_a_fake_clock() -> None:
     """``PeerHealth.absorb``: a time a thread stored counts once, against the PING then
     outstanding; it revives a dead peer as a frame on the loop's socket would."""
@@ -173,3 +197,48 @@ def test_the_loop_decides_from_the_threads_evidence_with_a_fake_clock() -> None:
     assert health.ping_due(2.2)
     health.thread_heard_s = 2.3  # not absorbed yet: no caller path calls it silent meanwhile
     assert not health.suspect(2.5) and not health.check(3.1) and health.alive
+
+
+_STALLED_CALLER = """
+import asyncio, sys
+from sdk.direct import _sync
+_sync.WAIT_SLICE_S = 0.1  # the bound below is 0.8 s: a few slices (the client's are 10 s and more)
+
+async def two_steps() -> str:
+    await asyncio.sleep(0.5)  # the process is stopped during this one
+    await asyncio.sleep(0.2)  # and this one still needs the loop after it resumes
+    return "done"
+
+loop = _sync.LoopThread()
+print("READY", flush=True)
+try:
+    print(loop.run(two_steps(), 0.8), flush=True)
+except Exception as exc:
+    print(type(exc).__name__, exc, flush=True)
+loop.stop()
+"""
+
+
+def test_a_stall_of_the_whole_process_is_not_the_loops_delay() -> None:
+    """The blocking API waits for its loop thread with a bound (a call's timeout plus
+    CALL_MARGIN_S) so that a wedged loop surfaces as an error. A process stopped (SIGSTOP,
+    a stalled VM) for longer than that bound while a call waited resumed with the bound
+    gone before the loop thread had a turn: ``sub.next(timeout_ms=200)`` or ``gather()``
+    raised RequestTimeout ("the client's loop did not finish the call") instead of
+    returning (fault hunt: a blocking subscriber SIGSTOPped for 12 s). The stopped time is
+    not counted, as the heartbeats excuse it."""
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", _STALLED_CALLER], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "READY"
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(1.2)  # longer than the call's whole bound
+        child.send_signal(signal.SIGCONT)
+        assert child.stdout.readline().strip() == "done"
+        assert child.wait(10) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
