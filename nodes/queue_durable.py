@@ -8,10 +8,8 @@ Writes are group-committed: one in flight per queue partition, the next carrying
 everything decided meanwhile. A dead letter is produced (acks=all) to the dead-letter
 topic before the record saying it left the queue, so a crash between the two re-dead-letters
 (a duplicate in the DLQ), never loses it. A new leader reads its partition's records first
-(``_load_step``), then replays the log as receives come (``nodes/queue_share.py``).
-
-It is a client of the cluster (ordinary PRODUCE and FETCH, possibly to itself), so what it
-keeps goes through the tested replication path.
+(``_load_step``), then replays the log as receives come (``nodes/queue_share.py``). It is a
+client of the cluster (PRODUCE and FETCH, maybe to itself): the tested replication path.
 """
 
 from __future__ import annotations
@@ -205,8 +203,8 @@ class QueueDurability:
             if code and self._slots.get((share.topic, share.partition)) is slot and \
                     (not slot.retry_until_s or now < slot.retry_until_s):
                 # A dead-letter or state leader failing over: write the same records again
-                # shortly (they are idempotent: the newest per offset wins), answers still
-                # waiting. Reloading instead would drop every lease and replay the log.
+                # shortly (idempotent: the newest per offset wins), answers still waiting, and
+                # the dead letters unless written. Reloading would drop every lease, replay the log.
                 slot.retry_until_s = slot.retry_until_s or now + WRITE_RETRY_S
                 slot.next_flush_s = now + RETRY_INTERVAL_S
                 slot.pending[:0] = records
@@ -230,6 +228,8 @@ class QueueDurability:
                 self._flush(slot)
 
         def write_state(code: int, text: str) -> None:
+            if not code:  # dead letters written (acks=all): a retried state write no longer
+                dead.clear()  # writes them again (it added a copy per retry, with no crash)
             if code or not records:
                 finished(code, text)
                 return

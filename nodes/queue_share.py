@@ -34,7 +34,7 @@ from fabric.protocol import apis
 from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from nodes.log import PartitionLog
-from nodes.queue_state import DEAD, DROPPED, Change, DedupWindow, QueueConfig, ShareState
+from nodes.queue_state import ACKED, DEAD, DROPPED, Change, DedupWindow, QueueConfig, ShareState
 
 log = logging.getLogger("fabric.queues")
 
@@ -71,6 +71,17 @@ def copy_appended_ms(local: PartitionLog | None, header: batch_format.BatchHeade
     if entry is None or entry.base_offset != header.base_offset or entry.max_timestamp != header.max_timestamp:
         return -1  # not replicated here yet, or not the same batch
     return entry.append_ms
+
+
+def _taken_in_before(change: Change | None) -> bool:
+    """Whether a change read back from ``__queue_state`` shows that the leader that wrote it
+    took its message in rather than dropping it as a repeat (it leased, nacked, dead-lettered
+    or dropped it). Our copy's append times are not the old leader's: a copy made late (by a
+    replica catching up) can place a repeat inside the dedup window that the old leader
+    found outside it, and dropping it here lost a message the old leader had delivered. A
+    range acknowledged with no delivery (a snapshot's restatement, repeats included) shows
+    nothing."""
+    return change is not None and (change.state != ACKED or change.delivery_count > 0)
 
 
 def queue_config(config: zkl.TopicConfig, topic: str = "") -> QueueConfig:
@@ -338,7 +349,8 @@ class SharePartition:
                 log.warning("%s/%d offset %d: %s; delivered without queue options", self.topic, self.partition,
                             offset, exc)
                 fields = None
-            if fields is not None and fields["dedup_id"] and not g.dedup.admit(fields["dedup_id"], batch_appended_ms):
+            if fields is not None and fields["dedup_id"] and not g.dedup.admit(fields["dedup_id"], batch_appended_ms) \
+                    and not _taken_in_before(g.restore.get(offset)):
                 state.skip(offset, duplicate=True)
                 continue
             value = decoded.values[i]

@@ -144,3 +144,28 @@ def test_the_trimmer_dates_writers_by_its_own_clock(store: Store) -> None:
     index = StateLogIndex(epoch=1, next_offset=0)
     assert QueueCompaction._scan(plog, index)
     assert index.writers[("jobs", 0, b"7")].newest_ms == NOW_MS
+
+
+def test_a_repeat_the_old_leader_delivered_is_not_dropped_by_a_copy_dated_later(store: Store) -> None:
+    """A replica that was down copies a queue's batches late and dates them by its own
+    append (docs/DESIGN.md, "Clocks"): the first send of dedup id X 6 s after the leader
+    appended it. The leader took a repeat of X sent 9 s after the first (outside an 8 s
+    window) in and delivered it; that replica, now the leader, found the repeat 3 s after
+    its copy of the first, dropped it as a duplicate, and the message was lost: never
+    delivered again, not acknowledged, not dead-lettered. What the old leader wrote of the
+    message says it took it in."""
+    plog = PartitionLog(store, "jobs", 0, 1)
+    _append(store, plog, [(NOW_MS, qp.send_headers(dedup_id="X", now_ms=0))], NOW_MS)  # offset 0, copied late
+    _append(store, plog, [(NOW_MS, qp.send_headers(dedup_id="X", now_ms=0))], NOW_MS + 3_000)  # offset 1
+    _append(store, plog, [(NOW_MS, qp.send_headers(dedup_id="X", now_ms=0))], NOW_MS + 4_000)  # offset 2
+    share = _share(dedup_window_ms="8000")
+    leased = {"offset": 1, "last_offset": 1, "state": "leased", "delivery_count": 1, "visible_at_ms": 0,
+              "reason": ""}
+    load_record(share, plog, "workers", leased, [], NOW_MS + 5_000, appended_here_ms=NOW_MS + 5_000)
+    g = share.groups["workers"]
+    assert share.ingest(g, plog, NOW_MS + 6_000)
+    leases, _ = g.state.acquire("w", 10, NOW_MS + 6_000)
+    # Offset 1 comes back (its lease ended with the old leader); offset 2, of which the old
+    # leader wrote nothing, is still a repeat within the window here.
+    assert [(lease.offset, lease.delivery_count) for lease in leases] == [(0, 1), (1, 2)]
+    assert g.state.counts()["deduplicated"] == 1

@@ -6,6 +6,8 @@ The live counterparts are in tests/integration/test_queue_dead_letter_limits.py.
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,8 @@ from fabric.protocol import batch as batch_format
 from fabric.protocol import queues as qp
 from nodes import queue_dead_letters as qd
 from nodes import queue_state as qs
-from nodes.queue_share import queue_config
+from nodes.queue_durable import QueueDurability, Slot
+from nodes.queue_share import SharePartition, queue_config
 
 MIB = 1024 * 1024
 
@@ -156,3 +159,33 @@ def test_a_dedup_id_is_measured_as_sent_and_must_be_utf8() -> None:
         qp.check_sent_headers([(qp.HEADER_DEDUP_ID, b"x" * 129)], now_ms)
     with pytest.raises(errors.InvalidRequestError, match="UTF-8"):  # every copy, not only the last
         qp.check_sent_headers([(qp.HEADER_DEDUP_ID, b"\xff"), (qp.HEADER_DEDUP_ID, b"ok")], now_ms)
+
+
+def test_a_retried_state_write_does_not_write_its_dead_letters_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead letter is written (acks=all) before the ``__queue_state`` record saying it left
+    the queue. When that record's write failed (its leader failing over) the retry wrote the
+    dead letters again too: a duplicate in the dead-letter queue per retry, with no crash
+    (a fault hunt found one message six times). Only the state records are written again."""
+    durable = object.__new__(QueueDurability)  # no node, no socket: the writes are stubbed
+    route = SimpleNamespace(config=SimpleNamespace(partitions=50))
+    monkeypatch.setattr(durable, "node", SimpleNamespace(routing=SimpleNamespace(topic=lambda _name: route)),
+                        raising=False)
+    slot = Slot(SharePartition("jobs", 0, 1, zkl.TopicConfig.build(1, 1, {"queue": "true"}, 0)))
+    monkeypatch.setattr(durable, "_slots", {("jobs", 0): slot}, raising=False)
+    letters: list[list[Any]] = []
+    codes = [errors.RequestTimedOutError.code, 0]  # the state write times out once, then succeeds
+
+    def dead_letter(_slot: Slot, dead: list[Any], done: Any) -> None:
+        letters.append(list(dead))
+        done(0, "")
+
+    monkeypatch.setattr(durable, "_dead_letter", dead_letter)
+    monkeypatch.setattr(durable, "_produce", lambda _topic, _partition, _records, done: done(codes.pop(0), "timed out"))
+    slot.pending.append((b"key", b"value"))
+    slot.queued += 1
+    slot.dead.append(("workers", qs.Finished(7, qs.DEAD, 3, "poison")))
+    durable._flush(slot)
+    assert slot.retry_until_s and slot.pending  # the state record waits for its retry
+    slot.next_flush_s = 0.0  # which is due
+    durable._flush(slot)
+    assert len(letters) == 1 and slot.written == 1 and not slot.pending and not slot.dead
