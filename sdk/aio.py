@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 
 from fabric import errors
@@ -109,8 +110,12 @@ class AsyncProducer:
         return future
 
     async def flush(self, timeout_s: float | None = None) -> None:
-        """``Producer.flush`` on a thread of its own (the loop goes on meanwhile)."""
-        await asyncio.to_thread(self.producer.flush, timeout_s)
+        """``Producer.flush`` on a thread of its own (the loop goes on meanwhile). Cut short
+        (``asyncio.wait_for``, ``task.cancel()``), that thread waits on until the records
+        are settled (a flush cannot be interrupted); it is not one of the loop's default
+        executor's few threads, which ``asyncio.to_thread`` (this producer's ``close()``,
+        the direct plane's ZooKeeper calls) shares."""
+        await _on_own_thread(self.producer.flush, timeout_s, name="fabric-aio-flush")
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         await asyncio.to_thread(self.producer.close, timeout_s)
@@ -270,6 +275,12 @@ class AsyncConsumer:
                 if self.consumer.between_records_due():
                     # Heartbeat, session clock, auto commit: on the worker, as a poll.
                     await self._call(lambda c: c.between_records())
+                    if self.consumer.between_records_due():
+                        # The loop was held up while that ran (another task's blocking code):
+                        # the session clock may have run out since, and this record would go
+                        # out only now, of a partition the group may have given to another
+                        # member: looked at again (once: the threaded iterator's check).
+                        await self._call(lambda c: c.between_records())
                 if hand_out.take(record):
                     yield record
                     hand_out.done(record)
@@ -295,6 +306,26 @@ class AsyncConsumer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _on_own_thread(fn: Callable[[float | None], None], arg: float | None, *, name: str) -> None:
+    """``fn(arg)`` on a new daemon thread. A few flushes cut short while no node answered
+    held every thread of the loop's default executor until their records failed (the
+    delivery timeout, 2 min by default): a ``close(timeout_s=2)`` queued behind them, and
+    every ``asyncio.to_thread`` of the application and of the direct plane, waited as long."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+    done.set_running_or_notify_cancel()  # running: a cancelled await leaves it to the thread
+
+    def run() -> None:
+        try:
+            fn(arg)
+        except BaseException as exc:  # handed to the awaiting task
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    await asyncio.wrap_future(done)
 
 
 def _give_back(consumer: Consumer, polled: concurrent.futures.Future[list[Record]]) -> None:
@@ -419,17 +450,25 @@ class AsyncClient:
         return await self.direct.subscribe(pattern, handler, **options)
 
     async def close(self) -> None:
-        """Services deregister and drain first, then producers flush, then the rest closes.
-        Later calls that would make something new raise ClientClosedError."""
+        """Services deregister and drain first, then producers flush, then the rest closes,
+        each also when one before it failed (the first error is raised at the end). Later
+        calls that would make something new raise ClientClosedError."""
         self._closed = True
-        if self._direct is not None:
-            await self._direct.close()
-        for producer in self._producers.values():
-            await producer.close()
-        for consumer in self._consumers:
-            await consumer.close()
-        for queue_consumer in self._queue_consumers:
-            await queue_consumer.close()
+        closes: list[Callable[[], Awaitable[None]]] = [] if self._direct is None else [self._direct.close]
+        closes += [producer.close for producer in self._producers.values()]
+        closes += [consumer.close for consumer in self._consumers]
+        closes += [queue_consumer.close for queue_consumer in self._queue_consumers]
+        # Each one, also after one that raised (a consumer's close raises what its rebalance
+        # listener raised): those after it were left open, their worker threads and sockets
+        # with them. The first error is raised once all are closed.
+        first_error: Exception | None = None
+        for close in closes:
+            try:
+                await close()
+            except Exception as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
 
     async def __aenter__(self) -> AsyncClient:
         return self

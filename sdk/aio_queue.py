@@ -9,8 +9,11 @@ worker, or its lease would run out meanwhile and the message be delivered again.
 
 ``close()`` may come from another task while ``async for`` or ``receive`` waits: it marks
 the consumer closing at once (later calls raise ``ClientClosedError``, the iteration ends
-quietly) and then closes the threaded consumer on the worker, after any receive already
-running there; what that receive got goes back to the buffer, which the close gives back.
+quietly) and then closes the threaded consumer on the worker. A receive already running
+there ends at its next slice (about CLOSE_CHECK_INTERVAL_MS, as for a threaded close()
+from another thread) with ``ClientClosedError``, and receives of other tasks queued behind
+it do not run (they raise it too); what was received and not handed out is given back by
+the close.
 Iteration takes messages from the buffer one at a time, so what was received but not yet
 handed out is given back by that close, not left to its lease. Messages taken on the
 worker that no caller will see (the awaiting task was cancelled, as ``asyncio.wait_for``
@@ -97,6 +100,13 @@ class AsyncQueueConsumer:
         call = next(self._call_ids)
 
         def on_worker(consumer: QueueConsumer) -> None:
+            if self._closing:
+                # Queued behind another receive when close() came: nothing is taken, and
+                # close() (queued behind us) waits for one long poll at most, not one per
+                # task sharing this consumer. The caller gets ClientClosedError.
+                with self._lock:
+                    self._abandoned.discard(call)
+                return
             self._reclaim(consumer)
             got = fn(consumer)
             with self._lock:
@@ -183,6 +193,11 @@ class AsyncQueueConsumer:
         if self._closing:
             return
         self._closing = True
+        # A receive already running on the worker ends at its next slice (as a threaded
+        # close() from another thread ends it), raising ClientClosedError to its task; what
+        # it had buffered is given back by the close below. Without this the close waited
+        # out the receive's whole wait_ms (up to 20 s).
+        self.consumer._close_requested = True
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._worker, self._close_on_worker)
@@ -190,10 +205,20 @@ class AsyncQueueConsumer:
                 settle_worker = self._settle_worker
             if settle_worker is not None:
                 await loop.run_in_executor(settle_worker, self._close_settler)
-        finally:
+        except BaseException:
+            # Cancelled (asyncio.wait_for): the closes go on on the workers; waiting for
+            # them here would block the event loop until they end.
             self._worker.shutdown(wait=False)
             if self._settle_worker is not None:
                 self._settle_worker.shutdown(wait=False)
+            raise
+        # Both closes ran and nothing can be queued behind them (every call checks
+        # ``_closing`` first): the workers are idle, so this is quick, and no thread of this
+        # consumer is left once close() returns (as AsyncConsumer.close(); they used to be
+        # still running, ending, when client.close() returned).
+        self._worker.shutdown(wait=True)
+        if self._settle_worker is not None:
+            self._settle_worker.shutdown(wait=True)
 
     def _close_on_worker(self) -> None:
         self._reclaim(self.consumer, unclaimed_too=True)

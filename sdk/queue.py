@@ -445,6 +445,7 @@ class QueueConsumer:
         # handling messages): their leases count from then, or from the poll if later. One
         # that comes while we wait in poll() left the node just now.
         replies, waited = self._conns.drain(), True
+        polled_s = time.monotonic()  # nothing was waiting: what poll() returns left the node after this
         if not replies and timeout_ms > 0:
             replies, waited = self._conns.poll(timeout_ms), False
         read_s = time.monotonic()  # what comes from now on is read next time
@@ -461,7 +462,11 @@ class QueueConsumer:
             if message.header.api_key != ApiKey.QUEUE_RECEIVE:
                 continue  # another API's answer with the poll's correlation id (a buggy node): not ours
             del self._polls[address]
-            left_s = max(pending[2], self._looked_s) if waited else read_s  # when the answer left, at the earliest
+            # When the answer left, at the earliest. One that poll() returned left after the
+            # poll began, not when it was read: this process may have been stopped in that
+            # poll (SIGSTOP, a stalled VM) while its leases ran out and another worker got
+            # and acked those messages, which were then handed out here again.
+            left_s = max(pending[2], self._looked_s) if waited else max(pending[2], polled_s)
             if message.header.error_code == errors.UnsupportedVersionError.code and message.header.api_version:
                 self._receive_v0.add(address)  # an older node: ask again with version 0
                 continue

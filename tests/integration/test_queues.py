@@ -476,6 +476,28 @@ def test_queues_from_the_asyncio_entry_point(cluster: LocalCluster, topic_name: 
     assert sorted(asyncio.run(run())) == [b"0", b"1", b"2"]  # type: ignore[type-var]
 
 
+def test_an_asyncio_close_ends_a_long_receive_of_another_task(cluster: LocalCluster, topic_name: str) -> None:
+    """close() from one task while another waits in receive(wait_ms=20_000): the receive
+    ends with ClientClosedError at its next slice and the close returns; it waited out the
+    receive's whole 20 s (asyncio fault hunt), where a threaded close() from another
+    thread took milliseconds."""
+    import asyncio
+
+    from sdk.aio_queue import AsyncQueueConsumer
+
+    async def run() -> BaseException | list[QueueMessage]:
+        worker = await AsyncQueueConsumer.create(cluster.bootstrap, topic_name, "aio-close")
+        waiting = asyncio.ensure_future(worker.receive(10, wait_ms=20_000))
+        await asyncio.sleep(0.3)  # the receive is waiting on the worker thread
+        await asyncio.wait_for(worker.close(), timeout=10)  # a bound against a hang, not a speed
+        outcome: BaseException | list[QueueMessage] = (await asyncio.gather(waiting, return_exceptions=True))[0]
+        return outcome
+
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_queue(topic_name)
+    assert isinstance(asyncio.run(run()), errors.ClientClosedError)
+
+
 def test_a_queue_cannot_be_its_own_dead_letter_queue(cluster: LocalCluster, topic_name: str) -> None:
     """Refused by the node too, not only by Admin.create_queue: a raw topic config (what a
     client written from PROTOCOL.md sends) would loop its poison messages forever."""

@@ -223,6 +223,36 @@ def test_an_answer_read_late_counts_its_lease_from_when_it_could_have_left() -> 
     worker.close()
 
 
+
+class _StoppedInPollConns(_LeasingConns):
+    """The first answer arrives while this process is stopped in poll() (SIGSTOP, a
+    stalled VM) for longer than its lease: poll() returns it only when the process runs
+    again. Nothing is waiting when the consumer drains first."""
+
+    def __init__(self, lease_ms: int, stopped_s: float) -> None:
+        super().__init__(skew_ms=-3_600_000, lease_ms=lease_ms)
+        self.stopped_s = stopped_s
+
+    def drain(self) -> list[tuple[str, list[Any]]]:
+        return []
+
+    def poll(self, timeout_ms: int) -> list[tuple[str, list[Any]]]:
+        if self.stopped_s:
+            time.sleep(self.stopped_s)
+            self.stopped_s = 0.0
+        return super().poll(timeout_ms)
+
+
+def test_an_answer_read_after_the_process_was_stopped_in_poll_counts_from_the_poll() -> None:
+    """An answer poll() returned was taken to have left the node just then: a worker
+    SIGSTOPped in that poll past the lease handed the message out when it woke, after
+    another worker had been given it and had acked it (an async fault hunt: two messages
+    handled twice). Its lease now counts from when the poll began, at the latest."""
+    conns = _StoppedInPollConns(lease_ms=200, stopped_s=0.3)
+    worker = _worker(conns)
+    assert [m.offset for m in worker.receive(1, 2_000)] == [2]  # not 1, whose lease ended in the stop
+    worker.close()
+
 def test_calls_after_close_raise_client_closed() -> None:
     """A closed QueueConsumer raised InvalidRequestError, which reads as a request the nodes
     refused; every other client (and the asyncio QueueConsumer) raises ClientClosedError."""
