@@ -66,10 +66,7 @@ class QueueGroups(QueueDurability):
         waiting here) is deleted on none, and the answer comes once the tombstones are durable."""
         group = request.body["group"]
         now_ms = wall_ms()
-        slots = [self._slots[tp] for tp, _plog, _share in led]
-        if any(slot.mode != ACTIVE for slot in slots):
-            raise errors.CoordinatorLoadInProgressError(
-                f"queue {request.body['queue']!r} is loading its state on node {self.node.node_id}; retry")
+        slots = self._active_slots(request, led)
         results: list[dict[str, Any]] = []
         for slot in slots:
             g = slot.share.groups.get(group)
@@ -86,6 +83,16 @@ class QueueGroups(QueueDurability):
         for slot in touched:
             self._tombstone(slot, group, now_ms, REASON_DELETED)
         self._answer_when_durable(envelope, request, touched, results)
+
+    def _active_slots(self, request: apis.Message,
+                      led: list[tuple[TopicPartition, PartitionLog, SharePartition]]) -> list[Slot]:
+        """The slots of ``led``, all serving: a group-wide change (delete, purge) is refused,
+        retriably, while any of them still loads its state."""
+        slots = [self._slots[tp] for tp, _plog, _share in led]
+        if any(slot.mode != ACTIVE for slot in slots):
+            raise errors.CoordinatorLoadInProgressError(
+                f"queue {request.body['queue']!r} is loading its state on node {self.node.node_id}; retry")
+        return slots
 
     def _answer_when_durable(self, envelope: Envelope, request: apis.Message, slots: list[Slot],
                              results: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from fabric import errors
 from fabric.protocol import apis
 from fabric.protocol import queues as qp
 from nodes.log import PartitionLog
-from nodes.queue_durable import ACTIVE, wall_ms
+from nodes.queue_durable import wall_ms
 from nodes.queue_groups import QueueGroups
 from nodes.queue_share import COUNTING, SharePartition
 from nodes.state import Envelope, TopicPartition
@@ -38,10 +38,7 @@ class QueuePurge(QueueGroups):
         then the node refuses, retriably or not, and nothing is purged here."""
         group = request.body["group"]
         now_ms = wall_ms()
-        slots = [self._slots[tp] for tp, _plog, _share in led]
-        if any(slot.mode != ACTIVE for slot in slots):
-            raise errors.CoordinatorLoadInProgressError(
-                f"queue {request.body['queue']!r} is loading its state on node {self.node.node_id}; retry")
+        slots = self._active_slots(request, led)
         for _tp, plog, share in led:
             if group:
                 share.check_group_room(group)
