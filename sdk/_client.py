@@ -358,6 +358,11 @@ class MetadataClient:
                 return self.metadata
         if isinstance(last, (errors.AuthenticationFailedError, errors.AuthorizationFailedError)):
             raise last  # a refusal, not an outage: say so (docs/SECURITY.md)
+        if last is None:  # nobody was asked: say why rather than "(last error: None)"
+            why = ("the call's time ran out before any node was asked"
+                   if deadline_s is not None and time.monotonic() >= deadline_s
+                   else "no node address is known: the bootstrap lists none and none is cached")
+            raise errors.NoBrokersAvailableError(f"no node answered a metadata request ({why})")
         raise errors.NoBrokersAvailableError(f"no node answered a metadata request (last error: {last})")
 
     def _rediscover(self, deadline_s: float | None = None) -> list[str]:

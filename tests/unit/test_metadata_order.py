@@ -7,6 +7,7 @@ a failover. These tests use real ZeroMQ sockets: one address answers nothing.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -49,3 +50,15 @@ def test_an_address_that_did_not_answer_is_asked_last_and_avoid_comes_last() -> 
     finally:
         conns.close()
         silent.close(linger=0)
+
+
+def test_a_refresh_that_asked_nobody_says_why() -> None:
+    """Its time gone before any node was asked (a poll's last slice after a ZooKeeper
+    pause), the error read "(last error: None)" (a sequencer fault hunt)."""
+    conns = Connections(zmq.Context.instance())
+    try:
+        meta = MetadataClient(Bootstrap(["tcp://127.0.0.1:1"]), conns)
+        with pytest.raises(errors.NoBrokersAvailableError, match="time ran out before any node was asked"):
+            meta.refresh(timeout_ms=100, deadline_s=time.monotonic() - 1)
+    finally:
+        conns.close()
